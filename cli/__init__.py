@@ -1,0 +1,3 @@
+"""poolctl: GPU inference pools on AWS and GCP through Terraform."""
+
+__version__ = "0.1.0"

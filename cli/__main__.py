@@ -1,0 +1,3 @@
+from poolctl.app import main
+
+main()

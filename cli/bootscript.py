@@ -1,0 +1,179 @@
+"""The node start-up script: EC2 user data / GCE startup-script, rendered from the jinja2
+templates in `poolctl.boot` (`scripts/boot/*.sh.j2`).
+
+One bash file per pool and cloud. Run once by cloud-init / the GCE agent, it installs itself
+with a systemd unit that runs on every start (warm-pool nodes started from Stopped come back
+with a blank instance store) and a 15 s timer that publishes the queue metric. Each step logs
+`poolctl: phase=<name> seconds=<n>` so start-up time can be read from the journal or the
+console output. See the templates for the steps and the reasons behind them.
+
+Weights: `weights_uri` holds the files the server loads plus `manifest.json`:
+
+    {"files": {"rel/path": {"sha256": "<hex digest>", "bytes": <size>}}}
+
+Paths are relative to `weights_uri`, `/`-separated; every listed file must match or the boot
+fails (ABANDON on AWS). `build_manifest(folder)` writes that format.
+
+Templates use `{## ... ##}` for jinja comments, not `{# #}`: bash's `${#array[@]}` would open
+one. Config values enter the script only through the `q` filter (shell quoting).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+from poolctl import naming
+from poolctl.catalog import load_catalog
+from poolctl.config import Config, Pool
+from poolctl.errors import UsageError
+
+# EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch").
+AWS_USER_DATA_LIMIT = 16 * 1024
+# Model load + vLLM's KV-cache profiling + CUDA graph capture; a 70B model is ready in
+# 4-8 min (cloud-facts), so 30 min only catches a node that will never serve.
+READY_TIMEOUT_S = 1800
+
+_ECR = re.compile(r"^(?P<host>\d{12}\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?)/")
+_GAR = re.compile(r"^(?P<host>[a-z0-9-]+-docker\.pkg\.dev)/")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("poolctl.boot", ""),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        comment_start_string="{##",
+        comment_end_string="##}",
+        autoescape=False,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "_"
+
+
+def _registry(image: str, cloud: str) -> dict:
+    """How the node logs in to the image's registry with its own identity (never a stored
+    password): ECR on AWS, Artifact Registry on GCP; public registries need nothing."""
+    if cloud == "aws" and (m := _ECR.match(image)):
+        return {"registry_login": "ecr", "registry": m["host"], "registry_region": m["region"]}
+    if cloud == "gcp" and (m := _GAR.match(image)):
+        return {"registry_login": "gar", "registry": m["host"]}
+    return {"registry_login": "none"}
+
+
+def context(cfg: Config, pool: Pool, cloud: str) -> dict:
+    """Every value the templates need for this pool and cloud, and nothing they do not use
+    (a test removes each key in turn and expects the render to fail)."""
+    if cloud not in ("aws", "gcp"):
+        raise UsageError(f"--cloud: {cloud!r} is not a cloud; use aws or gcp")
+    idx = next(i for i, p in enumerate(cfg.pools) if p.name == pool.name)
+    key = f"pools[{idx}].{cloud}"
+    placement = pool.placement(cloud)
+    if placement is None:
+        raise UsageError(f"{key}: pool {pool.name!r} has no {cloud} placement; add a `{cloud}:` "
+                         f"block or pick --cloud {'gcp' if cloud == 'aws' else 'aws'}")
+    type_name = placement.instance_type if cloud == "aws" else placement.machine_type
+    row = load_catalog().get(cloud, type_name)
+    if row is None:
+        field = "instance_type" if cloud == "aws" else "machine_type"
+        raise UsageError(f"{key}.{field}: {type_name!r} is not in the catalog; use one of "
+                         f"{', '.join(load_catalog().names(cloud))}")
+    s = pool.serving
+    if s.tensor_parallel <= 0 or row.gpus % s.tensor_parallel:
+        raise UsageError(f"pools[{idx}].serving.tensor_parallel: {s.tensor_parallel} does not "
+                         f"divide the {row.gpus} GPUs of {type_name}; use 1, 2, 4 or 8")
+    scheme = "s3://" if cloud == "aws" else "gs://"
+    if not placement.weights_uri.startswith(scheme) or len(placement.weights_uri) <= len(scheme):
+        raise UsageError(f"{key}.weights_uri: {placement.weights_uri!r} must be a {scheme} "
+                         "prefix holding the weights and manifest.json")
+    ctx = {
+        "cloud": cloud,
+        "project": cfg.project,
+        "pool_name": pool.name,
+        "base": naming.base(cfg, pool),
+        "cache_mount": naming.CACHE_MOUNT,
+        "nvme_expected": row.local_nvme.count,
+        "model_id": pool.model.id,
+        "model_version": pool.model.version,
+        # A trailing slash: `prefix/*` and `cp --recursive prefix/` then copy the folder's
+        # content, and s3://b/llama never matches s3://b/llama-2/.
+        "weights_uri": placement.weights_uri.rstrip("/") + "/",
+        "weights_subdir": f"{_slug(pool.model.id)}/{_slug(pool.model.version)}",
+        "image": s.image,
+        "gpus": row.gpus,
+        "tp": s.tensor_parallel,
+        "dp": row.gpus // s.tensor_parallel,
+        "max_model_len": s.max_model_len,
+        "gpu_memory_utilization": s.gpu_memory_utilization,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "port": s.port,
+        "health_path": s.health_path,
+        "extra_args": list(s.extra_args),
+        "ready_timeout_s": READY_TIMEOUT_S,
+        **_registry(s.image, cloud),
+    }
+    if cloud == "aws":
+        ctx |= {
+            "region": placement.region,
+            "lifecycle_hook": naming.LIFECYCLE_HOOK,
+            "metric_namespace": naming.METRIC_NAMESPACE,
+            "metric_name": naming.METRIC_NAME,
+        }
+    else:
+        ctx |= {"gcp_project": placement.project, "metric_type": naming.GCP_METRIC_TYPE}
+    return ctx
+
+
+def render_boot_script(cfg: Config, pool: Pool, cloud: str) -> str:
+    ctx = context(cfg, pool, cloud)
+    text = environment().get_template("node.sh.j2").render(ctx)
+    size = len(text.encode())
+    if cloud == "aws" and size > AWS_USER_DATA_LIMIT:
+        idx = next(i for i, p in enumerate(cfg.pools) if p.name == pool.name)
+        raise UsageError(f"pools[{idx}].serving.extra_args: the boot script is {size} bytes, over "
+                         f"EC2's {AWS_USER_DATA_LIMIT}-byte user-data limit; shorten the args")
+    return text
+
+
+def render_nvme_script(
+    cloud: str, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
+) -> str:
+    """The NVMe cache step on its own (for `nodes check`, repairs and tests)."""
+    return environment().get_template("nvme-raid.sh.j2").render(
+        cloud=cloud, nvme_expected=nvme_expected, cache_mount=cache_mount, standalone=True
+    )
+
+
+def build_manifest(folder: str | Path) -> dict:
+    """The manifest.json for a weights folder (every file but the manifest itself)."""
+    root = Path(folder)
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel == "manifest.json" or path.name.startswith(".poolctl-"):
+            continue
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+        files[rel] = {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
+    return {"files": files}
+
+
+def write_manifest(folder: str | Path) -> Path:
+    out = Path(folder) / "manifest.json"
+    out.write_text(json.dumps(build_manifest(folder), indent=1, sort_keys=True) + "\n")
+    return out

@@ -1,0 +1,108 @@
+"""The catalog of 8-GPU instance / machine types, as data (`data/instance_types.yaml`).
+
+Each row names its sources. Rules and sizing read rows from here; nothing else hard-codes a
+GPU count, an HBM size or a price.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalNvme(_Row):
+    count: int = Field(ge=0, description="Local NVMe / Local SSD devices per node.")
+    size_gb: float = Field(ge=0, description="Size of one device in GB (10^9 bytes).")
+    bundled: bool = Field(
+        default=True, description="Comes with the type (AWS instance store, bundled GCP SSDs)."
+    )
+
+    @property
+    def total_bytes(self) -> float:
+        return self.count * self.size_gb * 1e9
+
+
+class Rdma(_Row):
+    kind: Literal["none", "efa", "gpudirect-tcpx", "gpudirect-tcpxo", "rdma"] = Field(
+        description="The GPU-to-GPU network NICs the type can carry (inference leaves them off)."
+    )
+    max_interfaces: int = Field(default=0, ge=0, description="How many such NICs at most.")
+
+
+class Quota(_Row):
+    name: str = Field(description="Quota code (AWS) or metric (GCP) the type counts against.")
+    description: str = Field(description="Human name of the quota.")
+    unit: Literal["vCPU", "GPU"] = Field(description="What the quota counts.")
+
+
+class Price(_Row):
+    usd_per_hour: float = Field(gt=0, description="On-demand price of one node.")
+    region: str = Field(description="Region the price is for.")
+    date: str = Field(description="When the price was read (YYYY-MM).")
+    source: str = Field(description="Where it was read.")
+
+
+class InstanceType(_Row):
+    name: str
+    cloud: Literal["aws", "gcp"]
+    gpu: str = Field(description="GPU model.")
+    gpus: int = Field(gt=0)
+    hbm_mib_per_gpu: int = Field(gt=0)
+    hbm_tbps_per_gpu: float = Field(gt=0, description="Peak HBM bandwidth per GPU, TB/s.")
+    nvlink: bool
+    vcpus: int = Field(gt=0)
+    ram_gib: float = Field(gt=0)
+    local_nvme: LocalNvme
+    rdma: Rdma
+    network_gbps: float = Field(gt=0, description="Node network bandwidth, Gbit/s.")
+    quota: Quota
+    price: Price
+    regions: dict[str, list[str]] = Field(
+        description="Regions offering the type, each with its zones (empty list: not tracked)."
+    )
+    sources: list[str] = Field(min_length=1)
+    notes: str = ""
+
+    @property
+    def hbm_bytes_per_gpu(self) -> int:
+        return self.hbm_mib_per_gpu * 2**20
+
+    @property
+    def can_hibernate(self) -> bool:
+        # EC2 hibernation needs less than 150 GB of RAM (cloud-facts, "Warm pools").
+        return self.cloud == "aws" and self.ram_gib * 2**30 < 150e9
+
+    @property
+    def quota_per_node(self) -> int:
+        return self.vcpus if self.quota.unit == "vCPU" else self.gpus
+
+
+class Catalog(_Row):
+    instance_types: list[InstanceType]
+
+    def get(self, cloud: str, name: str) -> InstanceType | None:
+        for row in self.instance_types:
+            if row.cloud == cloud and row.name == name:
+                return row
+        return None
+
+    def names(self, cloud: str, nvlink_8gpu_only: bool = True) -> list[str]:
+        return [
+            r.name
+            for r in self.instance_types
+            if r.cloud == cloud and (not nvlink_8gpu_only or (r.nvlink and r.gpus == 8))
+        ]
+
+
+@cache
+def load_catalog() -> Catalog:
+    text = resources.files("poolctl.data").joinpath("instance_types.yaml").read_text()
+    return Catalog.model_validate(yaml.safe_load(text))

@@ -1,0 +1,119 @@
+"""synth, deploy, destroy: the commands that generate Terraform and apply it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from poolctl.commands.check import require_valid
+from poolctl.commands.common import (
+    AutoApproveOpt,
+    CloudOpt,
+    CloudReq,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    confirm,
+    console,
+    emit_json,
+    load,
+    targets,
+)
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Synthesis output folder.")]
+MirrorOpt = Annotated[
+    str | None,
+    typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
+                 help="Install providers from this filesystem mirror (offline deploys)."),
+]
+
+
+def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+          out: OutOpt = Path("cdktf.out"), json_out: JsonOpt = False) -> None:
+    """Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."""
+    from poolctl.deploy import synth_targets
+
+    cfg = load(file)
+    tgts = targets(cfg, pool, cloud)
+    require_valid(cfg, tgts)
+    dirs = synth_targets(cfg, tgts, out)
+    files = [str(d / "cdk.tf.json") for d in dirs]
+    if json_out:
+        emit_json({"stacks": [{"stack": d.name, "file": f} for d, f in zip(dirs, files,
+                                                                            strict=True)]})
+    else:
+        for f in files:
+            sys.stdout.write(f + "\n")
+
+
+def _render_summary(name, summary) -> None:
+    from rich.table import Table
+
+    if summary.empty:
+        return
+    t = Table(title=f"{name}: plan", title_justify="left")
+    for col in ("resource type", "add", "change", "destroy"):
+        t.add_column(col, justify="left" if col == "resource type" else "right")
+    for rtype, n in summary.to_json().items():
+        t.add_row(rtype, str(n["add"] or ""), str(n["change"] or ""), str(n["destroy"] or ""))
+    add, change, gone = summary.totals()
+    t.add_row("total", str(add), str(change), str(gone), style="bold")
+    console().print(t)
+
+
+def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out, mirror,
+         json_out) -> None:
+    from poolctl.deploy import run_stacks
+
+    cfg = load(file)
+    tgts = targets(cfg, pool, cloud)
+    if not destroy:
+        require_valid(cfg, tgts)
+    results = run_stacks(
+        cfg, tgts, outdir=out, sandbox=sandbox, destroy=destroy, plan_only=plan_only,
+        confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
+        render_summary=_render_summary,
+    )
+    if json_out:
+        emit_json({"stacks": [r.__dict__ for r in results]})
+        return
+    for r in results:
+        if r.outputs:
+            for k, v in r.outputs.items():
+                sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+
+
+def deploy(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    auto_approve: AutoApproveOpt = False,
+    plan_only: Annotated[bool, typer.Option("--plan-only", help="Stop after the plan.")] = False,
+    sandbox: SandboxOpt = False,
+    out: OutOpt = Path("cdktf.out"),
+    provider_mirror: MirrorOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Synth, then Terraform/OpenTofu init, plan and apply."""
+    _act(False, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
+         json_out)
+
+
+def destroy(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    auto_approve: AutoApproveOpt = False,
+    plan_only: Annotated[bool, typer.Option("--plan-only", help="Stop after the plan.")] = False,
+    sandbox: SandboxOpt = False,
+    out: OutOpt = Path("cdktf.out"),
+    provider_mirror: MirrorOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Destroy what deploy created (plan -destroy, confirm, apply)."""
+    _act(True, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
+         json_out)

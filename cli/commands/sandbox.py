@@ -1,0 +1,140 @@
+"""poolctl sandbox start / stop / status: the local AWS emulator on loopback."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from poolctl.commands.common import JsonOpt, console, emit_json
+from poolctl.errors import UsageError
+
+app = typer.Typer(
+    help="A local AWS emulator (moto + poolctl's extensions) on loopback: the target of "
+    "--sandbox.",
+    no_args_is_help=True,
+)
+
+PortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--port",
+        help="Port on 127.0.0.1 (default 4600, or $POOLCTL_SANDBOX_PORT; 0 picks a free one).",
+        show_default=False,
+    ),
+]
+QuotaOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--quota",
+        help="Applied ec2 quota in the sandbox, CODE=VCPUS (repeatable), "
+        "e.g. --quota L-417A185B=384.",
+        show_default=False,
+    ),
+]
+RegionOpt = Annotated[
+    str | None,
+    typer.Option("--region", help="Region to inventory (default $AWS_REGION or us-east-1).",
+                 show_default=False),
+]
+
+
+def _parse_quotas(items: list[str] | None) -> dict[str, float]:
+    from poolctl.sandbox.extensions import EC2_QUOTAS
+
+    out: dict[str, float] = {}
+    for item in items or []:
+        code, sep, value = item.partition("=")
+        try:
+            if not sep or code not in EC2_QUOTAS:
+                raise ValueError
+            out[code] = float(value)
+        except ValueError:
+            raise UsageError(
+                f"--quota {item}: write CODE=VCPUS with CODE one of {', '.join(EC2_QUOTAS)}"
+            ) from None
+    return out
+
+
+@app.command()
+def start(port: PortOpt = None, quota: QuotaOpt = None, json: JsonOpt = False) -> None:
+    """Start the sandbox in the background (a running one is reported, not restarted)."""
+    from poolctl.sandbox import manager
+
+    quotas = _parse_quotas(quota)
+    info = manager.start(port=port, quotas=quotas or None)
+    if json:
+        emit_json(info.to_dict())
+        return
+    out = console()
+    if info.already_running:
+        out.print(f"sandbox already running at [bold]{info.endpoint}[/] (pid {info.pid})")
+        if port not in (None, 0, info.port):
+            out.print(f"[yellow]--port {port} ignored: stop the sandbox first to move it[/]")
+        if quotas:
+            out.print("[yellow]--quota ignored: stop the sandbox first to change its quotas[/]")
+    else:
+        out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
+    out.print(f"log: {info.log}")
+    out.print("use it with --sandbox; stop it with `poolctl sandbox stop`")
+
+
+@app.command()
+def stop(json: JsonOpt = False) -> None:
+    """Stop the sandbox; everything it held is gone."""
+    from poolctl.sandbox import manager
+
+    info = manager.stop()
+    if json:
+        emit_json({"stopped": info is not None, **(info.to_dict() if info else {})})
+        return
+    if info is None:
+        console().print("no sandbox running")
+    else:
+        console().print(f"sandbox at {info.endpoint} stopped (pid {info.pid})")
+
+
+@app.command()
+def status(region: RegionOpt = None, json: JsonOpt = False) -> None:
+    """Endpoint, running or not, and what the sandbox holds."""
+    from poolctl.sandbox import manager
+
+    info = manager.status(region=region)
+    if json:
+        emit_json(info.to_dict())
+        return
+    out = console()
+    if not info.running:
+        out.print("sandbox: not running (start it with `poolctl sandbox start`)")
+        return
+    up = time.time() - (info.started_at or time.time())
+    out.print(f"sandbox: running at [bold]{info.endpoint}[/] (pid {info.pid}, up {up:.0f} s)")
+    out.print(f"log: {info.log}")
+    _render_holdings(out, info.holds)
+
+
+def _render_holdings(out, holds: dict) -> None:
+    from rich.table import Table
+
+    region = holds.get("region")
+    groups = holds.get("auto_scaling_groups") or []
+    if groups:
+        table = Table(title=f"poolctl Auto Scaling groups ({region})", title_justify="left")
+        for col in ("group", "pool", "desired", "min-max", "instances", "warm"):
+            table.add_column(col)
+        for g in groups:
+            states = ", ".join(f"{n} {s}" for s, n in sorted(g["instances"].items())) or "none"
+            warm = "-" if g.get("warm_pool_size") is None else str(g["warm_pool_size"])
+            table.add_row(g["name"], g.get("pool") or "", str(g["desired"]),
+                          f"{g['min']}-{g['max']}", states, warm)
+        out.print(table)
+    else:
+        out.print(f"no Auto Scaling group tagged poolctl:pool in {region}")
+    instances = holds.get("instances") or {}
+    out.print(
+        "EC2 instances: "
+        + (", ".join(f"{n} {state}" for state, n in instances.items()) or "none")
+    )
+    lbs = holds.get("load_balancers") or []
+    out.print("load balancers: " + (", ".join(lb["name"] for lb in lbs) or "none"))

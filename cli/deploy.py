@@ -1,0 +1,122 @@
+"""Synthesize, then drive Terraform for each (pool, cloud) stack: deploy and destroy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from poolctl import naming
+from poolctl.config import Config, Pool
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.terraform import PlanSummary, Terraform, sandbox_override
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class StackResult:
+    stack: str
+    workdir: str
+    summary: dict = field(default_factory=dict)
+    applied: bool = False
+    outputs: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+
+def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
+    from poolctl.stacks.app import synth  # the only road to cdktf
+
+    return synth([(cfg, targets)], outdir)
+
+
+def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]:
+    """Copy the synthesized stack beside the sandbox, add the override, pick an AMI."""
+    from poolctl.sandbox import manager
+
+    endpoint = manager.require_running()
+    home = manager.state_dir()
+    work = home / "deploy" / stack_dir.name
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(stack_dir / "cdk.tf.json", work / "cdk.tf.json")
+    state = home / "state" / f"{stack_dir.name}.tfstate"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    (work / "sandbox_override.tf.json").write_text(
+        json.dumps(sandbox_override(region, endpoint, state), indent=2)
+    )
+    ec2 = manager.client("ec2", region)
+    images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
+    if not images:
+        raise OperationFailed("sandbox: the emulator offers no AMI; restart it with "
+                              "`poolctl sandbox stop && poolctl sandbox start`")
+    env = {"TF_VAR_node_ami_id": sorted(i["ImageId"] for i in images)[0]}
+    env.update(manager.credentials_env(region))
+    return work, env
+
+
+def run_stacks(
+    cfg: Config,
+    targets: list[tuple[Pool, str]],
+    *,
+    outdir: Path,
+    sandbox: bool,
+    destroy: bool,
+    plan_only: bool,
+    confirm: Callable[[str], bool],
+    mirror: str | None,
+    render_summary: Callable[[str, PlanSummary], None],
+) -> list[StackResult]:
+    if sandbox and any(c != "aws" for _, c in targets):
+        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    if sandbox:
+        from poolctl.sandbox import manager
+
+        manager.require_running()  # fail before the synth, not after
+    t0 = time.monotonic()
+    log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
+    dirs = synth_targets(cfg, targets, outdir)
+    synth_s = time.monotonic() - t0
+    results = []
+    for (pool, cloud), stack_dir in zip(targets, dirs, strict=True):
+        name = naming.stack_name(cfg, pool, cloud)
+        env: dict[str, str] = {}
+        work = stack_dir
+        if sandbox:
+            work, env = sandbox_workdir(stack_dir, pool.aws.region)
+        tf = Terraform(work, mirror=mirror, extra_env=env)
+        res = StackResult(stack=name, workdir=str(work))
+        log(f"\n== {name}: {Path(tf.bin).name} init")
+        tf.init()
+        log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
+        summary = tf.plan(destroy=destroy)
+        res.summary = summary.to_json()
+        render_summary(name, summary)
+        if summary.empty:
+            log(f"== {name}: no changes")
+        elif plan_only:
+            log(f"== {name}: --plan-only, nothing applied (plan saved in {work}/tfplan)")
+        else:
+            add, change, gone = summary.totals()
+            verb = "destroy" if destroy else "apply"
+            if not confirm(f"{verb} {name}: {add} to add, {change} to change, "
+                           f"{gone} to destroy?"):
+                raise OperationFailed(f"{name}: not confirmed; nothing was applied")
+            log(f"== {name}: {Path(tf.bin).name} apply")
+            tf.apply()
+            res.applied = True
+        if not destroy:
+            res.outputs = tf.outputs()
+        res.timings = {"synth": round(synth_s, 1),
+                       **{k: round(v, 1) for k, v in tf.timings.items()}}
+        log(f"== {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings.items()))
+        if destroy and res.applied and sandbox:
+            shutil.rmtree(work, ignore_errors=True)
+        results.append(res)
+    return results

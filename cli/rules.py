@@ -1,0 +1,359 @@
+"""Validation as named checks with hints, shared by validate, plan, synth and deploy.
+
+A check looks at one pool on one cloud (or at the pool alone) and returns findings. An
+`error` finding makes `validate` exit 1 and makes every acting command refuse, changing
+nothing; `warning` and `info` are printed and do not block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from poolctl import sizing
+from poolctl.catalog import InstanceType, load_catalog
+from poolctl.config import Config, Pool
+
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    pool: str
+    cloud: str | None
+    key: str
+    message: str
+    hint: str
+
+    def line(self) -> str:
+        where = f"{self.pool}/{self.cloud}" if self.cloud else self.pool
+        return f"{self.severity}: [{self.check}] {where}: {self.key}: {self.message}; {self.hint}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a check sees: the pool, its index, and for placement checks the cloud and row."""
+
+    cfg: Config
+    pool: Pool
+    index: int
+    cloud: str | None = None
+    row: InstanceType | None = None
+
+    def key(self, path: str) -> str:
+        return f"pools[{self.index}].{path}"
+
+    def find(self, check: str, severity: Severity, path: str, message: str, hint: str) -> Finding:
+        return Finding(check, severity, self.pool.name, self.cloud, self.key(path), message, hint)
+
+
+CheckFn = Callable[[Ctx], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    scope: Literal["pool", "placement"]
+    fn: CheckFn
+
+
+CHECKS: list[Check] = []
+
+
+def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"):
+    def register(fn: CheckFn) -> CheckFn:
+        CHECKS.append(Check(id, title, scope, fn))
+        return fn
+
+    return register
+
+
+def _type_key(cloud: str) -> str:
+    return "aws.instance_type" if cloud == "aws" else "gcp.machine_type"
+
+
+# --------------------------------------------------------------------------- pool checks
+
+
+@check("tensor-parallel", "tensor_parallel divides the node's 8 GPUs and the KV heads", "pool")
+def _tp(c: Ctx):
+    tp, kvh = c.pool.serving.tensor_parallel, c.pool.model.kv_heads
+    if tp not in (1, 2, 4, 8):
+        yield c.find(
+            "tensor-parallel", "error", "serving.tensor_parallel",
+            f"{tp} does not divide the node's 8 GPUs",
+            "use 1, 2, 4 or 8 (a replica never spans nodes)",
+        )
+    elif kvh % tp and tp % kvh:
+        yield c.find(
+            "tensor-parallel", "error", "serving.tensor_parallel",
+            f"{tp} GPUs cannot split {kvh} KV heads evenly",
+            "pick a tensor_parallel that divides model.kv_heads, or a multiple of it",
+        )
+
+
+@check("replica-bounds", "min_replicas <= max_replicas", "pool")
+def _bounds(c: Ctx):
+    s = c.pool.scaling
+    if s.min_replicas > s.max_replicas:
+        yield c.find(
+            "replica-bounds", "error", "scaling.min_replicas",
+            f"{s.min_replicas} is above max_replicas {s.max_replicas}",
+            "lower min_replicas or raise max_replicas",
+        )
+
+
+@check("scale-down-slower", "scale in more slowly than out", "pool")
+def _slow_down(c: Ctx):
+    s = c.pool.scaling
+    if s.scale_down_stabilization_s <= s.scale_up_stabilization_s:
+        yield c.find(
+            "scale-down-slower", "error", "scaling.scale_down_stabilization_s",
+            f"{s.scale_down_stabilization_s}s is not longer than scale-up's "
+            f"{s.scale_up_stabilization_s}s; a cold replica takes minutes, so flapping is costly",
+            "scale up fast (0 s) and down slow (e.g. 900 s)",
+        )
+
+
+@check("utilization-target", "sized near 60 % utilization", "pool")
+def _util(c: Ctx):
+    u = c.pool.slo.target_utilization
+    if u > 0.75:
+        # M/M/1: waiting grows as rho/(1-rho): 1.5 at 0.6, 3 at 0.75, 9 at 0.9.
+        yield c.find(
+            "utilization-target", "warning", "slo.target_utilization",
+            f"{u} leaves little headroom: queueing delay grows as u/(1-u) = {u / (1 - u):.1f}",
+            "size near 0.6 for latency SLOs",
+        )
+
+
+@check("rollout-checkpoints", "checkpoints rise and end at 100 %", "pool")
+def _checkpoints(c: Ctx):
+    cps = c.pool.rollout.checkpoints
+    if not cps or any(not 1 <= p <= 100 for p in cps) or cps != sorted(set(cps)) or cps[-1] != 100:
+        yield c.find(
+            "rollout-checkpoints", "error", "rollout.checkpoints",
+            f"{cps} must be rising percentages in 1..100 ending at 100",
+            "e.g. [25, 50, 100]",
+        )
+
+
+# ---------------------------------------------------------------------- placement checks
+
+
+@check("nvlink-8gpu", "an 8-GPU NVLink type from the catalog")
+def _nvlink(c: Ctx):
+    name = c.pool.aws.instance_type if c.cloud == "aws" else c.pool.gcp.machine_type
+    if c.row is None:
+        known = ", ".join(load_catalog().names(c.cloud))
+        yield c.find(
+            "nvlink-8gpu", "error", _type_key(c.cloud),
+            f"{name!r} is not in the catalog", f"use one of: {known}",
+        )
+        return
+    if not c.row.nvlink or c.row.gpus != 8:
+        known = ", ".join(load_catalog().names(c.cloud))
+        yield c.find(
+            "nvlink-8gpu", "error", _type_key(c.cloud),
+            f"{name} has {c.row.gpus}x {c.row.gpu} without NVLink: tensor-parallel all-reduce "
+            "over PCIe throttles every decode step",
+            f"use an NVLink 8-GPU type: {known}",
+        )
+
+
+@check("no-rdma-nics", "no EFA / GPUDirect NICs on inference nodes")
+def _rdma(c: Ctx):
+    if c.cloud == "aws" and c.pool.aws.efa_interfaces:
+        yield c.find(
+            "no-rdma-nics", "error", "aws.efa_interfaces",
+            f"{c.pool.aws.efa_interfaces} EFA interfaces asked for; replicas never span nodes",
+            "set efa_interfaces: 0 (EFA is for multi-node training)",
+        )
+    if c.cloud == "gcp" and c.pool.gcp.gpudirect:
+        yield c.find(
+            "no-rdma-nics", "error", "gcp.gpudirect",
+            "GPUDirect-TCPX/RDMA networks asked for; replicas never span nodes",
+            "set gpudirect: false",
+        )
+
+
+@check("no-cluster-placement", "no cluster placement group")
+def _placement(c: Ctx):
+    if c.cloud == "aws" and c.pool.aws.placement_group_strategy == "cluster":
+        yield c.find(
+            "no-cluster-placement", "error", "aws.placement_group_strategy",
+            "a cluster placement group packs nodes for training fabrics and caps capacity",
+            "use none (default) or spread",
+        )
+
+
+@check("region-offered", "the type is offered in the region (and zones)")
+def _region(c: Ctx):
+    if c.row is None:
+        return
+    p = c.pool.placement(c.cloud)
+    if p.region not in c.row.regions:
+        yield c.find(
+            "region-offered", "error", f"{c.cloud}.region",
+            f"{c.row.name} is not offered in {p.region} per the catalog",
+            f"use one of: {', '.join(sorted(c.row.regions))}",
+        )
+        return
+    if c.cloud == "gcp":
+        offered = c.row.regions[p.region]
+        bad = [z for z in p.zones if offered and z not in offered]
+        if bad:
+            yield c.find(
+                "region-offered", "error", "gcp.zones",
+                f"{c.row.name} is not offered in {', '.join(bad)}",
+                f"use zones among: {', '.join(offered)}",
+            )
+
+
+@check("weights-uri", "weights come from the cloud's object store")
+def _weights_uri(c: Ctx):
+    p = c.pool.placement(c.cloud)
+    scheme = "s3://" if c.cloud == "aws" else "gs://"
+    if not p.weights_uri.startswith(scheme) or p.weights_uri.rstrip("/") == scheme.rstrip("/"):
+        yield c.find(
+            "weights-uri", "error", f"{c.cloud}.weights_uri",
+            f"{p.weights_uri!r} is not a {scheme} prefix",
+            f"use {scheme}<bucket>/<prefix>/ holding the weights and manifest.json",
+        )
+
+
+@check("fits-hbm", "weights per GPU + KV of one max_model_len sequence fit in usable HBM")
+def _fits(c: Ctx):
+    if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
+        return
+    pool = c.pool
+    w_gpu = sizing.weights_bytes(pool) / pool.serving.tensor_parallel
+    one_seq = sizing.kv_bytes_per_token_per_gpu(pool) * pool.serving.max_model_len
+    reserved = pool.serving.reserved_gib_per_gpu * 2**30
+    usable = c.row.hbm_bytes_per_gpu * pool.serving.gpu_memory_utilization
+    need = w_gpu + one_seq + reserved
+    if need > usable:
+        yield c.find(
+            "fits-hbm", "error", "serving.tensor_parallel",
+            f"needs {need / 1e9:.1f} GB per GPU (weights {w_gpu / 1e9:.1f} + one "
+            f"{pool.serving.max_model_len}-token sequence {one_seq / 1e9:.1f} + reserve "
+            f"{reserved / 1e9:.1f}) but {c.row.name} offers {usable / 1e9:.1f} GB at "
+            f"gpu_memory_utilization {pool.serving.gpu_memory_utilization}",
+            "raise tensor_parallel, lower max_model_len, quantize, or pick a type with more HBM",
+        )
+
+
+@check("kv-concurrency", "the KV cache holds several max_model_len sequences")
+def _concurrency(c: Ctx):
+    if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
+        return
+    plan = sizing.plan_pool(c.pool, c.cloud)
+    seqs = plan.max_concurrent_sequences_per_replica
+    if 0 < seqs < 4:
+        yield c.find(
+            "kv-concurrency", "warning", "serving.max_model_len",
+            f"the KV cache holds only {seqs} sequences of {c.pool.serving.max_model_len} tokens "
+            f"per replica ({plan.kv_cache_tokens_per_replica} tokens)",
+            "raise tensor_parallel or lower max_model_len for more concurrency",
+        )
+
+
+@check("nvme-holds-weights", "the local NVMe cache holds the weights with headroom")
+def _nvme(c: Ctx):
+    if c.row is None:
+        return
+    need = sizing.weights_bytes(c.pool) * sizing.NVME_HEADROOM
+    have = c.row.local_nvme.total_bytes
+    if have < need:
+        yield c.find(
+            "nvme-holds-weights", "error", _type_key(c.cloud),
+            f"{c.row.name} has {have / 1e9:.0f} GB of local NVMe; the weights need "
+            f"{need / 1e9:.0f} GB with {sizing.NVME_HEADROOM:.0%} headroom",
+            "pick a type with more local NVMe",
+        )
+
+
+@check("warm-state", "the warm pool's state is possible for the type")
+def _warm(c: Ctx):
+    if c.row is None:
+        return
+    wp = c.pool.warm_pool
+    if wp.state == "hibernated" and not c.row.can_hibernate:
+        yield c.find(
+            "warm-state", "error", "warm_pool.state",
+            f"{c.row.name} has {c.row.ram_gib:.0f} GiB of RAM; hibernation needs under 150 GB"
+            + ("" if c.cloud == "aws" else " and GCP does not hibernate GPU VMs"),
+            "use stopped (cheap, refills the NVMe cache on start) or running",
+        )
+    if c.cloud == "gcp" and c.pool.gcp.standby_suspended:
+        yield c.find(
+            "warm-state", "error", "gcp.standby_suspended",
+            "suspending GPU VMs is not supported", "use a stopped standby pool",
+        )
+    if wp.replicas and wp.state == "stopped":
+        ph = sizing.start_phases(c.pool, c.row)["warm_stopped"]
+        yield c.find(
+            "warm-state", "info", "warm_pool.state",
+            f"stopped warm nodes lose their local NVMe: each start refetches "
+            f"{sizing.weights_bytes(c.pool) / 1e9:.0f} GB (~{ph['weights_to_nvme']:.0f} s, "
+            f"~{sum(ph.values()):.0f} s to serve)",
+            "use state: running to keep the cache warm at full price",
+        )
+
+
+@check("whole-nodes", "replica counts are whole nodes")
+def _whole(c: Ctx):
+    if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
+        return
+    rpn = sizing.replicas_per_node(c.pool, c.row)
+    fields = {
+        "scaling.min_replicas": c.pool.scaling.min_replicas,
+        "scaling.max_replicas": c.pool.scaling.max_replicas,
+        "warm_pool.replicas": c.pool.warm_pool.replicas,
+        "rollout.max_surge_replicas": c.pool.rollout.max_surge_replicas,
+    }
+    for path, n in fields.items():
+        if n % rpn:
+            nodes = sizing.nodes_for(n, rpn)
+            yield c.find(
+                "whole-nodes", "warning", path,
+                f"{n} replicas is not a whole number of nodes ({rpn} replicas per node); "
+                f"rounded up to {nodes} nodes = {nodes * rpn} replicas",
+                f"use a multiple of {rpn}",
+            )
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def run_checks(cfg: Config, targets: list[tuple[Pool, str]]) -> list[Finding]:
+    """All findings for the chosen (pool, cloud) targets; pool checks run once per pool."""
+    catalog = load_catalog()
+    findings: list[Finding] = []
+    seen: set[str] = set()
+    for pool, cl in targets:
+        index = cfg.pools.index(pool)
+        if pool.name not in seen:
+            seen.add(pool.name)
+            base = Ctx(cfg, pool, index)
+            for chk in CHECKS:
+                if chk.scope == "pool":
+                    findings += chk.fn(base)
+        p = pool.placement(cl)
+        name = p.instance_type if cl == "aws" else p.machine_type
+        ctx = Ctx(cfg, pool, index, cl, catalog.get(cl, name))
+        for chk in CHECKS:
+            if chk.scope == "placement":
+                findings += chk.fn(ctx)
+    return findings
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]

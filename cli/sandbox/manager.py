@@ -1,0 +1,413 @@
+"""Start, stop and inspect the local AWS sandbox (moto + poolctl's extensions) on loopback.
+
+State lives in `$POOLCTL_HOME/sandbox` (default `~/.poolctl/sandbox`): `state.json` (pid,
+port, endpoint, log path) and `server.log`. Other commands reach the running sandbox through
+`endpoint()`, `client_kwargs()`, `client()` and `boto3_session()`, with the test credentials.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from poolctl.errors import OperationFailed, UsageError
+
+HOST = "127.0.0.1"
+# Not 4566: that is LocalStack's port, and pointing Terraform at the wrong emulator by
+# habit is an easy mistake. Override with --port or POOLCTL_SANDBOX_PORT.
+DEFAULT_PORT = 4600
+DEFAULT_REGION = "us-east-1"
+SERVICE = "poolctl-sandbox"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+TEST_CREDENTIALS = {
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+    "aws_session_token": "testing",
+}
+POOL_TAG = "poolctl:pool"
+
+
+@dataclass
+class SandboxInfo:
+    running: bool
+    endpoint: str | None = None
+    pid: int | None = None
+    port: int | None = None
+    log: str | None = None
+    state_dir: str | None = None
+    started_at: float | None = None
+    already_running: bool = False
+    holds: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def home_dir(home: Path | str | None = None) -> Path:
+    if home is not None:
+        return Path(home).expanduser()
+    return Path(os.environ.get("POOLCTL_HOME") or "~/.poolctl").expanduser()
+
+
+def state_dir(home: Path | str | None = None) -> Path:
+    return home_dir(home) / "sandbox"
+
+
+def _state_file(home: Path | str | None) -> Path:
+    return state_dir(home) / "state.json"
+
+
+def _read_state(home: Path | str | None) -> dict[str, Any] | None:
+    path = _state_file(home)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        # A torn or foreign file is as good as none: it is rewritten on the next start.
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # A zombie has exited; where PID 1 does not reap orphans it lingers for good.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def health(endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The sandbox's identity card, or None when nothing (or something else) answers."""
+    try:
+        with urllib.request.urlopen(f"{endpoint}/_poolctl/health", timeout=timeout) as resp:
+            body = json.loads(resp.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) and body.get("service") == SERVICE else None
+
+
+def _is_ours(state: dict[str, Any]) -> bool:
+    """The pid in the state file is still our server (not a recycled pid)."""
+    pid = int(state.get("pid") or 0)
+    if pid <= 0 or not _pid_alive(pid):
+        return False
+    card = health(state.get("endpoint", ""))
+    if card is not None:
+        return int(card.get("pid", -1)) == pid
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    try:
+        return b"poolctl.sandbox.server" in cmdline.read_bytes()
+    except OSError:
+        return False
+
+
+def _running_state(home: Path | str | None) -> dict[str, Any] | None:
+    state = _read_state(home)
+    if state and _is_ours(state):
+        return state
+    return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def _port_error(port: int) -> UsageError:
+    return UsageError(
+        f"--port {port}: the port is in use by another program; "
+        "pick a free one with `poolctl sandbox start --port N`"
+    )
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def start(
+    port: int | None = None,
+    home: Path | str | None = None,
+    quotas: dict[str, float] | None = None,
+    timeout: float = START_TIMEOUT_S,
+    parent_pid: int | None = None,
+) -> SandboxInfo:
+    """Start the sandbox in the background; a running one is reported, not restarted.
+
+    `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with.
+    `parent_pid`: the server exits by itself once that process is gone (test sessions).
+    """
+    existing = _running_state(home)
+    if existing is not None:
+        return _info(existing, already_running=True)
+    if port is None:
+        port = int(os.environ.get("POOLCTL_SANDBOX_PORT") or DEFAULT_PORT)
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: a port is a number from 1 to 65535 (0 picks a free one)")
+    if port and not _port_free(port):
+        raise _port_error(port)
+
+    sdir = state_dir(home)
+    sdir.mkdir(parents=True, exist_ok=True)
+    _state_file(home).unlink(missing_ok=True)  # stale: its process is gone
+    port_file = sdir / "port"
+    port_file.unlink(missing_ok=True)
+    log_path = sdir / "server.log"
+    env = dict(os.environ)
+    if quotas:
+        env["POOLCTL_SANDBOX_QUOTAS"] = json.dumps(quotas)
+    argv = [sys.executable, "-m", "poolctl.sandbox.server", "--host", HOST,
+            "--port", str(port), "--port-file", str(port_file)]
+    if parent_pid:
+        argv += ["--parent-pid", str(parent_pid)]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # outlives the CLI that started it
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout
+    endpoint = None
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            port_file.unlink(missing_ok=True)
+            if code == 3:
+                raise _port_error(port)
+            raise OperationFailed(
+                f"the sandbox server exited with code {code}: {_log_tail(log_path)} "
+                f"(full log: {log_path})"
+            )
+        if endpoint is None and port_file.exists():
+            endpoint = f"http://{HOST}:{int(port_file.read_text())}"
+        if endpoint is not None and health(endpoint, timeout=1.0) is not None:
+            break
+        time.sleep(0.1)
+    else:
+        _terminate(proc.pid)
+        raise OperationFailed(
+            f"the sandbox server did not answer within {timeout:.0f} s: {_log_tail(log_path)} "
+            f"(full log: {log_path})"
+        )
+    state = {
+        "pid": proc.pid,
+        "port": int(port_file.read_text()),
+        "endpoint": endpoint,
+        "log": str(log_path),
+        "started_at": time.time(),
+    }
+    tmp = _state_file(home).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(_state_file(home))
+    return _info(state)
+
+
+def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            # Reaps it when this process is the parent (tests); harmless otherwise.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def stop(home: Path | str | None = None) -> SandboxInfo | None:
+    """Stop the sandbox; returns what was stopped, or None when none was running."""
+    state = _read_state(home)
+    stopped = None
+    if state and _is_ours(state):
+        _terminate(int(state["pid"]))
+        stopped = _info(state)
+        stopped.running = False
+    for name in ("state.json", "port", "state.tmp"):
+        (state_dir(home) / name).unlink(missing_ok=True)
+    return stopped
+
+
+def _info(state: dict[str, Any], already_running: bool = False) -> SandboxInfo:
+    return SandboxInfo(
+        running=True,
+        endpoint=state["endpoint"],
+        pid=int(state["pid"]),
+        port=int(state["port"]),
+        log=state.get("log"),
+        state_dir=str(Path(state.get("log", "")).parent) if state.get("log") else None,
+        started_at=state.get("started_at"),
+        already_running=already_running,
+    )
+
+
+def endpoint(home: Path | str | None = None) -> str:
+    """The running sandbox's URL; a UsageError saying how to start it otherwise."""
+    state = _running_state(home)
+    if state is None:
+        raise UsageError(
+            "--sandbox: the sandbox is not running; start it with `poolctl sandbox start`"
+        )
+    return str(state["endpoint"])
+
+
+def require_running(home: Path | str | None = None) -> str:
+    """Alias of endpoint(): the URL of the running sandbox, or a UsageError."""
+    return endpoint(home)
+
+
+def region_or_default(region: str | None = None) -> str:
+    return region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or (
+        DEFAULT_REGION
+    )
+
+
+def client_kwargs(region: str | None = None, home: Path | str | None = None) -> dict[str, Any]:
+    """Keyword arguments for `boto3.client(service, **kwargs)` aimed at the sandbox."""
+    return {"endpoint_url": endpoint(home), "region_name": region_or_default(region),
+            **TEST_CREDENTIALS}
+
+
+def client(service: str, region: str | None = None, home: Path | str | None = None) -> Any:
+    import boto3
+
+    return boto3.client(service, **client_kwargs(region, home))
+
+
+def boto3_session(region: str | None = None, home: Path | str | None = None) -> Any:
+    """A boto3 Session whose clients and resources all talk to the sandbox (test credentials)."""
+    import boto3
+
+    url = endpoint(home)
+
+    class SandboxSession(boto3.Session):
+        # botocore takes a configured endpoint only from AWS_ENDPOINT_URL or a config file,
+        # never from a Session argument, so the default is injected per client.
+        def client(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("endpoint_url", url)
+            return super().client(*args, **kwargs)
+
+        def resource(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("endpoint_url", url)
+            return super().resource(*args, **kwargs)
+
+    return SandboxSession(
+        region_name=region_or_default(region),
+        aws_access_key_id=TEST_CREDENTIALS["aws_access_key_id"],
+        aws_secret_access_key=TEST_CREDENTIALS["aws_secret_access_key"],
+        aws_session_token=TEST_CREDENTIALS["aws_session_token"],
+    )
+
+
+def credentials_env(region: str | None = None) -> dict[str, str]:
+    """The sandbox's test credentials and region as environment variables (no endpoint)."""
+    return {
+        "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["aws_secret_access_key"],
+        "AWS_SESSION_TOKEN": TEST_CREDENTIALS["aws_session_token"],
+        "AWS_REGION": region_or_default(region),
+        "AWS_DEFAULT_REGION": region_or_default(region),
+    }
+
+
+def subprocess_env(region: str | None = None, home: Path | str | None = None) -> dict[str, str]:
+    """Environment for a child process (the AWS CLI, SDKs) aimed at the sandbox."""
+    return {"AWS_ENDPOINT_URL": endpoint(home), **credentials_env(region)}
+
+
+def inventory(endpoint_url: str, region: str) -> dict[str, Any]:
+    """What the sandbox holds in `region`: poolctl's groups, instances by state, load balancers."""
+    import boto3
+
+    kw = {"endpoint_url": endpoint_url, "region_name": region, **TEST_CREDENTIALS}
+    asg, ec2, elbv2 = (boto3.client(s, **kw) for s in ("autoscaling", "ec2", "elbv2"))
+    groups = []
+    for page in asg.get_paginator("describe_auto_scaling_groups").paginate(
+        Filters=[{"Name": "tag-key", "Values": [POOL_TAG]}]
+    ):
+        for g in page["AutoScalingGroups"]:
+            tags = {t["Key"]: t["Value"] for t in g.get("Tags", [])}
+            groups.append(
+                {
+                    "name": g["AutoScalingGroupName"],
+                    "pool": tags.get(POOL_TAG),
+                    "desired": g["DesiredCapacity"],
+                    "min": g["MinSize"],
+                    "max": g["MaxSize"],
+                    "instances": dict(Counter(i["LifecycleState"] for i in g["Instances"])),
+                    "warm_pool_size": g.get("WarmPoolSize"),
+                }
+            )
+    states: Counter[str] = Counter()
+    for page in ec2.get_paginator("describe_instances").paginate():
+        for reservation in page["Reservations"]:
+            for inst in reservation["Instances"]:
+                states[inst["State"]["Name"]] += 1
+    lbs = [
+        {"name": lb["LoadBalancerName"], "type": lb.get("Type"), "dns": lb.get("DNSName")}
+        for page in elbv2.get_paginator("describe_load_balancers").paginate()
+        for lb in page["LoadBalancers"]
+    ]
+    return {
+        "region": region,
+        "auto_scaling_groups": groups,
+        "instances": dict(sorted(states.items())),
+        "load_balancers": lbs,
+    }
+
+
+def status(region: str | None = None, home: Path | str | None = None) -> SandboxInfo:
+    state = _running_state(home)
+    if state is None:
+        return SandboxInfo(running=False, state_dir=str(state_dir(home)))
+    info = _info(state)
+    try:
+        info.holds = inventory(info.endpoint or "", region_or_default(region))
+    except Exception as exc:  # botocore raises many types; the report should still print
+        raise OperationFailed(
+            f"the sandbox at {info.endpoint} is running but did not answer: {exc}"
+        ) from exc
+    return info

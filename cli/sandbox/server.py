@@ -1,0 +1,121 @@
+"""The sandbox server: moto's server app with poolctl's emulator extensions, on loopback.
+
+    python -m poolctl.sandbox.server --host 127.0.0.1 --port 4600 [--port-file FILE]
+
+`--port 0` binds a free port; `--port-file` receives the bound port once the server
+listens (the manager and the test fixture use it, so nobody races for a port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SERVICE = "poolctl-sandbox"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _watch_parent(pid: int, server: Any) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            server.shutdown()
+            return
+        except PermissionError:
+            pass
+
+
+def build_app(info: dict[str, Any]) -> Any:
+    """moto's domain-dispatching WSGI app, extensions loaded, admin endpoints in front."""
+    from poolctl.sandbox import extensions
+
+    extensions.install()
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    return extensions.admin_middleware(DomainDispatcherApplication(create_backend_app), info)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m poolctl.sandbox.server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=4600)
+    parser.add_argument("--port-file", type=Path, default=None)
+    parser.add_argument(
+        "--parent-pid", type=int, default=None,
+        help="exit when this process is gone (test sessions: no server outlives pytest)",
+    )
+    args = parser.parse_args(argv)
+    if not _loopback(args.host):
+        print(
+            f"--host {args.host}: the sandbox listens on loopback only (127.0.0.1 or ::1)",
+            file=sys.stderr,
+        )
+        return 2
+
+    import moto
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
+
+    from poolctl.sandbox import extensions
+
+    info: dict[str, Any] = {
+        "service": SERVICE,
+        "pid": os.getpid(),
+        "moto_version": moto.__version__,
+        "extensions": list(extensions.EXTENSIONS),
+        "started_at": time.time(),
+    }
+    app = build_app(info)
+    try:
+        server = make_server(
+            args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler
+        )
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 3
+    port = server.server_address[1]
+    info["port"] = port
+    # moto builds some URLs (e.g. SQS queue URLs) from MOTO_PORT.
+    os.environ.setdefault("MOTO_PORT", str(port))
+
+    def stop(signum: int, frame: Any) -> None:
+        # shutdown() blocks until serve_forever returns, so it runs off the main thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if args.parent_pid:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, server), daemon=True).start()
+    if args.port_file:
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(args.port_file)
+    print(
+        f"{SERVICE} (moto {moto.__version__}) listening on http://{args.host}:{port}",
+        flush=True,
+    )
+    server.serve_forever()
+    server.server_close()
+    print(f"{SERVICE} stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Terraform / OpenTofu orchestration: init, plan with a summary, apply, destroy.
+
+Terraform's own output streams live; poolctl adds a plan summary, timings per phase, a
+confirmation, and one clear line when something fails. Ctrl-C is passed to Terraform, which
+finishes the calls in flight and saves its state; poolctl then says how to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from poolctl.errors import OperationFailed, UsageError
+
+# Services the AWS stack and runtime commands call; the sandbox answers them all.
+SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "logs", "s3", "ssm",
+                    "sts", "servicequotas")
+
+
+def poolctl_home() -> Path:
+    return Path(os.environ.get("POOLCTL_HOME") or Path.home() / ".poolctl")
+
+
+def find_binary() -> str:
+    """POOLCTL_TERRAFORM, else `terraform`, else `tofu`."""
+    named = os.environ.get("POOLCTL_TERRAFORM")
+    if named:
+        path = shutil.which(named)
+        if not path:
+            raise UsageError(f"POOLCTL_TERRAFORM={named}: not found; give a path to terraform "
+                             "or tofu, or unset it")
+        return path
+    for name in ("terraform", "tofu"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise UsageError("terraform: neither `terraform` nor `tofu` is on PATH; install Terraform "
+                     ">= 1.6 or OpenTofu, or set POOLCTL_TERRAFORM to its path")
+
+
+def cli_config(mirror: str | None) -> Path | None:
+    """A Terraform CLI config installing providers from a filesystem mirror, when one is named
+    (`--provider-mirror` or POOLCTL_PROVIDER_MIRROR): deploys then work with no registry."""
+    mirror = mirror or os.environ.get("POOLCTL_PROVIDER_MIRROR")
+    if not mirror:
+        return None
+    mpath = Path(mirror).expanduser().resolve()
+    if not mpath.is_dir():
+        raise UsageError(f"--provider-mirror: {mirror} is not a directory; give the folder that "
+                         "holds registry.terraform.io/hashicorp/...")
+    hosts = sorted(p.name for p in mpath.iterdir() if p.is_dir())
+    include = ", ".join(f'"{h}/*/*"' for h in hosts) or '"registry.terraform.io/*/*"'
+    text = (
+        "# written by poolctl: providers from the filesystem mirror, others from registries\n"
+        "provider_installation {\n"
+        f'  filesystem_mirror {{\n    path    = "{mpath}"\n    include = [{include}]\n  }}\n'
+        f"  direct {{\n    exclude = [{include}]\n  }}\n"
+        "}\n"
+    )
+    out = poolctl_home() / "terraform.rc"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
+
+
+@dataclass
+class PlanSummary:
+    add: Counter = field(default_factory=Counter)
+    change: Counter = field(default_factory=Counter)
+    destroy: Counter = field(default_factory=Counter)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.change or self.destroy)
+
+    def totals(self) -> tuple[int, int, int]:
+        return sum(self.add.values()), sum(self.change.values()), sum(self.destroy.values())
+
+    def to_json(self) -> dict:
+        types = sorted(set(self.add) | set(self.change) | set(self.destroy))
+        return {t: {"add": self.add[t], "change": self.change[t], "destroy": self.destroy[t]}
+                for t in types}
+
+
+def summarize(plan_json: dict) -> PlanSummary:
+    s = PlanSummary()
+    for rc in plan_json.get("resource_changes", []):
+        actions = rc.get("change", {}).get("actions", [])
+        t = rc.get("type", "?")
+        if "create" in actions:
+            s.add[t] += 1
+        if "delete" in actions:
+            s.destroy[t] += 1
+        if actions == ["update"]:
+            s.change[t] += 1
+    return s
+
+
+class Terraform:
+    def __init__(self, workdir: Path, *, mirror: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.bin = find_binary()
+        self.workdir = workdir
+        self.env = dict(os.environ)
+        self.env.update({"TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"})
+        rc = cli_config(mirror)
+        if rc is not None:
+            self.env["TF_CLI_CONFIG_FILE"] = str(rc)
+        elif self.env.get("TF_CLI_CONFIG_FILE") and not Path(
+                self.env["TF_CLI_CONFIG_FILE"]).exists():
+            # A config that does not exist only produces a warning on every call.
+            del self.env["TF_CLI_CONFIG_FILE"]
+        self.env.update(extra_env or {})
+        self.timings: dict[str, float] = {}
+        self.color = sys.stdout.isatty()
+
+    def _args(self, *args: str) -> list[str]:
+        out = [self.bin, *args]
+        if not self.color and args[0] not in ("show", "output", "version"):
+            out.append("-no-color")
+        return out
+
+    def run(self, phase: str, *args: str, capture: bool = False,
+            ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            self._args(*args), cwd=self.workdir, env=self.env, text=True,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+        )
+        try:
+            out, err = proc.communicate()
+        except KeyboardInterrupt:
+            # Terraform got the same SIGINT: let it finish its calls and write state.
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
+            raise OperationFailed(
+                f"interrupted during `{Path(self.bin).name} {phase}`; Terraform saved its "
+                f"state in {self.workdir}; run the same poolctl command again to resume"
+            ) from None
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0) + time.monotonic() - start
+        if proc.returncode not in ok_codes:
+            if capture and err:
+                sys.stderr.write(err)
+            raise OperationFailed(
+                f"`{Path(self.bin).name} {' '.join(args[:1])}` failed (exit {proc.returncode}) "
+                f"in {self.workdir}; its error is above"
+            )
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def init(self) -> None:
+        self.run("init", "init", "-input=false", "-upgrade=false")
+
+    def plan(self, *, destroy: bool = False, out: str = "tfplan") -> PlanSummary:
+        args = ["plan", "-input=false", "-detailed-exitcode", f"-out={out}"]
+        if destroy:
+            args.append("-destroy")
+        self.run("plan", *args, ok_codes=(0, 2))
+        shown = self.run("plan", "show", "-json", out, capture=True)
+        return summarize(json.loads(shown.stdout))
+
+    def apply(self, planfile: str = "tfplan") -> None:
+        self.run("apply", "apply", "-input=false", "-auto-approve", planfile)
+
+    def outputs(self) -> dict:
+        res = self.run("output", "output", "-json", capture=True)
+        return {k: v.get("value") for k, v in json.loads(res.stdout or "{}").items()}
+
+
+def sandbox_override(region: str, endpoint: str, state_path: Path) -> dict:
+    """Terraform override file for `--sandbox`: the synthesized JSON stays as is; this file
+    points the provider at the emulator and keeps state next to the sandbox."""
+    return {
+        "provider": {
+            "aws": [{
+                "region": region,
+                "access_key": "testing",
+                "secret_key": "testing",
+                "skip_credentials_validation": True,
+                "skip_metadata_api_check": True,
+                "skip_region_validation": True,
+                "s3_use_path_style": True,
+                "endpoints": [{svc: endpoint for svc in SANDBOX_SERVICES}],
+            }]
+        },
+        "terraform": {"backend": {"local": {"path": str(state_path)}}},
+    }

@@ -1,0 +1,219 @@
+"""The pool itself: load balancer, security groups, launch template, Auto Scaling group."""
+
+from __future__ import annotations
+
+import base64
+import math
+
+from cdktf import TerraformVariable, Token
+from constructs import Construct
+
+from poolctl import naming
+from poolctl.catalog import InstanceType
+from poolctl.config import Config, Pool
+from poolctl.sizing import PoolPlan
+from poolctl.stacks._providers import aws
+
+
+def refresh_percentages(plan: PoolPlan) -> tuple[int, int]:
+    """Instance-refresh (min healthy %, max healthy %) from the rollout surge.
+
+    With surge, new nodes come up before old ones leave (min 100 %, max 100 + surge share of
+    the smallest pool); without, one node at a time goes down.
+    """
+    base = max(plan.nodes["min"], 1)
+    if plan.nodes["surge"]:
+        return 100, min(200, 100 + math.ceil(100 * plan.nodes["surge"] / base))
+    return max(0, (100 * (base - 1)) // base), 100
+
+
+class LoadBalancer(Construct):
+    """Internal ALB: least-outstanding-requests suits long, uneven LLM requests."""
+
+    def __init__(self, scope: Construct, id: str, *, name: str, vpc_id: str,
+                 subnet_ids: list[str], client_cidrs: list[str], port: int,
+                 health_path: str, certificate_arn: str | None,
+                 tags: dict[str, str]) -> None:
+        super().__init__(scope, id)
+        self.sg = aws("security_group").SecurityGroup(
+            self, "sg", name=f"{name}-lb", vpc_id=vpc_id, tags=tags,
+            description=f"poolctl {name}: clients to the load balancer",
+        )
+        listen_ports = [80, 443] if certificate_arn else [80]
+        for i, cidr in enumerate(client_cidrs):
+            for lp in listen_ports:
+                aws("vpc_security_group_ingress_rule").VpcSecurityGroupIngressRule(
+                    self, f"in-{i}-{lp}", security_group_id=self.sg.id, cidr_ipv4=cidr,
+                    ip_protocol="tcp", from_port=lp, to_port=lp, tags=tags,
+                    description="clients to the listener",
+                )
+        self.lb = aws("lb").Lb(
+            self, "lb", name=naming.short(name, 32), internal=True,
+            load_balancer_type="application", security_groups=[self.sg.id],
+            subnets=subnet_ids, drop_invalid_header_fields=True,
+            enable_deletion_protection=False, idle_timeout=600, tags=tags,
+        )
+        self.tg = aws("lb_target_group").LbTargetGroup(
+            self, "tg", name=naming.short(name, 32), port=port, protocol="HTTP",
+            vpc_id=vpc_id, target_type="instance",
+            load_balancing_algorithm_type="least_outstanding_requests",
+            deregistration_delay="120",
+            health_check={
+                "path": health_path, "port": "traffic-port", "protocol": "HTTP",
+                "matcher": "200", "interval": 15, "timeout": 5,
+                "healthy_threshold": 2, "unhealthy_threshold": 3,
+            },
+            tags=tags,
+        )
+        listener = aws("lb_listener")
+        forward = listener.LbListenerDefaultAction(type="forward", target_group_arn=self.tg.arn)
+        if certificate_arn:
+            self.listener = listener.LbListener(
+                self, "https", load_balancer_arn=self.lb.arn, port=443, protocol="HTTPS",
+                ssl_policy="ELBSecurityPolicy-TLS13-1-2-2021-06",
+                certificate_arn=certificate_arn, default_action=[forward], tags=tags,
+            )
+            listener.LbListener(
+                self, "http", load_balancer_arn=self.lb.arn, port=80, protocol="HTTP",
+                default_action=[listener.LbListenerDefaultAction(
+                    type="redirect",
+                    redirect={"port": "443", "protocol": "HTTPS", "status_code": "HTTP_301"},
+                )],
+                tags=tags,
+            )
+        else:
+            self.listener = listener.LbListener(
+                self, "http", load_balancer_arn=self.lb.arn, port=80, protocol="HTTP",
+                default_action=[forward], tags=tags,
+            )
+
+
+class NodeGroup(Construct):
+    """Launch template and Auto Scaling group, with warm pool, hook and refresh policy."""
+
+    def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
+                 row: InstanceType, plan: PoolPlan, name: str, vpc_id: str,
+                 subnet_ids: list[str], lb: LoadBalancer, instance_profile_arn: str,
+                 user_data: str, tags: dict[str, str]) -> None:
+        super().__init__(scope, id)
+        placement = pool.aws
+        port = pool.serving.port
+        self.sg = aws("security_group").SecurityGroup(
+            self, "sg", name=f"{name}-nodes", vpc_id=vpc_id, tags=tags,
+            description=f"poolctl {name}: serving port from the load balancer only",
+        )
+        aws("vpc_security_group_ingress_rule").VpcSecurityGroupIngressRule(
+            self, "from-lb", security_group_id=self.sg.id,
+            referenced_security_group_id=lb.sg.id, ip_protocol="tcp",
+            from_port=port, to_port=port, description="serving port from the ALB", tags=tags,
+        )
+        aws("vpc_security_group_egress_rule").VpcSecurityGroupEgressRule(
+            self, "https-out", security_group_id=self.sg.id, cidr_ipv4="0.0.0.0/0",
+            ip_protocol="tcp", from_port=443, to_port=443,
+            description="S3, registries and AWS APIs over HTTPS", tags=tags,
+        )
+        aws("vpc_security_group_egress_rule").VpcSecurityGroupEgressRule(
+            lb, "to-nodes", security_group_id=lb.sg.id,
+            referenced_security_group_id=self.sg.id, ip_protocol="tcp",
+            from_port=port, to_port=port, description="listener to the nodes", tags=tags,
+        )
+
+        # The AMI: given in the file, or resolved from SSM at deploy time. A variable lets
+        # `deploy --sandbox` pass the emulator's image without changing the synthesized file.
+        ami_var = TerraformVariable(
+            self, "node_ami_id", type="string", default=placement.ami_id or "",
+            description="Node image; empty resolves ami_ssm_parameter.",
+        )
+        ami_var.override_logical_id("node_ami_id")
+        ssm = aws("data_aws_ssm_parameter").DataAwsSsmParameter(
+            self, "ami", name=placement.ami_ssm_parameter,
+        )
+        ssm.add_override("count", '${var.node_ami_id == "" ? 1 : 0}')
+        image_id = ('${var.node_ami_id != "" ? var.node_ami_id : '
+                    f'one(data.aws_ssm_parameter.{ssm.friendly_unique_id}[*].insecure_value)}}')
+
+        lt = aws("launch_template")
+        self.lt = lt.LaunchTemplate(
+            self, "lt", name=name, image_id=image_id, instance_type=row.name,
+            update_default_version=True, ebs_optimized="true",
+            iam_instance_profile={"arn": instance_profile_arn},
+            # IMDSv2 only; one hop: containers never need the node's credentials.
+            metadata_options={
+                "http_endpoint": "enabled", "http_tokens": "required",
+                "http_put_response_hop_limit": 1, "instance_metadata_tags": "disabled",
+            },
+            monitoring={"enabled": True},
+            block_device_mappings=[lt.LaunchTemplateBlockDeviceMappings(
+                device_name="/dev/sda1",
+                ebs=lt.LaunchTemplateBlockDeviceMappingsEbs(
+                    volume_size=placement.root_volume_gb, volume_type="gp3",
+                    encrypted="true", delete_on_termination="true",
+                    iops=6000, throughput=500,
+                ),
+            )],
+            # One plain ENA interface: no EFA, no public address.
+            network_interfaces=[lt.LaunchTemplateNetworkInterfaces(
+                device_index=0, associate_public_ip_address="false",
+                delete_on_termination="true", security_groups=[self.sg.id],
+            )],
+            user_data=base64.b64encode(user_data.encode()).decode(),
+            tag_specifications=[
+                lt.LaunchTemplateTagSpecifications(resource_type=kind, tags={**tags, "Name": name})
+                for kind in ("instance", "volume")
+            ],
+            tags=tags,
+        )
+
+        min_h, max_h = refresh_percentages(plan)
+        cold = int(plan.start_seconds["cold"])
+        warm_pool = None
+        if plan.nodes["warm"]:
+            warm_pool = {
+                "pool_state": "Running" if pool.warm_pool.state == "running" else "Stopped",
+                "min_size": plan.nodes["warm"],
+                "max_group_prepared_capacity": plan.nodes["min"] + plan.nodes["warm"],
+                "instance_reuse_policy": {"reuse_on_scale_in": True},
+            }
+        asg = aws("autoscaling_group")
+        self.asg = asg.AutoscalingGroup(
+            self, "asg", name=name,
+            min_size=plan.nodes["min"], max_size=plan.nodes["max"] + plan.nodes["surge"],
+            desired_capacity=plan.nodes["min"],
+            vpc_zone_identifier=subnet_ids, target_group_arns=[lb.tg.arn],
+            health_check_type="ELB", health_check_grace_period=cold,
+            default_instance_warmup=cold,
+            launch_template={"id": self.lt.id, "version": Token.as_string(self.lt.latest_version)},
+            # Nodes start serving only once the boot script completes this hook.
+            initial_lifecycle_hook=[asg.AutoscalingGroupInitialLifecycleHook(
+                name=naming.LIFECYCLE_HOOK,
+                lifecycle_transition="autoscaling:EC2_INSTANCE_LAUNCHING",
+                default_result="ABANDON",
+                heartbeat_timeout=min(7200, max(600, 2 * cold)),
+            )],
+            warm_pool=warm_pool,
+            instance_refresh={
+                "strategy": "Rolling",
+                "preferences": {
+                    "min_healthy_percentage": min_h,
+                    "max_healthy_percentage": max_h,
+                    "checkpoint_percentages": list(pool.rollout.checkpoints),
+                    "checkpoint_delay": str(pool.rollout.checkpoint_delay_s),
+                    "instance_warmup": str(cold),
+                    "auto_rollback": True,
+                    "skip_matching": True,
+                    "scale_in_protected_instances": "Refresh",
+                    "standby_instances": "Terminate",
+                },
+            },
+            termination_policies=["OldestLaunchTemplate", "ClosestToNextInstanceHour"],
+            enabled_metrics=[
+                "GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances",
+                "GroupTerminatingInstances", "GroupTotalInstances", "WarmPoolWarmedCapacity",
+                "WarmPoolPendingCapacity", "WarmPoolDesiredCapacity",
+            ],
+            wait_for_capacity_timeout="0",
+            tag=[asg.AutoscalingGroupTag(key=k, value=v, propagate_at_launch=True)
+                 for k, v in {**tags, "Name": name}.items()],
+            # poolctl sizes the group at runtime (warm, autoscaling); Terraform owns the shape.
+            lifecycle={"ignore_changes": ["desired_capacity"]},
+        )

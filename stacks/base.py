@@ -1,0 +1,41 @@
+"""What every pool stack shares: the Terraform block, the backend, names and tags."""
+
+from __future__ import annotations
+
+from cdktf import LocalBackend, TerraformOutput, TerraformStack
+from constructs import Construct
+
+from poolctl.config import Config, Pool
+
+# Version ranges admit the provider the machines mirror offline (aws 5.100) and the 6.x line
+# the prebuilt bindings were generated from (aws 6.25, google 6.50); stacks use only
+# arguments both know. `hashicorp/...` (not cdktf's bare `aws`) so OpenTofu resolves the same
+# provider (opentofu#2402).
+PROVIDER_REQUIREMENTS = {
+    "aws": {"source": "hashicorp/aws", "version": ">= 5.100.0, < 7.0.0"},
+    "google": {"source": "hashicorp/google", "version": ">= 6.0.0, < 7.0.0"},
+}
+# poolctl's cloud name -> the Terraform provider's local name.
+PROVIDER_NAMES = {"aws": "aws", "gcp": "google"}
+
+
+
+class PoolStack(TerraformStack):
+    """One pool on one cloud: its own state, so pools deploy and fail independently."""
+
+    cloud: str
+
+    def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool) -> None:
+        super().__init__(scope, id)
+        self.cfg = cfg
+        self.pool = pool
+        provider = PROVIDER_NAMES[self.cloud]
+        self.add_override(
+            f"terraform.required_providers.{provider}", PROVIDER_REQUIREMENTS[provider]
+        )
+
+    def local_backend(self) -> None:
+        LocalBackend(self, path="terraform.tfstate")
+
+    def output(self, name: str, value, description: str) -> None:
+        TerraformOutput(self, name, value=value, description=description)

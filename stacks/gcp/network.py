@@ -1,0 +1,146 @@
+"""The pool's place in an existing VPC, and the firewall around its nodes.
+
+poolctl does not create GCP networks. It expects, in the placement's network and region:
+- a subnetwork with Private Google Access (nodes have no external IP, weights come from GCS);
+- a proxy-only subnet (purpose REGIONAL_MANAGED_PROXY) for the internal Application Load
+  Balancer. A region holds one active proxy-only subnet per VPC, shared by every pool there,
+  so a pool stack that created its own would collide with the next pool's;
+- Cloud NAT, if the serving image comes from a registry outside Google (Docker Hub).
+Both subnets are looked up at plan time; a missing one stops the plan with a precondition
+message naming the gcloud command that creates it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cdktf import Precondition, TerraformResourceLifecycle, Token
+from constructs import Construct
+
+from poolctl.config import GcpPlacement
+from poolctl.errors import UsageError
+from poolctl.stacks._providers import google
+
+# Google's health-check probers (documented source ranges for load balancer and MIG
+# autohealing probes).
+HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+# INTERNAL_HTTPS_LOAD_BALANCER is the older name of the same purpose; both are proxy-only.
+PROXY_ONLY_FILTER = "purpose eq (REGIONAL_MANAGED_PROXY|INTERNAL_HTTPS_LOAD_BALANCER)"
+
+
+_NETWORK = re.compile(r"(?:^|/)projects/([^/]+)/global/networks/([^/]+)$")
+_SUBNET = re.compile(r"(?:^|/)projects/([^/]+)/regions/([^/]+)/subnetworks/([^/]+)$")
+
+
+def network_ref(pool: str, p: GcpPlacement) -> tuple[str, str]:
+    """(project, name) of the VPC: the placement's project, or a Shared VPC host given as
+    projects/HOST/global/networks/NAME."""
+    if "/" not in p.network:
+        return p.project, p.network
+    m = _NETWORK.search(p.network)
+    if not m:
+        raise UsageError(f"pools.{pool}.gcp.network: {p.network!r} is neither a network name "
+                         "nor projects/PROJECT/global/networks/NAME; use one of those")
+    return m.group(1), m.group(2)
+
+
+def subnet_ref(pool: str, p: GcpPlacement) -> tuple[str, str, str]:
+    """(project, region, name) of the nodes' subnetwork. Without `subnetwork`, the network is
+    taken to be auto mode (like `default`), whose subnet in each region bears its name."""
+    net_project, net_name = network_ref(pool, p)
+    if not p.subnetwork:
+        return net_project, p.region, net_name
+    if "/" not in p.subnetwork:
+        return net_project, p.region, p.subnetwork
+    m = _SUBNET.search(p.subnetwork)
+    if not m or m.group(2) != p.region:
+        raise UsageError(f"pools.{pool}.gcp.subnetwork: {p.subnetwork!r} is not a subnetwork "
+                         f"of {p.region}; use a name or "
+                         f"projects/PROJECT/regions/{p.region}/subnetworks/NAME")
+    return m.group(1), m.group(2), m.group(3)
+
+
+class Network(Construct):
+    def __init__(self, scope: Construct, id: str, *, pool: str, placement: GcpPlacement,
+                 name: str, port: int, node_tag: str) -> None:
+        super().__init__(scope, id)
+        p = placement
+        net_project, net_name = network_ref(pool, p)
+        sub_project, region, sub_name = subnet_ref(pool, p)
+        # Firewall rules live with the VPC (the Shared VPC host, if any).
+        self.project = net_project
+        self.network = f"projects/{net_project}/global/networks/{net_name}"
+        self.subnetwork = f"projects/{sub_project}/regions/{region}/subnetworks/{sub_name}"
+        self.subnet = google("data_google_compute_subnetwork").DataGoogleComputeSubnetwork(
+            self, "subnet", project=sub_project, region=region, name=sub_name,
+        )
+        self.pga_precondition = Precondition(
+            condition=f"${{data.google_compute_subnetwork.{self.subnet.friendly_unique_id}"
+                      ".private_ip_google_access}",
+            error_message=(
+                f"gcp.subnetwork: {self.subnetwork} has Private Google Access off, so nodes "
+                "without external IPs cannot reach GCS; run `gcloud compute networks subnets "
+                f"update {sub_name} --project {sub_project} --region {region} "
+                "--enable-private-ip-google-access`"
+            ),
+        )
+
+        proxies = google("data_google_compute_subnetworks").DataGoogleComputeSubnetworks(
+            self, "proxy_only", project=net_project, region=p.region,
+            filter=PROXY_ONLY_FILTER,
+        )
+        # An expression, not a `locals` entry: checkov's terraform_json parser fails on
+        # string-valued locals.
+        proxy_cidrs = (
+            f"[for s in data.google_compute_subnetworks.{proxies.friendly_unique_id}"
+            f'.subnetworks : s.ip_cidr_range if s.network_name == "{net_name}"]'
+        )
+
+        fw = google("compute_firewall")
+        # Two rules rather than one with concat(): each is readable on its own, and the
+        # proxies rule can refuse to exist with an empty source list, which GCP would read
+        # as "from anywhere".
+        self.fw_health = fw.ComputeFirewall(
+            self, "allow-health-checks", name=f"{name}-allow-health-checks",
+            project=net_project, network=self.network, direction="INGRESS",
+            priority=1000, source_ranges=list(HEALTH_CHECK_RANGES), target_tags=[node_tag],
+            allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(port)])],
+            description="Google health-check probers to the serving port",
+            log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
+        )
+        self.fw_proxies = fw.ComputeFirewall(
+            self, "allow-lb-proxies", name=f"{name}-allow-lb-proxies",
+            project=net_project, network=self.network, direction="INGRESS",
+            priority=1000, source_ranges=Token.as_list(f"${{{proxy_cidrs}}}"),
+            target_tags=[node_tag],
+            allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(port)])],
+            description="Internal load balancer proxies (proxy-only subnet) to the serving port",
+            log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
+            lifecycle=TerraformResourceLifecycle(precondition=[Precondition(
+                condition=f"${{length({proxy_cidrs}) > 0}}",
+                error_message=(
+                    f"gcp.network: {net_name} has no proxy-only subnet in {p.region}; create "
+                    "one (shared by every pool there): `gcloud compute networks subnets create "
+                    f"{net_name}-proxy-only --network {net_name} --region {p.region} "
+                    "--purpose REGIONAL_MANAGED_PROXY --role ACTIVE --range 10.129.0.0/23`"
+                ),
+            )]),
+        )
+        # Egress as on AWS: HTTPS out (GCS, Artifact Registry / Docker Hub, Google APIs);
+        # the metadata server (DNS, token) is reachable regardless of firewall rules.
+        fw.ComputeFirewall(
+            self, "allow-https-out", name=f"{name}-allow-https-out",
+            project=net_project, network=self.network, direction="EGRESS",
+            priority=1000, destination_ranges=["0.0.0.0/0"], target_tags=[node_tag],
+            allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=["443"])],
+            description="Nodes to HTTPS endpoints only",
+            log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
+        )
+        fw.ComputeFirewall(
+            self, "deny-other-out", name=f"{name}-deny-other-out",
+            project=net_project, network=self.network, direction="EGRESS",
+            priority=65000, destination_ranges=["0.0.0.0/0"], target_tags=[node_tag],
+            deny=[fw.ComputeFirewallDeny(protocol="all")],
+            description="Everything else out of the nodes",
+            log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
+        )

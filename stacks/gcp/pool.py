@@ -1,0 +1,253 @@
+"""The pool itself: instance template, health checks, regional MIG with its standby pool, and
+the internal Application Load Balancer in front of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdktf import TerraformResourceLifecycle
+from constructs import Construct
+
+from poolctl import naming
+from poolctl.catalog import InstanceType
+from poolctl.config import Pool
+from poolctl.errors import UsageError
+from poolctl.sizing import PoolPlan
+from poolctl.stacks._providers import google
+from poolctl.stacks.gcp.network import Network
+
+# Boot disk per machine series. A3 Ultra and A4 take Hyperdisk only; A2 takes Persistent
+# Disk only (no Hyperdisk Balanced); A3 High/Edge/Mega take both. On the PD series we use
+# pd-ssd, not pd-balanced: the boot disk receives the serving image (~25 GB unpacked) on
+# every cold start and is the one disk a stopped standby node keeps, and pd-ssd's per-disk
+# baseline (6,000 IOPS, 240 MiB/s) against pd-balanced's (3,000, 140 MiB/s) shortens that
+# step for about 14 USD a month per node. Weights never touch it (they go to Local SSD).
+# Every Compute Engine disk is encrypted at rest with Google-managed keys.
+HYPERDISK_ONLY_PREFIXES = ("a3-ultragpu", "a4-", "a4x-")
+MAX_DELAY_S = 3600  # API ceiling of autohealing and standby initial delays
+LB_PORT = 80
+
+
+def boot_disk_type(machine_type: str) -> str:
+    return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY_PREFIXES) else "pd-ssd"
+
+
+def pool_zones(pool: Pool, row: InstanceType) -> list[str]:
+    p = pool.gcp
+    zones = list(p.zones) or list(row.regions.get(p.region, []))
+    if not zones:
+        raise UsageError(
+            f"pools.{pool.name}.gcp.zones: the catalog lists no zones offering {row.name} in "
+            f"{p.region}; set gcp.zones to the zones to spread the pool over"
+        )
+    return zones
+
+
+@dataclass(frozen=True)
+class MigSizes:
+    target_size: int  # running nodes at creation (the autoscaler takes over)
+    min_nodes: int
+    max_nodes: int
+    standby: int  # stopped (or suspended) nodes in the standby pool
+    max_surge: int
+    max_unavailable: int
+
+
+def mig_sizes(pool: Pool, plan: PoolPlan, zones: int) -> MigSizes:
+    """Node counts of the group, its autoscaler and its rolling updates.
+
+    A MIG standby pool holds only stopped or suspended VMs, so a `running` warm pool cannot
+    stand aside as on AWS: its nodes join the serving set (min and max both grow by it, which
+    is what `plan` prices and counts against quota). A stopped warm pool is the standby pool.
+
+    Regional MIGs take a fixed surge or unavailability of 0 or at least the number of zones
+    (google provider docs, update_policy), so a surge below the zone count is raised to it;
+    without surge, one node per zone goes down at a time.
+    """
+    n = plan.nodes
+    running_warm = n["warm"] if pool.warm_pool.state == "running" else 0
+    standby = n["warm"] - running_warm
+    if n["surge"]:
+        surge, unavailable = max(n["surge"], zones), 0
+    else:
+        surge, unavailable = 0, zones
+    return MigSizes(
+        target_size=n["min"] + running_warm,
+        min_nodes=n["min"] + running_warm,
+        max_nodes=n["max"] + running_warm,
+        standby=standby,
+        max_surge=surge,
+        max_unavailable=unavailable,
+    )
+
+
+class NodeGroup(Construct):
+    def __init__(self, scope: Construct, id: str, *, pool: Pool, row: InstanceType,
+                 plan: PoolPlan, name: str, net: Network, node_tag: str, sa_email: str,
+                 user_data: str, labels: dict[str, str]) -> None:
+        super().__init__(scope, id)
+        p = pool.gcp
+        port = pool.serving.port
+        cold = int(plan.start_seconds["cold"])
+        zones = pool_zones(pool, row)
+        sizes = mig_sizes(pool, plan, len(zones))
+
+        t = google("compute_instance_template")
+        disks = [t.ComputeInstanceTemplateDisk(
+            boot=True, auto_delete=True, source_image=p.image, disk_size_gb=p.boot_disk_gb,
+            disk_type=boot_disk_type(row.name), labels=labels,
+        )]
+        # The catalog's Local SSDs, NVMe-attached: the weights cache. For types that bundle
+        # them (A3, A2 Ultra) the count must equal the bundle; A2 High takes them optionally.
+        disks += [
+            t.ComputeInstanceTemplateDisk(
+                type="SCRATCH", disk_type="local-ssd", interface="NVME",
+                disk_size_gb=int(row.local_nvme.size_gb), auto_delete=True,
+            )
+            for _ in range(row.local_nvme.count)
+        ]
+        self.template = t.ComputeInstanceTemplate(
+            self, "template", name_prefix=f"{naming.short(name, 36)}-", project=p.project,
+            region=p.region, machine_type=row.name,
+            description=f"poolctl {name}: {pool.model.id} v{pool.model.version}",
+            # No guest_accelerator: accelerator-optimized types come with their GPUs.
+            disk=disks,
+            # One gVNIC (A3 requires gVNIC), no access_config: no external IP. No GPUDirect
+            # NICs: replicas never talk across nodes.
+            network_interface=[t.ComputeInstanceTemplateNetworkInterface(
+                network=net.network, subnetwork=net.subnetwork, nic_type="GVNIC",
+            )],
+            can_ip_forward=False,
+            service_account=t.ComputeInstanceTemplateServiceAccount(
+                email=sa_email, scopes=["cloud-platform"],
+            ),
+            shielded_instance_config=t.ComputeInstanceTemplateShieldedInstanceConfig(
+                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True,
+            ),
+            scheduling=t.ComputeInstanceTemplateScheduling(
+                on_host_maintenance="TERMINATE", automatic_restart=True,
+                provisioning_model="STANDARD", preemptible=False,
+            ),
+            metadata={
+                "enable-oslogin": "TRUE",
+                "block-project-ssh-keys": "TRUE",
+                "serial-port-enable": "FALSE",
+                "startup-script": user_data,
+            },
+            tags=[node_tag],
+            labels=labels,
+            # A new template per change (name_prefix), created before the old one goes, so
+            # the MIG always points at a live template while it rolls.
+            lifecycle=TerraformResourceLifecycle(
+                create_before_destroy=True, precondition=[net.pga_precondition],
+            ),
+        )
+
+        hc = google("compute_region_health_check")
+        http = {"port": port, "request_path": pool.serving.health_path}
+        # Load balancer check: quick in, quick out (as the AWS target group).
+        self.lb_check = hc.ComputeRegionHealthCheck(
+            self, "lb-check", name=f"{naming.short(name, 54)}-lb", project=p.project,
+            region=p.region, check_interval_sec=15, timeout_sec=5, healthy_threshold=2,
+            unhealthy_threshold=3, http_health_check=http, log_config={"enable": True},
+        )
+        # Autohealing check: recreating an 8-GPU node costs a cold start, so only a node
+        # failing for 5 minutes is replaced, not one whose engine stalled briefly.
+        self.heal_check = hc.ComputeRegionHealthCheck(
+            self, "heal-check", name=f"{naming.short(name, 52)}-heal", project=p.project,
+            region=p.region, check_interval_sec=30, timeout_sec=10, healthy_threshold=1,
+            unhealthy_threshold=10, http_health_check=http, log_config={"enable": True},
+        )
+
+        m = google("compute_region_instance_group_manager")
+        standby_kw = {}
+        if sizes.standby:
+            standby_kw["standby_policy"] = m.ComputeRegionInstanceGroupManagerStandbyPolicy(
+                # Let a fresh VM finish its first boot (image pulled onto the boot disk)
+                # before the MIG stops it.
+                mode="SCALE_OUT_POOL", initial_delay_sec=min(MAX_DELAY_S, cold),
+            )
+            key = "target_suspended_size" if p.standby_suspended else "target_stopped_size"
+            standby_kw[key] = sizes.standby
+        self.mig = m.ComputeRegionInstanceGroupManager(
+            self, "mig", name=naming.short(name, 63), project=p.project, region=p.region,
+            base_instance_name=naming.short(name, 50),
+            # Static: a changed description would replace the whole group.
+            description=f"poolctl pool {name}",
+            version=[m.ComputeRegionInstanceGroupManagerVersion(
+                name="primary", instance_template=self.template.self_link_unique,
+            )],
+            distribution_policy_zones=zones,
+            # BALANCED: spread over the zones for availability, but create where H100/A100
+            # capacity exists instead of stalling on a stocked-out zone as EVEN does; ANY
+            # could put the whole pool in one zone.
+            distribution_policy_target_shape="BALANCED",
+            target_size=sizes.target_size,
+            **standby_kw,
+            named_port=[m.ComputeRegionInstanceGroupManagerNamedPort(name="http", port=port)],
+            auto_healing_policies=m.ComputeRegionInstanceGroupManagerAutoHealingPolicies(
+                health_check=self.heal_check.id, initial_delay_sec=min(MAX_DELAY_S, cold),
+            ),
+            instance_lifecycle_policy=(
+                m.ComputeRegionInstanceGroupManagerInstanceLifecyclePolicy(
+                    default_action_on_failure="REPAIR", force_update_on_repair="YES",
+                )
+            ),
+            update_policy=m.ComputeRegionInstanceGroupManagerUpdatePolicy(
+                type="PROACTIVE", minimal_action="REPLACE",
+                most_disruptive_allowed_action="REPLACE", replacement_method="SUBSTITUTE",
+                # Non-EVEN shapes require redistribution off; moving a serving GPU node to
+                # another zone would cost a cold start anyway.
+                instance_redistribution_type="NONE",
+                max_surge_fixed=sizes.max_surge, max_unavailable_fixed=sizes.max_unavailable,
+            ),
+            # GPU capacity can take long to find; Terraform must not block on it.
+            wait_for_instances=False,
+            # poolctl sizes the group at runtime (autoscaler, warm); Terraform owns the shape.
+            lifecycle=TerraformResourceLifecycle(ignore_changes=["target_size"]),
+        )
+        self.sizes = sizes
+        self.zones = zones
+
+
+class LoadBalancer(Construct):
+    """Internal regional Application Load Balancer. LEAST_REQUEST suits long, uneven LLM
+    requests; a 600 s backend timeout lets a streamed answer finish (as the AWS ALB's idle
+    timeout). Clients inside the VPC reach it; the VPC firewall cannot filter clients of an
+    Envoy-based load balancer, so `gcp.client_cidrs` is not enforced here."""
+
+    def __init__(self, scope: Construct, id: str, *, pool: Pool, name: str, net: Network,
+                 nodes: NodeGroup, labels: dict[str, str]) -> None:
+        super().__init__(scope, id)
+        p = pool.gcp
+        short = naming.short(name, 52)
+        bes = google("compute_region_backend_service")
+        self.backend = bes.ComputeRegionBackendService(
+            self, "backend", name=f"{short}-backend", project=p.project, region=p.region,
+            load_balancing_scheme="INTERNAL_MANAGED", protocol="HTTP", port_name="http",
+            locality_lb_policy="LEAST_REQUEST", timeout_sec=600,
+            connection_draining_timeout_sec=120, session_affinity="NONE",
+            health_checks=[nodes.lb_check.id],
+            # CPU utilization says nothing about a GPU node's load: the ceiling at 1.0 keeps
+            # it from steering traffic; LEAST_REQUEST does the balancing.
+            backend=[bes.ComputeRegionBackendServiceBackend(
+                group=nodes.mig.instance_group, balancing_mode="UTILIZATION",
+                max_utilization=1.0, capacity_scaler=1.0,
+            )],
+            log_config={"enable": True, "sample_rate": 1.0},
+        )
+        self.url_map = google("compute_region_url_map").ComputeRegionUrlMap(
+            self, "url-map", name=f"{short}-urlmap", project=p.project, region=p.region,
+            default_service=self.backend.id,
+        )
+        self.proxy = google("compute_region_target_http_proxy").ComputeRegionTargetHttpProxy(
+            self, "proxy", name=f"{short}-proxy", project=p.project, region=p.region,
+            url_map=self.url_map.id,
+        )
+        self.rule = google("compute_forwarding_rule").ComputeForwardingRule(
+            self, "rule", name=f"{short}-rule", project=p.project, region=p.region,
+            load_balancing_scheme="INTERNAL_MANAGED", ip_protocol="TCP",
+            port_range=str(LB_PORT), target=self.proxy.id, network=net.network,
+            subnetwork=net.subnetwork, network_tier="PREMIUM", allow_global_access=False,
+            labels=labels,
+        )

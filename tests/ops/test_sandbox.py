@@ -1,0 +1,686 @@
+"""The local AWS sandbox: the CLI's start/stop/status, and each emulator extension over HTTP.
+
+Every extension test drives a real sandbox server with boto3, and checks what the AWS API
+reference documents; expected numbers are worked out by hand next to each assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import sandbox_admin
+
+POOL_TAG = "poolctl:pool"
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "POOLCTL_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "poolctl", *args], capture_output=True, text=True, env=env,
+        timeout=120,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# -------------------------------------------------------------------------------------
+# poolctl sandbox start / stop / status
+
+
+def test_cli_start_twice_status_stop_and_stale_pid(tmp_path):
+    home = tmp_path / "home"
+    first = _cli(home, "sandbox", "start", "--port", "0", "--quota", "L-417A185B=192", "--json")
+    assert first.returncode == 0, first.stderr
+    info = json.loads(first.stdout)
+    pid, endpoint = info["pid"], info["endpoint"]
+    try:
+        assert info["running"] and not info["already_running"]
+        assert endpoint.startswith("http://127.0.0.1:")
+        assert (home / "sandbox" / "state.json").exists()
+        # The CLI process has exited; the server it started must still answer.
+        assert sandbox_admin(endpoint, "GET", "/_poolctl/health")["pid"] == pid
+
+        again = _cli(home, "sandbox", "start", "--port", "0", "--json")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["already_running"] is True
+        assert json.loads(again.stdout)["pid"] == pid
+
+        import boto3
+
+        sq = boto3.client("service-quotas", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        quota = sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]
+        assert quota["Value"] == 192.0  # from --quota at start
+
+        st = _cli(home, "sandbox", "status", "--json")
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        assert status["running"] and status["endpoint"] == endpoint
+        assert status["holds"]["auto_scaling_groups"] == []
+        assert status["holds"]["instances"] == {}
+
+        human = _cli(home, "sandbox", "status")
+        assert f"running at {endpoint}" in human.stdout
+    finally:
+        stop = _cli(home, "sandbox", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert f"stopped (pid {pid})" in stop.stdout
+    assert not _alive(pid)
+    assert not (home / "sandbox" / "state.json").exists()
+    assert "not running" in _cli(home, "sandbox", "status").stdout
+    assert "no sandbox running" in _cli(home, "sandbox", "stop").stdout
+
+    # A state file left by a crashed server: its pid is gone (a finished child's pid).
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (home / "sandbox" / "state.json").write_text(
+        json.dumps({"pid": dead.pid, "port": 1, "endpoint": "http://127.0.0.1:1"})
+    )
+    assert json.loads(_cli(home, "sandbox", "status", "--json").stdout)["running"] is False
+    restarted = _cli(home, "sandbox", "start", "--port", "0", "--json")
+    assert restarted.returncode == 0, restarted.stderr
+    new_pid = json.loads(restarted.stdout)["pid"]
+    assert new_pid != dead.pid and _alive(new_pid)
+    assert _cli(home, "sandbox", "stop").returncode == 0
+    assert not _alive(new_pid)
+
+
+def test_start_on_a_busy_port_is_one_line_naming_port(tmp_path):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        res = _cli(tmp_path, "sandbox", "start", "--port", str(port))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--port {port}" in lines[0] and "Traceback" not in res.stderr
+    assert not (tmp_path / "sandbox" / "state.json").exists()
+
+
+def test_status_reports_pool_groups_instances_and_load_balancers(sandbox_reset, sandbox_home,
+                                                                sandbox_client):
+    ec2, asg, elbv2 = (sandbox_client(s) for s in ("ec2", "autoscaling", "elbv2"))
+    lt_id, _ = _launch_template(ec2)
+    _group(asg, "pool-a", lt_id, desired=2, max_size=4, pool="chat")
+    _group(asg, "not-poolctl", lt_id, desired=1, max_size=1, pool=None)
+    subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
+    elbv2.create_load_balancer(Name="chat-lb", Subnets=subnets, Scheme="internal")
+
+    res = _cli(sandbox_home, "sandbox", "status", "--json")
+    assert res.returncode == 0, res.stderr
+    holds = json.loads(res.stdout)["holds"]
+    # Only the group tagged poolctl:pool is listed; EC2 counts all 2 + 1 instances.
+    assert [(g["name"], g["pool"], g["desired"], g["instances"])
+            for g in holds["auto_scaling_groups"]] == [("pool-a", "chat", 2, {"InService": 2})]
+    assert holds["instances"] == {"running": 3}
+    assert [lb["name"] for lb in holds["load_balancers"]] == ["chat-lb"]
+
+
+def test_boto3_session_and_client_kwargs_reach_the_sandbox(sandbox, sandbox_home):
+    from poolctl.sandbox import manager
+
+    kwargs = manager.client_kwargs("eu-west-1", home=sandbox_home)
+    assert kwargs["endpoint_url"] == sandbox and kwargs["region_name"] == "eu-west-1"
+    assert kwargs["aws_access_key_id"] == "testing"
+    session = manager.boto3_session("eu-west-1", home=sandbox_home)
+    sts = session.client("sts")
+    assert sts.meta.endpoint_url == sandbox
+    assert sts.get_caller_identity()["Account"] == "123456789012"  # moto's account
+    assert manager.subprocess_env(home=sandbox_home)["AWS_ENDPOINT_URL"] == sandbox
+
+
+def test_endpoint_without_a_running_sandbox_is_a_usage_error(tmp_path):
+    from poolctl.errors import UsageError
+    from poolctl.sandbox import manager
+
+    with pytest.raises(UsageError, match="poolctl sandbox start"):
+        manager.endpoint(home=tmp_path)
+
+
+# -------------------------------------------------------------------------------------
+# helpers for the extension tests
+
+
+def _launch_template(ec2, versions=("t3.micro", "t3.small")) -> tuple[str, str]:
+    """A launch template whose version N launches versions[N-1]; returns (id, ami)."""
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    lt = ec2.create_launch_template(
+        LaunchTemplateName=_name("lt"),
+        LaunchTemplateData={"ImageId": ami, "InstanceType": versions[0]},
+    )["LaunchTemplate"]
+    for itype in versions[1:]:
+        ec2.create_launch_template_version(
+            LaunchTemplateId=lt["LaunchTemplateId"],
+            LaunchTemplateData={"ImageId": ami, "InstanceType": itype},
+        )
+    return lt["LaunchTemplateId"], ami
+
+
+def _group(asg, name, lt_id, desired, max_size, version="1", pool="chat", min_size=0):
+    tags = [{"Key": POOL_TAG, "Value": pool, "PropagateAtLaunch": True}] if pool else []
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=min_size, MaxSize=max_size, DesiredCapacity=desired,
+        AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateId": lt_id, "Version": version}, Tags=tags,
+    )
+
+
+def _instances(asg, name) -> list[dict]:
+    return asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0][
+        "Instances"
+    ]
+
+
+def _versions(asg, name) -> list[str]:
+    return sorted(i["LaunchTemplate"]["Version"] for i in _instances(asg, name))
+
+
+def _ec2_instances(ec2, ids) -> dict[str, dict]:
+    out = {}
+    for r in ec2.describe_instances(InstanceIds=list(ids))["Reservations"]:
+        for i in r["Instances"]:
+            out[i["InstanceId"]] = i
+    return out
+
+
+def _tags(inst) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+
+
+# -------------------------------------------------------------------------------------
+# moto fix: instances report the launch template version they really run
+
+
+def test_instances_carry_the_version_the_group_resolves(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("latest")
+    _group(asg, name, lt_id, desired=2, max_size=2, version="$Latest")
+    # $Latest is version 2 (t3.small); moto alone tags them with the default version 1.
+    assert _versions(asg, name) == ["2", "2"]
+    ids = [i["InstanceId"] for i in _instances(asg, name)]
+    for inst in _ec2_instances(ec2, ids).values():
+        assert inst["InstanceType"] == "t3.small"
+        assert _tags(inst)["aws:ec2launchtemplate:version"] == "2"
+
+
+# -------------------------------------------------------------------------------------
+# (b) warm pool instances
+
+
+def test_warm_pool_min_size_2_lists_2_stopped_instances_tagged_like_the_group(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("warm")
+    _group(asg, name, lt_id, desired=1, max_size=3)
+    asg.put_warm_pool(AutoScalingGroupName=name, MinSize=2, PoolState="Stopped")
+    # Size = max(MinSize 2, MaxSize 3 - desired 1) = 2.
+    pool = asg.describe_warm_pool(AutoScalingGroupName=name)
+    states = [i["LifecycleState"] for i in pool["Instances"]]
+    assert states == ["Warmed:Stopped", "Warmed:Stopped"]
+    warm_ids = {i["InstanceId"] for i in pool["Instances"]}
+    group_ids = {i["InstanceId"] for i in _instances(asg, name)}
+    assert len(group_ids) == 1 and not warm_ids & group_ids
+    for inst in _ec2_instances(ec2, warm_ids).values():
+        assert inst["State"]["Name"] == "stopped"
+        assert _tags(inst)[POOL_TAG] == "chat"
+        assert _tags(inst)["aws:autoscaling:groupName"] == name
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    assert group["WarmPoolSize"] == 2
+
+
+def test_warm_pool_size_follows_the_put_warm_pool_formula(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("size")
+    _group(asg, name, lt_id, desired=2, max_size=10)
+
+    def size(**kw) -> list[str]:
+        asg.put_warm_pool(AutoScalingGroupName=name, **kw)
+        return [i["LifecycleState"] for i in
+                asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]]
+
+    assert size(MaxGroupPreparedCapacity=6) == ["Warmed:Stopped"] * 4  # 6 - 2
+    assert size(MaxGroupPreparedCapacity=-1) == ["Warmed:Stopped"] * 8  # unset: 10 - 2
+    assert size(MaxGroupPreparedCapacity=3, MinSize=5) == ["Warmed:Stopped"] * 5  # max(5, 1)
+    running = size(MaxGroupPreparedCapacity=3, PoolState="Running")  # max(0, 3 - 2) = 1
+    assert running == ["Warmed:Running"]
+    warm_id = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"][0]["InstanceId"]
+    assert _ec2_instances(ec2, [warm_id])[warm_id]["State"]["Name"] == "running"
+
+
+def test_scale_out_takes_warm_instances_first_then_refills(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("scale")
+    _group(asg, name, lt_id, desired=1, max_size=6)
+    asg.put_warm_pool(AutoScalingGroupName=name, MaxGroupPreparedCapacity=4)  # 4 - 1 = 3 warm
+    warm_before = {i["InstanceId"] for i in
+                   asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]}
+    group_before = {i["InstanceId"] for i in _instances(asg, name)}
+    assert len(warm_before) == 3
+
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
+    group_after = {i["InstanceId"] for i in _instances(asg, name)}
+    moved = group_after - group_before
+    assert len(moved) == 2 and moved <= warm_before  # both new members came from the pool
+    for inst in _ec2_instances(ec2, moved).values():
+        assert inst["State"]["Name"] == "running"  # started on the way in
+    warm_after = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    assert len(warm_after) == 1  # refilled to 4 - 3
+
+    asg.delete_warm_pool(AutoScalingGroupName=name)
+    left = warm_after[0]["InstanceId"]
+    assert _ec2_instances(ec2, [left])[left]["State"]["Name"] == "terminated"
+
+
+# -------------------------------------------------------------------------------------
+# (c) lifecycle action completion
+
+
+def _hooked_group(ec2, asg, name, timeout=300):
+    lt_id, _ = _launch_template(ec2)
+    _group(asg, name, lt_id, desired=0, max_size=4)
+    asg.put_lifecycle_hook(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=timeout,
+        DefaultResult="ABANDON",
+    )
+    return lt_id
+
+
+def test_lifecycle_completion_moves_the_instance_in_service(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("hook")
+    _hooked_group(ec2, asg, name)
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    [inst] = _instances(asg, name)
+    assert inst["LifecycleState"] == "Pending:Wait"
+    # A pending instance counts towards the desired capacity: no second launch.
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    assert len(_instances(asg, name)) == 1
+
+    iid = inst["InstanceId"]
+    asg.record_lifecycle_action_heartbeat(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name, InstanceId=iid)
+    report = sandbox_admin(sandbox, "GET", "/_poolctl/lifecycle-actions")
+    [action] = [a for a in report["open"] if a["InstanceId"] == iid]
+    assert action["Heartbeats"] == 1 and 290 < action["SecondsLeft"] <= 300
+
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name, InstanceId=iid,
+        LifecycleActionResult="CONTINUE")
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService"]
+    log = sandbox_admin(sandbox, "GET", "/_poolctl/lifecycle-actions")["log"]
+    assert [(e["How"], e["LifecycleActionResult"]) for e in log if e["InstanceId"] == iid] == [
+        ("RecordLifecycleActionHeartbeat", None), ("CompleteLifecycleAction", "CONTINUE")]
+
+    with pytest.raises(ClientError) as err:  # nothing is waiting any more
+        asg.complete_lifecycle_action(
+            LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name, InstanceId=iid,
+            LifecycleActionResult="CONTINUE")
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+
+
+def test_lifecycle_abandon_by_token_replaces_the_instance(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("abandon")
+    _hooked_group(ec2, asg, name)
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    [first] = _instances(asg, name)
+    token = next(a["LifecycleActionToken"] for a in
+                 sandbox_admin(sandbox, "GET", "/_poolctl/lifecycle-actions")["open"]
+                 if a["InstanceId"] == first["InstanceId"])
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        LifecycleActionToken=token, LifecycleActionResult="ABANDON")
+    [second] = _instances(asg, name)
+    assert second["InstanceId"] != first["InstanceId"]
+    assert second["LifecycleState"] == "Pending:Wait"
+    gone = _ec2_instances(ec2, [first["InstanceId"]])[first["InstanceId"]]
+    assert gone["State"]["Name"] == "terminated"
+
+
+def test_lifecycle_heartbeat_timeout_applies_the_default_result(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("timeout")
+    _hooked_group(ec2, asg, name)
+    # AWS accepts 30..7200 s; the sandbox takes 1 s so the test waits only a moment.
+    asg.put_lifecycle_hook(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=1,
+        DefaultResult="CONTINUE",
+    )
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["Pending:Wait"]
+    time.sleep(1.2)
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService"]
+
+
+def test_admin_endpoint_completes_open_actions_like_boot_scripts(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("bootall")
+    _hooked_group(ec2, asg, name)
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=2)
+    done = sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+                         {"AutoScalingGroupName": name})["completed"]
+    assert len(done) == 2
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService", "InService"]
+
+
+def test_warm_pool_launch_waits_for_the_hook_then_stops(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("warmhook")
+    _hooked_group(ec2, asg, name)
+    asg.put_warm_pool(AutoScalingGroupName=name, MinSize=1, MaxGroupPreparedCapacity=1)
+    [warm] = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    assert warm["LifecycleState"] == "Warmed:Pending:Wait"
+    iid = warm["InstanceId"]
+    assert _ec2_instances(ec2, [iid])[iid]["State"]["Name"] == "running"  # preparing
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name, InstanceId=iid,
+        LifecycleActionResult="CONTINUE")
+    [warm] = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    assert warm["LifecycleState"] == "Warmed:Stopped"
+    assert _ec2_instances(ec2, [iid])[iid]["State"]["Name"] == "stopped"
+
+
+# -------------------------------------------------------------------------------------
+# (a) instance refresh
+
+
+def _describe(asg, name) -> dict:
+    return asg.describe_instance_refreshes(AutoScalingGroupName=name)["InstanceRefreshes"][0]
+
+
+def _run_to_end(asg, name, limit=20) -> list[dict]:
+    seen = []
+    for _ in range(limit):
+        r = _describe(asg, name)
+        seen.append(r)
+        if r["Status"] in ("Successful", "Failed", "Cancelled", "RollbackSuccessful",
+                           "RollbackFailed"):
+            return seen
+    raise AssertionError(f"no terminal status after {limit} steps: {seen[-1]}")
+
+
+def test_refresh_with_checkpoints_reaches_successful_on_the_new_version(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("refresh")
+    _group(asg, name, lt_id, desired=4, max_size=4)
+    old_ids = {i["InstanceId"] for i in _instances(asg, name)}
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 50, "CheckpointPercentages": [50, 100],
+                     "CheckpointDelay": 600},
+    )
+    # Batch = floor(4 * 100%) - ceil(4 * 50%) = 2 instances. Each Describe shows the state,
+    # then one step passes: start; 2 replaced (checkpoint 50%); the checkpoint delay;
+    # 2 more replaced (100%); done.
+    steps = []
+    mid_versions = None
+    for _ in range(6):
+        r = _describe(asg, name)
+        steps.append((r["Status"], r["PercentageComplete"], r["InstancesToUpdate"]))
+        if r.get("StatusReason", "").startswith("Checkpoint 50%"):
+            mid_versions = _versions(asg, name)
+    assert steps == [
+        ("Pending", 0, 4), ("InProgress", 0, 4), ("InProgress", 50, 2), ("InProgress", 50, 2),
+        ("InProgress", 100, 0), ("Successful", 100, 0),
+    ]
+    assert mid_versions == ["1", "1", "2", "2"]  # paused at the checkpoint, half replaced
+    assert r["Preferences"]["CheckpointPercentages"] == [50, 100]
+    assert r["ProgressDetails"]["LivePoolProgress"] == {"PercentageComplete": 100,
+                                                        "InstancesToUpdate": 0}
+    assert "EndTime" in r
+
+    now = _instances(asg, name)
+    assert [i["LaunchTemplate"]["Version"] for i in now] == ["2"] * 4
+    assert not {i["InstanceId"] for i in now} & old_ids
+    ec2_now = _ec2_instances(ec2, [i["InstanceId"] for i in now])
+    assert {i["InstanceType"] for i in ec2_now.values()} == {"t3.small"}
+    assert {i["State"]["Name"] for i in _ec2_instances(ec2, old_ids).values()} == {"terminated"}
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    assert group["LaunchTemplate"]["Version"] == "2"  # the desired configuration is applied
+
+
+def test_refresh_rollback_restores_the_previous_version(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("rollback")
+    _group(asg, name, lt_id, desired=2, max_size=2)
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 50},
+    )
+    _describe(asg, name)  # Pending; then it starts
+    _describe(asg, name)  # InProgress 0%; then floor(2) - ceil(1) = 1 instance is replaced
+    assert _versions(asg, name) == ["1", "2"]
+    with pytest.raises(ClientError) as err:
+        asg.start_instance_refresh(AutoScalingGroupName=name)
+    assert err.value.response["Error"]["Code"] == "InstanceRefreshInProgress"
+
+    asg.rollback_instance_refresh(AutoScalingGroupName=name)
+    seen = _run_to_end(asg, name)
+    assert seen[0]["Status"] == "RollbackInProgress"
+    assert seen[0]["RollbackDetails"]["InstancesToUpdateOnRollback"] == 1
+    assert seen[0]["RollbackDetails"]["RollbackReason"] == "Rollback requested by user"
+    final = seen[-1]
+    assert final["Status"] == "RollbackSuccessful"
+    assert final["RollbackDetails"]["PercentageCompleteOnRollback"] == 100
+    assert final["PercentageComplete"] == 0  # goes back down to zero during a rollback
+    assert _versions(asg, name) == ["1", "1"]
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    assert group["LaunchTemplate"]["Version"] == "1"
+
+
+def test_refresh_without_desired_configuration_cannot_roll_back_but_cancels(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("cancel")
+    _group(asg, name, lt_id, desired=2, max_size=2)
+    asg.start_instance_refresh(AutoScalingGroupName=name)
+    with pytest.raises(ClientError) as err:
+        asg.rollback_instance_refresh(AutoScalingGroupName=name)
+    assert err.value.response["Error"]["Code"] == "IrreversibleInstanceRefresh"
+    asg.cancel_instance_refresh(AutoScalingGroupName=name)
+    assert [r["Status"] for r in _run_to_end(asg, name)] == ["Cancelling", "Cancelled"]
+    with pytest.raises(ClientError) as err:
+        asg.cancel_instance_refresh(AutoScalingGroupName=name)
+    assert err.value.response["Error"]["Code"] == "ActiveInstanceRefreshNotFound"
+
+
+def test_refresh_auto_rollback_when_a_replacement_is_unhealthy(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("autorb")
+    _group(asg, name, lt_id, desired=2, max_size=2)
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 50, "AutoRollback": True},
+    )
+    _describe(asg, name)
+    _describe(asg, name)  # one instance replaced by a version-2 one
+    [new] = [i for i in _instances(asg, name) if i["LaunchTemplate"]["Version"] == "2"]
+    asg.set_instance_health(InstanceId=new["InstanceId"], HealthStatus="Unhealthy")
+    seen = _run_to_end(asg, name)
+    assert seen[1]["Status"] == "RollbackInProgress"
+    assert new["InstanceId"] in seen[1]["RollbackDetails"]["RollbackReason"]
+    assert seen[-1]["Status"] == "RollbackSuccessful"
+    assert _versions(asg, name) == ["1", "1"]
+
+
+def test_refresh_skip_matching_and_ignoring_protected_instances(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("skip")
+    _group(asg, name, lt_id, desired=3, max_size=3)
+    ids = sorted(i["InstanceId"] for i in _instances(asg, name))
+    asg.set_instance_protection(AutoScalingGroupName=name, InstanceIds=[ids[0]],
+                                ProtectedFromScaleIn=True)
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 0, "SkipMatching": True,
+                     "ScaleInProtectedInstances": "Ignore"},
+    )
+    seen = _run_to_end(asg, name)
+    assert seen[0]["InstancesToUpdate"] == 2  # 3 minus the protected one
+    assert seen[-1]["Status"] == "Successful"
+    after = {i["InstanceId"]: i["LaunchTemplate"]["Version"] for i in _instances(asg, name)}
+    assert after[ids[0]] == "1" and sorted(after.values()) == ["1", "2", "2"]
+
+    # Every instance but the protected one already runs version 2: nothing to update.
+    kept = set(after)
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"SkipMatching": True, "ScaleInProtectedInstances": "Ignore"},
+    )
+    seen = _run_to_end(asg, name)
+    assert seen[0]["InstancesToUpdate"] == 0 and seen[-1]["Status"] == "Successful"
+    assert set(i["InstanceId"] for i in _instances(asg, name)) == kept
+
+
+def test_refresh_replaces_the_warm_pool_after_the_live_pool(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("warmrefresh")
+    _group(asg, name, lt_id, desired=1, max_size=2)
+    asg.put_warm_pool(AutoScalingGroupName=name, MinSize=1)  # max(1, 2 - 1) = 1
+    [old_warm] = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 0},
+    )
+    seen = _run_to_end(asg, name)
+    # Pending; InProgress (live 0%); live replaced; warm replaced; Successful.
+    assert [(r["Status"], r["ProgressDetails"]["LivePoolProgress"]["PercentageComplete"],
+             r["ProgressDetails"]["WarmPoolProgress"]["PercentageComplete"]) for r in seen] == [
+        ("Pending", 0, 0), ("InProgress", 0, 0), ("InProgress", 100, 0),
+        ("InProgress", 100, 100), ("Successful", 100, 100)]
+    [new_warm] = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    assert new_warm["InstanceId"] != old_warm["InstanceId"]
+    assert new_warm["LaunchTemplate"]["Version"] == "2"
+    assert new_warm["LifecycleState"] == "Warmed:Stopped"
+
+
+def test_refresh_waits_for_replacements_to_complete_their_launch_hook(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name = _name("hookrefresh")
+    lt_id = _hooked_group(ec2, asg, name)
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions", {"AutoScalingGroupName": name})
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 0},
+    )
+    _describe(asg, name)  # Pending; then it starts
+    _describe(asg, name)  # InProgress; then the instance is replaced
+    [new] = _instances(asg, name)
+    assert new["LifecycleState"] == "Pending:Wait"
+    assert _describe(asg, name)["PercentageComplete"] == 0  # launched, not yet InService
+    for _ in range(3):  # however often it is asked, the refresh waits for the node
+        r = _describe(asg, name)
+        assert r["Status"] == "InProgress" and new["InstanceId"] in r["StatusReason"]
+        assert (r["PercentageComplete"], r["InstancesToUpdate"]) == (0, 1)
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        InstanceId=new["InstanceId"], LifecycleActionResult="CONTINUE")
+    assert _run_to_end(asg, name)[-1]["Status"] == "Successful"
+    assert _versions(asg, name) == ["2"]
+
+
+def test_refresh_rejects_bad_preferences(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("badprefs")
+    _group(asg, name, lt_id, desired=1, max_size=1)
+    for prefs in (
+        {"CheckpointPercentages": [50, 20]},
+        {"CheckpointDelay": 60},
+        {"MinHealthyPercentage": 40, "MaxHealthyPercentage": 150},
+        {"AutoRollback": True},  # no desired configuration
+    ):
+        with pytest.raises(ClientError) as err:
+            asg.start_instance_refresh(AutoScalingGroupName=name, Preferences=prefs)
+        assert err.value.response["Error"]["Code"] == "ValidationError", prefs
+
+
+# -------------------------------------------------------------------------------------
+# (d) Service Quotas for ec2
+
+
+def test_ec2_quotas_get_set_and_request_without_duplicates(sandbox_reset, sandbox_client):
+    sq = sandbox_client("service-quotas")
+    p = sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]
+    assert (p["QuotaName"], p["Value"]) == ("Running On-Demand P instances", 0.0)
+    codes = {q["QuotaCode"] for q in sq.list_service_quotas(ServiceCode="ec2")["Quotas"]}
+    assert codes == {"L-417A185B", "L-DB2E81BA", "L-1216C47A"}
+
+    sandbox_admin(sandbox_reset, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 384}})
+    assert sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]["Value"] == 384
+    default = sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")
+    assert default["Quota"]["Value"] == 0.0  # the AWS default does not move
+
+    req = sq.request_service_quota_increase(
+        ServiceCode="ec2", QuotaCode="L-417A185B", DesiredValue=768)["RequestedQuota"]
+    assert req["Status"] == "PENDING" and req["Id"] and req["DesiredValue"] == 768
+    assert sq.get_requested_service_quota_change(RequestId=req["Id"])["RequestedQuota"] == req
+    with pytest.raises(ClientError) as err:
+        sq.request_service_quota_increase(
+            ServiceCode="ec2", QuotaCode="L-417A185B", DesiredValue=1152)
+    assert err.value.response["Error"]["Code"] == "ResourceAlreadyExistsException"
+    history = sq.list_requested_service_quota_change_history_by_quota(
+        ServiceCode="ec2", QuotaCode="L-417A185B")["RequestedQuotas"]
+    assert [r["Id"] for r in history] == [req["Id"]]
+    assert len(sq.list_requested_service_quota_change_history(
+        ServiceCode="ec2", Status="PENDING")["RequestedQuotas"]) == 1
+
+    with pytest.raises(ClientError) as err:  # not above the current 0
+        sq.request_service_quota_increase(
+            ServiceCode="ec2", QuotaCode="L-DB2E81BA", DesiredValue=0)
+    assert err.value.response["Error"]["Code"] == "IllegalArgumentException"
+    with pytest.raises(ClientError) as err:
+        sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-00000000")
+    assert err.value.response["Error"]["Code"] == "NoSuchResourceException"
+
+    approved = sandbox_admin(sandbox_reset, "POST", f"/_poolctl/quota-requests/{req['Id']}",
+                             {"status": "APPROVED"})
+    assert approved["RequestedQuota"]["Status"] == "APPROVED"
+    assert sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]["Value"] == 768
+    again = sq.request_service_quota_increase(  # no open request any more
+        ServiceCode="ec2", QuotaCode="L-417A185B", DesiredValue=1152)["RequestedQuota"]
+    assert again["Id"] != req["Id"]
+
+    # moto's own vpc quotas still answer.
+    assert sq.list_aws_default_service_quotas(ServiceCode="vpc")["Quotas"]

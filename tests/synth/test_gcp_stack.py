@@ -1,0 +1,526 @@
+"""The GCP pool stack: assertions on the synthesized JSON, a golden file per example stack,
+checkov with named skips, and `terraform validate` with the real CLI where present.
+
+One synth per module covers both examples and a variant (running warm pool, GCS state,
+Shared VPC, no surge). Regenerate the golden files with `POOLCTL_UPDATE_GOLDEN=1 pytest
+tests/synth`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from poolctl.config import load_config, parse_config
+from poolctl.errors import UsageError
+from tests.synth.checkov_util import run_checkov
+
+pytestmark = pytest.mark.synth
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "synth"
+GCP_EXAMPLES = {
+    "acme-chat-70b-gcp": ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml",
+    "acme-mistral-24b-gcp": ROOT / "examples" / "mistral-gcp" / "poolctl.yaml",
+}
+LABELS_70B = {"poolctl-project": "acme", "poolctl-pool": "chat-70b", "poolctl-role": "inference"}
+HEALTH_RANGES = ["35.191.0.0/16", "130.211.0.0/22"]
+
+# Every check checkov 3.1 runs on these stacks passes; a skip here must say why the check
+# does not apply to an inference pool.
+GCP_CHECKOV_SKIPS: dict[str, str] = {}
+
+VARIANT = """
+project: beta
+backend:
+  gcp: {bucket: beta-tfstate, prefix: pools}
+pools:
+  - name: small
+    model: {id: Qwen/Qwen2.5-7B-Instruct, params_b: 7.6, dtype: bfloat16, layers: 28,
+            kv_heads: 4, head_dim: 128}
+    serving: {image: "us-docker.pkg.dev/beta/serving/vllm:v1", tensor_parallel: 1,
+              max_model_len: 8192, port: 9000, health_path: /ready}
+    scaling: {min_replicas: 8, max_replicas: 16}
+    warm_pool: {replicas: 8, state: running}
+    rollout: {max_surge_replicas: 0}
+    gcp:
+      project: beta-svc
+      region: us-east4
+      machine_type: a3-highgpu-8g
+      zones: [us-east4-a, us-east4-b]
+      weights_uri: gs://beta-weights
+      network: projects/beta-host/global/networks/shared
+      subnetwork: projects/beta-host/regions/us-east4/subnetworks/gpu
+"""
+
+
+def _synth(configs, outdir):
+    from poolctl.stacks.app import synth
+
+    return synth(configs, outdir)
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("synth-gcp")
+    configs = []
+    for path in GCP_EXAMPLES.values():
+        cfg = load_config(path)
+        configs.append((cfg, cfg.targets(None, "gcp")))
+    variant = parse_config(VARIANT)
+    configs.append((variant, variant.targets(None, "gcp")))
+    dirs = _synth(configs, out)
+    return {d.name: {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text()),
+                     "text": (d / "cdk.tf.json").read_text()}
+            for d in dirs}
+
+
+def resources(doc: dict, rtype: str) -> list[dict]:
+    return list(doc["resource"].get(rtype, {}).values())
+
+
+def one(doc: dict, rtype: str) -> dict:
+    found = resources(doc, rtype)
+    assert len(found) == 1, f"expected one {rtype}, found {len(found)}"
+    return found[0]
+
+
+def doc_of(stacks, name: str) -> dict:
+    return stacks[name]["json"]
+
+
+def test_every_target_has_a_stack(stacks):
+    assert set(stacks) == set(GCP_EXAMPLES) | {"beta-small-gcp"}
+
+
+def test_terraform_block_and_local_state(stacks):
+    tf = doc_of(stacks, "acme-chat-70b-gcp")["terraform"]
+    assert tf["required_providers"]["google"] == {
+        "source": "hashicorp/google", "version": ">= 6.0.0, < 7.0.0"}
+    assert "aws" not in tf["required_providers"]
+    assert tf["backend"] == {"local": {"path": "terraform.tfstate"}}
+
+
+def test_gcs_state_per_stack(stacks):
+    tf = doc_of(stacks, "beta-small-gcp")["terraform"]
+    assert tf["backend"] == {"gcs": {"bucket": "beta-tfstate", "prefix": "pools/beta-small-gcp"}}
+
+
+def test_contract_labels(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    (prov,) = doc["provider"]["google"]
+    # Hyphens, not the snake_case cdktf would make of a provider map.
+    assert prov["default_labels"] == LABELS_70B
+    assert (prov["project"], prov["region"]) == ("acme-prod", "us-central1")
+    tpl = one(doc, "google_compute_instance_template")
+    assert tpl["labels"] == LABELS_70B
+    assert tpl["disk"][0]["labels"] == LABELS_70B
+    assert one(doc, "google_compute_forwarding_rule")["labels"] == LABELS_70B
+
+
+def test_template_is_locked_down(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    tpl = one(doc, "google_compute_instance_template")
+    assert tpl["machine_type"] == "a3-highgpu-8g"
+    assert tpl["name_prefix"] == "acme-chat-70b-"
+    assert tpl["lifecycle"]["create_before_destroy"] is True
+    (nic,) = tpl["network_interface"]
+    assert "access_config" not in nic and "ipv6_access_config" not in nic
+    assert nic["nic_type"] == "GVNIC"
+    assert nic["subnetwork"] == "projects/acme-prod/regions/us-central1/subnetworks/default"
+    assert tpl["can_ip_forward"] is False
+    assert tpl["shielded_instance_config"] == {
+        "enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True}
+    assert tpl["scheduling"]["on_host_maintenance"] == "TERMINATE"
+    assert tpl["scheduling"]["automatic_restart"] is True
+    md = tpl["metadata"]
+    assert md["enable-oslogin"] == "TRUE" and md["block-project-ssh-keys"] == "TRUE"
+    assert md["serial-port-enable"] == "FALSE"
+    assert tpl["service_account"]["scopes"] == ["cloud-platform"]
+    assert tpl["service_account"]["email"].startswith("${google_service_account.")
+    # GPUs come with the A3 machine type; no accelerator block, no extra (GPUDirect) NICs.
+    assert "guest_accelerator" not in tpl
+    assert "metadata_startup_script" not in tpl
+
+
+def test_startup_script_is_the_rendered_boot_script(stacks):
+    from poolctl.bootscript import render_boot_script
+
+    cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
+    tpl = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_instance_template")
+    script = tpl["metadata"]["startup-script"]
+    assert script == render_boot_script(cfg, cfg.pools[0], "gcp")
+    assert script.startswith("#!")
+    assert "private_key" not in script and "AKIA" not in script
+
+
+def test_local_ssd_and_boot_disk(stacks):
+    # a3-highgpu-8g bundles 16 x 375 GB Local SSD, a2-ultragpu-8g 8 (catalog).
+    for stack, count in (("acme-chat-70b-gcp", 16), ("acme-mistral-24b-gcp", 8)):
+        disks = one(doc_of(stacks, stack), "google_compute_instance_template")["disk"]
+        boot = [d for d in disks if d.get("boot")]
+        scratch = [d for d in disks if d.get("type") == "SCRATCH"]
+        assert len(boot) == 1 and len(scratch) == count and len(disks) == count + 1
+        assert all(d["interface"] == "NVME" and d["disk_size_gb"] == 375 for d in scratch)
+        assert boot[0]["disk_type"] == "pd-ssd" and boot[0]["disk_size_gb"] == 200
+        assert boot[0]["source_image"].endswith("common-cu124-ubuntu-2204-nvidia-550")
+        assert "disk_encryption_key" not in boot[0]  # Google-managed encryption at rest
+
+
+def test_mig_sizes_standby_and_rollout(stacks):
+    # chat-70b: TP 2 -> 4 replicas/node; min 4 -> 1 node; warm 8 stopped -> 2 standby nodes;
+    # surge 4 replicas -> 1 node, raised to the 3 zones a regional MIG needs at least.
+    # Cold start 120 boot + 120 image (12 GB at 0.1 GB/s) + 45.2 weights (141.2 GB at
+    # 100 Gbit/s x 0.25) + 35.3 load (70.6 GB/GPU at 2 GB/s) + 90 engine + 30 register = 440.
+    mig = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_instance_group_manager")
+    assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    assert mig["distribution_policy_target_shape"] == "BALANCED"
+    assert (mig["target_size"], mig["target_stopped_size"]) == (1, 2)
+    assert "target_suspended_size" not in mig
+    assert mig["standby_policy"] == {"mode": "SCALE_OUT_POOL", "initial_delay_sec": 440}
+    assert mig["lifecycle"]["ignore_changes"] == ["target_size"]
+    up = mig["update_policy"]
+    assert (up["type"], up["minimal_action"]) == ("PROACTIVE", "REPLACE")
+    assert (up["max_surge_fixed"], up["max_unavailable_fixed"]) == (3, 0)
+    assert up["instance_redistribution_type"] == "NONE"
+    assert mig["auto_healing_policies"]["initial_delay_sec"] == 440
+    assert mig["named_port"] == [{"name": "http", "port": 8000}]
+    assert mig["wait_for_instances"] is False
+    assert mig["version"][0]["instance_template"].endswith(".self_link_unique}")
+    # mistral-24b on a2-ultragpu-8g: 4 replicas/node, warm 4 -> 1 node, 2 zones -> surge 2.
+    mig = one(doc_of(stacks, "acme-mistral-24b-gcp"),
+              "google_compute_region_instance_group_manager")
+    assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-c"]
+    assert (mig["target_size"], mig["target_stopped_size"]) == (1, 1)
+    assert (mig["update_policy"]["max_surge_fixed"],
+            mig["update_policy"]["max_unavailable_fixed"]) == (2, 0)
+
+
+def test_running_warm_nodes_serve_and_no_surge(stacks):
+    # small: TP 1 -> 8 replicas/node; min 8 -> 1, max 16 -> 2, warm 8 running -> 1 node that
+    # joins the serving set (GCP standby pools hold stopped VMs only). No surge: one node
+    # per zone (2) may be down at a time.
+    doc = doc_of(stacks, "beta-small-gcp")
+    mig = one(doc, "google_compute_region_instance_group_manager")
+    assert mig["target_size"] == 2
+    assert "standby_policy" not in mig and "target_stopped_size" not in mig
+    assert (mig["update_policy"]["max_surge_fixed"],
+            mig["update_policy"]["max_unavailable_fixed"]) == (0, 2)
+    pol = one(doc, "google_compute_region_autoscaler")["autoscaling_policy"]
+    assert (pol["min_replicas"], pol["max_replicas"]) == (2, 3)
+
+
+def test_shared_vpc_paths(stacks):
+    doc = doc_of(stacks, "beta-small-gcp")
+    tpl = one(doc, "google_compute_instance_template")
+    assert tpl["project"] == "beta-svc"
+    assert tpl["network_interface"][0]["subnetwork"] == (
+        "projects/beta-host/regions/us-east4/subnetworks/gpu")
+    # Firewall rules and the proxy-only lookup belong to the host project's VPC.
+    for fw in resources(doc, "google_compute_firewall"):
+        assert fw["project"] == "beta-host"
+        assert fw["network"] == "projects/beta-host/global/networks/shared"
+    (sub,) = doc["data"]["google_compute_subnetwork"].values()
+    assert (sub["project"], sub["region"], sub["name"]) == ("beta-host", "us-east4", "gpu")
+    (proxies,) = doc["data"]["google_compute_subnetworks"].values()
+    assert proxies["project"] == "beta-host"
+
+
+def test_firewall_admits_only_health_checks_and_lb_proxies(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    fws = resources(doc, "google_compute_firewall")
+    ingress = [f for f in fws if f["direction"] == "INGRESS"]
+    assert len(ingress) == 2
+    for f in ingress:
+        assert f["allow"] == [{"protocol": "tcp", "ports": ["8000"]}]
+        assert f["target_tags"] == ["acme-chat-70b-node"]
+        assert "0.0.0.0/0" not in json.dumps(f["source_ranges"])
+        assert "source_tags" not in f
+    by_name = {f["name"]: f for f in ingress}
+    assert by_name["acme-chat-70b-allow-health-checks"]["source_ranges"] == HEALTH_RANGES
+    proxies = by_name["acme-chat-70b-allow-lb-proxies"]
+    (lookup_id,) = doc["data"]["google_compute_subnetworks"]
+    assert proxies["source_ranges"].startswith(
+        f"${{[for s in data.google_compute_subnetworks.{lookup_id}.subnetworks")
+    assert 'if s.network_name == \\"default\\"' in json.dumps(proxies["source_ranges"])
+    assert "REGIONAL_MANAGED_PROXY" in doc["data"]["google_compute_subnetworks"][lookup_id][
+        "filter"]
+    # An empty source list would mean "from anywhere": the rule refuses to exist without one.
+    (pre,) = proxies["lifecycle"]["precondition"]
+    assert pre["condition"].startswith("${length([for s in data.google_compute_subnetworks.")
+    assert "--purpose REGIONAL_MANAGED_PROXY" in pre["error_message"]
+    # The matching template's tag is what the rules target.
+    assert one(doc, "google_compute_instance_template")["tags"] == ["acme-chat-70b-node"]
+    egress = {f["name"]: f for f in fws if f["direction"] == "EGRESS"}
+    assert egress["acme-chat-70b-allow-https-out"]["allow"] == [
+        {"protocol": "tcp", "ports": ["443"]}]
+    assert egress["acme-chat-70b-deny-other-out"]["deny"] == [{"protocol": "all"}]
+    assert (egress["acme-chat-70b-deny-other-out"]["priority"]
+            > egress["acme-chat-70b-allow-https-out"]["priority"])
+
+
+def test_private_google_access_is_a_precondition(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    tpl = one(doc, "google_compute_instance_template")
+    (pre,) = tpl["lifecycle"]["precondition"]
+    (sub_id,) = doc["data"]["google_compute_subnetwork"]
+    assert pre["condition"] == (
+        f"${{data.google_compute_subnetwork.{sub_id}.private_ip_google_access}}")
+    assert "--enable-private-ip-google-access" in pre["error_message"]
+
+
+def test_autoscaler_on_queue_metric(stacks):
+    # chat-70b: 1..6 nodes (4..24 replicas at 4 per node), target 4 waiting per replica.
+    a = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_autoscaler")
+    assert a["target"].endswith(".id}") and "instance_group_manager" in a["target"]
+    pol = a["autoscaling_policy"]
+    assert (pol["min_replicas"], pol["max_replicas"], pol["mode"]) == (1, 6, "ON")
+    assert pol["cooldown_period"] == 440
+    (metric,) = pol["metric"]
+    assert metric == {
+        "name": "custom.googleapis.com/poolctl/requests_waiting_per_replica",
+        "filter": 'resource.type = "gce_instance"', "type": "GAUGE", "target": 4}
+    assert pol["scale_in_control"] == {
+        "max_scaled_in_replicas": {"fixed": 1}, "time_window_sec": 900}
+    assert "cpu_utilization" not in pol
+
+
+def test_internal_load_balancer(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    bes = one(doc, "google_compute_region_backend_service")
+    assert bes["load_balancing_scheme"] == "INTERNAL_MANAGED"
+    assert bes["locality_lb_policy"] == "LEAST_REQUEST"
+    assert bes["timeout_sec"] >= 600 and bes["port_name"] == "http"
+    assert bes["backend"][0]["group"].endswith(".instance_group}")
+    checks = {h["name"]: h for h in resources(doc, "google_compute_region_health_check")}
+    lb_check = checks["acme-chat-70b-lb"]
+    assert lb_check["http_health_check"] == {"port": 8000, "request_path": "/health"}
+    assert any(c.startswith("${google_compute_region_health_check.") for c in bes["health_checks"])
+    assert checks["acme-chat-70b-heal"]["unhealthy_threshold"] * checks[
+        "acme-chat-70b-heal"]["check_interval_sec"] >= 300
+    rule = one(doc, "google_compute_forwarding_rule")
+    assert rule["load_balancing_scheme"] == "INTERNAL_MANAGED"
+    assert rule["port_range"] == "80" and rule["allow_global_access"] is False
+    assert rule["subnetwork"].endswith("/subnetworks/default")
+    assert "ip_address" not in rule  # allocated from the subnet, never a public address
+    assert one(doc, "google_compute_region_url_map")["default_service"].startswith(
+        "${google_compute_region_backend_service.")
+    assert one(doc, "google_compute_region_target_http_proxy")["url_map"].startswith(
+        "${google_compute_region_url_map.")
+    # The variant's port and health path reach the checks and the firewall.
+    v = doc_of(stacks, "beta-small-gcp")
+    assert {h["http_health_check"]["request_path"]
+            for h in resources(v, "google_compute_region_health_check")} == {"/ready"}
+    assert {f["allow"][0]["ports"][0] for f in resources(v, "google_compute_firewall")
+            if f["direction"] == "INGRESS"} == {"9000"}
+
+
+def test_service_account_least_privilege(stacks):
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    sa = one(doc, "google_service_account")
+    assert (sa["account_id"], sa["project"]) == ("acme-chat-70b", "acme-prod")
+    bucket = one(doc, "google_storage_bucket_iam_member")
+    assert (bucket["bucket"], bucket["role"]) == ("acme-models", "roles/storage.objectViewer")
+    expr = bucket["condition"]["expression"]
+    assert ('resource.name.startsWith("projects/_/buckets/acme-models/objects/llama-3.1-70b/")'
+            in expr)
+    assert '"storage.googleapis.com/objectListPrefix", "").startsWith("llama-3.1-70b/")' in expr
+    roles = sorted(m["role"] for m in resources(doc, "google_project_iam_member"))
+    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    for m in resources(doc, "google_project_iam_member") + [bucket]:
+        assert m["member"] == "serviceAccount:${google_service_account." + next(
+            iter(doc["resource"]["google_service_account"])) + ".email}"
+    # Nothing else grants anything.
+    assert not [t for t in doc["resource"] if "iam" in t and t not in (
+        "google_project_iam_member", "google_storage_bucket_iam_member")]
+    # A whole-bucket weights URI has nothing to condition on.
+    v = one(doc_of(stacks, "beta-small-gcp"), "google_storage_bucket_iam_member")
+    assert v["bucket"] == "beta-weights" and "condition" not in v
+
+
+def test_outputs_named_resource_attr(stacks):
+    outs = doc_of(stacks, "acme-chat-70b-gcp")["output"]
+    assert {"instance_group_manager_name", "instance_group_manager_self_link",
+            "instance_template_self_link", "forwarding_rule_ip_address",
+            "service_account_email", "autoscaler_name"} <= set(outs)
+    assert outs["forwarding_rule_ip_address"]["value"].endswith(".ip_address}")
+    assert not any(o.get("sensitive") for o in outs.values())
+
+
+def test_cdktf_testing_assertions():
+    from cdktf import Testing
+
+    from poolctl.bootscript import render_boot_script
+    from poolctl.stacks.gcp.stack import GcpPoolStack
+
+    cfg = load_config(GCP_EXAMPLES["acme-mistral-24b-gcp"])
+    pool = cfg.pools[0]
+    app = Testing.app()
+    stack = GcpPoolStack(app, "t", cfg=cfg, pool=pool,
+                         user_data=render_boot_script(cfg, pool, "gcp"))
+    synthesized = Testing.synth(stack)
+    assert Testing.to_have_resource_with_properties(
+        synthesized, "google_compute_region_instance_group_manager",
+        {"target_stopped_size": 1, "standby_policy": {"mode": "SCALE_OUT_POOL"},
+         "distribution_policy_target_shape": "BALANCED"})
+    assert Testing.to_have_resource_with_properties(
+        synthesized, "google_compute_region_autoscaler",
+        {"autoscaling_policy": {"scale_in_control": {"max_scaled_in_replicas": {"fixed": 1}}}})
+    assert Testing.to_have_resource_with_properties(
+        synthesized, "google_compute_instance_template",
+        {"machine_type": "a2-ultragpu-8g", "shielded_instance_config": {"enable_vtpm": True}})
+    assert not Testing.to_have_resource(synthesized, "google_compute_address")
+    assert not Testing.to_have_resource(synthesized, "google_compute_router_nat")
+
+
+@pytest.mark.parametrize("stack", sorted(GCP_EXAMPLES))
+def test_golden(stacks, stack):
+    got = json.dumps(stacks[stack]["json"], indent=2, sort_keys=True) + "\n"
+    path = GOLDEN / f"{stack}.json"
+    if os.environ.get("POOLCTL_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+    assert path.exists(), f"{path} missing: run with POOLCTL_UPDATE_GOLDEN=1"
+    assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
+
+
+@pytest.mark.parametrize("stack", sorted(GCP_EXAMPLES))
+def test_checkov_passes(stacks, stack):
+    failed = run_checkov(stacks[stack]["dir"], GCP_CHECKOV_SKIPS)
+    assert failed == [], failed
+
+
+def test_checkov_sees_a_loosened_template(stacks, tmp_path):
+    """Control for the test above: the same JSON with a public IP, no Shielded VM and project
+    SSH keys allowed must fail, so a clean run means checkov read the template."""
+    doc = copy.deepcopy(doc_of(stacks, "acme-chat-70b-gcp"))
+    (tpl,) = doc["resource"]["google_compute_instance_template"].values()
+    tpl["network_interface"][0]["access_config"] = [{}]
+    tpl["shielded_instance_config"] = {"enable_secure_boot": False, "enable_vtpm": False,
+                                       "enable_integrity_monitoring": False}
+    tpl["metadata"]["block-project-ssh-keys"] = "FALSE"
+    (tmp_path / "cdk.tf.json").write_text(json.dumps(doc))
+    failed = {f["id"] for f in run_checkov(tmp_path, GCP_CHECKOV_SKIPS)}
+    assert {"CKV_GCP_40", "CKV_GCP_39", "CKV_GCP_32"} <= failed, failed
+
+
+def _terraform() -> str | None:
+    return os.environ.get("POOLCTL_TERRAFORM") or shutil.which("terraform") or shutil.which("tofu")
+
+
+def test_terraform_validate_accepts_the_json(stacks, tmp_path):
+    """The contract: the JSON works with the real CLI (validate needs the provider schema)."""
+    tf, mirror = _terraform(), os.environ.get("POOLCTL_PROVIDER_MIRROR")
+    if not tf:
+        pytest.skip("no terraform/tofu on PATH: cannot validate the JSON with the real CLI")
+    if not mirror or not any(Path(mirror).glob("registry.terraform.io/hashicorp/google/*")):
+        pytest.skip("no hashicorp/google provider in POOLCTL_PROVIDER_MIRROR and no registry "
+                    "here: provider schema not loadable")
+    from poolctl.terraform import cli_config
+
+    work = tmp_path / "validate"
+    shutil.copytree(stacks["acme-chat-70b-gcp"]["dir"], work)
+    env = dict(os.environ, TF_CLI_CONFIG_FILE=str(cli_config(mirror)), CHECKPOINT_DISABLE="1")
+    for args in (["init", "-backend=false", "-input=false"], ["validate", "-json"]):
+        proc = subprocess.run([tf, *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["valid"] is True
+
+
+def test_gcp_synth_never_loads_aws(tmp_path):
+    code = (
+        "import sys, json\n"
+        "from poolctl.config import load_config\n"
+        "from poolctl.stacks.app import synth\n"
+        f"cfg = load_config({str(GCP_EXAMPLES['acme-chat-70b-gcp'])!r})\n"
+        f"synth([(cfg, cfg.targets(None, 'gcp'))], {str(tmp_path)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktf_cdktf'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    mods = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(m.startswith("cdktf_cdktf_provider_google.") for m in mods)
+    assert not any(m.startswith("cdktf_cdktf_provider_aws") for m in mods)
+    # Only the submodules the stack uses, not the package root's thousands.
+    assert len(mods) < 40
+    assert (tmp_path / "stacks" / "acme-chat-70b-gcp" / "cdk.tf.json").is_file()
+
+
+# --- the arithmetic and parsing behind the stack, without a synth -----------------------
+
+
+def _pool(text: str = VARIANT):
+    return parse_config(text).pools[0]
+
+
+def test_mig_sizes_by_hand():
+    from poolctl.sizing import plan_pool
+    from poolctl.stacks.gcp.pool import MigSizes, mig_sizes
+
+    cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
+    pool = cfg.pools[0]
+    # 1 surge node, 3 zones -> 3; 2 zones -> 2; 1 zone -> 1.
+    assert mig_sizes(pool, plan_pool(pool, "gcp"), 3) == MigSizes(
+        target_size=1, min_nodes=1, max_nodes=6, standby=2, max_surge=3, max_unavailable=0)
+    assert mig_sizes(pool, plan_pool(pool, "gcp"), 1).max_surge == 1
+    # 8 surge replicas = 2 nodes stay 2 over 2 zones, become 3 over 3.
+    bigger = pool.model_copy(update={"rollout": pool.rollout.model_copy(
+        update={"max_surge_replicas": 8})})
+    assert mig_sizes(bigger, plan_pool(bigger, "gcp"), 2).max_surge == 2
+    assert mig_sizes(bigger, plan_pool(bigger, "gcp"), 3).max_surge == 3
+
+
+def test_boot_disk_type_per_series():
+    from poolctl.stacks.gcp.pool import boot_disk_type
+
+    assert boot_disk_type("a3-highgpu-8g") == "pd-ssd"
+    assert boot_disk_type("a2-ultragpu-8g") == "pd-ssd"
+    assert boot_disk_type("a3-ultragpu-8g") == "hyperdisk-balanced"
+    assert boot_disk_type("a4-highgpu-8g") == "hyperdisk-balanced"
+
+
+def test_account_id_fits_gcp_rules():
+    import re
+
+    from poolctl.stacks.gcp.iam import account_id
+
+    ok = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+    for name in ("acme-chat-70b", "9lives-x", "a-very-long-project-name-with-a-long-pool-name",
+                 "ab-c"):
+        assert ok.match(account_id(name)), account_id(name)
+    assert account_id("acme-chat-70b") == "acme-chat-70b"
+    long = "a-very-long-project-name-with-a-long-pool-name"
+    assert account_id(long) != account_id(long + "2")  # the hash keeps them apart
+
+
+def test_zones_missing_from_catalog_is_one_clear_line():
+    from poolctl.sizing import instance_row
+    from poolctl.stacks.gcp.pool import pool_zones
+
+    pool = _pool(VARIANT.replace("region: us-east4", "region: us-south1")
+                 .replace("      zones: [us-east4-a, us-east4-b]\n", "")
+                 .replace("regions/us-east4/", "regions/us-south1/"))
+    with pytest.raises(UsageError) as e:
+        pool_zones(pool, instance_row(pool, "gcp"))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("pools.small.gcp.zones:") and "set gcp.zones" in msg
+
+
+def test_bad_subnetwork_path_is_one_clear_line():
+    from poolctl.stacks.gcp.network import subnet_ref
+
+    pool = _pool(VARIANT.replace("regions/us-east4/subnetworks/", "regions/us-west1/subnetworks/"))
+    with pytest.raises(UsageError) as e:
+        subnet_ref(pool.name, pool.gcp)
+    assert str(e.value).startswith("pools.small.gcp.subnetwork:") and "\n" not in str(e.value)
+    plain = _pool(VARIANT.replace("projects/beta-host/regions/us-east4/subnetworks/gpu", "gpu"))
+    assert subnet_ref("small", plain.gcp) == ("beta-host", "us-east4", "gpu")

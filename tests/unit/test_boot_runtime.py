@@ -1,0 +1,423 @@
+"""The rendered start-up script, run for real by bash against stand-ins for what a node has.
+
+Real: bash, curl, awk, python3 (manifest check), the script's control flow, quoting and
+traps. Stand-ins: `docker`, `nvidia-smi`, `aws`, `gcloud` (small scripts on PATH that log
+their arguments and copy from a local "bucket" folder), and one HTTP server playing the
+EC2 instance metadata service (IMDSv2: a GET without a session token gets 401 and is
+recorded), the GCE metadata server, the Monitoring API and the vLLM server (/health,
+/metrics). The script is pointed at them through its POOLCTL_* environment overrides.
+
+The NVMe step is rendered for a type without local disks and given POOLCTL_NVME_DEVICES=none,
+so nothing here touches a block device (tests/ops/test_nvme_raid.py does, as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from poolctl import bootscript
+from poolctl.bootscript import write_manifest
+
+from .boot_config import EXTRA_ARGS, load
+
+INSTANCE_ID = "i-0123456789abcdef0"
+IMDS_TOKEN = "imds-session-token-1"
+GCE_TOKEN = "gce-access-token-1"
+# Four engines (data parallel 4) plus lines that must not count.
+METRICS = """\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-70B-Instruct"} 5.0
+vllm:num_requests_waiting{engine="2",model_name="meta-llama/Llama-3.1-70B-Instruct"} 0.0
+vllm:num_requests_waiting{engine="3",model_name="meta-llama/Llama-3.1-70B-Instruct"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 100.0
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruct"} 7.0
+"""
+WAITING_TOTAL = 3 + 5 + 0 + 2
+
+
+class Node:
+    """What the script talks to, all on 127.0.0.1, plus the logs of what it did."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.logs = root / "logs"
+        self.buckets = root / "buckets"
+        self.bin = root / "bin"
+        self.cache = root / "cache"
+        self.state = root / "state"
+        for d in (self.logs, self.buckets, self.bin, self.cache, self.state):
+            d.mkdir()
+        self.target_state = "InService"
+        self.serving = True
+        self.tokenless_gets: list[str] = []
+        self.posts: list[tuple[dict, dict]] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._fakes()
+
+    def _handler(self):
+        node = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self):
+                if (self.path == "/latest/api/token"
+                        and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")):
+                    return self._send(200, IMDS_TOKEN)
+                self._send(400)
+
+            def do_GET(self):
+                p = self.path
+                if p.startswith("/latest/"):
+                    if self.headers.get("X-aws-ec2-metadata-token") != IMDS_TOKEN:
+                        node.tokenless_gets.append(p)
+                        return self._send(401)
+                    answers = {
+                        "/latest/meta-data/instance-id": INSTANCE_ID,
+                        "/latest/meta-data/autoscaling/target-lifecycle-state":
+                            node.target_state,
+                    }
+                    return self._send(200, answers[p]) if p in answers else self._send(404)
+                if p.startswith("/computeMetadata/v1/"):
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        return self._send(403)
+                    answers = {
+                        "instance/id": "4242424242",
+                        "instance/zone": "projects/123456/zones/us-central1-b",
+                        "instance/service-accounts/default/token": json.dumps(
+                            {"access_token": GCE_TOKEN, "expires_in": 3599,
+                             "token_type": "Bearer"}),
+                    }
+                    key = p.removeprefix("/computeMetadata/v1/")
+                    return self._send(200, answers[key]) if key in answers else self._send(404)
+                if p == "/health":
+                    started = (node.logs / "docker-run.args").exists()
+                    return self._send(200 if started and node.serving else 503)
+                if p == "/metrics" and node.serving:
+                    return self._send(200, METRICS)
+                self._send(404)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                node.posts.append((dict(self.headers), json.loads(body)))
+                self._send(200, "{}")
+
+        return H
+
+    def _fakes(self) -> None:
+        fakes = {
+            "aws": r"""
+printf '%s\n' "$*" >>"$FAKE_LOGS/aws.log"
+case "$1 $2" in
+  "s3 cp") src=${*: -2:1}; dst=${*: -1}; cp -r "$FAKE_BUCKETS/${src#s3://}." "$dst/" ;;
+  "autoscaling complete-lifecycle-action")
+    if [[ -n ${FAKE_NO_PENDING:-} ]]; then
+      echo "ValidationError: No active Lifecycle Action found with instance ID" >&2; exit 254
+    fi ;;
+esac
+""",
+            "gcloud": r"""
+printf '%s\n' "$*" >>"$FAKE_LOGS/gcloud.log"
+if [[ "$1 $2" == "storage cp" ]]; then src=${4%\*}; cp -r "$FAKE_BUCKETS/${src#gs://}." "$5"; fi
+""",
+            "docker": r"""
+printf '%s\n' "$*" >>"$FAKE_LOGS/docker.log"
+case $1 in
+  image) [[ -f $FAKE_LOGS/pulled ]] ;;
+  pull) touch "$FAKE_LOGS/pulled" ;;
+  run) printf '%s\0' "$@" >"$FAKE_LOGS/docker-run.args" ;;
+  inspect) echo 0 ;;
+esac
+""",
+            "nvidia-smi": r"""
+for ((i = 0; i < ${FAKE_GPUS:-8}; i++)); do
+  echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"
+done
+""",
+        }
+        for name, body in fakes.items():
+            f = self.bin / name
+            f.write_text("#!/bin/bash\n" + body.lstrip())
+            f.chmod(0o755)
+        # The nodes' python3 is the system one; here, the interpreter running the tests.
+        (self.bin / "python3").symlink_to(sys.executable)
+
+    def bucket(self, uri: str, files: dict[str, bytes]) -> Path:
+        folder = self.buckets / uri.split("://", 1)[1]
+        for rel, data in files.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(data)
+        write_manifest(folder)
+        return folder
+
+    def run(self, script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+        path = self.root / "node.sh"
+        path.write_text(script)
+        base = {
+            "PATH": f"{self.bin}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(self.root),
+            "FAKE_LOGS": str(self.logs),
+            "FAKE_BUCKETS": str(self.buckets),
+            "POOLCTL_NVME_DEVICES": "none",
+            "POOLCTL_CACHE_MOUNT": str(self.cache),
+            "POOLCTL_STATE_DIR": str(self.state),
+            "POOLCTL_IMDS_URL": f"http://127.0.0.1:{self.port}/latest",
+            "POOLCTL_METADATA_URL": f"http://127.0.0.1:{self.port}/computeMetadata/v1",
+            "POOLCTL_MONITORING_URL": f"http://127.0.0.1:{self.port}",
+        }
+        return subprocess.run(["bash", str(path), *args], env={**base, **env}, text=True,
+                              capture_output=True, timeout=120, cwd=self.root)
+
+    def log(self, name: str) -> list[str]:
+        p = self.logs / f"{name}.log"
+        return p.read_text().splitlines() if p.exists() else []
+
+    def docker_run_args(self) -> list[str]:
+        return (self.logs / "docker-run.args").read_text().split("\0")[:-1]
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(tmp_path)
+    yield n
+    n.server.shutdown()
+    n.server.server_close()
+
+
+def _script(node: Node, pool_idx: int, cloud: str) -> str:
+    cfg = load(aws_port=node.port, gcp_port=node.port)
+    # No local NVMe on this stand-in node: the cache is a folder (see module docstring).
+    ctx = bootscript.context(cfg, cfg.pools[pool_idx], cloud) | {"nvme_expected": 0}
+    return bootscript.environment().get_template("node.sh.j2").render(ctx)
+
+
+def _phases(stderr: str) -> list[str]:
+    return re.findall(r"^poolctl: phase=(\w+) seconds=\d+", stderr, re.M)
+
+
+AWS_URI = "s3://acme-models/llama-3.1-70b/"
+WEIGHTS = {"config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+           "model-00001-of-00002.safetensors": os.urandom(300_000),
+           "model-00002-of-00002.safetensors": os.urandom(200_000),
+           "tokenizer/tokenizer.json": b"{}"}
+
+
+def _continue_line(result: str) -> str:
+    return ("autoscaling complete-lifecycle-action --auto-scaling-group-name acme-chat-70b "
+            f"--lifecycle-hook-name poolctl-node-ready --instance-id {INSTANCE_ID} "
+            f"--lifecycle-action-result {result}")
+
+
+def test_aws_boot_fetches_verifies_serves_and_continues(node):
+    node.bucket(AWS_URI, WEIGHTS)
+    script = _script(node, 0, "aws")
+    r = node.run(script, "boot")
+    assert r.returncode == 0, r.stderr
+    assert set(_phases(r.stderr)) == {"image", "gpus", "nvme", "weights", "serving",
+                                      "readiness", "total"}
+    wdir = node.cache / "weights" / "meta-llama_Llama-3.1-70B-Instruct" / "2024-07"
+    for rel, data in WEIGHTS.items():
+        assert (wdir / rel).read_bytes() == data
+    assert (wdir / ".poolctl-complete").read_text() == f"{AWS_URI} 2024-07\n"
+    assert "poolctl: weights: 4 of 4 files verified" in r.stderr
+
+    cache, state = str(node.cache), str(node.state)
+    assert node.docker_run_args() == [
+        "run", "-d", "--name", "poolctl-serving", "--restart", "on-failure", "--gpus", "all",
+        "--ipc=host", "--network", "host", "--log-driver", "journald", "-e", "HF_HUB_OFFLINE=1",
+        "-v", f"{cache}:{cache}:ro", "-v", f"{state}/vllm-cache:/root/.cache",
+        "vllm/vllm-openai:v0.11.0", "--model", str(wdir),
+        "--served-model-name", "meta-llama/Llama-3.1-70B-Instruct",
+        "--tensor-parallel-size", "2", "--data-parallel-size", "4",
+        "--max-model-len", "16384", "--gpu-memory-utilization", "0.92",
+        "--enable-chunked-prefill", "--max-num-batched-tokens", "8192",
+        "--port", str(node.port), *EXTRA_ARGS,
+    ]
+    aws = node.log("aws")
+    assert [a for a in aws if a.startswith("s3 cp")] == [
+        f"s3 cp --recursive --only-show-errors {AWS_URI} {wdir}"]
+    assert aws[-1] == _continue_line("CONTINUE")
+    assert "ABANDON" not in "\n".join(aws)
+    assert node.tokenless_gets == []
+    assert (node.state / "lifecycle-done").read_text() == "InService\n"
+    assert "preferred_transfer_client = crt" in (node.state / "aws-s3.conf").read_text()
+
+    # Reboot (instance store kept): nothing downloaded or pulled again; the hook has no
+    # pending action any more, which is logged, not fatal.
+    r2 = node.run(script, "boot", FAKE_NO_PENDING="1")
+    assert r2.returncode == 0, r2.stderr
+    assert "is in the cache already" in r2.stderr
+    assert "is on the root volume already" in r2.stderr
+    assert len([a for a in node.log("aws") if a.startswith("s3 cp")]) == 1
+    assert [d for d in node.log("docker") if d.startswith("pull")] == [
+        "pull -q vllm/vllm-openai:v0.11.0"]
+    assert "lifecycle: CONTINUE not taken: ValidationError: No active Lifecycle" in r2.stderr
+
+
+def test_aws_boot_abandons_on_a_corrupt_download(node):
+    folder = node.bucket(AWS_URI, WEIGHTS)
+    shard = folder / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[1000] ^= 0xFF  # same size, different content
+    shard.write_bytes(bytes(data))
+    r = node.run(_script(node, 0, "aws"), "boot")
+    assert r.returncode == 1
+    assert "poolctl: weights: model-00002-of-00002.safetensors: sha256 mismatch" in r.stderr
+    assert "FAILED: weights: s3://acme-models/llama-3.1-70b/ does not match" in r.stderr
+    assert node.log("aws")[-1] == _continue_line("ABANDON")
+    assert "CONTINUE" not in "\n".join(node.log("aws"))
+    assert not (node.logs / "docker-run.args").exists()
+    assert not list(node.cache.rglob(".poolctl-complete"))
+
+
+def test_aws_boot_abandons_a_node_missing_a_gpu(node):
+    node.bucket(AWS_URI, WEIGHTS)
+    r = node.run(_script(node, 0, "aws"), "boot", FAKE_GPUS="7")
+    assert r.returncode == 1
+    assert "FAILED: gpus: found 7, expected 8" in r.stderr
+    assert node.log("aws")[-1] == _continue_line("ABANDON")
+
+
+def test_aws_warm_pool_stopped_node_only_pulls_the_image(node):
+    node.bucket(AWS_URI, WEIGHTS)
+    node.target_state = "Warmed:Stopped"
+    r = node.run(_script(node, 0, "aws"), "boot")
+    assert r.returncode == 0, r.stderr
+    assert set(_phases(r.stderr)) == {"image", "gpus", "total"}
+    assert node.log("docker")[-1] == "pull -q vllm/vllm-openai:v0.11.0"
+    assert not [a for a in node.log("aws") if a.startswith("s3 ")]
+    assert not (node.logs / "docker-run.args").exists()
+    assert node.log("aws")[-1] == _continue_line("CONTINUE")
+    assert (node.state / "lifecycle-done").read_text() == "Warmed:Stopped\n"
+
+
+def test_aws_publish_queue(node):
+    script = _script(node, 0, "aws")
+    put = ("cloudwatch put-metric-data --namespace poolctl --metric-name "
+           "RequestsWaitingPerReplica --dimensions AutoScalingGroupName=acme-chat-70b "
+           "--unit Count --value")
+
+    # Warm-pool node (serving, no traffic): publishes nothing.
+    node.target_state = "Warmed:Running"
+    assert node.run(script, "publish-queue").returncode == 0
+    assert node.log("aws") == []
+
+    # In service: 10 waiting over 4 replicas.
+    node.target_state = "InService"
+    assert node.run(script, "publish-queue").returncode == 0
+    assert node.log("aws") == [f"{put} 2.500"]
+
+    # A Warmed:Running node moved in service without a restart: the timer completes the hook.
+    (node.state / "lifecycle-done").write_text("Warmed:Running\n")
+    assert node.run(script, "publish-queue").returncode == 0
+    assert node.log("aws")[1:] == [_continue_line("CONTINUE"), f"{put} 2.500"]
+    assert (node.state / "lifecycle-done").read_text() == "InService\n"
+    assert node.run(script, "publish-queue").returncode == 0
+    assert node.log("aws")[3:] == [f"{put} 2.500"]
+
+    # Not serving: no data point at all rather than a zero.
+    node.serving = False
+    assert node.run(script, "publish-queue").returncode == 0
+    assert len(node.log("aws")) == 4
+    assert node.tokenless_gets == []
+
+
+GCP_URI = "gs://acme-models/llama-3.1-405b-fp8/"
+
+
+def test_gcp_boot(node):
+    node.bucket(GCP_URI, {"config.json": b"{}", "model.safetensors": os.urandom(100_000)})
+    r = node.run(_script(node, 1, "gcp"), "boot")
+    assert r.returncode == 0, r.stderr
+    wdir = node.cache / "weights" / "meta-llama_Llama-3.1-405B-Instruct-FP8" / "1"
+    assert node.log("gcloud") == [
+        "auth configure-docker us-docker.pkg.dev --quiet",
+        f"storage cp -r {GCP_URI}* {wdir}/",
+    ]
+    args = node.docker_run_args()
+    i = args.index("--tensor-parallel-size")
+    assert args[i:i + 4] == ["--tensor-parallel-size", "8", "--data-parallel-size", "1"]
+    assert args[args.index("--port") + 1] == str(node.port)
+    assert node.log("aws") == []
+    assert "phase=readiness" in r.stderr
+
+
+def test_gcp_publish_queue(node):
+    r = node.run(_script(node, 1, "gcp"), "publish-queue")
+    assert r.returncode == 0, r.stderr
+    (headers, body), = node.posts
+    assert headers["Authorization"] == f"Bearer {GCE_TOKEN}"
+    series, = body["timeSeries"]
+    assert series["metric"] == {
+        "type": "custom.googleapis.com/poolctl/requests_waiting_per_replica"}
+    assert series["resource"] == {"type": "gce_instance", "labels": {
+        "project_id": "acme-prod", "instance_id": "4242424242", "zone": "us-central1-b"}}
+    point, = series["points"]
+    # tensor_parallel 8: one replica per node, so the node's whole queue.
+    assert point["value"] == {"doubleValue": float(WAITING_TOTAL)}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", point["interval"]["endTime"])
+
+
+def test_verify_manifest(node, tmp_path):
+    script = _script(node, 0, "aws")
+    folder = tmp_path / "w"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"a" * 1000)
+    (folder / "sub" / "b.bin").write_bytes(b"b" * 10)
+    write_manifest(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest == {"files": {
+        "a.bin": {"bytes": 1000, "sha256":
+                  "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3"},
+        "sub/b.bin": {"bytes": 10, "sha256":
+                      "6d2fe32dc4249ef7e7359c6d874fffbbf335e832e49a2681236e1b686af78794"},
+    }}
+    assert node.run(script, "verify", str(folder)).returncode == 0
+
+    (folder / "sub" / "b.bin").write_bytes(b"b" * 11)
+    r = node.run(script, "verify", str(folder))
+    assert r.returncode == 1 and "sub/b.bin: 11 bytes, manifest says 10" in r.stderr
+    (folder / "sub" / "b.bin").unlink()
+    r = node.run(script, "verify", str(folder))
+    assert r.returncode == 1 and "sub/b.bin: missing" in r.stderr
+
+    (folder / "manifest.json").write_text(json.dumps(
+        {"files": {"../../etc/hostname": {"bytes": 1, "sha256": "00"}}}))
+    r = node.run(script, "verify", str(folder))
+    assert r.returncode == 1 and "outside the weights folder" in r.stderr
+    (folder / "manifest.json").write_text(json.dumps({"files": {}}))
+    assert node.run(script, "verify", str(folder)).returncode == 1
+    (folder / "manifest.json").write_text("not json")
+    r = node.run(script, "verify", str(folder))
+    assert r.returncode == 1 and "manifest.json unusable" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_nvme_fails_when_the_type_has_some(node):
+    cfg = load()
+    script = bootscript.context(cfg, cfg.pools[0], "aws")  # p5: 8 local NVMe devices
+    text = bootscript.environment().get_template("node.sh.j2").render(script)
+    r = node.run(text, "nvme")
+    assert r.returncode == 1
+    assert "FAILED: nvme: no local NVMe device found, expected 8" in r.stderr

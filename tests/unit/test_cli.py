@@ -1,0 +1,120 @@
+"""The CLI as users run it: exit codes, one-line errors, --json, and lazy imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.configs import pool_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
+
+
+def poolctl(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=120)
+
+
+def write(tmp_path, text):
+    p = tmp_path / "poolctl.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_validate_example_ok():
+    r = poolctl("validate", "-f", str(EXAMPLE))
+    assert r.returncode == 0, r.stderr
+    assert "ok: 0 error(s)" in r.stderr
+
+
+def test_validate_rule_failure_exits_1(tmp_path):
+    f = write(tmp_path, pool_yaml(instance_type="g6e.48xlarge"))
+    r = poolctl("validate", "-f", str(f))
+    assert r.returncode == 1
+    assert "error: [nvlink-8gpu]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schema_error_exits_2_one_line(tmp_path):
+    f = write(tmp_path, pool_yaml().replace("port: 8000", "port: 8000\n      colour: red"))
+    r = poolctl("validate", "-f", str(f))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pools[0].serving.colour: unknown key" in lines[0]
+
+
+def test_missing_file_exits_2(tmp_path):
+    r = poolctl("plan", cwd=tmp_path)
+    assert r.returncode == 2 and "-f/--file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_flag_exits_2():
+    r = poolctl("plan", "--cloud", "azure", "-f", str(EXAMPLE))
+    assert r.returncode == 2
+
+
+def test_plan_refuses_on_failed_rule(tmp_path):
+    f = write(tmp_path, pool_yaml(tp=1))
+    r = poolctl("plan", "-f", str(f), "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "nothing was changed" in r.stderr
+
+
+def test_plan_json_contract_fields():
+    r = poolctl("plan", "-f", str(EXAMPLE), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(p["pool"], p["cloud"]) for p in doc["pools"]] == [("chat-70b", "aws"),
+                                                               ("chat-70b", "gcp")]
+    p = doc["pools"][0]
+    for key in ("pool", "cloud", "instance_type", "gpus_per_node", "tensor_parallel",
+                "replicas_per_node", "weights_bytes_per_gpu", "kv_cache_bytes_per_token",
+                "kv_cache_tokens_per_replica", "max_concurrent_sequences_per_replica"):
+        assert key in p
+    assert set(p["nodes"]) >= {"min", "max", "warm"}
+    assert set(p["quota"]) >= {"name", "unit", "needed"}
+    assert set(p["cost_per_hour_usd"]) == {"min", "max"}
+    assert set(p["start_seconds"]) == {"cold", "warm"}
+    assert p["kv_cache_bytes_per_token"] == 327_680
+    assert p["nodes"] == {"min": 1, "max": 6, "warm": 2, "surge": 1}
+
+
+def test_plan_pool_and_cloud_filters():
+    r = poolctl("plan", "-f", str(EXAMPLE), "--json", "--cloud", "gcp", "--pool", "chat-70b")
+    doc = json.loads(r.stdout)
+    assert [p["cloud"] for p in doc["pools"]] == ["gcp"]
+    r = poolctl("plan", "-f", str(EXAMPLE), "--pool", "nope")
+    assert r.returncode == 2 and "--pool: no pool named 'nope'" in r.stderr
+
+
+def test_poolctl_file_env(tmp_path):
+    import os
+
+    env = dict(os.environ, POOLCTL_FILE=str(EXAMPLE))
+    assert poolctl("validate", cwd=tmp_path, env=env).returncode == 0
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["validate", "-f", str(EXAMPLE)],
+                                  ["plan", "-f", str(EXAMPLE)]])
+def test_no_heavy_imports(argv):
+    code = (
+        "import sys\n"
+        "from poolctl.app import main\n"
+        f"sys.argv = ['poolctl', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('cdktf', 'jsii', 'boto3', 'botocore', 'google', 'cdktf_cdktf_provider_aws', "
+        "'cdktf_cdktf_provider_google', 'paramiko')]\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in r.stderr, r.stderr[-500:]
+
+
+def test_schema_command():
+    r = poolctl("schema")
+    assert r.returncode == 0 and json.loads(r.stdout)["title"] == "poolctl.yaml"

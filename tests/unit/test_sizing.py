@@ -1,0 +1,97 @@
+"""Sizing arithmetic, every expected number worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import pytest
+
+from poolctl.catalog import load_catalog
+from poolctl.config import parse_config
+from poolctl.sizing import kv_bytes_per_token, plan_pool, start_phases
+from tests.configs import pool_yaml
+
+
+def test_llama70b_kv_per_token_is_327680():
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 head dim x 2 bytes (bf16) = 327,680 B
+    cfg = parse_config(pool_yaml())
+    assert kv_bytes_per_token(cfg.pools[0]) == 327_680
+
+
+def test_llama70b_on_p5_tp2():
+    p = plan_pool(parse_config(pool_yaml()).pools[0], "aws")
+    assert (p.gpus_per_node, p.tensor_parallel, p.replicas_per_node) == (8, 2, 4)
+    # 70.6e9 params x 2 B = 141.2e9 B, split over 2 GPUs = 70.6e9 B per GPU
+    assert p.weights_bytes == 141_200_000_000
+    assert p.weights_bytes_per_gpu == 70_600_000_000
+    # H100 80GB: 81,920 MiB = 85,899,345,920 B; x 0.92 = 79,027,398,246 B (floored)
+    assert p.hbm_bytes_per_gpu == 85_899_345_920
+    assert p.usable_hbm_bytes_per_gpu == 79_027_398_246
+    # KV room per GPU: 79,027,398,246 - 70,600,000,000 - 2 GiB (2,147,483,648) = 6,279,914,598
+    assert p.kv_cache_bytes_per_gpu == 6_279_914_598
+    # each GPU holds 8 / 2 = 4 KV heads: 2 x 80 x 4 x 128 x 2 = 163,840 B per token per GPU
+    assert p.kv_cache_bytes_per_token_per_gpu == 163_840
+    # 6,279,914,598 // 163,840 = 38,329 tokens; // 16,384 = 2 full-length sequences
+    assert p.kv_cache_tokens_per_replica == 38_329
+    assert p.max_concurrent_sequences_per_replica == 2
+    # min 4 / 4 = 1 node, max 24 / 4 = 6, warm 8 / 4 = 2, surge 4 / 4 = 1
+    assert p.nodes == {"min": 1, "max": 6, "warm": 2, "surge": 1}
+    # quota: (6 max + 1 surge + 0 running warm) x 192 vCPU = 1,344
+    assert p.quota == {"name": "L-417A185B", "unit": "vCPU", "needed": 1344,
+                       "region": "us-east-1"}
+    # decode floor: 70.6e9 B / 3.35e12 B/s = 21.07 ms
+    assert p.decode_step_floor_ms == pytest.approx(21.07, abs=0.01)
+
+
+def test_cost_uses_catalog_price_and_running_warm_nodes():
+    cfg = parse_config(pool_yaml(warm_state="running"))
+    p = plan_pool(cfg.pools[0], "aws")
+    price = load_catalog().get("aws", "p5.48xlarge").price.usd_per_hour
+    # running warm nodes are billed: min = (1 + 2) nodes, max = (6 + 2) nodes
+    assert p.cost_per_hour_usd == {"min": round(3 * price, 2), "max": round(8 * price, 2)}
+    # and counted against the running-instance quota: (6 + 1 + 2) x 192 = 1,728
+    assert p.quota["needed"] == 1728
+
+
+def test_price_override():
+    cfg = parse_config(pool_yaml(extra_aws="      price_per_hour_usd: 10.0\n"))
+    p = plan_pool(cfg.pools[0], "aws")
+    assert p.cost_per_hour_usd == {"min": 10.0, "max": 60.0}
+
+
+def test_replicas_round_up_to_whole_nodes():
+    # 5 replicas at 4 per node -> 2 nodes = 8 replicas
+    p = plan_pool(parse_config(pool_yaml(min_replicas=5)).pools[0], "aws")
+    assert p.nodes["min"] == 2 and p.replicas["min"] == 8
+
+
+def test_gcp_quotas_in_gpus():
+    p = plan_pool(parse_config(pool_yaml()).pools[0], "gcp")
+    names = {q["name"]: q["needed"] for q in p.quotas}
+    # (6 + 1) nodes x 8 H100 = 56 GPUs; 7 x 208 vCPU; 7 x 16 x 375 GB local SSD
+    row = load_catalog().get("gcp", "a3-highgpu-8g")
+    assert names["NVIDIA_H100_GPUS"] == 56
+    assert names["GPUS_ALL_REGIONS"] == 56
+    assert names["CPUS"] == 7 * row.vcpus
+    assert names["LOCAL_SSD_TOTAL_GB"] == 7 * 16 * 375
+    assert p.quota["name"] == "NVIDIA_H100_GPUS"
+
+
+def test_fp8_weights_keep_bf16_kv():
+    cfg = parse_config(pool_yaml(dtype="fp8"))
+    pool = cfg.pools[0]
+    # fp8 weights: 70.6e9 x 1 B; KV stays 2 bytes under kv_cache_dtype auto
+    assert plan_pool(pool, "aws").weights_bytes == 70_600_000_000
+    assert kv_bytes_per_token(pool) == 327_680
+
+
+def test_start_phases_cold_vs_stopped_warm():
+    pool = parse_config(pool_yaml()).pools[0]
+    row = load_catalog().get("aws", "p5.48xlarge")
+    ph = start_phases(pool, row)
+    # image 12 GB at 0.1 GB/s = 120 s cold, none when warm (on the EBS root already)
+    assert ph["cold"]["image"] == 120.0 and ph["warm_stopped"]["image"] == 0.0
+    # weights 141.2e9 B over min(3200, 100) Gbit/s x 0.25 = 3.125e9 B/s = 45.2 s, both ways:
+    # a stopped node's NVMe comes back empty
+    assert ph["cold"]["weights_to_nvme"] == 45.2 == ph["warm_stopped"]["weights_to_nvme"]
+    # load: max(141.2e9 / (8 x 2e9), 70.6e9 / 2e9) = max(8.8, 35.3) = 35.3 s
+    assert ph["cold"]["load_to_gpu"] == 35.3
+    assert ph["warm_running"] == {"register": 30}
