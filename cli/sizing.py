@@ -120,6 +120,11 @@ def instance_row(pool: Pool, cloud: str) -> InstanceType:
     return row
 
 
+def gcp_zones(pool: Pool, row: InstanceType) -> list[str]:
+    """The regional MIG's zones: the file's, else the catalog's for the region."""
+    return list(pool.gcp.zones) or list(row.regions.get(pool.gcp.region, []))
+
+
 def fetch_bytes_per_s(row: InstanceType) -> float:
     return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
 
@@ -170,11 +175,15 @@ def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
     seqs = kv_tokens // pool.serving.max_model_len
 
     s, wp = pool.scaling, pool.warm_pool
+    surge = nodes_for(pool.rollout.max_surge_replicas, rpn)
+    if cloud == "gcp" and surge:
+        # A regional MIG takes a fixed surge of 0 or at least one VM per zone.
+        surge = max(surge, len(gcp_zones(pool, row)))
     nodes = {
         "min": nodes_for(s.min_replicas, rpn),
         "max": nodes_for(s.max_replicas, rpn),
         "warm": nodes_for(wp.replicas, rpn),
-        "surge": nodes_for(pool.rollout.max_surge_replicas, rpn),
+        "surge": surge,
     }
     replicas = {k: v * rpn for k, v in nodes.items()}
     warm_running = nodes["warm"] if wp.state == "running" else 0

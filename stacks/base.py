@@ -13,7 +13,8 @@ from poolctl.config import Config, Pool
 # provider (opentofu#2402).
 PROVIDER_REQUIREMENTS = {
     "aws": {"source": "hashicorp/aws", "version": ">= 5.100.0, < 7.0.0"},
-    "google": {"source": "hashicorp/google", "version": ">= 6.0.0, < 7.0.0"},
+    # google 6.16 is the first with GA `standby_policy` / `target_stopped_size` on MIGs.
+    "google": {"source": "hashicorp/google", "version": ">= 6.16.0, < 7.0.0"},
 }
 # poolctl's cloud name -> the Terraform provider's local name.
 PROVIDER_NAMES = {"aws": "aws", "gcp": "google"}

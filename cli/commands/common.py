@@ -6,11 +6,13 @@ import json
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poolctl.config import Config, Pool, load_config
+if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
+    from poolctl.config import Config, Pool
+
 
 
 class Cloud(StrEnum):
@@ -44,6 +46,8 @@ def cloud_value(cloud: Cloud | None) -> str | None:
 
 
 def load(file: Path | None) -> Config:
+    from poolctl.config import load_config
+
     return load_config(file)
 
 

@@ -1,5 +1,119 @@
-"""poolctl nodes: (being built)."""
+"""poolctl nodes check: SSH into pool nodes and verify GPUs, NVLink, no EFA, NVMe cache, image,
+health. The work is in `poolctl.nodecheck`; this module parses options and renders."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="nodes", no_args_is_help=True)
+from poolctl.commands.common import (
+    CloudOpt,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    console,
+    emit_json,
+    load,
+    targets,
+)
+
+app = typer.Typer(help="Check the nodes of a pool over SSH.", no_args_is_help=True)
+
+HostOpt = Annotated[
+    list[str] | None,
+    typer.Option("--host", help="Node to check, HOST or HOST:PORT (repeatable); default: the "
+                 "pool's running nodes, found through the cloud by tag.", show_default=False),
+]
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="SSH user on the nodes.")]
+IdentityOpt = Annotated[
+    Path | None,
+    typer.Option("--identity", "-i", help="Private key to log in with (only this key); "
+                 "default: ssh-agent and ~/.ssh keys.", show_default=False),
+]
+KnownHostsOpt = Annotated[
+    Path | None,
+    typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts); an "
+                 "unknown or changed host key is refused.", show_default=False),
+]
+PortOpt = Annotated[
+    int, typer.Option("--port", "-p", min=1, max=65535, help="SSH port of hosts without :PORT.")
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", help="Seconds for connecting and for each remote command.")
+]
+
+
+@app.command("check")
+def check(
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    cloud: CloudOpt = None,
+    host: HostOpt = None,
+    user: UserOpt = "ubuntu",
+    identity: IdentityOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    port: PortOpt = 22,
+    timeout: TimeoutOpt = 10.0,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """SSH into nodes and verify GPUs, NVLink, no EFA, the NVMe cache, the image and health."""
+    from poolctl import nodecheck
+    from poolctl.errors import OperationFailed
+
+    cfg = load(file)
+    tgts = targets(cfg, pool, cloud)
+    opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,
+                                timeout=timeout)
+    work = nodecheck.plan_work(cfg, tgts, host, default_port=port, sandbox=sandbox)
+    sys.stderr.write(f"checking {len(work)} node(s) over SSH as {user} ...\n")
+
+    def progress(res) -> None:
+        sys.stderr.write(nodecheck.progress_line(res) + "\n")
+        sys.stderr.flush()
+
+    results = nodecheck.check_nodes(work, opts, progress=progress)
+    ok = all(r.ok for r in results)
+    if json_out:
+        emit_json({"nodes": [r.to_json() for r in results], "ok": ok})
+    else:
+        render(results)
+    if not ok:
+        bad = [r for r in results if not r.ok]
+        names = "; ".join(f"{r.host}: {', '.join(c.name for c in r.failed)}" for r in bad)
+        raise OperationFailed(f"{len(bad)} of {len(results)} node(s) failed a check ({names})")
+
+
+def render(results) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from poolctl.nodecheck import CHECK_NAMES
+
+    out = console()
+    table = Table(title="nodes check", title_justify="left")
+    table.add_column("node", style="bold", no_wrap=True)
+    for name in CHECK_NAMES:
+        table.add_column(name)
+    for r in results:
+        cells = {c.name: c for c in r.checks}
+        row = [escape(r.host)]
+        for name in CHECK_NAMES:
+            c = cells.get(name)
+            if c is None:
+                row.append("[dim]-[/]")
+            elif c.ok:
+                row.append(f"[green]✓[/] {escape(c.short)}")
+            else:
+                row.append(f"[red]✗[/] {escape(c.short)}")
+        table.add_row(*row)
+    out.print(table)
+    for r in results:
+        for c in r.failed:
+            out.print(f"[red]✗[/] {escape(r.host)} [bold]{c.name}[/]: {escape(c.observed)}", soft_wrap=True)
+            if c.hint:
+                out.print(f"    fix: {escape(c.hint)}", soft_wrap=True)

@@ -19,7 +19,8 @@ reference documents it, within the limits said here.
    Pending -> InProgress; one batch replaced; a checkpoint's CheckpointDelay elapsed; the
    warm pool replaced; Baking -> Successful; Cancelling -> Cancelled; one rollback batch.
    So a caller polling Describe sees every state, and tests need no sleep.
-   A refresh waits while its replacements are in Pending:Wait (lifecycle hooks), and fails
+   A replacement counts in PercentageComplete once it is InService. A refresh waits while
+   its replacements are in Pending:Wait (lifecycle hooks), and fails
    (or auto-rolls back) when one of them is marked Unhealthy (SetInstanceHealth), the
    sandbox's stand-in for failed health checks. "Wait" for protected or standby instances
    lasts WAIT_STEPS steps (AWS: one hour), then the refresh fails.

@@ -17,6 +17,7 @@ import re
 from cdktf import Precondition, TerraformResourceLifecycle, Token
 from constructs import Construct
 
+from poolctl import naming
 from poolctl.config import GcpPlacement
 from poolctl.errors import UsageError
 from poolctl.stacks._providers import google
@@ -68,7 +69,6 @@ class Network(Construct):
         net_project, net_name = network_ref(pool, p)
         sub_project, region, sub_name = subnet_ref(pool, p)
         # Firewall rules live with the VPC (the Shared VPC host, if any).
-        self.project = net_project
         self.network = f"projects/{net_project}/global/networks/{net_name}"
         self.subnetwork = f"projects/{sub_project}/regions/{region}/subnetworks/{sub_name}"
         self.subnet = google("data_google_compute_subnetwork").DataGoogleComputeSubnetwork(
@@ -97,11 +97,12 @@ class Network(Construct):
         )
 
         fw = google("compute_firewall")
+        fw_name = naming.short(name, 40)  # + the longest suffix stays within 63
         # Two rules rather than one with concat(): each is readable on its own, and the
         # proxies rule can refuse to exist with an empty source list, which GCP would read
         # as "from anywhere".
         self.fw_health = fw.ComputeFirewall(
-            self, "allow-health-checks", name=f"{name}-allow-health-checks",
+            self, "allow-health-checks", name=f"{fw_name}-allow-health-checks",
             project=net_project, network=self.network, direction="INGRESS",
             priority=1000, source_ranges=list(HEALTH_CHECK_RANGES), target_tags=[node_tag],
             allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(port)])],
@@ -109,7 +110,7 @@ class Network(Construct):
             log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
         )
         self.fw_proxies = fw.ComputeFirewall(
-            self, "allow-lb-proxies", name=f"{name}-allow-lb-proxies",
+            self, "allow-lb-proxies", name=f"{fw_name}-allow-lb-proxies",
             project=net_project, network=self.network, direction="INGRESS",
             priority=1000, source_ranges=Token.as_list(f"${{{proxy_cidrs}}}"),
             target_tags=[node_tag],
@@ -122,14 +123,15 @@ class Network(Construct):
                     f"gcp.network: {net_name} has no proxy-only subnet in {p.region}; create "
                     "one (shared by every pool there): `gcloud compute networks subnets create "
                     f"{net_name}-proxy-only --network {net_name} --region {p.region} "
-                    "--purpose REGIONAL_MANAGED_PROXY --role ACTIVE --range 10.129.0.0/23`"
+                    "--purpose REGIONAL_MANAGED_PROXY --role ACTIVE --range CIDR` "
+                    "(an unused /23)"
                 ),
             )]),
         )
         # Egress as on AWS: HTTPS out (GCS, Artifact Registry / Docker Hub, Google APIs);
         # the metadata server (DNS, token) is reachable regardless of firewall rules.
         fw.ComputeFirewall(
-            self, "allow-https-out", name=f"{name}-allow-https-out",
+            self, "allow-https-out", name=f"{fw_name}-allow-https-out",
             project=net_project, network=self.network, direction="EGRESS",
             priority=1000, destination_ranges=["0.0.0.0/0"], target_tags=[node_tag],
             allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=["443"])],
@@ -137,7 +139,7 @@ class Network(Construct):
             log_config=fw.ComputeFirewallLogConfig(metadata="EXCLUDE_ALL_METADATA"),
         )
         fw.ComputeFirewall(
-            self, "deny-other-out", name=f"{name}-deny-other-out",
+            self, "deny-other-out", name=f"{fw_name}-deny-other-out",
             project=net_project, network=self.network, direction="EGRESS",
             priority=65000, destination_ranges=["0.0.0.0/0"], target_tags=[node_tag],
             deny=[fw.ComputeFirewallDeny(protocol="all")],

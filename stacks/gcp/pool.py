@@ -12,7 +12,7 @@ from poolctl import naming
 from poolctl.catalog import InstanceType
 from poolctl.config import Pool
 from poolctl.errors import UsageError
-from poolctl.sizing import PoolPlan
+from poolctl.sizing import PoolPlan, gcp_zones
 from poolctl.stacks._providers import google
 from poolctl.stacks.gcp.network import Network
 
@@ -34,7 +34,7 @@ def boot_disk_type(machine_type: str) -> str:
 
 def pool_zones(pool: Pool, row: InstanceType) -> list[str]:
     p = pool.gcp
-    zones = list(p.zones) or list(row.regions.get(p.region, []))
+    zones = gcp_zones(pool, row)
     if not zones:
         raise UsageError(
             f"pools.{pool.name}.gcp.zones: the catalog lists no zones offering {row.name} in "
@@ -61,14 +61,14 @@ def mig_sizes(pool: Pool, plan: PoolPlan, zones: int) -> MigSizes:
     is what `plan` prices and counts against quota). A stopped warm pool is the standby pool.
 
     Regional MIGs take a fixed surge or unavailability of 0 or at least the number of zones
-    (google provider docs, update_policy), so a surge below the zone count is raised to it;
-    without surge, one node per zone goes down at a time.
+    (google provider docs, update_policy): `plan_pool` already raises a surge below the zone
+    count to it; without surge, one node per zone goes down at a time.
     """
     n = plan.nodes
     running_warm = n["warm"] if pool.warm_pool.state == "running" else 0
     standby = n["warm"] - running_warm
     if n["surge"]:
-        surge, unavailable = max(n["surge"], zones), 0
+        surge, unavailable = n["surge"], 0
     else:
         surge, unavailable = 0, zones
     return MigSizes(

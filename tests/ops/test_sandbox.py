@@ -152,6 +152,13 @@ def test_boto3_session_and_client_kwargs_reach_the_sandbox(sandbox, sandbox_home
     assert manager.subprocess_env(home=sandbox_home)["AWS_ENDPOINT_URL"] == sandbox
 
 
+def test_server_refuses_a_non_loopback_host(capsys):
+    from poolctl.sandbox import server
+
+    assert server.main(["--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "--host 0.0.0.0" in capsys.readouterr().err
+
+
 def test_endpoint_without_a_running_sandbox_is_a_usage_error(tmp_path):
     from poolctl.errors import UsageError
     from poolctl.sandbox import manager

@@ -103,7 +103,7 @@ def test_every_target_has_a_stack(stacks):
 def test_terraform_block_and_local_state(stacks):
     tf = doc_of(stacks, "acme-chat-70b-gcp")["terraform"]
     assert tf["required_providers"]["google"] == {
-        "source": "hashicorp/google", "version": ">= 6.0.0, < 7.0.0"}
+        "source": "hashicorp/google", "version": ">= 6.16.0, < 7.0.0"}
     assert "aws" not in tf["required_providers"]
     assert tf["backend"] == {"local": {"path": "terraform.tfstate"}}
 
@@ -468,15 +468,21 @@ def test_mig_sizes_by_hand():
 
     cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
     pool = cfg.pools[0]
-    # 1 surge node, 3 zones -> 3; 2 zones -> 2; 1 zone -> 1.
+    # 1 surge node over the catalog's 3 zones -> 3 (plan_pool raises it to one per zone).
     assert mig_sizes(pool, plan_pool(pool, "gcp"), 3) == MigSizes(
         target_size=1, min_nodes=1, max_nodes=6, standby=2, max_surge=3, max_unavailable=0)
-    assert mig_sizes(pool, plan_pool(pool, "gcp"), 1).max_surge == 1
-    # 8 surge replicas = 2 nodes stay 2 over 2 zones, become 3 over 3.
-    bigger = pool.model_copy(update={"rollout": pool.rollout.model_copy(
+    # Over 2 zones it is 2; with 8 surge replicas = 2 nodes it stays 2.
+    two = pool.model_copy(update={"gcp": pool.gcp.model_copy(
+        update={"zones": ["us-central1-a", "us-central1-b"]})})
+    assert mig_sizes(two, plan_pool(two, "gcp"), 2).max_surge == 2
+    bigger = two.model_copy(update={"rollout": pool.rollout.model_copy(
         update={"max_surge_replicas": 8})})
     assert mig_sizes(bigger, plan_pool(bigger, "gcp"), 2).max_surge == 2
-    assert mig_sizes(bigger, plan_pool(bigger, "gcp"), 3).max_surge == 3
+    # No surge: one node per zone may be down at a time.
+    none = pool.model_copy(update={"rollout": pool.rollout.model_copy(
+        update={"max_surge_replicas": 0})})
+    sizes = mig_sizes(none, plan_pool(none, "gcp"), 3)
+    assert (sizes.max_surge, sizes.max_unavailable) == (0, 3)
 
 
 def test_boot_disk_type_per_series():

@@ -66,12 +66,15 @@ def test_replicas_round_up_to_whole_nodes():
 def test_gcp_quotas_in_gpus():
     p = plan_pool(parse_config(pool_yaml()).pools[0], "gcp")
     names = {q["name"]: q["needed"] for q in p.quotas}
-    # (6 + 1) nodes x 8 H100 = 56 GPUs; 7 x 208 vCPU; 7 x 16 x 375 GB local SSD
     row = load_catalog().get("gcp", "a3-highgpu-8g")
-    assert names["NVIDIA_H100_GPUS"] == 56
-    assert names["GPUS_ALL_REGIONS"] == 56
-    assert names["CPUS"] == 7 * row.vcpus
-    assert names["LOCAL_SSD_TOTAL_GB"] == 7 * 16 * 375
+    assert row.regions["us-central1"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    # a regional MIG surges by 0 or at least one VM per zone: 1 surge node -> 3 (3 zones)
+    assert p.nodes["surge"] == 3
+    # (6 max + 3 surge) nodes x 8 H100 = 72 GPUs; 9 x vCPUs; 9 x 16 x 375 GB local SSD
+    assert names["NVIDIA_H100_GPUS"] == 72
+    assert names["GPUS_ALL_REGIONS"] == 72
+    assert names["CPUS"] == 9 * row.vcpus
+    assert names["LOCAL_SSD_TOTAL_GB"] == 9 * 16 * 375
     assert p.quota["name"] == "NVIDIA_H100_GPUS"
 
 

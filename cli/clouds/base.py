@@ -1,0 +1,168 @@
+"""The runtime interface every cloud implements, and the records it returns.
+
+Runtime commands (quota, warm, rollout, status) talk to the cloud APIs directly, find
+resources by the contract's tags/labels, and never import cdktf. Cloud-neutral logic
+(rounding replicas to nodes, quota arithmetic, recording versions) lives in
+`poolctl.runtime`; what differs per cloud sits behind `CloudOps`, one implementation per
+cloud, each declaring up front what it cannot do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol
+
+from poolctl.config import Config, Pool
+
+# Features a cloud may not offer; commands check `ops.unsupported` before acting and say so.
+Feature = Literal[
+    "rollout_cancel",  # stop a rollout where it stands (GCE has no cancel for MIG updates)
+    "rollout_rollback",
+    "quota_request",
+    "warm_hibernated",
+    "queue_metric",
+]
+
+
+@dataclass
+class QuotaLine:
+    """One quota in one scope: what the pool needs against what is granted and used."""
+
+    name: str
+    unit: str
+    scope: str  # region, or "global"
+    needed: int
+    granted: float | None
+    in_use: float = 0
+    description: str = ""
+
+    @property
+    def available(self) -> float | None:
+        return None if self.granted is None else self.granted - self.in_use
+
+    @property
+    def shortfall(self) -> float:
+        """How much more must be granted for `needed` to fit beside what is in use."""
+        if self.granted is None:
+            return 0
+        return max(0, self.needed + self.in_use - self.granted)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(available=self.available, shortfall=self.shortfall, ok=self.shortfall == 0)
+        return d
+
+
+@dataclass
+class QuotaRequest:
+    name: str
+    scope: str
+    desired: float
+    id: str
+    state: str
+    already_open: bool = False  # an earlier open request was found: nothing new was filed
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class NodeState:
+    id: str
+    state: str  # cloud's own word: InService, Warmed:Stopped, Pending:Wait, RUNNING, ...
+    phase: Literal["in_service", "warm", "pending", "unhealthy", "terminating"]
+    version: str = ""  # launch template version / instance template
+    zone: str = ""
+    since_s: float | None = None  # seconds since launch / last state change, when known
+
+
+@dataclass
+class RolloutState:
+    id: str
+    status: str  # cloud's own word
+    done: bool
+    percentage_complete: float
+    checkpoints: list[int] = field(default_factory=list)
+    checkpoint_reached: int | None = None
+    instances_to_update: int | None = None
+    from_version: str = ""
+    to_version: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Group:
+    """The pool's node group as found by tags/labels."""
+
+    cloud: str
+    name: str
+    region: str
+    min_nodes: int
+    max_nodes: int
+    desired_nodes: int
+    warm_min_nodes: int  # configured warm/standby size (0 when none)
+    warm_state: str  # "stopped" | "running" | ""
+    version: str  # current launch template version / instance template
+    raw_id: str = ""  # ARN / self link
+
+
+@dataclass
+class PoolStatus:
+    pool: str
+    cloud: str
+    group: Group
+    replicas_per_node: int
+    nodes: list[NodeState]
+    rollout: RolloutState | None
+    queue_per_replica: float | None
+
+    def counts(self) -> dict[str, int]:
+        c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
+        for n in self.nodes:
+            c[n.phase] += 1
+        return c
+
+    def to_json(self) -> dict:
+        counts = self.counts()
+        return {
+            "pool": self.pool,
+            "cloud": self.cloud,
+            "group": asdict(self.group),
+            "nodes": counts,
+            "replicas": {k: v * self.replicas_per_node for k, v in counts.items()},
+            "replicas_per_node": self.replicas_per_node,
+            "rollout": asdict(self.rollout) if self.rollout else None,
+            "queue_per_replica": self.queue_per_replica,
+            "instances": [asdict(n) for n in self.nodes],
+        }
+
+
+class CloudOps(Protocol):
+    cloud: str
+    unsupported: frozenset[str]
+
+    def find_group(self, cfg: Config, pool: Pool) -> Group:
+        """The pool's group by the contract's tags/labels; OperationFailed if not deployed."""
+
+    def nodes(self, group: Group) -> list[NodeState]:
+        """In-service, warm, pending and unhealthy nodes (warm pool / standby included)."""
+
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
+        """Granted and in-use for each need ({name, unit, needed, scope})."""
+
+    def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
+        """File an increase to `desired`, or return the open request already filed."""
+
+    def set_capacity(self, group: Group, *, min_nodes: int, warm_nodes: int,
+                     warm_running: bool) -> None:
+        """Make the group's minimum and warm (standby) size these absolute values."""
+
+    def rollout_state(self, group: Group) -> RolloutState | None:
+        """The newest rollout (instance refresh / MIG update), or None."""
+
+    def rollout_cancel(self, group: Group) -> RolloutState: ...
+
+    def rollout_rollback(self, group: Group) -> RolloutState: ...
+
+    def queue_per_replica(self, group: Group) -> float | None:
+        """Latest queue metric (waiting requests per replica), None when not published."""

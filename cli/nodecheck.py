@@ -1,0 +1,928 @@
+"""`poolctl nodes check`: SSH into pool nodes and verify what the pool needs of each one.
+
+Per node, in order: `ssh` (strict host-key checking, never trust on first use), `gpus` (count,
+model and HBM of the catalog row), `nvlink` (every GPU pair over NVLink, no inactive link),
+`no-efa` (no EFA / RDMA NIC: inference pools leave them off), `cache-mount` (the NVMe cache at
+`naming.CACHE_MOUNT`), `cache-size` (room for the weights with the rule's headroom), `image`
+(the serving image on the node) and `health` (the server answers 200 on its health path).
+
+The command outputs are parsed by small pure functions (unit-tested on recorded output); the
+SSH layer only runs commands and maps connection failures to one clear line. paramiko, boto3
+and google-cloud are imported inside the functions that need them, so `poolctl --help` stays
+fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import shlex
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from poolctl import naming, sizing
+from poolctl.config import Config, Pool
+from poolctl.errors import OperationFailed, UsageError
+
+DEFAULT_USER = "ubuntu"
+DEFAULT_PORT = 22
+DEFAULT_TIMEOUT_S = 10.0
+MAX_WORKERS = 8
+# nvidia-smi reports a little less HBM than the marketing size the catalog copies
+# (H100 80GB: 81559 of 81920 MiB, H200: 143771 of 144384); a wrong SKU is far below this.
+HBM_TOLERANCE = 0.95
+CHECK_NAMES = ("ssh", "gpus", "nvlink", "no-efa", "cache-mount", "cache-size", "image", "health")
+# Test hook, like POOLCTL_NVME_DEVICES in the cache script: the sysfs root the no-efa check
+# lists, so a test can give a node RDMA devices without a kernel driver.
+SYSFS_ENV = "POOLCTL_SYSFS"
+BOOT_HINT = "see `sudo journalctl -u poolctl-node` (the boot unit runs on every start)"
+
+
+# ---------------------------------------------------------------------------------------
+# What a node of a pool must look like.
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    pool: str
+    cloud: str
+    instance_type: str
+    gpu: str
+    gpus: int
+    hbm_mib_per_gpu: int
+    nvlink: bool
+    image: str
+    port: int
+    health_path: str
+    cache_mount: str
+    cache_bytes_needed: int
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.health_path}"
+
+
+def spec_for(pool: Pool, cloud: str) -> NodeSpec:
+    row = sizing.instance_row(pool, cloud)
+    return NodeSpec(
+        pool=pool.name,
+        cloud=cloud,
+        instance_type=row.name,
+        gpu=row.gpu,
+        gpus=row.gpus,
+        hbm_mib_per_gpu=row.hbm_mib_per_gpu,
+        nvlink=row.nvlink,
+        image=pool.serving.image,
+        port=pool.serving.port,
+        health_path=pool.serving.health_path,
+        cache_mount=naming.CACHE_MOUNT,
+        # The same need as the `nvme-holds-weights` rule: the weights plus room for the next
+        # version's files during a rollout.
+        cache_bytes_needed=int(sizing.weights_bytes(pool) * sizing.NVME_HEADROOM),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Results.
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    observed: str
+    hint: str | None = None
+    short: str = ""  # the table cell; not part of --json
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "observed": self.observed, "hint": self.hint}
+
+
+@dataclass
+class NodeResult:
+    host: str
+    pool: str
+    cloud: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "pool": self.pool, "cloud": self.cloud, "ok": self.ok,
+                "checks": [c.to_json() for c in self.checks]}
+
+
+@dataclass(frozen=True)
+class CmdResult:
+    """One remote command: its exit status (None when it did not finish) and output."""
+
+    rc: int | None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # why there is no exit status (timeout, channel closed)
+
+    def why(self) -> str:
+        if self.error:
+            return self.error
+        text = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return f"exit {self.rc}: {text[-1] if text else 'no output'}"
+
+
+def _not_found(res: CmdResult) -> bool:
+    return res.rc == 127
+
+
+def _fail(name: str, observed: str, hint: str, short: str = "") -> Check:
+    return Check(name, False, observed, hint, short or observed)
+
+
+# ---------------------------------------------------------------------------------------
+# Hosts.
+
+
+@dataclass(frozen=True)
+class Host:
+    host: str
+    port: int
+
+    @property
+    def label(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH (and paramiko) name this host in known_hosts."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+
+def parse_host(text: str, default_port: int = DEFAULT_PORT) -> Host:
+    """`host`, `host:port`, `[v6]:port`, or a bare IPv6 address."""
+    raw = text.strip()
+    host, port_text = raw, None
+    if raw.startswith("["):
+        m = re.fullmatch(r"\[([^\]]+)\](?::(\d*))?", raw)
+        if not m:
+            raise UsageError(f"--host {text}: write HOST, HOST:PORT or [IPv6]:PORT")
+        host, port_text = m[1], m[2]
+    elif raw.count(":") == 1:
+        host, port_text = raw.split(":")
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        raise UsageError(f"--host {text!r}: not a host name or address; write HOST or HOST:PORT")
+    port = default_port
+    if port_text is not None:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise UsageError(f"--host {text}: the port must be a number from 1 to 65535")
+        port = int(port_text)
+    return Host(host, port)
+
+
+# ---------------------------------------------------------------------------------------
+# The remote commands. Each is run on its own channel of one SSH connection.
+
+
+def commands(spec: NodeSpec) -> dict[str, str]:
+    q = shlex.quote
+    return {
+        "gpus": "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader",
+        "topo": "nvidia-smi topo -m",
+        "nvlink": "nvidia-smi nvlink -s",
+        "infiniband": f'ls -1 "${{{SYSFS_ENV}:-/sys}}/class/infiniband" 2>/dev/null || true',
+        "lspci": "lspci -nn",
+        # The DLAMI keeps libfabric's tools outside the default PATH.
+        "fi_info": "PATH=$PATH:/opt/amazon/efa/bin fi_info -p efa",
+        "findmnt": f"findmnt -n -o SOURCE,FSTYPE --mountpoint {q(spec.cache_mount)}",
+        "df": f"df -B1 --output=target,size,avail {q(spec.cache_mount)}",
+        "image": f"docker image inspect --format '{{{{.Id}}}}' {q(spec.image)}",
+        "health": f"curl -fsS -o /dev/null -w '%{{http_code}}' --max-time 5 {q(spec.health_url)}",
+    }
+
+
+class Runner(Protocol):
+    def __call__(self, cmd: str) -> CmdResult: ...
+
+
+def run_checks(run: Runner, spec: NodeSpec) -> list[Check]:
+    """Every check after `ssh`, given a way to run a command on the node."""
+    cmd = commands(spec)
+    out = {k: run(v) for k, v in cmd.items()}
+    return [
+        check_gpus(out["gpus"], spec),
+        check_nvlink(out["topo"], out["nvlink"], spec),
+        check_no_efa(out["infiniband"], out["lspci"], out["fi_info"]),
+        check_cache_mount(out["findmnt"], spec),
+        check_cache_size(out["df"], spec),
+        check_image(out["image"], spec),
+        check_health(out["health"], spec),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# gpus
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_mib: int
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader[,nounits]`."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, mem = line.rpartition(",")
+        m = re.fullmatch(r"\s*(\d+)(?:\s*MiB)?\s*", mem)
+        if not sep or not m:
+            raise ValueError(f"unexpected nvidia-smi line: {line.strip()!r}")
+        gpus.append(Gpu(name.strip(), int(m[1])))
+    return gpus
+
+
+def _gpu_summary(gpus: Sequence[Gpu]) -> str:
+    groups: dict[tuple[str, int], int] = {}
+    for g in gpus:
+        groups[(g.name, g.memory_mib)] = groups.get((g.name, g.memory_mib), 0) + 1
+    return " + ".join(f"{n}x {name} ({mem} MiB)" for (name, mem), n in groups.items())
+
+
+def check_gpus(res: CmdResult, spec: NodeSpec) -> Check:
+    want = f"{spec.gpus}x {spec.gpu} ({spec.instance_type})"
+    if _not_found(res):
+        return _fail("gpus", "nvidia-smi not found",
+                     f"the node has no NVIDIA driver; it should run the pool's GPU image. {BOOT_HINT}",
+                     "no nvidia-smi")
+    if res.rc != 0:
+        return _fail("gpus", f"nvidia-smi failed: {res.why()}",
+                     f"the driver does not answer; check `dmesg | grep -i xid`, then replace "
+                     f"the node (expected {want})", "nvidia-smi failed")
+    try:
+        gpus = parse_gpus(res.stdout)
+    except ValueError as e:
+        return _fail("gpus", str(e), f"expected {want}; run nvidia-smi on the node",
+                     "unreadable")
+    summary = _gpu_summary(gpus) or "no GPU"
+    if len(gpus) != spec.gpus:
+        return _fail("gpus", f"{len(gpus)} GPUs: {summary}",
+                     f"expected {want}; a GPU fell off the bus or failed (check "
+                     "`dmesg | grep -i xid` and `nvidia-smi -q`); replace the node",
+                     f"{len(gpus)}/{spec.gpus}")
+    model = re.compile(rf"(?<![A-Za-z0-9]){re.escape(spec.gpu)}(?![0-9])", re.I)
+    wrong = [g for g in gpus if not model.search(g.name)]
+    if wrong:
+        return _fail("gpus", f"wrong model: {summary}",
+                     f"expected {want}; the node is not of the pool's instance type",
+                     "wrong model")
+    floor = spec.hbm_mib_per_gpu * HBM_TOLERANCE
+    small = [g for g in gpus if g.memory_mib < floor]
+    if small:
+        return _fail("gpus", f"too little HBM: {summary}",
+                     f"expected about {spec.hbm_mib_per_gpu} MiB per GPU ({spec.instance_type}); "
+                     "the node is a smaller SKU of the GPU", "small HBM")
+    return Check("gpus", True, summary, None, f"{len(gpus)}x {spec.gpu}")
+
+
+# ---------------------------------------------------------------------------------------
+# nvlink
+
+
+_GPU_LABEL = re.compile(r"GPU\d+")
+
+
+def parse_topo(text: str) -> dict[tuple[str, str], str]:
+    """`nvidia-smi topo -m` -> {(GPUi, GPUj): link} for every ordered pair of GPUs.
+
+    The matrix may carry NIC columns (EFA / RDMA nodes) between the GPU columns and the
+    affinity columns; those are read past. Headers like "CPU Affinity" hold a space, so only
+    the device columns before them are matched by position.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header_i = next((i for i, ln in enumerate(lines)
+                     if ln.split() and _GPU_LABEL.fullmatch(ln.split()[0])
+                     and ln.startswith((" ", "\t"))), None)
+    if header_i is None:
+        raise ValueError("no GPU header row in `nvidia-smi topo -m` output")
+    cols = []
+    for tok in lines[header_i].split():
+        if not re.fullmatch(r"(GPU|NIC)\d+", tok):
+            break
+        cols.append(tok)
+    links: dict[tuple[str, str], str] = {}
+    for ln in lines[header_i + 1:]:
+        toks = ln.split()
+        if not toks or not _GPU_LABEL.fullmatch(toks[0]):
+            if toks and toks[0].startswith(("Legend", "NIC Legend")):
+                break
+            continue
+        row = toks[0]
+        for col, val in zip(cols, toks[1:1 + len(cols)], strict=False):
+            if _GPU_LABEL.fullmatch(col) and col != row:
+                links[(row, col)] = val
+    return links
+
+
+def parse_nvlink_status(text: str) -> dict[str, tuple[int, int]]:
+    """`nvidia-smi nvlink -s` -> {"GPU0": (active links, inactive links)}."""
+    out: dict[str, tuple[int, int]] = {}
+    gpu = None
+    for ln in text.splitlines():
+        m = re.match(r"GPU (\d+):", ln)
+        if m:
+            gpu = f"GPU{m[1]}"
+            out[gpu] = (0, 0)
+            continue
+        m = re.match(r"\s+Link \d+:\s*(.*)", ln)
+        if m and gpu is not None:
+            active, inactive = out[gpu]
+            if "inactive" in m[1].lower():
+                out[gpu] = (active, inactive + 1)
+            else:
+                out[gpu] = (active + 1, inactive)
+    return out
+
+
+def check_nvlink(topo: CmdResult, status: CmdResult, spec: NodeSpec) -> Check:
+    hint_hw = ("NVLink is down on this node: check the NVIDIA Fabric Manager "
+               "(`systemctl status nvidia-fabricmanager`) and `nvidia-smi nvlink -s`; "
+               "if it persists, replace the node")
+    if not spec.nvlink:
+        return Check("nvlink", True, f"not expected ({spec.instance_type} has no NVLink)",
+                     None, "n/a")
+    if _not_found(topo):
+        return _fail("nvlink", "nvidia-smi not found",
+                     f"the node has no NVIDIA driver. {BOOT_HINT}", "no nvidia-smi")
+    if topo.rc != 0:
+        return _fail("nvlink", f"nvidia-smi topo -m failed: {topo.why()}", hint_hw, "failed")
+    try:
+        links = parse_topo(topo.stdout)
+    except ValueError as e:
+        return _fail("nvlink", str(e), hint_hw, "unreadable")
+    if not links:
+        return _fail("nvlink", "fewer than 2 GPUs in the topology", hint_hw, "no pairs")
+    pairs = sorted({tuple(sorted(p, key=lambda g: int(g[3:]))) for p in links},
+                   key=lambda p: (int(p[0][3:]), int(p[1][3:])))
+    not_nv = [(a, b, links[(a, b)]) for a, b in pairs if not re.fullmatch(r"NV\d+", links[(a, b)])]
+    if not_nv:
+        shown = ", ".join(f"{a}-{b} {v}" for a, b, v in not_nv[:4])
+        more = f" and {len(not_nv) - 4} more" if len(not_nv) > 4 else ""
+        return _fail("nvlink", f"{len(not_nv)} of {len(pairs)} GPU pairs not over NVLink: "
+                               f"{shown}{more}", hint_hw, f"{len(not_nv)} pairs off")
+    kinds = sorted({links[p] for p in pairs}, key=lambda v: int(v[2:]))
+    observed = f"all {len(pairs)} GPU pairs over NVLink ({'/'.join(kinds)})"
+    if status.rc == 0:
+        per_gpu = parse_nvlink_status(status.stdout)
+        inactive = {g: c for g, c in per_gpu.items() if c[1] or not c[0]}
+        if inactive:
+            shown = ", ".join(f"{g} {i} of {a + i} inactive" if i else f"{g} no link"
+                              for g, (a, i) in list(inactive.items())[:4])
+            return _fail("nvlink", f"links down: {shown}", hint_hw, "links down")
+        if per_gpu:
+            counts = sorted({a for a, _ in per_gpu.values()})
+            observed += f"; {'/'.join(map(str, counts))} active links per GPU"
+    return Check("nvlink", True, observed, None, "/".join(kinds))
+
+
+# ---------------------------------------------------------------------------------------
+# no-efa
+
+
+_RDMA_PCI = re.compile(
+    r"Elastic Fabric Adapter|\[1d0f:efa[0-9a-f]\]|Mellanox|ConnectX|\[15b3:[0-9a-f]{4}\]|"
+    r"Infiniband controller",
+    re.I,
+)
+
+
+def parse_infiniband(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def rdma_pci_devices(lspci_text: str) -> list[str]:
+    """Lines of `lspci -nn` that are EFA or RDMA NICs (ENA, the plain NIC, is not)."""
+    return [ln.strip() for ln in lspci_text.splitlines() if _RDMA_PCI.search(ln)]
+
+
+def efa_provider_listed(fi_info: CmdResult) -> bool:
+    return fi_info.rc == 0 and bool(re.search(r"^\s*provider:\s*efa\b", fi_info.stdout, re.M))
+
+
+def check_no_efa(ib: CmdResult, lspci: CmdResult, fi_info: CmdResult) -> Check:
+    hint = ("inference pools run without EFA / RDMA NICs: set `aws.efa_interfaces: 0` "
+            "(GCP: `gcp.gpudirect: false`), redeploy, and replace this node")
+    found = []
+    devices = parse_infiniband(ib.stdout) if ib.rc == 0 else []
+    if devices:
+        found.append(f"/sys/class/infiniband: {', '.join(devices)}")
+    pci = rdma_pci_devices(lspci.stdout) if lspci.rc == 0 else []
+    if pci:
+        found.append(f"PCI: {'; '.join(pci[:3])}{' ...' if len(pci) > 3 else ''}")
+    if efa_provider_listed(fi_info):
+        found.append("fi_info -p efa lists the efa provider")
+    if found:
+        n = len(devices) or len(pci) or 1
+        return _fail("no-efa", "; ".join(found), hint, f"{n} RDMA dev")
+    notes = ["no /sys/class/infiniband device"]
+    notes.append("lspci not installed" if _not_found(lspci) else "no EFA/RDMA PCI device")
+    if not _not_found(fi_info):
+        notes.append("fi_info -p efa finds none")
+    return Check("no-efa", True, "none (" + ", ".join(notes) + ")", None, "none")
+
+
+# ---------------------------------------------------------------------------------------
+# cache-mount, cache-size
+
+
+def parse_findmnt(text: str) -> tuple[str, str] | None:
+    """`findmnt -n -o SOURCE,FSTYPE --mountpoint M` -> (source, fstype), None if unmounted."""
+    for ln in text.splitlines():
+        toks = ln.split()
+        if len(toks) >= 2:
+            return toks[0], toks[1]
+    return None
+
+
+def parse_df(text: str) -> tuple[str, int, int]:
+    """`df -B1 --output=target,size,avail PATH` -> (mount point, size, available) in bytes."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) < 2:
+        raise ValueError("no data row in df output")
+    toks = lines[-1].split()
+    if len(toks) < 3 or not (toks[-1].isdigit() and toks[-2].isdigit()):
+        raise ValueError(f"unexpected df row: {lines[-1].strip()!r}")
+    return " ".join(toks[:-2]), int(toks[-2]), int(toks[-1])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e12:,.1f} TB" if n >= 1e12 else f"{n / 1e9:,.1f} GB"
+
+
+def check_cache_mount(res: CmdResult, spec: NodeSpec) -> Check:
+    hint = (f"the boot unit builds and mounts the cache on every start: run "
+            f"`sudo /usr/local/lib/poolctl/node.sh nvme` on the node, or {BOOT_HINT}")
+    if _not_found(res):
+        return _fail("cache-mount", "findmnt not found", "install util-linux on the node image",
+                     "no findmnt")
+    mount = parse_findmnt(res.stdout) if res.rc == 0 else None
+    if mount is None:
+        return _fail("cache-mount", f"nothing mounted at {spec.cache_mount}", hint,
+                     "not mounted")
+    source, fstype = mount
+    if not re.match(r"/dev/(md|nvme)", source):
+        return _fail("cache-mount",
+                     f"{spec.cache_mount} is {source} ({fstype}), not the local NVMe", hint,
+                     source)
+    return Check("cache-mount", True, f"{source} ({fstype}) at {spec.cache_mount}", None,
+                 f"{source} {fstype}")
+
+
+def check_cache_size(res: CmdResult, spec: NodeSpec) -> Check:
+    need = (f"the weights need {_gb(spec.cache_bytes_needed)} with "
+            f"{sizing.NVME_HEADROOM - 1:.0%} headroom")
+    if res.rc != 0:
+        return _fail("cache-size", f"df failed: {res.why()}",
+                     f"fix cache-mount first; {need}", "n/a")
+    try:
+        target, size, avail = parse_df(res.stdout)
+    except ValueError as e:
+        return _fail("cache-size", str(e), f"run `df -B1 {spec.cache_mount}` on the node",
+                     "unreadable")
+    if target != spec.cache_mount:
+        return _fail("cache-size",
+                     f"not checked: {spec.cache_mount} is not mounted (df reports {target})",
+                     f"fix cache-mount first; {need}", "n/a")
+    observed = f"{_gb(size)} ({size:,} B), {_gb(avail)} free; {need}"
+    if size < spec.cache_bytes_needed:
+        return _fail("cache-size", observed,
+                     f"the cache is too small: run the pool on a type with more local NVMe "
+                     f"(`poolctl validate` checks this), or check that every NVMe device "
+                     f"joined the array (`cat /proc/mdstat`)", _gb(size))
+    return Check("cache-size", True, observed, None, _gb(size))
+
+
+# ---------------------------------------------------------------------------------------
+# image, health
+
+
+def check_image(res: CmdResult, spec: NodeSpec) -> Check:
+    if _not_found(res):
+        return _fail("image", "docker not found",
+                     f"the node image must carry Docker and the NVIDIA container toolkit. "
+                     f"{BOOT_HINT}", "no docker")
+    if res.rc == 0 and res.stdout.strip():
+        image_id = res.stdout.strip().splitlines()[0]
+        return Check("image", True, f"{spec.image} present ({image_id})", None,
+                     image_id.removeprefix("sha256:")[:12])
+    said = res.why()
+    if "permission denied" in said.lower():
+        return _fail("image", f"docker refused: {said}",
+                     "the SSH user may not use Docker: add it to the docker group "
+                     "(`sudo usermod -aG docker USER`) or pass --user with one that may",
+                     "denied")
+    return _fail("image", f"{spec.image} not on the node ({said})",
+                 f"the boot unit pulls it: run `sudo docker pull {spec.image}` on the node, "
+                 f"or {BOOT_HINT}", "missing")
+
+
+_CURL_ERRORS = {
+    6: "could not resolve the host",
+    7: "connection refused: nothing listens on the port",
+    28: "timed out",
+    52: "empty reply",
+    56: "connection reset",
+}
+
+
+def check_health(res: CmdResult, spec: NodeSpec) -> Check:
+    url = spec.health_url
+    hint = ("the server is not ready: see `sudo docker logs --tail 50 poolctl-serving` and "
+            f"`sudo journalctl -u poolctl-node`; loading the weights takes minutes after a start")
+    if _not_found(res):
+        return _fail("health", "curl not found", "install curl on the node image", "no curl")
+    code = res.stdout.strip()[-3:]
+    if res.rc == 0 and code == "200":
+        return Check("health", True, f"200 from {url}", None, "200")
+    if res.rc == 22 or (code.isdigit() and code != "000"):
+        return _fail("health", f"HTTP {code} from {url}", hint, code)
+    why = _CURL_ERRORS.get(res.rc or -1) or res.why()
+    return _fail("health", f"{url}: {why}", hint, "down")
+
+
+# ---------------------------------------------------------------------------------------
+# SSH: strict host keys, one clear line per way of failing.
+
+
+class SshOptions:
+    """How to reach the nodes. Validated once, before any connection (bad input: exit 2)."""
+
+    def __init__(self, user: str = DEFAULT_USER, identity: Path | None = None,
+                 known_hosts: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S):
+        if not user or any(c.isspace() for c in user):
+            raise UsageError(f"--user {user!r}: not a user name")
+        if timeout <= 0:
+            raise UsageError(f"--timeout {timeout}: give a number of seconds above 0")
+        self.user = user
+        self.timeout = timeout
+        self.identity = identity
+        self.pkey = load_identity(identity) if identity is not None else None
+        self.known_hosts_explicit = known_hosts is not None
+        self.known_hosts = (known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+        if self.known_hosts_explicit and not self.known_hosts.is_file():
+            raise UsageError(
+                f"--known-hosts {known_hosts}: no such file; pass your known_hosts file, or "
+                "create one with `ssh-keyscan HOST >> FILE` after verifying the fingerprints"
+            )
+
+
+def load_identity(path: Path) -> Any:
+    import paramiko
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"--identity {path}: no such file; pass the private key the nodes "
+                         "accept (e.g. ~/.ssh/id_ed25519)")
+    try:
+        return paramiko.PKey.from_path(p)
+    except paramiko.PasswordRequiredException:
+        raise UsageError(f"--identity {path}: the key is passphrase-protected; load it into "
+                         "ssh-agent (`ssh-add`) and omit --identity") from None
+    except (paramiko.SSHException, ValueError, OSError) as e:
+        raise UsageError(f"--identity {path}: not a private key paramiko can read ({e}); "
+                         "pass an OpenSSH private key (not the .pub)") from None
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH's form: SHA256:<base64 without padding> of the key blob."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class SshFailure(Exception):
+    def __init__(self, observed: str, hint: str):
+        super().__init__(observed)
+        self.observed = observed
+        self.hint = hint
+
+
+def _reject_policy(host: Host, known_hosts: Path):
+    import paramiko
+
+    class Reject(paramiko.RejectPolicy):
+        """RejectPolicy that says which key was refused and how to trust it on purpose."""
+
+        def missing_host_key(self, client, hostname, key):
+            port = "" if host.port == 22 else f"-p {host.port} "
+            raise SshFailure(
+                f"unknown host key {key.get_name()} {fingerprint(key)} for {hostname}: "
+                f"not in {known_hosts}; refused, nothing was run",
+                f"verify that fingerprint on the node itself (console or "
+                f"`ssh-keygen -lf /etc/ssh/ssh_host_{_key_file(key)}_key.pub`), then add it: "
+                f"ssh-keyscan {port}{host.host} >> {known_hosts}",
+            )
+
+    return Reject()
+
+
+def _key_file(key: Any) -> str:
+    name = key.get_name()
+    return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(
+        name, "ecdsa" if name.startswith("ecdsa") else "*")
+
+
+def connect(host: Host, opts: SshOptions):
+    """A connected paramiko SSHClient, or SshFailure with the reason and the fix."""
+    import paramiko
+
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    client = paramiko.SSHClient()
+    if opts.known_hosts.is_file():
+        try:
+            client.load_host_keys(str(opts.known_hosts))
+        except (OSError, paramiko.SSHException) as e:
+            raise SshFailure(f"cannot read {opts.known_hosts}: {e}",
+                             "fix or replace the known_hosts file") from None
+    client.set_missing_host_key_policy(_reject_policy(host, opts.known_hosts))
+    kwargs: dict[str, Any] = {}
+    if opts.pkey is not None:
+        # Only the key asked for: no agent, no ~/.ssh guesses, so a wrong key fails plainly.
+        kwargs = {"pkey": opts.pkey, "allow_agent": False, "look_for_keys": False}
+    who = f"{opts.user}@{host.label}"
+    key_desc = f"key {opts.identity}" if opts.identity else "ssh-agent / ~/.ssh keys"
+    try:
+        client.connect(host.host, port=host.port, username=opts.user, timeout=opts.timeout,
+                       banner_timeout=opts.timeout, auth_timeout=opts.timeout,
+                       channel_timeout=opts.timeout, **kwargs)
+    except SshFailure:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        client.close()
+        raise SshFailure(
+            f"host key of {host.known_hosts_name} CHANGED: got {e.key.get_name()} "
+            f"{fingerprint(e.key)}, {opts.known_hosts} has {fingerprint(e.expected_key)}; "
+            "refused, nothing was run",
+            "a replaced node gets a new key, but so does a man in the middle: verify the new "
+            f"fingerprint on the node, then `ssh-keygen -R '{host.known_hosts_name}' -f "
+            f"{opts.known_hosts}` and add the new key",
+        ) from None
+    except paramiko.AuthenticationException as e:
+        client.close()
+        raise SshFailure(
+            f"authentication failed for {who} with {key_desc} ({e})",
+            "check --user (DLAMI: ubuntu) and --identity, and that the key's public half is in "
+            "the user's ~/.ssh/authorized_keys on the node (the pool's key pair)",
+        ) from None
+    except paramiko.ssh_exception.NoValidConnectionsError:
+        client.close()
+        raise SshFailure(
+            f"connection refused by {host.label}",
+            "sshd is not running there or the port is wrong (--port, or HOST:PORT)",
+        ) from None
+    except (TimeoutError, socket.timeout):
+        client.close()
+        raise SshFailure(
+            f"no answer from {host.label} within {opts.timeout:g} s",
+            "the node is unreachable from here (run from inside the VPC or through a bastion; "
+            "nodes have no public address) or a security group / firewall drops port "
+            f"{host.port}; raise --timeout for a slow link",
+        ) from None
+    except socket.gaierror as e:
+        client.close()
+        raise SshFailure(f"cannot resolve {host.host}: {e.strerror or e}",
+                         "check the host name, or pass the node's IP address") from None
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        client.close()
+        raise SshFailure(f"ssh to {host.label} failed: {e or type(e).__name__}",
+                         "check that the port is an SSH server and the node is up") from None
+    return client
+
+
+def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
+    def run(cmd: str) -> CmdResult:
+        try:
+            _, stdout, stderr = client.exec_command(cmd, timeout=timeout)
+            chan = stdout.channel
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            rc = chan.recv_exit_status()
+        except (TimeoutError, socket.timeout):
+            return CmdResult(None, error=f"`{cmd.split()[0]}` did not finish in {timeout:g} s")
+        except Exception as e:  # paramiko raises SSHException / EOFError on a dropped link
+            return CmdResult(None, error=f"`{cmd.split()[0]}` failed: {e or type(e).__name__}")
+        # -1: the server sent no exit status (the channel closed first).
+        return CmdResult(rc if rc >= 0 else None, out, err,
+                         None if rc >= 0 else "no exit status")
+
+    return run
+
+
+def check_node(host: Host, spec: NodeSpec, opts: SshOptions) -> NodeResult:
+    result = NodeResult(host.label, spec.pool, spec.cloud)
+    try:
+        client = connect(host, opts)
+    except SshFailure as f:
+        result.checks.append(_fail("ssh", f.observed, f.hint, "failed"))
+        return result
+    try:
+        key = client.get_transport().get_remote_server_key()
+        result.checks.append(Check(
+            "ssh", True, f"{opts.user}@{host.label}, host key {key.get_name()} {fingerprint(key)}",
+            None, "ok"))
+        result.checks.extend(run_checks(_runner(client, opts.timeout), spec))
+    finally:
+        client.close()
+    return result
+
+
+def check_nodes(
+    work: Sequence[tuple[Host, NodeSpec]],
+    opts: SshOptions,
+    progress: Callable[[NodeResult], None] | None = None,
+    workers: int = MAX_WORKERS,
+) -> list[NodeResult]:
+    """Check every (host, spec) concurrently; results in the order given."""
+    if not work:
+        return []
+    results: list[NodeResult | None] = [None] * len(work)
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(work))),
+                            thread_name_prefix="nodecheck") as pool:
+        futures = {pool.submit(check_node, h, s, opts): i for i, (h, s) in enumerate(work)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                res = fut.result()
+            except Exception as e:  # a bug must not hide the other nodes' results
+                host, spec = work[i]
+                res = NodeResult(host.label, spec.pool, spec.cloud,
+                                 [_fail("ssh", f"internal error: {type(e).__name__}: {e}",
+                                        "report this as a poolctl bug", "error")])
+            results[i] = res
+            if progress is not None:
+                with lock:
+                    progress(res)
+    return [r for r in results if r is not None]
+
+
+def progress_line(res: NodeResult) -> str:
+    where = f"node {res.host} ({res.pool}/{res.cloud})"
+    if res.ok:
+        return f"{where}: ok, {len(res.checks)} checks passed"
+    if res.checks and res.checks[0].name == "ssh" and not res.checks[0].ok:
+        c = res.checks[0]
+        return f"{where}: FAILED ssh: {c.observed}; {c.hint}"
+    failed = ", ".join(f"{c.name} ({c.short or c.observed})" for c in res.failed)
+    return f"{where}: FAILED {failed}"
+
+
+# ---------------------------------------------------------------------------------------
+# Finding a pool's nodes through the cloud (running nodes only, by the contract's tags).
+
+
+def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
+                 page_size: int | None = None) -> list[str]:
+    """Private IPs of the pool's running EC2 instances, found by tag."""
+    if pool.aws is None:
+        raise UsageError(f"--cloud aws: pool {pool.name!r} has no `aws:` placement")
+    region = pool.aws.region
+    import botocore.exceptions
+
+    if sandbox:
+        from poolctl.sandbox import manager
+
+        ec2 = manager.client("ec2", region)
+    else:
+        import boto3
+
+        ec2 = boto3.client("ec2", region_name=region)
+    filters = [
+        {"Name": f"tag:{naming.TAG_PROJECT}", "Values": [cfg.project]},
+        {"Name": f"tag:{naming.TAG_POOL}", "Values": [pool.name]},
+        {"Name": "instance-state-name", "Values": ["running"]},
+    ]
+    paging = {"PageSize": page_size} if page_size else {}
+    ips: list[str] = []
+    try:
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=filters, PaginationConfig=paging)
+        for page in pages:
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    ip = inst.get("PrivateIpAddress")
+                    if ip and inst.get("State", {}).get("Name") == "running":
+                        ips.append(ip)
+    except botocore.exceptions.NoCredentialsError:
+        raise UsageError("--cloud aws: no AWS credentials found; configure them (AWS_PROFILE, "
+                         "aws sso login ...) or pass --host to check nodes directly") from None
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+        raise OperationFailed(f"ec2 DescribeInstances in {region} failed: {e}") from None
+    return sorted(set(ips), key=_ip_key)
+
+
+def _ip_key(ip: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.:]", ip))
+
+
+def gcp_filter(cfg: Config, pool: Pool) -> str:
+    return (f'labels.{naming.LABEL_PROJECT} = "{cfg.project}" AND '
+            f'labels.{naming.LABEL_POOL} = "{pool.name}" AND status = "RUNNING"')
+
+
+def gcp_ips(pages: Iterable[tuple[str, Any]], region: str) -> list[str]:
+    """(zone key, InstancesScopedList) pairs of an aggregated list -> the region's node IPs."""
+    ips = []
+    for zone, scoped in pages:
+        name = zone.rsplit("/", 1)[-1]
+        if not name.startswith(f"{region}-"):
+            continue
+        for inst in getattr(scoped, "instances", None) or []:
+            if getattr(inst, "status", "RUNNING") != "RUNNING":
+                continue
+            for nic in inst.network_interfaces[:1]:
+                if nic.network_i_p:
+                    ips.append(nic.network_i_p)
+    return sorted(set(ips), key=_ip_key)
+
+
+def discover_gcp(cfg: Config, pool: Pool) -> list[str]:
+    """Internal IPs of the pool's running VMs in its region, found by label."""
+    if pool.gcp is None:
+        raise UsageError(f"--cloud gcp: pool {pool.name!r} has no `gcp:` placement")
+    try:
+        from google.api_core import exceptions as gexc
+        from google.auth import exceptions as auth_exc
+        from google.cloud import compute_v1
+    except ImportError:
+        raise UsageError("--cloud gcp: google-cloud-compute is not installed "
+                         "(pip install 'poolctl[gcp]'), or pass --host") from None
+    try:
+        client = compute_v1.InstancesClient()
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=pool.gcp.project, filter=gcp_filter(cfg, pool))
+        return gcp_ips(client.aggregated_list(request=request), pool.gcp.region)
+    except auth_exc.DefaultCredentialsError:
+        raise UsageError("--cloud gcp: no Google credentials found; run "
+                         "`gcloud auth application-default login`, or pass --host") from None
+    except gexc.GoogleAPIError as e:
+        raise OperationFailed(
+            f"compute instances.aggregatedList in {pool.gcp.project} failed: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# The whole command, minus rendering.
+
+
+def plan_work(
+    cfg: Config,
+    targets: Sequence[tuple[Pool, str]],
+    hosts: Sequence[str] | None,
+    default_port: int = DEFAULT_PORT,
+    sandbox: bool = False,
+    discover: Callable[[Config, Pool, str, bool], list[str]] | None = None,
+) -> list[tuple[Host, NodeSpec]]:
+    """Which hosts to check against which pool's expectations."""
+    if hosts:
+        if len(targets) > 1:
+            names = ", ".join(f"{p.name}/{c}" for p, c in targets)
+            raise UsageError(f"--host: the nodes could belong to {names}; pick one with "
+                             "--pool NAME and --cloud aws|gcp")
+        pool, cloud = targets[0]
+        spec = spec_for(pool, cloud)
+        parsed = [parse_host(h, default_port) for h in hosts]
+        seen: set[Host] = set()
+        return [(h, spec) for h in parsed if not (h in seen or seen.add(h))]
+    if sandbox and any(c != "aws" for _, c in targets):
+        raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
+    discover = discover or _discover
+    work = []
+    for pool, cloud in targets:
+        spec = spec_for(pool, cloud)
+        ips = discover(cfg, pool, cloud, sandbox)
+        if not ips:
+            where = pool.aws.region if cloud == "aws" and pool.aws else (
+                pool.gcp.region if pool.gcp else "")
+            tag = (f"{naming.TAG_PROJECT}={cfg.project}, {naming.TAG_POOL}={pool.name}"
+                   if cloud == "aws" else
+                   f"{naming.LABEL_PROJECT}={cfg.project}, {naming.LABEL_POOL}={pool.name}")
+            raise OperationFailed(
+                f"no running node of pool {pool.name} on {cloud} in {where} (by {tag}); "
+                "deploy it or scale it up, or pass --host H to check a node directly")
+        work.extend((Host(ip, default_port), spec) for ip in ips)
+    return work
+
+
+def _discover(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list[str]:
+    return discover_aws(cfg, pool, sandbox) if cloud == "aws" else discover_gcp(cfg, pool)
