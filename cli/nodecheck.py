@@ -718,6 +718,8 @@ def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
             out = stdout.read().decode(errors="replace")
             err = stderr.read().decode(errors="replace")
             rc = chan.recv_exit_status()
+            # sshd allows 10 sessions per connection (MaxSessions); free each one now.
+            chan.close()
         except (TimeoutError, socket.timeout):
             return CmdResult(None, error=f"`{cmd.split()[0]}` did not finish in {timeout:g} s")
         except Exception as e:  # paramiko raises SSHException / EOFError on a dropped link

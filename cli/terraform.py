@@ -21,8 +21,8 @@ from pathlib import Path
 from poolctl.errors import OperationFailed, UsageError
 
 # Services the AWS stack and runtime commands call; the sandbox answers them all.
-SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "logs", "s3", "ssm",
-                    "sts", "servicequotas")
+SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
+                    "ssm", "sts", "servicequotas")
 
 
 def poolctl_home() -> Path:

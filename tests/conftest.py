@@ -13,10 +13,15 @@ emulator (moto's reset plus the sandbox's quota values back to their start-up va
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +84,252 @@ def sandbox_reset(sandbox) -> str:
     """An empty sandbox for this test; returns the endpoint."""
     sandbox_admin(sandbox, "POST", "/moto-api/reset")
     return sandbox
+
+
+# -------------------------------------------------------------------------------------
+# A pool deployed to the session's sandbox (the example the contract describes)
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOYED_EXAMPLE = REPO / "examples" / "llama-70b-p5" / "poolctl.yaml"
+DEPLOYED_REGION = "us-east-1"
+# What the fixture handed out, so a test that needs it again finds it re-created when an
+# earlier test wiped the emulator (moto's reset) or destroyed the stack.
+_deployed: dict[str, Any] = {}
+_deployed_at: list[Any] = []  # [endpoint, POOLCTL_HOME] once the fixture has run
+
+
+@functools.cache
+def provider_mirror() -> str | None:
+    """POOLCTL_PROVIDER_MIRROR, else the mirror scripts/env.sh discovers on this machine."""
+    named = os.environ.get("POOLCTL_PROVIDER_MIRROR")
+    if named:
+        return named if Path(named).is_dir() else None
+    try:
+        script = 'source scripts/env.sh >/dev/null 2>&1; echo "${POOLCTL_PROVIDER_MIRROR:-}"'
+        found = subprocess.run(
+            ["bash", "-c", script],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return found if found and Path(found).is_dir() else None
+
+
+def terraform_binary() -> str | None:
+    named = os.environ.get("POOLCTL_TERRAFORM")
+    if named:
+        return shutil.which(named)
+    return shutil.which("terraform") or shutil.which("tofu")
+
+
+def terraform_missing() -> str | None:
+    """Why a Terraform deploy to the sandbox cannot run on this machine, or None."""
+    if terraform_binary() is None:
+        return "no terraform or tofu binary on PATH (nor POOLCTL_TERRAFORM)"
+    if provider_mirror() is None:
+        return ("no offline provider mirror: POOLCTL_PROVIDER_MIRROR is unset and "
+                "scripts/env.sh found none")
+    return None
+
+
+def poolctl_env(home: Path | str, **extra: str) -> dict[str, str]:
+    """Environment for `python -m poolctl` aimed at the session sandbox's POOLCTL_HOME."""
+    env = {**os.environ, "POOLCTL_HOME": str(home), **extra}
+    mirror = provider_mirror()
+    if mirror:
+        env["POOLCTL_PROVIDER_MIRROR"] = mirror
+    return env
+
+
+def run_poolctl(home: Path | str, *args: str, timeout: float = 900, **extra: str
+                ) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess; synthesis goes under POOLCTL_HOME, never into the repo."""
+    return subprocess.run(
+        [sys.executable, "-m", "poolctl", *args], capture_output=True, text=True,
+        env=poolctl_env(home, **extra), cwd=str(home), timeout=timeout,
+    )
+
+
+def _example_pool() -> tuple[Any, Any]:
+    from poolctl.config import load_config
+
+    cfg = load_config(DEPLOYED_EXAMPLE)
+    return cfg, cfg.pools[0]
+
+
+def _pool_group(endpoint: str, name: str) -> dict | None:
+    import boto3
+
+    from poolctl.sandbox.manager import TEST_CREDENTIALS
+
+    asg = boto3.client("autoscaling", endpoint_url=endpoint, region_name=DEPLOYED_REGION,
+                       **TEST_CREDENTIALS)
+    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return groups[0] if groups else None
+
+
+def _forget_stale_state(endpoint: str, home: Path, stack: str, lb_name: str) -> None:
+    """After moto's reset the Terraform state names resources that no longer exist: drop it
+    (the same cleanup `poolctl sandbox stop` does), so the next deploy starts clean."""
+    import boto3
+
+    from poolctl.sandbox.manager import TEST_CREDENTIALS
+
+    elbv2 = boto3.client("elbv2", endpoint_url=endpoint, region_name=DEPLOYED_REGION,
+                         **TEST_CREDENTIALS)
+    names = {lb["LoadBalancerName"] for lb in elbv2.describe_load_balancers()["LoadBalancers"]}
+    if lb_name in names:
+        return  # only some resources went: Terraform's refresh re-creates what is missing
+    shutil.rmtree(home / "sandbox" / "deploy" / stack, ignore_errors=True)
+    (home / "sandbox" / "state" / f"{stack}.tfstate").unlink(missing_ok=True)
+
+
+def _deploy_with_terraform(endpoint: str, home: Path) -> None:
+    from poolctl import naming
+
+    cfg, pool = _example_pool()
+    _forget_stale_state(endpoint, home, naming.stack_name(cfg, pool, "aws"),
+                        naming.short(naming.base(cfg, pool), 32))
+    res = run_poolctl(home, "deploy", "--cloud", "aws", "--sandbox", "--auto-approve",
+                      "-f", str(DEPLOYED_EXAMPLE), "--out", str(home / "cdktf.out"))
+    if res.returncode != 0:
+        raise RuntimeError(f"poolctl deploy failed (exit {res.returncode}): "
+                           f"{res.stderr[-3000:]}")
+
+
+def _deploy_with_boto3(endpoint: str) -> None:
+    """The resources the AWS stack creates that runtime commands look at, made directly:
+    network, internal load balancer and target group, launch template (IMDSv2, no public
+    IP, encrypted root), the group with its launch hook and warm pool, all tagged."""
+    import boto3
+
+    from poolctl import naming
+    from poolctl.sandbox.manager import TEST_CREDENTIALS
+    from poolctl.sizing import plan_pool
+
+    cfg, pool = _example_pool()
+    plan = plan_pool(pool, "aws")
+    name = naming.base(cfg, pool)
+    tags = naming.aws_tags(cfg, pool)
+    kv = [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def client(service: str) -> Any:
+        return boto3.client(service, endpoint_url=endpoint, region_name=DEPLOYED_REGION,
+                            **TEST_CREDENTIALS)
+
+    ec2, elbv2, asg = client("ec2"), client("elbv2"), client("autoscaling")
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16", TagSpecifications=[
+        {"ResourceType": "vpc", "Tags": kv + [{"Key": "Name", "Value": name}]}])["Vpc"]["VpcId"]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.40.{16 * i}.0/20",
+                          AvailabilityZone=f"{DEPLOYED_REGION}{zone}",
+                          TagSpecifications=[{"ResourceType": "subnet", "Tags": kv}]
+                          )["Subnet"]["SubnetId"]
+        for i, zone in enumerate("ab")
+    ]
+    lb_sg = ec2.create_security_group(GroupName=f"{name}-lb", VpcId=vpc,
+                                      Description=f"poolctl {name}: clients to the LB")["GroupId"]
+    node_sg = ec2.create_security_group(GroupName=f"{name}-nodes", VpcId=vpc,
+                                        Description=f"poolctl {name}: nodes")["GroupId"]
+    ec2.create_tags(Resources=[lb_sg, node_sg], Tags=kv)
+    short = naming.short(name, 32)
+    lb = elbv2.create_load_balancer(Name=short, Subnets=subnets, SecurityGroups=[lb_sg],
+                                    Scheme="internal", Type="application", Tags=kv
+                                    )["LoadBalancers"][0]
+    tg = elbv2.create_target_group(
+        Name=short, Protocol="HTTP", Port=pool.serving.port, VpcId=vpc, TargetType="instance",
+        HealthCheckPath=pool.serving.health_path, HealthCheckProtocol="HTTP", Tags=kv,
+    )["TargetGroups"][0]
+    elbv2.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Protocol="HTTP", Port=80,
+                          DefaultActions=[{"Type": "forward",
+                                           "TargetGroupArn": tg["TargetGroupArn"]}])
+    ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
+    lt = ec2.create_launch_template(
+        LaunchTemplateName=name,
+        LaunchTemplateData={
+            "ImageId": ami, "InstanceType": pool.aws.instance_type,
+            "MetadataOptions": {"HttpEndpoint": "enabled", "HttpTokens": "required",
+                                "HttpPutResponseHopLimit": 1},
+            "NetworkInterfaces": [{"DeviceIndex": 0, "AssociatePublicIpAddress": False,
+                                   "Groups": [node_sg], "DeleteOnTermination": True}],
+            "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {
+                "VolumeSize": pool.aws.root_volume_gb, "VolumeType": "gp3",
+                "Encrypted": True, "DeleteOnTermination": True}}],
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": kv + [{"Key": "Name", "Value": name}]}
+                for kind in ("instance", "volume")
+            ],
+        },
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": kv}],
+    )["LaunchTemplate"]
+    cold = int(plan.start_seconds["cold"])
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=plan.nodes["min"],
+        MaxSize=plan.nodes["max"] + plan.nodes["surge"], DesiredCapacity=plan.nodes["min"],
+        VPCZoneIdentifier=",".join(subnets), TargetGroupARNs=[tg["TargetGroupArn"]],
+        HealthCheckType="ELB", HealthCheckGracePeriod=cold, DefaultInstanceWarmup=cold,
+        LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplateId"], "Version": "$Latest"},
+        LifecycleHookSpecificationList=[{
+            "LifecycleHookName": naming.LIFECYCLE_HOOK,
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+            "DefaultResult": "ABANDON", "HeartbeatTimeout": min(7200, max(600, 2 * cold)),
+        }],
+        Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
+              for k, v in {**tags, "Name": name}.items()],
+    )
+    if plan.nodes["warm"]:
+        asg.put_warm_pool(
+            AutoScalingGroupName=name, MinSize=plan.nodes["warm"],
+            MaxGroupPreparedCapacity=plan.nodes["min"] + plan.nodes["warm"],
+            PoolState="Running" if pool.warm_pool.state == "running" else "Stopped",
+            InstanceReusePolicy={"ReuseOnScaleIn": True},
+        )
+
+
+def ensure_deployed_pool(endpoint: str, home: Path) -> dict[str, Any]:
+    """Make sure the example pool exists in the sandbox; cheap when it does (one call).
+
+    A new deployment also plays the nodes' boot scripts (completes the launch hook), as
+    `poolctl sandbox boot-nodes` does: the group's node InService, the warm pool settled.
+    """
+    from poolctl import naming
+
+    cfg, pool = _example_pool()
+    name = naming.base(cfg, pool)
+    out = _deployed or {"file": str(DEPLOYED_EXAMPLE), "asg": name, "region": DEPLOYED_REGION,
+                        "via": None}
+    if _pool_group(endpoint, name) is None:
+        missing = terraform_missing()
+        if missing is None:
+            _deploy_with_terraform(endpoint, home)
+            out["via"] = "terraform"
+        else:
+            _deploy_with_boto3(endpoint)
+            out["via"] = "boto3"
+        sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
+                      {"AutoScalingGroupName": name, "LifecycleActionResult": "CONTINUE"})
+    elif out["via"] is None:  # deployed before this fixture ran (e.g. by the e2e test)
+        state = home / "sandbox" / "state" / f"{naming.stack_name(cfg, pool, 'aws')}.tfstate"
+        out["via"] = "terraform" if state.exists() else "boto3"
+    _deployed.update(out)
+    return _deployed
+
+
+@pytest.fixture(scope="session")
+def deployed_pool(sandbox, sandbox_home) -> Iterator[dict[str, Any]]:
+    """The example pool (examples/llama-70b-p5/poolctl.yaml) deployed to the session sandbox.
+
+    With Terraform and a provider mirror: `poolctl deploy --cloud aws --sandbox`; else the
+    same tagged resources made with boto3. Yields {"file", "asg", "region", "via"}; its
+    nodes have booted (1 InService, 2 Warmed:Stopped). Tests may change the pool; a test
+    that wipes the sandbox or destroys the stack does not break later users: the pool is
+    re-created before the next test that asks for this fixture.
+    """
+    _deployed_at[:] = [sandbox, Path(sandbox_home)]
+    yield ensure_deployed_pool(sandbox, Path(sandbox_home))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _deployed_at and "deployed_pool" in getattr(item, "fixturenames", ()):
+        ensure_deployed_pool(*_deployed_at)

@@ -89,31 +89,51 @@ def check(
 
 
 def render(results) -> None:
+    """Node x check matrix when it fits the terminal, else one row per node and check."""
     from rich.markup import escape
     from rich.table import Table
 
     from poolctl.nodecheck import CHECK_NAMES
 
     out = console()
-    table = Table(title="nodes check", title_justify="left")
-    table.add_column("node", style="bold", no_wrap=True)
-    for name in CHECK_NAMES:
-        table.add_column(name)
-    for r in results:
-        cells = {c.name: c for c in r.checks}
-        row = [escape(r.host)]
+
+    def cell(c) -> str:
+        if c is None:
+            return "-"
+        return ("✓ " if c.ok else "✗ ") + c.short
+
+    def mark(text: str) -> str:
+        text = escape(text)
+        if text.startswith("✓"):
+            return "[green]✓[/]" + text[1:]
+        if text.startswith("✗"):
+            return "[red]✗[/]" + text[1:]
+        return f"[dim]{text}[/]"
+
+    grid = [[r.host] + [cell({c.name: c for c in r.checks}.get(n)) for n in CHECK_NAMES]
+            for r in results]
+    header = ["node", *CHECK_NAMES]
+    widths = [max(len(h), *(len(row[i]) for row in grid)) for i, h in enumerate(header)]
+    if sum(widths) + 3 * len(widths) + 1 <= out.width:
+        table = Table(title="nodes check", title_justify="left")
+        table.add_column("node", style="bold", no_wrap=True)
         for name in CHECK_NAMES:
-            c = cells.get(name)
-            if c is None:
-                row.append("[dim]-[/]")
-            elif c.ok:
-                row.append(f"[green]✓[/] {escape(c.short)}")
-            else:
-                row.append(f"[red]✗[/] {escape(c.short)}")
-        table.add_row(*row)
+            table.add_column(name, no_wrap=True)
+        for row in grid:
+            table.add_row(escape(row[0]), *(mark(v) for v in row[1:]))
+    else:
+        table = Table(title="nodes check", title_justify="left", show_lines=False)
+        table.add_column("node", style="bold", no_wrap=True)
+        table.add_column("check", no_wrap=True)
+        table.add_column("observed", overflow="fold")
+        for r in results:
+            for i, c in enumerate(r.checks):
+                table.add_row(escape(r.host) if i == 0 else "", mark(cell(c)).split(" ", 1)[0]
+                              + f" {c.name}", escape(c.observed), end_section=i == len(r.checks) - 1)
     out.print(table)
     for r in results:
         for c in r.failed:
-            out.print(f"[red]✗[/] {escape(r.host)} [bold]{c.name}[/]: {escape(c.observed)}", soft_wrap=True)
+            out.print(f"[red]✗[/] {escape(r.host)} [bold]{c.name}[/]: {escape(c.observed)}",
+                      soft_wrap=True)
             if c.hint:
                 out.print(f"    fix: {escape(c.hint)}", soft_wrap=True)

@@ -102,7 +102,8 @@ def main() -> None:
             peak = max(p for _, p in runs)
             target = []
             if t_target:
-                target.append(f"< {t_target} s {'ok' if statistics.median(walls) < t_target else 'MISSED'}")
+                ok = statistics.median(walls) < t_target
+                target.append(f"< {t_target} s {'ok' if ok else 'MISSED'}")
             if m_target:
                 target.append(f"< {m_target / 1e6:.0f} MB {'ok' if peak < m_target else 'MISSED'}")
             print(f"{name:<10} {statistics.median(walls):>9.2f} {min(walls):>7.2f} "

@@ -11,16 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
-from tests.synth.checkov_util import run_checkov
+from tests.synth.util import provider_modules_after_synth, run_checkov, terraform_validate
 
 pytestmark = pytest.mark.synth
 
@@ -411,43 +408,13 @@ def test_checkov_sees_a_loosened_template(stacks, tmp_path):
     assert {"CKV_GCP_40", "CKV_GCP_39", "CKV_GCP_32"} <= failed, failed
 
 
-def _terraform() -> str | None:
-    return os.environ.get("POOLCTL_TERRAFORM") or shutil.which("terraform") or shutil.which("tofu")
-
-
 def test_terraform_validate_accepts_the_json(stacks, tmp_path):
     """The contract: the JSON works with the real CLI (validate needs the provider schema)."""
-    tf, mirror = _terraform(), os.environ.get("POOLCTL_PROVIDER_MIRROR")
-    if not tf:
-        pytest.skip("no terraform/tofu on PATH: cannot validate the JSON with the real CLI")
-    if not mirror or not any(Path(mirror).glob("registry.terraform.io/hashicorp/google/*")):
-        pytest.skip("no hashicorp/google provider in POOLCTL_PROVIDER_MIRROR and no registry "
-                    "here: provider schema not loadable")
-    from poolctl.terraform import cli_config
-
-    work = tmp_path / "validate"
-    shutil.copytree(stacks["acme-chat-70b-gcp"]["dir"], work)
-    env = dict(os.environ, TF_CLI_CONFIG_FILE=str(cli_config(mirror)), CHECKPOINT_DISABLE="1")
-    for args in (["init", "-backend=false", "-input=false"], ["validate", "-json"]):
-        proc = subprocess.run([tf, *args], cwd=work, env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(proc.stdout)["valid"] is True
+    terraform_validate(stacks["acme-chat-70b-gcp"]["dir"], tmp_path / "validate", "google")
 
 
 def test_gcp_synth_never_loads_aws(tmp_path):
-    code = (
-        "import sys, json\n"
-        "from poolctl.config import load_config\n"
-        "from poolctl.stacks.app import synth\n"
-        f"cfg = load_config({str(GCP_EXAMPLES['acme-chat-70b-gcp'])!r})\n"
-        f"synth([(cfg, cfg.targets(None, 'gcp'))], {str(tmp_path)!r})\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktf_cdktf'))))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    mods = json.loads(proc.stdout.strip().splitlines()[-1])
+    mods = provider_modules_after_synth(GCP_EXAMPLES['acme-chat-70b-gcp'], "gcp", tmp_path, ROOT)
     assert any(m.startswith("cdktf_cdktf_provider_google.") for m in mods)
     assert not any(m.startswith("cdktf_cdktf_provider_aws") for m in mods)
     # Only the submodules the stack uses, not the package root's thousands.

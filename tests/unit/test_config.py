@@ -98,3 +98,13 @@ def test_json_schema_forbids_unknown_keys():
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["Serving"]["additionalProperties"] is False
     assert "description" in schema["$defs"]["Serving"]["properties"]["tensor_parallel"]
+
+
+def test_committed_schema_is_current():
+    """`poolctl.schema.json` (for editors: `# yaml-language-server: $schema=...`) is generated
+    from the model; regenerate with `poolctl schema --out poolctl.schema.json`."""
+    import json
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "poolctl.schema.json"
+    assert json.loads(committed.read_text()) == json_schema()

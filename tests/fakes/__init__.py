@@ -1,0 +1,1 @@
+"""Local fakes of cloud APIs that have no emulator, speaking their real wire formats."""

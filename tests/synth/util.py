@@ -1,0 +1,77 @@
+"""Shared synth-test helpers: checkov with named skips, terraform validate, module probes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def checkov_bin() -> str | None:
+    here = Path(sys.executable).parent / "checkov"
+    return str(here) if here.exists() else shutil.which("checkov")
+
+
+def run_checkov(stack_dir: Path, skips: dict[str, str]) -> list[dict]:
+    """Failed checks of `checkov --framework terraform_json` on `stack_dir`, minus `skips`
+    (check id -> why it does not apply). Returns the failures as dicts."""
+    exe = checkov_bin()
+    assert exe, "checkov is not installed (pip install checkov)"
+    cmd = [exe, "-d", str(stack_dir), "--framework", "terraform_json", "--skip-download",
+           "--output", "json", "--quiet", "--compact"]
+    if skips:
+        cmd += ["--skip-check", ",".join(sorted(skips))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if not proc.stdout.strip():
+        raise AssertionError(f"checkov produced no output: {proc.stderr[-2000:]}")
+    data = json.loads(proc.stdout)
+    reports = data if isinstance(data, list) else [data]
+    failed = []
+    for rep in reports:
+        failed += rep.get("results", {}).get("failed_checks", [])
+    return [{"id": f["check_id"], "name": f["check_name"], "resource": f["resource"]}
+            for f in failed]
+
+
+def terraform_validate(stack_dir: Path, work: Path, provider: str) -> None:
+    """`terraform init -backend=false && terraform validate` on a copy of `stack_dir`, with
+    providers from POOLCTL_PROVIDER_MIRROR; skips (saying why) where that cannot run."""
+    import os
+    import shutil
+
+    import pytest
+
+    from poolctl.terraform import cli_config
+
+    tf = os.environ.get("POOLCTL_TERRAFORM") or shutil.which("terraform") or shutil.which("tofu")
+    if not tf:
+        pytest.skip("no terraform/tofu on PATH: cannot validate the JSON with the real CLI")
+    mirror = os.environ.get("POOLCTL_PROVIDER_MIRROR")
+    if not mirror or not any(Path(mirror).glob(f"registry.terraform.io/hashicorp/{provider}/*")):
+        pytest.skip(f"no hashicorp/{provider} provider in POOLCTL_PROVIDER_MIRROR and no "
+                    "registry here: provider schema not loadable")
+    shutil.copytree(stack_dir, work)
+    env = dict(os.environ, TF_CLI_CONFIG_FILE=str(cli_config(mirror)), CHECKPOINT_DISABLE="1")
+    for args in (["init", "-backend=false", "-input=false"], ["validate", "-json"]):
+        proc = subprocess.run([tf, *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["valid"] is True
+
+
+def provider_modules_after_synth(config: Path, cloud: str, out: Path, cwd: Path) -> list[str]:
+    """The cdktf provider modules a fresh process has loaded after synthesizing `cloud`."""
+    code = (
+        "import sys, json\n"
+        "from poolctl.config import load_config\n"
+        "from poolctl.stacks.app import synth\n"
+        f"cfg = load_config({str(config)!r})\n"
+        f"synth([(cfg, cfg.targets(None, {cloud!r}))], {str(out)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktf_cdktf'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
