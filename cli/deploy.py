@@ -13,7 +13,7 @@ from pathlib import Path
 from poolctl import naming
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
-from poolctl.terraform import PlanSummary, Terraform, sandbox_override
+from poolctl.terraform import PlanSummary, Terraform, cli_config, find_binary, sandbox_override
 
 
 def log(msg: str) -> None:
@@ -57,7 +57,9 @@ def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]
         raise OperationFailed("sandbox: the emulator offers no AMI; restart it with "
                               "`poolctl sandbox stop && poolctl sandbox start`")
     env = {"TF_VAR_node_ami_id": sorted(i["ImageId"] for i in images)[0]}
-    env.update(manager.credentials_env(region))
+    # AWS_ENDPOINT_URL as well as the override's per-service endpoints: a service the stack
+    # starts to use before SANDBOX_SERVICES lists it still reaches the emulator, never AWS.
+    env.update(manager.subprocess_env(region))
     return work, env
 
 
@@ -72,13 +74,21 @@ def run_stacks(
     confirm: Callable[[str], bool],
     mirror: str | None,
     render_summary: Callable[[str, PlanSummary], None],
+    extra_env: dict[str, str] | None = None,
+    before_apply: Callable[[Terraform], bool] | None = None,
 ) -> list[StackResult]:
+    """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
+    `before_apply(tf)`: runs after a plan with changes, before the confirmation; True means
+    it changed the state (GCP rollouts forget the template they keep), so plan again."""
     if sandbox and any(c != "aws" for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    # Missing prerequisites fail before the synth (seconds of work), not after it.
     if sandbox:
         from poolctl.sandbox import manager
 
-        manager.require_running()  # fail before the synth, not after
+        manager.require_running()
+    find_binary()
+    cli_config(mirror)
     t0 = time.monotonic()
     log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
     dirs = synth_targets(cfg, targets, outdir)
@@ -90,12 +100,17 @@ def run_stacks(
         work = stack_dir
         if sandbox:
             work, env = sandbox_workdir(stack_dir, pool.aws.region)
+        env.update(extra_env or {})
         tf = Terraform(work, mirror=mirror, extra_env=env)
         res = StackResult(stack=name, workdir=str(work))
         log(f"\n== {name}: {Path(tf.bin).name} init")
         tf.init()
         log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
         summary = tf.plan(destroy=destroy)
+        if before_apply is not None and not (destroy or plan_only or summary.empty) \
+                and before_apply(tf):
+            log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
+            summary = tf.plan()
         res.summary = summary.to_json()
         render_summary(name, summary)
         if summary.empty:

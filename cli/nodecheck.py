@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import logging
 import re
 import shlex
 import socket
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -264,8 +264,8 @@ def check_gpus(res: CmdResult, spec: NodeSpec) -> Check:
     want = f"{spec.gpus}x {spec.gpu} ({spec.instance_type})"
     if _not_found(res):
         return _fail("gpus", "nvidia-smi not found",
-                     f"the node has no NVIDIA driver; it should run the pool's GPU image. {BOOT_HINT}",
-                     "no nvidia-smi")
+                     "the node has no NVIDIA driver; it should run the pool's GPU image. "
+                     + BOOT_HINT, "no nvidia-smi")
     if res.rc != 0:
         return _fail("gpus", f"nvidia-smi failed: {res.why()}",
                      f"the driver does not answer; check `dmesg | grep -i xid`, then replace "
@@ -507,9 +507,9 @@ def check_cache_size(res: CmdResult, spec: NodeSpec) -> Check:
     observed = f"{_gb(size)} ({size:,} B), {_gb(avail)} free; {need}"
     if size < spec.cache_bytes_needed:
         return _fail("cache-size", observed,
-                     f"the cache is too small: run the pool on a type with more local NVMe "
-                     f"(`poolctl validate` checks this), or check that every NVMe device "
-                     f"joined the array (`cat /proc/mdstat`)", _gb(size))
+                     "the cache is too small: run the pool on a type with more local NVMe "
+                     "(`poolctl validate` checks this), or check that every NVMe device "
+                     "joined the array (`cat /proc/mdstat`)", _gb(size))
     return Check("cache-size", True, observed, None, _gb(size))
 
 
@@ -549,7 +549,7 @@ _CURL_ERRORS = {
 def check_health(res: CmdResult, spec: NodeSpec) -> Check:
     url = spec.health_url
     hint = ("the server is not ready: see `sudo docker logs --tail 50 poolctl-serving` and "
-            f"`sudo journalctl -u poolctl-node`; loading the weights takes minutes after a start")
+            "`sudo journalctl -u poolctl-node`; loading the weights takes minutes after a start")
     if _not_found(res):
         return _fail("health", "curl not found", "install curl on the node image", "no curl")
     code = res.stdout.strip()[-3:]
@@ -596,7 +596,8 @@ def load_identity(path: Path) -> Any:
                          "accept (e.g. ~/.ssh/id_ed25519)")
     try:
         return paramiko.PKey.from_path(p)
-    except paramiko.PasswordRequiredException:
+    except (paramiko.PasswordRequiredException, TypeError):
+        # cryptography raises TypeError for an encrypted key loaded without a password.
         raise UsageError(f"--identity {path}: the key is passphrase-protected; load it into "
                          "ssh-agent (`ssh-add`) and omit --identity") from None
     except (paramiko.SSHException, ValueError, OSError) as e:
@@ -642,11 +643,19 @@ def _key_file(key: Any) -> str:
         name, "ecdsa" if name.startswith("ecdsa") else "*")
 
 
+def _quiet_paramiko() -> None:
+    # paramiko logs failed handshakes with tracebacks; without a handler Python's last-resort
+    # handler would print them to stderr, next to the one line each failure already gets.
+    log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+
+
 def connect(host: Host, opts: SshOptions):
     """A connected paramiko SSHClient, or SshFailure with the reason and the fix."""
     import paramiko
 
-    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    _quiet_paramiko()
     client = paramiko.SSHClient()
     if opts.known_hosts.is_file():
         try:
@@ -691,7 +700,7 @@ def connect(host: Host, opts: SshOptions):
             f"connection refused by {host.label}",
             "sshd is not running there or the port is wrong (--port, or HOST:PORT)",
         ) from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         client.close()
         raise SshFailure(
             f"no answer from {host.label} within {opts.timeout:g} s",
@@ -712,21 +721,26 @@ def connect(host: Host, opts: SshOptions):
 
 def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
     def run(cmd: str) -> CmdResult:
+        tool = cmd.split()[0]
+        chan = None
         try:
             _, stdout, stderr = client.exec_command(cmd, timeout=timeout)
             chan = stdout.channel
             out = stdout.read().decode(errors="replace")
             err = stderr.read().decode(errors="replace")
             rc = chan.recv_exit_status()
-            # sshd allows 10 sessions per connection (MaxSessions); free each one now.
-            chan.close()
-        except (TimeoutError, socket.timeout):
-            return CmdResult(None, error=f"`{cmd.split()[0]}` did not finish in {timeout:g} s")
+        except TimeoutError:
+            return CmdResult(None, error=f"`{tool}` did not finish in {timeout:g} s")
         except Exception as e:  # paramiko raises SSHException / EOFError on a dropped link
-            return CmdResult(None, error=f"`{cmd.split()[0]}` failed: {e or type(e).__name__}")
+            return CmdResult(None, error=f"`{tool}` failed: {e or type(e).__name__}")
+        finally:
+            # sshd allows 10 sessions per connection (MaxSessions): free each one, hung or not.
+            if chan is not None:
+                chan.close()
         # -1: the server sent no exit status (the channel closed first).
-        return CmdResult(rc if rc >= 0 else None, out, err,
-                         None if rc >= 0 else "no exit status")
+        if rc < 0:
+            return CmdResult(None, out, err, "no exit status")
+        return CmdResult(rc, out, err)
 
     return run
 
@@ -759,7 +773,6 @@ def check_nodes(
     if not work:
         return []
     results: list[NodeResult | None] = [None] * len(work)
-    lock = threading.Lock()
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(work))),
                             thread_name_prefix="nodecheck") as pool:
         futures = {pool.submit(check_node, h, s, opts): i for i, (h, s) in enumerate(work)}
@@ -773,9 +786,8 @@ def check_nodes(
                                  [_fail("ssh", f"internal error: {type(e).__name__}: {e}",
                                         "report this as a poolctl bug", "error")])
             results[i] = res
-            if progress is not None:
-                with lock:
-                    progress(res)
+            if progress is not None:  # called from this thread only: lines never interleave
+                progress(res)
     return [r for r in results if r is not None]
 
 
@@ -835,7 +847,11 @@ def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
 
 
 def _ip_key(ip: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.:]", ip))
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return (9, 0, ip)
+    return (addr.version, int(addr), ip)
 
 
 def gcp_filter(cfg: Config, pool: Pool) -> str:
@@ -903,9 +919,10 @@ def plan_work(
                              "--pool NAME and --cloud aws|gcp")
         pool, cloud = targets[0]
         spec = spec_for(pool, cloud)
-        parsed = [parse_host(h, default_port) for h in hosts]
-        seen: set[Host] = set()
-        return [(h, spec) for h in parsed if not (h in seen or seen.add(h))]
+        unique: dict[Host, None] = {}  # the order given, each host once
+        for h in hosts:
+            unique.setdefault(parse_host(h, default_port))
+        return [(h, spec) for h in unique]
     if sandbox and any(c != "aws" for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
     discover = discover or _discover

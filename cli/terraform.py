@@ -1,8 +1,10 @@
 """Terraform / OpenTofu orchestration: init, plan with a summary, apply, destroy.
 
-Terraform's own output streams live; poolctl adds a plan summary, timings per phase, a
-confirmation, and one clear line when something fails. Ctrl-C is passed to Terraform, which
-finishes the calls in flight and saves its state; poolctl then says how to resume.
+Terraform's own output streams live, on stderr with poolctl's progress lines, so stdout
+carries only results (the plan table, outputs, or --json); poolctl adds a plan summary,
+timings per phase, a confirmation, and one clear line when something fails. Ctrl-C reaches
+Terraform too (same process group), which finishes the calls in flight and saves its state;
+poolctl then says how to resume.
 """
 
 from __future__ import annotations
@@ -105,6 +107,32 @@ def summarize(plan_json: dict) -> PlanSummary:
     return s
 
 
+def _has_fd(stream) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # e.g. a test runner's capture buffer
+        return False
+    return True
+
+
+def _forget_dead_synth_kernel() -> None:
+    """Ctrl-C signals the whole foreground process group: Terraform, and also the Node
+    process cdktf's jsii runtime keeps after the synth. Node dies of it, and jsii's exit hook
+    would then print a BrokenPipeError traceback writing to it. Drop that hook when (and
+    only when) the kernel is already dead: there is nothing left to shut down."""
+    import atexit
+
+    runtime = sys.modules.get("jsii._runtime")
+    if runtime is None:
+        return
+    try:
+        node = runtime.kernel.provider._process  # started on the first cdktf import
+        if node._process.poll() is not None:
+            atexit.unregister(node.stop)
+    except Exception:  # private jsii API: a newer jsii only brings the traceback back
+        pass
+
+
 class Terraform:
     def __init__(self, workdir: Path, *, mirror: str | None = None,
                  extra_env: dict[str, str] | None = None) -> None:
@@ -134,7 +162,8 @@ class Terraform:
         start = time.monotonic()
         proc = subprocess.Popen(
             self._args(*args), cwd=self.workdir, env=self.env, text=True,
-            stdout=subprocess.PIPE if capture else None,
+            stdout=subprocess.PIPE if capture else (
+                sys.stderr.fileno() if _has_fd(sys.stderr) else None),
             stderr=subprocess.PIPE if capture else None,
         )
         try:
@@ -146,6 +175,7 @@ class Terraform:
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait()
+            _forget_dead_synth_kernel()
             raise OperationFailed(
                 f"interrupted during `{Path(self.bin).name} {phase}`; Terraform saved its "
                 f"state in {self.workdir}; run the same poolctl command again to resume"

@@ -125,7 +125,10 @@ def terraform_binary() -> str | None:
 def terraform_missing() -> str | None:
     """Why a Terraform deploy to the sandbox cannot run on this machine, or None."""
     if terraform_binary() is None:
-        return "no terraform or tofu binary on PATH (nor POOLCTL_TERRAFORM)"
+        named = os.environ.get("POOLCTL_TERRAFORM")
+        if named:
+            return f"POOLCTL_TERRAFORM={named} is not an executable"
+        return "no terraform or tofu binary on PATH, and POOLCTL_TERRAFORM is unset"
     if provider_mirror() is None:
         return ("no offline provider mirror: POOLCTL_PROVIDER_MIRROR is unset and "
                 "scripts/env.sh found none")

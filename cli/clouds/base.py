@@ -5,14 +5,20 @@ resources by the contract's tags/labels, and never import cdktf. Cloud-neutral l
 (rounding replicas to nodes, quota arithmetic, recording versions) lives in
 `poolctl.runtime`; what differs per cloud sits behind `CloudOps`, one implementation per
 cloud, each declaring up front what it cannot do.
+
+Each cloud module (`poolctl.clouds.aws`, `poolctl.clouds.gcp`) exposes
+`make_ops(sandbox: bool) -> CloudOps`; `poolctl.runtime.get_ops` imports it lazily, so
+`--help` never loads a cloud SDK.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 from poolctl.config import Config, Pool
+from poolctl.sizing import PoolPlan
 
 # Features a cloud may not offer; commands check `ops.unsupported` before acting and say so.
 Feature = Literal[
@@ -33,8 +39,11 @@ class QuotaLine:
     scope: str  # region, or "global"
     needed: int
     granted: float | None
-    in_use: float = 0
+    in_use: float = 0  # everything running against the quota in its scope, the pool included
     description: str = ""
+    # The pool's own share of `in_use` (its running nodes). `needed` already counts them, so
+    # they are not counted twice; 0 when unknown (the shortfall is then conservative).
+    pool_in_use: float = 0
 
     @property
     def available(self) -> float | None:
@@ -42,10 +51,10 @@ class QuotaLine:
 
     @property
     def shortfall(self) -> float:
-        """How much more must be granted for `needed` to fit beside what is in use."""
+        """How much more must be granted for `needed` to fit beside what others use."""
         if self.granted is None:
             return 0
-        return max(0, self.needed + self.in_use - self.granted)
+        return max(0, self.needed + self.in_use - self.pool_in_use - self.granted)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -104,6 +113,7 @@ class Group:
     warm_state: str  # "stopped" | "running" | ""
     version: str  # current launch template version / instance template
     raw_id: str = ""  # ARN / self link
+    template: str = ""  # launch template id / instance template name the versions belong to
 
 
 @dataclass
@@ -154,8 +164,27 @@ class CloudOps(Protocol):
         """File an increase to `desired`, or return the open request already filed."""
 
     def set_capacity(self, group: Group, *, min_nodes: int, warm_nodes: int,
-                     warm_running: bool) -> None:
-        """Make the group's minimum and warm (standby) size these absolute values."""
+                     warm_running: bool, desired_nodes: int | None = None) -> None:
+        """Make the group's minimum and warm (standby) size these absolute values.
+
+        `desired_nodes` None leaves the target size to the cloud (raised to `min_nodes` when
+        below it); `warm --reset` passes it to give back the nodes `warm --running` added.
+        """
+
+    def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
+                          ) -> dict[str, str]:
+        """Environment (TF_VAR_...) for the Terraform apply that writes a new version.
+
+        It keeps what runtime commands changed (warm capacity) and, on AWS, pins the group to
+        its running launch template version so that `rollout_begin` starts the rollout with a
+        desired configuration (auto rollback then returns to the pinned version). {} is fine.
+        """
+
+    def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
+                      no_surge: bool, stack_dir: Path | None) -> RolloutState | None:
+        """After that apply: start the rollout of the new version, or return the one the
+        apply started (GCP: the MIG update). `group` is the group as found before the apply;
+        `stack_dir` holds the synthesized cdk.tf.json. None: nothing to roll."""
 
     def rollout_state(self, group: Group) -> RolloutState | None:
         """The newest rollout (instance refresh / MIG update), or None."""

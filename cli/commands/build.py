@@ -76,7 +76,8 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
     results = run_stacks(
         cfg, tgts, outdir=out, sandbox=sandbox, destroy=destroy, plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
-        render_summary=_render_summary,
+        # With --json the summary is in the JSON; stdout carries nothing else.
+        render_summary=(lambda name, summary: None) if json_out else _render_summary,
     )
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results]})

@@ -97,39 +97,33 @@ def render(results) -> None:
 
     out = console()
 
-    def cell(c) -> str:
-        if c is None:
-            return "-"
-        return ("✓ " if c.ok else "✗ ") + c.short
+    def sym(c) -> str:
+        return "[green]✓[/]" if c.ok else "[red]✗[/]"
 
-    def mark(text: str) -> str:
-        text = escape(text)
-        if text.startswith("✓"):
-            return "[green]✓[/]" + text[1:]
-        if text.startswith("✗"):
-            return "[red]✗[/]" + text[1:]
-        return f"[dim]{text}[/]"
-
-    grid = [[r.host] + [cell({c.name: c for c in r.checks}.get(n)) for n in CHECK_NAMES]
-            for r in results]
-    header = ["node", *CHECK_NAMES]
-    widths = [max(len(h), *(len(row[i]) for row in grid)) for i, h in enumerate(header)]
-    if sum(widths) + 3 * len(widths) + 1 <= out.width:
-        table = Table(title="nodes check", title_justify="left")
-        table.add_column("node", style="bold", no_wrap=True)
-        for name in CHECK_NAMES:
-            table.add_column(name, no_wrap=True)
-        for row in grid:
-            table.add_row(escape(row[0]), *(mark(v) for v in row[1:]))
-    else:
-        table = Table(title="nodes check", title_justify="left", show_lines=False)
-        table.add_column("node", style="bold", no_wrap=True)
+    cells = [{c.name: c for c in r.checks} for r in results]
+    widths = [max(len("node"), *(len(r.host) for r in results))]
+    for name in CHECK_NAMES:
+        widths.append(max(len(name), *(len(cs[name].short) + 2 if name in cs else 1
+                                       for cs in cells)))
+    table = Table(title="nodes check", title_justify="left")
+    table.add_column("node", style="bold", no_wrap=True)
+    if sum(widths) + 3 * len(widths) + 1 > out.width:
         table.add_column("check", no_wrap=True)
         table.add_column("observed", overflow="fold")
         for r in results:
             for i, c in enumerate(r.checks):
-                table.add_row(escape(r.host) if i == 0 else "", mark(cell(c)).split(" ", 1)[0]
-                              + f" {c.name}", escape(c.observed), end_section=i == len(r.checks) - 1)
+                observed = escape(c.observed)
+                if c.hint:
+                    observed += f"\n[bold]fix:[/] {escape(c.hint)}"
+                table.add_row(escape(r.host) if i == 0 else "", f"{sym(c)} {c.name}", observed,
+                              end_section=i == len(r.checks) - 1)
+        out.print(table)
+        return
+    for name in CHECK_NAMES:
+        table.add_column(name, no_wrap=True)
+    for r, cs in zip(results, cells, strict=True):
+        table.add_row(escape(r.host), *(f"{sym(cs[n])} {escape(cs[n].short)}" if n in cs
+                                        else "[dim]-[/]" for n in CHECK_NAMES))
     out.print(table)
     for r in results:
         for c in r.failed:

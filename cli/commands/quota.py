@@ -1,5 +1,132 @@
-"""poolctl quota: (being built)."""
+"""poolctl quota check / request: the quota a pool needs against what is granted and used."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="quota", no_args_is_help=True)
+from poolctl.commands.common import (
+    AutoApproveOpt,
+    CloudReq,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    confirm,
+    console,
+    emit_json,
+    load,
+    targets,
+)
+
+app = typer.Typer(help="Quota needed vs. granted; file an increase.", no_args_is_help=True)
+
+ContactOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--contact-email", envvar="POOLCTL_QUOTA_CONTACT_EMAIL", show_default=False,
+        help="GCP: the address Google contacts about the request (Cloud Quotas requires one; "
+             "AWS takes none).",
+    ),
+]
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _lines(file, pool, cloud, sandbox, contact_email: str | None = None):
+    from poolctl import runtime
+
+    cfg = load(file)
+    tgts = targets(cfg, pool, cloud)
+    ops = runtime.get_ops(cloud.value, sandbox, contact_email=contact_email)
+    return cfg, ops, [(p, c, runtime.quota_check(cfg, p, c, ops)) for p, c in tgts]
+
+
+def _render(rows) -> None:
+    from rich.table import Table
+
+    t = Table(title="quota", title_justify="left")
+    for col in ("pool", "quota", "scope", "needed", "in use (pool)", "granted", "short"):
+        t.add_column(col, justify="left" if col in ("pool", "quota", "scope") else "right")
+    for p, c, ln in rows:
+        granted = "?" if ln.granted is None else f"{ln.granted:g}"
+        t.add_row(f"{p.name}/{c}", f"{ln.name} {ln.description}".strip(), ln.scope,
+                  f"{ln.needed:g} {ln.unit}", f"{ln.in_use:g} ({ln.pool_in_use:g})", granted,
+                  f"{ln.shortfall:g}" if ln.shortfall else "ok",
+                  style="bold red" if ln.shortfall else None)
+    console().print(t)
+
+
+@app.command("check")
+def check(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Quota needed at peak (max nodes + surge + running warm nodes) vs. granted and in use;
+    exit 1 when short."""
+    from poolctl import runtime
+    from poolctl.errors import OperationFailed
+
+    _, _, found = _lines(file, pool, cloud, sandbox)
+    rows = [(p, c, ln) for p, c, lines in found for ln in lines]
+    short = [ln for _, _, ln in rows if ln.shortfall > 0]
+    if json_out:
+        emit_json({"ok": not short,
+                   "quotas": [{"pool": p.name, "cloud": c, **ln.to_json()} for p, c, ln in rows]})
+    else:
+        _render(rows)
+    if short:
+        raise OperationFailed("; ".join(runtime.shortfall_line(ln) for ln in short)
+                              + f"; file an increase with `poolctl quota request --cloud "
+                                f"{cloud.value}`")
+
+
+@app.command("request")
+def request(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    auto_approve: AutoApproveOpt = False,
+    json_out: JsonOpt = False,
+    contact_email: ContactOpt = None,
+) -> None:
+    """File an increase for each short quota (to granted + shortfall); an open request is
+    reported, never filed twice."""
+    from poolctl import runtime
+    from poolctl.errors import UsageError
+
+    if contact_email and not _EMAIL.fullmatch(contact_email.strip()):
+        raise UsageError(f"--contact-email {contact_email!r}: not an email address; give one "
+                         "Google can reach about the request (or POOLCTL_QUOTA_CONTACT_EMAIL)")
+    contact_email = contact_email.strip() if contact_email else None
+    cfg, ops, found = _lines(file, pool, cloud, sandbox, contact_email)
+    out = []
+    for p, c, lines in found:
+        short = [ln for ln in lines if ln.shortfall > 0 and ln.granted is not None]
+        if not short:
+            continue
+        asks = ", ".join(f"{ln.name} in {ln.scope} from {ln.granted:g} to "
+                         f"{ln.granted + ln.shortfall:g} {ln.unit}" for ln in short)
+        if not confirm(f"{p.name}/{c}: request {asks}?", auto_approve):
+            sys.stderr.write(f"{p.name}/{c}: not confirmed; nothing requested\n")
+            continue
+        wanted = {(ln.name, ln.scope): ln.granted + ln.shortfall for ln in short}
+        for req in runtime.quota_request(cfg, p, c, ops, short):
+            out.append({"pool": p.name, "cloud": c, **req.to_json()})
+            verb = "already open" if req.already_open else "filed"
+            sys.stderr.write(f"{p.name}/{c}: {req.name} in {req.scope}: request {req.id} to "
+                             f"{req.desired:g} {verb} ({req.state})\n")
+            need = wanted.get((req.name, req.scope), 0)
+            if req.already_open and req.desired < need:
+                sys.stderr.write(f"{p.name}/{c}: the open request asks for less than the "
+                                 f"{need:g} needed; once it is settled, request again\n")
+    if not any(ln.shortfall > 0 for _, _, lines in found for ln in lines):
+        sys.stderr.write("nothing requested: no quota is short\n")
+    if json_out:
+        emit_json({"requests": out})

@@ -1,5 +1,238 @@
-"""poolctl rollout: (being built)."""
+"""poolctl rollout start / status / rollback / cancel: roll a new image or model version
+through the pool, checkpoint by checkpoint, with automatic rollback on failed health."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="rollout", no_args_is_help=True)
+from poolctl.commands.common import (
+    AutoApproveOpt,
+    CloudReq,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    confirm,
+    console,
+    emit_json,
+    load,
+)
+from poolctl.commands.ops import one_target
+
+app = typer.Typer(help="Roll a new image or model version through the pool.",
+                  no_args_is_help=True)
+
+WaitOpt = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Watch it to the end (per checkpoint).")
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0, help="Seconds --wait watches at most.")
+]
+OutOpt = Annotated[Path, typer.Option("--out", help="Synthesis output folder (as for deploy).")]
+MirrorOpt = Annotated[
+    str | None,
+    typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
+                 help="Install providers from this filesystem mirror (offline applies)."),
+]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Terraform streams to stdout; with --json stdout carries only the JSON."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _config_path(file):
+    from poolctl.config import find_config
+
+    return find_config(file)
+
+
+def _finish(state, what: str) -> None:
+    """Exit 1 unless the rollout ended as the command intended."""
+    from poolctl.errors import OperationFailed
+
+    if state is None or state.status in ("Successful",):
+        return
+    if what == "rollback" and state.status == "RollbackSuccessful":
+        return
+    if what == "cancel" and state.status == "Cancelled":
+        return
+    if state.status == "RollbackSuccessful":
+        raise OperationFailed(f"rollout {state.id} rolled back automatically ({state.reason}); "
+                              "the pool and the file are on the previous version again")
+    raise OperationFailed(f"rollout {state.id} ended {state.status}"
+                          + (f": {state.reason}" if state.reason else ""))
+
+
+@app.command("start")
+def start(
+    cloud: CloudReq,
+    image: Annotated[str | None, typer.Option("--image", help="New serving image.")] = None,
+    model_version: Annotated[
+        str | None, typer.Option("--model-version", help="New model.version label.")] = None,
+    no_surge: Annotated[
+        bool, typer.Option("--no-surge", help="Replace without extra nodes: one node at a "
+                           "time out of service (when quota has no room for the surge).")
+    ] = False,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    auto_approve: AutoApproveOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = 14400.0,
+    sandbox: SandboxOpt = False,
+    out: OutOpt = Path("cdktf.out"),
+    provider_mirror: MirrorOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Record the new version in the file, apply it, and roll it through the pool."""
+    from poolctl import runtime
+    from poolctl.commands.build import _render_summary
+
+    path = _config_path(file)
+    cfg = load(path)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    ops = runtime.get_ops(c, sandbox)
+    with _stdout_to_stderr(json_out):
+        res = runtime.rollout_start(
+            cfg, path, p, c, ops, image=image, model_version=model_version, no_surge=no_surge,
+            confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox, outdir=out,
+            mirror=provider_mirror, render_summary=_render_summary,
+        )
+    data = res.to_json()
+    final = None
+    try:
+        if wait and res.rollout is not None:
+            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            final, res.progress = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
+            data = res.to_json()
+            data["final"] = asdict(final) if final else None
+    finally:
+        if json_out:
+            emit_json(data)
+    if not json_out:
+        sys.stderr.write(res.message + "\n")
+    _finish(final, "start")
+
+
+@app.command("status")
+def status(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The newest rollout: status, percentage, each checkpoint, what rolls from and to."""
+    from poolctl import runtime
+
+    cfg = load(file)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    data = runtime.rollout_status(cfg, p, c, runtime.get_ops(c, sandbox))
+    if json_out:
+        emit_json(data)
+        return
+    r = data["rollout"]
+    con = console()
+    if r is None:
+        con.print(f"{p.name}/{c}: no rollout yet (group version {data['group_version']})")
+        return
+    con.print(f"{p.name}/{c}: rollout {r['id']}: {r['status']} {r['percentage_complete']:g}%"
+              + (f", {r['instances_to_update']} node(s) to update"
+                 if r["instances_to_update"] else "")
+              + (f" ({r['reason']})" if r["reason"] else ""))
+    if r["from_version"] or r["to_version"]:
+        con.print(f"  {r['from_version'] or '?'} -> {r['to_version'] or '?'}")
+    con.print("  checkpoints: " + ", ".join(
+        f"{cp['percentage']}% {'reached' if cp['reached'] else 'pending'}"
+        for cp in data["checkpoints"]))
+
+
+@app.command("rollback")
+def rollback(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    auto_approve: AutoApproveOpt = False,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = 14400.0,
+    sandbox: SandboxOpt = False,
+    out: OutOpt = Path("cdktf.out"),
+    provider_mirror: MirrorOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Back to the recorded previous version (in the pool and in the file)."""
+    from poolctl import runtime
+    from poolctl.commands.build import _render_summary
+
+    path = _config_path(file)
+    cfg = load(path)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    ops = runtime.get_ops(c, sandbox)
+    with _stdout_to_stderr(json_out):
+        data = runtime.rollout_rollback(
+            cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox,
+            outdir=out, mirror=provider_mirror, render_summary=_render_summary)
+    final = None
+    try:
+        if wait and data["how"] in ("cloud_rollback", "new_rollout"):
+            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            final, data["progress"] = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
+            data["final"] = asdict(final) if final else None
+    finally:
+        if json_out:
+            emit_json(data)
+    sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
+    _finish(final, "rollback" if data["how"] == "cloud_rollback" else "start")
+
+
+@app.command("cancel")
+def cancel(
+    cloud: CloudReq,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = 3600.0,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Stop the rollout where it stands (nodes already replaced stay on the new version)."""
+    from poolctl import runtime
+
+    cfg = load(file)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    ops = runtime.get_ops(c, sandbox)
+    state = runtime.rollout_cancel(cfg, p, c, ops)
+    data = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
+    final = None
+    try:
+        if wait and not state.done:
+            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            final, data["progress"] = runtime.wait_rollout(cfg, p, c, ops, timeout, hint)
+            data["final"] = asdict(final) if final else None
+    finally:
+        if json_out:
+            emit_json(data)
+    sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
+                     "records the new version: `poolctl rollout start` again resumes it, "
+                     "`poolctl rollout rollback` returns to the previous one\n")
+    _finish(final, "cancel")

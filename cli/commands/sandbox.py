@@ -76,6 +76,7 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, json: JsonOpt = False) -
             out.print("[yellow]--quota ignored: stop the sandbox first to change its quotas[/]")
     else:
         out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
+        _print_removed(out, info.removed_state, "a previous sandbox")
     out.print(f"log: {info.log}")
     out.print("use it with --sandbox; stop it with `poolctl sandbox stop`")
 
@@ -85,14 +86,26 @@ def stop(json: JsonOpt = False) -> None:
     """Stop the sandbox; everything it held is gone."""
     from poolctl.sandbox import manager
 
-    info = manager.stop()
+    info, removed = manager.shutdown()
     if json:
-        emit_json({"stopped": info is not None, **(info.to_dict() if info else {})})
+        emit_json({"stopped": info is not None, **(info.to_dict() if info else {}),
+                   "removed_state": removed})
         return
+    out = console()
     if info is None:
-        console().print("no sandbox running")
+        out.print("no sandbox running")
     else:
-        console().print(f"sandbox at {info.endpoint} stopped (pid {info.pid})")
+        out.print(f"sandbox at {info.endpoint} stopped (pid {info.pid})")
+    _print_removed(out, removed, "the sandbox")
+
+
+def _print_removed(out, removed: list[str], whose: str) -> None:
+    if removed:
+        out.print(
+            f"removed the Terraform workdirs and state of {whose} (its resources are gone): "
+            + ", ".join(removed),
+            soft_wrap=True,  # paths stay whole for copy and paste
+        )
 
 
 @app.command()
@@ -138,3 +151,67 @@ def _render_holdings(out, holds: dict) -> None:
     )
     lbs = holds.get("load_balancers") or []
     out.print("load balancers: " + (", ".join(lb["name"] for lb in lbs) or "none"))
+
+
+PoolOpt = Annotated[
+    str | None,
+    typer.Option("--pool", help="Only the groups tagged poolctl:pool=NAME.", show_default=False),
+]
+
+
+PoolRegionOpt = Annotated[
+    str | None,
+    typer.Option("--region", help="Region where --pool's groups are (default $AWS_REGION or "
+                 "us-east-1).", show_default=False),
+]
+
+
+@app.command("boot-nodes")
+def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt = False) -> None:
+    """Play the nodes' boot scripts: complete every open launch lifecycle action.
+
+    No boot script runs in the sandbox, so launched nodes wait in Pending:Wait (warm ones in
+    Warmed:Pending:Wait) until something completes the poolctl-node-ready hook; this does,
+    with CONTINUE: they go InService, or to their warm state.
+    """
+    from poolctl.sandbox import manager
+
+    endpoint = manager.require_running()
+    groups: list[str | None] = [None]
+    if pool is not None:
+        where = manager.region_or_default(region)
+        asg = manager.client("autoscaling", where)
+        groups = [
+            g["AutoScalingGroupName"]
+            for page in asg.get_paginator("describe_auto_scaling_groups").paginate(
+                Filters=[{"Name": f"tag:{manager.POOL_TAG}", "Values": [pool]}]
+            )
+            for g in page["AutoScalingGroups"]
+        ]
+        if not groups:
+            raise UsageError(
+                f"--pool {pool}: no Auto Scaling group tagged {manager.POOL_TAG}={pool} in the "
+                f"sandbox ({where}); deploy it with `poolctl deploy --cloud aws --sandbox`"
+            )
+    completed = []
+    for name in groups:
+        completed += manager.complete_lifecycle_actions(endpoint, name)
+    # An instance held by several hooks shows once per hook; its last entry is where it went.
+    final = {(c["AutoScalingGroupName"], c["InstanceId"]): c for c in completed}
+    nodes = [
+        {"group": g, "instance": i, "state": c["LifecycleState"],
+         "warm": c["LifecycleState"].startswith("Warmed:")}
+        for (g, i), c in final.items()
+    ]
+    if json:
+        emit_json({"nodes": nodes})
+        return
+    out = console()
+    if not nodes:
+        out.print("no node is waiting on a launch lifecycle hook")
+        return
+    for n in nodes:
+        out.print(f"{n['group']}: {n['instance']} -> {n['state']}")
+    live = sum(1 for n in nodes if n["state"] == "InService")
+    warm = sum(1 for n in nodes if n["warm"])
+    out.print(f"booted {len(nodes)} node(s): {live} InService, {warm} warm")

@@ -47,6 +47,11 @@ reference documents it, within the limits said here.
    applies. Every action is recorded (GET /_poolctl/lifecycle-actions lists open ones with
    their tokens, and the log). Pending instances count towards desired capacity (moto
    counted only InService ones and would over-launch). Terminate hooks are not emulated.
+   CreateAutoScalingGroup's LifecycleHookSpecificationList (Terraform's
+   `initial_lifecycle_hook`; moto ignores it) creates the hooks before the group launches its
+   first instances, as AWS does, so those instances wait in Pending:Wait too. Specifications
+   are checked as the reference says (name and transition required, DefaultResult CONTINUE or
+   ABANDON, HeartbeatTimeout 30..7200 s); a failed create leaves no hook behind.
 
 4. Service Quotas for ec2 (`quota check/request`).
    moto knows only service `vpc`. Added for ServiceCode `ec2`: L-1216C47A (Standard),
@@ -64,6 +69,24 @@ reference documents it, within the limits said here.
      DescribeAutoScalingGroups / DescribeAutoScalingInstances report each instance's own
      LaunchTemplate version (moto reports the template's default version for every one).
    - DescribeWarmPool on an unknown group is a ValidationError (moto: HTTP 500).
+   - CreateLaunchTemplateVersion stores UserData as moto's CreateLaunchTemplate does (moto
+     kept a plain string, and launching from that version failed an assertion: HTTP 500).
+   The ones below make a second `terraform plan` after `poolctl deploy --sandbox` empty (the
+   AWS provider reads back every attribute it wrote; a missing one is a perpetual diff):
+   - DefaultInstanceWarmup: CreateAutoScalingGroup and UpdateAutoScalingGroup store it (-1
+     clears it) and DescribeAutoScalingGroups returns it; moto dropped it.
+   - PutScalingPolicy stores Enabled (default true) and DescribePolicies returns it; moto
+     dropped it. PredictiveScalingConfiguration is returned only when one was given (moto
+     returned an empty one for every policy).
+   - CreateLaunchTemplate: the request's TagSpecifications tag the launch template itself;
+     moto also copied them into version 1's LaunchTemplateData, where they would tag the
+     resources the template launches (DescribeLaunchTemplateVersions showed a
+     `launch-template` entry no caller wrote).
+   - DescribeSecurityGroupRules returns the Description of a rule that references a security
+     group (moto returned it for CIDR rules only).
+   - CreateAutoScalingGroup on an existing name is AlreadyExists (moto replaced the group),
+     and DeleteAutoScalingGroup deletes the group's lifecycle hooks and scaling policies, as
+     AWS does (moto kept them, so a new group of the same name inherited them).
 
 6. Admin endpoints under /_poolctl/ (loopback only, no AWS equivalent):
    GET /_poolctl/health; GET|POST|DELETE /_poolctl/quotas (POST body
@@ -72,7 +95,8 @@ reference documents it, within the limits said here.
    GET /_poolctl/lifecycle-actions (open actions with tokens, and the log);
    POST /_poolctl/lifecycle-actions {"AutoScalingGroupName": optional,
    "LifecycleActionResult": "CONTINUE"} completes every open launch action, standing in for
-   the nodes' boot scripts, which never run in the sandbox.
+   the nodes' boot scripts, which never run in the sandbox; it answers {"completed": [...]},
+   each with the instance's LifecycleState afterwards (`poolctl sandbox boot-nodes` calls it).
    moto's own POST /moto-api/reset also resets all of this.
 """
 
@@ -94,7 +118,13 @@ EXTENSIONS = (
     "autoscaling.warm-pool-instances",
     "autoscaling.lifecycle-actions",
     "service-quotas.ec2",
+    "autoscaling.lifecycle-hook-specifications",
     "moto-fixes.launch-template-version",
+    "moto-fixes.default-instance-warmup",
+    "moto-fixes.scaling-policy-enabled",
+    "moto-fixes.launch-template-tag-specifications",
+    "moto-fixes.security-group-rule-description",
+    "moto-fixes.group-create-delete",
     "admin-endpoints",
 )
 
@@ -435,6 +465,99 @@ def _record_lifecycle_action_heartbeat(self: Any) -> Any:
         }
     )
     return EmptyResult()
+
+
+_TRANSITIONS = (LAUNCHING, "autoscaling:EC2_INSTANCE_TERMINATING")
+
+
+def _hook_specs(raw: Any) -> list[dict[str, Any]]:
+    """CreateAutoScalingGroup's LifecycleHookSpecificationList, checked per the reference."""
+    specs: list[dict[str, Any]] = []
+    for spec in raw or []:
+        name, transition = spec.get("LifecycleHookName"), spec.get("LifecycleTransition")
+        if not name or not transition:
+            raise _validation(
+                "A LifecycleHookSpecification needs LifecycleHookName and LifecycleTransition"
+            )
+        if transition not in _TRANSITIONS:
+            raise _validation(
+                f"Invalid LifecycleTransition {transition!r}: use {' or '.join(_TRANSITIONS)}"
+            )
+        result = str(spec.get("DefaultResult") or "ABANDON").upper()
+        if result not in ("CONTINUE", "ABANDON"):
+            raise _validation("DefaultResult must be CONTINUE or ABANDON")
+        timeout = spec.get("HeartbeatTimeout")
+        if timeout is not None and not 30 <= int(timeout) <= 7200:
+            raise _validation("HeartbeatTimeout must be between 30 and 7200 seconds")
+        if any(s["LifecycleHookName"] == name for s in specs):
+            raise _validation(f"Lifecycle hook {name} is specified more than once")
+        specs.append({**spec, "DefaultResult": result,
+                      "HeartbeatTimeout": int(timeout) if timeout is not None else None})
+    return specs
+
+
+def _put_hooks(backend: Any, group_name: str, specs: list[dict[str, Any]]) -> None:
+    for spec in specs:
+        hook = backend.create_lifecycle_hook(
+            name=spec["LifecycleHookName"], as_name=group_name,
+            transition=spec["LifecycleTransition"], timeout=spec["HeartbeatTimeout"],
+            result=spec["DefaultResult"],
+        )
+        # moto fills these with made-up ARNs; a hook without them has none.
+        hook.role_arn = spec.get("RoleARN")
+        hook.notification_target_arn = spec.get("NotificationTargetARN")
+        hook.notification_metadata = spec.get("NotificationMetadata")
+
+
+def _instance_warmup(raw: Any) -> int | None:
+    """DefaultInstanceWarmup as stored: -1 (the documented way to clear it) means none."""
+    if raw is None or str(raw).strip() == "":
+        return None
+    value = int(raw)
+    if value < -1:
+        raise _validation("DefaultInstanceWarmup must be -1 or a number of seconds >= 0")
+    return None if value == -1 else value
+
+
+def _wrap_create_group(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def create_auto_scaling_group(self: Any) -> Any:
+        backend = self.autoscaling_backend
+        name = self._get_param("AutoScalingGroupName")
+        if name in backend.autoscaling_groups:
+            raise _fault(
+                "AlreadyExists",
+                f"AutoScalingGroup by this name already exists - A group with the name {name} "
+                "already exists",
+            )
+        specs = _hook_specs(self._get_param("LifecycleHookSpecificationList"))
+        warmup = _instance_warmup(self._get_param("DefaultInstanceWarmup"))
+        # The hooks exist before moto's constructor launches the first instances.
+        _put_hooks(backend, name, specs)
+        try:
+            out = orig(self)
+        except Exception:
+            for spec in specs:
+                backend.delete_lifecycle_hook(name, spec["LifecycleHookName"])
+            raise
+        backend.autoscaling_groups[name].default_instance_warmup = warmup
+        return out
+
+    return create_auto_scaling_group
+
+
+def _wrap_update_group(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def update_auto_scaling_group(self: Any) -> Any:
+        raw = self._get_param("DefaultInstanceWarmup")
+        warmup = _instance_warmup(raw)
+        out = orig(self)
+        group = self.autoscaling_backend.autoscaling_groups.get(
+            self._get_param("AutoScalingGroupName")
+        )
+        if group is not None and raw is not None:
+            group.default_instance_warmup = warmup
+        return out
+
+    return update_auto_scaling_group
 
 
 # --------------------------------------------------------------------------------------
@@ -1278,9 +1401,15 @@ def complete_open_actions(group_name: str | None, result: str) -> list[dict[str,
                         if hook not in (state.__dict__.get("_poolctl_actions") or {}):
                             continue  # an earlier ABANDON already ended the instance
                         _finish_action(backend, group, state, hook, result, "admin endpoint")
-                        done.append({"AutoScalingGroupName": group.name,
+                        kept = state in group.instance_states or state in _warm(group)
+                        done.append({"Region": backend.region_name,
+                                     "AutoScalingGroupName": group.name,
                                      "InstanceId": state.instance.id,
-                                     "LifecycleHookName": hook})
+                                     "LifecycleHookName": hook,
+                                     # Where the instance went: InService, Warmed:Stopped ...,
+                                     # Pending:Wait while another hook holds it, or gone.
+                                     "LifecycleState": state.lifecycle_state if kept
+                                     else "Terminated"})
     return done
 
 
@@ -1307,6 +1436,80 @@ def lifecycle_report() -> dict[str, Any]:
                             }
                         )
     return {"open": open_actions, "log": log}
+
+
+# --------------------------------------------------------------------------------------
+# 5. Fixes to moto (the group create/delete and DefaultInstanceWarmup ones are in section 3)
+
+
+def _wrap_create_launch_template_version(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Parse UserData of a new version the way CreateLaunchTemplate does (base64 checked)."""
+
+    def create_launch_template_version(self: Any) -> Any:
+        from moto.ec2.utils import parse_user_data
+
+        orig_get = self._get_param
+
+        def get_param(name: str, *args: Any, **kwargs: Any) -> Any:
+            value = orig_get(name, *args, **kwargs)
+            if name == "LaunchTemplateData" and isinstance(value, dict) and (
+                    "UserData" in value):
+                value = {**value, "UserData": parse_user_data(value["UserData"])}
+            return value
+
+        self._get_param = get_param
+        try:
+            return orig(self)
+        finally:
+            del self._get_param
+
+    return create_launch_template_version
+
+
+def _wrap_put_scaling_policy(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def put_scaling_policy(self: Any) -> Any:
+        out = orig(self)
+        policy = self.autoscaling_backend.policies.get(self._get_param("PolicyName"))
+        if policy is not None:
+            policy.enabled = self._get_bool_param("Enabled", True)
+            if not self._get_param("PredictiveScalingConfiguration"):
+                policy.predictive_scaling_configuration = None
+        return out
+
+    return put_scaling_policy
+
+
+def _wrap_create_launch_template(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def create_launch_template(self: Any) -> Any:
+        # Read before moto's handler, which appends the template's own tags to this list.
+        given = copy.deepcopy(
+            (self._get_param("LaunchTemplateData") or {}).get("TagSpecifications")
+        )
+        out = orig(self)
+        template = self.ec2_backend.get_launch_template_by_name(
+            self._get_param("LaunchTemplateName")
+        )
+        data = template.versions[0].data
+        if given:
+            data["TagSpecifications"] = given
+        else:
+            data.pop("TagSpecifications", None)
+        return out
+
+    return create_launch_template
+
+
+def _rule_description(self: Any) -> str | None:
+    return self.ip_range.get("Description") or (self.source_group or {}).get("Description")
+
+
+def _delete_group_children(backend: Any, group_name: str) -> None:
+    for key, hook in list(backend.lifecycle_hooks.items()):
+        if hook.auto_scaling_group_name == group_name:
+            del backend.lifecycle_hooks[key]
+    for key, policy in list(backend.policies.items()):
+        if policy.auto_scaling_group_name == group_name:
+            del backend.policies[key]
 
 
 # --------------------------------------------------------------------------------------
@@ -1390,6 +1593,8 @@ def install() -> None:
         return
     from moto.autoscaling import models as asm
     from moto.autoscaling.responses import AutoScalingResponse
+    from moto.ec2.models.security_groups import SecurityGroupRule
+    from moto.ec2.responses.launch_templates import LaunchTemplates
     from moto.moto_api._internal.models import MotoAPIBackend
     from moto.servicequotas.responses import ServiceQuotasResponse
 
@@ -1406,6 +1611,19 @@ def install() -> None:
             return orig_call_action(self)
 
     AutoScalingResponse.call_action = call_action
+    AutoScalingResponse.create_auto_scaling_group = _wrap_create_group(
+        AutoScalingResponse.create_auto_scaling_group
+    )
+    AutoScalingResponse.update_auto_scaling_group = _wrap_update_group(
+        AutoScalingResponse.update_auto_scaling_group
+    )
+    AutoScalingResponse.put_scaling_policy = _wrap_put_scaling_policy(
+        AutoScalingResponse.put_scaling_policy
+    )
+    LaunchTemplates.create_launch_template = _wrap_create_launch_template(
+        LaunchTemplates.create_launch_template
+    )
+    SecurityGroupRule.description = property(_rule_description)
     for name, fn in {
         "start_instance_refresh": _start_instance_refresh,
         "describe_instance_refreshes": _describe_instance_refreshes,
@@ -1474,6 +1692,7 @@ def install() -> None:
                 group.warm_pool = None
                 _reconcile_warm_pool(group)
             orig_delete(self, group_name)
+            _delete_group_children(self, group_name)
             refreshes = _refreshes(self)
             refreshes[:] = [r for r in refreshes if r.group_name != group_name]
 
@@ -1490,6 +1709,11 @@ def install() -> None:
                 "Version": str(lt[1])}
 
     state_cls.launch_template = property(launch_template)
+
+    from moto.ec2.responses.launch_templates import LaunchTemplates
+
+    LaunchTemplates.create_launch_template_version = _wrap_create_launch_template_version(
+        LaunchTemplates.create_launch_template_version)
 
     # Service Quotas: ec2 next to moto's vpc.
     orig_sq_call = ServiceQuotasResponse.call_action

@@ -1,7 +1,9 @@
 """Start, stop and inspect the local AWS sandbox (moto + poolctl's extensions) on loopback.
 
 State lives in `$POOLCTL_HOME/sandbox` (default `~/.poolctl/sandbox`): `state.json` (pid,
-port, endpoint, log path) and `server.log`. Other commands reach the running sandbox through
+port, endpoint, log path) and `server.log`; `deploy/` and `state/` hold the workdirs and
+Terraform state of `deploy --sandbox`, removed when the sandbox stops or a new one starts
+(the emulator keeps its resources in memory only). Other commands reach the running sandbox through
 `endpoint()`, `client_kwargs()`, `client()` and `boto3_session()`, with the test credentials.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +54,8 @@ class SandboxInfo:
     started_at: float | None = None
     already_running: bool = False
     holds: dict[str, Any] = field(default_factory=dict)
+    # Terraform state of an emulator that is gone, removed by start or stop.
+    removed_state: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +131,26 @@ def _running_state(home: Path | str | None) -> dict[str, Any] | None:
     if state and _is_ours(state):
         return state
     return None
+
+
+# `deploy --sandbox` keeps each stack's workdir and Terraform state here, beside the emulator.
+TERRAFORM_DIRS = ("deploy", "state")
+
+
+def remove_terraform_state(home: Path | str | None = None) -> list[str]:
+    """Drop the workdirs and Terraform state of `deploy --sandbox`.
+
+    The emulator keeps everything in memory: once its process is gone, that state names
+    resources that no longer exist, and a deploy against a new sandbox would first fail to
+    refresh them. Returns the folders removed.
+    """
+    removed = []
+    for name in TERRAFORM_DIRS:
+        path = state_dir(home) / name
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def _port_free(port: int) -> bool:
@@ -232,7 +257,11 @@ def start(
     tmp = _state_file(home).with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     tmp.replace(_state_file(home))
-    return _info(state)
+    info = _info(state)
+    # A new emulator is empty: state left by an earlier one (killed, or the machine
+    # rebooted without `sandbox stop`) describes nothing that exists.
+    info.removed_state = remove_terraform_state(home)
+    return info
 
 
 def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
@@ -258,8 +287,11 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
         pass
 
 
-def stop(home: Path | str | None = None) -> SandboxInfo | None:
-    """Stop the sandbox; returns what was stopped, or None when none was running."""
+def shutdown(home: Path | str | None = None) -> tuple[SandboxInfo | None, list[str]]:
+    """Stop the sandbox and drop the Terraform state of what it held (gone with it).
+
+    Returns what was stopped (None when none was running) and the folders removed.
+    """
     state = _read_state(home)
     stopped = None
     if state and _is_ours(state):
@@ -268,7 +300,15 @@ def stop(home: Path | str | None = None) -> SandboxInfo | None:
         stopped.running = False
     for name in ("state.json", "port", "state.tmp"):
         (state_dir(home) / name).unlink(missing_ok=True)
-    return stopped
+    removed = remove_terraform_state(home)
+    if stopped is not None:
+        stopped.removed_state = removed
+    return stopped, removed
+
+
+def stop(home: Path | str | None = None) -> SandboxInfo | None:
+    """Stop the sandbox; returns what was stopped, or None when none was running."""
+    return shutdown(home)[0]
 
 
 def _info(state: dict[str, Any], already_running: bool = False) -> SandboxInfo:
@@ -297,6 +337,22 @@ def endpoint(home: Path | str | None = None) -> str:
 def require_running(home: Path | str | None = None) -> str:
     """Alias of endpoint(): the URL of the running sandbox, or a UsageError."""
     return endpoint(home)
+
+
+def complete_lifecycle_actions(endpoint_url: str, group: str | None = None,
+                               result: str = "CONTINUE") -> list[dict[str, Any]]:
+    """Complete the open launch lifecycle actions (of one group, or all) through the admin
+    endpoint, as the nodes' boot scripts would; returns what was completed."""
+    body = json.dumps({"AutoScalingGroupName": group, "LifecycleActionResult": result}).encode()
+    req = urllib.request.Request(f"{endpoint_url}/_poolctl/lifecycle-actions", data=body,
+                                 method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return list(json.loads(resp.read() or b"{}").get("completed", []))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise OperationFailed(
+            f"the sandbox at {endpoint_url} did not complete the lifecycle actions: {exc}"
+        ) from exc
 
 
 def region_or_default(region: str | None = None) -> str:

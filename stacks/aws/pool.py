@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import math
 
-from cdktf import TerraformVariable, Token
+from cdktf import Op, TerraformVariable
 from constructs import Construct
 
 from poolctl import naming
@@ -164,25 +164,54 @@ class NodeGroup(Construct):
             tags=tags,
         )
 
+        # Variables: `deploy` uses the defaults (the file's sizes); runtime commands pass
+        # TF_VAR_... so that an apply they run keeps what they changed at runtime
+        # (`warm` sizes, `rollout start --no-surge`, the running launch template version).
         min_h, max_h = refresh_percentages(plan)
+
+        def var(name: str, default, description: str, type_: str = "number"
+                ) -> TerraformVariable:
+            v = TerraformVariable(self, name, type=type_, default=default,
+                                  description=description)
+            v.override_logical_id(name)
+            return v
+
+        refresh_min = var("refresh_min_healthy_percentage", min_h,
+                          "Instance refresh: healthy capacity kept, % of desired.")
+        refresh_max = var("refresh_max_healthy_percentage", max_h,
+                          "Instance refresh: capacity allowed during the refresh, % of desired.")
+        min_nodes = var("min_nodes", plan.nodes["min"],
+                        "Group minimum; `poolctl warm --running` raises it at runtime.")
+        lt_pin = var("launch_template_version", "",
+            "Launch template version the group runs; empty: the newest. `rollout start` pins "
+            "the running one so that it starts the instance refresh itself, with a desired "
+            "configuration (auto rollback then returns to the pinned version).", "string")
         cold = int(plan.start_seconds["cold"])
         warm_pool = None
         if plan.nodes["warm"]:
+            warm_nodes = var("warm_nodes", plan.nodes["warm"],
+                             "Warm pool minimum; `poolctl warm` sets it at runtime.")
             warm_pool = {
                 "pool_state": "Running" if pool.warm_pool.state == "running" else "Stopped",
-                "min_size": plan.nodes["warm"],
-                "max_group_prepared_capacity": plan.nodes["min"] + plan.nodes["warm"],
+                "min_size": warm_nodes.number_value,
+                "max_group_prepared_capacity": Op.add(min_nodes.number_value,
+                                                      warm_nodes.number_value),
                 "instance_reuse_policy": {"reuse_on_scale_in": True},
             }
+        # A raw expression: cdktf renders the "" of Op.neq as `undefined`.
+        lt_version = (
+            f'${{var.{lt_pin.friendly_unique_id} != "" ? var.{lt_pin.friendly_unique_id} : '
+            f"aws_launch_template.{self.lt.friendly_unique_id}.latest_version}}"
+        )
         asg = aws("autoscaling_group")
         self.asg = asg.AutoscalingGroup(
             self, "asg", name=name,
-            min_size=plan.nodes["min"], max_size=plan.nodes["max"] + plan.nodes["surge"],
-            desired_capacity=plan.nodes["min"],
+            min_size=min_nodes.number_value, max_size=plan.nodes["max"] + plan.nodes["surge"],
+            desired_capacity=min_nodes.number_value,
             vpc_zone_identifier=subnet_ids, target_group_arns=[lb.tg.arn],
             health_check_type="ELB", health_check_grace_period=cold,
             default_instance_warmup=cold,
-            launch_template={"id": self.lt.id, "version": Token.as_string(self.lt.latest_version)},
+            launch_template={"id": self.lt.id, "version": lt_version},
             # Nodes start serving only once the boot script completes this hook.
             initial_lifecycle_hook=[asg.AutoscalingGroupInitialLifecycleHook(
                 name=naming.LIFECYCLE_HOOK,
@@ -194,8 +223,8 @@ class NodeGroup(Construct):
             instance_refresh={
                 "strategy": "Rolling",
                 "preferences": {
-                    "min_healthy_percentage": min_h,
-                    "max_healthy_percentage": max_h,
+                    "min_healthy_percentage": refresh_min.number_value,
+                    "max_healthy_percentage": refresh_max.number_value,
                     "checkpoint_percentages": list(pool.rollout.checkpoints),
                     "checkpoint_delay": str(pool.rollout.checkpoint_delay_s),
                     "instance_warmup": str(cold),

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cdktf import TerraformResourceLifecycle
+from cdktf import (
+    Op,
+    TerraformResourceLifecycle,
+    TerraformVariable,
+    TerraformVariableValidationConfig,
+)
 from constructs import Construct
 
 from poolctl import naming
@@ -136,8 +141,13 @@ class NodeGroup(Construct):
             },
             tags=[node_tag],
             labels=labels,
-            # A new template per change (name_prefix), created before the old one goes, so
-            # the MIG always points at a live template while it rolls.
+            # A new template per change (name_prefix: a fresh name per content version),
+            # created before the old one goes, so the MIG always points at a live template.
+            # Terraform would then delete the old one, the rollback target of a MIG update
+            # still in progress: `rollout start` keeps it by removing it from the state
+            # before its apply (Terraform forgets it instead of deleting it), and deletes
+            # templates that are neither current nor previous after the apply and after a
+            # successful update (poolctl.clouds.gcp: rollout_before_apply, rollout_cleanup).
             lifecycle=TerraformResourceLifecycle(
                 create_before_destroy=True, precondition=[net.pga_precondition],
             ),
@@ -159,16 +169,20 @@ class NodeGroup(Construct):
             unhealthy_threshold=10, http_health_check=http, log_config={"enable": True},
         )
 
+        self._variables(pool, plan, sizes, len(zones))
         m = google("compute_region_instance_group_manager")
         standby_kw = {}
-        if sizes.standby:
+        if pool.warm_pool.state != "running":
+            # Also with no warm pool in the file (an empty standby pool costs nothing):
+            # `warm --replicas N` may fill it at runtime, the apply of a later rollout keeps
+            # it (var.warm_nodes), and new standby VMs get the initial delay.
             standby_kw["standby_policy"] = m.ComputeRegionInstanceGroupManagerStandbyPolicy(
                 # Let a fresh VM finish its first boot (image pulled onto the boot disk)
                 # before the MIG stops it.
                 mode="SCALE_OUT_POOL", initial_delay_sec=min(MAX_DELAY_S, cold),
             )
             key = "target_suspended_size" if p.standby_suspended else "target_stopped_size"
-            standby_kw[key] = sizes.standby
+            standby_kw[key] = self.warm_nodes.number_value
         self.mig = m.ComputeRegionInstanceGroupManager(
             self, "mig", name=naming.short(name, 63), project=p.project, region=p.region,
             base_instance_name=naming.short(name, 50),
@@ -199,7 +213,8 @@ class NodeGroup(Construct):
                 # Non-EVEN shapes require redistribution off; moving a serving GPU node to
                 # another zone would cost a cold start anyway.
                 instance_redistribution_type="NONE",
-                max_surge_fixed=sizes.max_surge, max_unavailable_fixed=sizes.max_unavailable,
+                max_surge_fixed=self.max_surge_fixed.number_value,
+                max_unavailable_fixed=self.max_unavailable_fixed.number_value,
             ),
             # GPU capacity can take long to find; Terraform must not block on it.
             wait_for_instances=False,
@@ -208,6 +223,58 @@ class NodeGroup(Construct):
         )
         self.sizes = sizes
         self.zones = zones
+
+    def _variables(self, pool: Pool, plan: PoolPlan, sizes: MigSizes, zones: int) -> None:
+        """Sizes that poolctl's runtime commands change, as Terraform variables.
+
+        `deploy` applies the defaults (the file's sizes); `rollout start` passes TF_VAR_...
+        with what the group runs now (`GcpOps.rollout_apply_env`), so that the apply writing
+        a new template keeps what `warm` changed, and with `--no-surge` rolls one node per
+        zone at a time. Their meaning is the runtime's (`GcpOps.set_capacity`): `min_nodes`
+        excludes a running warm pool, which `warm_nodes` adds to the autoscaler's minimum;
+        `max_nodes` is the autoscaler's maximum as is.
+        """
+        running = pool.warm_pool.state == "running"
+
+        def var(name: str, default: int, description: str, validation=None
+                ) -> TerraformVariable:
+            v = TerraformVariable(self, name, type="number", default=default,
+                                  description=description, validation=validation)
+            v.override_logical_id(name)  # a stable name for TF_VAR_<name>
+            return v
+
+        runtime = "poolctl's runtime commands pass it so that their apply keeps what `warm` set"
+        self.min_nodes = var(
+            "min_nodes", plan.nodes["min"],
+            f"Autoscaler minimum in serving nodes, a running warm pool excluded; {runtime}.")
+        self.max_nodes = var(
+            "max_nodes", sizes.max_nodes,
+            f"Autoscaler maximum in nodes (a running warm pool included); {runtime}.")
+        self.warm_nodes = var(
+            "warm_nodes", plan.nodes["warm"],
+            ("Warm nodes: the standby pool's stopped VMs, or with a running warm pool nodes "
+             f"added to the autoscaler minimum; {runtime}."))
+
+        def zone_rule(name: str) -> list:
+            # A regional MIG takes a fixed surge / unavailability of 0 or at least its zone
+            # count: a bad value fails the plan with this line instead of the API call.
+            return [TerraformVariableValidationConfig(
+                condition=f"${{var.{name} == 0 || var.{name} >= {zones}}}",
+                error_message=f"{name}: give 0 or at least {zones} (the MIG's zones).")]
+
+        self.max_surge_fixed = var(
+            "max_surge_fixed", sizes.max_surge,
+            ("Rolling update: VMs created above the target size; `rollout start --no-surge` "
+             "passes 0."), zone_rule("max_surge_fixed"))
+        self.max_unavailable_fixed = var(
+            "max_unavailable_fixed", sizes.max_unavailable,
+            ("Rolling update: VMs down at a time; `rollout start --no-surge` passes the zone "
+             "count."), zone_rule("max_unavailable_fixed"))
+        serving_min = self.min_nodes.number_value
+        if running:
+            serving_min = Op.add(serving_min, self.warm_nodes.number_value)
+        self.autoscaler_min = serving_min
+        self.autoscaler_max = self.max_nodes.number_value
 
 
 class LoadBalancer(Construct):

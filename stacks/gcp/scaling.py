@@ -36,8 +36,9 @@ class QueueAutoscaler(Construct):
             self, "autoscaler", name=naming.short(name, 63), project=p.project, region=p.region,
             target=nodes.mig.id,
             autoscaling_policy=a.ComputeRegionAutoscalerAutoscalingPolicy(
-                min_replicas=nodes.sizes.min_nodes,
-                max_replicas=nodes.sizes.max_nodes,
+                # Variables (NodeGroup._variables): a runtime apply keeps `warm`'s bounds.
+                min_replicas=nodes.autoscaler_min,
+                max_replicas=nodes.autoscaler_max,
                 cooldown_period=int(plan.start_seconds["cold"]),
                 mode="ON",
                 metric=[a.ComputeRegionAutoscalerAutoscalingPolicyMetric(

@@ -31,7 +31,7 @@ STUBS = ("nvidia-smi", "docker", "findmnt", "df", "curl", "lspci", "fi_info")
 # One program behind every stub name (dispatch on argv[0]). Output is what the tools print on
 # a p5.48xlarge (8x H100 SXM over NVSwitch, 8 local NVMe in RAID0, no EFA interface attached).
 FAKE_NODE = r'''
-import os, sys
+import os, sys, time
 from pathlib import Path
 
 root = Path(os.environ["POOLCTL_FAKE_NODE"])
@@ -61,6 +61,9 @@ CACHE = "/mnt/poolctl-cache"
 NICS = 4 if efa else 0
 
 if tool == "nvidia-smi":
+    # A GPU in a bad state makes nvidia-smi hang in the driver; bounded so no stub outlives
+    # the test session by much.
+    time.sleep(float(value("nvidia-smi-hangs", "0")))
     if args == ["--query-gpu=name,memory.total", "--format=csv,noheader"]:
         for _ in range(gpus):
             print("NVIDIA H100 80GB HBM3, 81559 MiB")
@@ -201,7 +204,8 @@ class FakeNode:
         self.calls_log.write_text("")
 
     def set(self, *, gpus: int | None = None, efa: bool = False, cache: bool = True,
-            image: bool = True, health: str | None = None) -> None:
+            image: bool = True, health: str | None = None,
+            nvidia_smi_hangs_s: float = 0) -> None:
         if gpus is not None:
             (self.state / "gpus").write_text(f"{gpus}\n")
         if efa:
@@ -214,6 +218,8 @@ class FakeNode:
             (self.state / "no-image").touch()
         if health is not None:
             (self.state / "health").write_text(health)
+        if nvidia_smi_hangs_s:
+            (self.state / "nvidia-smi-hangs").write_text(str(nvidia_smi_hangs_s))
 
     def calls(self) -> list[str]:
         return [ln for ln in self.calls_log.read_text().splitlines() if ln]
@@ -250,8 +256,12 @@ def _wait_banner(port: int, proc: subprocess.Popen, timeout: float = 10.0) -> bo
     return False
 
 
-def start_sshd(root: Path) -> Iterator[FakeNode]:
-    """Generator for a fixture: yields a FakeNode whose sshd runs until the generator ends."""
+def start_sshd(root: Path, extra_addresses: tuple[str, ...] = ()) -> Iterator[FakeNode]:
+    """Generator for a fixture: yields a FakeNode whose sshd runs until the generator ends.
+
+    sshd listens on 127.0.0.1 and on `extra_addresses` (more loopback addresses, 127.0.0.0/8,
+    standing for other nodes); known_hosts holds the host key under each of them.
+    """
     if os.geteuid() != 0:
         pytest.skip("sshd must run as root (it switches to the login user); CI runs as root")
     if not SSHD.is_file() or not shutil.which("ssh-keygen"):
@@ -277,7 +287,7 @@ def start_sshd(root: Path) -> Iterator[FakeNode]:
         cfg = root / "sshd_config"
         cfg.write_text("\n".join([
             f"Port {port}",
-            "ListenAddress 127.0.0.1",
+            *(f"ListenAddress {a}" for a in ("127.0.0.1", *extra_addresses)),
             f"HostKey {root / 'host_key'}",
             f"PidFile {root / 'sshd.pid'}",
             f"AuthorizedKeysFile {root / 'authorized_keys'}",
@@ -307,7 +317,8 @@ def start_sshd(root: Path) -> Iterator[FakeNode]:
     host_pub = root / "host_key.pub"
     key_type, key_b64 = host_pub.read_text().split()[:2]
     known = root / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {key_type} {key_b64}\n")
+    known.write_text("".join(f"[{a}]:{port} {key_type} {key_b64}\n"
+                             for a in ("127.0.0.1", *extra_addresses)))
     node = FakeNode(port=port, user=user, root=root, known_hosts=known,
                     identity=root / "client_key", wrong_identity=root / "wrong_key",
                     host_key_pub=host_pub, log=log)

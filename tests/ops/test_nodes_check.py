@@ -9,13 +9,17 @@ vllm/vllm-openai:v0.11.0, health on 127.0.0.1:8000/health, cache at /mnt/poolctl
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
+from poolctl.config import parse_config
+from tests.configs import pool_yaml
 from tests.ops.sshd import FakeNode, start_sshd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +27,14 @@ EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
 CHECKS = ["ssh", "gpus", "nvlink", "no-efa", "cache-mount", "cache-size", "image", "health"]
 
 
+# Loopback addresses standing for three more nodes: the sandbox gives its instances these
+# private IPs, and the same sshd answers on them (nothing leaves the machine).
+NODE_IPS = ("127.77.1.50", "127.77.1.51", "127.77.1.52")
+
+
 @pytest.fixture(scope="module")
 def sshd_node(tmp_path_factory) -> FakeNode:
-    yield from start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield from start_sshd(tmp_path_factory.mktemp("sshd"), extra_addresses=NODE_IPS)
 
 
 @pytest.fixture
@@ -36,7 +45,8 @@ def node(sshd_node: FakeNode) -> FakeNode:
 
 def nodes_check(node: FakeNode, *extra: str, hosts: list[str] | None = None,
                 known_hosts: Path | None = None, identity: Path | None = None,
-                json_out: bool = True) -> subprocess.CompletedProcess:
+                json_out: bool = True,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
             "--cloud", "aws", "--user", node.user, "--timeout", "20",
             "--known-hosts", str(known_hosts or node.known_hosts),
@@ -46,7 +56,7 @@ def nodes_check(node: FakeNode, *extra: str, hosts: list[str] | None = None,
     if json_out:
         argv.append("--json")
     return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+                          cwd=ROOT, env={**os.environ, **(env or {})})
 
 
 def by_name(node_json: dict) -> dict[str, dict]:
@@ -148,6 +158,17 @@ def test_image_and_health_failures(node):
     assert checks["health"]["observed"] == "HTTP 503 from http://127.0.0.1:8000/health"
 
 
+def test_hanging_nvidia_smi_times_out(node):
+    node.set(nvidia_smi_hangs_s=6)
+    r = nodes_check(node, "--timeout", "1.5")  # the last --timeout wins
+    assert r.returncode == 1, r.stderr
+    checks = by_name(json.loads(r.stdout)["nodes"][0])
+    assert {n for n, c in checks.items() if not c["ok"]} == {"gpus", "nvlink"}
+    assert checks["gpus"]["observed"] == "nvidia-smi failed: `nvidia-smi` did not finish in 1.5 s"
+    assert checks["nvlink"]["observed"] == (
+        "nvidia-smi topo -m failed: `nvidia-smi` did not finish in 1.5 s")
+
+
 def test_unknown_host_key_is_refused_and_nothing_runs(node, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -208,13 +229,27 @@ def test_two_nodes_one_refused(node):
     assert len(progress) == 2
 
 
-def test_table_output(node):
+@pytest.mark.parametrize("columns", [200, 80])
+def test_table_output(node, columns):
     node.set(gpus=7)
-    r = nodes_check(node, json_out=False)
+    r = nodes_check(node, json_out=False, env={"COLUMNS": str(columns)})
     assert r.returncode == 1
-    assert "nodes check" in r.stdout and "✓" in r.stdout and "✗" in r.stdout
-    assert f"✗ 127.0.0.1:{node.port} gpus: 7 GPUs: 7x NVIDIA H100 80GB HBM3" in r.stdout
-    assert "fix: expected 8x H100 (p5.48xlarge)" in r.stdout
+    out = r.stdout
+    assert out.startswith("nodes check")
+    if columns == 200:  # node x check matrix, then each failure with its fix
+        header = next(ln for ln in out.splitlines() if "cache-mount" in ln)
+        assert [h.strip() for h in header.strip("┃ ").split("┃")] == ["node", *CHECKS]
+        row = next(ln for ln in out.splitlines() if f"127.0.0.1:{node.port}" in ln)
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells == [f"127.0.0.1:{node.port}", "✓ ok", "✗ 7/8", "✓ NV18", "✓ none",
+                         "✓ /dev/md127 xfs", "✓ 30.4 TB", "✓ 4f1c9ee2b1a9", "✓ 200"]
+        assert f"✗ 127.0.0.1:{node.port} gpus: 7 GPUs: 7x NVIDIA H100 80GB HBM3" in out
+        assert "fix: expected 8x H100 (p5.48xlarge)" in out
+    else:  # too narrow for 9 columns: one row per check, the fix under the failed one
+        rows = [ln for ln in out.splitlines() if ln.startswith("│")]
+        marks = [ln.split("│")[2].strip() for ln in rows if ln.split("│")[2].strip()]
+        assert marks == [f"{'✗' if c == 'gpus' else '✓'} {c}" for c in CHECKS]
+        assert "fix: expected 8x H100" in out
 
 
 @pytest.mark.parametrize(
@@ -234,3 +269,70 @@ def test_usage_errors_exit_2(node, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert node.calls() == []
+
+
+# --- discovery: the pool's running nodes, found by tag in the sandbox, then checked -------
+
+
+def _run_tagged(ec2, subnet: str, ami: str, ip: str, project: str, pool: str) -> str:
+    tags = [{"Key": "poolctl:project", "Value": project}, {"Key": "poolctl:pool", "Value": pool},
+            {"Key": "poolctl:role", "Value": "inference"}]
+    # One reservation each: the sandbox (moto) pages describe_instances by reservation.
+    inst = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="t3.micro",
+                             SubnetId=subnet, PrivateIpAddress=ip,
+                             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
+    return inst["Instances"][0]["InstanceId"]
+
+
+def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, tmp_path):
+    from poolctl.nodecheck import discover_aws
+
+    region = "us-west-2"  # away from the other sandbox tests' us-east-1
+    project = f"nc{uuid.uuid4().hex[:8]}"
+    text = pool_yaml(region=region, with_gcp=False).replace("project: acme",
+                                                             f"project: {project}")
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(text)
+    cfg = parse_config(text)
+
+    ec2 = sandbox_client("ec2", region)
+    vpc = ec2.create_vpc(CidrBlock="127.77.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="127.77.1.0/24")["Subnet"]["SubnetId"]
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    for ip in reversed(NODE_IPS):
+        _run_tagged(ec2, subnet, ami, ip, project, "chat-70b")
+    stopped = _run_tagged(ec2, subnet, ami, "127.77.1.60", project, "chat-70b")
+    ec2.stop_instances(InstanceIds=[stopped])
+    _run_tagged(ec2, subnet, ami, "127.77.1.61", project, "other-pool")
+    _run_tagged(ec2, subnet, ami, "127.77.1.62", f"{project}x", "chat-70b")
+
+    # Page size 1: every node comes from its own page.
+    assert discover_aws(cfg, cfg.pools[0], sandbox=True, page_size=1) == list(NODE_IPS)
+
+    r = subprocess.run(
+        [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
+         "--cloud", "aws", "--port", str(node.port), "--user", node.user, "--timeout", "20",
+         "--known-hosts", str(node.known_hosts), "--identity", str(node.identity), "--json"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [n["host"] for n in data["nodes"]] == [f"{ip}:{node.port}" for ip in NODE_IPS]
+    assert all(n["ok"] for n in data["nodes"]) and data["ok"] is True
+    assert "checking 3 node(s)" in r.stderr
+    gpu_queries = [c for c in node.calls() if c.startswith("nvidia-smi --query-gpu")]
+    assert len(gpu_queries) == 3
+
+
+def test_discovery_finds_nothing(sandbox, tmp_path):
+    text = pool_yaml(with_gcp=False).replace("project: acme",
+                                             f"project: nc{uuid.uuid4().hex[:8]}")
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
+                        "--sandbox", "--cloud", "aws"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "no running node of pool chat-70b on aws in us-east-1" in lines[0]
+    assert "pass --host H" in lines[0]

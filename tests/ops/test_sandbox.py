@@ -691,3 +691,255 @@ def test_ec2_quotas_get_set_and_request_without_duplicates(sandbox_reset, sandbo
 
     # moto's own vpc quotas still answer.
     assert sq.list_aws_default_service_quotas(ServiceCode="vpc")["Quotas"]
+
+
+# -------------------------------------------------------------------------------------
+# Terraform's view: what `deploy --sandbox` needs from the emulator (a second plan is empty
+# only if every attribute the AWS provider writes comes back as the API reference says)
+
+
+def test_create_group_hook_specifications_hold_the_first_instances(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("inithook")
+    spec = {"LifecycleHookName": "poolctl-node-ready", "HeartbeatTimeout": 600,
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING"}
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=1, MaxSize=3, DesiredCapacity=1,
+        AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateId": lt_id},
+        LifecycleHookSpecificationList=[spec],
+    )
+    [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"]
+    # DefaultResult not given: ABANDON, the documented default; no role, no target.
+    assert (hook["LifecycleHookName"], hook["HeartbeatTimeout"], hook["DefaultResult"]) == (
+        "poolctl-node-ready", 600, "ABANDON")
+    assert "RoleARN" not in hook and "NotificationTargetARN" not in hook
+    # The hook existed before the group's first launch, so that instance waits.
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["Pending:Wait"]
+    asg.put_warm_pool(AutoScalingGroupName=name, MinSize=1)  # max(1, 3 - 1) = 2 warm
+    warm = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
+    assert [w["LifecycleState"] for w in warm] == ["Warmed:Pending:Wait"] * 2
+
+    done = sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+                         {"AutoScalingGroupName": name})["completed"]
+    assert sorted(d["LifecycleState"] for d in done) == [
+        "InService", "Warmed:Stopped", "Warmed:Stopped"]
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService"]
+
+    with pytest.raises(ClientError) as err:  # AWS: the name is taken (moto replaced the group)
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=0, MaxSize=1,
+            AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateId": lt_id})
+    assert err.value.response["Error"]["Code"] == "AlreadyExists"
+    assert len(_instances(asg, name)) == 1
+
+    # Deleting the group deletes its hooks: a new group of that name launches straight
+    # into service.
+    asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+    assert asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"] == []
+    _group(asg, name, lt_id, desired=1, max_size=1)
+    assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService"]
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"LifecycleHookName": "h", "LifecycleTransition": "autoscaling:EC2_INSTANCE_REBOOTING"},
+     "Invalid LifecycleTransition"),
+    ({"LifecycleHookName": "h", "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+      "HeartbeatTimeout": 10}, "between 30 and 7200"),
+    ({"LifecycleHookName": "h", "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",
+      "DefaultResult": "RETRY"}, "CONTINUE or ABANDON"),
+])
+def test_bad_hook_specification_creates_neither_group_nor_hook(sandbox_client, bad, words):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("badhook")
+    good = {"LifecycleHookName": "ok", "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING"}
+    with pytest.raises(ClientError) as err:
+        asg.create_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=0, MaxSize=1, AvailabilityZones=["us-east-1a"],
+            LaunchTemplate={"LaunchTemplateId": lt_id},
+            LifecycleHookSpecificationList=[good, bad],
+        )
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert words in err.value.response["Error"]["Message"]
+    assert asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+        "AutoScalingGroups"] == []
+    assert asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"] == []
+
+
+def test_default_instance_warmup_is_stored_updated_and_cleared(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("warmup")
+
+    def warmup() -> int | None:
+        group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+            "AutoScalingGroups"][0]
+        return group.get("DefaultInstanceWarmup")
+
+    asg.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=1, AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateId": lt_id}, DefaultInstanceWarmup=440,
+    )
+    assert warmup() == 440
+    asg.update_auto_scaling_group(AutoScalingGroupName=name, DefaultInstanceWarmup=300)
+    assert warmup() == 300
+    asg.update_auto_scaling_group(AutoScalingGroupName=name, MaxSize=2)  # not given: kept
+    assert warmup() == 300
+    asg.update_auto_scaling_group(AutoScalingGroupName=name, DefaultInstanceWarmup=-1)
+    assert warmup() is None  # -1 removes it (UpdateAutoScalingGroup reference)
+
+
+def test_scaling_policies_report_enabled_and_no_invented_predictive_block(sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("policy")
+    _group(asg, name, lt_id, desired=0, max_size=2)
+    asg.put_scaling_policy(
+        AutoScalingGroupName=name, PolicyName=f"{name}-target",
+        PolicyType="TargetTrackingScaling",
+        TargetTrackingConfiguration={
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "ASGAverageCPUUtilization"},
+            "TargetValue": 50.0},
+    )
+    asg.put_scaling_policy(AutoScalingGroupName=name, PolicyName=f"{name}-in",
+                           PolicyType="SimpleScaling", AdjustmentType="ChangeInCapacity",
+                           ScalingAdjustment=-1, Enabled=False)
+    policies = {p["PolicyName"]: p for p in
+                asg.describe_policies(AutoScalingGroupName=name)["ScalingPolicies"]}
+    assert policies[f"{name}-target"]["Enabled"] is True  # the default
+    assert policies[f"{name}-in"]["Enabled"] is False
+    assert not any("PredictiveScalingConfiguration" in p for p in policies.values())
+
+    asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+    # AWS deletes a group's policies with it.
+    assert asg.describe_policies(AutoScalingGroupName=name)["ScalingPolicies"] == []
+
+
+def test_launch_template_tags_stay_on_the_template(sandbox_client):
+    ec2 = sandbox_client("ec2")
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    pool_tags = [{"Key": POOL_TAG, "Value": "chat"}]
+    launched = [{"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "node"}]}]
+    tagged = ec2.create_launch_template(
+        LaunchTemplateName=_name("lt"),
+        LaunchTemplateData={"ImageId": ami, "TagSpecifications": launched},
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": pool_tags}],
+    )["LaunchTemplate"]
+    bare = ec2.create_launch_template(
+        LaunchTemplateName=_name("lt"), LaunchTemplateData={"ImageId": ami},
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": pool_tags}],
+    )["LaunchTemplate"]
+
+    def data(lt) -> dict:
+        return ec2.describe_launch_template_versions(
+            LaunchTemplateId=lt["LaunchTemplateId"])["LaunchTemplateVersions"][0][
+            "LaunchTemplateData"]
+
+    assert data(tagged)["TagSpecifications"] == launched
+    assert "TagSpecifications" not in data(bare)
+    [described] = ec2.describe_launch_templates(
+        LaunchTemplateIds=[bare["LaunchTemplateId"]])["LaunchTemplates"]
+    assert described["Tags"] == pool_tags  # the template itself is still tagged
+
+
+def test_rule_referencing_a_group_keeps_its_description(sandbox_client):
+    ec2 = sandbox_client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    lb = ec2.create_security_group(GroupName=_name("lb"), Description="lb", VpcId=vpc)["GroupId"]
+    nodes = ec2.create_security_group(GroupName=_name("n"), Description="n", VpcId=vpc)["GroupId"]
+    ec2.authorize_security_group_ingress(GroupId=nodes, IpPermissions=[{
+        "IpProtocol": "tcp", "FromPort": 8000, "ToPort": 8000,
+        "UserIdGroupPairs": [{"GroupId": lb, "Description": "serving port from the ALB"}]}])
+    rules = ec2.describe_security_group_rules(
+        Filters=[{"Name": "group-id", "Values": [nodes]}])["SecurityGroupRules"]
+    [rule] = [r for r in rules if not r["IsEgress"]]
+    assert rule["Description"] == "serving port from the ALB"
+    assert rule["ReferencedGroupInfo"]["GroupId"] == lb
+    # The account the provider compares with (moto's): no "123456789012/sg-..." diff.
+    assert rule["ReferencedGroupInfo"]["UserId"] == "123456789012"
+
+
+def test_aws_managed_policies_are_attachable(sandbox_client):
+    iam = sandbox_client("iam")
+    role = _name("role")
+    iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+    arn = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    iam.attach_role_policy(RoleName=role, PolicyArn=arn)
+    attached = iam.list_attached_role_policies(RoleName=role)["AttachedPolicies"]
+    assert [p["PolicyArn"] for p in attached] == [arn]
+
+
+# -------------------------------------------------------------------------------------
+# poolctl sandbox boot-nodes, and the Terraform state that dies with the emulator
+
+
+def test_boot_nodes_completes_the_launch_hooks_of_one_pool(sandbox, sandbox_home, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    pool, other = _name("bootpool"), _name("otherpool")
+    name, other_name = _name("boot"), _name("other")
+    for group, tag in ((name, pool), (other_name, other)):
+        lt_id, _ = _launch_template(ec2)
+        _group(asg, group, lt_id, desired=0, max_size=4, pool=tag)
+        asg.put_lifecycle_hook(
+            LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=group,
+            LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=600)
+        asg.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=1)
+    asg.put_warm_pool(AutoScalingGroupName=name, MinSize=1, MaxGroupPreparedCapacity=2)
+
+    res = _cli(sandbox_home, "sandbox", "boot-nodes", "--pool", pool, "--json")
+    assert res.returncode == 0, res.stderr
+    nodes = json.loads(res.stdout)["nodes"]
+    # desired 1 InService, plus max(1, 2 - 1) = 1 warm instance settled Stopped.
+    assert sorted((n["group"], n["state"], n["warm"]) for n in nodes) == [
+        (name, "InService", False), (name, "Warmed:Stopped", True)]
+    assert [i["LifecycleState"] for i in _instances(asg, other_name)] == ["Pending:Wait"]
+
+    human = _cli(sandbox_home, "sandbox", "boot-nodes", "--pool", other)
+    assert human.returncode == 0, human.stderr
+    [iid] = [i["InstanceId"] for i in _instances(asg, other_name)]
+    assert f"{other_name}: {iid} -> InService" in human.stdout
+    assert "booted 1 node(s): 1 InService, 0 warm" in human.stdout
+    again = _cli(sandbox_home, "sandbox", "boot-nodes", "--pool", other)
+    assert "no node is waiting" in again.stdout
+
+    missing = _cli(sandbox_home, "sandbox", "boot-nodes", "--pool", "no-such-pool")
+    assert missing.returncode == 2
+    assert missing.stderr.strip().count("\n") == 0 and "--pool no-such-pool" in missing.stderr
+
+
+def test_stop_and_a_fresh_start_remove_stale_terraform_state(tmp_path):
+    home = tmp_path / "home"
+    sdir = home / "sandbox"
+
+    def leave_state() -> None:
+        (sdir / "deploy" / "acme-chat-70b-aws").mkdir(parents=True)
+        (sdir / "deploy" / "acme-chat-70b-aws" / "cdk.tf.json").write_text("{}")
+        (sdir / "state").mkdir(parents=True)
+        (sdir / "state" / "acme-chat-70b-aws.tfstate").write_text("{}")
+
+    assert _cli(home, "sandbox", "start", "--port", "0").returncode == 0
+    try:
+        leave_state()
+    finally:
+        stop = _cli(home, "sandbox", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert "removed the Terraform workdirs and state" in stop.stdout
+    assert not (sdir / "deploy").exists() and not (sdir / "state").exists()
+
+    leave_state()  # e.g. the machine rebooted: the emulator died without `sandbox stop`
+    start = _cli(home, "sandbox", "start", "--port", "0", "--json")
+    try:
+        assert start.returncode == 0, start.stderr
+        removed = json.loads(start.stdout)["removed_state"]
+        assert sorted(Path(p).name for p in removed) == ["deploy", "state"]
+        assert not (sdir / "deploy").exists() and not (sdir / "state").exists()
+        # A running sandbox's state is live: starting again keeps it.
+        leave_state()
+        again = _cli(home, "sandbox", "start", "--port", "0", "--json")
+        assert json.loads(again.stdout)["already_running"] is True
+        assert (sdir / "state" / "acme-chat-70b-aws.tfstate").exists()
+    finally:
+        assert _cli(home, "sandbox", "stop").returncode == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,12 @@ def resources(doc: dict, rtype: str) -> list[dict]:
     return list(doc["resource"].get(rtype, {}).values())
 
 
+def var_default(doc: dict, value):
+    """A `${var.NAME}` reference as deploy resolves it: the variable's default."""
+    m = re.fullmatch(r"\$\{var\.(\w+)\}", str(value))
+    return doc["variable"][m.group(1)]["default"] if m else value
+
+
 def one(doc: dict, rtype: str) -> dict:
     found = resources(doc, rtype)
     assert len(found) == 1, f"expected one {rtype}, found {len(found)}"
@@ -78,12 +85,17 @@ def test_terraform_block_admits_mirror_and_6x(stacks):
 def test_asg_sizes_from_replicas(stacks):
     # chat-70b: TP 2 -> 4 replicas/node; min 4 -> 1 node, max 24 -> 6, warm 8 -> 2,
     # surge 4 -> 1 node, so the group may reach 6 + 1 = 7 during a rollout.
-    asg = one(stacks["acme-chat-70b-aws"]["json"], "aws_autoscaling_group")
-    assert (asg["min_size"], asg["max_size"], asg["desired_capacity"]) == (1, 7, 1)
+    doc = stacks["acme-chat-70b-aws"]["json"]
+    asg = one(doc, "aws_autoscaling_group")
+    # Sizes that runtime commands change are variables; deploy applies their defaults.
+    assert (asg["min_size"], asg["desired_capacity"]) == ("${var.min_nodes}",) * 2
+    assert (var_default(doc, asg["min_size"]), asg["max_size"]) == (1, 7)
     assert asg["warm_pool"] == {
-        "pool_state": "Stopped", "min_size": 2, "max_group_prepared_capacity": 3,
+        "pool_state": "Stopped", "min_size": "${var.warm_nodes}",
+        "max_group_prepared_capacity": "${(var.min_nodes + var.warm_nodes)}",
         "instance_reuse_policy": {"reuse_on_scale_in": True},
     }
+    assert var_default(doc, asg["warm_pool"]["min_size"]) == 2  # prepared: 1 + 2 = 3
     assert asg["lifecycle"]["ignore_changes"] == ["desired_capacity"]
     assert asg["health_check_type"] == "ELB"
     assert "placement_group" not in asg
@@ -91,8 +103,9 @@ def test_asg_sizes_from_replicas(stacks):
     assert hook["name"] == "poolctl-node-ready"
     assert hook["default_result"] == "ABANDON"
     # qwen-7b: TP 1 -> 8 replicas/node; warm 8 running -> 1 node kept Running.
-    asg = one(stacks["acme-qwen-7b-aws"]["json"], "aws_autoscaling_group")
-    assert (asg["min_size"], asg["max_size"]) == (1, 4 + 1)
+    doc = stacks["acme-qwen-7b-aws"]["json"]
+    asg = one(doc, "aws_autoscaling_group")
+    assert (var_default(doc, asg["min_size"]), asg["max_size"]) == (1, 4 + 1)
     assert asg["warm_pool"]["pool_state"] == "Running"
 
 
@@ -103,10 +116,17 @@ def test_instance_refresh_follows_rollout(stacks):
     p = ref["preferences"]
     assert p["checkpoint_percentages"] == [25, 50, 100]
     assert p["auto_rollback"] is True
-    # surge 1 node over a minimum of 1 node: up to 200 % healthy, never below 100 %.
-    assert (p["min_healthy_percentage"], p["max_healthy_percentage"]) == (100, 200)
-    # Auto rollback needs a pinned version, never $Latest.
+    # surge 1 node over a minimum of 1 node: up to 200 % healthy, never below 100 %
+    # (variables: `rollout start --no-surge` passes other values for its apply).
+    doc = stacks["acme-chat-70b-aws"]["json"]
+    assert (var_default(doc, p["min_healthy_percentage"]),
+            var_default(doc, p["max_healthy_percentage"])) == (100, 200)
+    # Auto rollback needs a pinned version, never $Latest; `rollout start` pins the running
+    # one through the variable, deploy leaves it empty (the newest).
     assert asg["launch_template"]["version"].endswith(".latest_version}")
+    assert asg["launch_template"]["version"].startswith(
+        '${var.launch_template_version != "" ? var.launch_template_version : ')
+    assert doc["variable"]["launch_template_version"]["default"] == ""
 
 
 def test_launch_template_is_locked_down(stacks):

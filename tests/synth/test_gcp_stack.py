@@ -11,7 +11,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -93,6 +97,20 @@ def doc_of(stacks, name: str) -> dict:
     return stacks[name]["json"]
 
 
+def resolved(doc: dict, value, env: dict[str, int] | None = None):
+    """A number the stack takes from its variables, as Terraform resolves it: `var.NAME` is
+    env[NAME] when given (a runtime command's TF_VAR_NAME), else the default (`deploy`).
+    The stack's expressions are a variable or a sum of two."""
+    m = re.fullmatch(r"\$\{\(?([\w. +]+?)\)?\}", str(value))
+    if not m:
+        return value
+    total = 0
+    for term in m.group(1).split("+"):
+        name = term.strip().removeprefix("var.")
+        total += (env or {}).get(name, doc["variable"][name]["default"])
+    return total
+
+
 def test_every_target_has_a_stack(stacks):
     assert set(stacks) == set(GCP_EXAMPLES) | {"beta-small-gcp"}
 
@@ -127,6 +145,8 @@ def test_template_is_locked_down(stacks):
     tpl = one(doc, "google_compute_instance_template")
     assert tpl["machine_type"] == "a3-highgpu-8g"
     assert tpl["name_prefix"] == "acme-chat-70b-"
+    # A new name per content version, made before the old template goes; `rollout start`
+    # keeps the old one (tests/ops/test_runtime_gcp.py: rollout_before_apply).
     assert tpl["lifecycle"]["create_before_destroy"] is True
     (nic,) = tpl["network_interface"]
     assert "access_config" not in nic and "ipv6_access_config" not in nic
@@ -179,25 +199,27 @@ def test_mig_sizes_standby_and_rollout(stacks):
     mig = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_instance_group_manager")
     assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     assert mig["distribution_policy_target_shape"] == "BALANCED"
-    assert (mig["target_size"], mig["target_stopped_size"]) == (1, 2)
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    assert (mig["target_size"], resolved(doc, mig["target_stopped_size"])) == (1, 2)
     assert "target_suspended_size" not in mig
     assert mig["standby_policy"] == {"mode": "SCALE_OUT_POOL", "initial_delay_sec": 440}
     assert mig["lifecycle"]["ignore_changes"] == ["target_size"]
     up = mig["update_policy"]
     assert (up["type"], up["minimal_action"]) == ("PROACTIVE", "REPLACE")
-    assert (up["max_surge_fixed"], up["max_unavailable_fixed"]) == (3, 0)
+    assert (resolved(doc, up["max_surge_fixed"]),
+            resolved(doc, up["max_unavailable_fixed"])) == (3, 0)
     assert up["instance_redistribution_type"] == "NONE"
     assert mig["auto_healing_policies"]["initial_delay_sec"] == 440
     assert mig["named_port"] == [{"name": "http", "port": 8000}]
     assert mig["wait_for_instances"] is False
     assert mig["version"][0]["instance_template"].endswith(".self_link_unique}")
     # mistral-24b on a2-ultragpu-8g: 4 replicas/node, warm 4 -> 1 node, 2 zones -> surge 2.
-    mig = one(doc_of(stacks, "acme-mistral-24b-gcp"),
-              "google_compute_region_instance_group_manager")
+    doc = doc_of(stacks, "acme-mistral-24b-gcp")
+    mig = one(doc, "google_compute_region_instance_group_manager")
     assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-c"]
-    assert (mig["target_size"], mig["target_stopped_size"]) == (1, 1)
-    assert (mig["update_policy"]["max_surge_fixed"],
-            mig["update_policy"]["max_unavailable_fixed"]) == (2, 0)
+    assert (mig["target_size"], resolved(doc, mig["target_stopped_size"])) == (1, 1)
+    assert (resolved(doc, mig["update_policy"]["max_surge_fixed"]),
+            resolved(doc, mig["update_policy"]["max_unavailable_fixed"])) == (2, 0)
 
 
 def test_running_warm_nodes_serve_and_no_surge(stacks):
@@ -208,10 +230,17 @@ def test_running_warm_nodes_serve_and_no_surge(stacks):
     mig = one(doc, "google_compute_region_instance_group_manager")
     assert mig["target_size"] == 2
     assert "standby_policy" not in mig and "target_stopped_size" not in mig
-    assert (mig["update_policy"]["max_surge_fixed"],
-            mig["update_policy"]["max_unavailable_fixed"]) == (0, 2)
+    assert (resolved(doc, mig["update_policy"]["max_surge_fixed"]),
+            resolved(doc, mig["update_policy"]["max_unavailable_fixed"])) == (0, 2)
     pol = one(doc, "google_compute_region_autoscaler")["autoscaling_policy"]
-    assert (pol["min_replicas"], pol["max_replicas"]) == (2, 3)
+    assert (resolved(doc, pol["min_replicas"]), resolved(doc, pol["max_replicas"])) == (2, 3)
+    # The running warm node is part of the minimum: min_nodes 1 + warm_nodes 1.
+    assert pol["min_replicas"] == "${(var.min_nodes + var.warm_nodes)}"
+    assert (doc["variable"]["min_nodes"]["default"],
+            doc["variable"]["warm_nodes"]["default"]) == (1, 1)
+    # `warm --running --replicas 16` (2 nodes more): the runtime reads min 1, warm 1 + 2,
+    # and the apply of a rollout keeps 1 + 3 = 4 serving nodes at least.
+    assert resolved(doc, pol["min_replicas"], {"min_nodes": 1, "warm_nodes": 3}) == 4
 
 
 def test_shared_vpc_paths(stacks):
@@ -278,7 +307,10 @@ def test_autoscaler_on_queue_metric(stacks):
     a = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_autoscaler")
     assert a["target"].endswith(".id}") and "instance_group_manager" in a["target"]
     pol = a["autoscaling_policy"]
-    assert (pol["min_replicas"], pol["max_replicas"], pol["mode"]) == (1, 6, "ON")
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    assert (pol["min_replicas"], pol["max_replicas"]) == ("${var.min_nodes}", "${var.max_nodes}")
+    assert (resolved(doc, pol["min_replicas"]), resolved(doc, pol["max_replicas"]),
+            pol["mode"]) == (1, 6, "ON")
     assert pol["cooldown_period"] == 440
     (metric,) = pol["metric"]
     assert metric == {
@@ -365,7 +397,7 @@ def test_cdktf_testing_assertions():
     synthesized = Testing.synth(stack)
     assert Testing.to_have_resource_with_properties(
         synthesized, "google_compute_region_instance_group_manager",
-        {"target_stopped_size": 1, "standby_policy": {"mode": "SCALE_OUT_POOL"},
+        {"target_stopped_size": "${var.warm_nodes}", "standby_policy": {"mode": "SCALE_OUT_POOL"},
          "distribution_policy_target_shape": "BALANCED"})
     assert Testing.to_have_resource_with_properties(
         synthesized, "google_compute_region_autoscaler",
@@ -375,6 +407,126 @@ def test_cdktf_testing_assertions():
         {"machine_type": "a2-ultragpu-8g", "shielded_instance_config": {"enable_vtpm": True}})
     assert not Testing.to_have_resource(synthesized, "google_compute_address")
     assert not Testing.to_have_resource(synthesized, "google_compute_router_nat")
+
+
+RUNTIME_VARS = {"min_nodes", "max_nodes", "warm_nodes", "max_surge_fixed",
+                "max_unavailable_fixed"}
+
+
+def _apply_env(pool, *, no_surge: bool, zones: int, **group) -> dict[str, str]:
+    """What `rollout start --cloud gcp` passes to Terraform for a group of these sizes
+    (the MIG lookup `--no-surge` makes for the zone count answered locally)."""
+    from poolctl.clouds.base import Group
+    from poolctl.clouds.gcp import GcpOps
+    from poolctl.sizing import plan_pool
+
+    ops = GcpOps()
+    ops._get_mig = lambda *a: SimpleNamespace(
+        distribution_policy=SimpleNamespace(zones=[object()] * zones))
+    sizes = {"min_nodes": 1, "max_nodes": 6, "desired_nodes": 1, "warm_min_nodes": 2,
+             "warm_state": "stopped", **group}
+    g = Group(cloud="gcp", name="mig", region="r", version="t",
+              raw_id="projects/p/regions/r/instanceGroupManagers/mig", **sizes)
+    return ops.rollout_apply_env(g, plan_pool(pool, "gcp"), no_surge=no_surge)
+
+
+def test_runtime_sizes_are_variables(stacks):
+    # The sizes `warm` and `rollout start --no-surge` change are variables whose defaults are
+    # the file's (chat-70b: min 1, max 6, 2 stopped standby, surge 3 over 3 zones), so
+    # `deploy` applies the file and a runtime apply passes what the group runs now.
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    v = doc["variable"]
+    assert {k: (x["type"], x["default"]) for k, x in v.items()} == {
+        "min_nodes": ("number", 1), "max_nodes": ("number", 6), "warm_nodes": ("number", 2),
+        "max_surge_fixed": ("number", 3), "max_unavailable_fixed": ("number", 0)}
+    for k in ("min_nodes", "max_nodes", "warm_nodes"):
+        assert "poolctl's runtime commands pass it" in v[k]["description"], k
+        assert "keeps what `warm` set" in v[k]["description"], k
+    assert "--no-surge" in v["max_surge_fixed"]["description"]
+    mig = one(doc, "google_compute_region_instance_group_manager")
+    assert mig["target_stopped_size"] == "${var.warm_nodes}"
+    assert mig["lifecycle"]["ignore_changes"] == ["target_size"]
+    assert mig["target_size"] == 1  # a number: ignored after creation anyway
+    up = mig["update_policy"]
+    assert (up["max_surge_fixed"], up["max_unavailable_fixed"]) == (
+        "${var.max_surge_fixed}", "${var.max_unavailable_fixed}")
+    # A regional MIG over 3 zones takes 0 or >= 3: a bad TF_VAR fails the plan.
+    (rule,) = v["max_surge_fixed"]["validation"]
+    assert rule["condition"] == "${var.max_surge_fixed == 0 || var.max_surge_fixed >= 3}"
+    # Two zones for mistral-24b.
+    (rule,) = doc_of(stacks, "acme-mistral-24b-gcp")["variable"]["max_unavailable_fixed"][
+        "validation"]
+    assert rule["condition"].endswith(">= 2}")
+
+
+def test_variables_are_what_rollout_apply_env_passes(stacks):
+    cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
+    env = _apply_env(cfg.pools[0], no_surge=True, zones=3, warm_min_nodes=5)
+    assert {k.removeprefix("TF_VAR_") for k in env} == RUNTIME_VARS
+    for name in ("acme-chat-70b-gcp", "acme-mistral-24b-gcp", "beta-small-gcp"):
+        assert set(doc_of(stacks, name)["variable"]) == RUNTIME_VARS, name
+    # What the apply then sets: 5 standby VMs (warm), no surge, one VM per zone down.
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    vals = {k.removeprefix("TF_VAR_"): int(x) for k, x in env.items()}
+    mig = one(doc, "google_compute_region_instance_group_manager")
+    assert resolved(doc, mig["target_stopped_size"], vals) == 5
+    assert (resolved(doc, mig["update_policy"]["max_surge_fixed"], vals),
+            resolved(doc, mig["update_policy"]["max_unavailable_fixed"], vals)) == (0, 3)
+
+
+def test_terraform_takes_the_runtime_variables(stacks, tmp_path):
+    """The variable blocks with the real CLI (they need no provider): the values a runtime
+    apply passes plan; a surge the regional MIG would refuse fails at plan, naming it."""
+    tf = os.environ.get("POOLCTL_TERRAFORM") or shutil.which("terraform") or shutil.which(
+        "tofu")
+    if not tf:
+        pytest.skip("no terraform/tofu on PATH: cannot evaluate the variable blocks")
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    (tmp_path / "main.tf.json").write_text(json.dumps({
+        "variable": doc["variable"],
+        "output": {k: {"value": f"${{var.{k}}}"} for k in doc["variable"]}}))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TF_VAR_")}
+    base.update(CHECKPOINT_DISABLE="1", TF_IN_AUTOMATION="1")
+    base.pop("TF_CLI_CONFIG_FILE", None)
+
+    def run(*args, env=None):
+        return subprocess.run([tf, *args, "-no-color"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**base, **(env or {})})
+
+    assert run("init", "-input=false").returncode == 0
+    cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
+    env = _apply_env(cfg.pools[0], no_surge=True, zones=3, min_nodes=2, warm_min_nodes=4)
+    ok = run("apply", "-auto-approve", "-input=false", env=env)
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(run("output", "-json").stdout)
+    assert {k: o["value"] for k, o in out.items()} == {
+        "min_nodes": 2, "max_nodes": 6, "warm_nodes": 4, "max_surge_fixed": 0,
+        "max_unavailable_fixed": 3}
+    bad = run("plan", "-input=false", env={**env, "TF_VAR_max_surge_fixed": "1"})
+    assert bad.returncode != 0
+    assert "max_surge_fixed: give 0 or at least 3 (the MIG's zones)." in bad.stderr
+
+
+def test_pool_without_warm_pool_keeps_an_empty_standby_pool():
+    """warm_pool.replicas 0 (stopped): the standby pool is declared empty, so that what
+    `warm --replicas N` adds at runtime survives a rollout's apply (TF_VAR_warm_nodes) with
+    the same policy and initial delay as a pool deployed with a warm pool."""
+    from cdktf import Testing
+
+    from poolctl.bootscript import render_boot_script
+    from poolctl.stacks.gcp.stack import GcpPoolStack
+
+    cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
+    pool = cfg.pools[0]
+    pool = pool.model_copy(update={"warm_pool": pool.warm_pool.model_copy(
+        update={"replicas": 0})})
+    stack = GcpPoolStack(Testing.app(), "t", cfg=cfg, pool=pool,
+                         user_data=render_boot_script(cfg, pool, "gcp"))
+    doc = json.loads(Testing.synth(stack))
+    mig = one(doc, "google_compute_region_instance_group_manager")
+    assert mig["target_stopped_size"] == "${var.warm_nodes}"
+    assert doc["variable"]["warm_nodes"]["default"] == 0
+    assert mig["standby_policy"] == {"mode": "SCALE_OUT_POOL", "initial_delay_sec": 440}
 
 
 @pytest.mark.parametrize("stack", sorted(GCP_EXAMPLES))

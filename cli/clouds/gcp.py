@@ -1,0 +1,858 @@
+"""GCP runtime operations on a deployed pool: its regional MIG, standby pool, autoscaler and
+quotas, through the Compute Engine REST API (`google-cloud-compute`) and the Cloud Quotas API
+(`google-cloud-quotas`).
+
+What the GCP stack leaves behind (stacks/gcp): a global instance template carrying the
+contract's labels, a regional MIG using it (standby policy SCALE_OUT_POOL with
+`target_stopped_size` for a stopped warm pool, PROACTIVE updates with surge) and a regional
+autoscaler on the queue metric. MIGs carry no labels of their own, so the pool's MIG is the
+one whose versions point at the pool's labelled templates.
+
+What GCE cannot do, declared in `unsupported`:
+- rollout_cancel: a MIG update has no cancel; rolling back to the previous template is the
+  way to stop one.
+- warm_hibernated: a standby pool can hold suspended VMs, but suspending GPU VMs is
+  unsupported (cloud-facts.md), and poolctl's rules refuse `hibernated` for GPU nodes.
+- queue_metric: reading the custom metric needs Cloud Monitoring, which this module does not
+  call (the autoscaler still scales on it).
+
+Rollback target (the previous instance template). The stack names templates by content
+version (`name_prefix`, `create_before_destroy`), so the apply that writes a new one would
+then delete the old one: the template every VM still runs mid-update, and the one
+`rollout rollback` points the MIG back at. The google provider keeps no earlier templates
+(its MIG resource only follows the one version in the configuration). So before the apply of
+`rollout start` (`rollout_before_apply`), a template the plan replaces is removed from
+Terraform's state: Terraform forgets it instead of deleting it, creates the new one and
+points the MIG at it; the old one stays, labelled, as the rollback target. After the apply
+and after a successful update, `rollout_cleanup` deletes the pool's templates that are
+neither the MIG's target nor the previous one nor run by any VM, so two remain once the
+update ends. A plain `deploy` keeps Terraform's replace-and-delete. The kept template is
+outside Terraform's state: `destroy` leaves it behind (labelled with the pool).
+
+Endpoints: `client_options` (e.g. {"api_endpoint": "http://127.0.0.1:PORT"}) or the
+POOLCTL_GCE_ENDPOINT environment variable point both APIs elsewhere. Plain-http endpoints get
+anonymous credentials: a token must never travel unencrypted, and only a local fake speaks
+plain http. Every mutation waits for its Operation through a Region/GlobalOperationsClient
+built with the same options: the clients' own polling builds a default client that would miss
+the endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+import uuid
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from poolctl import naming
+from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RolloutState
+from poolctl.config import Config, Pool
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.sizing import PoolPlan
+
+ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
+CONTACT_ENV = "POOLCTL_QUOTA_CONTACT_EMAIL"
+QUOTA_SERVICE = "compute.googleapis.com"
+# GPU quotas are increased through the per-family quota, dimensioned by region and
+# gpu_family (newer families such as H100, H200 and B200 have no other); the compute metric
+# name minus `_GPUS` is the family (NVIDIA_H100_GPUS -> NVIDIA_H100).
+GPU_FAMILY_QUOTA = "GPUS-PER-GPU-FAMILY-per-project-region"
+# The other compute quota metrics (RegionsClient / ProjectsClient) poolctl needs, by their
+# Cloud Quotas ids.
+QUOTA_IDS = {
+    "CPUS": "CPUS-per-project-region",
+    "LOCAL_SSD_TOTAL_GB": "LOCAL-SSD-TOTAL-GB-per-project-region",
+    "GPUS_ALL_REGIONS": "GPUS-ALL-REGIONS-per-project",
+}
+
+WAIT_CALL_S = 150.0  # operations.wait answers within about 2 minutes, done or not
+_MIG_REF = re.compile(r"projects/([^/]+)/regions/([^/]+)/instanceGroupManagers/([^/?]+)")
+_PENDING_ACTIONS = {
+    "CREATING", "CREATING_WITHOUT_RETRIES", "VERIFYING", "RECREATING", "REFRESHING",
+    "RESTARTING", "STARTING", "RESUMING", "STOPPING", "SUSPENDING",
+}
+_STOPPED = {"STOPPED", "TERMINATED", "SUSPENDED"}  # GCE reports a stopped VM as TERMINATED
+_GONE_ACTIONS = {"DELETING", "ABANDONING"}
+
+
+def _last(link: str) -> str:
+    """Name at the end of a self link (`...?uniqueId=` from `self_link_unique` dropped)."""
+    return link.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] if link else ""
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _zone(instance_link: str) -> str:
+    m = re.search(r"/zones/([^/]+)/", instance_link or "")
+    return m.group(1) if m else ""
+
+
+def _created(t: Any) -> datetime:
+    try:
+        return datetime.fromisoformat(t.creation_timestamp)
+    except ValueError:
+        return datetime.min
+
+
+def cloud_quota(metric: str, scope: str) -> tuple[str, dict[str, str]] | None:
+    """The Cloud Quotas (quota id, dimensions) of a compute quota metric in a scope."""
+    dims = {} if scope == "global" else {"region": scope}
+    if metric in QUOTA_IDS:
+        qid = QUOTA_IDS[metric]
+        return qid, (dims if qid.endswith("-region") else {})
+    m = re.fullmatch(r"(NVIDIA_[A-Z0-9_]+)_GPUS", metric)
+    if m and scope != "global":
+        return GPU_FAMILY_QUOTA, {**dims, "gpu_family": m.group(1)}
+    return None
+
+
+TEMPLATE_TYPE = "google_compute_instance_template"
+
+
+def replaced_templates(plan: dict) -> list[dict[str, str]]:
+    """Instance templates a Terraform plan (`terraform show -json`) replaces:
+    [{address, name}]. A replacement plans both a create and a delete of the same address
+    (["create", "delete"] with create_before_destroy); a plain create or delete is not one."""
+    out = []
+    for rc in plan.get("resource_changes", []):
+        actions = set((rc.get("change") or {}).get("actions") or [])
+        if rc.get("type") == TEMPLATE_TYPE and {"create", "delete"} <= actions:
+            before = (rc.get("change") or {}).get("before") or {}
+            out.append({"address": rc["address"], "name": before.get("name") or ""})
+    return out
+
+
+def node_phase(instance_status: str, current_action: str, target_status: str,
+               health: list[str]) -> str:
+    """A managed instance's phase for `status` and `warm --wait`.
+
+    Standby VMs are created, run their first boot for the standby initial delay, then stop:
+    until stopped they are pending, not warm. A VM being started out of the standby pool is
+    pending too. Health comes from the autohealing check (UNKNOWN during its initial delay).
+    """
+    status, action, target = instance_status or "", current_action or "NONE", target_status or ""
+    if action in _GONE_ACTIONS or target in ("DELETED", "ABANDONED") or "DRAINING" in health:
+        return "terminating"
+    if action in _PENDING_ACTIONS:
+        return "pending"
+    if status in _STOPPED:
+        return "warm" if target in ("", "STOPPED", "SUSPENDED") else "pending"
+    if status == "RUNNING":
+        if target in ("STOPPED", "SUSPENDED"):
+            return "pending"
+        if any(h in ("UNHEALTHY", "TIMEOUT") for h in health):
+            return "unhealthy"
+        if not health or all(h == "HEALTHY" for h in health):
+            return "in_service"
+        return "pending"
+    return "pending"  # PROVISIONING, STAGING, REPAIRING, STOPPING ...
+
+
+class GcpOps:
+    cloud = "gcp"
+    unsupported = frozenset({"rollout_cancel", "warm_hibernated", "queue_metric"})
+
+    def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
+                 contact_email: str | None = None, retry_initial_s: float = 1.0,
+                 retry_deadline_s: float = 300.0, call_timeout_s: float = 60.0,
+                 operation_timeout_s: float = 900.0) -> None:
+        if client_options is None and os.environ.get(ENDPOINT_ENV):
+            client_options = {"api_endpoint": os.environ[ENDPOINT_ENV]}
+        endpoint = ""
+        if isinstance(client_options, dict):
+            endpoint = client_options.get("api_endpoint") or ""
+        elif client_options is not None:
+            endpoint = getattr(client_options, "api_endpoint", "") or ""
+        if credentials is None and endpoint.startswith("http://"):
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = AnonymousCredentials()
+        self._client_options = client_options
+        self._credentials = credentials
+        self._contact_email = contact_email
+        self._retry_initial_s = retry_initial_s
+        self._retry_deadline_s = retry_deadline_s
+        self._timeout = call_timeout_s
+        self._operation_timeout_s = operation_timeout_s
+        self._clients: dict[str, Any] = {}
+        self._retry_obj = None
+        # quota line (name, scope) -> project, remembered by quota_lines for request_quota
+        self._quota_project: dict[tuple[str, str], str] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    @staticmethod
+    def _compute():
+        try:
+            from google.cloud import compute_v1
+        except ImportError:
+            raise UsageError("--cloud gcp: google-cloud-compute is not installed; "
+                             "pip install 'poolctl[gcp]'") from None
+        return compute_v1
+
+    def _client(self, name: str):
+        if name not in self._clients:
+            self._clients[name] = self._build(name)
+        return self._clients[name]
+
+    def _build(self, name: str):
+        from google.auth import exceptions as auth_exc
+
+        try:
+            if name == "CloudQuotasClient":
+                try:
+                    from google.cloud import cloudquotas_v1
+                except ImportError:
+                    raise UsageError("quota request --cloud gcp: google-cloud-quotas is not "
+                                     "installed; pip install 'poolctl[gcp]'") from None
+                cls = cloudquotas_v1.CloudQuotasClient
+            else:
+                cls = getattr(self._compute(), name)
+            return cls(credentials=self._credentials, client_options=self._client_options,
+                       transport="rest")
+        except auth_exc.DefaultCredentialsError:
+            raise UsageError(
+                "GCP credentials: none found; run `gcloud auth application-default login` "
+                "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
+            ) from None
+
+    def _retry(self):
+        if self._retry_obj is None:
+            import requests
+            from google.api_core import exceptions as gexc
+            from google.api_core import retry as retries
+
+            # 429, 5xx and dropped connections are transient; mutations carry a request id,
+            # so a retried patch is not applied twice.
+            self._retry_obj = retries.Retry(
+                predicate=retries.if_exception_type(
+                    gexc.TooManyRequests, gexc.ResourceExhausted, gexc.InternalServerError,
+                    gexc.BadGateway, gexc.ServiceUnavailable, gexc.GatewayTimeout,
+                    requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                ),
+                initial=self._retry_initial_s, maximum=30.0 * self._retry_initial_s,
+                multiplier=2.0, timeout=self._retry_deadline_s,
+            )
+        return self._retry_obj
+
+    def _call(self, what: str, fn, *, not_found_ok: bool = False,
+              timeout: float | None = None, **kw):
+        """One API call (lists: the whole pager) with retries; failures become one line.
+        NotFound is raised as is when the caller has its own words for it."""
+        import requests
+        from google.api_core import exceptions as gexc
+
+        try:
+            out = fn(**kw, retry=self._retry(), timeout=timeout or self._timeout)
+            if hasattr(out, "pages"):  # a pager: fetch every page inside the error handling
+                out = list(out)
+            return out
+        except gexc.RetryError as e:
+            cause = e.cause.message if isinstance(e.cause, gexc.GoogleAPICallError) else (
+                e.cause or e)
+            raise OperationFailed(f"GCP {what}: still failing after retries "
+                                  f"({_one_line(cause)})") from None
+        except gexc.NotFound as e:
+            if not_found_ok:
+                raise
+            raise OperationFailed(f"GCP {what}: 404 {_one_line(e.message)}") from None
+        except gexc.GoogleAPICallError as e:
+            raise OperationFailed(f"GCP {what}: {e.code} {_one_line(e.message)}") from None
+        except requests.exceptions.RequestException as e:
+            raise OperationFailed(f"GCP {what}: {_one_line(e)}") from None
+
+    def _lookup(self, what: str, fn, **kw):
+        """`_call` for callers that turn NotFound into words of their own."""
+        return self._call(what, fn, not_found_ok=True, **kw)
+
+    def _wait(self, op, project: str, region: str | None, what: str) -> None:
+        """Wait for a region operation (a global one with `region` None) through the
+        injected operations client."""
+        compute_v1 = self._compute()
+        if region is None:
+            ops, where, scope = self._client("GlobalOperationsClient"), {}, "--global"
+        else:
+            ops, where = self._client("RegionOperationsClient"), {"region": region}
+            scope = f"--region {region}"
+        done = compute_v1.Operation.Status.DONE
+        deadline = time.monotonic() + self._operation_timeout_s
+        while op.status != done:
+            if time.monotonic() > deadline:
+                raise OperationFailed(
+                    f"GCP {what}: operation {op.name} not done after "
+                    f"{self._operation_timeout_s:.0f} s; follow it with `gcloud compute "
+                    f"operations describe {op.name} {scope}`")
+            # operations.wait returns when the operation is DONE or after ~2 minutes.
+            op = self._call(what, ops.wait, timeout=WAIT_CALL_S, project=project,
+                            operation=op.name, **where)
+        if op.error.errors:
+            detail = "; ".join(f"{e.code}: {_one_line(e.message)}" for e in op.error.errors)
+            raise OperationFailed(f"GCP {what}: {detail}")
+
+    @staticmethod
+    def _mig_ref(group: Group) -> tuple[str, str, str]:
+        m = _MIG_REF.search(group.raw_id or "")
+        if not m:
+            raise OperationFailed(f"GCP group {group.name}: {group.raw_id!r} is not a regional "
+                                  "MIG link; find the group with find_group first")
+        return m.group(1), m.group(2), m.group(3)
+
+    def _get_mig(self, project: str, region: str, name: str):
+        from google.api_core import exceptions as gexc
+
+        try:
+            return self._lookup(f"get MIG {name}",
+                                self._client("RegionInstanceGroupManagersClient").get,
+                                project=project, region=region, instance_group_manager=name)
+        except gexc.NotFound:
+            raise OperationFailed(f"GCP MIG {name}: not found in {project}/{region}; was the "
+                                  "pool destroyed? run `poolctl deploy --cloud gcp`") from None
+
+    # ------------------------------------------------------------------ templates and groups
+
+    def _labelled_templates(self, project: str, labels: dict[str, str]) -> list:
+        """The project's global instance templates carrying `labels`, oldest first."""
+        from google.api_core import exceptions as gexc
+
+        client = self._client("InstanceTemplatesClient")
+        try:
+            items = self._lookup("list instance templates", client.list, project=project)
+        except gexc.NotFound:
+            raise OperationFailed(f"gcp.project: project {project!r} not found or the Compute "
+                                  "Engine API is off in it; check gcp.project") from None
+        found = [t for t in items
+                 if all(t.properties.labels.get(k) == v for k, v in labels.items())]
+        return sorted(found, key=_created)
+
+    @staticmethod
+    def _versions(mig) -> tuple[str, list[str]]:
+        """(target template link, other version links). With two versions (a canary), the
+        one with a target size is where the group is heading."""
+        versions = list(mig.versions)
+        if not versions:
+            return mig.instance_template, []
+        sized = [v for v in versions if v.target_size.fixed or v.target_size.percent]
+        target = (sized or versions)[-1]
+        others = [v.instance_template for v in versions if v is not target]
+        return target.instance_template, others
+
+    def _autoscaler(self, mig):
+        """The regional autoscaler targeting the MIG, or None."""
+        from google.api_core import exceptions as gexc
+
+        project, region, name = _MIG_REF.search(mig.self_link).groups()
+        client = self._client("RegionAutoscalersClient")
+        link = mig.status.autoscaler
+        if link:
+            try:
+                return self._lookup(f"get autoscaler of {name}", client.get, project=project,
+                                    region=region, autoscaler=_last(link))
+            except gexc.NotFound:
+                pass
+        for a in self._call("list autoscalers", client.list, project=project, region=region):
+            if _last(a.target) == name and f"/regions/{region}/" in a.target:
+                return a
+        return None
+
+    def find_group(self, cfg: Config, pool: Pool) -> Group:
+        p = pool.gcp
+        if p is None:
+            raise UsageError(f"--cloud gcp: pool {pool.name!r} has no `gcp:` placement")
+        from google.api_core import exceptions as gexc
+
+        labels = naming.gcp_labels(cfg, pool)
+        templates = self._labelled_templates(p.project, labels)
+        names = {t.name for t in templates}
+        try:
+            migs = self._lookup("list MIGs",
+                                self._client("RegionInstanceGroupManagersClient").list,
+                                project=p.project, region=p.region)
+        except gexc.NotFound:
+            raise OperationFailed(f"gcp.region: region {p.region!r} not found in project "
+                                  f"{p.project!r}; check gcp.region") from None
+        found = []
+        for m in migs:
+            used = {_last(v.instance_template) for v in m.versions}
+            used.add(_last(m.instance_template))
+            own = m.all_instances_config.properties.labels
+            if used & names or all(own.get(k) == v for k, v in labels.items()):
+                found.append(m)
+        label_text = ", ".join(f"{k}={v}" for k, v in labels.items() if k != naming.LABEL_ROLE)
+        if not found:
+            raise OperationFailed(
+                f"pool {pool.name}: no regional MIG in project {p.project}, region {p.region} "
+                f"uses an instance template labelled {label_text}; deploy it with "
+                f"`poolctl deploy --cloud gcp --pool {pool.name}`")
+        if len(found) > 1:
+            raise OperationFailed(
+                f"pool {pool.name}: {len(found)} MIGs in {p.project}/{p.region} use templates "
+                f"labelled {label_text} ({', '.join(m.name for m in found)}); delete the "
+                "stray group so that one remains")
+        return self._group(found[0], pool)
+
+    def _group(self, mig, pool: Pool) -> Group:
+        """The group's sizes. A stopped warm pool is the standby pool. A running one cannot
+        stand aside on GCE: the stack adds it to the autoscaler's minimum, so for a pool
+        whose file says `running` the part of that minimum above the file's minimum is
+        reported as the warm size (a `warm --running` raise reads the same way: the total
+        is what matters to the cloud)."""
+        from poolctl.sizing import plan_pool
+
+        region = _last(mig.region)
+        a = self._autoscaler(mig)
+        target, _ = self._versions(mig)
+        stopped, suspended = mig.target_stopped_size, mig.target_suspended_size
+        if a is not None:
+            lo, hi = a.autoscaling_policy.min_num_replicas, a.autoscaling_policy.max_num_replicas
+        else:
+            lo = hi = mig.target_size
+        warm, state = stopped + suspended, ""
+        if stopped:
+            state = "stopped"
+        elif suspended:
+            state = "suspended"
+        elif pool.warm_pool.state == "running":
+            warm = max(0, lo - plan_pool(pool, "gcp").nodes["min"])
+            lo, state = lo - warm, "running"
+        return Group(
+            cloud="gcp", name=mig.name, region=region, min_nodes=lo, max_nodes=hi,
+            desired_nodes=mig.target_size, warm_min_nodes=warm, warm_state=state,
+            version=_last(target), raw_id=mig.self_link, template=_last(target),
+        )
+
+    # ------------------------------------------------------------------ nodes
+
+    def _managed(self, project: str, region: str, name: str) -> list:
+        return self._call(f"list instances of {name}",
+                          self._client("RegionInstanceGroupManagersClient")
+                          .list_managed_instances,
+                          project=project, region=region, instance_group_manager=name)
+
+    def nodes(self, group: Group) -> list[NodeState]:
+        project, region, name = self._mig_ref(group)
+        out = []
+        for mi in self._managed(project, region, name):
+            health = [h.detailed_health_state for h in mi.instance_health]
+            state = "/".join(x for x in (mi.instance_status or "NONEXISTENT",
+                                         mi.current_action or "NONE",
+                                         *sorted(set(health))) if x)
+            if mi.target_status and mi.target_status != mi.instance_status:
+                state += f"->{mi.target_status}"
+            out.append(NodeState(
+                id=mi.name or _last(mi.instance), state=state,
+                phase=node_phase(mi.instance_status, mi.current_action, mi.target_status,
+                                 health),
+                version=_last(mi.version.instance_template), zone=_zone(mi.instance),
+            ))
+        return out
+
+    # ------------------------------------------------------------------ quotas
+
+    def _pool_running_nodes(self, cfg: Config, pool: Pool) -> int:
+        """VMs of the pool that count against running quotas (stopped standby VMs do not);
+        0 when the pool is not deployed."""
+        try:
+            group = self.find_group(cfg, pool)
+        except OperationFailed:
+            return 0
+        project, region, name = self._mig_ref(group)
+        return sum(1 for mi in self._managed(project, region, name)
+                   if mi.instance_status and mi.instance_status not in _STOPPED)
+
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
+        from google.api_core import exceptions as gexc
+
+        from poolctl.sizing import instance_row
+
+        project = pool.gcp.project
+        row = instance_row(pool, "gcp")
+        per_node = {row.quota.name: row.quota_per_node, "CPUS": row.vcpus,
+                    "LOCAL_SSD_TOTAL_GB": row.local_nvme.count * row.local_nvme.size_gb,
+                    "GPUS_ALL_REGIONS": row.gpus}
+        titles = {row.quota.name: row.quota.description or row.quota.name, "CPUS": "vCPUs",
+                  "LOCAL_SSD_TOTAL_GB": "Local SSD", "GPUS_ALL_REGIONS": "GPUs, all regions"}
+        scopes: dict[str, dict[str, Any]] = {}
+
+        def quotas(scope: str) -> dict[str, Any]:
+            if scope not in scopes:
+                try:
+                    if scope == "global":
+                        res = self._lookup(f"get project {project}",
+                                           self._client("ProjectsClient").get, project=project)
+                    else:
+                        res = self._lookup(f"get region {scope}",
+                                           self._client("RegionsClient").get,
+                                           project=project, region=scope)
+                except gexc.NotFound:
+                    key = "gcp.project" if scope == "global" else "gcp.region"
+                    what = project if scope == "global" else scope
+                    raise OperationFailed(f"{key}: {what!r} not found in project {project} "
+                                          f"(or the Compute Engine API is off); check {key}") \
+                        from None
+                scopes[scope] = {q.metric: q for q in res.quotas}
+            return scopes[scope]
+
+        running = self._pool_running_nodes(cfg, pool)
+        lines = []
+        for need in needs:
+            name, scope = need["name"], need["scope"]
+            q = quotas(scope).get(name)
+            self._quota_project[(name, scope)] = project
+            if q is None:
+                # Compute lists every metric a region offers; an absent one grants nothing.
+                lines.append(QuotaLine(
+                    name=name, unit=need["unit"], scope=scope, needed=int(need["needed"]),
+                    granted=0.0, in_use=0.0,
+                    description=f"{project} lists no {name} quota in {scope}: the region "
+                                "offers none; pick another gcp.region or machine type"))
+                continue
+            mine = float(running * per_node.get(name, 0))
+            lines.append(QuotaLine(
+                name=name, unit=need["unit"], scope=scope, needed=int(need["needed"]),
+                granted=float(q.limit), in_use=float(q.usage),
+                # The quota's usage includes the pool's own running VMs; never claim more
+                # than the region reports.
+                pool_in_use=min(mine, float(q.usage)),
+                description=titles.get(name, "")))
+        return lines
+
+    def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
+        from google.api_core import exceptions as gexc
+        from google.cloud import cloudquotas_v1 as cq
+        from google.protobuf import field_mask_pb2
+
+        project = self._quota_project.get((line.name, line.scope))
+        if project is None:
+            raise OperationFailed(f"quota {line.name}: read it with quota check first "
+                                  "(the project is taken from the pool's gcp.project)")
+        mapped = cloud_quota(line.name, line.scope)
+        if mapped is None:
+            raise OperationFailed(f"quota {line.name} ({line.scope}): no Cloud Quotas id is "
+                                  "known for it; request it in the console (IAM & Admin > "
+                                  "Quotas)")
+        qid, dims = mapped
+        want = int(math.ceil(desired))
+        client = self._client("CloudQuotasClient")
+        parent = f"projects/{project}/locations/global"
+        prefs = self._call("list quota preferences", client.list_quota_preferences,
+                           parent=parent)
+        existing = next((p for p in prefs if p.service == QUOTA_SERVICE and p.quota_id == qid
+                         and dict(p.dimensions) == dims), None)
+        if existing is not None and existing.quota_config.preferred_value >= want:
+            return self._quota_request(line, existing, already_open=True)
+
+        contact = self._contact_email or os.environ.get(CONTACT_ENV)
+        if not contact:
+            raise UsageError(f"--contact-email: Cloud Quotas requires a contact email for an "
+                             f"increase; pass --contact-email ADDRESS (or set {CONTACT_ENV}) "
+                             "with an address Google can reach about the request")
+        justification = (f"poolctl inference pool: {line.name} needed {line.needed} "
+                         f"({line.unit}), {line.in_use:g} in use")
+        try:
+            if existing is not None:
+                # One preference per quota and dimensions: raise it rather than adding one.
+                pref = self._lookup(
+                    f"update quota preference {existing.name}",
+                    client.update_quota_preference,
+                    quota_preference=cq.QuotaPreference(
+                        name=existing.name, quota_config=cq.QuotaConfig(preferred_value=want),
+                        contact_email=contact, justification=justification),
+                    update_mask=field_mask_pb2.FieldMask(
+                        paths=["quota_config.preferred_value", "contact_email",
+                               "justification"]),
+                )
+            else:
+                # A readable, stable id: the next request for this quota finds it by
+                # service, quota id and dimensions anyway.
+                pid = f"poolctl-{line.name.lower().replace('_', '-')}-{line.scope}"[:63]
+                pref = self._lookup(
+                    f"create quota preference for {line.name}",
+                    client.create_quota_preference,
+                    parent=parent, quota_preference_id=pid,
+                    quota_preference=cq.QuotaPreference(
+                        service=QUOTA_SERVICE, quota_id=qid, dimensions=dims,
+                        quota_config=cq.QuotaConfig(preferred_value=want),
+                        contact_email=contact, justification=justification),
+                )
+        except gexc.NotFound as e:
+            raise OperationFailed(f"GCP quota request {line.name}: "
+                                  f"{_one_line(e.message)}") from None
+        return self._quota_request(line, pref, already_open=False)
+
+    @staticmethod
+    def _quota_request(line: QuotaLine, pref, *, already_open: bool) -> QuotaRequest:
+        cfg = pref.quota_config
+        granted = cfg.granted_value
+        if pref.reconciling:
+            state = "PENDING"
+        elif granted is not None and granted >= cfg.preferred_value:
+            state = "GRANTED"
+        else:
+            state = "DENIED" + (f": {cfg.state_detail}" if cfg.state_detail else "")
+        return QuotaRequest(name=line.name, scope=line.scope, desired=cfg.preferred_value,
+                            id=pref.name, state=state, already_open=already_open)
+
+    # ------------------------------------------------------------------ capacity
+
+    def set_capacity(self, group: Group, *, min_nodes: int, warm_nodes: int,
+                     warm_running: bool, desired_nodes: int | None = None) -> None:
+        """Stopped warm nodes are the MIG's standby pool (`target_stopped_size`). A running
+        warm node cannot stand aside on GCE: it serves, so the autoscaler's minimum becomes
+        `min_nodes + warm_nodes` (its maximum is raised to that if below) and the stopped
+        pool is emptied.
+
+        With an autoscaler the target size is the autoscaler's: nodes above a lowered minimum
+        are given back by it, one per scale-in window, and `desired_nodes` is not forced.
+        Without one, the group is resized to `desired_nodes`, or raised to the minimum.
+        """
+        compute_v1 = self._compute()
+        project, region, name = self._mig_ref(group)
+        mig = self._get_mig(project, region, name)
+        stopped = 0 if warm_running else warm_nodes
+        serving_min = min_nodes + (warm_nodes if warm_running else 0)
+
+        # Serving size first, then the standby pool: a running warm pool takes its nodes out
+        # of standby (SCALE_OUT_POOL starts stopped VMs) before the pool is emptied, rather
+        # than deleting them and creating new ones.
+        a = self._autoscaler(mig)
+        if a is not None:
+            pol = a.autoscaling_policy
+            new_max = max(pol.max_num_replicas, serving_min)
+            if (pol.min_num_replicas, pol.max_num_replicas) != (serving_min, new_max):
+                body = compute_v1.Autoscaler(
+                    name=a.name, autoscaling_policy=compute_v1.AutoscalingPolicy(
+                        min_num_replicas=serving_min, max_num_replicas=new_max))
+                op = self._call(f"patch autoscaler {a.name}",
+                                self._client("RegionAutoscalersClient").patch_unary,
+                                request=compute_v1.PatchRegionAutoscalerRequest(
+                                    project=project, region=region, autoscaler=a.name,
+                                    autoscaler_resource=body, request_id=str(uuid.uuid4())))
+                self._wait(op, project, region,
+                           f"patch autoscaler {a.name} (min {serving_min})")
+        else:
+            size = serving_min if desired_nodes is None else max(desired_nodes, serving_min)
+            if mig.target_size < size or (desired_nodes is not None and mig.target_size != size):
+                op = self._call(f"resize MIG {name}",
+                                self._client("RegionInstanceGroupManagersClient").resize_unary,
+                                request=compute_v1.ResizeRegionInstanceGroupManagerRequest(
+                                    project=project, region=region, instance_group_manager=name,
+                                    size=size, request_id=str(uuid.uuid4())))
+                self._wait(op, project, region, f"resize MIG {name} to {size}")
+
+        standby_mode = mig.standby_policy.mode
+        if mig.target_stopped_size != stopped or (stopped and standby_mode != "SCALE_OUT_POOL"):
+            patch = compute_v1.InstanceGroupManager(target_stopped_size=stopped)
+            if stopped:
+                # SCALE_OUT_POOL: scale-out starts standby VMs before creating new ones.
+                patch.standby_policy = compute_v1.InstanceGroupManagerStandbyPolicy(
+                    mode="SCALE_OUT_POOL")
+            op = self._call(f"patch MIG {name}",
+                            self._client("RegionInstanceGroupManagersClient").patch_unary,
+                            request=compute_v1.PatchRegionInstanceGroupManagerRequest(
+                                project=project, region=region, instance_group_manager=name,
+                                instance_group_manager_resource=patch,
+                                request_id=str(uuid.uuid4())))
+            self._wait(op, project, region, f"patch MIG {name} (standby {stopped})")
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _pool_templates(self, project: str, target_link: str) -> list:
+        """The pool's labelled templates, found through the labels of the target template."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            t = self._lookup("get instance template",
+                             self._client("InstanceTemplatesClient").get,
+                             project=project, instance_template=_last(target_link))
+        except gexc.NotFound:
+            return []
+        labels = {k: t.properties.labels[k] for k in (naming.LABEL_PROJECT, naming.LABEL_POOL)
+                  if k in t.properties.labels}
+        if len(labels) < 2:
+            return [t]
+        return self._labelled_templates(project, labels)
+
+    def _rollout_view(self, group: Group):
+        project, region, name = self._mig_ref(group)
+        mig = self._get_mig(project, region, name)
+        target_link, other_links = self._versions(mig)
+        target = _last(target_link)
+        live = [mi for mi in self._managed(project, region, name)
+                if mi.current_action not in _GONE_ACTIONS]
+        on_old = Counter(_last(mi.version.instance_template) for mi in live
+                         if _last(mi.version.instance_template) != target)
+        templates = self._pool_templates(project, target_link)
+        if other_links:
+            previous = _last(other_links[0])
+        elif on_old:
+            previous = on_old.most_common(1)[0][0]
+        else:
+            # Ended: the pool's newest other template is where it came from (older after a
+            # rollout, newer after a rollback).
+            others = [t.name for t in templates if t.name != target]
+            previous = others[-1] if others else ""
+        links = {t.name: t.self_link for t in templates}
+        return project, region, name, mig, target, previous, live, on_old, links
+
+    def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
+                          ) -> dict[str, str]:
+        """TF_VAR_... keeping runtime changes through the apply that writes a new version:
+        the autoscaler's bounds and the standby size as `warm` left them, and with
+        `no_surge` an update that replaces one VM per zone at a time instead of surging (a
+        regional MIG takes a fixed surge/unavailable of 0 or at least its zone count).
+        Terraform ignores TF_VAR_ variables a stack does not declare."""
+        env = {"TF_VAR_min_nodes": str(group.min_nodes),
+               "TF_VAR_max_nodes": str(group.max_nodes),
+               "TF_VAR_warm_nodes": str(group.warm_min_nodes)}
+        if no_surge:
+            project, region, name = self._mig_ref(group)
+            zones = len(self._get_mig(project, region, name).distribution_policy.zones) or 1
+            env.update(TF_VAR_max_surge_fixed="0", TF_VAR_max_unavailable_fixed=str(zones))
+        return env
+
+    def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
+                      no_surge: bool, stack_dir: Path | None) -> RolloutState | None:
+        """The apply itself started the update (the MIG's version now points at the new
+        template, PROACTIVE): report it against the template `group` ran before."""
+        project, region, name = self._mig_ref(group)
+        target = _last(self._versions(self._get_mig(project, region, name))[0])
+        if target == group.version:
+            return None  # the apply left the template as it was: nothing to roll
+        state = self.rollout_state(group)
+        if state is None:
+            return None
+        state.from_version = group.version
+        return state
+
+    def rollout_before_apply(self, tf) -> list[dict[str, str]]:
+        """Before the apply of `rollout start` (`tf`: poolctl.terraform.Terraform, its plan
+        saved as `tfplan`): remove every instance template the plan replaces from the
+        state, so that Terraform forgets it rather than deletes it (see the module doc).
+        Returns [{address, name}] of what was forgotten; the caller plans again when any."""
+        shown = tf.run("plan", "show", "-json", "tfplan", capture=True)
+        forgotten = replaced_templates(json.loads(shown.stdout or "{}"))
+        for t in forgotten:
+            tf.run("state", "state", "rm", t["address"])
+        return forgotten
+
+    def rollout_cleanup(self, group: Group) -> dict[str, list[str]]:
+        """Delete the pool's instance templates that are neither the MIG's target nor the
+        previous one (the rollback target) nor run by any VM of the group: {"deleted":
+        names, "failed": one line each}. A refused delete (a template some other group
+        uses) is reported, not raised: a template left behind does not affect the rollout."""
+        from google.api_core import exceptions as gexc
+
+        project, region, name, mig, target, previous, live, _, links = \
+            self._rollout_view(group)
+        keep = {target, previous, _last(mig.instance_template)}
+        keep |= {_last(v.instance_template) for v in mig.versions}
+        keep |= {_last(mi.version.instance_template) for mi in live}
+        compute_v1 = self._compute()
+        client = self._client("InstanceTemplatesClient")
+        out: dict[str, list[str]] = {"deleted": [], "failed": []}
+        for tname in sorted(set(links) - keep - {""}):
+            what = f"delete instance template {tname}"
+            try:
+                op = self._lookup(what, client.delete_unary,
+                                  request=compute_v1.DeleteInstanceTemplateRequest(
+                                      project=project, instance_template=tname,
+                                      request_id=str(uuid.uuid4())))
+                self._wait(op, project, None, what)
+            except gexc.NotFound:
+                continue  # already gone
+            except OperationFailed as e:
+                out["failed"].append(f"{e}; delete it by hand once unused")
+                continue
+            out["deleted"].append(tname)
+        return out
+
+    def rollout_state(self, group: Group) -> RolloutState | None:
+        _, _, _, mig, target, previous, live, on_old, _ = self._rollout_view(group)
+        reached = bool(mig.status.version_target.is_reached)
+        if reached and not previous:
+            return None  # one template ever seen: nothing has been rolled
+        stale = sum(on_old.values())
+        pct = 100.0 if reached or not live else round(100.0 * (len(live) - stale) / len(live), 1)
+        acts = mig.current_actions
+        busy = [f"{k} {getattr(acts, k)}" for k in (
+            "creating", "creating_without_retries", "verifying", "recreating", "refreshing",
+            "restarting", "starting", "stopping", "deleting") if getattr(acts, k)]
+        reason = ", ".join(busy) if busy else ("stable" if mig.status.is_stable else "")
+        return RolloutState(
+            # A MIG update has no status word of its own (versionTarget.isReached is a bool);
+            # the words runtime commands already know stand in for it.
+            id=target, status="Successful" if reached else "InProgress", done=reached,
+            percentage_complete=pct, instances_to_update=stale,
+            from_version=previous, to_version=target, reason=reason,
+        )
+
+    def rollout_cancel(self, group: Group) -> RolloutState:
+        raise OperationFailed(
+            f"rollout cancel --cloud gcp: a MIG update cannot be stopped where it stands on "
+            f"GCE; run `poolctl rollout rollback --cloud gcp` to return {group.name} to its "
+            "previous instance template")
+
+    def rollout_rollback(self, group: Group, to_version: str | None = None) -> RolloutState:
+        """Point the MIG back at the previous template (the one instances still run
+        mid-rollout, else the pool's newest older labelled template, or `to_version`)."""
+        compute_v1 = self._compute()
+        project, region, name, mig, target, previous, _, _, links = self._rollout_view(group)
+        back = to_version or previous
+        if not back:
+            raise OperationFailed(
+                f"rollout rollback --cloud gcp: {name} runs {target} and no earlier instance "
+                "template of the pool remains; roll forward with `poolctl rollout start`")
+        if back == target:
+            raise OperationFailed(f"rollout rollback --cloud gcp: {name} already targets "
+                                  f"{back}; nothing to roll back")
+        link = links.get(back) or f"projects/{project}/global/instanceTemplates/{back}"
+        patch = compute_v1.InstanceGroupManager(
+            versions=[compute_v1.InstanceGroupManagerVersion(name="primary",
+                                                             instance_template=link)])
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self._lookup(f"patch MIG {name}",
+                              self._client("RegionInstanceGroupManagersClient").patch_unary,
+                              request=compute_v1.PatchRegionInstanceGroupManagerRequest(
+                                  project=project, region=region, instance_group_manager=name,
+                                  instance_group_manager_resource=patch,
+                                  request_id=str(uuid.uuid4())))
+        except gexc.NotFound:
+            raise OperationFailed(f"rollout rollback --cloud gcp: instance template {back} no "
+                                  f"longer exists in {project}; roll forward with "
+                                  "`poolctl rollout start`") from None
+        self._wait(op, project, region, f"roll {name} back to {back}")
+        state = self.rollout_state(group)
+        if state is None:  # everything already on `back`
+            return RolloutState(id=back, status="Successful", done=True,
+                                percentage_complete=100.0,
+                                instances_to_update=0, from_version=target, to_version=back,
+                                reason="rolled back")
+        state.from_version = target
+        return state
+
+    # ------------------------------------------------------------------ queue
+
+    def queue_per_replica(self, group: Group) -> float | None:
+        # Reading the custom metric needs Cloud Monitoring (declared in `unsupported`).
+        return None
+
+
+def make_ops(sandbox: bool = False, contact_email: str | None = None) -> GcpOps:
+    """The GCP runtime for commands. The sandbox emulates AWS only; a GCP endpoint other than
+    Google's (a local fake in tests) comes from POOLCTL_GCE_ENDPOINT. `contact_email`: for
+    Cloud Quotas increase requests (`quota request --contact-email`, else the
+    POOLCTL_QUOTA_CONTACT_EMAIL environment variable)."""
+    if sandbox and not os.environ.get(ENDPOINT_ENV):
+        raise UsageError(f"--sandbox: the sandbox emulates AWS only; drop --sandbox for GCP, "
+                         f"or set {ENDPOINT_ENV} to a Compute Engine endpoint")
+    return GcpOps(contact_email=contact_email)

@@ -1,0 +1,449 @@
+"""`poolctl deploy --cloud aws --sandbox` end to end: the real CLI in a subprocess, real
+cdktf synthesis, real Terraform with the AWS provider, against the session's sandbox server.
+
+The deploy tests run in file order on one pool: deploy, inspect, boot, redeploy (no changes),
+--plan-only, destroy, then an interrupted deploy and its resume (which leaves the pool
+deployed, as `deployed_pool` users expect to find it). Wall times and the synth/init/plan/
+apply split of every run are printed (`pytest -s` shows them).
+
+The example pool (examples/llama-70b-p5/poolctl.yaml), worked out by hand: TP 2 on 8 GPUs =
+4 replicas per node; 4..24 replicas = 1..6 nodes; a surge of 4 replicas = 1 node, so the
+group's MaxSize is 6 + 1 = 7; 8 warm replicas = 2 warm nodes, prepared capacity 1 + 2 = 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    DEPLOYED_EXAMPLE,
+    poolctl_env,
+    run_poolctl,
+    terraform_missing,
+)
+
+STACK = "acme-chat-70b-aws"
+ASG = "acme-chat-70b"
+POOL = "chat-70b"
+CONTRACT_TAGS = {"poolctl:project": "acme", "poolctl:pool": POOL, "poolctl:role": "inference"}
+TIMINGS = re.compile(rf"== {STACK}: (synth [\d.]+ s(?:, \w+ [\d.]+ s)*)")
+
+MISSING = terraform_missing()
+needs_terraform = pytest.mark.skipif(MISSING is not None, reason=f"e2e deploy: {MISSING}")
+pytestmark = pytest.mark.e2e
+
+
+def _deploy_args(*extra: str, file: Path = DEPLOYED_EXAMPLE, home: Path) -> list[str]:
+    return ["--cloud", "aws", "--sandbox", "--auto-approve", "-f", str(file),
+            "--out", str(home / "cdktf.out"), *extra]
+
+
+def _timed(home: Path, label: str, *args: str) -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    res = run_poolctl(home, *args)
+    wall = time.monotonic() - start
+    split = TIMINGS.search(res.stderr)
+    print(f"\n[e2e timing] {label}: wall {wall:.1f} s; {split.group(1) if split else 'no split'}")
+    assert res.returncode == 0, f"{label} failed ({res.returncode}):\n{res.stderr[-4000:]}"
+    return res
+
+
+def _state_resources(home: Path) -> list:
+    path = home / "sandbox" / "state" / f"{STACK}.tfstate"
+    if not path.exists():
+        return []
+    return json.loads(path.read_text() or "{}").get("resources", [])
+
+
+def _tags(items) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in items or []}
+
+
+def _group(asg) -> dict | None:
+    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[ASG])["AutoScalingGroups"]
+    return groups[0] if groups else None
+
+
+@pytest.fixture(scope="module")
+def first_deploy(sandbox, sandbox_home):
+    """The pool deployed from nothing (an earlier deployment of the stack is destroyed)."""
+    if MISSING:
+        pytest.skip(f"e2e deploy: {MISSING}")
+    home = Path(sandbox_home)
+    if _state_resources(home):
+        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
+    res = _timed(home, "first deploy", "deploy", *_deploy_args(home=home))
+    synthesized = json.loads(
+        (home / "cdktf.out" / "stacks" / STACK / "cdk.tf.json").read_text())
+    # Every resource block is one resource (none has a count or for_each).
+    total = sum(len(blocks) for blocks in synthesized["resource"].values())
+    return {"res": res, "home": home, "total": total}
+
+
+@needs_terraform
+def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbox_client):
+    res, total = first_deploy["res"], first_deploy["total"]
+    # Terraform's output goes to stderr; stdout carries poolctl's results only.
+    assert f"Apply complete! Resources: {total} added, 0 changed, 0 destroyed." in res.stderr
+    assert TIMINGS.search(res.stderr), res.stderr[-2000:]
+    assert f"{STACK}: autoscaling_group_name = {ASG}" in res.stdout
+    assert "Apply complete" not in res.stdout
+
+    asg, ec2, elbv2, cw = (sandbox_client(s) for s in
+                           ("autoscaling", "ec2", "elbv2", "cloudwatch"))
+    group = _group(asg)
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (1, 7, 1)
+    assert group["DefaultInstanceWarmup"] == 440  # plan's cold start, 440.5 s, whole seconds
+    assert group["HealthCheckType"] == "ELB"
+    assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
+    assert all(t["PropagateAtLaunch"] for t in group["Tags"])
+
+    [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=ASG)["LifecycleHooks"]
+    assert (hook["LifecycleHookName"], hook["LifecycleTransition"], hook["DefaultResult"]) == (
+        "poolctl-node-ready", "autoscaling:EC2_INSTANCE_LAUNCHING", "ABANDON")
+    assert hook["HeartbeatTimeout"] == 880  # min(7200, max(600, 2 x 440))
+    # No boot script runs in the sandbox: the first node waits on the hook.
+    assert [i["LifecycleState"] for i in group["Instances"]] == ["Pending:Wait"]
+
+    warm = asg.describe_warm_pool(AutoScalingGroupName=ASG)
+    config = warm["WarmPoolConfiguration"]
+    assert (config["MinSize"], config["MaxGroupPreparedCapacity"], config["PoolState"]) == (
+        2, 3, "Stopped")
+    # max(MinSize 2, 3 - desired 1) = 2 warm nodes, each waiting on the hook too.
+    assert [i["LifecycleState"] for i in warm["Instances"]] == ["Warmed:Pending:Wait"] * 2
+
+    ids = [i["InstanceId"] for i in group["Instances"] + warm["Instances"]]
+    instances = [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+                 for i in r["Instances"]]
+    assert len(instances) == 3
+    for inst in instances:
+        assert CONTRACT_TAGS.items() <= _tags(inst["Tags"]).items()
+        assert inst["InstanceType"] == "p5.48xlarge"
+
+    lt_id = group["LaunchTemplate"]["LaunchTemplateId"]
+    [version] = ec2.describe_launch_template_versions(
+        LaunchTemplateId=lt_id, Versions=["$Latest"])["LaunchTemplateVersions"]
+    data = version["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    [nic] = data["NetworkInterfaces"]
+    assert nic["AssociatePublicIpAddress"] is False
+    assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+    assert {s["ResourceType"] for s in data["TagSpecifications"]} == {"instance", "volume"}
+
+    [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]
+    assert (lb["Scheme"], lb["Type"]) == ("internal", "application")
+    lb_tags = elbv2.describe_tags(ResourceArns=[lb["LoadBalancerArn"]])["TagDescriptions"][0]
+    assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
+    [tg] = elbv2.describe_target_groups(Names=[ASG])["TargetGroups"]
+    assert (tg["HealthCheckPath"], tg["Port"], tg["Protocol"]) == ("/health", 8000, "HTTP")
+    assert group["TargetGroupARNs"] == [tg["TargetGroupArn"]]
+    [listener] = elbv2.describe_listeners(LoadBalancerArn=lb["LoadBalancerArn"])["Listeners"]
+    assert listener["Port"] == 80
+    assert listener["DefaultActions"][0]["TargetGroupArn"] == tg["TargetGroupArn"]
+
+    policies = {p["PolicyName"]: p for p in
+                asg.describe_policies(AutoScalingGroupName=ASG)["ScalingPolicies"]}
+    target = policies[f"{ASG}-queue-target"]
+    tt = target["TargetTrackingConfiguration"]
+    assert target["PolicyType"] == "TargetTrackingScaling" and target["Enabled"] is True
+    assert tt["TargetValue"] == 4.0 and tt["DisableScaleIn"] is True  # queue_target 4
+    metric = tt["CustomizedMetricSpecification"]
+    assert (metric["Namespace"], metric["MetricName"]) == ("poolctl", "RequestsWaitingPerReplica")
+    scale_in = policies[f"{ASG}-scale-in"]
+    assert (scale_in["PolicyType"], scale_in["AdjustmentType"], scale_in["ScalingAdjustment"],
+            scale_in["Cooldown"]) == ("SimpleScaling", "ChangeInCapacity", -1, 300)
+
+    [alarm] = cw.describe_alarms(AlarmNames=[f"{ASG}-queue-low"])["MetricAlarms"]
+    # queue_target 4 / 2 = 2 waiting per replica, held for 900 s / 60 s = 15 periods.
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (2.0, "LessThanThreshold")
+    assert (alarm["Period"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]) == (
+        60, 15, 15)
+    assert alarm["AlarmActions"] == [scale_in["PolicyARN"]]
+
+
+@needs_terraform
+def test_boot_nodes_moves_the_waiting_node_in_service(first_deploy, sandbox_client):
+    res = run_poolctl(first_deploy["home"], "sandbox", "boot-nodes", "--pool", POOL, "--json")
+    assert res.returncode == 0, res.stderr
+    nodes = json.loads(res.stdout)["nodes"]
+    assert sorted(n["state"] for n in nodes) == ["InService", "Warmed:Stopped", "Warmed:Stopped"]
+    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
+    [node] = _group(asg)["Instances"]
+    assert node["LifecycleState"] == "InService"
+    warm = asg.describe_warm_pool(AutoScalingGroupName=ASG)["Instances"]
+    warm_ids = [w["InstanceId"] for w in warm]
+    states = {i["InstanceId"]: i["State"]["Name"]
+              for r in ec2.describe_instances(InstanceIds=warm_ids)["Reservations"]
+              for i in r["Instances"]}
+    assert states == {i: "stopped" for i in warm_ids}
+    [tg] = elbv2.describe_target_groups(Names=[ASG])["TargetGroups"]
+    targets = elbv2.describe_target_health(TargetGroupArn=tg["TargetGroupArn"])
+    assert [t["Target"]["Id"] for t in targets["TargetHealthDescriptions"]] == [
+        node["InstanceId"]]
+
+
+@needs_terraform
+def test_second_deploy_reports_no_changes_and_applies_nothing(first_deploy, sandbox_client):
+    asg = sandbox_client("autoscaling")
+    before = _group(asg)
+    res = _timed(first_deploy["home"], "second deploy", "deploy",
+                 *_deploy_args(home=first_deploy["home"]))
+    assert f"== {STACK}: no changes" in res.stderr
+    assert "terraform apply" not in res.stderr and "Apply complete" not in res.stderr
+    after = _group(asg)
+    assert [i["InstanceId"] for i in after["Instances"]] == [
+        i["InstanceId"] for i in before["Instances"]]
+    assert after["LaunchTemplate"] == before["LaunchTemplate"]
+
+
+@needs_terraform
+def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_client, tmp_path):
+    home = first_deploy["home"]
+    changed = tmp_path / "poolctl.yaml"
+    changed.write_text(DEPLOYED_EXAMPLE.read_text().replace("queue_target: 4",
+                                                            "queue_target: 6"))
+    res = _timed(home, "deploy --plan-only", "deploy",
+                 *_deploy_args("--plan-only", "--json", file=changed, home=home))
+    assert f"== {STACK}: --plan-only, nothing applied" in res.stderr
+    [stack] = json.loads(res.stdout)["stacks"]  # stdout is the JSON and nothing else
+    # The target and the alarm threshold (6 / 2 = 3) change in place; nothing else.
+    assert stack["summary"] == {
+        "aws_autoscaling_policy": {"add": 0, "change": 1, "destroy": 0},
+        "aws_cloudwatch_metric_alarm": {"add": 0, "change": 1, "destroy": 0},
+    }
+    assert stack["applied"] is False
+    assert "Apply complete" not in res.stderr
+    asg, cw = sandbox_client("autoscaling"), sandbox_client("cloudwatch")
+    [target] = asg.describe_policies(
+        AutoScalingGroupName=ASG, PolicyNames=[f"{ASG}-queue-target"])["ScalingPolicies"]
+    assert target["TargetTrackingConfiguration"]["TargetValue"] == 4.0
+    [alarm] = cw.describe_alarms(AlarmNames=[f"{ASG}-queue-low"])["MetricAlarms"]
+    assert alarm["Threshold"] == 2.0
+
+
+@needs_terraform
+def test_destroy_removes_the_pool(first_deploy, sandbox_client):
+    home, total = first_deploy["home"], first_deploy["total"]
+    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
+    group = _group(asg)
+    ids = [i["InstanceId"] for i in group["Instances"]] + [
+        w["InstanceId"] for w in asg.describe_warm_pool(AutoScalingGroupName=ASG)["Instances"]]
+    res = _timed(home, "destroy", "destroy", *_deploy_args(home=home))
+    assert f"Apply complete! Resources: 0 added, 0 changed, {total} destroyed." in res.stderr
+    assert _group(asg) is None
+    assert ASG not in {lb["LoadBalancerName"] for lb in
+                       elbv2.describe_load_balancers()["LoadBalancers"]}
+    states = {i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+              for i in r["Instances"]}
+    assert states == {"terminated"}
+    assert _state_resources(home) == []
+    assert not (home / "sandbox" / "deploy" / STACK).exists()
+
+
+def _read_lines(stream, sink: list[str], seen: threading.Event, marker: str) -> None:
+    for line in stream:
+        sink.append(line)
+        if marker in line:
+            seen.set()
+
+
+@needs_terraform
+def test_interrupted_deploy_says_how_to_resume_and_resumes(first_deploy, sandbox_client):
+    home = first_deploy["home"]
+    if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
+        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
+    assert _group(sandbox_client("autoscaling")) is None
+    # Ctrl-C in a terminal signals the whole foreground process group: poolctl and the
+    # Terraform it runs. A session of its own lets the test signal exactly that group.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "poolctl", "deploy", *_deploy_args(home=home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=poolctl_env(home),
+        cwd=str(home), start_new_session=True,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    applying = threading.Event()
+    readers = [
+        threading.Thread(target=_read_lines, args=(proc.stdout, out, threading.Event(), "\0"),
+                         daemon=True),
+        threading.Thread(target=_read_lines, args=(proc.stderr, err, applying,
+                                                    "Creation complete after"), daemon=True),
+    ]
+    for r in readers:
+        r.start()
+    try:
+        # Some resources exist, others are in flight (the load balancer takes ~60 s).
+        assert applying.wait(600), "".join(err)[-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for r in readers:
+        r.join(10)
+    stderr = "".join(err)
+    assert code == 1, stderr[-3000:]
+    [line] = [ln for ln in stderr.splitlines() if ln.startswith("poolctl:")]
+    assert "interrupted during `terraform apply`" in line
+    assert "run the same poolctl command again to resume" in line
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert _state_resources(home), "Terraform saved no state for what it had created"
+
+    res = _timed(home, "deploy after Ctrl-C", "deploy", *_deploy_args(home=home))
+    assert "Apply complete!" in res.stderr
+    # Consistent state: nothing left to do, and the pool is whole.
+    again = _timed(home, "deploy after the resume", "deploy", *_deploy_args(home=home))
+    assert f"== {STACK}: no changes" in again.stderr
+    assert _group(sandbox_client("autoscaling"))["MaxSize"] == 7
+    # Leave the pool as `deployed_pool` promises it: nodes booted.
+    assert run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL).returncode == 0
+
+
+# -------------------------------------------------------------------------------------
+# Refusals: fast, before any Terraform work
+
+
+def _one_poolctl_line(stderr: str) -> str:
+    assert "Traceback" not in stderr
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("poolctl:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_a_failed_rule_refuses_before_terraform(sandbox, tmp_path):
+    home = tmp_path / "home"
+    bad = tmp_path / "poolctl.yaml"
+    # TP 1: 141 GB of weights on one 80 GB GPU, the fits-hbm rule fails.
+    bad.write_text(DEPLOYED_EXAMPLE.read_text().replace("tensor_parallel: 2",
+                                                        "tensor_parallel: 1"))
+    res = run_poolctl(tmp_path, "deploy", *_deploy_args(file=bad, home=home), timeout=120,
+                      POOLCTL_HOME=str(home))
+    assert res.returncode == 1
+    assert "fits-hbm" in res.stderr
+    assert "nothing was changed" in _one_poolctl_line(res.stderr)
+    assert not home.exists()  # no synthesis, no workdir, no Terraform config
+
+
+def test_missing_terraform_binary_is_one_line_exit_2(sandbox, sandbox_home, tmp_path):
+    out = tmp_path / "out"
+    res = run_poolctl(sandbox_home, "deploy", "--cloud", "aws", "--sandbox", "--auto-approve",
+                      "-f", str(DEPLOYED_EXAMPLE), "--out", str(out), timeout=120,
+                      POOLCTL_TERRAFORM="/nonexistent")
+    assert res.returncode == 2, res.stderr
+    line = _one_poolctl_line(res.stderr)
+    assert "POOLCTL_TERRAFORM=/nonexistent" in line and "terraform" in line
+    assert not out.exists()  # refused before the synth
+
+
+def test_sandbox_flag_without_a_running_sandbox_is_exit_2(tmp_path):
+    home = tmp_path / "home"
+    res = run_poolctl(tmp_path, "deploy", *_deploy_args(home=home), timeout=120,
+                      POOLCTL_HOME=str(home))
+    assert res.returncode == 2, res.stderr
+    assert "poolctl sandbox start" in _one_poolctl_line(res.stderr)
+    assert not home.exists()
+
+
+def test_sandbox_workdir_points_every_service_at_the_emulator(sandbox, sandbox_home, tmp_path):
+    from poolctl.deploy import sandbox_workdir
+
+    stack = tmp_path / "stacks" / "probe-stack-aws"
+    stack.mkdir(parents=True)
+    (stack / "cdk.tf.json").write_text("{}")
+    work, env = sandbox_workdir(stack, "us-east-1")
+    try:
+        override = json.loads((work / "sandbox_override.tf.json").read_text())
+        [provider] = override["provider"]["aws"]
+        [endpoints] = provider["endpoints"]
+        assert set(endpoints.values()) == {sandbox} and "kms" in endpoints
+        # The catch-all for any service the list misses: the emulator, never AWS.
+        assert env["AWS_ENDPOINT_URL"] == sandbox
+        assert env["AWS_ACCESS_KEY_ID"] == "testing" and env["TF_VAR_node_ami_id"]
+        # The account id lookup stays on: the provider compares referenced security group
+        # owners with it (skipping it made every rule differ on the next plan).
+        assert "skip_requesting_account_id" not in provider
+        assert override["terraform"]["backend"]["local"]["path"] == str(
+            Path(sandbox_home) / "sandbox" / "state" / "probe-stack-aws.tfstate")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_sandbox_with_cloud_gcp_is_exit_2(sandbox, sandbox_home, tmp_path):
+    res = run_poolctl(sandbox_home, "deploy", "--cloud", "gcp", "--sandbox", "--auto-approve",
+                      "-f", str(DEPLOYED_EXAMPLE), "--out", str(tmp_path / "out"), timeout=120)
+    assert res.returncode == 2, res.stderr
+    line = _one_poolctl_line(res.stderr)
+    assert "--sandbox" in line and "--cloud aws" in line
+    assert not (tmp_path / "out").exists()
+
+
+# -------------------------------------------------------------------------------------
+# The `deployed_pool` fixture (tests/conftest.py) that runtime-command tests build on
+
+
+def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
+    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
+    group = _group(asg)
+    assert group["AutoScalingGroupName"] == name
+    assert (group["MinSize"], group["MaxSize"]) == (1, 7)
+    assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
+    [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"]
+    assert (hook["LifecycleHookName"], hook["HeartbeatTimeout"]) == ("poolctl-node-ready", 880)
+    warm = asg.describe_warm_pool(AutoScalingGroupName=name)
+    assert (warm["WarmPoolConfiguration"]["MinSize"],
+            warm["WarmPoolConfiguration"]["PoolState"]) == (2, "Stopped")
+    # Booted, as the fixture promises: the node InService, the warm pool settled.
+    assert [i["LifecycleState"] for i in group["Instances"]] == ["InService"]
+    assert [i["LifecycleState"] for i in warm["Instances"]] == ["Warmed:Stopped"] * 2
+    ids = [i["InstanceId"] for i in group["Instances"] + warm["Instances"]]
+    for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]:
+        for inst in r["Instances"]:
+            assert CONTRACT_TAGS.items() <= _tags(inst["Tags"]).items()
+    data = ec2.describe_launch_template_versions(
+        LaunchTemplateId=group["LaunchTemplate"]["LaunchTemplateId"], Versions=["$Latest"],
+    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
+    [lb] = elbv2.describe_load_balancers(Names=[name])["LoadBalancers"]
+    assert lb["Scheme"] == "internal"
+    lb_tags = elbv2.describe_tags(ResourceArns=[lb["LoadBalancerArn"]])["TagDescriptions"][0]
+    assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
+
+
+def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
+    assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
+                             "via": "boto3" if MISSING else "terraform"}
+    _check_pool_like_the_stack(sandbox_client, ASG)
+
+
+def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_client):
+    from tests.conftest import _deploy_with_boto3, sandbox_admin
+
+    sandbox_admin(sandbox, "POST", "/moto-api/reset")
+    try:
+        _deploy_with_boto3(sandbox)
+        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+                      {"AutoScalingGroupName": ASG})
+        _check_pool_like_the_stack(sandbox_client, ASG)
+    finally:
+        # No hand-made pool left for Terraform's state to trip over.
+        sandbox_admin(sandbox, "POST", "/moto-api/reset")
+
+
+def test_deployed_pool_comes_back_after_the_sandbox_was_wiped(deployed_pool, sandbox_client):
+    # The test above reset the emulator; the fixture re-created the pool before this test.
+    assert deployed_pool["via"] == ("boto3" if MISSING else "terraform")
+    _check_pool_like_the_stack(sandbox_client, ASG)

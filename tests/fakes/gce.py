@@ -1,0 +1,980 @@
+"""A local fake of the Compute Engine v1 REST API and of Cloud Quotas v1 quota preferences.
+
+Compute Engine has no emulator. This server answers exactly the calls `poolctl.clouds.gcp`
+makes, with the JSON shapes of the real API (camelCase, int64 as strings, self links on
+www.googleapis.com), so the real `google-cloud-compute` / `google-cloud-quotas` clients talk
+to it over HTTP on 127.0.0.1:
+
+    regions.get (quotas), projects.get (quotas), instanceTemplates.list/get/delete (global,
+    as the stack creates them), regionInstanceGroupManagers.list/get/patch/
+    listManagedInstances/resize, regionAutoscalers.list/get/patch, regionOperations.get/wait,
+    globalOperations.get/wait,
+    Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch.
+
+The client libraries parse responses with `ignore_unknown_fields=True`, so a misspelt field
+would pass silently and read as empty. With `strict=True` (the default) every response, and
+every request body, is first parsed against its `google.cloud.compute_v1` /
+`cloudquotas_v1` message with unknown fields refused; a mismatch answers 500 and lands in
+`fake.errors`, which the tests check is empty.
+
+Behaviour worth knowing:
+- Mutations answer an Operation that goes PENDING -> RUNNING -> DONE, one step per
+  operations.get / operations.wait call; the change itself is applied when the operation
+  reaches DONE, as a caller that does not wait would see on the real API.
+- Lists are paged (`page_size`, default 2), so callers must follow nextPageToken.
+- The MIG reconciles like a standby-pool MIG (SCALE_OUT_POOL): growing targetSize starts
+  stopped standby VMs first, then creates; the standby pool is refilled up to
+  targetStoppedSize with VMs headed for STOPPED. New VMs sit in CREATING until the test
+  calls `settle()` (or marks them itself): nothing happens on a timer.
+- A patch of `versions` starts a rollout: up to maxSurge old-template VMs show RECREATING;
+  `step_rollout()` replaces them with new-template VMs.
+- instanceTemplates.delete refuses (400 resourceInUseByAnotherResource) a template a MIG's
+  versions reference, as GCE does; one only VMs run can be deleted.
+- `fail_next()` answers the next matching requests with an HTTP error (429/5xx to test
+  retries); `fail_next_operation()` makes the next matching mutation end DONE with an error.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from poolctl import naming
+
+API = "https://www.googleapis.com/compute/v1"
+BASE_TIME = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+ACTIONS = ("abandoning", "creating", "creatingWithoutRetries", "deleting", "none",
+           "recreating", "refreshing", "restarting", "resuming", "starting", "stopping",
+           "suspending", "verifying")
+_ACTION_KEY = {
+    "CREATING_WITHOUT_RETRIES": "creatingWithoutRetries",
+}
+
+# Compute metric -> (Cloud Quotas quota id, dimensions other than region), for grant().
+GPU_FAMILY_QUOTA = "GPUS-PER-GPU-FAMILY-per-project-region"
+
+
+def _metric_of(quota_id: str, dims: dict[str, str]) -> str | None:
+    if quota_id == GPU_FAMILY_QUOTA and "gpu_family" in dims:
+        return f"{dims['gpu_family']}_GPUS"
+    return {
+        "CPUS-per-project-region": "CPUS",
+        "LOCAL-SSD-TOTAL-GB-per-project-region": "LOCAL_SSD_TOTAL_GB",
+        "GPUS-ALL-REGIONS-per-project": "GPUS_ALL_REGIONS",
+    }.get(quota_id)
+
+
+class HttpError(Exception):
+    def __init__(self, code: int, message: str, reason: str = "invalid",
+                 status: str = "INVALID_ARGUMENT") -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason, self.status = code, message, reason, status
+
+    def body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "status": self.status,
+                          "errors": [{"message": self.message, "domain": "global",
+                                      "reason": self.reason}]}}
+
+
+def _not_found(what: str) -> HttpError:
+    return HttpError(404, f"The resource '{what}' was not found", "notFound", "NOT_FOUND")
+
+
+def _merge(target: dict, patch: dict) -> None:
+    """RFC 7396 JSON merge patch, as Compute Engine applies PATCH bodies."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+
+
+def _ts(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _last(link: str) -> str:
+    return link.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass
+class _Failure:
+    method: str
+    pattern: re.Pattern
+    status: int
+    times: int
+
+
+class FakeGce:
+    """The fake's state and its plain Python API; `start()` serves it over HTTP."""
+
+    def __init__(self, *, strict: bool = True, page_size: int = 2) -> None:
+        self.strict = strict
+        self.page_size = page_size
+        self.lock = threading.RLock()
+        self.projects: dict[str, dict] = {}
+        self.regions: dict[tuple[str, str], dict] = {}
+        self.templates: dict[tuple[str, str], dict] = {}
+        self.migs: dict[tuple[str, str, str], dict] = {}
+        self.managed: dict[tuple[str, str, str], list[dict]] = {}
+        self.autoscalers: dict[tuple[str, str, str], dict] = {}
+        self.operations: dict[tuple[str, str, str], dict] = {}
+        self.preferences: dict[str, dict] = {}  # full name -> QuotaPreference JSON
+        self.requests: list[dict] = []
+        self.errors: list[str] = []
+        self._failures: list[_Failure] = []
+        self._op_failures: list[tuple[re.Pattern, int, str]] = []
+        self._effects: dict[tuple[str, str, str], Any] = {}
+        self._ids = itertools.count(4_100_000_000_000_000_001)
+        self._clock = itertools.count(1)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ serving
+
+    def start(self) -> FakeGce:
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        # A short poll keeps stop() quick (serve_forever checks for shutdown every poll).
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.02}, daemon=True,
+                                        name="fake-gce")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeGce:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # ------------------------------------------------------------------ seeding
+
+    def _id(self) -> str:
+        return str(next(self._ids))
+
+    def _now(self) -> datetime:
+        return BASE_TIME + timedelta(minutes=next(self._clock))
+
+    def add_project(self, project: str, quotas: dict[str, tuple[float, float]] | None = None):
+        with self.lock:
+            p = self.projects.setdefault(project, {
+                "kind": "compute#project", "id": self._id(), "name": project,
+                "creationTimestamp": _ts(BASE_TIME),
+                "selfLink": f"{API}/projects/{project}",
+                "commonInstanceMetadata": {"kind": "compute#metadata",
+                                           "fingerprint": "x0aMWRV2eyY=", "items": []},
+                "defaultServiceAccount": f"123-compute@{project}.iam.gserviceaccount.com",
+                "defaultNetworkTier": "PREMIUM",
+                "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS",
+                "vmDnsSetting": "ZONAL_ONLY", "quotas": [],
+            })
+            for metric, (limit, usage) in (quotas or {}).items():
+                self._set_quota(p["quotas"], metric, limit, usage)
+            return p
+
+    def add_region(self, project: str, region: str, zones: list[str],
+                   quotas: dict[str, tuple[float, float]] | None = None) -> dict:
+        with self.lock:
+            self.add_project(project)
+            r = self.regions.setdefault((project, region), {
+                "kind": "compute#region", "id": self._id(), "name": region,
+                "creationTimestamp": _ts(BASE_TIME), "description": region, "status": "UP",
+                "zones": [f"{API}/projects/{project}/zones/{z}" for z in zones],
+                "quotas": [], "selfLink": f"{API}/projects/{project}/regions/{region}",
+                "supportsPzs": False,
+            })
+            for metric, (limit, usage) in (quotas or {}).items():
+                self._set_quota(r["quotas"], metric, limit, usage)
+            return r
+
+    @staticmethod
+    def _set_quota(quotas: list[dict], metric: str, limit: float, usage: float) -> None:
+        for q in quotas:
+            if q["metric"] == metric:
+                q.update(limit=float(limit), usage=float(usage))
+                return
+        quotas.append({"metric": metric, "limit": float(limit), "usage": float(usage)})
+
+    def set_region_quota(self, project: str, region: str, metric: str, limit: float,
+                         usage: float = 0) -> None:
+        with self.lock:
+            self._set_quota(self.regions[(project, region)]["quotas"], metric, limit, usage)
+
+    def set_project_quota(self, project: str, metric: str, limit: float, usage: float = 0):
+        with self.lock:
+            self._set_quota(self.add_project(project)["quotas"], metric, limit, usage)
+
+    def add_template(self, project: str, name: str, *, labels: dict[str, str] | None = None,
+                     machine_type: str = "a3-highgpu-8g", description: str = "") -> dict:
+        with self.lock:
+            self.add_project(project)
+            t = {
+                "kind": "compute#instanceTemplate", "id": self._id(), "name": name,
+                "description": description, "creationTimestamp": _ts(self._now()),
+                "selfLink": f"{API}/projects/{project}/global/instanceTemplates/{name}",
+                "properties": {
+                    "machineType": machine_type,
+                    "labels": dict(labels or {}),
+                    "canIpForward": False,
+                    "disks": [{"kind": "compute#attachedDisk", "type": "PERSISTENT",
+                               "mode": "READ_WRITE", "boot": True, "autoDelete": True,
+                               "deviceName": "persistent-disk-0",
+                               "initializeParams": {"diskType": "pd-ssd", "diskSizeGb": "200",
+                                                    "labels": dict(labels or {})}}],
+                    "networkInterfaces": [{"kind": "compute#networkInterface",
+                                           "network": f"{API}/projects/{project}/global/"
+                                                      "networks/default",
+                                           "nicType": "GVNIC"}],
+                    "scheduling": {"onHostMaintenance": "TERMINATE", "automaticRestart": True,
+                                   "preemptible": False, "provisioningModel": "STANDARD"},
+                    "shieldedInstanceConfig": {"enableSecureBoot": True, "enableVtpm": True,
+                                               "enableIntegrityMonitoring": True},
+                    "tags": {"items": [f"{name}-node"]},
+                },
+            }
+            self.templates[(project, name)] = t
+            return t
+
+    def deploy_pool(self, *, project: str, region: str, name: str, labels: dict[str, str],
+                    zones: list[str], machine_type: str = "a3-highgpu-8g",
+                    template: str | None = None, older_templates: tuple[str, ...] = (),
+                    running: int = 1, stopped: int = 0, target_stopped_size: int | None = None,
+                    standby_delay: int = 440, max_surge: int = 3,
+                    autoscaler: tuple[int, int] | None = (1, 6), queue_target: float = 4,
+                    ) -> dict:
+        """What `poolctl deploy --cloud gcp` leaves behind (stacks/gcp), settled: `running`
+        healthy serving VMs and `stopped` standby VMs. Returns the names it made."""
+        with self.lock:
+            self.add_region(project, region, zones)
+            for old in older_templates:
+                self.add_template(project, old, labels=labels, machine_type=machine_type)
+            tname = template or f"{name}-20260105090000000000000001"
+            t = self.add_template(project, tname, labels=labels, machine_type=machine_type,
+                                  description=f"poolctl {name}")
+            rl = f"{API}/projects/{project}/regions/{region}"
+            mig = {
+                "kind": "compute#instanceGroupManager", "id": self._id(), "name": name,
+                "description": f"poolctl pool {name}",
+                "creationTimestamp": _ts(self._now()), "region": rl,
+                "distributionPolicy": {
+                    "zones": [{"zone": f"{API}/projects/{project}/zones/{z}"} for z in zones],
+                    "targetShape": "BALANCED",
+                },
+                # The stack points the version at `self_link_unique`.
+                "instanceTemplate": f"{t['selfLink']}?uniqueId={t['id']}",
+                "versions": [{"name": "primary",
+                              "instanceTemplate": f"{t['selfLink']}?uniqueId={t['id']}"}],
+                "instanceGroup": f"{rl}/instanceGroups/{name}",
+                "baseInstanceName": name, "fingerprint": "hmT1G2lVyNw=",
+                "targetSize": running,
+                "targetStoppedSize": stopped if target_stopped_size is None
+                else target_stopped_size,
+                "targetSuspendedSize": 0,
+                "standbyPolicy": {"initialDelaySec": standby_delay, "mode": "SCALE_OUT_POOL"},
+                "namedPorts": [{"name": "http", "port": 8000}],
+                "autoHealingPolicies": [{"healthCheck": f"{rl}/healthChecks/{name}-heal",
+                                         "initialDelaySec": standby_delay}],
+                "updatePolicy": {
+                    "type": "PROACTIVE", "instanceRedistributionType": "NONE",
+                    "minimalAction": "REPLACE", "mostDisruptiveAllowedAction": "REPLACE",
+                    "replacementMethod": "SUBSTITUTE",
+                    "maxSurge": {"fixed": max_surge, "calculated": max_surge},
+                    "maxUnavailable": {"fixed": 0, "calculated": 0},
+                },
+                "instanceLifecyclePolicy": {"defaultActionOnFailure": "REPAIR",
+                                            "forceUpdateOnRepair": "YES"},
+                "listManagedInstancesResults": "PAGELESS",
+                "selfLink": f"{rl}/instanceGroupManagers/{name}",
+            }
+            key = (project, region, name)
+            self.migs[key] = mig
+            self.managed[key] = []
+            for _ in range(running):
+                self._new_instance(key, "RUNNING", settled=True)
+            for _ in range(stopped):
+                self._new_instance(key, "STOPPED", settled=True)
+            out = {"mig": name, "template": tname, "autoscaler": None}
+            if autoscaler is not None:
+                lo, hi = autoscaler
+                self.autoscalers[key[:2] + (name,)] = {
+                    "kind": "compute#autoscaler", "id": self._id(), "name": name,
+                    "creationTimestamp": _ts(self._now()), "region": rl,
+                    "target": mig["selfLink"], "status": "ACTIVE", "recommendedSize": running,
+                    "selfLink": f"{rl}/autoscalers/{name}",
+                    "autoscalingPolicy": {
+                        "minNumReplicas": lo, "maxNumReplicas": hi,
+                        "coolDownPeriodSec": standby_delay, "mode": "ON",
+                        "customMetricUtilizations": [{
+                            "metric": naming.GCP_METRIC_TYPE,
+                            "filter": 'resource.type = "gce_instance"',
+                            "utilizationTarget": float(queue_target),
+                            "utilizationTargetType": "GAUGE",
+                        }],
+                        "scaleInControl": {"maxScaledInReplicas": {"fixed": 1, "calculated": 1},
+                                           "timeWindowSec": 900},
+                    },
+                }
+                out["autoscaler"] = name
+            return out
+
+    # ------------------------------------------------------------------ instances
+
+    def _target_template(self, key) -> str:
+        versions = self.migs[key]["versions"]
+        canary = [v for v in versions if v.get("targetSize")]
+        return (canary or versions)[-1]["instanceTemplate"].split("?", 1)[0]
+
+    def _new_instance(self, key, target: str, *, settled: bool = False) -> dict:
+        project, region, name = key
+        mig = self.migs[key]
+        zones = [_last(z["zone"]) for z in mig["distributionPolicy"]["zones"]]
+        n = next(self._clock)
+        zone = zones[n % len(zones)]
+        iname = f"{mig['baseInstanceName']}-{n:04x}"
+        mi = {
+            "instance": f"{API}/projects/{project}/zones/{zone}/instances/{iname}",
+            "id": self._id(), "name": iname,
+            "instanceStatus": "PROVISIONING", "currentAction": "CREATING",
+            "targetStatus": target,
+            "version": {"name": "primary", "instanceTemplate": self._target_template(key)},
+            "instanceHealth": [], "lastAttempt": {},
+        }
+        if settled:
+            self._finish(key, mi)
+        self.managed[key].append(mi)
+        return mi
+
+    def _finish(self, key, mi: dict) -> None:
+        heal = self.migs[key]["autoHealingPolicies"][0]["healthCheck"]
+        if mi["targetStatus"] == "RUNNING":
+            mi.update(instanceStatus="RUNNING", currentAction="NONE",
+                      instanceHealth=[{"healthCheck": heal, "detailedHealthState": "HEALTHY"}])
+        else:  # GCE reports a stopped VM as TERMINATED.
+            mi.update(instanceStatus="TERMINATED", currentAction="NONE", instanceHealth=[])
+
+    def instances(self, project: str, region: str, mig: str) -> list[dict]:
+        """The MIG's managed instances, as dicts the test may edit in place."""
+        return self.managed[(project, region, mig)]
+
+    def instance(self, name: str) -> dict:
+        for lst in self.managed.values():
+            for mi in lst:
+                if mi["name"] == name:
+                    return mi
+        raise KeyError(name)
+
+    def set_health(self, name: str, state: str) -> None:
+        with self.lock:
+            mi = self.instance(name)
+            for h in mi["instanceHealth"]:
+                h["detailedHealthState"] = state
+
+    def settle(self, project: str | None = None, region: str | None = None,
+               mig: str | None = None) -> None:
+        """Let every scheduled action finish: VMs created, started, stopped or deleted."""
+        with self.lock:
+            for key, lst in self.managed.items():
+                if (project, region, mig) != (None, None, None) and key != (project, region, mig):
+                    continue
+                for mi in list(lst):
+                    if mi["currentAction"] in ("DELETING", "ABANDONING"):
+                        lst.remove(mi)
+                    elif mi["currentAction"] not in ("NONE", "RECREATING"):
+                        self._finish(key, mi)
+
+    def _reconcile(self, key) -> None:
+        mig = self.migs[key]
+        live = [mi for mi in self.managed[key]
+                if mi["currentAction"] not in ("DELETING", "ABANDONING")]
+        running = [mi for mi in live if mi["targetStatus"] == "RUNNING"]
+        standby = [mi for mi in live if mi["targetStatus"] in ("STOPPED", "SUSPENDED")]
+        want_run, want_stop = mig["targetSize"], mig.get("targetStoppedSize", 0)
+        while len(running) < want_run:
+            if standby and mig.get("standbyPolicy", {}).get("mode") == "SCALE_OUT_POOL":
+                mi = standby.pop(0)
+                mi.update(targetStatus="RUNNING", currentAction="STARTING")
+            else:
+                mi = self._new_instance(key, "RUNNING")
+            running.append(mi)
+        while len(running) > want_run:
+            running.pop().update(currentAction="DELETING", targetStatus="DELETED")
+        while len(standby) < want_stop:
+            standby.append(self._new_instance(key, "STOPPED"))
+        while len(standby) > want_stop:
+            standby.pop().update(currentAction="DELETING", targetStatus="DELETED")
+        self._mark_rollout(key)
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _mark_rollout(self, key) -> None:
+        target = self._target_template(key)
+        surge = self.migs[key]["updatePolicy"]["maxSurge"].get("fixed", 1) or 1
+        old = [mi for mi in self.managed[key]
+               if mi["version"]["instanceTemplate"].split("?", 1)[0] != target
+               and mi["currentAction"] in ("NONE", "RECREATING")]
+        for i, mi in enumerate(old):
+            mi["currentAction"] = "RECREATING" if i < surge else "NONE"
+
+    def set_template(self, project: str, region: str, mig: str, template: str) -> None:
+        """What a Terraform apply of a new instance template does to the MIG: its one
+        version points at the template (self_link_unique), and the PROACTIVE update starts."""
+        with self.lock:
+            t = self.templates[(project, template)]
+            link = f"{t['selfLink']}?uniqueId={t['id']}"
+            m = self.migs[(project, region, mig)]
+            m["versions"] = [{"name": "primary", "instanceTemplate": link}]
+            m["instanceTemplate"] = link
+            self._reconcile((project, region, mig))
+
+    def delete_template(self, project: str, name: str) -> None:
+        with self.lock:
+            del self.templates[(project, name)]
+
+    def step_rollout(self, project: str, region: str, mig: str, n: int) -> int:
+        """Replace up to `n` VMs still on an old template (SUBSTITUTE: new names, same target
+        state, settled). Returns how many were replaced."""
+        with self.lock:
+            key = (project, region, mig)
+            target = self._target_template(key)
+            lst = self.managed[key]
+            old = [mi for mi in lst if mi["version"]["instanceTemplate"].split("?", 1)[0] != target
+                   and mi["currentAction"] not in ("DELETING", "ABANDONING")]
+            old.sort(key=lambda mi: mi["currentAction"] != "RECREATING")
+            for mi in old[:n]:
+                lst.remove(mi)
+                self._new_instance(key, mi["targetStatus"], settled=True)
+            self._mark_rollout(key)
+            return min(n, len(old))
+
+    # ------------------------------------------------------------------ quota preferences
+
+    def grant(self, name: str, value: int | None = None) -> dict:
+        """Google's decision on a preference: granted (all, or `value`), reconciling ends,
+        and the compute quota limit follows."""
+        with self.lock:
+            pref = self.preferences[name]
+            cfg = pref["quotaConfig"]
+            granted = int(cfg["preferredValue"]) if value is None else value
+            cfg["grantedValue"] = str(granted)
+            cfg["stateDetail"] = "" if granted >= int(cfg["preferredValue"]) else \
+                "Request partially granted"
+            pref["reconciling"] = False
+            pref["updateTime"] = _ts(self._now())
+            project = name.split("/")[1]
+            dims = pref.get("dimensions", {})
+            metric = _metric_of(pref["quotaId"], dims)
+            if metric and "region" in dims and (project, dims["region"]) in self.regions:
+                quotas = self.regions[(project, dims["region"])]["quotas"]
+            elif metric and project in self.projects:
+                quotas = self.projects[project]["quotas"]
+            else:
+                quotas = None
+            if quotas is not None:
+                usage = next((q["usage"] for q in quotas if q["metric"] == metric), 0.0)
+                self._set_quota(quotas, metric, granted, usage)
+            return pref
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(self, method: str, path_regex: str, status: int = 503, times: int = 1):
+        with self.lock:
+            self._failures.append(_Failure(method.upper(), re.compile(path_regex), status, times))
+
+    def fail_next_operation(self, target_regex: str, code: str = "QUOTA_EXCEEDED",
+                            message: str = "Quota 'NVIDIA_H100_GPUS' exceeded.") -> None:
+        with self.lock:
+            self._op_failures.append((re.compile(target_regex), code, message))
+
+    def _take_failure(self, method: str, path: str) -> int | None:
+        for f in self._failures:
+            if f.method == method and f.pattern.search(path) and f.times > 0:
+                f.times -= 1
+                return f.status
+        return None
+
+    # ------------------------------------------------------------------ operations
+
+    def _operation(self, project: str, region: str | None, op_type: str, target: dict,
+                   effect) -> dict:
+        """A region operation, or a global one with `region` None."""
+        name = f"operation-{next(self._clock):013d}-{self._id()[-8:]}"
+        now = _ts(self._now())
+        where = "global" if region is None else f"regions/{region}"
+        op = {
+            "kind": "compute#operation", "id": self._id(), "name": name,
+            "operationType": op_type, "targetLink": target["selfLink"],
+            "targetId": target["id"], "status": "PENDING", "progress": 0,
+            "user": "poolctl-test@example.iam.gserviceaccount.com",
+            "insertTime": now,
+            "selfLink": f"{API}/projects/{project}/{where}/operations/{name}",
+        }
+        if region is not None:
+            op["region"] = f"{API}/projects/{project}/regions/{region}"
+        for pat, code, message in self._op_failures:
+            if pat.search(target["selfLink"]):
+                self._op_failures.remove((pat, code, message))
+                err = {"errors": [{"code": code, "message": message}]}
+
+                def effect(err=err, op=op):  # noqa: F811 - the failure replaces the change
+                    op.update(error=err, httpErrorStatusCode=403,
+                              httpErrorMessage="FORBIDDEN")
+                break
+        self.operations[(project, region, name)] = op
+        self._effects[(project, region, name)] = effect
+        return op
+
+    def _advance(self, key) -> dict:
+        op = self.operations[key]
+        if op["status"] == "PENDING":
+            op.update(status="RUNNING", startTime=_ts(self._now()), progress=50)
+        elif op["status"] == "RUNNING":
+            op.update(status="DONE", endTime=_ts(self._now()), progress=100)
+            effect = self._effects.pop(key, None)
+            if effect:
+                effect()
+        return op
+
+    # ------------------------------------------------------------------ rendering
+
+    def render_mig(self, key) -> dict:
+        mig = copy.deepcopy(self.migs[key])
+        counts = dict.fromkeys(ACTIONS, 0)
+        for mi in self.managed[key]:
+            act = mi["currentAction"]
+            counts[_ACTION_KEY.get(act, act.lower())] += 1
+        target = self._target_template(key)
+        reached = all(mi["version"]["instanceTemplate"].split("?", 1)[0] == target
+                      for mi in self.managed[key])
+        stable = counts["none"] == len(self.managed[key]) and all(
+            (mi["instanceStatus"] == "RUNNING") == (mi["targetStatus"] == "RUNNING")
+            for mi in self.managed[key])
+        mig["currentActions"] = counts
+        mig["status"] = {"isStable": stable, "versionTarget": {"isReached": reached},
+                         "stateful": {"hasStatefulConfig": False,
+                                      "perInstanceConfigs": {"allEffective": True}}}
+        akey = key
+        if akey in self.autoscalers:
+            mig["status"]["autoscaler"] = self.autoscalers[akey]["selfLink"]
+        return mig
+
+    def render_autoscaler(self, key) -> dict:
+        a = copy.deepcopy(self.autoscalers[key])
+        a["recommendedSize"] = self.migs[key]["targetSize"] if key in self.migs else 0
+        return a
+
+
+# ---------------------------------------------------------------------------------- HTTP
+
+_C = "/compute/v1/projects/(?P<project>[^/]+)"
+_R = _C + "/regions/(?P<region>[^/]+)"
+_Q = "/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/quotaPreferences"
+ROUTES: list[tuple[str, re.Pattern, str]] = [
+    (m, re.compile(f"^{p}$"), h) for m, p, h in [
+        ("GET", _R + "/operations/(?P<op>[^/]+)", "op_get"),
+        ("POST", _R + "/operations/(?P<op>[^/]+)/wait", "op_wait"),
+        ("GET", _R + "/instanceGroupManagers", "mig_list"),
+        ("GET", _R + "/instanceGroupManagers/(?P<mig>[^/]+)", "mig_get"),
+        ("PATCH", _R + "/instanceGroupManagers/(?P<mig>[^/]+)", "mig_patch"),
+        ("POST", _R + "/instanceGroupManagers/(?P<mig>[^/]+)/listManagedInstances", "mig_mis"),
+        ("POST", _R + "/instanceGroupManagers/(?P<mig>[^/]+)/resize", "mig_resize"),
+        ("GET", _R + "/autoscalers", "as_list"),
+        ("GET", _R + "/autoscalers/(?P<name>[^/]+)", "as_get"),
+        ("PATCH", _R + "/autoscalers", "as_patch"),
+        ("GET", _R, "region_get"),
+        ("GET", _C + "/global/instanceTemplates", "tpl_list"),
+        ("GET", _C + "/global/instanceTemplates/(?P<name>[^/]+)", "tpl_get"),
+        ("DELETE", _C + "/global/instanceTemplates/(?P<name>[^/]+)", "tpl_delete"),
+        ("GET", _C + "/global/operations/(?P<op>[^/]+)", "gop_get"),
+        ("POST", _C + "/global/operations/(?P<op>[^/]+)/wait", "gop_get"),
+        ("GET", _C, "project_get"),
+        ("GET", _Q, "qp_list"),
+        ("POST", _Q, "qp_create"),
+        ("GET", _Q + "/(?P<id>[^/]+)", "qp_get"),
+        ("PATCH", _Q + "/(?P<id>[^/]+)", "qp_patch"),
+    ]
+]
+
+
+def _types():
+    from google.cloud import cloudquotas_v1 as q
+    from google.cloud import compute_v1 as c
+
+    return c, q
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeGce
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # quiet: the tests read fake.requests instead
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.fake
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw.strip() else {}
+        with fake.lock:
+            fake.requests.append({"method": method, "path": url.path, "query": query,
+                                  "body": body})
+            status = fake._take_failure(method, url.path)
+        if status is not None:
+            reason = "rateLimitExceeded" if status == 429 else "backendError"
+            err = HttpError(status, "injected failure", reason,
+                            "RESOURCE_EXHAUSTED" if status == 429 else "UNAVAILABLE")
+            return self._send(status, err.body())
+        for m, pat, name in ROUTES:
+            match = pat.match(url.path)
+            if m == method and match:
+                try:
+                    with fake.lock:
+                        out, kind = getattr(self, name)(query=query, body=body,
+                                                        **match.groupdict())
+                    self._check(out, kind)
+                except HttpError as e:
+                    return self._send(e.code, e.body())
+                except Exception as e:  # a bug in the fake or a shape mismatch: say so
+                    fake.errors.append(f"{method} {url.path}: {type(e).__name__}: {e}")
+                    return self._send(500, HttpError(500, f"fake: {e}", "backendError",
+                                                     "INTERNAL").body())
+                return self._send(200, out)
+        self._send(404, _not_found(url.path).body())
+
+    def _check(self, out: dict, kind: str) -> None:
+        """Refuse a response whose fields the real message does not have."""
+        if not self.fake.strict:
+            return
+        from google.protobuf import json_format
+
+        c, q = _types()
+        msg = getattr(c, kind, None) or getattr(q, kind)
+        json_format.Parse(json.dumps(out), msg.pb()(), ignore_unknown_fields=False)
+
+    def _check_body(self, body: dict, kind: str) -> None:
+        if self.fake.strict:
+            try:
+                self._check(body, kind)
+            except Exception as e:
+                raise HttpError(400, f"Invalid JSON payload received. {e}") from None
+
+    def _send(self, code: int, data: dict) -> None:
+        raw = json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    # -- paging
+
+    def _page(self, items: list, query: dict, field: str = "items",
+              size_param: str = "maxResults") -> dict:
+        size = int(query.get(size_param) or self.fake.page_size)
+        start = int(query.get("pageToken") or 0)
+        out: dict[str, Any] = {field: items[start:start + size]}
+        if start + size < len(items):
+            out["nextPageToken"] = str(start + size)
+        return out
+
+    # -- compute
+
+    def region_get(self, *, project, region, **_):
+        r = self.fake.regions.get((project, region))
+        if r is None:
+            raise _not_found(f"projects/{project}/regions/{region}")
+        return r, "Region"
+
+    def project_get(self, *, project, **_):
+        p = self.fake.projects.get(project)
+        if p is None:
+            raise _not_found(f"projects/{project}")
+        return p, "Project"
+
+    def tpl_list(self, *, project, query, **_):
+        if query.get("filter"):
+            raise HttpError(400, "fake: filters are not implemented")
+        items = [t for (p, _n), t in sorted(self.fake.templates.items()) if p == project]
+        out = self._page(items, query)
+        out.update(kind="compute#instanceTemplateList", id=f"projects/{project}/global/"
+                   "instanceTemplates", selfLink=f"{API}/projects/{project}/global/"
+                   "instanceTemplates")
+        return out, "InstanceTemplateList"
+
+    def tpl_get(self, *, project, name, **_):
+        t = self.fake.templates.get((project, name))
+        if t is None:
+            raise _not_found(f"projects/{project}/global/instanceTemplates/{name}")
+        return t, "InstanceTemplate"
+
+    def tpl_delete(self, *, project, name, **_):
+        fake = self.fake
+        t = fake.templates.get((project, name))
+        if t is None:
+            raise _not_found(f"projects/{project}/global/instanceTemplates/{name}")
+        for (p, region, mig), m in fake.migs.items():
+            used = [m.get("instanceTemplate", "")] + [
+                v.get("instanceTemplate", "") for v in m.get("versions", [])]
+            if p == project and name in {_last(u) for u in used}:
+                raise HttpError(
+                    400, f"The instance_template resource 'projects/{project}/global/"
+                         f"instanceTemplates/{name}' is already being used by 'projects/"
+                         f"{project}/regions/{region}/instanceGroupManagers/{mig}'",
+                    "resourceInUseByAnotherResource", "FAILED_PRECONDITION")
+
+        def effect():
+            fake.templates.pop((project, name), None)
+
+        return fake._operation(project, None, "delete", t, effect), "Operation"
+
+    def gop_get(self, *, project, op, **_):
+        key = (project, None, op)
+        if key not in self.fake.operations:
+            raise _not_found(f"projects/{project}/global/operations/{op}")
+        return self.fake._advance(key), "Operation"
+
+    def _mig_key(self, project, region, mig):
+        key = (project, region, mig)
+        if key not in self.fake.migs:
+            raise _not_found(f"projects/{project}/regions/{region}/instanceGroupManagers/{mig}")
+        return key
+
+    def _region(self, project, region) -> None:
+        if (project, region) not in self.fake.regions:
+            raise _not_found(f"projects/{project}/regions/{region}")
+
+    def mig_list(self, *, project, region, query, **_):
+        self._region(project, region)
+        if query.get("filter"):
+            raise HttpError(400, "fake: filters are not implemented")
+        items = [self.fake.render_mig(k) for k in sorted(self.fake.migs)
+                 if k[:2] == (project, region)]
+        out = self._page(items, query)
+        out.update(kind="compute#regionInstanceGroupManagerList",
+                   id=f"projects/{project}/regions/{region}/instanceGroupManagers",
+                   selfLink=f"{API}/projects/{project}/regions/{region}/instanceGroupManagers")
+        return out, "RegionInstanceGroupManagerList"
+
+    def mig_get(self, *, project, region, mig, **_):
+        return self.fake.render_mig(self._mig_key(project, region, mig)), "InstanceGroupManager"
+
+    def mig_mis(self, *, project, region, mig, query, **_):
+        key = self._mig_key(project, region, mig)
+        items = copy.deepcopy(self.fake.managed[key])
+        if self.fake.migs[key].get("listManagedInstancesResults") == "PAGINATED":
+            out = self._page(items, query, "managedInstances")
+        else:  # PAGELESS (the default, and what the stack leaves): one page, no token
+            out = {"managedInstances": items}
+        return out, "RegionInstanceGroupManagersListInstancesResponse"
+
+    def mig_patch(self, *, project, region, mig, body, **_):
+        key = self._mig_key(project, region, mig)
+        self._check_body(body, "InstanceGroupManager")
+        for ro in ("status", "currentActions", "selfLink", "id", "name", "region"):
+            if ro in body and ro != "name":
+                raise HttpError(400, f"Invalid value for field 'resource.{ro}': output only")
+        if "name" in body and body["name"] != mig:
+            raise HttpError(400, "Invalid value for field 'resource.name'")
+        for v in body.get("versions", []):
+            tname = _last(v.get("instanceTemplate", ""))
+            if (project, tname) not in self.fake.templates:
+                raise _not_found(f"projects/{project}/global/instanceTemplates/{tname}")
+        fake = self.fake
+
+        def effect():
+            m = fake.migs[key]
+            _merge(m, body)
+            if "versions" in body and "instanceTemplate" not in body:
+                m["instanceTemplate"] = body["versions"][-1]["instanceTemplate"]
+            fake._reconcile(key)
+
+        return fake._operation(project, region, "patch", fake.migs[key], effect), "Operation"
+
+    def mig_resize(self, *, project, region, mig, query, **_):
+        key = self._mig_key(project, region, mig)
+        if "size" not in query or int(query["size"]) < 0:
+            raise HttpError(400, "Required field 'size' not specified")
+        size = int(query["size"])
+        fake = self.fake
+
+        def effect():
+            fake.migs[key]["targetSize"] = size
+            fake._reconcile(key)
+
+        return fake._operation(project, region, "compute.instanceGroupManagers.resize",
+                               fake.migs[key], effect), "Operation"
+
+    def as_list(self, *, project, region, query, **_):
+        self._region(project, region)
+        items = [self.fake.render_autoscaler(k) for k in sorted(self.fake.autoscalers)
+                 if k[:2] == (project, region)]
+        out = self._page(items, query)
+        out.update(kind="compute#regionAutoscalerList",
+                   id=f"projects/{project}/regions/{region}/autoscalers",
+                   selfLink=f"{API}/projects/{project}/regions/{region}/autoscalers")
+        return out, "RegionAutoscalerList"
+
+    def as_get(self, *, project, region, name, **_):
+        key = (project, region, name)
+        if key not in self.fake.autoscalers:
+            raise _not_found(f"projects/{project}/regions/{region}/autoscalers/{name}")
+        return self.fake.render_autoscaler(key), "Autoscaler"
+
+    def as_patch(self, *, project, region, query, body, **_):
+        name = query.get("autoscaler") or body.get("name")
+        key = (project, region, name or "")
+        if key not in self.fake.autoscalers:
+            raise _not_found(f"projects/{project}/regions/{region}/autoscalers/{name}")
+        self._check_body(body, "Autoscaler")
+        fake = self.fake
+        merged = copy.deepcopy(fake.autoscalers[key])
+        _merge(merged, body)
+        pol = merged["autoscalingPolicy"]
+        lo, hi = pol.get("minNumReplicas", 0), pol.get("maxNumReplicas", 0)
+        if lo > hi:
+            raise HttpError(400, "Invalid value for field 'resource.autoscalingPolicy."
+                                 f"minNumReplicas': '{lo}'. Must be less than or equal to "
+                                 f"maxNumReplicas ({hi}).")
+        mkey = (project, region, _last(merged["target"]))
+
+        def effect():
+            fake.autoscalers[key] = merged
+            if mkey in fake.migs:
+                m = fake.migs[mkey]
+                m["targetSize"] = min(max(m["targetSize"], lo), hi)
+                fake._reconcile(mkey)
+
+        return fake._operation(project, region, "compute.autoscalers.patch",
+                               fake.autoscalers[key], effect), "Operation"
+
+    def op_get(self, *, project, region, op, **_):
+        key = (project, region, op)
+        if key not in self.fake.operations:
+            raise _not_found(f"projects/{project}/regions/{region}/operations/{op}")
+        return self.fake._advance(key), "Operation"
+
+    def op_wait(self, **kw):
+        return self.op_get(**kw)
+
+    # -- Cloud Quotas
+
+    def _qp_parent(self, project, location):
+        if location != "global":
+            raise HttpError(400, "quota preferences live in location 'global'")
+        return f"projects/{project}/locations/{location}"
+
+    def qp_list(self, *, project, location, query, **_):
+        parent = self._qp_parent(project, location)
+        items = [p for n, p in sorted(self.fake.preferences.items())
+                 if n.startswith(parent + "/")]
+        out = self._page(items, query, "quotaPreferences", "pageSize")
+        return out, "ListQuotaPreferencesResponse"
+
+    def qp_get(self, *, project, location, id, **_):
+        name = f"{self._qp_parent(project, location)}/quotaPreferences/{id}"
+        if name not in self.fake.preferences:
+            raise _not_found(name)
+        return self.fake.preferences[name], "QuotaPreference"
+
+    def _validate_pref(self, pref: dict, project: str) -> None:
+        self._check_body(pref, "QuotaPreference")
+        for key in ("service", "quotaId"):
+            if not pref.get(key):
+                raise HttpError(400, f"quota_preference.{key} is required")
+        if not str(pref.get("quotaConfig", {}).get("preferredValue", "")).lstrip("-").isdigit():
+            raise HttpError(400, "quota_preference.quota_config.preferred_value is required")
+        dims = pref.get("dimensions", {})
+        if pref["quotaId"].endswith("-per-project-region") and "region" not in dims:
+            raise HttpError(400, f"quota {pref['quotaId']} needs the dimension 'region'")
+        metric = _metric_of(pref["quotaId"], dims)
+        current = 0.0
+        if metric:
+            src = (self.fake.regions.get((project, dims.get("region", "")), {}) or
+                   self.fake.projects.get(project, {}))
+            current = next((q["limit"] for q in src.get("quotas", [])
+                            if q["metric"] == metric), 0.0)
+        if int(pref["quotaConfig"]["preferredValue"]) > current and not pref.get("contactEmail"):
+            raise HttpError(400, "contact_email is required when requesting a quota increase")
+        pref.setdefault("quotaConfig", {})["grantedValue"] = str(int(current))
+
+    def qp_create(self, *, project, location, query, body, **_):
+        parent = self._qp_parent(project, location)
+        pid = query.get("quotaPreferenceId") or f"auto-{self.fake._id()[-10:]}"
+        name = f"{parent}/quotaPreferences/{pid}"
+        if name in self.fake.preferences:
+            raise HttpError(409, f"QuotaPreference {name} already exists", "alreadyExists",
+                            "ALREADY_EXISTS")
+        pref = copy.deepcopy(body)
+        self._validate_pref(pref, project)
+        now = _ts(self.fake._now())
+        pref.pop("contactEmail", None)  # input only: never echoed back
+        pref.update(name=name, createTime=now, updateTime=now, reconciling=True,
+                    etag=f"etag-{self.fake._id()[-6:]}")
+        pref["quotaConfig"]["traceId"] = f"trace-{self.fake._id()[-8:]}"
+        pref["quotaConfig"]["requestOrigin"] = "ORIGIN_UNSPECIFIED"
+        self.fake.preferences[name] = pref
+        return pref, "QuotaPreference"
+
+    def qp_patch(self, *, project, location, id, query, body, **_):
+        name = f"{self._qp_parent(project, location)}/quotaPreferences/{id}"
+        if name not in self.fake.preferences:
+            if query.get("allowMissing") == "true":
+                return self.qp_create(project=project, location=location,
+                                      query={"quotaPreferenceId": id}, body=body)
+            raise _not_found(name)
+        mask = [m for m in query.get("updateMask", "").split(",") if m]
+        pref = copy.deepcopy(self.fake.preferences[name])
+        merged = copy.deepcopy(pref)
+        if mask:
+            for path in mask:
+                parts = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), path).split(".")
+                src, dst = body, merged
+                for p in parts[:-1]:
+                    src, dst = src.get(p, {}), dst.setdefault(p, {})
+                if parts[-1] in src:
+                    dst[parts[-1]] = src[parts[-1]]
+        else:
+            _merge(merged, body)
+        merged["contactEmail"] = body.get("contactEmail", "")
+        self._validate_pref(merged, project)
+        merged.pop("contactEmail", None)
+        merged.update(reconciling=True, updateTime=_ts(self.fake._now()))
+        self.fake.preferences[name] = merged
+        return merged, "QuotaPreference"

@@ -1,0 +1,1097 @@
+"""GCP runtime operations (`poolctl.clouds.gcp.GcpOps`) against a local fake of the Compute
+Engine REST API (tests/fakes/gce.py), with the real google-cloud-compute and
+google-cloud-quotas clients over HTTP.
+
+The pool is the contract's example (tests/configs.pool_yaml) on a3-highgpu-8g in
+us-central1, worked out by hand:
+- tensor_parallel 2 on 8 GPUs: 4 replicas per node;
+- min 4 replicas -> 1 node, max 24 -> 6 nodes, warm 8 (stopped) -> 2 standby nodes;
+- max_surge_replicas 4 -> 1 node, raised to 3: a regional MIG over 3 zones surges by at
+  least one VM per zone;
+- peak running at once: 6 max + 3 surge = 9 nodes -> 9 x 8 = 72 NVIDIA_H100_GPUS,
+  9 x 208 = 1,872 CPUS, 9 x 16 x 375 = 54,000 LOCAL_SSD_TOTAL_GB, 72 GPUS_ALL_REGIONS.
+The fake is seeded as `poolctl deploy` leaves the pool: 1 serving VM, 2 stopped standby VMs,
+autoscaler 1..6, surge 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1",
+                    reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+pytest.importorskip("google.cloud.cloudquotas_v1",
+                    reason="google-cloud-quotas is not installed (pip install -e .[gcp])")
+
+from google.auth.credentials import AnonymousCredentials  # noqa: E402
+
+from poolctl import naming  # noqa: E402
+from poolctl.clouds import gcp  # noqa: E402
+from poolctl.clouds.base import Group  # noqa: E402
+from poolctl.clouds.gcp import (  # noqa: E402
+    GcpOps,
+    cloud_quota,
+    make_ops,
+    node_phase,
+    replaced_templates,
+)
+from poolctl.config import parse_config  # noqa: E402
+from poolctl.errors import OperationFailed, UsageError  # noqa: E402
+from poolctl.sizing import plan_pool  # noqa: E402
+from tests.configs import pool_yaml  # noqa: E402
+from tests.fakes.gce import FakeGce  # noqa: E402
+
+PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
+ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+V1 = "acme-chat-70b-20260105090000000000000001"
+V2 = "acme-chat-70b-20260201090000000000000002"
+V0 = "acme-chat-70b-20251201090000000000000000"  # two rollouts back
+MIG_LINK = ("https://www.googleapis.com/compute/v1/projects/acme-prod/regions/us-central1/"
+            "instanceGroupManagers/acme-chat-70b")
+
+
+@pytest.fixture
+def cfg():
+    return parse_config(pool_yaml())
+
+
+@pytest.fixture
+def pool(cfg):
+    return cfg.pools[0]
+
+
+@pytest.fixture
+def fake():
+    f = FakeGce().start()
+    yield f
+    f.stop()
+    # A response the real message types refuse would have read as empty in the client.
+    assert f.errors == []
+
+
+def deploy(fake: FakeGce, cfg, pool, **kw) -> dict:
+    args = dict(project=PROJECT, region=REGION, name=MIG, labels=naming.gcp_labels(cfg, pool),
+                zones=ZONES, template=V1, running=1, stopped=2, autoscaler=(1, 6),
+                max_surge=3)
+    args.update(kw)
+    return fake.deploy_pool(**args)
+
+
+@pytest.fixture
+def ops(fake):
+    return GcpOps(client_options={"api_endpoint": fake.endpoint},
+                  credentials=AnonymousCredentials(), retry_initial_s=0.01,
+                  retry_deadline_s=5)
+
+
+def _calls(fake: FakeGce, method: str, fragment: str) -> list[dict]:
+    return [r for r in fake.requests if r["method"] == method and fragment in r["path"]]
+
+
+# -------------------------------------------------------------------------------------
+# find_group
+
+
+def test_find_group_by_template_labels_through_every_page(fake, ops, cfg, pool):
+    # Decoys: another pool's MIG in the same region and an unlabelled group. Template
+    # names sort before the pool's, so with 2 templates per page the pool's sits on page 3.
+    other = cfg.model_copy(update={"project": "other"})
+    fake.deploy_pool(project=PROJECT, region=REGION, name="aaa-other-pool",
+                     labels=naming.gcp_labels(other, pool), zones=ZONES,
+                     template="aaa-other-pool-t1", running=1)
+    fake.deploy_pool(project=PROJECT, region=REGION, name="aab-hand-made", labels={},
+                     zones=ZONES, template="aab-hand-made-t1", running=1, autoscaler=None)
+    fake.add_template(PROJECT, "aac-unused", labels={})
+    fake.add_template(PROJECT, "aad-unused", labels={})
+    deploy(fake, cfg, pool)
+
+    g = ops.find_group(cfg, pool)
+
+    assert g == Group(cloud="gcp", name=MIG, region=REGION, min_nodes=1, max_nodes=6,
+                      desired_nodes=1, warm_min_nodes=2, warm_state="stopped", version=V1,
+                      raw_id=MIG_LINK, template=V1)
+    tokens = [r["query"].get("pageToken") for r in _calls(fake, "GET", "/instanceTemplates")]
+    # 5 templates at 2 per page: pages at offsets 0, 2, 4.
+    assert tokens == [None, "2", "4"]
+    # The MIG list pages too (3 MIGs): the pool's MIG is on the second page.
+    assert [r["query"].get("pageToken") for r in
+            _calls(fake, "GET", "/instanceGroupManagers") if r["path"].endswith("Managers")
+            ] == [None, "2"]
+
+
+def test_find_group_by_all_instances_config_labels(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    # A group built from an unlabelled template that labels its VMs itself.
+    fake.templates[(PROJECT, V1)]["properties"]["labels"] = {}
+    fake.migs[(PROJECT, REGION, MIG)]["allInstancesConfig"] = {
+        "properties": {"labels": naming.gcp_labels(cfg, pool)}}
+    assert ops.find_group(cfg, pool).name == MIG
+
+
+def test_find_group_not_deployed_says_so(fake, ops, cfg, pool):
+    fake.add_region(PROJECT, REGION, ZONES)
+    with pytest.raises(OperationFailed) as e:
+        ops.find_group(cfg, pool)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "poolctl-project=acme, poolctl-pool=chat-70b" in msg
+    assert "`poolctl deploy --cloud gcp --pool chat-70b`" in msg
+
+
+def test_find_group_refuses_two_groups(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    fake.deploy_pool(project=PROJECT, region=REGION, name="acme-chat-70b-copy",
+                     labels=naming.gcp_labels(cfg, pool), zones=ZONES, template="copy-t1")
+    with pytest.raises(OperationFailed, match=r"2 MIGs .*acme-chat-70b, acme-chat-70b-copy"):
+        ops.find_group(cfg, pool)
+
+
+def test_find_group_unknown_region_names_the_key(fake, ops, cfg, pool):
+    fake.add_project(PROJECT)
+    with pytest.raises(OperationFailed, match=r"^gcp.region: region 'us-central1' not found"):
+        ops.find_group(cfg, pool)
+
+
+def test_running_warm_pool_is_read_out_of_the_autoscaler_minimum(fake, ops):
+    # warm_pool.state running: the stack folds 2 warm nodes into the autoscaler (min 1 + 2,
+    # max 6 + 2) and keeps no standby pool.
+    cfg = parse_config(pool_yaml(warm_state="running"))
+    pool = cfg.pools[0]
+    deploy(fake, cfg, pool, running=3, stopped=0, autoscaler=(3, 8))
+    g = ops.find_group(cfg, pool)
+    assert (g.min_nodes, g.warm_min_nodes, g.warm_state, g.max_nodes) == (1, 2, "running", 8)
+
+
+# -------------------------------------------------------------------------------------
+# nodes
+
+
+@pytest.mark.parametrize("status, action, target, health, phase", [
+    ("RUNNING", "NONE", "RUNNING", ["HEALTHY"], "in_service"),
+    ("RUNNING", "NONE", "RUNNING", [], "in_service"),  # no autohealing check
+    ("RUNNING", "NONE", "RUNNING", ["UNHEALTHY"], "unhealthy"),
+    ("RUNNING", "NONE", "RUNNING", ["TIMEOUT"], "unhealthy"),
+    ("RUNNING", "NONE", "RUNNING", ["UNKNOWN"], "pending"),  # autohealing initial delay
+    ("RUNNING", "NONE", "RUNNING", ["DRAINING"], "terminating"),
+    ("RUNNING", "VERIFYING", "RUNNING", [], "pending"),
+    ("PROVISIONING", "CREATING", "RUNNING", [], "pending"),
+    ("PROVISIONING", "CREATING", "STOPPED", [], "pending"),  # a standby VM being made
+    ("RUNNING", "NONE", "STOPPED", [], "pending"),  # standby first boot, then stopped
+    ("TERMINATED", "NONE", "STOPPED", [], "warm"),  # GCE's word for a stopped VM
+    ("STOPPED", "NONE", "STOPPED", [], "warm"),
+    ("SUSPENDED", "NONE", "SUSPENDED", [], "warm"),
+    ("TERMINATED", "STARTING", "RUNNING", [], "pending"),  # scale-out from the standby pool
+    ("RUNNING", "STOPPING", "STOPPED", [], "pending"),
+    ("RUNNING", "DELETING", "DELETED", ["HEALTHY"], "terminating"),
+    ("RUNNING", "ABANDONING", "ABANDONED", ["HEALTHY"], "terminating"),
+    ("RUNNING", "RECREATING", "RUNNING", ["HEALTHY"], "pending"),
+])
+def test_node_phase(status, action, target, health, phase):
+    assert node_phase(status, action, target, health) == phase
+
+
+def test_nodes_from_list_managed_instances(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    mis = fake.instances(PROJECT, REGION, MIG)
+    serving, standby = mis[0]["name"], mis[1]["name"]
+    fake.set_health(serving, "UNHEALTHY")
+    g = ops.find_group(cfg, pool)
+
+    nodes = {n.id: n for n in ops.nodes(g)}
+
+    assert len(nodes) == 3
+    assert nodes[serving].phase == "unhealthy"
+    assert nodes[serving].state == "RUNNING/NONE/UNHEALTHY"
+    assert nodes[standby].phase == "warm"
+    assert nodes[standby].state == "TERMINATED/NONE->STOPPED"
+    assert {n.version for n in nodes.values()} == {V1}  # `?uniqueId=` dropped
+    assert {n.zone for n in nodes.values()} <= set(ZONES)
+    assert nodes[serving].zone == mis[0]["instance"].split("/zones/")[1].split("/")[0]
+
+
+# -------------------------------------------------------------------------------------
+# quota
+
+
+def _seed_quotas(fake):
+    # Region: H100 16 granted, 8 in use (the pool's one serving node); CPUS 2,000 granted,
+    # 208 of the pool + 100 of others; Local SSD 60,000 granted, 6,000 of the pool.
+    fake.add_region(PROJECT, REGION, ZONES, quotas={
+        "NVIDIA_H100_GPUS": (16, 8), "CPUS": (2000, 308), "LOCAL_SSD_TOTAL_GB": (60000, 6000),
+    })
+    fake.set_project_quota(PROJECT, "GPUS_ALL_REGIONS", 64, 8)
+
+
+def test_quota_lines_hand_computed(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    lines = {ln.name: ln.to_json() for ln in
+             ops.quota_lines(cfg, pool, plan_pool(pool, "gcp").quotas)}
+
+    h100 = lines["NVIDIA_H100_GPUS"]
+    assert (h100["scope"], h100["needed"], h100["granted"], h100["in_use"]) == (
+        REGION, 72, 16.0, 8.0)
+    # The pool's one running node holds 8 of the 8 in use (its 2 stopped standby VMs hold
+    # none): 72 + 8 - 8 - 16 = 56 short.
+    assert (h100["pool_in_use"], h100["shortfall"], h100["ok"]) == (8.0, 56.0, False)
+    cpus = lines["CPUS"]
+    # 1,872 + 308 - 208 - 2,000 = -28 -> fits.
+    assert (cpus["needed"], cpus["pool_in_use"], cpus["shortfall"], cpus["ok"]) == (
+        1872, 208.0, 0, True)
+    ssd = lines["LOCAL_SSD_TOTAL_GB"]
+    # 54,000 + 6,000 - 6,000 - 60,000 = -6,000 -> fits.
+    assert (ssd["needed"], ssd["pool_in_use"], ssd["ok"]) == (54000, 6000.0, True)
+    allr = lines["GPUS_ALL_REGIONS"]
+    # Global: 72 + 8 - 8 - 64 = 8 short.
+    assert (allr["scope"], allr["granted"], allr["shortfall"]) == ("global", 64.0, 8.0)
+    # GPUS_ALL_REGIONS is the project's (projects.get), the rest the region's.
+    assert len([r for r in fake.requests if r["path"].endswith(f"/projects/{PROJECT}")]) == 1
+
+
+def test_quota_line_missing_metric_grants_nothing(fake, ops, cfg, pool):
+    fake.add_region(PROJECT, REGION, ZONES, quotas={"CPUS": (24, 0)})
+    (line,) = ops.quota_lines(cfg, pool, [
+        {"name": "NVIDIA_H100_GPUS", "unit": "GPU", "needed": 72, "scope": REGION}])
+    assert (line.granted, line.in_use, line.pool_in_use, line.shortfall) == (0.0, 0.0, 0, 72)
+    assert "lists no NVIDIA_H100_GPUS quota in us-central1" in line.description
+
+
+def test_cloud_quota_ids():
+    assert cloud_quota("NVIDIA_H100_GPUS", REGION) == (
+        "GPUS-PER-GPU-FAMILY-per-project-region",
+        {"region": REGION, "gpu_family": "NVIDIA_H100"})
+    assert cloud_quota("NVIDIA_A100_80GB_GPUS", REGION)[1]["gpu_family"] == "NVIDIA_A100_80GB"
+    assert cloud_quota("CPUS", REGION) == ("CPUS-per-project-region", {"region": REGION})
+    assert cloud_quota("GPUS_ALL_REGIONS", "global") == ("GPUS-ALL-REGIONS-per-project", {})
+    assert cloud_quota("SNAPSHOTS", "global") is None
+
+
+def test_request_quota_files_once_then_raises_then_follows_the_grant(fake, ops, cfg, pool,
+                                                                       monkeypatch):
+    monkeypatch.setenv("POOLCTL_QUOTA_CONTACT_EMAIL", "gpu-team@example.com")
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    lines = {ln.name: ln for ln in ops.quota_lines(cfg, pool, plan_pool(pool, "gcp").quotas)}
+    h100 = lines["NVIDIA_H100_GPUS"]
+
+    # granted 16 + shortfall 56 = 72
+    first = ops.request_quota(h100, h100.granted + h100.shortfall)
+    name = ("projects/acme-prod/locations/global/quotaPreferences/"
+            "poolctl-nvidia-h100-gpus-us-central1")
+    assert first.to_json() == {"name": "NVIDIA_H100_GPUS", "scope": REGION, "desired": 72,
+                               "id": name, "state": "PENDING", "already_open": False}
+    (create,) = _calls(fake, "POST", "/quotaPreferences")
+    assert create["query"]["quotaPreferenceId"] == "poolctl-nvidia-h100-gpus-us-central1"
+    body = create["body"]
+    assert body["service"] == "compute.googleapis.com"
+    assert body["quotaId"] == "GPUS-PER-GPU-FAMILY-per-project-region"
+    assert body["dimensions"] == {"region": REGION, "gpu_family": "NVIDIA_H100"}
+    assert body["quotaConfig"]["preferredValue"] in ("72", 72)
+    assert body["contactEmail"] == "gpu-team@example.com"
+
+    again = ops.request_quota(h100, 72)
+    assert (again.id, again.already_open, again.state) == (name, True, "PENDING")
+    assert len(fake.preferences) == 1 and len(_calls(fake, "POST", "/quotaPreferences")) == 1
+
+    # A larger need raises the same preference instead of filing a second one.
+    raised = ops.request_quota(h100, 80)
+    assert (raised.id, raised.desired, raised.already_open) == (name, 80, False)
+    (patch,) = _calls(fake, "PATCH", "/quotaPreferences/")
+    # The REST transport sends the mask in JSON (camelCase) names.
+    assert set(patch["query"]["updateMask"].split(",")) == {
+        "quotaConfig.preferredValue", "contactEmail", "justification"}
+    assert len(fake.preferences) == 1
+
+    fake.grant(name)
+    granted = ops.request_quota(h100, 80)
+    assert (granted.state, granted.already_open) == ("GRANTED", True)
+    (after,) = [ln for ln in ops.quota_lines(cfg, pool, plan_pool(pool, "gcp").quotas)
+                if ln.name == "NVIDIA_H100_GPUS"]
+    assert (after.granted, after.shortfall) == (80.0, 0)
+
+
+def test_request_quota_global_and_contact_required(fake, ops, cfg, pool, monkeypatch):
+    monkeypatch.delenv("POOLCTL_QUOTA_CONTACT_EMAIL", raising=False)
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    lines = {ln.name: ln for ln in ops.quota_lines(cfg, pool, plan_pool(pool, "gcp").quotas)}
+    with pytest.raises(UsageError, match=r"^--contact-email: Cloud Quotas requires .*"
+                                         r"POOLCTL_QUOTA_CONTACT_EMAIL"):
+        ops.request_quota(lines["GPUS_ALL_REGIONS"], 72)
+    assert fake.preferences == {}
+
+    ops2 = GcpOps(client_options={"api_endpoint": fake.endpoint}, contact_email="a@b.example")
+    ops2.quota_lines(cfg, pool, plan_pool(pool, "gcp").quotas)
+    req = ops2.request_quota(lines["GPUS_ALL_REGIONS"], 72)
+    pref = fake.preferences[req.id]
+    assert (pref["quotaId"], pref.get("dimensions", {})) == ("GPUS-ALL-REGIONS-per-project", {})
+
+
+# -------------------------------------------------------------------------------------
+# set_capacity
+
+
+def test_set_capacity_stopped_standby_waits_for_the_operation(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+
+    ops.set_capacity(g, min_nodes=1, warm_nodes=3, warm_running=False)
+
+    # The fake applies a patch only when its operation reaches DONE, which takes two
+    # operations.wait calls: the new size being there proves set_capacity waited.
+    assert fake.migs[(PROJECT, REGION, MIG)]["targetStoppedSize"] == 3
+    (patch,) = _calls(fake, "PATCH", "/instanceGroupManagers/")
+    assert patch["body"] == {"targetStoppedSize": 3, "standbyPolicy": {"mode": "SCALE_OUT_POOL"}}
+    assert patch["query"]["requestId"]  # retried patches are not applied twice
+    assert len(_calls(fake, "POST", "/wait")) == 2
+    assert _calls(fake, "PATCH", "/autoscalers") == []  # minimum unchanged: left alone
+    phases = sorted(n.phase for n in ops.nodes(g))
+    assert phases == ["in_service", "pending", "warm", "warm"]  # the third is being made
+    fake.settle()
+    assert sorted(n.phase for n in ops.nodes(g)) == ["in_service", "warm", "warm", "warm"]
+    assert ops.find_group(cfg, pool).warm_min_nodes == 3
+
+
+def test_set_capacity_running_warm_raises_the_autoscaler_and_starts_standby(fake, ops, cfg,
+                                                                            pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    standby = {mi["name"] for mi in fake.instances(PROJECT, REGION, MIG)
+               if mi["targetStatus"] == "STOPPED"}
+
+    ops.set_capacity(g, min_nodes=1, warm_nodes=3, warm_running=True)
+
+    a = fake.autoscalers[(PROJECT, REGION, MIG)]["autoscalingPolicy"]
+    assert (a["minNumReplicas"], a["maxNumReplicas"]) == (4, 6)  # 1 + 3 running warm
+    (apatch,) = _calls(fake, "PATCH", "/autoscalers")
+    assert apatch["query"]["autoscaler"] == MIG
+    assert apatch["body"]["autoscalingPolicy"] == {"minNumReplicas": 4, "maxNumReplicas": 6}
+    # The policy's metric survived the merge patch.
+    assert a["customMetricUtilizations"][0]["metric"] == naming.GCP_METRIC_TYPE
+    m = fake.migs[(PROJECT, REGION, MIG)]
+    assert (m["targetStoppedSize"], m["targetSize"]) == (0, 4)
+    # SCALE_OUT_POOL: the 2 stopped VMs start first, then 1 more is created.
+    starting = {mi["name"] for mi in fake.instances(PROJECT, REGION, MIG)
+                if mi["currentAction"] == "STARTING"}
+    assert starting == standby
+    fake.settle()
+    assert [n.phase for n in ops.nodes(g)].count("in_service") == 4
+
+    # Beyond the autoscaler's maximum: the maximum follows (5 + 3 = 8 > 6).
+    ops.set_capacity(g, min_nodes=5, warm_nodes=3, warm_running=True)
+    a = fake.autoscalers[(PROJECT, REGION, MIG)]["autoscalingPolicy"]
+    assert (a["minNumReplicas"], a["maxNumReplicas"]) == (8, 8)
+
+
+def test_set_capacity_without_autoscaler_resizes(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool, autoscaler=None)
+    g = ops.find_group(cfg, pool)
+    assert (g.min_nodes, g.max_nodes) == (1, 1)  # the target size stands in for both
+
+    ops.set_capacity(g, min_nodes=2, warm_nodes=2, warm_running=False)
+    (resize,) = _calls(fake, "POST", "/resize")
+    assert resize["query"]["size"] == "2"
+    assert fake.migs[(PROJECT, REGION, MIG)]["targetSize"] == 2
+
+    ops.set_capacity(g, min_nodes=1, warm_nodes=2, warm_running=False, desired_nodes=1)
+    assert fake.migs[(PROJECT, REGION, MIG)]["targetSize"] == 1
+
+
+def test_failed_operation_is_one_clear_line(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    fake.fail_next_operation("/instanceGroupManagers/acme-chat-70b$")
+    with pytest.raises(OperationFailed) as e:
+        ops.set_capacity(g, min_nodes=1, warm_nodes=5, warm_running=False)
+    assert str(e.value) == ("GCP patch MIG acme-chat-70b (standby 5): QUOTA_EXCEEDED: "
+                            "Quota 'NVIDIA_H100_GPUS' exceeded.")
+    assert fake.migs[(PROJECT, REGION, MIG)]["targetStoppedSize"] == 2
+
+
+def test_minimum_above_the_maximum_raises_the_maximum(fake, ops, cfg, pool):
+    from google.api_core import exceptions as gexc
+    from google.cloud import compute_v1
+
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    # The API refuses an autoscaler whose minimum exceeds its maximum (6)...
+    client = ops._client("RegionAutoscalersClient")
+    with pytest.raises(gexc.BadRequest, match="minNumReplicas"):
+        client.patch_unary(request=compute_v1.PatchRegionAutoscalerRequest(
+            project=PROJECT, region=REGION, autoscaler=MIG,
+            autoscaler_resource=compute_v1.Autoscaler(
+                autoscaling_policy=compute_v1.AutoscalingPolicy(min_num_replicas=7))))
+    # ...so set_capacity raises the maximum with it: 7 (no warm running) -> 7..7.
+    ops.set_capacity(g, min_nodes=7, warm_nodes=2, warm_running=False)
+    a = fake.autoscalers[(PROJECT, REGION, MIG)]["autoscalingPolicy"]
+    assert (a["minNumReplicas"], a["maxNumReplicas"]) == (7, 7)
+
+
+# -------------------------------------------------------------------------------------
+# retries
+
+
+def test_transient_errors_are_retried(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    fake.fail_next("GET", "/global/instanceTemplates$", status=429)
+    fake.fail_next("GET", "/instanceGroupManagers$", status=503, times=2)
+    assert ops.find_group(cfg, pool).name == MIG
+    assert len(_calls(fake, "GET", "/global/instanceTemplates")) == 2  # 429, then 1 page
+    lists = [r for r in _calls(fake, "GET", "/instanceGroupManagers")
+             if r["path"].endswith("Managers")]
+    assert len(lists) == 3  # 503, 503, then the one page
+
+
+def test_persistent_errors_end_in_one_line(fake, cfg, pool):
+    deploy(fake, cfg, pool)
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint}, retry_initial_s=0.01,
+                 retry_deadline_s=0.3)
+    fake.fail_next("GET", "/global/instanceTemplates$", status=503, times=10_000)
+    t0 = time.monotonic()
+    with pytest.raises(OperationFailed, match="^GCP list instance templates: still failing "
+                                              "after retries"):
+        ops.find_group(cfg, pool)
+    assert time.monotonic() - t0 < 10
+
+
+def test_permission_error_is_not_retried(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    fake.fail_next("GET", "/global/instanceTemplates$", status=403)
+    with pytest.raises(OperationFailed, match="^GCP list instance templates: 403 "):
+        ops.find_group(cfg, pool)
+    assert len(_calls(fake, "GET", "/global/instanceTemplates")) == 1
+
+
+# -------------------------------------------------------------------------------------
+# rollouts
+
+
+def test_no_rollout_on_a_fresh_pool(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    assert ops.rollout_state(g) is None
+    with pytest.raises(OperationFailed, match="no earlier instance template of the pool"):
+        ops.rollout_rollback(g)
+
+
+def test_rollout_progress_rollback_and_end(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    before = ops.find_group(cfg, pool)
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+    fake.set_template(PROJECT, REGION, MIG, V2)  # what the apply of `rollout start` does
+
+    s = ops.rollout_begin(before, cfg, pool, plan_pool(pool, "gcp"), no_surge=False,
+                          stack_dir=None)
+    # 3 VMs on V1 (1 serving, 2 standby), surge 3: all 3 recreating, none replaced yet.
+    assert (s.id, s.status, s.done, s.percentage_complete, s.instances_to_update) == (
+        V2, "InProgress", False, 0.0, 3)
+    assert (s.from_version, s.to_version, s.reason) == (V1, V2, "recreating 3")
+    assert s.checkpoints == []  # MIG updates have none
+
+    fake.step_rollout(PROJECT, REGION, MIG, 1)
+    s = ops.rollout_state(before)
+    assert (s.percentage_complete, s.instances_to_update) == (33.3, 2)  # 1 of 3
+
+    assert "rollout_cancel" in ops.unsupported
+    with pytest.raises(OperationFailed, match="poolctl rollout rollback --cloud gcp"):
+        ops.rollout_cancel(before)
+
+    back = ops.rollout_rollback(before)
+    (patch,) = _calls(fake, "PATCH", "/instanceGroupManagers/")
+    assert patch["body"] == {"versions": [{"name": "primary", "instanceTemplate":
+                             f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global"
+                             f"/instanceTemplates/{V1}"}]}
+    # Now heading for V1: the 1 VM already on V2 is the one left to update.
+    assert (back.id, back.from_version, back.to_version) == (V1, V2, V1)
+    assert (back.done, back.percentage_complete, back.instances_to_update) == (False, 66.7, 1)
+
+    fake.step_rollout(PROJECT, REGION, MIG, 3)
+    s = ops.rollout_state(before)
+    # Ended on V1; the newer V2 is what it came from.
+    assert (s.status, s.done, s.percentage_complete, s.from_version, s.to_version) == (
+        "Successful", True, 100.0, V2, V1)
+
+
+def test_rollout_begin_without_a_new_template_is_none(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    assert ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False,
+                             stack_dir=None) is None
+
+
+def test_rollback_when_the_old_template_is_gone(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+    fake.set_template(PROJECT, REGION, MIG, V2)
+    fake.delete_template(PROJECT, V1)  # as Terraform's create_before_destroy would
+    with pytest.raises(OperationFailed, match=f"instance template {V1} no longer exists"):
+        ops.rollout_rollback(g)
+    assert fake.migs[(PROJECT, REGION, MIG)]["versions"][0]["instanceTemplate"].split(
+        "?")[0].endswith(V2)
+
+
+def test_rollout_apply_env_keeps_runtime_sizes(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    g = ops.find_group(cfg, pool)
+    ops.set_capacity(g, min_nodes=1, warm_nodes=3, warm_running=False)
+    g = ops.find_group(cfg, pool)
+    plan = plan_pool(pool, "gcp")
+    assert ops.rollout_apply_env(g, plan, no_surge=False) == {
+        "TF_VAR_min_nodes": "1", "TF_VAR_max_nodes": "6", "TF_VAR_warm_nodes": "3"}
+    # Without surge a regional MIG must take down 0 or >= 3 (zones) at a time.
+    env = ops.rollout_apply_env(g, plan, no_surge=True)
+    assert (env["TF_VAR_max_surge_fixed"], env["TF_VAR_max_unavailable_fixed"]) == ("0", "3")
+
+
+# -------------------------------------------------------------------------------------
+# The previous template survives the apply (see poolctl.clouds.gcp's module doc)
+
+
+def _plan_change(address: str, rtype: str, actions: list[str], name: str = "") -> dict:
+    """One entry of `terraform show -json`'s resource_changes."""
+    return {"address": address, "type": rtype, "name": address.split(".")[-1],
+            "change": {"actions": actions, "before": {"name": name} if name else None,
+                       "after": {}}}
+
+
+def test_replaced_templates_are_only_replacements():
+    tpl = "google_compute_instance_template"
+    plan = {"resource_changes": [
+        _plan_change(f"{tpl}.nodes_template_A", tpl, ["create", "delete"], V1),
+        _plan_change(f"{tpl}.fresh", tpl, ["create"]),  # first deploy: nothing to keep
+        _plan_change(f"{tpl}.gone", tpl, ["delete"], "x"),  # removed from the config
+        _plan_change(f"{tpl}.same", tpl, ["no-op"], "y"),
+        _plan_change(f"{tpl}.reordered", tpl, ["delete", "create"], "z"),
+        _plan_change("google_compute_region_instance_group_manager.mig",
+                     "google_compute_region_instance_group_manager", ["update"], MIG),
+        _plan_change("google_compute_region_health_check.hc",
+                     "google_compute_region_health_check", ["create", "delete"], "hc"),
+    ]}
+    assert replaced_templates(plan) == [
+        {"address": f"{tpl}.nodes_template_A", "name": V1},
+        {"address": f"{tpl}.reordered", "name": "z"}]
+    assert replaced_templates({}) == []  # an empty plan has no resource_changes
+
+
+@pytest.fixture
+def tf_builtin(tmp_path, monkeypatch):
+    """A real Terraform working directory whose `tpl` is replaced by the next plan.
+
+    No Google provider is reachable offline, so Terraform's builtin `terraform_data` stands
+    in for google_compute_instance_template (same lifecycle: create_before_destroy, a new
+    object per change, referenced by a `mig`). The plan JSON, the replacement, the state
+    removal and the second plan are Terraform's own."""
+    from poolctl.terraform import Terraform
+
+    if not (os.environ.get("POOLCTL_TERRAFORM") or shutil.which("terraform")
+            or shutil.which("tofu")):
+        pytest.skip("no terraform/tofu on PATH: the state removal needs the real CLI")
+    monkeypatch.setattr(gcp, "TEMPLATE_TYPE", "terraform_data")
+    monkeypatch.delenv("TF_CLI_CONFIG_FILE", raising=False)
+    (tmp_path / "main.tf.json").write_text(json.dumps({
+        "variable": {"image": {"type": "string", "default": "v0.11.0"}},
+        "resource": {"terraform_data": {
+            "tpl": {"triggers_replace": "${var.image}",
+                    "lifecycle": {"create_before_destroy": True}},
+            "mig": {"input": "${terraform_data.tpl.id}"}}}}))
+    tf = Terraform(tmp_path)
+    tf.init()
+    tf.plan()
+    tf.apply()
+    return tf
+
+
+def _state_ids(tf) -> dict[str, str]:
+    state = json.loads(tf.run("show", "show", "-json", capture=True).stdout)
+    return {r["address"]: r["values"]["id"]
+            for r in state["values"]["root_module"]["resources"]}
+
+
+def test_rollout_before_apply_forgets_the_replaced_template(tf_builtin):
+    tf = tf_builtin
+    before = _state_ids(tf)
+    tf.env["TF_VAR_image"] = "v0.12.0"  # what `rollout start --image` changes
+    # Without the step: the old object would be destroyed once the new one exists.
+    assert tf.plan().totals() == (1, 1, 1)
+
+    forgotten = GcpOps().rollout_before_apply(tf)
+
+    assert forgotten == [{"address": "terraform_data.tpl", "name": ""}]
+    # Planned again: the new one is created and the MIG moved to it; nothing is destroyed.
+    assert tf.plan().totals() == (1, 1, 0)
+    tf.apply()
+    after = _state_ids(tf)
+    assert after["terraform_data.tpl"] != before["terraform_data.tpl"]
+    assert set(after) == {"terraform_data.tpl", "terraform_data.mig"}
+    # An apply that changes no template forgets nothing.
+    tf.env["TF_VAR_image"] = "v0.12.0"
+    tf.plan()
+    assert GcpOps().rollout_before_apply(tf) == []
+
+
+def test_rollout_cleanup_keeps_current_previous_and_what_vms_run(fake, ops, cfg, pool):
+    labels = naming.gcp_labels(cfg, pool)
+    deploy(fake, cfg, pool, older_templates=(V0,))
+    g = ops.find_group(cfg, pool)
+    fake.add_template(PROJECT, "unrelated-template", labels={})
+    # The apply of `rollout start`: V2 is created and targeted; V1, forgotten by Terraform,
+    # is what all 3 VMs still run.
+    fake.add_template(PROJECT, V2, labels=labels)
+    fake.set_template(PROJECT, REGION, MIG, V2)
+
+    out = ops.rollout_cleanup(g)
+
+    assert out == {"deleted": [V0], "failed": []}
+    assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2, "unrelated-template"}
+    (delete,) = _calls(fake, "DELETE", "/instanceTemplates/")
+    assert delete["path"].endswith(f"/global/instanceTemplates/{V0}")
+    assert delete["query"]["requestId"]
+    # The template went away when the global operation was DONE: the cleanup waited on it.
+    assert len(_calls(fake, "POST", "/global/operations/")) == 2
+
+    # Rolled back mid-rollout: V1 is the target again, V2 (newer) the previous; both stay.
+    ops.rollout_rollback(g)
+    fake.step_rollout(PROJECT, REGION, MIG, 3)
+    assert ops.rollout_cleanup(g) == {"deleted": [], "failed": []}
+
+    # A third version: V1 (what the VMs run) and V3 stay, V2 goes.
+    v3 = "acme-chat-70b-20260301090000000000000003"
+    fake.add_template(PROJECT, v3, labels=labels)
+    fake.set_template(PROJECT, REGION, MIG, v3)
+    assert ops.rollout_cleanup(g) == {"deleted": [V2], "failed": []}
+
+
+def test_rollout_cleanup_reports_a_template_another_group_uses(fake, ops, cfg, pool):
+    labels = naming.gcp_labels(cfg, pool)
+    deploy(fake, cfg, pool, older_templates=(V0,))
+    g = ops.find_group(cfg, pool)
+    # A hand-made group built from the pool's old template: GCE refuses the delete.
+    fake.deploy_pool(project=PROJECT, region=REGION, name="hand-made", labels={},
+                     zones=ZONES, template="hand-made-t1", autoscaler=None)
+    fake.set_template(PROJECT, REGION, "hand-made", V0)
+    fake.add_template(PROJECT, V2, labels=labels)
+    fake.set_template(PROJECT, REGION, MIG, V2)
+
+    out = ops.rollout_cleanup(g)
+
+    assert out["deleted"] == []
+    (line,) = out["failed"]
+    assert line.startswith(f"GCP delete instance template {V0}: 400 ")
+    assert "already being used by" in line and line.endswith("delete it by hand once unused")
+    assert (PROJECT, V0) in fake.templates
+
+
+def _seed_rollout_quotas(fake):
+    # Room for the rollout: 1 serving node + 3 surge = 4 nodes = 32 H100, 832 vCPUs.
+    fake.add_region(PROJECT, REGION, ZONES, quotas={
+        "NVIDIA_H100_GPUS": (64, 8), "CPUS": (2000, 208), "LOCAL_SSD_TOTAL_GB": (60000, 6000)})
+    fake.set_project_quota(PROJECT, "GPUS_ALL_REGIONS", 64, 8)
+
+
+def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg, pool,
+                                                                  tmp_path, monkeypatch):
+    """The runtime path with Terraform stood in for: what `rollout start` passes to the
+    apply, the state step before it, the cleanup after it, and a rollback mid-rollout to
+    the template Terraform forgot."""
+    from poolctl import deploy as deploy_mod
+    from poolctl import runtime
+    from poolctl.deploy import StackResult
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(pool_yaml())
+    deploy(fake, cfg, pool, older_templates=(V0,))
+    _seed_rollout_quotas(fake)
+    ops.set_capacity(ops.find_group(cfg, pool), min_nodes=1, warm_nodes=3, warm_running=False)
+    fake.settle()
+    labels = naming.gcp_labels(cfg, pool)
+    tpl_addr = "google_compute_instance_template.nodes_template_313A6F59"
+    seen: dict = {}
+
+    class PlannedTerraform:
+        """The saved plan replaces V1; state commands are recorded."""
+
+        def __init__(self):
+            self.calls = []
+
+        def run(self, phase, *args, capture=False):
+            self.calls.append(args)
+            plan = {"resource_changes": [_plan_change(tpl_addr, gcp.TEMPLATE_TYPE,
+                                                      ["create", "delete"], V1)]}
+            return SimpleNamespace(stdout=json.dumps(plan) if args[0] == "show" else "")
+
+    def fake_run_stacks(new_cfg, targets, **kw):
+        seen["env"] = kw["extra_env"]
+        tf = PlannedTerraform()
+        seen["replan"] = kw["before_apply"](tf)
+        seen["tf_calls"] = tf.calls
+        # The apply: V2 created and targeted; V1 left alone (Terraform forgot it).
+        fake.add_template(PROJECT, V2, labels=labels)
+        fake.set_template(PROJECT, REGION, MIG, V2)
+        return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
+
+    monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
+
+    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, image="vllm/vllm-openai:v0.12.0",
+                                confirm=lambda q: True, sandbox=False, outdir=tmp_path / "out")
+
+    # The apply keeps what `warm` set (3 standby VMs) and the file's autoscaler bounds.
+    assert seen["env"] == {"TF_VAR_min_nodes": "1", "TF_VAR_max_nodes": "6",
+                           "TF_VAR_warm_nodes": "3"}
+    assert seen["replan"] is True
+    assert seen["tf_calls"] == [("show", "-json", "tfplan"), ("state", "rm", tpl_addr)]
+    assert res.applied and res.rollout is not None
+    assert (res.rollout.id, res.rollout.done) == (V2, False)
+    # Cleanup after the apply: V0 (two versions back) deleted, V1 and V2 kept.
+    assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2}
+    assert "image: vllm/vllm-openai:v0.12.0" in cfg_file.read_text()
+
+    # Mid-rollout rollback: the MIG goes back to V1, which still exists.
+    fake.step_rollout(PROJECT, REGION, MIG, 1)
+    out = runtime.rollout_rollback(cfg, cfg_file, pool, "gcp", ops, confirm=lambda q: True,
+                                   sandbox=False, outdir=tmp_path / "out")
+    assert out["how"] == "cloud_rollback"
+    versions = fake.migs[(PROJECT, REGION, MIG)]["versions"]
+    assert [v["instanceTemplate"].rsplit("/", 1)[1] for v in versions] == [V1]
+    assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
+
+
+def test_wait_rollout_cleans_up_after_success(fake, ops, cfg, pool, tmp_path, monkeypatch):
+    from poolctl import runtime
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("POOLCTL_POLL_S", "0")
+    deploy(fake, cfg, pool, older_templates=(V0,))
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+    fake.set_template(PROJECT, REGION, MIG, V2)
+    steps = iter([1, 1, 1])
+    polls = []
+
+    def sleep(_):
+        polls.append(fake.step_rollout(PROJECT, REGION, MIG, next(steps)))
+
+    final, progress = runtime.wait_rollout(cfg, pool, "gcp", ops, timeout=30, hint="h",
+                                           sleep=sleep)
+    assert (final.status, final.done) == ("Successful", True)
+    assert polls == [1, 1, 1] and [p["percentage_complete"] for p in progress] == [
+        0.0, 33.3, 66.7, 100.0]
+    # Deleted once it ended: V0; V2 runs, V1 is the rollback target.
+    assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2}
+    assert len(_calls(fake, "DELETE", "/instanceTemplates/")) == 1
+
+
+# -------------------------------------------------------------------------------------
+# the rest
+
+
+def test_queue_metric_is_declared_unsupported(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool)
+    assert ops.queue_per_replica(ops.find_group(cfg, pool)) is None
+    assert {"queue_metric", "warm_hibernated", "rollout_cancel"} <= ops.unsupported
+    assert "rollout_rollback" not in ops.unsupported
+    assert "quota_request" not in ops.unsupported
+
+
+def test_endpoint_from_env_gets_anonymous_credentials(fake, cfg, pool, monkeypatch):
+    deploy(fake, cfg, pool)
+    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", fake.endpoint)
+    # No credentials given and none in the environment: a plain-http endpoint is anonymous.
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
+    assert make_ops().find_group(cfg, pool).name == MIG
+    monkeypatch.delenv("POOLCTL_GCE_ENDPOINT")
+    with pytest.raises(UsageError, match="^--sandbox: the sandbox emulates AWS only"):
+        make_ops(sandbox=True)
+
+
+def test_missing_credentials_is_a_usage_error(cfg, pool, monkeypatch, tmp_path):
+    monkeypatch.delenv("POOLCTL_GCE_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    with pytest.raises(Exception) as e:
+        GcpOps().find_group(cfg, pool)
+    # google-auth refuses a missing key file with DefaultCredentialsError -> exit 2, one line.
+    assert isinstance(e.value, UsageError)
+    assert str(e.value).startswith("GCP credentials: none found")
+
+
+def test_fake_refuses_a_misspelt_field(fake, cfg, pool):
+    # The check behind `fake.errors == []`: a field the real message lacks is caught.
+    deploy(fake, cfg, pool)
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint}, retry_initial_s=0.01,
+                 retry_deadline_s=0.2)
+    fake.migs[(PROJECT, REGION, MIG)]["targetStopedSize"] = 2
+    with pytest.raises(OperationFailed) as e:
+        ops.find_group(cfg, pool)
+    assert "\n" not in str(e.value)
+    assert 'has no field named "targetStopedSize"' in str(e.value)
+    assert any("targetStopedSize" in e for e in fake.errors)
+    fake.errors.clear()
+
+
+# -------------------------------------------------------------------------------------
+# The CLI end to end: `python -m poolctl ... --cloud gcp` in a subprocess, pointed at the
+# fake through POOLCTL_GCE_ENDPOINT (plain http: anonymous credentials).
+
+
+@pytest.fixture
+def home(tmp_path):
+    return tmp_path / "poolctl-home"
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    p = tmp_path / "poolctl.yaml"
+    p.write_text(pool_yaml())
+    return p
+
+
+def cli(fake: FakeGce, home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "POOLCTL_GCE_ENDPOINT": fake.endpoint, "POOLCTL_HOME": str(home),
+           "POOLCTL_POLL_S": "0.05"}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def after_patch_polls(fake: FakeGce, polls: int, then, deadline_s: float = 60):
+    """Run `then()` in a thread once the CLI has patched the MIG and then listed its
+    instances `polls` times: the cloud moving on while a command waits. The CLI is
+    sequential, so by the request numbered `polls` every earlier answer has been read."""
+    start = len(fake.requests)
+
+    def run():
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            with fake.lock:
+                reqs = fake.requests[start:]
+            patched = next((i for i, r in enumerate(reqs) if r["method"] == "PATCH"
+                            and "/instanceGroupManagers/" in r["path"]), None)
+            if patched is not None and sum(
+                    "/listManagedInstances" in r["path"] for r in reqs[patched:]) >= polls:
+                then()
+                return
+            time.sleep(0.02)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_cli_quota_check(fake, home, cfg_file, cfg, pool):
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    r = cli(fake, home, "quota", "check", "--cloud", "gcp", "--json", "-f", str(cfg_file))
+    assert r.returncode == 1, r.stderr  # H100 and GPUS_ALL_REGIONS are short
+    data = json.loads(r.stdout)
+    assert data["ok"] is False
+    q = {x["name"]: x for x in data["quotas"]}
+    assert list(q) == ["NVIDIA_H100_GPUS", "CPUS", "LOCAL_SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]
+    # (6 max + 3 surge) x 8 GPUs = 72; 1 running node holds 8 of the 8 in use.
+    assert {k: q["NVIDIA_H100_GPUS"][k] for k in (
+        "pool", "cloud", "scope", "unit", "needed", "granted", "in_use", "pool_in_use",
+        "available", "shortfall", "ok")} == {
+        "pool": "chat-70b", "cloud": "gcp", "scope": REGION, "unit": "GPU", "needed": 72,
+        "granted": 16.0, "in_use": 8.0, "pool_in_use": 8.0, "available": 8.0,
+        "shortfall": 56.0, "ok": False}
+    # 9 x 208 = 1,872 vCPUs beside 100 of others: 2,000 is enough.
+    assert (q["CPUS"]["needed"], q["CPUS"]["shortfall"], q["CPUS"]["ok"]) == (1872, 0, True)
+    assert (q["LOCAL_SSD_TOTAL_GB"]["needed"], q["LOCAL_SSD_TOTAL_GB"]["ok"]) == (54000, True)
+    assert (q["GPUS_ALL_REGIONS"]["scope"], q["GPUS_ALL_REGIONS"]["needed"],
+            q["GPUS_ALL_REGIONS"]["shortfall"]) == ("global", 72, 8.0)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in r.stderr
+    assert "quota NVIDIA_H100_GPUS in us-central1: short by 56 GPU" in err[0]
+
+
+def test_cli_quota_request_files_once(fake, home, cfg_file, cfg, pool, monkeypatch):
+    monkeypatch.setenv("POOLCTL_QUOTA_CONTACT_EMAIL", "gpu-team@example.com")
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    args = ("quota", "request", "--cloud", "gcp", "--auto-approve", "--json",
+            "-f", str(cfg_file))
+    r = cli(fake, home, *args)
+    assert r.returncode == 0, r.stderr
+    reqs = {x["name"]: x for x in json.loads(r.stdout)["requests"]}
+    # granted + shortfall: 16 + 56 = 72 H100; 64 + 8 = 72 across regions.
+    assert (reqs["NVIDIA_H100_GPUS"]["desired"], reqs["NVIDIA_H100_GPUS"]["state"],
+            reqs["NVIDIA_H100_GPUS"]["already_open"]) == (72, "PENDING", False)
+    assert reqs["GPUS_ALL_REGIONS"]["desired"] == 72
+    assert set(reqs) == {"NVIDIA_H100_GPUS", "GPUS_ALL_REGIONS"}
+    again = cli(fake, home, *args)
+    assert again.returncode == 0, again.stderr
+    assert all(x["already_open"] for x in json.loads(again.stdout)["requests"])
+    assert len(fake.preferences) == 2
+
+
+def test_cli_quota_request_contact_email_flag(fake, home, cfg_file, cfg, pool, monkeypatch):
+    monkeypatch.delenv("POOLCTL_QUOTA_CONTACT_EMAIL", raising=False)
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    args = ("quota", "request", "--cloud", "gcp", "--auto-approve", "--json",
+            "-f", str(cfg_file))
+    # Cloud Quotas requires a contact: without one, nothing is filed (exit 2, one line).
+    r = cli(fake, home, *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert fake.preferences == {}
+    assert "--contact-email: Cloud Quotas requires a contact email" in r.stderr.splitlines()[-1]
+    r = cli(fake, home, *args, "--contact-email", "not-an-address")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "poolctl: --contact-email 'not-an-address': not an email address")
+    r = cli(fake, home, *args, "--contact-email", "gpu-team@example.com")
+    assert r.returncode == 0, r.stderr
+    creates = _calls(fake, "POST", "/quotaPreferences")
+    # H100 and GPUS_ALL_REGIONS were short; the address is input only (never read back).
+    assert len(creates) == len(fake.preferences) == 2
+    assert {c["body"]["contactEmail"] for c in creates} == {"gpu-team@example.com"}
+
+
+def test_cli_warm_rounds_up_and_waits(fake, home, cfg_file, cfg, pool):
+    deploy(fake, cfg, pool)
+    _seed_quotas(fake)
+    # The third standby VM is created, then stops once the wait has seen it pending.
+    t = after_patch_polls(fake, 2, fake.settle)
+    r = cli(fake, home, "warm", "--replicas", "10", "--cloud", "gcp", "--wait", "--json",
+            "--timeout", "30", "-f", str(cfg_file))
+    t.join(5)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    # 10 replicas at 4 per node -> 3 nodes = 12 replicas, said so.
+    assert {k: d[k] for k in ("pool", "cloud", "mode", "replicas_requested",
+                              "replicas_per_node", "nodes", "replicas", "rounded_up",
+                              "changed")} == {
+        "pool": "chat-70b", "cloud": "gcp", "mode": "warm", "replicas_requested": 10,
+        "replicas_per_node": 4, "nodes": 3, "replicas": 12, "rounded_up": True,
+        "changed": True}
+    assert d["before"] == {"min_nodes": 1, "warm_nodes": 2, "desired_nodes": 1}
+    assert d["after"] == {"min_nodes": 1, "warm_nodes": 3, "desired_nodes": 1}
+    assert "10 replicas rounded up to 3 whole node(s) of 4 replicas = 12 replicas" in r.stderr
+    # Quota for what runs at once: 1 serving + 1 standby VM during its first boot = 2 nodes
+    # = 16 H100, of which the pool's running node already holds 8: 16 + 8 - 8 - 16 = 0.
+    h100 = next(x for x in d["quota"] if x["name"] == "NVIDIA_H100_GPUS")
+    assert (h100["needed"], h100["shortfall"]) == (16, 0)
+    assert (d["wait"]["ready"], d["wait"]["target"]) == (3, 3)
+    assert len(d["wait"]["nodes"]) == 1  # the new one; the 2 already warm are not timed
+    assert fake.migs[(PROJECT, REGION, MIG)]["targetStoppedSize"] == 3
+
+    # Absolute: asking again changes nothing and says so.
+    r = cli(fake, home, "warm", "--replicas", "9", "--cloud", "gcp", "--json",
+            "-f", str(cfg_file))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["changed"] is False
+    assert "nothing changed" in r.stderr
+
+
+def test_cli_status(fake, home, cfg_file, cfg, pool):
+    deploy(fake, cfg, pool)
+    fake.set_health(fake.instances(PROJECT, REGION, MIG)[0]["name"], "UNHEALTHY")
+    r = cli(fake, home, "status", "--cloud", "gcp", "--json", "-f", str(cfg_file))
+    assert r.returncode == 0, r.stderr
+    (s,) = json.loads(r.stdout)["pools"]
+    assert (s["pool"], s["cloud"], s["replicas_per_node"]) == ("chat-70b", "gcp", 4)
+    assert s["nodes"] == {"in_service": 0, "warm": 2, "pending": 0, "unhealthy": 1,
+                          "terminating": 0}
+    assert s["replicas"] == {"in_service": 0, "warm": 8, "pending": 0, "unhealthy": 4,
+                             "terminating": 0}
+    assert {k: s["group"][k] for k in ("name", "region", "min_nodes", "max_nodes",
+                                       "desired_nodes", "warm_min_nodes", "warm_state",
+                                       "version")} == {
+        "name": MIG, "region": REGION, "min_nodes": 1, "max_nodes": 6, "desired_nodes": 1,
+        "warm_min_nodes": 2, "warm_state": "stopped", "version": V1}
+    assert s["rollout"] is None and s["queue_per_replica"] is None
+    assert len(s["instances"]) == 3
+    # Human output: GCP does not read the queue metric, and says so rather than "no data".
+    r = cli(fake, home, "status", "--cloud", "gcp", "-f", str(cfg_file))
+    assert r.returncode == 0, r.stderr
+    assert "queue: queue metric not read on gcp" in r.stdout
+    assert "no datapoints" not in r.stdout
+
+
+def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, monkeypatch):
+    from poolctl import runtime
+
+    deploy(fake, cfg, pool)
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+    fake.set_template(PROJECT, REGION, MIG, V2)
+    fake.step_rollout(PROJECT, REGION, MIG, 1)
+    # What `rollout start` records after its apply (it needs Terraform, not faked here).
+    cfg_file.write_text(pool_yaml().replace("v0.11.0", "v0.12.0"))
+    monkeypatch.setenv("POOLCTL_HOME", str(home))
+    runtime.save_record(cfg, pool, "gcp", {
+        "stack": "acme-chat-70b-gcp", "pool": "chat-70b", "cloud": "gcp",
+        "file": str(cfg_file), "key": "serving.image", "from": "vllm/vllm-openai:v0.11.0",
+        "to": "vllm/vllm-openai:v0.12.0", "line": 16, "group_version_from": V1,
+        "group_version_to": V2, "no_surge": False, "status": "started",
+        "rollout_id": V2, "started_at": "2026-02-01T09:00:00+00:00"}, new=True)
+
+    r = cli(fake, home, "rollout", "status", "--cloud", "gcp", "--json", "-f", str(cfg_file))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    ro = d["rollout"]
+    # 1 of 3 VMs replaced, 2 to go, the next 2 being recreated (surge 3).
+    assert (d["group"], d["group_version"]) == (MIG, V2)
+    assert (ro["id"], ro["status"], ro["done"], ro["percentage_complete"],
+            ro["instances_to_update"], ro["reason"]) == (
+        V2, "InProgress", False, 33.3, 2, "recreating 2")
+    assert ro["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{V1})"
+    assert ro["to_version"] == f"serving.image=vllm/vllm-openai:v0.12.0 (v{V2})"
+    assert d["checkpoints"] == []
+
+    r = cli(fake, home, "rollout", "cancel", "--cloud", "gcp", "--json", "-f", str(cfg_file))
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("poolctl: rollout cancel: gcp cannot stop a rollout where it "
+                                "stands; use `poolctl rollout rollback --cloud gcp`")
+    assert _calls(fake, "PATCH", "/instanceGroupManagers/") == []
+
+    # Rollback mid-rollout: the MIG goes back to V1 and the file to v0.11.0; the command
+    # watches until the VM already on V2 is replaced back.
+    t = after_patch_polls(fake, 2, lambda: fake.step_rollout(PROJECT, REGION, MIG, 3))
+    r = cli(fake, home, "rollout", "rollback", "--cloud", "gcp", "--auto-approve", "--json",
+            "--timeout", "30", "-f", str(cfg_file))
+    t.join(5)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["how"], d["key"], d["from"], d["to"]) == (
+        "cloud_rollback", "serving.image", "vllm/vllm-openai:v0.12.0",
+        "vllm/vllm-openai:v0.11.0")
+    assert (d["rollout"]["id"], d["rollout"]["from_version"], d["rollout"]["to_version"],
+            d["rollout"]["percentage_complete"]) == (V1, V2, V1, 66.7)
+    assert (d["final"]["status"], d["final"]["done"], d["final"]["percentage_complete"]) == (
+        "Successful", True, 100.0)
+    assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
+    versions = fake.migs[(PROJECT, REGION, MIG)]["versions"]
+    assert [v["instanceTemplate"].rsplit("/", 1)[1] for v in versions] == [V1]
+
+
+def test_cli_gcp_errors_are_one_line(fake, home, cfg_file):
+    fake.add_region(PROJECT, REGION, ZONES)
+    r = cli(fake, home, "status", "--cloud", "gcp", "-f", str(cfg_file))
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "no regional MIG in project acme-prod, region us-central1" in r.stderr
+    r = cli(fake, home, "warm", "--replicas", "4", "--cloud", "gcp", "--sandbox",
+            "-f", str(cfg_file))
+    assert r.returncode == 2 and "--sandbox" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreachable_endpoint_is_one_line(cfg, pool):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ops = GcpOps(client_options={"api_endpoint": f"http://127.0.0.1:{port}"},
+                 retry_initial_s=0.01, retry_deadline_s=0.3)
+    with pytest.raises(OperationFailed) as e:
+        ops.find_group(cfg, pool)
+    assert str(e.value).startswith("GCP list instance templates: still failing after retries")
+    assert "\n" not in str(e.value)

@@ -1,0 +1,451 @@
+"""The parsing and judging half of `poolctl nodes check` (poolctl.nodecheck), on output recorded
+from the tools' formats, without SSH. The SSH half runs against a real sshd in
+tests/ops/test_nodes_check.py.
+
+The spec is the contract example on AWS: p5.48xlarge (8x H100, 81920 MiB in the catalog),
+vllm/vllm-openai:v0.11.0 on port 8000, cache need 70.6e9 x 2 B x 1.2 = 169,440,000,000 B.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from poolctl import nodecheck as nc
+from poolctl.config import load_config, parse_config
+from poolctl.errors import OperationFailed, UsageError
+from tests.configs import pool_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def spec(cfg):
+    return nc.spec_for(cfg.pools[0], "aws")
+
+
+def ok(stdout: str = "", rc: int = 0, stderr: str = "") -> nc.CmdResult:
+    return nc.CmdResult(rc, stdout, stderr)
+
+
+H100 = "NVIDIA H100 80GB HBM3, 81559 MiB\n"
+
+# `nvidia-smi topo -m` of an 8x H100 SXM node (tabs as nvidia-smi prints them).
+TOPO_P5 = "\t" + "\t".join(f"GPU{i}" for i in range(8)) + \
+    "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" + "".join(
+        f"GPU{i}\t" + "\t".join(" X " if j == i else "NV18" for j in range(8))
+        + ("\t0-47,96-143\t0\t\tN/A\n" if i < 4 else "\t48-95,144-191\t1\t\tN/A\n")
+        for i in range(8)) + """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+# A PCIe-only 4-GPU box (g6e-like): no NVLink anywhere.
+TOPO_PCIE = """\
+\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tPHB\tSYS\tSYS\t0-47\t0\t\tN/A
+GPU1\tPHB\t X \tSYS\tSYS\t0-47\t0\t\tN/A
+GPU2\tSYS\tSYS\t X \tPHB\t48-95\t1\t\tN/A
+GPU3\tSYS\tSYS\tPHB\t X \t48-95\t1\t\tN/A
+
+Legend:
+
+  X    = Self
+"""
+
+# 2 GPUs plus NIC columns and rows, and a NIC legend (an EFA node).
+TOPO_NIC = """\
+\tGPU0\tGPU1\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV18\tPXB\tSYS\t0-47\t0\t\tN/A
+GPU1\tNV18\t X \tSYS\tPXB\t0-47\t0\t\tN/A
+NIC0\tPXB\tSYS\t X \tSYS
+NIC1\tSYS\tPXB\tSYS\t X
+
+Legend:
+
+  X    = Self
+
+NIC Legend:
+
+  NIC0: rdmap16s27
+  NIC1: rdmap32s27
+"""
+
+
+def nvlink_s(gpus: int = 8, links: int = 18, inactive: dict[int, int] | None = None) -> str:
+    inactive = inactive or {}
+    out = []
+    for g in range(gpus):
+        out.append(f"GPU {g}: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-{g:012x})")
+        for link in range(links):
+            speed = "<inactive>" if link < inactive.get(g, 0) else "26.562 GB/s"
+            out.append(f"\t Link {link}: {speed}")
+    return "\n".join(out) + "\n"
+
+
+# --- the spec --------------------------------------------------------------------------
+
+
+def test_spec_from_the_example(spec):
+    assert (spec.instance_type, spec.gpu, spec.gpus, spec.hbm_mib_per_gpu) == (
+        "p5.48xlarge", "H100", 8, 81920)
+    assert spec.nvlink is True
+    assert spec.image == "vllm/vllm-openai:v0.11.0"
+    assert spec.health_url == "http://127.0.0.1:8000/health"
+    assert spec.cache_mount == "/mnt/poolctl-cache"
+    # 70.6e9 parameters x 2 bytes (bfloat16) x 1.2 headroom
+    assert spec.cache_bytes_needed == 169_440_000_000
+
+
+def test_spec_for_gcp(cfg):
+    s = nc.spec_for(cfg.pools[0], "gcp")
+    assert (s.instance_type, s.gpu, s.gpus) == ("a3-highgpu-8g", "H100", 8)
+
+
+# --- gpus --------------------------------------------------------------------------------
+
+
+def test_parse_gpus_with_and_without_units():
+    assert nc.parse_gpus(H100 * 2) == [nc.Gpu("NVIDIA H100 80GB HBM3", 81559)] * 2
+    assert nc.parse_gpus("NVIDIA A100-SXM4-40GB, 40960\n") == [
+        nc.Gpu("NVIDIA A100-SXM4-40GB", 40960)]
+    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
+        nc.parse_gpus("No devices were found\n")
+
+
+def test_gpus_pass(spec):
+    c = nc.check_gpus(ok(H100 * 8), spec)
+    assert c.ok and c.observed == "8x NVIDIA H100 80GB HBM3 (81559 MiB)" and c.hint is None
+
+
+def test_gpus_seven(spec):
+    c = nc.check_gpus(ok(H100 * 7), spec)
+    assert not c.ok and c.observed.startswith("7 GPUs: 7x NVIDIA H100")
+    assert c.hint.startswith("expected 8x H100 (p5.48xlarge)")
+
+
+def test_gpus_wrong_model_and_small_hbm(spec, cfg):
+    c = nc.check_gpus(ok("NVIDIA A100-SXM4-80GB, 81920 MiB\n" * 8), spec)
+    assert not c.ok and c.observed.startswith("wrong model")
+    # p4de rows are A100 80GB: a 40GB A100 has the right name but half the memory.
+    p4de = nc.spec_for(parse_config(pool_yaml(instance_type="p4de.24xlarge")).pools[0], "aws")
+    c = nc.check_gpus(ok("NVIDIA A100-SXM4-40GB, 40960 MiB\n" * 8), p4de)
+    assert not c.ok and c.observed.startswith("too little HBM")
+    # 79000 MiB is within 5 % of 81920 (floor 77824): still an H100 80GB.
+    assert nc.check_gpus(ok("NVIDIA H100 80GB HBM3, 79000 MiB\n" * 8), spec).ok
+
+
+def test_gpus_driver_missing_or_failing(spec):
+    c = nc.check_gpus(ok(rc=127, stderr="bash: nvidia-smi: command not found"), spec)
+    assert not c.ok and c.observed == "nvidia-smi not found"
+    c = nc.check_gpus(ok(rc=9, stdout="NVIDIA-SMI has failed because it couldn't communicate "
+                                      "with the NVIDIA driver."), spec)
+    assert not c.ok and "couldn't communicate" in c.observed
+
+
+# --- nvlink ------------------------------------------------------------------------------
+
+
+def test_parse_topo_p5():
+    links = nc.parse_topo(TOPO_P5)
+    assert len(links) == 8 * 7  # ordered pairs
+    assert set(links.values()) == {"NV18"}
+
+
+def test_parse_topo_reads_past_nic_columns():
+    assert nc.parse_topo(TOPO_NIC) == {("GPU0", "GPU1"): "NV18", ("GPU1", "GPU0"): "NV18"}
+
+
+def test_nvlink_pass(spec):
+    c = nc.check_nvlink(ok(TOPO_P5), ok(nvlink_s()), spec)
+    assert c.ok, c.observed
+    assert c.observed == "all 28 GPU pairs over NVLink (NV18); 18 active links per GPU"
+
+
+def test_nvlink_pcie_only_fails(spec):
+    c = nc.check_nvlink(ok(TOPO_PCIE), ok(""), spec)
+    assert not c.ok
+    # 4 GPUs: 6 pairs, none over NVLink; the first four are named.
+    assert c.observed == ("6 of 6 GPU pairs not over NVLink: GPU0-GPU1 PHB, GPU0-GPU2 SYS, "
+                          "GPU0-GPU3 SYS, GPU1-GPU2 SYS and 2 more")
+
+
+def test_nvlink_inactive_links_fail(spec):
+    c = nc.check_nvlink(ok(TOPO_P5), ok(nvlink_s(inactive={3: 2})), spec)
+    assert not c.ok and c.observed == "links down: GPU3 2 of 18 inactive"
+    assert "nvidia-fabricmanager" in c.hint
+
+
+def test_parse_nvlink_status():
+    assert nc.parse_nvlink_status(nvlink_s(gpus=2, links=4, inactive={1: 4})) == {
+        "GPU0": (4, 0), "GPU1": (0, 4)}
+
+
+def test_nvlink_topo_garbage(spec):
+    c = nc.check_nvlink(ok("NVML: Unknown Error\n"), ok(""), spec)
+    assert not c.ok and "no GPU header row" in c.observed
+
+
+# --- no-efa ------------------------------------------------------------------------------
+
+LSPCI_ENA = ("00:05.0 Ethernet controller [0200]: Amazon.com, Inc. Elastic Network Adapter "
+             "(ENA) [1d0f:ec20]\n")
+LSPCI_EFA = ("10:1b.0 Ethernet controller [0200]: Amazon.com, Inc. Elastic Fabric Adapter "
+             "(EFA) [1d0f:efa1]\n")
+LSPCI_CX7 = ("c1:00.0 Ethernet controller [0200]: Mellanox Technologies MT2910 Family "
+             "[ConnectX-7] [15b3:1021]\n")
+FI_NONE = nc.CmdResult(1, "", "fi_getinfo: -61 (No data available)\n")
+
+
+def test_rdma_pci_devices():
+    assert nc.rdma_pci_devices(LSPCI_ENA) == []
+    assert nc.rdma_pci_devices(LSPCI_ENA + LSPCI_EFA + LSPCI_CX7) == [
+        LSPCI_EFA.strip(), LSPCI_CX7.strip()]
+
+
+def test_no_efa_pass_and_tools_missing():
+    c = nc.check_no_efa(ok(""), ok(LSPCI_ENA), FI_NONE)
+    assert c.ok and c.observed.startswith("none (no /sys/class/infiniband device")
+    c = nc.check_no_efa(ok(""), ok(rc=127), ok(rc=127))
+    assert c.ok and "lspci not installed" in c.observed
+
+
+def test_no_efa_each_source_fails_alone():
+    assert not nc.check_no_efa(ok("rdmap16s27\n"), ok(LSPCI_ENA), FI_NONE).ok
+    assert not nc.check_no_efa(ok(""), ok(LSPCI_CX7), FI_NONE).ok
+    fi = ok("provider: efa\n    fabric: efa\n    domain: rdmap16s27-rdm\n")
+    c = nc.check_no_efa(ok(""), ok(LSPCI_ENA), fi)
+    assert not c.ok and c.observed == "fi_info -p efa lists the efa provider"
+
+
+# --- cache -------------------------------------------------------------------------------
+
+DF = "Mounted on             1B-blocks           Avail\n"
+
+
+def test_parse_findmnt_and_df():
+    assert nc.parse_findmnt("/dev/md127 xfs\n") == ("/dev/md127", "xfs")
+    assert nc.parse_findmnt("") is None
+    assert nc.parse_df(DF + "/mnt/poolctl-cache 30397335011328 30224942011328\n") == (
+        "/mnt/poolctl-cache", 30397335011328, 30224942011328)
+    with pytest.raises(ValueError):
+        nc.parse_df(DF)
+
+
+def test_cache_mount(spec):
+    assert nc.check_cache_mount(ok("/dev/md127 xfs\n"), spec).ok
+    assert nc.check_cache_mount(ok("/dev/nvme1n1 ext4\n"), spec).ok
+    c = nc.check_cache_mount(ok(rc=1), spec)
+    assert not c.ok and c.observed == "nothing mounted at /mnt/poolctl-cache"
+    # A tmpfs or the root volume at the mount point is not the NVMe cache.
+    c = nc.check_cache_mount(ok("tmpfs tmpfs\n"), spec)
+    assert not c.ok and "not the local NVMe" in c.observed
+
+
+def test_cache_size_boundary(spec):
+    need = 169_440_000_000
+    assert nc.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need} {need}\n"), spec).ok
+    c = nc.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need - 1} 0\n"), spec)
+    assert not c.ok
+    assert c.observed == ("169.4 GB (169,439,999,999 B), 0.0 GB free; the weights need "
+                          "169.4 GB with 20% headroom")
+
+
+def test_cache_size_unmounted(spec):
+    c = nc.check_cache_size(ok(DF + "/ 207929917440 150312738816\n"), spec)
+    assert not c.ok and c.observed.startswith("not checked: /mnt/poolctl-cache is not mounted")
+
+
+# --- image, health -----------------------------------------------------------------------
+
+
+def test_image(spec):
+    c = nc.check_image(ok("sha256:" + "ab" * 32 + "\n"), spec)
+    assert c.ok and c.short == "abababababab"
+    c = nc.check_image(ok("\n", 1, "Error: No such image: vllm/vllm-openai:v0.11.0\n"), spec)
+    assert not c.ok and "docker pull vllm/vllm-openai:v0.11.0" in c.hint
+    denied = ("permission denied while trying to connect to the Docker daemon socket at "
+              "unix:///var/run/docker.sock\n")
+    c = nc.check_image(ok("", 1, denied), spec)
+    assert not c.ok and "docker group" in c.hint
+
+
+@pytest.mark.parametrize(("res", "good", "observed"), [
+    (nc.CmdResult(0, "200"), True, "200 from http://127.0.0.1:8000/health"),
+    (nc.CmdResult(22, "503", "curl: (22) The requested URL returned error: 503"), False,
+     "HTTP 503 from http://127.0.0.1:8000/health"),
+    (nc.CmdResult(7, "000", "curl: (7) Failed to connect"), False,
+     "http://127.0.0.1:8000/health: connection refused: nothing listens on the port"),
+    (nc.CmdResult(28, "000", "curl: (28) Operation timed out"), False,
+     "http://127.0.0.1:8000/health: timed out"),
+    (nc.CmdResult(None, error="`curl` did not finish in 10 s"), False,
+     "http://127.0.0.1:8000/health: `curl` did not finish in 10 s"),
+])
+def test_health(spec, res, good, observed):
+    c = nc.check_health(res, spec)
+    assert (c.ok, c.observed) == (good, observed)
+
+
+# --- the composition, with a fake runner ------------------------------------------------
+
+
+def healthy_outputs(spec) -> dict[str, nc.CmdResult]:
+    cmd = nc.commands(spec)
+    return {
+        cmd["gpus"]: ok(H100 * 8),
+        cmd["topo"]: ok(TOPO_P5),
+        cmd["nvlink"]: ok(nvlink_s()),
+        cmd["infiniband"]: ok(""),
+        cmd["lspci"]: ok(LSPCI_ENA),
+        cmd["fi_info"]: FI_NONE,
+        cmd["findmnt"]: ok("/dev/md127 xfs\n"),
+        cmd["df"]: ok(DF + "/mnt/poolctl-cache 30397335011328 30224942011328\n"),
+        cmd["image"]: ok("sha256:" + "0" * 64 + "\n"),
+        cmd["health"]: ok("200"),
+    }
+
+
+def test_run_checks_healthy(spec):
+    outputs = healthy_outputs(spec)
+    ran = []
+
+    def run(cmd):
+        ran.append(cmd)
+        return outputs[cmd]
+
+    checks = nc.run_checks(run, spec)
+    assert [c.name for c in checks] == list(nc.CHECK_NAMES[1:])
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert sorted(ran) == sorted(outputs)
+
+
+def test_commands_quote_config_values(spec):
+    from dataclasses import replace
+
+    odd = replace(spec, image="repo/img:v1;rm -rf /", health_path="/health?x=$(id)")
+    cmd = nc.commands(odd)
+    assert cmd["image"] == "docker image inspect --format '{{.Id}}' 'repo/img:v1;rm -rf /'"
+    assert cmd["health"].endswith("'http://127.0.0.1:8000/health?x=$(id)'")
+
+
+# --- hosts and planning ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "host", "port", "label"), [
+    ("10.0.0.5", "10.0.0.5", 22, "10.0.0.5:22"),
+    ("10.0.0.5:2222", "10.0.0.5", 2222, "10.0.0.5:2222"),
+    ("node-1.internal", "node-1.internal", 22, "node-1.internal:22"),
+    ("[fd00::5]:2200", "fd00::5", 2200, "[fd00::5]:2200"),
+    ("fd00::5", "fd00::5", 22, "[fd00::5]:22"),
+])
+def test_parse_host(text, host, port, label):
+    h = nc.parse_host(text)
+    assert (h.host, h.port, h.label) == (host, port, label)
+
+
+def test_known_hosts_name():
+    assert nc.parse_host("10.0.0.5").known_hosts_name == "10.0.0.5"
+    assert nc.parse_host("10.0.0.5:2222").known_hosts_name == "[10.0.0.5]:2222"
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.5:0", "10.0.0.5:x", "10.0.0.5:70000", ":22", "[::1",
+                                 "-oProxyCommand=x"])
+def test_parse_host_rejects(bad):
+    with pytest.raises(UsageError, match="--host"):
+        nc.parse_host(bad)
+
+
+def test_plan_work_hosts_need_one_target(cfg):
+    both = cfg.targets(None, None)
+    with pytest.raises(UsageError, match="--host: the nodes could belong to chat-70b/aws, "
+                                         "chat-70b/gcp"):
+        nc.plan_work(cfg, both, ["10.0.0.5"])
+    work = nc.plan_work(cfg, cfg.targets(None, "aws"), ["10.0.0.5", "10.0.0.5:22", "10.0.0.6"],
+                        default_port=22)
+    assert [h.label for h, _ in work] == ["10.0.0.5:22", "10.0.0.6:22"]
+
+
+def test_plan_work_discovery(cfg):
+    seen = []
+
+    def discover(c, pool, cloud, sandbox):
+        seen.append((pool.name, cloud, sandbox))
+        return ["10.40.1.7", "10.40.1.12"] if cloud == "aws" else []
+
+    work = nc.plan_work(cfg, cfg.targets(None, "aws"), None, default_port=2222,
+                        discover=discover)
+    assert [(h.label, s.cloud) for h, s in work] == [("10.40.1.7:2222", "aws"),
+                                                      ("10.40.1.12:2222", "aws")]
+    with pytest.raises(OperationFailed, match="no running node of pool chat-70b on gcp in "
+                                              "us-central1"):
+        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
+    with pytest.raises(UsageError, match="--sandbox: the sandbox emulates AWS only"):
+        nc.plan_work(cfg, cfg.targets(None, None), None, sandbox=True, discover=discover)
+
+
+def test_gcp_filter_and_ips(cfg):
+    compute_v1 = pytest.importorskip("google.cloud.compute_v1",
+                                     reason="google-cloud-compute not installed")
+    pool = cfg.pools[0]
+    assert nc.gcp_filter(cfg, pool) == ('labels.poolctl-project = "acme" AND '
+                                        'labels.poolctl-pool = "chat-70b" AND status = "RUNNING"')
+
+    def vm(ip, status="RUNNING"):
+        return compute_v1.Instance(status=status, network_interfaces=[
+            compute_v1.NetworkInterface(network_i_p=ip)])
+
+    pages = [
+        ("zones/us-central1-a", compute_v1.InstancesScopedList(instances=[vm("10.128.0.9")])),
+        ("zones/us-central1-b", compute_v1.InstancesScopedList(
+            instances=[vm("10.128.0.10"), vm("10.128.0.11", "STOPPING")])),
+        ("zones/us-east1-b", compute_v1.InstancesScopedList(instances=[vm("10.142.0.2")])),
+        ("zones/us-central1-c", compute_v1.InstancesScopedList()),  # a zone with none
+    ]
+    assert nc.gcp_ips(pages, "us-central1") == ["10.128.0.9", "10.128.0.10"]
+
+
+# --- SSH options: problems caught before any connection (exit 2) --------------------------
+
+
+def test_ssh_options_identity(tmp_path):
+    paramiko = pytest.importorskip("paramiko")
+    with pytest.raises(UsageError, match="--identity .*: no such file"):
+        nc.SshOptions(identity=tmp_path / "missing")
+    pub = tmp_path / "id.pub"
+    pub.write_text("ssh-ed25519 "
+                   "AAAAC3NzaC1lZDI1NTE5AAAAIHH+z+tCcomA5bYMr5J28P8bJeAaq6WX1lYTZ6bSTeg+\n")
+    with pytest.raises(UsageError, match="not a private key"):
+        nc.SshOptions(identity=pub)
+    locked = tmp_path / "id_locked"
+    paramiko.RSAKey.generate(2048).write_private_key_file(str(locked), password="s3cret")
+    with pytest.raises(UsageError, match="passphrase-protected; load it into ssh-agent"):
+        nc.SshOptions(identity=locked)
+    if shutil.which("ssh-keygen"):  # OpenSSH's own format, as users' keys are
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f",
+                        str(tmp_path / "id_ed25519")], check=True)
+        with pytest.raises(UsageError, match="passphrase-protected"):
+            nc.SshOptions(identity=tmp_path / "id_ed25519")
+    plain = tmp_path / "id_plain"
+    key = paramiko.RSAKey.generate(2048)
+    key.write_private_key_file(str(plain))
+    assert nc.SshOptions(identity=plain).pkey.asbytes() == key.asbytes()
+
+
+def test_ssh_options_other_usage(tmp_path):
+    with pytest.raises(UsageError, match="--known-hosts .*: no such file"):
+        nc.SshOptions(known_hosts=tmp_path / "nope")
+    with pytest.raises(UsageError, match="--timeout 0"):
+        nc.SshOptions(timeout=0)
+
