@@ -774,6 +774,32 @@ class GcpOps:
             out["deleted"].append(tname)
         return out
 
+    def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
+        """After `destroy`: delete the pool's labelled instance templates that Terraform no
+        longer tracks (the rollback targets `rollout_before_apply` made it forget).
+        {"deleted": names, "failed": one line each}; a template still in use stays."""
+        from google.api_core import exceptions as gexc
+
+        project = pool.gcp.project
+        compute_v1 = self._compute()
+        client = self._client("InstanceTemplatesClient")
+        out: dict[str, list[str]] = {"deleted": [], "failed": []}
+        for t in self._labelled_templates(project, naming.gcp_labels(cfg, pool)):
+            what = f"delete instance template {t.name}"
+            try:
+                op = self._lookup(what, client.delete_unary,
+                                  request=compute_v1.DeleteInstanceTemplateRequest(
+                                      project=project, instance_template=t.name,
+                                      request_id=str(uuid.uuid4())))
+                self._wait(op, project, None, what)
+            except gexc.NotFound:
+                continue
+            except OperationFailed as e:
+                out["failed"].append(f"{e}; delete it by hand once unused")
+                continue
+            out["deleted"].append(t.name)
+        return out
+
     def rollout_state(self, group: Group) -> RolloutState | None:
         _, _, _, mig, target, previous, live, on_old, _ = self._rollout_view(group)
         reached = bool(mig.status.version_target.is_reached)

@@ -79,13 +79,34 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
         # With --json the summary is in the JSON; stdout carries nothing else.
         render_summary=(lambda name, summary: None) if json_out else _render_summary,
     )
+    leftovers = _gcp_leftovers(cfg, tgts, results) if destroy else {}
     if json_out:
-        emit_json({"stacks": [r.__dict__ for r in results]})
+        emit_json({"stacks": [r.__dict__ for r in results],
+                   **({"deleted_templates": leftovers} if leftovers else {})})
         return
     for r in results:
         if r.outputs:
             for k, v in r.outputs.items():
                 sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+
+
+def _gcp_leftovers(cfg, tgts, results) -> dict[str, dict]:
+    """GCP keeps each rollout's previous instance template outside Terraform's state (the
+    rollback target); once the pool is destroyed, delete those too."""
+    out = {}
+    for (p, cl), r in zip(tgts, results, strict=True):
+        if cl != "gcp" or not r.applied:
+            continue
+        from poolctl.runtime import get_ops
+
+        done = get_ops("gcp", False).delete_pool_templates(cfg, p)
+        for line in done["failed"]:
+            sys.stderr.write(f"poolctl: {r.stack}: {line}\n")
+        if done["deleted"]:
+            sys.stderr.write(f"{r.stack}: deleted kept instance templates: "
+                             f"{', '.join(done['deleted'])}\n")
+        out[r.stack] = done
+    return out
 
 
 def deploy(

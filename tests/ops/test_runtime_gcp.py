@@ -1095,3 +1095,22 @@ def test_unreachable_endpoint_is_one_line(cfg, pool):
         ops.find_group(cfg, pool)
     assert str(e.value).startswith("GCP list instance templates: still failing after retries")
     assert "\n" not in str(e.value)
+
+
+def test_destroy_deletes_the_kept_templates(fake, ops, cfg, pool):
+    """After `destroy`, the previous templates a rollout kept out of Terraform's state (its
+    rollback targets) go too; templates of other pools stay."""
+    deploy(fake, cfg, pool, older_templates=("acme-chat-70b-old1", "acme-chat-70b-old2"))
+    fake.add_template(PROJECT, "other-team", labels={"team": "other"})
+    # Terraform destroyed the MIG and its current template; the kept ones remain.
+    with fake.lock:
+        fake.migs.clear()
+        fake.managed.clear()
+    fake.delete_template(PROJECT, "acme-chat-70b-20260105090000000000000001")
+
+    done = ops.delete_pool_templates(cfg, pool)
+
+    assert sorted(done["deleted"]) == ["acme-chat-70b-old1", "acme-chat-70b-old2"]
+    assert done["failed"] == []
+    assert sorted(n for (_, n) in fake.templates) == ["other-team"]
+    assert _calls(fake, "DELETE", "/global/instanceTemplates/acme-chat-70b-old1")
