@@ -15,6 +15,8 @@ from poolctl.commands.common import (
     CloudReq,
     FileOpt,
     JsonOpt,
+    MirrorOpt,
+    OutOpt,
     PoolOpt,
     SandboxOpt,
     confirm,
@@ -23,13 +25,6 @@ from poolctl.commands.common import (
     load,
     targets,
 )
-
-OutOpt = Annotated[Path, typer.Option("--out", help="Synthesis output folder.")]
-MirrorOpt = Annotated[
-    str | None,
-    typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
-                 help="Install providers from this filesystem mirror (offline deploys)."),
-]
 
 
 def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,

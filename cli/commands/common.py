@@ -86,3 +86,11 @@ def confirm(question: str, auto_approve: bool) -> bool:
 
         raise UsageError("--auto-approve: no terminal to confirm on; pass --auto-approve to go on")
     return typer.confirm(question, default=False)
+
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Synthesis output folder.")]
+MirrorOpt = Annotated[
+    str | None,
+    typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
+                 help="Install providers from this filesystem mirror (offline applies)."),
+]

@@ -18,6 +18,8 @@ from poolctl.commands.common import (
     CloudReq,
     FileOpt,
     JsonOpt,
+    MirrorOpt,
+    OutOpt,
     PoolOpt,
     SandboxOpt,
     confirm,
@@ -35,12 +37,6 @@ WaitOpt = Annotated[
 ]
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0, help="Seconds --wait watches at most.")
-]
-OutOpt = Annotated[Path, typer.Option("--out", help="Synthesis output folder (as for deploy).")]
-MirrorOpt = Annotated[
-    str | None,
-    typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
-                 help="Install providers from this filesystem mirror (offline applies)."),
 ]
 
 
