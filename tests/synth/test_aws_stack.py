@@ -30,6 +30,8 @@ AWS_CHECKOV_SKIPS = {
     "CKV_AWS_2": "internal ALB; HTTPS when aws.certificate_arn is set (tested below)",
     "CKV2_AWS_20": "HTTP->HTTPS redirect exists when aws.certificate_arn is set (tested below)",
     "CKV_AWS_103": "TLS 1.2+ policy applies when aws.certificate_arn is set (tested below)",
+    "CKV_AWS_378": "the target group sits behind an HTTP listener only without "
+                   "aws.certificate_arn (tested below); ALB->node traffic stays in the VPC",
     "CKV_AWS_150": "`poolctl destroy` must be able to remove the pool's own load balancer",
     "CKV_AWS_91": "ALB access logs need a user-owned bucket; request logs come from vLLM",
 }
