@@ -525,21 +525,21 @@ class AwsOps:
                 AutoScalingGroupName=group.name, MaxRecords=1)["InstanceRefreshes"]
         return self._state(refreshes[0], group.version) if refreshes else None
 
-    def rollout_cancel(self, group: Group) -> RolloutState:
+    def _refresh_action(self, group: Group, api: str, method: str) -> RolloutState:
+        """Cancel/Rollback InstanceRefresh, then the refresh as it now stands."""
         asg = self.client("autoscaling", group.region)
-        with self.call(f"autoscaling:CancelInstanceRefresh {group.name}"):
-            asg.cancel_instance_refresh(AutoScalingGroupName=group.name)
+        with self.call(f"autoscaling:{api} {group.name}"):
+            getattr(asg, method)(AutoScalingGroupName=group.name)
         state = self.rollout_state(group)
-        assert state is not None
+        assert state is not None  # the call above just acted on one
         return state
 
+    def rollout_cancel(self, group: Group) -> RolloutState:
+        return self._refresh_action(group, "CancelInstanceRefresh", "cancel_instance_refresh")
+
     def rollout_rollback(self, group: Group) -> RolloutState:
-        asg = self.client("autoscaling", group.region)
-        with self.call(f"autoscaling:RollbackInstanceRefresh {group.name}"):
-            asg.rollback_instance_refresh(AutoScalingGroupName=group.name)
-        state = self.rollout_state(group)
-        assert state is not None
-        return state
+        return self._refresh_action(group, "RollbackInstanceRefresh",
+                                    "rollback_instance_refresh")
 
     # -- queue ----------------------------------------------------------------------
 
