@@ -12,7 +12,7 @@ import sys
 import typer
 
 from poolctl import __version__
-from poolctl.commands import build, check, nodes, ops, quota, rollout, sandbox
+from poolctl.commands import build, check, image, nodes, ops, quota, rollout, sandbox, simulate
 
 app = typer.Typer(
     name="poolctl",
@@ -27,6 +27,7 @@ app = typer.Typer(
 app.command()(check.validate)
 app.command()(check.plan)
 app.command()(check.schema)
+app.command()(simulate.simulate)
 app.command()(build.synth)
 app.command()(build.deploy)
 app.command()(build.destroy)
@@ -36,6 +37,7 @@ app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(quota.app, name="quota")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(nodes.app, name="nodes")
+app.add_typer(image.app, name="image")
 
 
 @app.callback()
@@ -45,6 +47,10 @@ def _root(
     if version:
         sys.stdout.write(f"poolctl {__version__}\n")
         raise typer.Exit()
+    from poolctl.envcheck import check_environment
+
+    # Before any command acts: a bad POOLCTL_* value must not surface halfway through one.
+    check_environment()
 
 
 def main() -> None:

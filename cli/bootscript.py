@@ -29,13 +29,17 @@ from pathlib import Path
 
 import jinja2
 
-from poolctl import naming
+from poolctl import formats, naming
 from poolctl.catalog import load_catalog
 from poolctl.config import Config, Pool
 from poolctl.errors import UsageError
 
-# EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch").
+# EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
+# Compute Engine caps one metadata value, the startup-script, at 256 KB (GCE docs, "About VM
+# metadata", limits).
 AWS_USER_DATA_LIMIT = 16 * 1024
+BOOT_SCRIPT_LIMITS = {"aws": AWS_USER_DATA_LIMIT, "gcp": 256 * 1024}
+BOOT_SCRIPT_NAMES = {"aws": "EC2's user-data", "gcp": "GCE's startup-script metadata"}
 # Model load + vLLM's KV-cache profiling + CUDA graph capture; a 70B model is ready in
 # 4-8 min (cloud-facts), so 30 min only catches a node that will never serve.
 READY_TIMEOUT_S = 1800
@@ -95,10 +99,7 @@ def context(cfg: Config, pool: Pool, cloud: str) -> dict:
     if s.tensor_parallel <= 0 or row.gpus % s.tensor_parallel:
         raise UsageError(f"pools[{idx}].serving.tensor_parallel: {s.tensor_parallel} does not "
                          f"divide the {row.gpus} GPUs of {type_name}; use 1, 2, 4 or 8")
-    scheme = "s3://" if cloud == "aws" else "gs://"
-    if not placement.weights_uri.startswith(scheme) or len(placement.weights_uri) <= len(scheme):
-        raise UsageError(f"{key}.weights_uri: {placement.weights_uri!r} must be a {scheme} "
-                         "prefix holding the weights and manifest.json")
+    secret = pool.api_key_secret(cloud)
     ctx = {
         "cloud": cloud,
         "project": cfg.project,
@@ -108,9 +109,9 @@ def context(cfg: Config, pool: Pool, cloud: str) -> dict:
         "nvme_expected": row.local_nvme.count,
         "model_id": pool.model.id,
         "model_version": pool.model.version,
-        # A trailing slash: `prefix/*` and `cp --recursive prefix/` then copy the folder's
-        # content, and s3://b/llama never matches s3://b/llama-2/.
-        "weights_uri": placement.weights_uri.rstrip("/") + "/",
+        # Parsed by the config model; a trailing slash: `prefix/*` and `cp --recursive
+        # prefix/` then copy the folder's content, and s3://b/llama never matches s3://b/llama-2/.
+        "weights_uri": placement.weights.uri,
         "weights_subdir": f"{_slug(pool.model.id)}/{_slug(pool.model.version)}",
         "image": s.image,
         "gpus": row.gpus,
@@ -119,9 +120,15 @@ def context(cfg: Config, pool: Pool, cloud: str) -> dict:
         "max_model_len": s.max_model_len,
         "gpu_memory_utilization": s.gpu_memory_utilization,
         "max_num_batched_tokens": s.max_num_batched_tokens,
+        "max_num_seqs": s.max_num_seqs,
         "port": s.port,
         "health_path": s.health_path,
         "extra_args": list(s.extra_args),
+        # The secret's name only: the node reads the key itself at boot (see start_serving).
+        "api_key_secret": None if secret is None else {
+            "id": secret,
+            **({"region": formats.aws_secret_arn(secret)} if cloud == "aws" else {}),
+        },
         "ready_timeout_s": READY_TIMEOUT_S,
         **_registry(s.image, cloud),
     }
@@ -137,14 +144,23 @@ def context(cfg: Config, pool: Pool, cloud: str) -> dict:
     return ctx
 
 
+def render_unchecked(cfg: Config, pool: Pool, cloud: str) -> str:
+    """The boot script, whatever its size (the `boot-script-size` rule measures it)."""
+    return environment().get_template("node.sh.j2").render(context(cfg, pool, cloud))
+
+
+def size_problem(size: int, cloud: str) -> str | None:
+    limit = BOOT_SCRIPT_LIMITS[cloud]
+    if size <= limit:
+        return None
+    return f"the boot script is {size} bytes, over {BOOT_SCRIPT_NAMES[cloud]} limit of {limit}"
+
+
 def render_boot_script(cfg: Config, pool: Pool, cloud: str) -> str:
-    ctx = context(cfg, pool, cloud)
-    text = environment().get_template("node.sh.j2").render(ctx)
-    size = len(text.encode())
-    if cloud == "aws" and size > AWS_USER_DATA_LIMIT:
+    text = render_unchecked(cfg, pool, cloud)
+    if problem := size_problem(len(text.encode()), cloud):
         idx = next(i for i, p in enumerate(cfg.pools) if p.name == pool.name)
-        raise UsageError(f"pools[{idx}].serving.extra_args: the boot script is {size} bytes, over "
-                         f"EC2's {AWS_USER_DATA_LIMIT}-byte user-data limit; shorten the args")
+        raise UsageError(f"pools[{idx}].serving.extra_args: {problem}; shorten the args")
     return text
 
 

@@ -85,8 +85,26 @@ class InstanceType(_Row):
         return self.vcpus if self.quota.unit == "vCPU" else self.gpus
 
 
+class GpuSpec(_Row):
+    """Per-GPU compute and interconnect, for the serving model (dense tensor-core peaks)."""
+
+    bf16_tflops: float = Field(gt=0, description="Peak dense BF16/FP16 tensor TFLOPS.")
+    fp8_tflops: float | None = Field(
+        default=None, gt=0, description="Peak dense FP8 TFLOPS; null without FP8 tensor cores."
+    )
+    nvlink_gbytes_s: float | None = Field(
+        default=None, gt=0, description="NVLink bandwidth per GPU (bidirectional GB/s)."
+    )
+    pcie_gbytes_s: float = Field(gt=0, description="PCIe bandwidth per GPU (bidirectional GB/s).")
+    sources: list[str] = Field(min_length=1)
+
+
 class Catalog(_Row):
     instance_types: list[InstanceType]
+    gpu_specs: dict[str, GpuSpec]
+
+    def gpu_spec(self, row: InstanceType) -> GpuSpec:
+        return self.gpu_specs[row.gpu]
 
     def get(self, cloud: str, name: str) -> InstanceType | None:
         for row in self.instance_types:

@@ -8,22 +8,84 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from poolctl import formats
 from poolctl.errors import UsageError
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+# Strict scalars: YAML's `true` is not 1 and `4.0` is not a count; numbers are finite.
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]  # an integer is a number too; a boolean is not
+Bool = Annotated[bool, Strict()]
+# Bounds that keep every number the clouds and the sizing see finite and sane.
+MAX_REPLICAS = 10_000
+MAX_SECONDS = 86_400
+ImageRef = Annotated[str, AfterValidator(formats.image_reference)]
+Ipv4Cidr = Annotated[str, AfterValidator(formats.ipv4_cidr)]
+UrlPath = Annotated[str, AfterValidator(formats.url_path)]
+
+
+def _shaped(pattern: str, what: str):
+    return Annotated[str, AfterValidator(formats.matches(pattern, what))]
+
+
+AwsRegion = _shaped(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", "an AWS region like us-east-1")
+GcpRegion = _shaped(r"[a-z]+-[a-z]+\d{1,2}", "a GCP region like us-central1")
+GcpZone = _shaped(r"[a-z]+-[a-z]+\d{1,2}-[a-z]", "a GCP zone like us-central1-a")
+GcpProject = _shaped(r"[a-z][a-z0-9-]{4,28}[a-z0-9]",
+                     "a GCP project id (6-30 lowercase letters, digits, '-')")
+VpcId = _shaped(r"vpc-[0-9a-f]{1,17}", "a VPC id like vpc-0123456789abcdef0")
+SubnetId = _shaped(r"subnet-[0-9a-f]{1,17}", "a subnet id like subnet-0123456789abcdef0")
+AmiId = _shaped(r"ami-[0-9a-f]{8,17}", "an AMI id like ami-0123456789abcdef0")
+SsmName = _shaped(r"/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*",
+                  "an SSM parameter name like /aws/service/.../ami-id")
+ModelId = _shaped(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
+                  "a model id like org/name (letters, digits, '.', '_', '-')")
+_GCE_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+_GCE_API = r"(https://(www|compute)\.googleapis\.com/compute/v1/)?"
+GcpNetwork = _shaped(rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
+                     rf"/global/networks/{_GCE_NAME}",
+                     "a network: NAME or projects/PROJECT/global/networks/NAME")
+GcpSubnetwork = _shaped(rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
+                        rf"/regions/[a-z]+-[a-z]+\d{{1,2}}/subnetworks/{_GCE_NAME}",
+                        "a subnetwork: NAME or projects/PROJECT/regions/REGION/subnetworks/NAME")
+VpcCidr = Annotated[str, AfterValidator(lambda v: formats.ipv4_cidr(v, 16, 24))]
+S3Uri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "s3") and v)]
+GsUri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "gs") and v)]
+AzId = _shaped(r"[a-z]{2,5}\d{1,2}-az\d{1,2}", "an availability zone ID like use1-az4")
+S3Bucket = Annotated[str, AfterValidator(
+    lambda v: formats.parse_object_prefix(f"s3://{v}/", "s3") and v)]
+KeyPrefix = _shaped(r"[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*",
+                    "a key prefix like pools/chat (no '/' at either end)")
+GcpCertificate = _shaped(
+    r"((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
+    r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
+    "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME")
+
+
+def invalid(title: str, loc: tuple, message: str, value) -> ValidationError:
+    """A validation error at `loc` (relative to the model raising it), so a check that needs
+    several fields still names the one key to fix."""
+    err = PydanticCustomError("invalid", "{message}", {"message": message})
+    return ValidationError.from_exception_data(
+        title, [InitErrorDetails(type=err, loc=loc, input=value)]
+    )
 Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4"]
 # Bytes per element: weights use the model dtype, the KV cache its own (see kv_cache_dtype).
 DTYPE_BYTES: dict[str, float] = {
@@ -39,72 +101,113 @@ DTYPE_BYTES: dict[str, float] = {
 class CoreModel(BaseModel):
     """Base of every config model: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Model(CoreModel):
-    id: str = Field(description="Model id as the serving image loads it (Hugging Face style).")
+    id: ModelId = Field(
+        description="Model id as the serving image loads it (Hugging Face style)."
+    )
     version: str = Field(
         default="1",
         description="Version label of the weights; `rollout start --model-version` changes it.",
     )
-    params_b: float = Field(gt=0, description="Parameters in billions.")
+    params_b: Num = Field(gt=0, le=100_000, description="Parameters in billions.")
     dtype: Dtype = Field(description="Weight dtype; sets bytes per parameter.")
-    layers: int = Field(gt=0, description="Transformer layers (KV cache is per layer).")
-    kv_heads: int = Field(gt=0, description="Key/value heads (GQA groups), not query heads.")
-    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
+    layers: Int = Field(gt=0, le=10_000, description="Transformer layers (KV cache is per layer).")
+    kv_heads: Int = Field(
+        gt=0, le=10_000,
+        description="Key/value heads (GQA groups), not query heads.",
+    )
+    head_dim: Int = Field(gt=0, le=65_536, description="Dimension of one attention head.")
+
+
+class ApiKeySecrets(CoreModel):
+    aws: str | None = Field(default=None, description="Secrets Manager secret ARN (AWS).")
+    gcp: str | None = Field(
+        default=None, description="Secret Manager secret: NAME or projects/P/secrets/NAME (GCP)."
+    )
 
 
 class Serving(CoreModel):
-    image: str = Field(description="Serving container image, e.g. vllm/vllm-openai:v0.11.0.")
-    image_size_gb: float = Field(
-        default=12.0, gt=0,
+    image: ImageRef = Field(
+        description="Serving container image, e.g. vllm/vllm-openai:v0.11.0."
+    )
+    image_size_gb: Num = Field(
+        default=12.0, gt=0, le=10_000,
         description="Compressed size of the serving image, for start-up estimates.",
     )
-    image_prepulled: bool = Field(
+    image_prepulled: Bool = Field(
         default=False,
         description="The node image already carries the serving container (no pull at boot).",
     )
-    tensor_parallel: int = Field(description="GPUs per replica: 1, 2, 4 or 8.")
-    max_model_len: int = Field(gt=0, description="Longest sequence (prompt + output) in tokens.")
-    gpu_memory_utilization: float = Field(
+    tensor_parallel: Int = Field(description="GPUs per replica: 1, 2, 4 or 8.")
+    max_model_len: Int = Field(
+        gt=0, le=100_000_000,
+        description="Longest sequence (prompt + output) in tokens.",
+    )
+    gpu_memory_utilization: Num = Field(
         default=0.92, gt=0, le=1, description="Share of each GPU's HBM that vLLM may use."
     )
-    max_num_batched_tokens: int = Field(
-        default=8192, gt=0, description="Token budget of one scheduler step (chunked prefill)."
+    max_num_batched_tokens: Int = Field(
+        default=8192, gt=0, le=100_000_000,
+        description="Token budget of one scheduler step (chunked prefill)."
+    )
+    max_num_seqs: Int = Field(
+        default=256, gt=0,
+        # vLLM's long-standing default; V1 raises it on large GPUs, so poolctl always passes
+        # it: the simulator and the engine must agree on the batch limit.
+        description="Most sequences one replica runs at once (vLLM --max-num-seqs).",
     )
     kv_cache_dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field(
         default="auto",
         description="KV cache dtype; `auto` is bfloat16 for 8/4-bit weights, else the model dtype.",
     )
-    reserved_gib_per_gpu: float = Field(
+    reserved_gib_per_gpu: Num = Field(
         default=2.0,
         ge=0,
+        le=1024,
         description="HBM held back per GPU for CUDA context, activations and CUDA graphs.",
     )
-    port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
-    health_path: str = Field(default="/health", description="HTTP path of the readiness check.")
+    port: Int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
+    health_path: UrlPath = Field(
+        default="/health", description="HTTP path of the readiness check (starts with /)."
+    )
     extra_args: list[str] = Field(
         default_factory=list, description="Further vLLM arguments, passed through as given."
+    )
+    api_key_secret: str | ApiKeySecrets | None = Field(
+        default=None,
+        description="The API key clients must send, read at boot by the nodes' own identity "
+        "(never in user data or metadata): a Secrets Manager secret ARN (AWS), a Secret Manager "
+        "secret name (GCP), or {aws: ARN, gcp: NAME} for a pool on both.",
     )
 
 
 class Scaling(CoreModel):
-    min_replicas: int = Field(ge=0, description="Replicas always in service.")
-    max_replicas: int = Field(gt=0, description="Upper bound on replicas in service.")
-    queue_target: float = Field(
-        default=4, gt=0, description="Waiting requests per replica (vLLM num_requests_waiting)."
+    min_replicas: Int = Field(ge=0, le=MAX_REPLICAS, description="Replicas always in service.")
+    max_replicas: Int = Field(
+        gt=0, le=MAX_REPLICAS,
+        description="Upper bound on replicas in service.",
     )
-    scale_up_stabilization_s: int = Field(
-        default=0, ge=0, description="Seconds a higher recommendation must hold before scaling up."
+    queue_target: Num = Field(
+        default=4, gt=0, le=1_000_000,
+        description="Waiting requests per replica (vLLM num_requests_waiting)."
     )
-    scale_down_stabilization_s: int = Field(
-        default=900, ge=0, description="Seconds a lower recommendation must hold before scaling in."
+    scale_up_stabilization_s: Int = Field(
+        default=0, ge=0, le=MAX_SECONDS,
+        description="Seconds a higher recommendation must hold before scaling up."
+    )
+    scale_down_stabilization_s: Int = Field(
+        default=900, ge=0, le=MAX_SECONDS,
+        description="Seconds a lower recommendation must hold before scaling in."
     )
 
 
 class WarmPool(CoreModel):
-    replicas: int = Field(default=0, ge=0, description="Spare replicas kept prepared.")
+    replicas: Int = Field(
+        default=0, ge=0, le=MAX_REPLICAS, description="Spare replicas kept prepared."
+    )
     state: Literal["stopped", "running", "hibernated"] = Field(
         default="stopped",
         description="State of warm nodes; GPU nodes cannot hibernate (checked by a rule).",
@@ -112,56 +215,147 @@ class WarmPool(CoreModel):
 
 
 class Rollout(CoreModel):
-    max_surge_replicas: int = Field(
-        default=0, ge=0, description="Extra replicas allowed above the pool during a rollout."
+    max_surge_replicas: Int = Field(
+        default=0, ge=0, le=MAX_REPLICAS,
+        description="Extra replicas allowed above the pool during a rollout."
     )
-    checkpoints: list[int] = Field(
+    checkpoints: list[Int] = Field(
         default_factory=lambda: [100],
         description="Percentages of the pool replaced before each pause and health check.",
     )
-    checkpoint_delay_s: int = Field(
-        default=300, ge=0, description="Seconds to watch health at each checkpoint."
+    checkpoint_delay_s: Int = Field(
+        default=300, ge=0, le=MAX_SECONDS,
+        description="Seconds to watch health at each checkpoint."
     )
 
 
 class Slo(CoreModel):
-    ttft_p90_s: float = Field(default=2.0, gt=0, description="Target p90 time to first token.")
-    target_utilization: float = Field(
+    ttft_p90_s: Num = Field(
+        default=2.0, gt=0, le=MAX_SECONDS,
+        description="Target p90 time to first token.",
+    )
+    target_utilization: Num = Field(
         default=0.6, gt=0, le=1, description="Share of capacity in use the pool is sized for."
     )
 
 
+class Perf(CoreModel):
+    """Efficiency factors of the serving model (poolctl.servingmodel), or measured numbers
+    that calibrate them. Unset factors take the model's defaults (each named there with its
+    source)."""
+
+    prefill_mfu: Num | None = Field(
+        default=None, gt=0, le=1, description="Share of peak FLOPs prefill reaches."
+    )
+    decode_mbu: Num | None = Field(
+        default=None, gt=0, le=1, description="Share of peak HBM bandwidth a decode step reaches."
+    )
+    link_efficiency: Num | None = Field(
+        default=None, gt=0, le=1,
+        description="Share of NVLink/PCIe bandwidth the tensor-parallel all-reduce reaches.",
+    )
+    step_overhead_ms: Num | None = Field(
+        default=None, ge=0, description="Fixed CPU/launch time of every engine step, ms."
+    )
+    decode_us_per_seq: Num | None = Field(
+        default=None, ge=0,
+        description="Time per decoding sequence per step beyond reading its KV cache "
+        "(sampling, attention kernels), microseconds.",
+    )
+    prefill_tokens_per_s: Num | None = Field(
+        default=None, gt=0,
+        description="Measured prefill throughput of one replica (prompts of "
+        "`measured_prompt_tokens`); calibrates prefill_mfu.",
+    )
+    decode_ms_batch1: Num | None = Field(
+        default=None, gt=0, description="Measured decode step at batch 1, ms (with "
+        "decode_ms_batch64, calibrates decode_mbu and decode_us_per_seq).",
+    )
+    decode_ms_batch64: Num | None = Field(
+        default=None, gt=0, description="Measured decode step at batch 64, ms.",
+    )
+    measured_prompt_tokens: Int = Field(
+        default=2048, gt=0, description="Prompt length the prefill measurement used."
+    )
+    measured_context_tokens: Int = Field(
+        default=1024, gt=0,
+        description="Context (tokens per sequence) the decode measurements ran at.",
+    )
+
+    @model_validator(mode="after")
+    def _pairs(self) -> Perf:
+        if (self.decode_ms_batch1 is None) != (self.decode_ms_batch64 is None):
+            raise ValueError("give decode_ms_batch1 and decode_ms_batch64 together (or neither)")
+        if self.decode_ms_batch1 is not None and self.decode_ms_batch64 <= self.decode_ms_batch1:
+            raise ValueError("decode_ms_batch64 must be larger than decode_ms_batch1")
+        return self
+
+
 class AwsNetwork(CoreModel):
-    vpc_id: str | None = Field(default=None, description="Existing VPC; omit to create one.")
-    subnet_ids: list[str] = Field(
+    vpc_id: VpcId | None = Field(default=None, description="Existing VPC; omit to create one.")
+    subnet_ids: list[SubnetId] = Field(
         default_factory=list, description="Existing private subnets (with vpc_id)."
     )
-    vpc_cidr: str = Field(
-        default="10.40.0.0/16", description="CIDR of the VPC poolctl creates when vpc_id is unset."
+    vpc_cidr: VpcCidr = Field(
+        default="10.40.0.0/16",
+        description="IPv4 CIDR (/16 to /24) of the VPC poolctl creates when vpc_id is unset.",
     )
-    availability_zones: int = Field(
+    availability_zones: Int = Field(
         default=2, ge=2, le=6, description="Zones the created VPC spans (one private subnet each)."
     )
-    client_cidrs: list[str] = Field(
-        default_factory=lambda: ["10.0.0.0/8"],
-        description="Who may reach the (internal) load balancer.",
+    availability_zone_ids: list[AzId] = Field(
+        default_factory=list,
+        description="Zone IDs (e.g. use1-az4) of the created VPC's subnets, one each; they name "
+        "the same zones in every account. Omit for the region's first `availability_zones` "
+        "zone names (a, b, ...).",
     )
+    client_cidrs: list[Ipv4Cidr] = Field(
+        default_factory=lambda: ["10.0.0.0/8"],
+        description="Who may reach the (internal) load balancer (IPv4 CIDRs).",
+    )
+
+    @model_validator(mode="after")
+    def _zone_ids(self) -> AwsNetwork:
+        ids = self.availability_zone_ids
+        if ids and (len(ids) < 2 or len(set(ids)) < len(ids)):
+            raise invalid("AwsNetwork", ("availability_zone_ids",),
+                          "list at least 2 different zone IDs (the load balancer needs 2)", ids)
+        if ids and "availability_zones" in self.model_fields_set and (
+                self.availability_zones != len(ids)):
+            raise invalid("AwsNetwork", ("availability_zones",),
+                          "give availability_zone_ids or availability_zones, not both "
+                          "(the IDs set the zone count)", self.availability_zones)
+        return self
 
 
 class AwsPlacement(CoreModel):
-    region: str = Field(description="AWS region.")
+    region: AwsRegion = Field(description="AWS region.")
     instance_type: str = Field(description="8-GPU NVLink instance type from the catalog.")
-    weights_uri: str = Field(description="s3:// prefix holding the weights and manifest.json.")
-    ami_id: str | None = Field(
+    weights_uri: S3Uri = Field(
+        description="s3://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
+        "no wildcards or quotes)."
+    )
+    ami_id: AmiId | None = Field(
         default=None,
         description="Node image; omit for the Deep Learning AMI named by `ami_ssm_parameter`.",
     )
-    ami_ssm_parameter: str = Field(
+    ami_ssm_parameter: SsmName = Field(
         default="/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
         description="SSM parameter resolved at deploy time when ami_id is unset.",
     )
-    root_volume_gb: int = Field(
-        default=200, ge=50, description="Encrypted gp3 root volume (OS, drivers, images)."
+    root_volume_gb: Int = Field(
+        default=200, ge=50, le=16_384,
+        description="Encrypted gp3 root volume in GiB (OS, drivers, images), at most 16 TiB.",
+    )
+    volume_initialization_rate_mib_s: Int | None = Field(
+        default=None, ge=100, le=300,
+        description="EBS provisioned rate for volume initialization (100-300 MiB/s) of the root "
+        "volume: a pre-pulled image's layers arrive at this rate instead of lazily; billed.",
+    )
+    image_builder_type: str | None = Field(
+        default=None,
+        description="Instance type of the `image build` builder (a cheap CPU type: the base "
+        "image carries the GPU driver); default m6i.xlarge.",
     )
     network: AwsNetwork = Field(default_factory=AwsNetwork, description="Where the pool runs.")
     certificate_arn: str | None = Field(
@@ -169,45 +363,110 @@ class AwsPlacement(CoreModel):
         description="ACM certificate for an HTTPS listener (HTTP redirects to it); omit for "
         "plain HTTP inside the VPC.",
     )
-    efa_interfaces: int = Field(
-        default=0, description="EFA interfaces per node; must stay 0 for inference (rule)."
+    access_logs_bucket: S3Bucket | None = Field(
+        default=None,
+        description="S3 bucket for the load balancer's access logs (yours: same region, SSE-S3, "
+        "a policy admitting ELB log delivery); omit for none.",
+    )
+    access_logs_prefix: KeyPrefix | None = Field(
+        default=None, description="Key prefix of the access logs in access_logs_bucket."
+    )
+    efa_interfaces: Int = Field(
+        default=0, ge=0, le=32,
+        description="EFA interfaces per node; must stay 0 for inference (rule).",
     )
     placement_group_strategy: Literal["none", "spread", "partition", "cluster"] = Field(
         default="none", description="Placement group; `cluster` is a training layout (rule)."
     )
-    price_per_hour_usd: float | None = Field(
-        default=None, gt=0, description="Override of the catalog's on-demand price per node."
+    price_per_hour_usd: Num | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="Override of the catalog's on-demand price per node.",
     )
+    ssm_access: Bool = Field(
+        default=False,
+        description="Let operators open SSM Session Manager shells on the nodes (the role then "
+        "gets the Session Manager permissions, nothing else of SSM).",
+    )
+    node_access: Literal["none", "instance-connect"] = Field(
+        default="none",
+        description="How `poolctl nodes check` reaches the nodes: `instance-connect` adds an EC2 "
+        "Instance Connect Endpoint and SSH from it only (no public port, no key pair; a key is "
+        "pushed per check); `none`: no SSH path is created.",
+    )
+
+    @cached_property
+    def weights(self) -> formats.ObjectPrefix:
+        return formats.parse_object_prefix(self.weights_uri, "s3")
 
 
 class GcpPlacement(CoreModel):
-    project: str = Field(description="GCP project id.")
-    region: str = Field(description="GCP region.")
+    project: GcpProject = Field(description="GCP project id.")
+    region: GcpRegion = Field(description="GCP region.")
     machine_type: str = Field(description="8-GPU NVLink machine type from the catalog.")
-    weights_uri: str = Field(description="gs:// prefix holding the weights and manifest.json.")
-    zones: list[str] = Field(
+    weights_uri: GsUri = Field(
+        description="gs://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
+        "no wildcards or quotes)."
+    )
+    zones: list[GcpZone] = Field(
         default_factory=list, description="Zones of the regional MIG; omit for the catalog's."
     )
     image: str = Field(
         default="projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-nvidia-550",
         description="Boot image (with GPU drivers) of the nodes.",
     )
-    boot_disk_gb: int = Field(default=200, ge=50, description="Boot disk size.")
-    network: str = Field(default="default", description="VPC network name.")
-    subnetwork: str | None = Field(default=None, description="Subnetwork; omit for auto mode.")
-    client_cidrs: list[str] = Field(
-        default_factory=lambda: ["10.0.0.0/8"],
-        description="Who may reach the internal load balancer.",
+    base_image: str | None = Field(
+        default=None,
+        description="GPU base image `image build` starts from; default: `image` when it is a "
+        "family, else the base its build record names.",
     )
-    gpudirect: bool = Field(
+    image_builder_type: str | None = Field(
+        default=None,
+        description="Machine type of the `image build` builder; default n2-standard-4.",
+    )
+    boot_disk_gb: Int = Field(
+        default=200, ge=50, le=65_536, description="Boot disk size in GB (at most 64 TB)."
+    )
+    network: GcpNetwork = Field(
+        default="default",
+        description="VPC network: NAME, or projects/HOST/global/networks/NAME (Shared VPC).",
+    )
+    subnetwork: GcpSubnetwork | None = Field(
+        default=None,
+        description="Subnetwork: NAME or projects/P/regions/REGION/subnetworks/NAME (in the "
+        "placement's region); omit for auto mode.",
+    )
+    client_cidrs: list[Ipv4Cidr] = Field(
+        default_factory=lambda: ["10.0.0.0/8"],
+        description="Who may reach the internal load balancer (IPv4 CIDRs).",
+    )
+    certificate: GcpCertificate | None = Field(
+        default=None,
+        description="Regional SSL certificate (name or self link) for an HTTPS load balancer "
+        "on port 443; omit for plain HTTP on port 80 inside the VPC.",
+    )
+    gpudirect: Bool = Field(
         default=False, description="GPUDirect-TCPX/RDMA NICs; must stay off for inference (rule)."
     )
-    standby_suspended: bool = Field(
+    standby_suspended: Bool = Field(
         default=False, description="Suspend standby VMs; unsupported for GPU VMs (rule)."
     )
-    price_per_hour_usd: float | None = Field(
-        default=None, gt=0, description="Override of the catalog's on-demand price per VM."
+    price_per_hour_usd: Num | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="Override of the catalog's on-demand price per VM.",
     )
+
+    @cached_property
+    def weights(self) -> formats.ObjectPrefix:
+        return formats.parse_object_prefix(self.weights_uri, "gs")
+
+    @model_validator(mode="after")
+    def _subnetwork_in_region(self) -> GcpPlacement:
+        sub = self.subnetwork or ""
+        if "/regions/" in sub and sub.split("/regions/")[1].split("/")[0] != self.region:
+            raise invalid("GcpPlacement", ("subnetwork",),
+                          f"names a subnetwork outside the placement's region {self.region}; "
+                          f"give one in {self.region}", sub)
+        return self
 
 
 class Pool(CoreModel):
@@ -218,6 +477,9 @@ class Pool(CoreModel):
     warm_pool: WarmPool = Field(default_factory=WarmPool, description="Spare prepared capacity.")
     rollout: Rollout = Field(default_factory=Rollout, description="How new versions roll out.")
     slo: Slo = Field(default_factory=Slo, description="Service-level targets for sizing.")
+    perf: Perf = Field(
+        default_factory=Perf, description="Serving-model efficiency factors or measured numbers."
+    )
     aws: AwsPlacement | None = Field(default=None, description="AWS placement of the pool.")
     gcp: GcpPlacement | None = Field(default=None, description="GCP placement of the pool.")
 
@@ -226,6 +488,35 @@ class Pool(CoreModel):
         if self.aws is None and self.gcp is None:
             raise ValueError("a pool needs an `aws:` or a `gcp:` placement (or both)")
         return self
+
+    @model_validator(mode="after")
+    def _api_key_secret_per_cloud(self) -> Pool:
+        for cloud in self.clouds:
+            self.api_key_secret(cloud)
+        return self
+
+    def api_key_secret(self, cloud: str) -> str | None:
+        """The API-key secret the `cloud` nodes read: the ARN (aws) or
+        projects/P/secrets/NAME (gcp); None without one."""
+        ref = self.serving.api_key_secret
+        if ref is None:
+            return None
+        loc = ("serving", "api_key_secret") + (() if isinstance(ref, str) else (cloud,))
+        raw = ref if isinstance(ref, str) else getattr(ref, cloud)
+        if isinstance(ref, str) and len(self.clouds) > 1:
+            raise invalid("Pool", loc, "the pool runs on aws and gcp, each reading its own "
+                          "cloud's secret; write {aws: ARN, gcp: NAME}", ref)
+        if raw is None:
+            raise invalid("Pool", loc, f"the pool has a {cloud} placement; add its secret "
+                          f"({'a Secrets Manager ARN' if cloud == 'aws' else 'a secret name'})",
+                          raw)
+        try:
+            if cloud == "aws":
+                formats.aws_secret_arn(raw)
+                return raw
+            return formats.gcp_secret_name(raw, self.gcp.project)
+        except ValueError as e:
+            raise invalid("Pool", loc, str(e), raw) from None
 
     def placement(self, cloud: str) -> AwsPlacement | GcpPlacement | None:
         return self.aws if cloud == "aws" else self.gcp
@@ -271,6 +562,17 @@ class Config(CoreModel):
             seen.add(p.name)
         return pools
 
+    @model_validator(mode="after")
+    def _cloud_names(self) -> Config:
+        from poolctl.naming import name_problems
+
+        for i, p in enumerate(self.pools):
+            for field, problem in name_problems(self.project, p.name, p.clouds):
+                loc, value = (("project",), self.project) if field == "project" else (
+                    ("pools", i, "name"), p.name)
+                raise invalid("Config", loc, problem, value)
+        return self
+
     def select(self, pool: str | None) -> list[Pool]:
         if pool is None:
             return list(self.pools)
@@ -304,31 +606,121 @@ class Config(CoreModel):
 # Loading: one clear line per problem, with the key path and, where YAML has it, the line.
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers the line of every mapping key, by key path."""
+# A file over this size is not a pool config; refusing it bounds what YAML has to parse.
+MAX_FILE_BYTES = 4 * 2**20
+# Anchors and aliases may share a block between pools, but the document they expand to stays
+# small: a "billion laughs" file is a few lines that expand to billions of nodes, which every
+# walk over the data (validation included) would then visit.
+MAX_EXPANDED_NODES = 100_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _compose_lines(text: str) -> dict[tuple, int]:
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose integers too long for int() (over 4,300 digits) stay text, so the
+    schema refuses them naming their key instead of the parser failing without one."""
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return str(node.value)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_LineLoader = _Loader  # runtime's in-place file edits compose with it too
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse alias cycles and documents that expand past MAX_EXPANDED_NODES (counted over
+    shared nodes without expanding them; iterative, so deep nesting cannot overflow)."""
+    size: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1: being counted (on the path), 2: counted
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            size[key] = 1 + sum(size[id(c)] for c in _children(node))
+            state[key] = 2
+            if size[key] > MAX_EXPANDED_NODES:
+                raise UsageError(
+                    f"{source}:{node.start_mark.line + 1}: its aliases (*name) expand to over "
+                    f"{MAX_EXPANDED_NODES:,} values; write the values out instead of nesting "
+                    "aliases")
+            continue
+        if state.get(key) == 2:
+            continue
+        if state.get(key) == 1:
+            raise UsageError(f"{source}:{node.start_mark.line + 1}: an alias refers to a block "
+                             "that contains it; remove the recursive alias")
+        state[key] = 1
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node))
+
+
+def _walk_lines(root: yaml.Node, source: str) -> dict[tuple, int]:
+    """The line of every key path; refuses a key given twice in one mapping (YAML would keep
+    the last silently)."""
     lines: dict[tuple, int] = {}
 
     def walk(node, path: tuple) -> None:
         if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
             for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+                    line = k.start_mark.line + 1
+                    if k.value in first:
+                        where = format_loc((*path, k.value))
+                        raise UsageError(
+                            f"{source}:{line}: {where}: key given twice (first on line "
+                            f"{first[k.value]}); keep one")
+                    first[k.value] = line
                 key = (*path, k.value)
-                lines[key] = k.start_mark.line + 1
+                lines.setdefault(key, k.start_mark.line + 1)
                 walk(v, key)
         elif isinstance(node, yaml.SequenceNode):
             for i, v in enumerate(node.value):
-                lines[(*path, i)] = v.start_mark.line + 1
+                lines.setdefault((*path, i), v.start_mark.line + 1)
                 walk(v, (*path, i))
 
-    try:
-        root = yaml.compose(text, Loader=_LineLoader)
-    except yaml.YAMLError:
-        return lines
-    if root is not None:
-        walk(root, ())
+    walk(root, ())
     return lines
+
+
+def _yaml_error(e: yaml.YAMLError, source: str, text: str) -> UsageError:
+    mark = getattr(e, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark else ""
+    if isinstance(e, yaml.reader.ReaderError):
+        where = f":{text[: e.position].count(chr(10)) + 1}"
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return UsageError(f"{source}{where}: not valid YAML ({problem}); fix the syntax")
+
+
+def _read_yaml(text: str, source: str) -> tuple[object, dict[tuple, int]]:
+    """The data and the line of every key path, or one UsageError line."""
+    try:
+        loader = _Loader(text)  # refuses control characters already
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None, {}
+            _check_expansion(root, source)
+            lines = _walk_lines(root, source)
+            return loader.construct_document(root), lines
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        raise _yaml_error(e, source, text) from None
+    except RecursionError:
+        raise UsageError(f"{source}: nested too deeply to be a pool config; flatten it") from None
 
 
 def format_loc(loc: tuple) -> str:
@@ -359,19 +751,12 @@ def find_config(path: str | os.PathLike | None) -> Path:
 
 
 def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UsageError(f"{source}{where}: not valid YAML ({problem}); fix the syntax") from None
+    data, lines = _read_yaml(text, source)
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected a mapping with `project` and `pools` at the top")
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        lines = _compose_lines(text)
         msgs = []
         for err in e.errors():
             loc = _clean_loc(err["loc"])
@@ -385,6 +770,12 @@ def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
         raise UsageError("\n".join(msgs)) from None
 
 
+def _shown(value) -> str:
+    """A value as error messages quote it: repr, cut short (it may be huge or hostile)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _hint(err: dict) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -392,17 +783,35 @@ def _hint(err: dict) -> str:
     if kind == "missing":
         return "required key is missing; add it"
     if kind == "literal_error":
-        return f"{err['msg'].lower()}; got {err.get('input')!r}"
+        return f"{err['msg'].lower()}; got {_shown(err.get('input'))}"
     if kind == "string_pattern_mismatch":
-        return f"{err.get('input')!r} must be lowercase letters, digits and '-' (max 40)"
+        return f"{_shown(err.get('input'))} must be lowercase letters, digits and '-' (max 40)"
+    if kind in ("int_type", "float_type", "bool_type") and isinstance(err.get("input"), bool):
+        return f"{err['msg'].lower()}, not true/false; got {_shown(err['input'])}"
     msg = err["msg"]
     msg = re.sub(r"^Value error, ", "", msg)
-    return f"{msg}; got {err.get('input')!r}" if "input" in err else msg
+    return f"{msg}; got {_shown(err['input'])}" if "input" in err else msg
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
     p = find_config(path)
-    return parse_config(p.read_text(), source=str(path or p))
+    source = str(path or p)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"-f/--file: {source} cannot be read ({e.strerror}); check the path "
+                         "and its permissions") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise UsageError(f"{source}: over {MAX_FILE_BYTES // 2**20} MiB, too large for a pool "
+                         "config; check that -f names the right file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UsageError(f"{source}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); save "
+                         "the file as UTF-8") from None
+    return parse_config(text, source=source)
 
 
 def json_schema() -> dict:

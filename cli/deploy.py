@@ -13,7 +13,11 @@ from pathlib import Path
 from poolctl import naming
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import private_dir, write_private
 from poolctl.terraform import PlanSummary, Terraform, cli_config, find_binary, sandbox_override
+
+# Import blocks for resources an interrupted apply created but did not record (see adopt).
+ADOPT_FILE = "poolctl_adopt.tf.json"
 
 
 def log(msg: str) -> None:
@@ -29,6 +33,7 @@ class StackResult:
     applied: bool = False
     outputs: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    adopted: list = field(default_factory=list)  # addresses imported by `adopt`
 
 
 def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
@@ -43,14 +48,11 @@ def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]
 
     endpoint = manager.require_running()
     home = manager.state_dir()
-    work = home / "deploy" / stack_dir.name
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(stack_dir / "cdk.tf.json", work / "cdk.tf.json")
-    state = home / "state" / f"{stack_dir.name}.tfstate"
-    state.parent.mkdir(parents=True, exist_ok=True)
-    (work / "sandbox_override.tf.json").write_text(
-        json.dumps(sandbox_override(region, endpoint, state), indent=2)
-    )
+    work = private_dir(home / "deploy" / stack_dir.name)
+    write_private(work / "cdk.tf.json", (stack_dir / "cdk.tf.json").read_bytes())
+    state = private_dir(home / "state") / f"{stack_dir.name}.tfstate"
+    write_private(work / "sandbox_override.tf.json",
+                  json.dumps(sandbox_override(region, endpoint, state), indent=2))
     ec2 = manager.client("ec2", region)
     images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
     if not images:
@@ -61,6 +63,44 @@ def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]
     # starts to use before SANDBOX_SERVICES lists it still reaches the emulator, never AWS.
     env.update(manager.subprocess_env(region))
     return work, env
+
+
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: str, sandbox: bool
+          ) -> list:
+    """Import blocks for what an earlier, interrupted apply created but did not record.
+
+    Only resources the state lacks are looked up, so a deploy of a complete stack makes no
+    cloud call here. Adopted: those whose contract tags prove poolctl created them for this
+    pool (`poolctl.clouds.aws_adopt`). GCP: not looked up yet."""
+    imports = work / ADOPT_FILE
+    imports.unlink(missing_ok=True)  # last run's imports are in the state by now
+    if cloud != "aws":
+        return []
+    config = json.loads((work / "cdk.tf.json").read_text())
+    state = tf.state_resources()
+    if all(f"{kind}.{name}" in state for kind, blocks in config.get("resource", {}).items()
+           for name in blocks):
+        return []
+    from poolctl import naming
+    from poolctl.clouds import aws, aws_adopt
+
+    ops = aws.make_ops(sandbox=sandbox)
+    tags = naming.aws_tags(cfg, pool)
+    contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
+    stack = naming.stack_name(cfg, pool, cloud)
+    found = aws_adopt.find(
+        lambda svc: ops.client(svc, pool.aws.region), config, state, contract,
+        on_denied=lambda address, code: log(
+            f"== {stack}: not looking for {address} left by an interrupted apply ({code}); "
+            "if it exists, Terraform reports it"))
+    if found:
+        write_private(imports, json.dumps(
+            {"import": [{"to": f.address, "id": f.id} for f in found]}, indent=2))
+    for f in found:
+        log(f"== {stack}: adopting {f.what} ({f.id}): created "
+            f"by an earlier apply that did not record it (its poolctl tags match); imported "
+            f"as {f.address}, not created again")
+    return found
 
 
 def run_stacks(
@@ -100,11 +140,17 @@ def run_stacks(
         work = stack_dir
         if sandbox:
             work, env = sandbox_workdir(stack_dir, pool.aws.region)
+            if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
+                env.pop("TF_VAR_node_ami_id", None)
         env.update(extra_env or {})
         tf = Terraform(work, mirror=mirror, extra_env=env)
         res = StackResult(stack=name, workdir=str(work))
         log(f"\n== {name}: {Path(tf.bin).name} init")
         tf.init()
+        if destroy:
+            (work / ADOPT_FILE).unlink(missing_ok=True)
+        else:
+            res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, sandbox)]
         log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
         summary = tf.plan(destroy=destroy)
         if before_apply is not None and not (destroy or plan_only or summary.empty) \
@@ -120,8 +166,10 @@ def run_stacks(
         else:
             add, change, gone = summary.totals()
             verb = "destroy" if destroy else "apply"
+            adopting = sum(summary.imports.values())
             if not confirm(f"{verb} {name}: {add} to add, {change} to change, "
-                           f"{gone} to destroy?"):
+                           f"{gone} to destroy" + (f", {adopting} to import (adopt)"
+                                                   if adopting else "") + "?"):
                 raise OperationFailed(f"{name}: not confirmed; nothing was applied")
             log(f"== {name}: {Path(tf.bin).name} apply")
             tf.apply()

@@ -7,8 +7,11 @@ readable and within each cloud's length limits.
 from __future__ import annotations
 
 import hashlib
+import re
+from typing import TYPE_CHECKING
 
-from poolctl.config import Config, Pool
+if TYPE_CHECKING:  # config validates names with name_problems below
+    from poolctl.config import Config, Pool
 
 # Contract: tags on everything poolctl creates.
 TAG_PROJECT = "poolctl:project"
@@ -49,3 +52,36 @@ def aws_tags(cfg: Config, pool: Pool) -> dict[str, str]:
 
 def gcp_labels(cfg: Config, pool: Pool) -> dict[str, str]:
     return {LABEL_PROJECT: cfg.project, LABEL_POOL: pool.name, LABEL_ROLE: ROLE}
+
+
+# Names the stacks build from `base` (project-pool) verbatim, with the cloud's limit. Names
+# that pass through `short()` (load balancers, target groups, every GCP resource) always fit;
+# a test synthesizes the longest accepted names and checks every name in both stacks.
+AWS_IAM_ROLE_LIMIT = 64
+AWS_VERBATIM_NAMES = (  # (what, suffix, limit)
+    ("the nodes' IAM role", "", AWS_IAM_ROLE_LIMIT),
+    ("the VPC flow-log IAM role", "-vpc-flow", AWS_IAM_ROLE_LIMIT),
+)
+MAX_BASE_AWS = min(limit - len(suffix) for _, suffix, limit in AWS_VERBATIM_NAMES)
+_RFC1035_START = re.compile(r"^[a-z]")
+
+
+def name_problems(project: str, pool: str, clouds: list[str]) -> list[tuple[str, str]]:
+    """(field, problem) for names the clouds would reject; field is "project" or "name"."""
+    out: list[tuple[str, str]] = []
+    name = f"{project}-{pool}"
+    if "aws" in clouds:
+        for what, suffix, limit in AWS_VERBATIM_NAMES:
+            if len(name + suffix) > limit:
+                out.append(("name", f"{project}-{pool} makes {what} {name + suffix!r} "
+                            f"{len(name + suffix)} characters, over AWS's {limit}; shorten the "
+                            f"pool name (or the project) to {MAX_BASE_AWS} characters together"))
+                break
+        # An internal ALB's DNS name starts with `internal-`; AWS refuses LB names that do.
+        if name.startswith("internal-"):
+            out.append(("project", f"{project!r} makes load balancer names start with "
+                        "'internal-', which AWS refuses; choose another project name"))
+    if "gcp" in clouds and not _RFC1035_START.match(project):
+        out.append(("project", f"{project!r} starts GCP resource names, which must start "
+                    "with a letter (RFC 1035); start the project name with a letter"))
+    return out

@@ -43,6 +43,15 @@ CHECK_NAMES = ("ssh", "gpus", "nvlink", "no-efa", "cache-mount", "cache-size", "
 # lists, so a test can give a node RDMA devices without a kernel driver.
 SYSFS_ENV = "POOLCTL_SYSFS"
 BOOT_HINT = "see `sudo journalctl -u poolctl-node` (the boot unit runs on every start)"
+# How nodes are reached: `ssh` with the caller's keys, straight to the address (from inside
+# the VPC, a VPN or a bastion); `instance-connect` (AWS): a key made for this check only,
+# pushed with ec2-instance-connect:SendSSHPublicKey (valid 60 s), and SSH through the pool's
+# EC2 Instance Connect Endpoint (the AWS CLI's WebSocket tunnel): no public port, no key pair.
+ACCESS_MODES = ("ssh", "instance-connect")
+# The tunnel, run as SSH's ProxyCommand (stdin/stdout carry the SSH stream). %i: instance id,
+# %h: address, %p: port, %r: region; substituted into the split words, never through a shell.
+TUNNEL_COMMAND = ("aws ec2-instance-connect open-tunnel --instance-id %i --remote-port %p "
+                  "--region %r")
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,6 +166,8 @@ def _fail(name: str, observed: str, hint: str, short: str = "") -> Check:
 class Host:
     host: str
     port: int
+    instance_id: str | None = None  # found by discovery; EC2 Instance Connect pushes to it
+    region: str | None = None
 
     @property
     def label(self) -> str:
@@ -569,9 +580,32 @@ class SshOptions:
     """How to reach the nodes. Validated once, before any connection (bad input: exit 2)."""
 
     def __init__(self, user: str = DEFAULT_USER, identity: Path | None = None,
-                 known_hosts: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S):
+                 known_hosts: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 access: str = "ssh", proxy_command: str | None = None,
+                 sandbox: bool = False):
         if not user or any(c.isspace() for c in user):
             raise UsageError(f"--user {user!r}: not a user name")
+        if access not in ACCESS_MODES:
+            raise UsageError(f"--access {access}: use one of {', '.join(ACCESS_MODES)}")
+        if access == "instance-connect" and identity is not None:
+            raise UsageError("--identity: instance-connect logs in with a key made and pushed "
+                             "for each check; drop --identity or use --access ssh")
+        if proxy_command is not None:
+            try:
+                if not shlex.split(proxy_command):
+                    raise ValueError("empty")
+            except ValueError as e:
+                raise UsageError(f"--proxy-command: cannot split it into arguments ({e}); "
+                                 "quote it as for a shell") from None
+        elif sandbox and access == "instance-connect":
+            # The default tunnel talks to AWS's Instance Connect endpoint: not from the sandbox.
+            raise UsageError("--access instance-connect with --sandbox needs --proxy-command: "
+                             "the default tunnel (aws ec2-instance-connect open-tunnel) would "
+                             "leave this machine; give a local command reaching the node's sshd")
+        self.access = access
+        self.proxy_command = proxy_command or (TUNNEL_COMMAND if access == "instance-connect"
+                                               else None)
+        self.sandbox = sandbox
         if timeout <= 0:
             raise UsageError(f"--timeout {timeout}: give a number of seconds above 0")
         self.user = user
@@ -618,21 +652,133 @@ class SshFailure(Exception):
         self.hint = hint
 
 
-def _reject_policy(host: Host, known_hosts: Path):
+@dataclass(frozen=True)
+class KnownHost:
+    """One line of a known_hosts file (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT")."""
+
+    line: int
+    marker: str | None  # "@cert-authority", "@revoked" or None
+    patterns: str  # comma-separated host patterns (wildcards, !negation, |1| hashes)
+    key_type: str
+    key_b64: str
+
+
+def read_known_hosts(path: Path) -> list[KnownHost]:
+    """Every usable line; malformed ones are skipped, as OpenSSH skips them."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise SshFailure(f"cannot read {path}: {e.strerror or e}",
+                         "fix or replace the known_hosts file") from None
+    out = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        fields = raw.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        marker = fields.pop(0) if fields[0].startswith("@") else None
+        if marker not in (None, "@cert-authority", "@revoked") or len(fields) < 3:
+            continue
+        out.append(KnownHost(n, marker, fields[0], fields[1], fields[2]))
+    return out
+
+
+def _pattern_matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("|1|"):  # hashed: HMAC-SHA1 of the name, keyed by the salt
+        import hmac
+
+        try:
+            salt, digest = (base64.b64decode(p) for p in pattern[3:].split("|", 1))
+        except (ValueError, TypeError):
+            return False
+        return hmac.compare_digest(hmac.new(salt, name.encode(), "sha1").digest(), digest)
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(rx, name, re.I) is not None
+
+
+def host_matches(patterns: str, name: str) -> bool:
+    """OpenSSH's rule: some pattern matches and no negated (!) one does."""
+    hit = False
+    for p in patterns.split(","):
+        if p.startswith("!"):
+            if _pattern_matches(p[1:], name):
+                return False
+        elif _pattern_matches(p, name):
+            hit = True
+    return hit
+
+
+def _pkey(entry: KnownHost) -> Any | None:
+    import paramiko
+
+    try:
+        return paramiko.PKey.from_type_string(entry.key_type, base64.b64decode(entry.key_b64))
+    except Exception:  # a key type paramiko does not know, or a damaged line: unusable
+        return None
+
+
+class HostKeyPolicy:
+    """What known_hosts says of the host, beyond the plain keys paramiko compares itself:
+    keys revoked (`@revoked`, for any host) and certificate authorities (`@cert-authority`)."""
+
+    def __init__(self, host: Host, known_hosts: Path) -> None:
+        self.host = host
+        self.path = known_hosts
+        entries = read_known_hosts(known_hosts) if known_hosts.is_file() else []
+        name = host.known_hosts_name
+        self.revoked = {e.key_b64: e.line for e in entries if e.marker == "@revoked"}
+        self.plain = [e for e in entries if e.marker is None and e.key_b64 not in self.revoked
+                      and host_matches(e.patterns, name)]
+        self.cas = [e for e in entries if e.marker == "@cert-authority"
+                    and host_matches(e.patterns, name)]
+
+    def load(self, client: Any) -> None:
+        """The plain keys for this host (wildcards resolved) into paramiko's table, under
+        the exact name paramiko looks up."""
+        keys = client.get_host_keys()
+        for e in self.plain:
+            key = _pkey(e)
+            if key is not None:
+                keys.add(self.host.known_hosts_name, key.get_name(), key)
+
+    def revoked_failure(self, key: Any) -> SshFailure | None:
+        line = self.revoked.get(key.get_base64())
+        if line is None:
+            return None
+        return SshFailure(
+            f"host key {key.get_name()} {fingerprint(key)} of {self.host.known_hosts_name} is "
+            f"REVOKED in {self.path} (line {line}); refused, nothing was run",
+            "the key was revoked on purpose: replace the node (or its host key), then add the "
+            "new key after verifying its fingerprint on the node")
+
+    def missing(self, key: Any) -> SshFailure:
+        revoked = self.revoked_failure(key)
+        if revoked is not None:
+            return revoked
+        port = "" if self.host.port == 22 else f"-p {self.host.port} "
+        add = f"ssh-keyscan {port}{self.host.host} >> {self.path}"
+        if self.cas:
+            return SshFailure(
+                f"{self.host.known_hosts_name} is trusted through a @cert-authority line of "
+                f"{self.path} (line {self.cas[0].line}), but poolctl's SSH client (paramiko) "
+                f"cannot verify host certificates; the node's own key {key.get_name()} "
+                f"{fingerprint(key)} is not listed; refused, nothing was run",
+                f"verify that fingerprint on the node, then add its own host key: {add}")
+        return SshFailure(
+            f"unknown host key {key.get_name()} {fingerprint(key)} for "
+            f"{self.host.known_hosts_name}: not in {self.path}; refused, nothing was run",
+            f"verify that fingerprint on the node itself (console or "
+            f"`ssh-keygen -lf /etc/ssh/ssh_host_{_key_file(key)}_key.pub`), then add it: {add}",
+        )
+
+
+def _reject_policy(policy: HostKeyPolicy):
     import paramiko
 
     class Reject(paramiko.RejectPolicy):
-        """RejectPolicy that says which key was refused and how to trust it on purpose."""
+        """RejectPolicy that says why the key was refused and how to trust it on purpose."""
 
         def missing_host_key(self, client, hostname, key):
-            port = "" if host.port == 22 else f"-p {host.port} "
-            raise SshFailure(
-                f"unknown host key {key.get_name()} {fingerprint(key)} for {hostname}: "
-                f"not in {known_hosts}; refused, nothing was run",
-                f"verify that fingerprint on the node itself (console or "
-                f"`ssh-keygen -lf /etc/ssh/ssh_host_{_key_file(key)}_key.pub`), then add it: "
-                f"ssh-keyscan {port}{host.host} >> {known_hosts}",
-            )
+            raise policy.missing(key)
 
     return Reject()
 
@@ -657,19 +803,23 @@ def connect(host: Host, opts: SshOptions):
 
     _quiet_paramiko()
     client = paramiko.SSHClient()
-    if opts.known_hosts.is_file():
-        try:
-            client.load_host_keys(str(opts.known_hosts))
-        except (OSError, paramiko.SSHException) as e:
-            raise SshFailure(f"cannot read {opts.known_hosts}: {e}",
-                             "fix or replace the known_hosts file") from None
-    client.set_missing_host_key_policy(_reject_policy(host, opts.known_hosts))
+    # Read here, not by paramiko: its parser stops at @cert-authority / @revoked lines and
+    # takes wildcard patterns for literal names.
+    policy = HostKeyPolicy(host, opts.known_hosts)
+    policy.load(client)
+    client.set_missing_host_key_policy(_reject_policy(policy))
     kwargs: dict[str, Any] = {}
-    if opts.pkey is not None:
-        # Only the key asked for: no agent, no ~/.ssh guesses, so a wrong key fails plainly.
-        kwargs = {"pkey": opts.pkey, "allow_agent": False, "look_for_keys": False}
-    who = f"{opts.user}@{host.label}"
     key_desc = f"key {opts.identity}" if opts.identity else "ssh-agent / ~/.ssh keys"
+    pkey = opts.pkey
+    if opts.access == "instance-connect":
+        pkey = push_instance_connect_key(host, opts)
+        key_desc = "a key pushed by EC2 Instance Connect"
+    if pkey is not None:
+        # Only the key asked for: no agent, no ~/.ssh guesses, so a wrong key fails plainly.
+        kwargs = {"pkey": pkey, "allow_agent": False, "look_for_keys": False}
+    if opts.proxy_command:
+        kwargs["sock"] = proxy_socket(opts.proxy_command, host)
+    who = f"{opts.user}@{host.label}"
     try:
         client.connect(host.host, port=host.port, username=opts.user, timeout=opts.timeout,
                        banner_timeout=opts.timeout, auth_timeout=opts.timeout,
@@ -679,6 +829,9 @@ def connect(host: Host, opts: SshOptions):
         raise
     except paramiko.BadHostKeyException as e:
         client.close()
+        revoked = policy.revoked_failure(e.key)
+        if revoked is not None:
+            raise revoked from None
         raise SshFailure(
             f"host key of {host.known_hosts_name} CHANGED: got {e.key.get_name()} "
             f"{fingerprint(e.key)}, {opts.known_hosts} has {fingerprint(e.expected_key)}; "
@@ -717,6 +870,71 @@ def connect(host: Host, opts: SshOptions):
         raise SshFailure(f"ssh to {host.label} failed: {e or type(e).__name__}",
                          "check that the port is an SSH server and the node is up") from None
     return client
+
+
+def proxy_argv(template: str, host: Host) -> list[str]:
+    """The proxy command's words with %i %h %p %r replaced: each value stays one argument
+    whatever it holds (no shell)."""
+    values = {"%i": host.instance_id or "", "%h": host.host, "%p": str(host.port),
+              "%r": host.region or "", "%%": "%"}
+    return [re.sub(r"%[ihpr%]", lambda m: values[m[0]], word)
+            for word in shlex.split(template)]
+
+
+def proxy_socket(template: str, host: Host) -> Any:
+    import paramiko
+
+    argv = proxy_argv(template, host)
+    if "%i" in template and not host.instance_id:
+        raise SshFailure(f"the proxy command needs the instance id of {host.label}",
+                         "let poolctl find the nodes through the cloud (no --host)")
+    try:
+        return paramiko.ProxyCommand(shlex.join(argv))
+    except paramiko.SSHException as e:  # the command cannot start
+        raise SshFailure(f"proxy command `{argv[0]}` for {host.label} failed to start: {e}",
+                         "install it (aws: AWS CLI v2 for instance-connect) or fix "
+                         "--proxy-command") from None
+
+
+def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
+    """A new ed25519 key, its public half pushed to the instance for `opts.user` through
+    EC2 Instance Connect (the node's sshd accepts it for 60 s). The private half never leaves
+    this process."""
+    import botocore.exceptions
+    import paramiko
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    if not host.instance_id or not host.region:
+        raise SshFailure(f"instance-connect needs the instance id of {host.label}",
+                         "let poolctl find the nodes through the cloud (no --host), or use "
+                         "--access ssh")
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption()).decode()
+    import io
+
+    key = paramiko.Ed25519Key.from_private_key(io.StringIO(pem))
+    if opts.sandbox:
+        from poolctl.sandbox import manager
+
+        eic = manager.client("ec2-instance-connect", host.region)
+    else:
+        import boto3
+
+        eic = boto3.client("ec2-instance-connect", region_name=host.region)
+    try:
+        eic.send_ssh_public_key(InstanceId=host.instance_id, InstanceOSUser=opts.user,
+                                SSHPublicKey=f"{key.get_name()} {key.get_base64()}")
+    except botocore.exceptions.NoCredentialsError:
+        raise SshFailure("no AWS credentials to push the key with",
+                         "configure them (AWS_PROFILE, aws sso login ...)") from None
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+        raise SshFailure(f"ec2-instance-connect SendSSHPublicKey to {host.instance_id} "
+                         f"failed: {e}",
+                         "the caller needs ec2-instance-connect:SendSSHPublicKey on the "
+                         "instance, and the node must be running") from None
+    return key
 
 
 def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
@@ -809,6 +1027,12 @@ def progress_line(res: NodeResult) -> str:
 def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
                  page_size: int | None = None) -> list[str]:
     """Private IPs of the pool's running EC2 instances, found by tag."""
+    return [ip for ip, _ in discover_aws_nodes(cfg, pool, sandbox, page_size)]
+
+
+def discover_aws_nodes(cfg: Config, pool: Pool, sandbox: bool = False,
+                       page_size: int | None = None) -> list[tuple[str, str]]:
+    """(private IP, instance id) of the pool's running EC2 instances, found by tag."""
     if pool.aws is None:
         raise UsageError(f"--cloud aws: pool {pool.name!r} has no `aws:` placement")
     region = pool.aws.region
@@ -828,7 +1052,7 @@ def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
         {"Name": "instance-state-name", "Values": ["running"]},
     ]
     paging = {"PageSize": page_size} if page_size else {}
-    ips: list[str] = []
+    found: dict[str, str] = {}
     try:
         pages = ec2.get_paginator("describe_instances").paginate(
             Filters=filters, PaginationConfig=paging)
@@ -837,13 +1061,13 @@ def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
                 for inst in reservation["Instances"]:
                     ip = inst.get("PrivateIpAddress")
                     if ip and inst.get("State", {}).get("Name") == "running":
-                        ips.append(ip)
+                        found[ip] = inst["InstanceId"]
     except botocore.exceptions.NoCredentialsError:
         raise UsageError("--cloud aws: no AWS credentials found; configure them (AWS_PROFILE, "
                          "aws sso login ...) or pass --host to check nodes directly") from None
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
         raise OperationFailed(f"ec2 DescribeInstances in {region} failed: {e}") from None
-    return sorted(set(ips), key=_ip_key)
+    return [(ip, found[ip]) for ip in sorted(found, key=_ip_key)]
 
 
 def _ip_key(ip: str) -> tuple:
@@ -909,9 +1133,12 @@ def plan_work(
     hosts: Sequence[str] | None,
     default_port: int = DEFAULT_PORT,
     sandbox: bool = False,
-    discover: Callable[[Config, Pool, str, bool], list[str]] | None = None,
+    discover: Callable[[Config, Pool, str, bool], list] | None = None,
+    direct: bool = True,
 ) -> list[tuple[Host, NodeSpec]]:
-    """Which hosts to check against which pool's expectations."""
+    """Which hosts to check against which pool's expectations. `discover` gives addresses,
+    or (address, instance id) pairs. `direct`: poolctl connects to the addresses itself (no
+    proxy command), so in the sandbox they must be loopback ones."""
     if hosts:
         if len(targets) > 1:
             names = ", ".join(f"{p.name}/{c}" for p, c in targets)
@@ -922,6 +1149,13 @@ def plan_work(
         unique: dict[Host, None] = {}  # the order given, each host once
         for h in hosts:
             unique.setdefault(parse_host(h, default_port))
+        if sandbox and direct:
+            outside = [h.host for h in unique if not is_loopback(h.host)]
+            if outside:
+                raise UsageError(
+                    f"--host {outside[0]}: with --sandbox poolctl connects only to loopback "
+                    "addresses (127.0.0.0/8, ::1, localhost); name the local sshd standing "
+                    "for the node, e.g. --host 127.0.0.1:2222")
         return [(h, spec) for h in unique]
     if sandbox and any(c != "aws" for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
@@ -929,7 +1163,9 @@ def plan_work(
     work = []
     for pool, cloud in targets:
         spec = spec_for(pool, cloud)
-        ips = discover(cfg, pool, cloud, sandbox)
+        found = [f if isinstance(f, tuple) else (f, None)
+                 for f in discover(cfg, pool, cloud, sandbox)]
+        ips = [ip for ip, _ in found]
         if not ips:
             where = pool.aws.region if cloud == "aws" and pool.aws else (
                 pool.gcp.region if pool.gcp else "")
@@ -939,9 +1175,31 @@ def plan_work(
             raise OperationFailed(
                 f"no running node of pool {pool.name} on {cloud} in {where} (by {tag}); "
                 "deploy it or scale it up, or pass --host H to check a node directly")
-        work.extend((Host(ip, default_port), spec) for ip in ips)
+        outside = [ip for ip in ips if not is_loopback(ip)]
+        if sandbox and direct and outside:
+            # Sandbox instances carry made-up private addresses: somebody else's, if any.
+            raise UsageError(
+                f"--sandbox: node address {outside[0]} of pool {pool.name} is a fake private "
+                "address of the emulator, and poolctl never connects outside 127.0.0.0/8 in "
+                "the sandbox; pass --host with the loopback address of a local sshd standing "
+                "for the node, e.g. --host 127.0.0.1:2222")
+        region = pool.aws.region if cloud == "aws" and pool.aws else None
+        work.extend((Host(ip, default_port, iid, region), spec) for ip, iid in found)
     return work
 
 
-def _discover(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list[str]:
-    return discover_aws(cfg, pool, sandbox) if cloud == "aws" else discover_gcp(cfg, pool)
+def is_loopback(host: str) -> bool:
+    """An address of this machine by its literal form (names other than localhost are not
+    resolved: what they resolve to may change)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _discover(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list:
+    if cloud == "aws":
+        return discover_aws_nodes(cfg, pool, sandbox)
+    return discover_gcp(cfg, pool)

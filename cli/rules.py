@@ -7,6 +7,7 @@ nothing; `warning` and `info` are printed and do not block.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -37,6 +38,14 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class TrafficNeed:
+    """What a given trace needs of a pool: replicas for its busiest window (simulated)."""
+
+    peak_replicas: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Ctx:
     """What a check sees: the pool, its index, and for placement checks the cloud and row."""
 
@@ -45,6 +54,7 @@ class Ctx:
     index: int
     cloud: str | None = None
     row: InstanceType | None = None
+    traffic: TrafficNeed | None = None  # only when a command was given a trace
 
     def key(self, path: str) -> str:
         return f"pools[{self.index}].{path}"
@@ -208,6 +218,12 @@ def _region(c: Ctx):
         return
     if c.cloud == "gcp":
         offered = c.row.regions[p.region]
+        if not offered and not p.zones:  # the stack needs zones to spread the MIG over
+            yield c.find(
+                "region-offered", "error", "gcp.zones",
+                f"the catalog lists no zones offering {c.row.name} in {p.region}",
+                f"set gcp.zones to the {p.region} zones to spread the pool over",
+            )
         bad = [z for z in p.zones if offered and z not in offered]
         if bad:
             yield c.find(
@@ -217,15 +233,42 @@ def _region(c: Ctx):
             )
 
 
-@check("weights-uri", "weights come from the cloud's object store")
-def _weights_uri(c: Ctx):
-    p = c.pool.placement(c.cloud)
-    scheme = "s3://" if c.cloud == "aws" else "gs://"
-    if not p.weights_uri.startswith(scheme) or p.weights_uri.rstrip("/") == scheme.rstrip("/"):
+# Secrets passed as arguments end up in user data / metadata, `ps` and the journal. Flags
+# that take one, and the shapes of common tokens (Hugging Face, OpenAI-style, AWS keys).
+_SECRET_FLAGS = re.compile(r"^--(api-key|hf-token|token|password|secret)(=|$)")
+_SECRET_TOKENS = re.compile(
+    r"(?<![A-Za-z0-9])(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|(AKIA|ASIA)[0-9A-Z]{16}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|xox[abpr]-[A-Za-z0-9-]{10,})")
+
+
+@check("no-secrets-in-args", "no API keys or tokens in serving.extra_args", "pool")
+def _secret_args(c: Ctx):
+    for i, arg in enumerate(c.pool.serving.extra_args):
+        flag = _SECRET_FLAGS.match(arg)
+        if flag or _SECRET_TOKENS.search(arg):
+            # The message never repeats the value: it is probably a live secret.
+            what = (f"the flag {flag.group(0).rstrip('=')}" if flag
+                    else "a value shaped like a token")
+            yield c.find(
+                "no-secrets-in-args", "error", f"serving.extra_args[{i}]",
+                f"{what} would put a secret in the node's user data/metadata and process list",
+                "store the API key in Secrets Manager / Secret Manager and set "
+                "serving.api_key_secret (weights come from weights_uri, no hub token needed)",
+            )
+
+
+@check("boot-script-size", "the boot script fits the cloud's user-data/metadata limit")
+def _boot_size(c: Ctx):
+    if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
+        return
+    from poolctl import bootscript
+
+    size = len(bootscript.render_unchecked(c.cfg, c.pool, c.cloud).encode())
+    if problem := bootscript.size_problem(size, c.cloud):
         yield c.find(
-            "weights-uri", "error", f"{c.cloud}.weights_uri",
-            f"{p.weights_uri!r} is not a {scheme} prefix",
-            f"use {scheme}<bucket>/<prefix>/ holding the weights and manifest.json",
+            "boot-script-size", "error", "serving.extra_args", problem,
+            "shorten serving.extra_args (large settings belong in the image or the weights "
+            "folder)",
         )
 
 
@@ -330,11 +373,47 @@ def _whole(c: Ctx):
             )
 
 
+# The placement key that turns HTTPS on, and what it takes.
+TLS_KEYS = {
+    "aws": ("certificate_arn", "an ACM certificate (HTTPS on 443, HTTP redirects to it)"),
+    "gcp": ("certificate", "a regional SSL certificate (HTTPS on 443)"),
+}
+
+
+@check("tls", "clients reach the pool over HTTPS")
+def _tls(c: Ctx):
+    field, what = TLS_KEYS[c.cloud]
+    if not getattr(c.pool.placement(c.cloud), field):
+        yield c.find(
+            "tls", "warning", f"{c.cloud}.{field}",
+            "the load balancer serves plain HTTP: prompts and answers cross the VPC unencrypted",
+            f"set {c.cloud}.{field} to {what}",
+        )
+
+
+@check("traffic-peak", "max_replicas carries the given trace's peak")
+def _traffic_peak(c: Ctx):
+    if c.traffic is None:
+        return
+    s = c.pool.scaling
+    if s.max_replicas < c.traffic.peak_replicas:
+        yield c.find(
+            "traffic-peak", "warning", "scaling.max_replicas",
+            f"{s.max_replicas} cannot carry the peak of {c.traffic.source}: its busiest window "
+            f"needs {c.traffic.peak_replicas} replicas to keep TTFT p90 <= "
+            f"{c.pool.slo.ttft_p90_s} s",
+            f"raise max_replicas to at least {c.traffic.peak_replicas}",
+        )
+
+
 # ---------------------------------------------------------------------------- running
 
 
-def run_checks(cfg: Config, targets: list[tuple[Pool, str]]) -> list[Finding]:
-    """All findings for the chosen (pool, cloud) targets; pool checks run once per pool."""
+def run_checks(cfg: Config, targets: list[tuple[Pool, str]],
+               traffic: dict[tuple[str, str], TrafficNeed] | None = None) -> list[Finding]:
+    """All findings for the chosen (pool, cloud) targets; pool checks run once per pool.
+    `traffic` (per pool name and cloud) is what a given trace needs; checks of it run only
+    then."""
     catalog = load_catalog()
     findings: list[Finding] = []
     seen: set[str] = set()
@@ -348,7 +427,8 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, str]]) -> list[Finding]:
                     findings += chk.fn(base)
         p = pool.placement(cl)
         name = p.instance_type if cl == "aws" else p.machine_type
-        ctx = Ctx(cfg, pool, index, cl, catalog.get(cl, name))
+        need = (traffic or {}).get((pool.name, cl))
+        ctx = Ctx(cfg, pool, index, cl, catalog.get(cl, name), need)
         for chk in CHECKS:
             if chk.scope == "placement":
                 findings += chk.fn(ctx)

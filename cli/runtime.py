@@ -398,6 +398,30 @@ def edit_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
     return new_text, node.value, node.start_mark.line + 1
 
 
+def set_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
+               ) -> tuple[str, str | None, int]:
+    """`edit_scalar`, or, when the key is not written (its default applies), one new line
+    `key: value` at the top of its block-style mapping: (new text, old value or None, line)."""
+    import yaml
+
+    if _value_node(text, path) is not None:
+        return edit_scalar(text, path, value, source)
+    parent = _value_node(text, path[:-1])
+    where = ".".join(str(p) for p in path[:-1] if not isinstance(p, int))
+    if not isinstance(parent, yaml.MappingNode) or parent.flow_style or not parent.value:
+        raise UsageError(f"{source}: {where}: not a block mapping poolctl can add "
+                         f"`{path[-1]}` to; add `{path[-1]}:` there by hand")
+    first = parent.value[0][0].start_mark
+    start = first.index - first.column
+    line = f"{' ' * first.column}{path[-1]}: {_render_scalar(value, None)}\n"
+    new_text = text[:start] + line + text[start:]
+    check = _value_node(new_text, path)
+    if check is None or check.value != value:
+        raise UsageError(f"{source}:{first.line + 1}: {where}: cannot add {path[-1]}={value!r} "
+                         "in place; edit the file by hand")
+    return new_text, None, first.line + 1
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.poolctl-tmp")
     tmp.write_text(text)
@@ -408,17 +432,30 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-ROLLOUT_KEYS = {"image": ("serving", "image"), "model_version": ("model", "version")}
+ROLLOUT_KEYS = {"image": ("serving", "image"), "model_version": ("model", "version"),
+                "ami_id": ("aws", "ami_id"), "gcp_image": ("gcp", "image")}
+# The node image (`rollout start --node-image`): a key a file may not write yet (its default
+# applies), so it is added in place rather than refused.
+NODE_IMAGE_KEYS = {"aws": "ami_id", "gcp": "gcp_image"}
+ROLLOUT_LABELS = {k: ".".join(v) for k, v in ROLLOUT_KEYS.items()}
+
+
+def _rollout_key(label: str) -> str:
+    return next(k for k, v in ROLLOUT_LABELS.items() if v == label)
+
+
+def _edit(key: str):
+    return set_scalar if key in NODE_IMAGE_KEYS.values() else edit_scalar
 
 
 def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: str
                    ) -> tuple[Config, str, bool, int]:
-    """Write `value` for `key` (image | model_version) of `pool` into the file:
+    """Write `value` for `key` (a ROLLOUT_KEYS key) of `pool` into the file:
     (re-parsed config, old value, changed?, line)."""
     idx = [p.name for p in cfg.pools].index(pool.name)
     path = ("pools", idx, *ROLLOUT_KEYS[key])
     text = file_path.read_text()
-    new_text, old, line = edit_scalar(text, path, value, source=str(file_path))
+    new_text, old, line = _edit(key)(text, path, value, source=str(file_path))
     changed = new_text != text
     new_cfg = parse_config(new_text, source=str(file_path))
     if changed:
@@ -431,7 +468,7 @@ def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: st
 
 
 def rollouts_dir() -> Path:
-    from poolctl.terraform import poolctl_home
+    from poolctl.home import poolctl_home
 
     return poolctl_home() / "rollouts"
 
@@ -449,8 +486,9 @@ def load_record(cfg: Config, pool: Pool, cloud: str) -> dict | None:
 
 
 def save_record(cfg: Config, pool: Pool, cloud: str, rec: dict, new: bool = False) -> None:
+    from poolctl.home import write_private
+
     p = record_path(cfg, pool, cloud)
-    p.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(p.read_text())
     except (OSError, ValueError):
@@ -458,7 +496,7 @@ def save_record(cfg: Config, pool: Pool, cloud: str, rec: dict, new: bool = Fals
     if new and data.get("current"):
         data.setdefault("history", []).append(data["current"])
     data["current"] = rec
-    write_atomic(p, json.dumps(data, indent=2) + "\n")
+    write_private(p, json.dumps(data, indent=2) + "\n")
 
 
 def _annotate(state: RolloutState, rec: dict | None) -> None:
@@ -514,6 +552,7 @@ def rollout_start(
     *,
     image: str | None = None,
     model_version: str | None = None,
+    node_image: str | None = None,
     no_surge: bool = False,
     confirm: Callable[[str], bool],
     sandbox: bool,
@@ -526,17 +565,22 @@ def rollout_start(
     version / instance template), then start the rollout with the pool's checkpoints."""
     from poolctl.deploy import run_stacks
 
-    if (image is None) == (model_version is None):
-        raise UsageError("rollout start: give exactly one of --image IMAGE or "
-                         "--model-version VERSION")
-    key = "image" if image is not None else "model_version"
-    value = str(image if image is not None else model_version).strip()
+    given = {"image": image, "model_version": model_version, NODE_IMAGE_KEYS[cloud]: node_image}
+    given = {k: v for k, v in given.items() if v is not None}
+    if len(given) != 1:
+        raise UsageError("rollout start: give exactly one of --image IMAGE, "
+                         "--model-version VERSION or --node-image IMAGE")
+    [(key, value)] = given.items()
+    value = str(value).strip()
+    # The record outlives this working directory: `rollout rollback` run from another one
+    # (or by a scheduler) must edit this file, not a poolctl.yaml where it happens to run.
+    file_path = Path(file_path).resolve()
     if not value:
         raise UsageError(f"--{key.replace('_', '-')}: empty; give the new value")
     # Refuse before any cloud call when the key is not literally in the file (exit 2).
     idx = [p.name for p in cfg.pools].index(pool.name)
-    edit_scalar(file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
-                source=str(file_path))
+    _edit(key)(file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
+               source=str(file_path))
     stack = naming.stack_name(cfg, pool, cloud)
     group = ops.find_group(cfg, pool)
     active = ops.rollout_state(group)
@@ -558,8 +602,9 @@ def rollout_start(
             + "; ".join(shortfall_line(ln) for ln in short)
             + f"; nothing was changed. File an increase with `poolctl quota request --cloud "
               f"{cloud}`{offer}")
-    current = pool.serving.image if key == "image" else pool.model.version
-    label = "serving.image" if key == "image" else "model.version"
+    section, name = ROLLOUT_KEYS[key]
+    current = getattr(getattr(pool, section), name)
+    label = ROLLOUT_LABELS[key]
 
     cps = ", ".join(f"{c}%" for c in pool.rollout.checkpoints)
     how = "one node at a time, no surge" if no_surge or not plan.nodes["surge"] else (
@@ -728,7 +773,18 @@ def _after_end(cfg: Config, pool: Pool, cloud: str, s: RolloutState) -> None:
 
 def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
     path = Path(rec["file"])
-    key = "image" if rec["key"] == "serving.image" else "model_version"
+    key = _rollout_key(rec["key"])
+    if rec["from"] is None:  # the node image was the placement's default (no line)
+        log(f"{path}: {rec['key']} was not written before the rollout; remove its line by "
+            "hand to return to the default image")
+        rec["restored"] = False
+        return
+    if not path.is_absolute():
+        # Written by a poolctl that kept the path as typed: its directory is unknown.
+        log(f"{path}: the rollout record names this file relative to a directory it does not "
+            f"keep; set {rec['key']}={rec['from']} in it by hand")
+        rec["restored"] = False
+        return
     try:
         text = path.read_text()
         idx = [p.name for p in parse_config(text, str(path)).pools].index(pool.name)
@@ -794,7 +850,9 @@ def rollout_rollback(
     out again to the previous version (a new rollout). Either way the file records the
     previous version again, so the next deploy does not roll forward."""
     rec = load_record(cfg, pool, cloud)
-    if not rec or not rec.get("from"):
+    node_image = rec is not None and rec.get("key") in (
+        ROLLOUT_LABELS[k] for k in NODE_IMAGE_KEYS.values())
+    if not rec or not (rec.get("from") or node_image):
         raise OperationFailed(
             f"{pool.name}: no rollout recorded in {record_path(cfg, pool, cloud)}; nothing to "
             "roll back to")
@@ -832,8 +890,20 @@ def rollout_rollback(
         save_record(cfg, pool, cloud, rec)
         out.update(how="cloud_rollback", rollout=asdict(state))
         return out
-    # Ended (successful, cancelled or failed): roll the previous version out again.
-    key = "image" if rec["key"] == "serving.image" else "model_version"
+    # Ended (successful, cancelled or failed): roll the previous version out again, in the
+    # file the rollout recorded (wherever this command runs from).
+    key = _rollout_key(rec["key"])
+    key = "node_image" if key in NODE_IMAGE_KEYS.values() else key
+    if rec["from"] is None:
+        raise OperationFailed(f"{pool.name}: {rec['key']} was not written before the rollout; "
+                              f"remove its line from {rec['file']} and run `poolctl deploy` to "
+                              "return to the default image")
+    recorded = Path(rec["file"])
+    if recorded.is_absolute() and recorded != Path(file_path).resolve():
+        from poolctl.config import load_config
+
+        file_path, cfg = recorded, load_config(recorded)
+        pool = cfg.select(pool.name)[0]
     res = rollout_start(cfg, file_path, pool, cloud, ops, **{key: rec["from"]},
                         no_surge=bool(rec.get("no_surge")), confirm=confirm, sandbox=sandbox,
                         outdir=outdir, mirror=mirror, render_summary=render_summary,

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.config import DTYPE_BYTES, Pool
 from poolctl.errors import UsageError
+from poolctl.images import prepulled
 
 GB = 1e9
 
@@ -30,6 +31,11 @@ LOAD_GBPS_PER_GPU = 2.0  # safetensors -> HBM per worker process, GB/s
 ENGINE_INIT_S = 90  # vLLM KV-cache profiling + CUDA graph capture (vllm#44881: up to ~210 s)
 REGISTER_S = 30  # load balancer health checks: 2 x 15 s before traffic
 NVME_HEADROOM = 1.2  # the cache holds the weights plus room for the next version's files
+# A pre-pulled image skips the pull but its layers sit on a volume restored from a snapshot:
+# the boot script reads them once (`phase=hydrate`) at the volume's first-read rate.
+IMAGE_UNPACKED_RATIO = 2.0  # layers on disk vs. the compressed pull (~12 GB -> ~25 GB vLLM)
+EBS_LAZY_READ_BPS = 135e6  # gp3 from a snapshot, no provisioned init rate: ~130-140 MB/s
+GCE_BOOT_DISK_READ_BPS = 240 * 2**20  # pd-ssd per-disk read baseline (stacks/gcp/pool.py)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class PoolPlan:
     cost_per_hour_usd: dict[str, float]
     start_seconds: dict[str, float]
     start_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    node_image: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -129,22 +136,35 @@ def fetch_bytes_per_s(row: InstanceType) -> float:
     return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
 
 
+def hydrate_seconds(pool: Pool, cloud: str) -> float:
+    """First read of a pre-pulled image's layers; on AWS at the provisioned volume
+    initialization rate when the placement sets one."""
+    layers = pool.serving.image_size_gb * IMAGE_UNPACKED_RATIO * GB
+    if cloud == "aws":
+        rate = pool.aws.volume_initialization_rate_mib_s
+        return layers / (rate * 2**20 if rate else EBS_LAZY_READ_BPS)
+    return layers / GCE_BOOT_DISK_READ_BPS
+
+
 def start_phases(pool: Pool, row: InstanceType) -> dict[str, dict[str, float]]:
     w = weights_bytes(pool)
     per_gpu = w / pool.serving.tensor_parallel
-    image = 0.0 if pool.serving.image_prepulled else pool.serving.image_size_gb / IMAGE_PULL_GBPS
+    # Cold from a pre-pulled image: no pull, one read of the layers instead.
+    image = ({"hydrate": hydrate_seconds(pool, row.cloud)}
+             if prepulled(pool, row.cloud)["prepulled"]
+             else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
     fetch = w / fetch_bytes_per_s(row)
     nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
     load = max(w / nvme_rate, per_gpu / (LOAD_GBPS_PER_GPU * GB))
     cold = {
         "boot": BOOT_COLD_S,
-        "image": image,
+        **image,
         "weights_to_nvme": fetch,
         "load_to_gpu": load,
         "engine_init": ENGINE_INIT_S,
         "register": REGISTER_S,
     }
-    # A stopped warm node keeps its EBS/boot disk (image already pulled) but its local NVMe
+    # A stopped warm node keeps its EBS/boot disk (image pulled or read already) but its NVMe
     # comes back empty: the weights are fetched again on every start.
     warm_stopped = {
         "boot": BOOT_FROM_STOPPED_S,
@@ -245,4 +265,5 @@ def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
+        node_image=prepulled(pool, cloud),
     )

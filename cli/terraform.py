@@ -3,32 +3,40 @@
 Terraform's own output streams live, on stderr with poolctl's progress lines, so stdout
 carries only results (the plan table, outputs, or --json); poolctl adds a plan summary,
 timings per phase, a confirmation, and one clear line when something fails. Ctrl-C reaches
-Terraform too (same process group), which finishes the calls in flight and saves its state;
-poolctl then says how to resume.
+Terraform as exactly one interrupt (it runs in its own process group; poolctl forwards the
+first one and waits), so it finishes the calls in flight and saves its state; poolctl then
+says how to resume. A re-run adopts what an interrupted apply created but could not record
+(`poolctl.deploy.adopt`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import (
+    PRIVATE_UMASK,
+    is_under_home,
+    poolctl_home,
+    tighten,
+    write_private,
+)
 
 # Services the AWS stack and runtime commands call; the sandbox answers them all.
 SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
                     "ssm", "sts", "servicequotas")
-
-
-def poolctl_home() -> Path:
-    return Path(os.environ.get("POOLCTL_HOME") or Path.home() / ".poolctl")
 
 
 def find_binary() -> str:
@@ -68,9 +76,8 @@ def cli_config(mirror: str | None) -> Path | None:
         "}\n"
     )
     out = poolctl_home() / "terraform.rc"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not out.exists() or out.read_text() != text:
-        out.write_text(text)
+    if not out.exists() or out.read_text() != text or out.stat().st_mode & 0o077:
+        write_private(out, text)
     return out
 
 
@@ -79,10 +86,11 @@ class PlanSummary:
     add: Counter = field(default_factory=Counter)
     change: Counter = field(default_factory=Counter)
     destroy: Counter = field(default_factory=Counter)
+    imports: Counter = field(default_factory=Counter)  # adopted (import blocks)
 
     @property
     def empty(self) -> bool:
-        return not (self.add or self.change or self.destroy)
+        return not (self.add or self.change or self.destroy or self.imports)
 
     def totals(self) -> tuple[int, int, int]:
         return sum(self.add.values()), sum(self.change.values()), sum(self.destroy.values())
@@ -98,6 +106,8 @@ def summarize(plan_json: dict) -> PlanSummary:
     for rc in plan_json.get("resource_changes", []):
         actions = rc.get("change", {}).get("actions", [])
         t = rc.get("type", "?")
+        if rc.get("change", {}).get("importing"):
+            s.imports[t] += 1
         if "create" in actions:
             s.add[t] += 1
         if "delete" in actions:
@@ -133,6 +143,51 @@ def _forget_dead_synth_kernel() -> None:
         pass
 
 
+class _Stop:
+    """What the interrupt handler knows: the Terraform process, and whether to stop."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        self.proc: subprocess.Popen | None = None
+        self.requested = False
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        if self.requested:  # the interrupt came while Terraform was being started
+            proc.send_signal(signal.SIGINT)
+
+    def handle(self, signum: int, frame) -> None:
+        if self.requested:
+            sys.stderr.write("== still waiting for Terraform to save its state (a second "
+                             "interrupt would make it exit without saving)\n")
+            return
+        self.requested = True
+        sys.stderr.write(f"== interrupt: Terraform ends its {self.phase} (calls in flight "
+                         "finish or are cancelled) and saves its state; waiting for it\n")
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _one_interrupt_for(phase: str) -> Iterator[_Stop]:
+    """Pass ONE interrupt (Ctrl-C, or SIGTERM from a CI runner) on to Terraform, as SIGINT.
+
+    Terraform's first SIGINT is a graceful stop: no new operations, in-flight ones end (or
+    are cancelled) and the state is written. A second one makes it exit at once, state
+    unsaved, leaving resources it created unrecorded. So Terraform runs in its own process
+    group, out of the terminal's reach, and poolctl forwards one interrupt, then waits."""
+    stop = _Stop(phase)
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # handlers can only be set in the main thread
+        return
+    saved = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 class Terraform:
     def __init__(self, workdir: Path, *, mirror: str | None = None,
                  extra_env: dict[str, str] | None = None) -> None:
@@ -153,35 +208,38 @@ class Terraform:
 
     def _args(self, *args: str) -> list[str]:
         out = [self.bin, *args]
-        if not self.color and args[0] not in ("show", "output", "version"):
+        if not self.color and args[0] not in ("show", "output", "version", "state"):
             out.append("-no-color")
         return out
 
     def run(self, phase: str, *args: str, capture: bool = False,
             ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
         start = time.monotonic()
-        proc = subprocess.Popen(
-            self._args(*args), cwd=self.workdir, env=self.env, text=True,
-            stdout=subprocess.PIPE if capture else (
-                sys.stderr.fileno() if _has_fd(sys.stderr) else None),
-            stderr=subprocess.PIPE if capture else None,
-        )
-        try:
-            out, err = proc.communicate()
-        except KeyboardInterrupt:
-            # Terraform got the same SIGINT: let it finish its calls and write state.
+        private = is_under_home(self.workdir)
+        with _one_interrupt_for(phase) as stop:
+            proc = subprocess.Popen(
+                self._args(*args), cwd=self.workdir, env=self.env, text=True,
+                stdout=subprocess.PIPE if capture else (
+                    sys.stderr.fileno() if _has_fd(sys.stderr) else None),
+                stderr=subprocess.PIPE if capture else None,
+                # A process group of its own: Ctrl-C at the terminal reaches poolctl only,
+                # which passes exactly one on (see _one_interrupt_for).
+                process_group=0,
+                umask=PRIVATE_UMASK if private else -1,
+            )
+            stop.attach(proc)
             try:
-                proc.wait()
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait()
+                out, err = proc.communicate()
+            finally:
+                self.timings[phase] = self.timings.get(phase, 0) + time.monotonic() - start
+                if private:
+                    tighten(self.workdir)
+        if stop.requested:
             _forget_dead_synth_kernel()
             raise OperationFailed(
                 f"interrupted during `{Path(self.bin).name} {phase}`; Terraform saved its "
                 f"state in {self.workdir}; run the same poolctl command again to resume"
-            ) from None
-        finally:
-            self.timings[phase] = self.timings.get(phase, 0) + time.monotonic() - start
+            )
         if proc.returncode not in ok_codes:
             if capture and err:
                 sys.stderr.write(err)
@@ -204,6 +262,18 @@ class Terraform:
 
     def apply(self, planfile: str = "tfplan") -> None:
         self.run("apply", "apply", "-input=false", "-auto-approve", planfile)
+
+    def state_resources(self) -> dict[str, dict]:
+        """Managed resources in the state: address -> attributes of its (first) instance.
+        `state pull` reads any backend and needs no provider."""
+        raw = self.run("state", "state", "pull", capture=True).stdout
+        state = json.loads(raw) if raw.strip() else {}
+        out = {}
+        for r in state.get("resources", []):
+            if r.get("mode") == "managed" and not r.get("module"):
+                inst = (r.get("instances") or [{}])[0]
+                out[f"{r['type']}.{r['name']}"] = inst.get("attributes") or {}
+        return out
 
     def outputs(self) -> dict:
         res = self.run("output", "output", "-json", capture=True)

@@ -9,6 +9,12 @@ a free loopback port) for the whole session, with a temporary POOLCTL_HOME so th
 
 Tests share the server: use unique names, or ask for `sandbox_reset` to start from an empty
 emulator (moto's reset plus the sandbox's quota values back to their start-up values).
+
+Parallel runs (`pytest -n N --dist loadgroup`, what scripts/test does): every worker is its
+own pytest session, so it has its own sandbox server (on a free port), its own POOLCTL_HOME
+and its own deployed pool. The tests of one module run on one worker, in file order (they
+may build on each other and share a module-scoped deploy or synthesis); a worker process
+loads the jsii provider assemblies at most once, whatever synth modules it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +36,60 @@ import pytest
 @pytest.fixture(scope="session")
 def sandbox_home(tmp_path_factory: pytest.TempPathFactory):
     return tmp_path_factory.mktemp("poolctl-home")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_home_and_port(sandbox_home) -> Iterator[None]:
+    """Every session (each xdist worker is one) gets its own POOLCTL_HOME, and a sandbox that
+    a test starts without --port takes a free port (0) instead of the shared default 4600:
+    parallel workers and other users of this machine never meet."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POOLCTL_HOME", str(sandbox_home))
+        mp.setenv("POOLCTL_SANDBOX_PORT", "0")
+        yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A parallel run must group by module (`--dist load` would split a module's tests, which
+    build on each other, across workers); and xdist must keep the order that
+    pytest_collection_modifyitems sets rather than reorder groups by size."""
+    if getattr(config.option, "numprocesses", None) and config.option.dist != "loadgroup":
+        raise pytest.UsageError(
+            f"--dist {config.option.dist}: this suite runs in parallel only with "
+            "`--dist loadgroup` (scripts/test passes it): a module's tests build on each other")
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _weight(item: pytest.Item) -> int:
+    """Where the work is: Terraform deploys to the sandbox (minutes of waiting on the
+    provider), then synthesis (jsii, checkov), then the rest."""
+    if item.get_closest_marker("e2e") or "deployed_pool" in getattr(item, "fixturenames", ()):
+        return 0
+    return 1 if item.get_closest_marker("synth") or item.path.parent.name == "synth" else 2
+
+
+def _group_name(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (`--dist loadgroup`): one group per module, so its tests run in file order
+    on one worker (an explicit xdist_group mark wins), and the heaviest groups come first:
+    xdist hands groups out in collection order, so the longest start at once and the short
+    ones fill the gaps."""
+    if not hasattr(config, "workerinput"):
+        return  # a serial run keeps pytest's own order
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.nodeid.split("::", 1)[0]  # tests/unit/test_x.py -> unit/test_x
+            item.add_marker(pytest.mark.xdist_group(module.removeprefix("tests/")[:-3]))
+    rank: dict[str, int] = {}
+    for item in items:
+        rank[_group_name(item)] = min(rank.get(_group_name(item), 2), _weight(item))
+    items.sort(key=lambda item: rank[_group_name(item)])  # stable: file order within a group
 
 
 @pytest.fixture(scope="session")

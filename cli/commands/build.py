@@ -27,11 +27,22 @@ from poolctl.commands.common import (
 )
 
 
+def check_out(out: Path) -> None:
+    """--out must be (or become) a folder: refuse a file there before anything is written."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        from poolctl.errors import UsageError
+
+        raise UsageError(f"--out: {existing} is a file, not a folder; give a folder for the "
+                         "synthesized stacks (default cdktf.out)")
+
+
 def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
           out: OutOpt = Path("cdktf.out"), json_out: JsonOpt = False) -> None:
     """Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."""
     from poolctl.deploy import synth_targets
 
+    check_out(out)
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
@@ -64,6 +75,7 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
          json_out) -> None:
     from poolctl.deploy import run_stacks
 
+    check_out(out)
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     if not destroy:

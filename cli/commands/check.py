@@ -18,6 +18,7 @@ from poolctl.commands.common import (
     print_findings,
     targets,
 )
+from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
@@ -57,18 +58,71 @@ def require_valid(cfg, tgts) -> None:
 
 
 def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
-         json_out: JsonOpt = False) -> None:
-    """Sizing, memory, quota and cost per pool and cloud; no cloud calls."""
+         json_out: JsonOpt = False,
+         traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
+         seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0) -> None:
+    """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
+    (or --rate), also the replicas that meet the SLO, found by simulation."""
     from poolctl.sizing import plan_pool
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
     plans = [plan_pool(p, c) for p, c in tgts]
+    recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
-        emit_json({"project": cfg.project, "pools": [p.to_json() for p in plans]})
+        entries = [p.to_json() for p in plans]
+        for e, (p, c) in zip(entries, tgts, strict=True):
+            if (p.name, c) in recs:
+                e["recommendation"] = recs[(p.name, c)]
+        emit_json({"project": cfg.project, "pools": entries})
         return
     render_plans(plans)
+    if recs:
+        render_recommendations(tgts, plans, recs)
+
+
+def _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale) -> dict:
+    """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
+    if traffic is None and rate is None:
+        return {}
+    from poolctl.capacity import recommend
+    from poolctl.commands.simulate import traffic as load_traffic
+    from poolctl.rules import TrafficNeed, run_checks
+
+    tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
+                      flag="--traffic")
+    recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
+    needs = {k: TrafficNeed(r["peak_replicas_needed"], tr.source) for k, r in recs.items()}
+    findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
+    print_findings(findings)  # warnings: the file's values stay the user's call
+    return recs
+
+
+def render_recommendations(tgts, plans, recs) -> None:
+    from rich.table import Table
+
+    from poolctl.sizing import nodes_for
+
+    out = console()
+    for (p, c), pl in zip(tgts, plans, strict=True):
+        r = recs[(p.name, c)]
+        price = pl.price_per_node_hour_usd
+        t = Table(title=f"{p.name} on {c}: replicas for the traffic (SLO TTFT p90 "
+                        f"{p.slo.ttft_p90_s} s, utilization <= {p.slo.target_utilization})",
+                  title_justify="left")
+        t.add_column("")
+        t.add_column("file")
+        t.add_column("recommended")
+        rpn = pl.replicas_per_node
+        cost = lambda n, rpn=rpn, price=price: f"{n} (${nodes_for(n, rpn) * price:,.2f}/h)"  # noqa: E731
+        t.add_row("min_replicas", cost(p.scaling.min_replicas), cost(r["min_replicas"]))
+        t.add_row("max_replicas", cost(p.scaling.max_replicas), cost(r["max_replicas"]))
+        t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
+        t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s")
+        t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
+        t.add_row("USD per 1M output tokens", "", f"${r['usd_per_1m_output_tokens']:,.3f}")
+        out.print(t)
 
 
 def _gb(n: float) -> str:
@@ -104,6 +158,7 @@ def render_plans(plans) -> None:
             ("cost per hour", f"${p.cost_per_hour_usd['min']:,.2f} min, "
                               f"${p.cost_per_hour_usd['max']:,.2f} max "
                               f"(${p.price_per_node_hour_usd:,.2f}/node)"),
+            ("node image", _node_image(p.node_image, p.cloud)),
             ("start, cold", _phases(p.start_phases["cold"])),
             ("start, warm " + p.warm_state,
              _phases(p.start_phases["warm_" + ("running" if p.warm_state == "running"
@@ -112,6 +167,15 @@ def render_plans(plans) -> None:
         for k, v in rows:
             t.add_row(k, v)
         out.print(t)
+
+
+def _node_image(img: dict, cloud: str) -> str:
+    where = img.get("id") or "the base image"
+    if img.get("prepulled"):
+        return f"{where}: serving image pre-pulled ({img['source']})"
+    if img.get("carries"):
+        return f"{where}: carries {img['carries']}, not the serving image: pulled at boot"
+    return f"{where}: serving image pulled at boot (`poolctl image build --cloud {cloud}`)"
 
 
 def _phases(ph: dict) -> str:

@@ -45,6 +45,21 @@ PortOpt = Annotated[
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", help="Seconds for connecting and for each remote command.")
 ]
+AccessOpt = Annotated[
+    str | None,
+    typer.Option("--access", help="ssh: your keys, straight to each node's address (from "
+                 "inside the VPC or a VPN). instance-connect (AWS): a key made and pushed for "
+                 "this check only (EC2 Instance Connect), through the AWS CLI's tunnel to the "
+                 "pool's EC2 Instance Connect Endpoint. Default: the pool's aws.node_access.",
+                 show_default=False),
+]
+ProxyOpt = Annotated[
+    str | None,
+    typer.Option("--proxy-command", help="Like ssh's ProxyCommand: a command whose stdin/"
+                 "stdout reach the node's sshd; %i instance id, %h address, %p port, "
+                 "%r region (default with instance-connect: aws ec2-instance-connect "
+                 "open-tunnel).", show_default=False),
+]
 
 
 @app.command("check")
@@ -58,18 +73,29 @@ def check(
     known_hosts: KnownHostsOpt = None,
     port: PortOpt = 22,
     timeout: TimeoutOpt = 10.0,
+    access: AccessOpt = None,
+    proxy_command: ProxyOpt = None,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """SSH into nodes and verify GPUs, NVLink, no EFA, the NVMe cache, the image and health."""
     from poolctl import nodecheck
-    from poolctl.errors import OperationFailed
+    from poolctl.errors import OperationFailed, UsageError
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
+    if access is None:
+        endpoint = [p.aws is not None and p.aws.node_access == "instance-connect" and c == "aws"
+                    for p, c in tgts]
+        access = "instance-connect" if endpoint and all(endpoint) and not host else "ssh"
+    if access == "instance-connect" and any(c != "aws" for _, c in tgts):
+        raise UsageError("--access instance-connect: EC2 Instance Connect is AWS's; add "
+                         "--cloud aws (GCP's IAP tunnel with OS Login is not supported yet)")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,
-                                timeout=timeout)
-    work = nodecheck.plan_work(cfg, tgts, host, default_port=port, sandbox=sandbox)
+                                timeout=timeout, access=access, proxy_command=proxy_command,
+                                sandbox=sandbox)
+    work = nodecheck.plan_work(cfg, tgts, host, default_port=port, sandbox=sandbox,
+                               direct=opts.proxy_command is None)
     sys.stderr.write(f"checking {len(work)} node(s) over SSH as {user} ...\n")
 
     def progress(res) -> None:

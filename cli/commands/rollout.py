@@ -86,6 +86,13 @@ def start(
     image: Annotated[str | None, typer.Option("--image", help="New serving image.")] = None,
     model_version: Annotated[
         str | None, typer.Option("--model-version", help="New model.version label.")] = None,
+    node_image: Annotated[
+        str | None, typer.Option("--node-image", help="Roll nodes to this node image (an AMI "
+                                 "id / GCE image), or `latest`: the newest built for the pool "
+                                 "that carries its serving image.")] = None,
+    build_image: Annotated[
+        bool, typer.Option("--build-image", help="With --image: first build the node image "
+                           "for it (`poolctl image build`), then roll.")] = False,
     no_surge: Annotated[
         bool, typer.Option("--no-surge", help="Replace without extra nodes: one node at a "
                            "time out of service (when quota has no room for the surge).")
@@ -103,14 +110,38 @@ def start(
     """Record the new version in the file, apply it, and roll it through the pool."""
     from poolctl import runtime
     from poolctl.commands.build import _render_summary
+    from poolctl.errors import UsageError
+    from poolctl.formats import image_reference
 
+    if image is not None:  # the same grammar as serving.image, before the file is edited
+        try:
+            image_reference(image)
+        except ValueError as e:
+            raise UsageError(f"--image: {e}; got {image[:80]!r}") from None
+    if build_image and (image is None or node_image is not None):
+        raise UsageError("--build-image: builds the node image for the new serving image; "
+                         "give --image IMAGE (and no --node-image)")
     path = _config_path(file)
     cfg = load(path)
     p, c = one_target(cfg, pool, cloud, sandbox)
     ops = runtime.get_ops(c, sandbox)
     with _stdout_to_stderr(json_out):
+        if node_image == "latest":
+            from poolctl import images
+
+            node_image = images.latest_image(cfg, p, c, sandbox)
+        if build_image:
+            from poolctl import images
+
+            built = images.build(cfg, path, p, c, sandbox=sandbox, dry_run=False,
+                                 serving_image=image)
+            sys.stderr.write(f"{p.name}: node image {built.image_id} carries {image}; the next "
+                             "apply launches nodes from it\n")
+            cfg = load(path)
+            p = cfg.select(p.name)[0]
         res = runtime.rollout_start(
-            cfg, path, p, c, ops, image=image, model_version=model_version, no_surge=no_surge,
+            cfg, path, p, c, ops, image=image, model_version=model_version,
+            node_image=node_image, no_surge=no_surge,
             confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox, outdir=out,
             mirror=provider_mirror, render_summary=_render_summary,
         )

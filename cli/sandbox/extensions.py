@@ -88,6 +88,14 @@ reference documents it, within the limits said here.
      and DeleteAutoScalingGroup deletes the group's lifecycle hooks and scaling policies, as
      AWS does (moto kept them, so a new group of the same name inherited them).
 
+7. EC2 Instance Connect (`nodes check --access instance-connect`).
+   moto's SendSSHPublicKey accepts anything and keeps nothing. Here, as the API reference
+   says: the instance must exist in the region (EC2InstanceNotFoundException) and be running
+   (EC2InstanceStateInvalidException), the key must be an OpenSSH public key of a supported
+   type (InvalidArgsException); the key is kept for 60 seconds. The node side of Instance
+   Connect (sshd's AuthorizedKeysCommand reading the pushed keys from the instance metadata)
+   is GET /_poolctl/instance-connect?instance_id=I&user=U: the keys still valid, one a line.
+
 6. Admin endpoints under /_poolctl/ (loopback only, no AWS equivalent):
    GET /_poolctl/health; GET|POST|DELETE /_poolctl/quotas (POST body
    {"quotas": {"L-417A185B": 384}, "region": "us-east-1"}, region optional = all regions);
@@ -97,6 +105,12 @@ reference documents it, within the limits said here.
    "LifecycleActionResult": "CONTINUE"} completes every open launch action, standing in for
    the nodes' boot scripts, which never run in the sandbox; it answers {"completed": [...]},
    each with the instance's LifecycleState afterwards (`poolctl sandbox boot-nodes` calls it).
+   POST /_poolctl/faults {"action": "CreateLaunchTemplate", "delay_s": 20, "times": 1}
+   holds back the answer to the next `times` calls of that API action by `delay_s` seconds
+   AFTER moto performed them: a client that gives up meanwhile (Terraform interrupted) has
+   created the resource without learning it, as with a connection lost on real AWS (the
+   interrupt tests need it); GET lists the faults left and the actions whose answer is held
+   back right now ("holding"), DELETE clears them.
    moto's own POST /moto-api/reset also resets all of this.
 """
 
@@ -126,6 +140,8 @@ EXTENSIONS = (
     "moto-fixes.security-group-rule-description",
     "moto-fixes.group-create-delete",
     "admin-endpoints",
+    "admin-endpoints.faults",
+    "ec2-instance-connect.send-ssh-public-key",
 )
 
 # One lock for everything below: moto's server is threaded and these extensions mutate
@@ -1513,7 +1529,108 @@ def _delete_group_children(backend: Any, group_name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# 7. EC2 Instance Connect
+
+EIC_KEY_TTL_S = 60.0
+_EIC_KEY_TYPES = ("ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+                  "ecdsa-sha2-nistp521")
+# (instance id, OS user) -> [(public key line, expiry as time.time())]
+_eic_keys: dict[tuple[str, str], list[tuple[str, float]]] = {}
+
+
+def _eic_error(code: str, message: str) -> Exception:
+    from moto.core.exceptions import JsonRESTError
+
+    return JsonRESTError(code, message)
+
+
+def _send_ssh_public_key(self: Any) -> str:
+    from moto.ec2.models import ec2_backends
+
+    body = json.loads(self.body or "{}")
+    instance_id = str(body.get("InstanceId", ""))
+    user = str(body.get("InstanceOSUser", ""))
+    key = str(body.get("SSHPublicKey", "")).strip()
+    if key.split(" ", 1)[0] not in _EIC_KEY_TYPES or len(key.split()) < 2:
+        raise _eic_error("InvalidArgsException", "The SSH public key is not a supported "
+                         "OpenSSH public key (ssh-ed25519, ssh-rsa, ecdsa-sha2-*)")
+    ec2 = ec2_backends[self.current_account][self.region]
+    try:
+        instance = ec2.get_instance(instance_id)
+    except Exception:
+        raise _eic_error("EC2InstanceNotFoundException",
+                         f"Instance {instance_id} not found in {self.region}") from None
+    if instance.state != "running":
+        raise _eic_error("EC2InstanceStateInvalidException",
+                         f"Instance {instance_id} is {instance.state}, not running")
+    now = time.time()
+    with _LOCK:
+        kept = [(k, t) for k, t in _eic_keys.get((instance_id, user), []) if t > now]
+        _eic_keys[(instance_id, user)] = [*kept, (key, now + EIC_KEY_TTL_S)]
+    return json.dumps({"RequestId": str(uuid.uuid4()), "Success": True})
+
+
+def instance_connect_keys(instance_id: str, user: str) -> list[str]:
+    now = time.time()
+    with _LOCK:
+        return [k for k, t in _eic_keys.get((instance_id, user), []) if t > now]
+
+
+# --------------------------------------------------------------------------------------
 # 6. Admin endpoints
+
+# Faults: API action -> {"delay_s": seconds, "times": calls left}; actions whose answer is
+# being held back right now (a test interrupts its client then).
+_faults: dict[str, dict[str, float]] = {}
+_holding: list[str] = []
+
+
+def _api_action(environ: dict[str, Any]) -> str | None:
+    """The API action of a request (query protocol: Action=..., JSON: X-Amz-Target), with
+    the body left readable for moto."""
+    import io
+    from urllib.parse import parse_qs
+
+    target = environ.get("HTTP_X_AMZ_TARGET")
+    if target:
+        return target.rsplit(".", 1)[-1]
+    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
+    if action:
+        return action[0]
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if not length:
+        return None
+    raw = environ["wsgi.input"].read(length)
+    environ["wsgi.input"] = io.BytesIO(raw)
+    found = parse_qs(raw.decode(errors="replace")).get("Action")
+    return found[0] if found else None
+
+
+def _delayed(app: Callable[..., Any], environ: dict[str, Any], start_response: Any,
+             action: str, delay_s: float) -> list[bytes]:
+    """moto's answer, complete, handed over `delay_s` seconds after moto acted."""
+    seen: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers, *exc: seen.append((status, headers))))
+    with _LOCK:
+        _holding.append(action)
+    try:
+        time.sleep(delay_s)
+    finally:
+        with _LOCK:
+            _holding.remove(action)
+    start_response(*seen[0])
+    return [body]
+
+
+def _take_fault(action: str | None) -> float | None:
+    with _LOCK:
+        fault = _faults.get(action or "")
+        if fault is None:
+            return None
+        fault["times"] -= 1
+        if fault["times"] <= 0:
+            del _faults[action]
+        return float(fault["delay_s"])
 
 
 def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[..., Any]:
@@ -1531,6 +1648,10 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
     def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
         if not path.startswith("/_poolctl/"):
+            action = _api_action(environ) if _faults else None
+            delay = _take_fault(action)
+            if delay is not None:
+                return _delayed(app, environ, start_response, str(action), delay)
             return app(environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
         try:
@@ -1555,6 +1676,22 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                 with _LOCK:
                     request = set_request_status(path.rsplit("/", 1)[1], str(body.get("status")))
                 return respond(start_response, 200, {"RequestedQuota": request})
+            if path == "/_poolctl/instance-connect":
+                from urllib.parse import parse_qs
+
+                q = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+                keys = instance_connect_keys(q.get("instance_id", ""), q.get("user", ""))
+                return respond(start_response, 200, {"keys": keys})
+            if path == "/_poolctl/faults":
+                with _LOCK:
+                    if method == "POST":
+                        _faults[str(body["action"])] = {
+                            "delay_s": max(0.0, float(body.get("delay_s", 10))),
+                            "times": max(1, int(body.get("times", 1)))}
+                    elif method == "DELETE":
+                        _faults.clear()
+                    return respond(start_response, 200, {"faults": _faults,
+                                                         "holding": list(_holding)})
             if path == "/_poolctl/lifecycle-actions":
                 if method == "POST":
                     done = complete_open_actions(
@@ -1741,7 +1878,13 @@ def install() -> None:
         with _LOCK:
             orig_reset(self)
             reset_quotas()
+            _faults.clear()
+            _eic_keys.clear()
 
     MotoAPIBackend.reset = reset
     reset_quotas()
+
+    from moto.ec2instanceconnect.responses import Ec2InstanceConnectResponse
+
+    Ec2InstanceConnectResponse.send_ssh_public_key = _send_ssh_public_key
     _installed = True

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 
 HOST = "127.0.0.1"
 # Not 4566: that is LocalStack's port, and pointing Terraform at the wrong emulator by
@@ -155,6 +156,10 @@ def remove_terraform_state(home: Path | str | None = None) -> list[str]:
 
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # The server binds with SO_REUSEADDR (werkzeug's HTTPServer), so the probe must too:
+        # without it, the TIME_WAIT connections a busy or just-stopped sandbox leaves on the
+        # port read as "in use". A program listening there still fails the bind on Linux.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError as exc:
@@ -201,8 +206,7 @@ def start(
     if port and not _port_free(port):
         raise _port_error(port)
 
-    sdir = state_dir(home)
-    sdir.mkdir(parents=True, exist_ok=True)
+    sdir = private_dir(state_dir(home), home_dir(home))
     _state_file(home).unlink(missing_ok=True)  # stale: its process is gone
     port_file = sdir / "port"
     port_file.unlink(missing_ok=True)
@@ -214,7 +218,8 @@ def start(
             "--port", str(port), "--port-file", str(port_file)]
     if parent_pid:
         argv += ["--parent-pid", str(parent_pid)]
-    with open(log_path, "ab") as log:
+    log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, home_dir(home))
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -223,6 +228,7 @@ def start(
             env=env,
             start_new_session=True,  # outlives the CLI that started it
             close_fds=True,
+            umask=PRIVATE_UMASK,  # its port file, like everything under POOLCTL_HOME
         )
     deadline = time.monotonic() + timeout
     endpoint = None
@@ -254,9 +260,7 @@ def start(
         "log": str(log_path),
         "started_at": time.time(),
     }
-    tmp = _state_file(home).with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(_state_file(home))
+    write_private(_state_file(home), json.dumps(state, indent=2), home_dir(home))
     info = _info(state)
     # A new emulator is empty: state left by an earlier one (killed, or the machine
     # rebooted without `sandbox stop`) describes nothing that exists.

@@ -1,28 +1,34 @@
-"""The node role: read the pool's weights prefix, finish its own lifecycle hook, publish the
-queue metric and logs, and be reachable through SSM. Nothing else."""
+"""The node role: read the pool's weights prefix (and its API-key secret, if any), finish its
+own lifecycle hook, publish the queue metric and logs, and, with `aws.ssm_access`, take SSM
+Session Manager shells. Nothing else: no SSM parameters, no managed policies."""
 
 from __future__ import annotations
 
 import json
-from urllib.parse import urlparse
 
 from constructs import Construct
 
 from poolctl import naming
+from poolctl.formats import ObjectPrefix
 from poolctl.stacks._providers import aws
 
-
-def split_s3(uri: str) -> tuple[str, str]:
-    u = urlparse(uri)
-    return u.netloc, u.path.lstrip("/")
+# Session Manager's agent channel (AWS Systems Manager user guide, "Create a custom IAM role
+# for Session Manager"); the ssmmessages actions have no resource-level permissions.
+SESSION_MANAGER_CHANNELS = [
+    "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel",
+]
 
 
 class NodeRole(Construct):
-    def __init__(self, scope: Construct, id: str, *, name: str, weights_uri: str,
-                 asg_name: str, log_group_arn: str, tags: dict[str, str]) -> None:
+    """`weights`: the config's parsed weights_uri; the policy is built from its bucket and
+    prefix only (their shapes exclude IAM wildcards and policy variables)."""
+
+    def __init__(self, scope: Construct, id: str, *, name: str, weights: ObjectPrefix,
+                 asg_name: str, log_group_arn: str, tags: dict[str, str],
+                 ssm_access: bool = False, api_key_secret: str | None = None) -> None:
         super().__init__(scope, id)
-        bucket, prefix = split_s3(weights_uri)
-        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        bucket, prefix = weights.bucket, weights.prefix
         ident = aws("data_aws_caller_identity").DataAwsCallerIdentity(self, "me")
         part = aws("data_aws_partition").DataAwsPartition(self, "partition")
         region = aws("data_aws_region").DataAwsRegion(self, "region")
@@ -80,13 +86,32 @@ class NodeRole(Construct):
                 "Resource": [f"{log_group_arn}:*"],
             },
         ]
+        if api_key_secret:
+            statements.append({
+                "Sid": "ApiKeySecret",
+                "Effect": "Allow",
+                "Action": ["secretsmanager:GetSecretValue"],
+                "Resource": [api_key_secret],
+            })
+        if ssm_access:
+            statements += [
+                {
+                    "Sid": "SessionManagerChannels",
+                    "Effect": "Allow",
+                    "Action": SESSION_MANAGER_CHANNELS,
+                    "Resource": ["*"],
+                },
+                {
+                    "Sid": "SessionManagerRegistration",
+                    "Effect": "Allow",
+                    "Action": ["ssm:UpdateInstanceInformation"],
+                    "Resource": [f"arn:{part.partition}:ec2:{region.id}:{ident.account_id}:"
+                                 "instance/*"],
+                },
+            ]
         aws("iam_role_policy").IamRolePolicy(
             self, "policy", name=f"{name}-node", role=self.role.id,
             policy=json.dumps({"Version": "2012-10-17", "Statement": statements}),
-        )
-        aws("iam_role_policy_attachment").IamRolePolicyAttachment(
-            self, "ssm", role=self.role.name,
-            policy_arn=f"arn:{part.partition}:iam::aws:policy/AmazonSSMManagedInstanceCore",
         )
         self.profile = aws("iam_instance_profile").IamInstanceProfile(
             self, "profile", name=name, role=self.role.name, tags=tags

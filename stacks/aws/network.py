@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import json
 
-from cdktf import Fn
 from constructs import Construct
 
 from poolctl.config import AwsNetwork
@@ -31,9 +30,14 @@ class Network(Construct):
             self.vpc_cidr = vpc.cidr_block
             return
 
-        zones = aws("data_aws_availability_zones").DataAwsAvailabilityZones(
-            self, "zones", state="available"
-        )
+        # Zones pinned at synth (CKV_AWS_394): by ID when the file gives them (the same
+        # zones in every account), else the region's first zone names; never "whatever
+        # the account lists first", which changes when AWS adds a zone.
+        if net.availability_zone_ids:
+            zones = [{"availability_zone_id": z} for z in net.availability_zone_ids]
+        else:
+            zones = [{"availability_zone": f"{region}{chr(ord('a') + i)}"}
+                     for i in range(net.availability_zones)]
         vpc = aws("vpc").Vpc(
             self, "vpc", cidr_block=net.vpc_cidr, enable_dns_hostnames=True,
             enable_dns_support=True, tags={**tags, "Name": name},
@@ -52,10 +56,10 @@ class Network(Construct):
             self, "private-rt", vpc_id=vpc.id, tags={**tags, "Name": f"{name}-private"}
         )
         self.subnet_ids = []
-        for i in range(net.availability_zones):
+        for i, zone in enumerate(zones):
             sn = aws("subnet").Subnet(
                 self, f"private-{i}", vpc_id=vpc.id, cidr_block=str(private_cidrs[i]),
-                availability_zone=Fn.element(zones.names, i), map_public_ip_on_launch=False,
+                **zone, map_public_ip_on_launch=False,
                 tags={**tags, "Name": f"{name}-private-{i}", "poolctl:tier": "private"},
             )
             aws("route_table_association").RouteTableAssociation(
@@ -68,7 +72,7 @@ class Network(Construct):
         )
         public = aws("subnet").Subnet(
             self, "public-nat", vpc_id=vpc.id, cidr_block=str(public_cidr),
-            availability_zone=Fn.element(zones.names, 0), map_public_ip_on_launch=False,
+            **zones[0], map_public_ip_on_launch=False,
             tags={**tags, "Name": f"{name}-nat", "poolctl:tier": "nat"},
         )
         public_rt = aws("route_table").RouteTable(

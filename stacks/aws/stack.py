@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from cdktf import S3Backend
-from constructs import Construct
 
 from poolctl import naming
 from poolctl.config import Config, Pool
@@ -19,9 +18,7 @@ from poolctl.stacks.base import PoolStack
 class AwsPoolStack(PoolStack):
     cloud = "aws"
 
-    def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
-                 user_data: str) -> None:
-        super().__init__(scope, id, cfg=cfg, pool=pool)
+    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.aws
         row = instance_row(pool, "aws")
         plan = plan_pool(pool, "aws")
@@ -32,10 +29,9 @@ class AwsPoolStack(PoolStack):
             self, "aws", region=placement.region,
             default_tags=[aws("provider").AwsProviderDefaultTags(tags=tags)],
         )
-        if cfg.backend.aws:
-            b = cfg.backend.aws
+        if b := self.raw_cfg.backend.aws:  # backend settings are literal-only: raw values
             S3Backend(self, bucket=b.bucket, region=b.region, encrypt=True,
-                      key=f"{b.key_prefix}/{id}/terraform.tfstate",
+                      key=f"{b.key_prefix}/{self.node.id}/terraform.tfstate",
                       dynamodb_table=b.dynamodb_table)
             if not b.dynamodb_table:
                 self.add_override("terraform.backend.s3.use_lockfile", True)
@@ -51,16 +47,20 @@ class AwsPoolStack(PoolStack):
         )
         if net.created:
             net.flow_logs(name=name, kms_key_arn=key.key.arn, tags=tags)
-        role = NodeRole(self, "iam", name=name, weights_uri=placement.weights_uri,
-                        asg_name=name, log_group_arn=logs.arn, tags=tags)
+        role = NodeRole(self, "iam", name=name, weights=placement.weights,
+                        asg_name=name, log_group_arn=logs.arn, tags=tags,
+                        ssm_access=placement.ssm_access,
+                        api_key_secret=pool.api_key_secret("aws"))
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,
-                          certificate_arn=placement.certificate_arn, tags=tags)
+                          certificate_arn=placement.certificate_arn,
+                          access_logs_bucket=placement.access_logs_bucket,
+                          access_logs_prefix=placement.access_logs_prefix, tags=tags)
         nodes = NodeGroup(self, "nodes", cfg=cfg, pool=pool, row=row, plan=plan, name=name,
                           vpc_id=net.vpc_id, subnet_ids=net.subnet_ids, lb=lb,
                           instance_profile_arn=role.profile.arn, user_data=user_data,
-                          tags=tags)
+                          ami_id=self.raw_pool.aws.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
 
         self.output("autoscaling_group_name", nodes.asg.name, "The pool's Auto Scaling group")

@@ -21,6 +21,7 @@ from poolctl import naming
 from poolctl.config import GcpPlacement
 from poolctl.errors import UsageError
 from poolctl.stacks._providers import google
+from poolctl.stacks.literal import hcl_quoted
 
 # Google's health-check probers (documented source ranges for load balancer and MIG
 # autohealing probes).
@@ -93,7 +94,7 @@ class Network(Construct):
         # string-valued locals.
         proxy_cidrs = (
             f"[for s in data.google_compute_subnetworks.{proxies.friendly_unique_id}"
-            f'.subnetworks : s.ip_cidr_range if s.network_name == "{net_name}"]'
+            f".subnetworks : s.ip_cidr_range if s.network_name == {hcl_quoted(net_name)}]"
         )
 
         fw = google("compute_firewall")

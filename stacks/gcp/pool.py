@@ -20,6 +20,7 @@ from poolctl.errors import UsageError
 from poolctl.sizing import PoolPlan, gcp_zones
 from poolctl.stacks._providers import google
 from poolctl.stacks.gcp.network import Network
+from poolctl.stacks.literal import escape
 
 # Boot disk per machine series. A3 Ultra and A4 take Hyperdisk only; A2 takes Persistent
 # Disk only (no Hyperdisk Balanced); A3 High/Edge/Mega take both. On the PD series we use
@@ -31,6 +32,7 @@ from poolctl.stacks.gcp.network import Network
 HYPERDISK_ONLY_PREFIXES = ("a3-ultragpu", "a4-", "a4x-")
 MAX_DELAY_S = 3600  # API ceiling of autohealing and standby initial delays
 LB_PORT = 80
+HTTPS_PORT = 443
 
 
 def boot_disk_type(machine_type: str) -> str:
@@ -137,7 +139,10 @@ class NodeGroup(Construct):
                 "enable-oslogin": "TRUE",
                 "block-project-ssh-keys": "TRUE",
                 "serial-port-enable": "FALSE",
-                "startup-script": user_data,
+                # Metadata values are templates to Terraform, and bash's `${x##*/}` is not
+                # one: escaped, Terraform hands the script over unchanged. (AWS user data is
+                # base64, which has no `${`.)
+                "startup-script": escape(user_data),
             },
             tags=[node_tag],
             labels=labels,
@@ -277,6 +282,14 @@ class NodeGroup(Construct):
         self.autoscaler_max = self.max_nodes.number_value
 
 
+def certificate_link(cert: str, project: str, region: str) -> str:
+    """gcp.certificate as the proxy takes it: a bare name is a regional certificate of the
+    placement's project and region."""
+    if "/" in cert:
+        return cert
+    return f"projects/{project}/regions/{region}/sslCertificates/{cert}"
+
+
 class LoadBalancer(Construct):
     """Internal regional Application Load Balancer. LEAST_REQUEST suits long, uneven LLM
     requests; a 600 s backend timeout lets a streamed answer finish (as the AWS ALB's idle
@@ -307,14 +320,31 @@ class LoadBalancer(Construct):
             self, "url-map", name=f"{short}-urlmap", project=p.project, region=p.region,
             default_service=self.backend.id,
         )
-        self.proxy = google("compute_region_target_http_proxy").ComputeRegionTargetHttpProxy(
-            self, "proxy", name=f"{short}-proxy", project=p.project, region=p.region,
-            url_map=self.url_map.id,
-        )
+        if p.certificate:
+            # HTTPS only, on 443, TLS 1.2 or later. No port-80 redirect: a second rule on the
+            # same address needs a reserved shared VIP; clients are configured, not browsers.
+            policy = google("compute_region_ssl_policy").ComputeRegionSslPolicy(
+                self, "tls", name=f"{short}-tls", project=p.project, region=p.region,
+                profile="MODERN", min_tls_version="TLS_1_2",
+            )
+            self.port = HTTPS_PORT
+            self.proxy = google(
+                "compute_region_target_https_proxy").ComputeRegionTargetHttpsProxy(
+                self, "proxy", name=f"{short}-proxy", project=p.project, region=p.region,
+                url_map=self.url_map.id, ssl_policy=policy.id,
+                ssl_certificates=[certificate_link(p.certificate, p.project, p.region)],
+            )
+        else:
+            self.port = LB_PORT
+            self.proxy = google(
+                "compute_region_target_http_proxy").ComputeRegionTargetHttpProxy(
+                self, "proxy", name=f"{short}-proxy", project=p.project, region=p.region,
+                url_map=self.url_map.id,
+            )
         self.rule = google("compute_forwarding_rule").ComputeForwardingRule(
             self, "rule", name=f"{short}-rule", project=p.project, region=p.region,
             load_balancing_scheme="INTERNAL_MANAGED", ip_protocol="TCP",
-            port_range=str(LB_PORT), target=self.proxy.id, network=net.network,
+            port_range=str(self.port), target=self.proxy.id, network=net.network,
             subnetwork=net.subnetwork, network_tier="PREMIUM", allow_global_access=False,
             labels=labels,
         )

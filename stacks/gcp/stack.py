@@ -9,7 +9,6 @@ uniform bucket-level access on the weights bucket.
 from __future__ import annotations
 
 from cdktf import GcsBackend
-from constructs import Construct
 
 from poolctl import naming
 from poolctl.config import Config, Pool
@@ -25,9 +24,7 @@ from poolctl.stacks.gcp.scaling import QueueAutoscaler
 class GcpPoolStack(PoolStack):
     cloud = "gcp"
 
-    def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
-                 user_data: str) -> None:
-        super().__init__(scope, id, cfg=cfg, pool=pool)
+    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.gcp
         row = instance_row(pool, "gcp")
         plan = plan_pool(pool, "gcp")
@@ -41,14 +38,14 @@ class GcpPoolStack(PoolStack):
         # Set through an override: cdktf rewrites the keys of the provider's default_labels
         # map to snake_case (poolctl_pool), which would break the contract's label names.
         provider.add_override("default_labels", labels)
-        if cfg.backend.gcp:
-            b = cfg.backend.gcp
-            GcsBackend(self, bucket=b.bucket, prefix=f"{b.prefix}/{id}")
+        if b := self.raw_cfg.backend.gcp:  # backend settings are literal-only: raw values
+            GcsBackend(self, bucket=b.bucket, prefix=f"{b.prefix}/{self.node.id}")
         else:
             self.local_backend()
 
         sa = NodeServiceAccount(self, "iam", name=name, project=placement.project,
-                                weights_uri=placement.weights_uri)
+                                weights=placement.weights,
+                                api_key_secret=pool.api_key_secret("gcp"))
         net = Network(self, "network", pool=pool.name, placement=placement, name=name,
                       port=pool.serving.port, node_tag=node_tag)
         nodes = NodeGroup(self, "nodes", pool=pool, row=row, plan=plan, name=name, net=net,
@@ -65,7 +62,8 @@ class GcpPoolStack(PoolStack):
         self.output("instance_template_self_link", nodes.template.self_link,
                     "Instance template the MIG rolls to")
         self.output("forwarding_rule_ip_address", lb.rule.ip_address,
-                    "Internal endpoint of the pool (HTTP, port 80)")
+                    "Internal endpoint of the pool (HTTPS on 443 with gcp.certificate, "
+                    "else HTTP on 80)")
         self.output("backend_service_self_link", lb.backend.self_link,
                     "Backend service of the nodes")
         self.output("service_account_email", sa.sa.email, "Identity of the nodes")

@@ -2,9 +2,9 @@
 cdktf synthesis, real Terraform with the AWS provider, against the session's sandbox server.
 
 The deploy tests run in file order on one pool: deploy, inspect, boot, redeploy (no changes),
---plan-only, destroy, then an interrupted deploy and its resume (which leaves the pool
-deployed, as `deployed_pool` users expect to find it). Wall times and the synth/init/plan/
-apply split of every run are printed (`pytest -s` shows them).
+--plan-only, destroy, then deploys interrupted at three points and the re-run that converges
+(which leaves the pool deployed, as `deployed_pool` users expect to find it). Wall times and
+the synth/init/plan/apply split of every run are printed (`pytest -s` shows them).
 
 The example pool (examples/llama-70b-p5/poolctl.yaml), worked out by hand: TP 2 on 8 GPUs =
 4 replicas per node; 4..24 replicas = 1..6 nodes; a surge of 4 replicas = 1 node, so the
@@ -22,7 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -30,6 +32,7 @@ from tests.conftest import (
     DEPLOYED_EXAMPLE,
     poolctl_env,
     run_poolctl,
+    sandbox_admin,
     terraform_missing,
 )
 
@@ -174,6 +177,19 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
 
 
 @needs_terraform
+def test_terraform_files_under_poolctl_home_are_private(first_deploy):
+    """State, plan, lock file, override, workdir: 0700 folders, 0600 files (point 11)."""
+    from tests.unit.test_private_files import not_private
+
+    sandbox_dir = first_deploy["home"] / "sandbox"
+    written = [sandbox_dir / "deploy" / STACK / name for name in (
+        "tfplan", ".terraform.lock.hcl", "cdk.tf.json", "sandbox_override.tf.json")]
+    assert all(p.is_file() for p in written)
+    assert (sandbox_dir / "state" / f"{STACK}.tfstate").is_file()
+    assert not_private(sandbox_dir) == []
+
+
+@needs_terraform
 def test_boot_nodes_moves_the_waiting_node_in_service(first_deploy, sandbox_client):
     res = run_poolctl(first_deploy["home"], "sandbox", "boot-nodes", "--pool", POOL, "--json")
     assert res.returncode == 0, res.stderr
@@ -252,62 +268,125 @@ def test_destroy_removes_the_pool(first_deploy, sandbox_client):
     assert not (home / "sandbox" / "deploy" / STACK).exists()
 
 
-def _read_lines(stream, sink: list[str], seen: threading.Event, marker: str) -> None:
-    for line in stream:
-        sink.append(line)
-        if marker in line:
-            seen.set()
+class Interrupted(NamedTuple):
+    code: int
+    stderr: str
 
 
-@needs_terraform
-def test_interrupted_deploy_says_how_to_resume_and_resumes(first_deploy, sandbox_client):
-    home = first_deploy["home"]
-    if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
-        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
-    assert _group(sandbox_client("autoscaling")) is None
-    # Ctrl-C in a terminal signals the whole foreground process group: poolctl and the
-    # Terraform it runs. A session of its own lets the test signal exactly that group.
+def _deploy_interrupted(home: Path, ready: Callable[[str], bool], timeout: float = 600
+                        ) -> Interrupted:
+    """`poolctl deploy`, with Ctrl-C once `ready(stderr so far)` holds.
+
+    Ctrl-C in a terminal signals the whole foreground process group; a session of its own
+    lets the test signal exactly poolctl's group. poolctl runs Terraform in a group of its
+    own and forwards one interrupt, so Terraform gets exactly one SIGINT either way."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "poolctl", "deploy", *_deploy_args(home=home)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=poolctl_env(home),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=poolctl_env(home),
         cwd=str(home), start_new_session=True,
     )
-    out: list[str] = []
     err: list[str] = []
-    applying = threading.Event()
-    readers = [
-        threading.Thread(target=_read_lines, args=(proc.stdout, out, threading.Event(), "\0"),
-                         daemon=True),
-        threading.Thread(target=_read_lines, args=(proc.stderr, err, applying,
-                                                    "Creation complete after"), daemon=True),
-    ]
-    for r in readers:
-        r.start()
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
-        # Some resources exist, others are in flight (the load balancer takes ~60 s).
-        assert applying.wait(600), "".join(err)[-3000:]
+        deadline = time.monotonic() + timeout
+        while not ready("".join(err)):
+            assert proc.poll() is None, f"ended before the interrupt:\n{''.join(err)[-3000:]}"
+            assert time.monotonic() < deadline, "".join(err)[-3000:]
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    for r in readers:
-        r.join(10)
+    reader.join(10)
     stderr = "".join(err)
-    assert code == 1, stderr[-3000:]
-    [line] = [ln for ln in stderr.splitlines() if ln.startswith("poolctl:")]
-    assert "interrupted during `terraform apply`" in line
-    assert "run the same poolctl command again to resume" in line
-    assert "Traceback" not in stderr and "Exception ignored" not in stderr
-    assert _state_resources(home), "Terraform saved no state for what it had created"
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
+    assert "Two interrupts received" not in stderr  # Terraform got exactly one
+    return Interrupted(code, stderr)
 
-    res = _timed(home, "deploy after Ctrl-C", "deploy", *_deploy_args(home=home))
-    assert "Apply complete!" in res.stderr
-    # Consistent state: nothing left to do, and the pool is whole.
+
+def _one_line(res: Interrupted, phase: str) -> None:
+    assert res.code == 1, res.stderr[-3000:]
+    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("poolctl:")]
+    assert f"interrupted during `terraform {phase}`" in line, line
+    assert "run the same poolctl command again to resume" in line
+
+
+def _state_types(home: Path) -> set[str]:
+    return {r["type"] for r in _state_resources(home) if r["mode"] == "managed"}
+
+
+@needs_terraform
+def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, sandbox_client):
+    """Ctrl-C during the plan, early in the apply and late in the apply, each on the re-run of
+    the one before, on one stack. The two apply interrupts land while a create call is in
+    flight whose answer the sandbox holds back (a fault): the resource exists in the cloud but
+    not in Terraform's state, as with a connection lost on AWS (without adoption the re-run
+    fails: launch template AlreadyExists, listener DuplicateListener). Each re-run adopts what
+    the one before left unrecorded (the tags prove poolctl made it), the last one completes,
+    and the deploy after it has nothing to do. The other lookups (group, role, VPC ...) are
+    tested without Terraform in tests/ops/test_interrupts.py."""
+    home = Path(sandbox_home)
+    if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
+        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
+    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
+    assert _group(asg) is None
+
+    def interrupt_at(action: str, delay_s: float, phase: str, label: str) -> Interrupted:
+        """A deploy, interrupted once the sandbox holds back the answer to `action` (it
+        acted: a create call made the resource)."""
+        sandbox_admin(sandbox, "POST", "/_poolctl/faults",
+                      {"action": action, "delay_s": delay_s, "times": 1})
+        t0 = time.monotonic()
+        res = _deploy_interrupted(home, lambda err: action in sandbox_admin(
+            sandbox, "GET", "/_poolctl/faults")["holding"])
+        print(f"\n[e2e timing] deploy interrupted {label}: wall {time.monotonic() - t0:.1f} s")
+        _one_line(res, phase)
+        return res
+
+    def launch_template() -> list:
+        return ec2.describe_launch_templates(Filters=[
+            {"Name": "launch-template-name", "Values": [ASG]}])["LaunchTemplates"]
+
+    try:
+        # 1. During the plan (the provider's account lookup held back): nothing is created.
+        interrupt_at("GetCallerIdentity", 5, "plan", "in plan")
+        assert _state_types(home) == set() and not launch_template()
+
+        # 2. Early in the apply: the launch template is created, its answer never arrives.
+        res = interrupt_at("CreateLaunchTemplate", 60, "apply", "early in apply")
+        assert "Interrupt received" in res.stderr  # Terraform stopped gracefully
+        assert len(launch_template()) == 1
+        recorded = _state_types(home)
+        assert recorded and "aws_launch_template" not in recorded, recorded
+
+        # 3. Late in the apply: the listener, the last resource (after the load balancer's
+        # minute of waiting) is created, its answer never arrives.
+        res = interrupt_at("CreateListener", 60, "apply", "late in apply")
+        assert f"adopting launch_template {ASG} ({launch_template()[0]['LaunchTemplateId']})" \
+            in res.stderr
+        assert {"aws_launch_template", "aws_autoscaling_group", "aws_lb"} <= _state_types(home)
+        assert "aws_lb_listener" not in _state_types(home)
+    finally:
+        sandbox_admin(sandbox, "DELETE", "/_poolctl/faults")
+
+    [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]
+    [listener] = elbv2.describe_listeners(LoadBalancerArn=lb["LoadBalancerArn"])["Listeners"]
+    # 4. The re-run completes, adopting the listener; the next deploy has nothing to do.
+    res = _timed(home, "deploy after three interrupts", "deploy", *_deploy_args(home=home))
+    assert f"adopting lb_listener {listener['ListenerArn']}" in res.stderr
+    assert "Apply complete!" in res.stderr and "Error" not in res.stderr
     again = _timed(home, "deploy after the resume", "deploy", *_deploy_args(home=home))
-    assert f"== {STACK}: no changes" in again.stderr
-    assert _group(sandbox_client("autoscaling"))["MaxSize"] == 7
+    assert f"== {STACK}: no changes" in again.stderr and "adopting" not in again.stderr
+    # One of each, nothing duplicated.
+    assert len(launch_template()) == 1
+    assert _group(asg)["MaxSize"] == 7
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [ASG]}])["Vpcs"]
+    assert len(vpcs) == 1
+    assert [lb["LoadBalancerName"] for lb in elbv2.describe_load_balancers()["LoadBalancers"]
+            ].count(ASG) == 1
     # Leave the pool as `deployed_pool` promises it: nodes booted.
     assert run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL).returncode == 0
 

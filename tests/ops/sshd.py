@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,6 +169,20 @@ else:
 '''
 
 
+# AuthorizedKeysCommand: the keys EC2 Instance Connect pushed for the user, when the test
+# wrote eic.json ({"endpoint": sandbox URL, "instance_id": ...}) in the node's folder.
+EIC_KEYS = r'''
+import json, os, sys, urllib.parse, urllib.request
+conf = os.path.join(NODE_ROOT, "eic.json")
+if not os.path.exists(conf):
+    sys.exit(0)
+c = json.load(open(conf))
+q = urllib.parse.urlencode({"instance_id": c["instance_id"], "user": sys.argv[1]})
+with urllib.request.urlopen(f"{c['endpoint']}/_poolctl/instance-connect?{q}", timeout=5) as r:
+    print("\n".join(json.load(r)["keys"]))
+'''
+
+
 @dataclass
 class FakeNode:
     port: int
@@ -202,6 +217,7 @@ class FakeNode:
         shutil.rmtree(self.infiniband, ignore_errors=True)
         self.infiniband.mkdir(parents=True)
         self.calls_log.write_text("")
+        (self.root / "eic.json").unlink(missing_ok=True)
 
     def set(self, *, gpus: int | None = None, efa: bool = False, cache: bool = True,
             image: bool = True, health: str | None = None,
@@ -281,6 +297,13 @@ def start_sshd(root: Path, extra_addresses: tuple[str, ...] = ()) -> Iterator[Fa
     for tool in STUBS:
         (bin_dir / tool).symlink_to(prog)
 
+    # sshd runs an AuthorizedKeysCommand only from a path no one else can write, /tmp and
+    # its children excluded: a root-owned folder under /run, removed at the end.
+    keys_dir = Path(tempfile.mkdtemp(prefix="poolctl-test-sshd-", dir="/run"))
+    keys_cmd = keys_dir / "eic-keys"
+    keys_cmd.write_text(f"#!{sys.executable}\nNODE_ROOT = {str(root)!r}\n{EIC_KEYS}")
+    keys_cmd.chmod(0o755)
+
     log = root / "sshd.log"
     for _ in range(3):  # the free port can be taken between probe and bind
         port = _free_port()
@@ -291,6 +314,10 @@ def start_sshd(root: Path, extra_addresses: tuple[str, ...] = ()) -> Iterator[Fa
             f"HostKey {root / 'host_key'}",
             f"PidFile {root / 'sshd.pid'}",
             f"AuthorizedKeysFile {root / 'authorized_keys'}",
+            # The node side of EC2 Instance Connect: keys pushed for the instance, read from
+            # the sandbox (on EC2 from the instance metadata) when `eic.json` names them.
+            f"AuthorizedKeysCommand {keys_cmd} %u",
+            "AuthorizedKeysCommandUser root",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
@@ -312,6 +339,7 @@ def start_sshd(root: Path, extra_addresses: tuple[str, ...] = ()) -> Iterator[Fa
         proc.kill()
         proc.wait()
     else:
+        shutil.rmtree(keys_dir, ignore_errors=True)
         pytest.skip(f"sshd did not start: {log.read_text(errors='replace')[-400:]}")
 
     host_pub = root / "host_key.pub"
@@ -326,6 +354,7 @@ def start_sshd(root: Path, extra_addresses: tuple[str, ...] = ()) -> Iterator[Fa
     try:
         yield node
     finally:
+        shutil.rmtree(keys_dir, ignore_errors=True)
         proc.terminate()
         try:
             proc.wait(timeout=10)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -284,21 +285,29 @@ def _run_tagged(ec2, subnet: str, ami: str, ip: str, project: str, pool: str) ->
     return inst["Instances"][0]["InstanceId"]
 
 
-def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, tmp_path):
-    from poolctl.nodecheck import discover_aws
-
-    region = "us-west-2"  # away from the other sandbox tests' us-east-1
-    project = f"nc{uuid.uuid4().hex[:8]}"
+def _sandbox_pool(sandbox_client, tmp_path: Path, region: str, net: str, prefix: str
+                  ) -> tuple[Path, Any, str, str, str]:
+    """A pool file of a project of its own, and a subnet `net`.1.0/24 in the sandbox to run
+    its instances in: (file, ec2 client, subnet, AMI, project)."""
+    project = f"{prefix}{uuid.uuid4().hex[:8]}"
     text = pool_yaml(region=region, with_gcp=False).replace("project: acme",
                                                              f"project: {project}")
     cfg_file = tmp_path / "poolctl.yaml"
     cfg_file.write_text(text)
-    cfg = parse_config(text)
-
     ec2 = sandbox_client("ec2", region)
-    vpc = ec2.create_vpc(CidrBlock="127.77.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="127.77.1.0/24")["Subnet"]["SubnetId"]
+    vpc = ec2.create_vpc(CidrBlock=f"{net}.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{net}.1.0/24")["Subnet"]["SubnetId"]
     ami = ec2.describe_images()["Images"][0]["ImageId"]
+    return cfg_file, ec2, subnet, ami, project
+
+
+def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, tmp_path):
+    from poolctl.nodecheck import discover_aws
+
+    # us-west-2: away from the other sandbox tests' us-east-1
+    cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, "us-west-2",
+                                                        "127.77", "nc")
+    cfg = parse_config(cfg_file.read_text())
     for ip in reversed(NODE_IPS):
         _run_tagged(ec2, subnet, ami, ip, project, "chat-70b")
     stopped = _run_tagged(ec2, subnet, ami, "127.77.1.60", project, "chat-70b")
@@ -336,3 +345,206 @@ def test_discovery_finds_nothing(sandbox, tmp_path):
     assert len(lines) == 1, r.stderr
     assert "no running node of pool chat-70b on aws in us-east-1" in lines[0]
     assert "pass --host H" in lines[0]
+
+
+# --- known_hosts as OpenSSH writes it: wildcards, hashes, @revoked, @cert-authority ---------
+
+
+def _host_key(node: FakeNode) -> str:
+    return " ".join(node.host_key_pub.read_text().split()[:2])
+
+
+def _hashed(name: str) -> str:
+    """`ssh-keygen -H` form of a host name."""
+    import base64
+    import hashlib
+    import hmac
+
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+@pytest.mark.parametrize("patterns", [
+    "[127.0.0.*]:{port}",  # wildcard
+    "[127.0.0.?]:{port}",
+    "example.internal,[127.0.0.1]:{port}",  # the second pattern of a list
+    "hashed",
+])
+def test_known_hosts_patterns_and_hashes_are_honoured(node, tmp_path, patterns):
+    name = f"[127.0.0.1]:{node.port}"
+    field = _hashed(name) if patterns == "hashed" else patterns.format(port=node.port)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"# team nodes\n{field} {_host_key(node)}\n")
+    r = nodes_check(node, known_hosts=kh)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["nodes"][0]["checks"][0]["ok"] is True
+
+
+def test_a_negated_pattern_excludes_the_host(node, tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.*]:{node.port},![127.0.0.1]:{node.port} {_host_key(node)}\n")
+    r = nodes_check(node, known_hosts=kh)
+    assert r.returncode == 1
+    assert "unknown host key" in json.loads(r.stdout)["nodes"][0]["checks"][0]["observed"]
+    assert node.calls() == []
+
+
+def test_a_revoked_host_key_is_refused(node, tmp_path):
+    kh = tmp_path / "known_hosts"
+    # Listed for the host AND revoked: revocation wins, as in OpenSSH.
+    kh.write_text(f"[127.0.0.1]:{node.port} {_host_key(node)}\n"
+                  f"@revoked * {_host_key(node)}\n")
+    r = nodes_check(node, known_hosts=kh)
+    assert r.returncode == 1, r.stderr
+    ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
+    assert ssh["observed"] == (
+        f"host key ssh-ed25519 {node.fingerprint()} of [127.0.0.1]:{node.port} is REVOKED in "
+        f"{kh} (line 2); refused, nothing was run")
+    assert "revoked on purpose" in ssh["hint"]
+    assert node.calls() == [] and "internal error" not in r.stdout
+    # A revoked key presented where another key of its type is listed: REVOKED, not CHANGED.
+    other = " ".join((node.root / "wrong_key.pub").read_text().split()[:2])
+    kh.write_text(f"[127.0.0.1]:{node.port} {other}\n@revoked * {_host_key(node)}\n")
+    ssh = json.loads(nodes_check(node, known_hosts=kh).stdout)["nodes"][0]["checks"][0]
+    assert "is REVOKED in" in ssh["observed"] and "CHANGED" not in ssh["observed"]
+
+
+def test_a_cert_authority_line_is_refused_clearly_or_the_plain_key_used(node, tmp_path):
+    ca = " ".join((node.root / "wrong_key.pub").read_text().split()[:2])  # any key: a CA's
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@cert-authority [127.0.0.*]:{node.port} {ca}\n")
+    r = nodes_check(node, known_hosts=kh)
+    assert r.returncode == 1, r.stderr
+    ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
+    assert ssh["observed"] == (
+        f"[127.0.0.1]:{node.port} is trusted through a @cert-authority line of {kh} (line 1), "
+        "but poolctl's SSH client (paramiko) cannot verify host certificates; the node's own "
+        f"key ssh-ed25519 {node.fingerprint()} is not listed; refused, nothing was run")
+    assert f"ssh-keyscan -p {node.port} 127.0.0.1 >> {kh}" in ssh["hint"]
+    assert node.calls() == []
+    # The node's own key beside the CA line: accepted.
+    kh.write_text(f"@cert-authority * {ca}\n[127.0.0.1]:{node.port} {_host_key(node)}\n")
+    assert nodes_check(node, known_hosts=kh).returncode == 0
+
+
+# --- the sandbox never sends traffic outside 127.0.0.0/8 ------------------------------------
+
+
+def test_sandbox_refuses_a_host_outside_loopback(sandbox, node):
+    r = nodes_check(node, "--sandbox", hosts=["10.0.3.7:22"], json_out=False)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("poolctl: --host 10.0.3.7: with --sandbox poolctl connects only to "
+                           "loopback addresses")
+    assert node.calls() == []
+    # A loopback address is fine: the local sshd standing for the node.
+    assert nodes_check(node, "--sandbox").returncode == 0
+
+
+def test_sandbox_refuses_the_fake_private_addresses_of_its_instances(sandbox, sandbox_client,
+                                                                    tmp_path):
+    cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, "us-west-1",
+                                                        "10.91", "nc")
+    _run_tagged(ec2, subnet, ami, "10.91.1.20", project, "chat-70b")
+    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
+                        "--sandbox", "--cloud", "aws", "--timeout", "2"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "node address 10.91.1.20 of pool chat-70b is a fake private address" in line
+    assert "--host" in line and "checking" not in r.stderr
+
+
+# --- reaching nodes without a public port or a long-lived key -------------------------------
+
+# A stand-in for `aws ec2-instance-connect open-tunnel`: stdin/stdout to ADDRESS:PORT (the
+# local sshd), recording its arguments (what poolctl substituted) first.
+RELAY = """\
+import socket, sys, threading
+open(sys.argv[1], "a").write(" ".join(sys.argv[2:]) + "\\n")
+s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+def up():
+    while data := sys.stdin.buffer.read1(65536):
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+while data := s.recv(65536):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"""
+
+
+def _relay(tmp_path) -> tuple[Path, Path]:
+    script, log = tmp_path / "relay.py", tmp_path / "relay.log"
+    script.write_text(RELAY)
+    return script, log
+
+
+def test_proxy_command_carries_the_ssh_session(node, tmp_path):
+    script, log = _relay(tmp_path)
+    proxy = f"{sys.executable} {script} {log} %h %p"
+    r = nodes_check(node, "--proxy-command", proxy)
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == [f"127.0.0.1 {node.port}"]
+
+
+def test_instance_connect_pushes_a_key_per_check_through_the_sandbox(
+        node, sandbox, sandbox_client, tmp_path):
+    """Discovery finds the instance (a fake private address: never connected to), a key
+    made for this check is pushed with SendSSHPublicKey, and the node's sshd accepts it through
+    its AuthorizedKeysCommand, as on EC2; the tunnel command stands in for the endpoint's."""
+    region = "eu-west-1"
+    cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, region,
+                                                        "10.92", "eic")
+    instance = _run_tagged(ec2, subnet, ami, "10.92.1.20", project, "chat-70b")
+    (node.root / "eic.json").write_text(json.dumps({"endpoint": sandbox,
+                                                    "instance_id": instance}))
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"10.92.1.20 {_host_key(node)}\n")  # the node by its own address
+    script, log = _relay(tmp_path)
+    argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
+            "--cloud", "aws", "--user", node.user, "--timeout", "20", "--known-hosts", str(kh),
+            "--access", "instance-connect", "--json",
+            "--proxy-command", f"{sys.executable} {script} {log} 127.0.0.1 {node.port} %i %r"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    [n] = json.loads(r.stdout)["nodes"]
+    assert n["host"] == "10.92.1.20:22" and n["ok"] is True
+    assert log.read_text().splitlines() == [f"127.0.0.1 {node.port} {instance} {region}"]
+    # The pushed key is one made for the check: not any key of this machine's.
+    from tests.conftest import sandbox_admin
+
+    [pushed] = sandbox_admin(
+        sandbox, "GET", f"/_poolctl/instance-connect?instance_id={instance}&user={node.user}"
+    )["keys"]
+    assert pushed.startswith("ssh-ed25519 ")
+    assert pushed.split()[1] not in (node.root / "client_key.pub").read_text()
+
+    # Without Instance Connect the node refuses this machine's other keys.
+    (node.root / "eic.json").unlink()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 1
+    ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
+    assert "authentication failed" in ssh["observed"]
+    assert "a key pushed by EC2 Instance Connect" in ssh["observed"]
+
+
+def test_send_ssh_public_key_checks_the_instance(sandbox, sandbox_client):
+    import botocore.exceptions
+
+    eic = sandbox_client("ec2-instance-connect", "eu-west-1")
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPtcQhW0m8JcGSz9lYpQ2bR5tN4mBvH3dEw1xY7zK0aL x"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        eic.send_ssh_public_key(InstanceId="i-0123456789abcdef0", InstanceOSUser="ubuntu",
+                                SSHPublicKey=key)
+    assert e.value.response["Error"]["Code"] == "EC2InstanceNotFoundException"
+
+
+def test_instance_connect_in_the_sandbox_needs_a_local_tunnel(sandbox, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+                        "--sandbox", "--cloud", "aws", "--access", "instance-connect"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2
+    [line] = r.stderr.strip().splitlines()
+    assert "--access instance-connect with --sandbox needs --proxy-command" in line

@@ -120,6 +120,40 @@ def test_start_on_a_busy_port_is_one_line_naming_port(tmp_path):
     assert not (tmp_path / "sandbox" / "state.json").exists()
 
 
+def _time_wait_on(port: int) -> int:
+    """Sockets in TIME_WAIT whose local port is `port` (Linux's /proc/net/tcp: st 06)."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for r in rows
+               if r.split()[3] == "06" and int(r.split()[1].rsplit(":", 1)[1], 16) == port)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(),
+                    reason="needs Linux's /proc/net/tcp to see the TIME_WAIT connections")
+def test_start_again_at_once_on_the_port_a_busy_sandbox_just_left(tmp_path):
+    home = tmp_path / "home"
+    first = _cli(home, "sandbox", "start", "--port", "0", "--json")
+    assert first.returncode == 0, first.stderr
+    port = json.loads(first.stdout)["port"]
+    try:
+        # Heavy use where the server closes first (HTTP/1.0 read to EOF, as Terraform's
+        # client does): each connection leaves a TIME_WAIT socket on the server's port.
+        for _ in range(50):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+                conn.sendall(b"GET /_poolctl/health HTTP/1.0\r\nHost: sandbox\r\n\r\n")
+                while conn.recv(65536):
+                    pass
+    finally:
+        assert _cli(home, "sandbox", "stop").returncode == 0
+    # The precondition of the bug: without it this test would prove nothing.
+    assert _time_wait_on(port) > 0
+    again = _cli(home, "sandbox", "start", "--port", str(port), "--json")
+    try:
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["port"] == port
+    finally:
+        assert _cli(home, "sandbox", "stop").returncode == 0
+
+
 def test_status_reports_pool_groups_instances_and_load_balancers(sandbox_reset, sandbox_home,
                                                                 sandbox_client):
     ec2, asg, elbv2 = (sandbox_client(s) for s in ("ec2", "autoscaling", "elbv2"))

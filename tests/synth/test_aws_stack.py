@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from poolctl.config import load_config, parse_config
-from tests.synth.util import provider_modules_after_synth, run_checkov, terraform_validate
+from poolctl.errors import UsageError
+from tests.synth.util import (
+    checkov_config_skips,
+    checkov_exe,
+    provider_modules_after_synth,
+    run_checkov,
+    terraform_validate,
+)
 
 pytestmark = pytest.mark.synth
 
@@ -25,18 +32,10 @@ AWS_EXAMPLES = {
     "acme-qwen-7b-aws": ROOT / "examples" / "qwen-7b-p4d" / "poolctl.yaml",
 }
 
-# Each skip says why the check does not apply to a pool as synthesized without options.
-AWS_CHECKOV_SKIPS = {
-    "CKV_AWS_2": "internal ALB; HTTPS when aws.certificate_arn is set (tested below)",
-    "CKV2_AWS_20": "HTTP->HTTPS redirect exists when aws.certificate_arn is set (tested below)",
-    "CKV_AWS_103": "TLS 1.2+ policy applies when aws.certificate_arn is set (tested below)",
-    "CKV_AWS_378": "the target group sits behind an HTTP listener only without "
-                   "aws.certificate_arn (tested below); ALB->node traffic stays in the VPC",
-    "CKV_AWS_150": "`poolctl destroy` must be able to remove the pool's own load balancer",
-    "CKV_AWS_91": "ALB access logs need a user-owned bucket; request logs come from vLLM",
-}
-# With a certificate only the two choices that are not about TLS remain skipped.
-AWS_TLS_SKIPS = {k: AWS_CHECKOV_SKIPS[k] for k in ("CKV_AWS_150", "CKV_AWS_91")}
+# checkov skips live in the repository's .checkov.yaml, each with its reason; with a
+# certificate, access logs and zone IDs set, only this choice remains.
+ALWAYS_SKIPPED = ["CKV_AWS_150"]
+CHECKOVS = ["pinned", "latest"]
 
 
 def _synth(configs, outdir):
@@ -247,24 +246,81 @@ def test_golden(stacks, stack):
     assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
 
 
+@pytest.mark.parametrize("checkov", CHECKOVS)
 @pytest.mark.parametrize("stack", sorted(AWS_EXAMPLES))
-def test_checkov_passes(stacks, stack):
-    failed = run_checkov(stacks[stack]["dir"], AWS_CHECKOV_SKIPS)
+def test_checkov_passes(stacks, stack, checkov):
+    """What a user's CI sees: the pinned and the current checkov with .checkov.yaml."""
+    failed = run_checkov(stacks[stack]["dir"], exe=checkov_exe(checkov))
     assert failed == [], failed
 
 
-def test_checkov_with_certificate_needs_fewer_skips(tmp_path):
-    cert = "arn:aws:acm:us-west-2:111122223333:certificate/x"
+@pytest.mark.parametrize("checkov", CHECKOVS)
+def test_checkov_skips_are_each_needed(stacks, checkov):
+    """Every skip in .checkov.yaml is a check the default pool fails (none is stale), and
+    has its reason on its line."""
+    failed = {f["id"] for f in run_checkov(stacks["acme-chat-70b-aws"]["dir"], skips=[],
+                                           exe=checkov_exe(checkov))}
+    assert failed == set(checkov_config_skips())
+    lines = [x for x in (ROOT / ".checkov.yaml").read_text().splitlines()
+             if x.strip().startswith("- CKV")]
+    assert len(lines) == len(failed) and all("#" in x for x in lines)
+
+
+OPTIONS = """\
+      certificate_arn: arn:aws:acm:us-west-2:111122223333:certificate/x
+      access_logs_bucket: acme-lb-logs
+      access_logs_prefix: pools/qwen
+      network:
+        availability_zone_ids: [usw2-az1, usw2-az3, usw2-az4]
+"""
+
+
+@pytest.fixture(scope="module")
+def with_options(tmp_path_factory) -> Path:
     text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
-        "    aws:\n", f"    aws:\n      certificate_arn: {cert}\n")
+        "    aws:\n", f"    aws:\n{OPTIONS}")
     cfg = parse_config(text)
     assert cfg.pools[0].aws.certificate_arn
-    (d,) = _synth([(cfg, cfg.targets(None, "aws"))], tmp_path)
-    doc = json.loads((d / "cdk.tf.json").read_text())
+    (d,) = _synth([(cfg, cfg.targets(None, "aws"))], tmp_path_factory.mktemp("options"))
+    return d
+
+
+def test_options_tls_access_logs_zone_ids(with_options):
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
     listeners = {v["protocol"]: v for v in resources(doc, "aws_lb_listener")}
     assert listeners["HTTPS"]["ssl_policy"].startswith("ELBSecurityPolicy-TLS13")
     assert listeners["HTTP"]["default_action"][0]["type"] == "redirect"
-    assert run_checkov(d, AWS_TLS_SKIPS) == []
+    assert one(doc, "aws_lb")["access_logs"] == {
+        "bucket": "acme-lb-logs", "prefix": "pools/qwen", "enabled": True}
+    subnets = {v["tags"]["Name"]: v for v in resources(doc, "aws_subnet")}
+    assert {k: v.get("availability_zone_id") for k, v in subnets.items()} == {
+        "acme-qwen-7b-private-0": "usw2-az1", "acme-qwen-7b-private-1": "usw2-az3",
+        "acme-qwen-7b-private-2": "usw2-az4", "acme-qwen-7b-nat": "usw2-az1"}
+    assert not any("availability_zone" in v for v in subnets.values())
+
+
+def test_zones_pinned_by_name_without_ids(stacks):
+    """No zone list from the account (it grows when AWS adds a zone; CKV_AWS_394): the
+    region's first zone names, one per `availability_zones` (2 by default)."""
+    doc = stacks["acme-qwen-7b-aws"]["json"]
+    assert "aws_availability_zones" not in doc.get("data", {})
+    subnets = {v["tags"]["Name"]: v["availability_zone"] for v in resources(doc, "aws_subnet")}
+    assert subnets == {"acme-qwen-7b-private-0": "us-west-2a",
+                       "acme-qwen-7b-private-1": "us-west-2b", "acme-qwen-7b-nat": "us-west-2a"}
+    assert "access_logs" not in one(doc, "aws_lb")
+
+
+@pytest.mark.parametrize("checkov", CHECKOVS)
+def test_checkov_with_options_needs_one_skip(with_options, checkov):
+    assert run_checkov(with_options, skips=ALWAYS_SKIPPED, exe=checkov_exe(checkov)) == []
+
+
+def test_zone_ids_and_a_different_zone_count_is_one_clear_line():
+    text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
+        "    aws:\n", "    aws:\n      network:\n        availability_zones: 3\n"
+        "        availability_zone_ids: [usw2-az1, usw2-az2]\n")
+    with pytest.raises(UsageError, match="availability_zone_ids or availability_zones"):
+        parse_config(text)
 
 
 def test_existing_vpc_creates_no_network(tmp_path):

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+# The project's checkov configuration, what a user's CI reads scanning cdktf.out.
+CHECKOV_CONFIG = ROOT / ".checkov.yaml"
 
 
 def checkov_bin() -> str | None:
@@ -14,16 +21,46 @@ def checkov_bin() -> str | None:
     return str(here) if here.exists() else shutil.which("checkov")
 
 
-def run_checkov(stack_dir: Path, skips: dict[str, str]) -> list[dict]:
-    """Failed checks of `checkov --framework terraform_json` on `stack_dir`, minus `skips`
-    (check id -> why it does not apply). Returns the failures as dicts."""
-    exe = checkov_bin()
+def checkov_latest_bin() -> str | None:
+    """The current checkov release (users run it, and new releases add checks): its own venv
+    `.venv-checkov` (scripts/setup), or POOLCTL_CHECKOV_LATEST."""
+    exe = os.environ.get("POOLCTL_CHECKOV_LATEST") or ROOT / ".venv-checkov" / "bin" / "checkov"
+    return str(exe) if Path(exe).is_file() else None
+
+
+def checkov_exe(which: str) -> str:
+    """`pinned` (pyproject's dev pin) or `latest`; skips, saying why, when latest is absent."""
+    import pytest
+
+    if which == "pinned":
+        exe = checkov_bin()
+        assert exe, "checkov is not installed (pip install -e '.[dev]')"
+        return exe
+    exe = checkov_latest_bin()
+    if not exe:
+        pytest.skip("no current checkov: run scripts/setup (.venv-checkov) or set "
+                    "POOLCTL_CHECKOV_LATEST")
+    return exe
+
+
+def checkov_config_skips() -> list[str]:
+    return list(yaml.safe_load(CHECKOV_CONFIG.read_text())["skip-check"])
+
+
+def run_checkov(stack_dir: Path, skips: list[str] | None = None, exe: str | None = None
+                ) -> list[dict]:
+    """Failed checks of `checkov --framework terraform_json` on `stack_dir`: with the
+    project's `.checkov.yaml`, or with exactly `skips` when given. Returns the failures."""
+    exe = exe or checkov_bin()
     assert exe, "checkov is not installed (pip install checkov)"
     cmd = [exe, "-d", str(stack_dir), "--framework", "terraform_json", "--skip-download",
            "--output", "json", "--quiet", "--compact"]
-    if skips:
+    if skips is None:
+        cmd += ["--config-file", str(CHECKOV_CONFIG)]
+    elif skips:
         cmd += ["--skip-check", ",".join(sorted(skips))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # cwd: the stack folder, so checkov does not also pick up the repository's config.
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=stack_dir)
     if not proc.stdout.strip():
         raise AssertionError(f"checkov produced no output: {proc.stderr[-2000:]}")
     data = json.loads(proc.stdout)

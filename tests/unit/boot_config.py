@@ -5,6 +5,7 @@ tensor_parallel 2 (4 replicas per node) and a GCP a3-highgpu-8g pool with tensor
 from __future__ import annotations
 
 import json
+import re
 
 from poolctl.config import Config, parse_config
 
@@ -64,8 +65,13 @@ pools:
 """
 
 
-def config_yaml(aws_port: int = 8000, gcp_port: int = 8080, image: str | None = None) -> str:
+def config_yaml(aws_port: int = 8000, gcp_port: int = 8080, image: str | None = None,
+                api_key_secret: str | None = None) -> str:
     text = CONFIG_YAML.replace("EXTRA_ARGS_JSON", json.dumps(EXTRA_ARGS))
+    if api_key_secret:  # an ARN for the AWS pool (first), a secret name for the GCP one
+        ports = list(re.finditer(r"\n      port: \d+\n", text))
+        at = ports[0 if api_key_secret.startswith("arn:") else 1].end()
+        text = f"{text[:at]}      api_key_secret: {api_key_secret}\n{text[at:]}"
     text = text.replace("port: 8000", f"port: {aws_port}")
     text = text.replace("port: 8080", f"port: {gcp_port}")
     if image:

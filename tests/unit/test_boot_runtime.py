@@ -131,6 +131,7 @@ class Node:
 printf '%s\n' "$*" >>"$FAKE_LOGS/aws.log"
 case "$1 $2" in
   "s3 cp") src=${*: -2:1}; dst=${*: -1}; cp -r "$FAKE_BUCKETS/${src#s3://}." "$dst/" ;;
+  "secretsmanager get-secret-value") printf '%s\n' "$FAKE_SECRET" ;;
   "autoscaling complete-lifecycle-action")
     if [[ -n ${FAKE_NO_PENDING:-} ]]; then
       echo "ValidationError: No active Lifecycle Action found with instance ID" >&2; exit 254
@@ -140,15 +141,27 @@ esac
             "gcloud": r"""
 printf '%s\n' "$*" >>"$FAKE_LOGS/gcloud.log"
 if [[ "$1 $2" == "storage cp" ]]; then src=${4%\*}; cp -r "$FAKE_BUCKETS/${src#gs://}." "$5"; fi
+if [[ "$1 $2 $3" == "secrets versions access" ]]; then printf '%s\n' "$FAKE_SECRET"; fi
 """,
             "docker": r"""
 printf '%s\n' "$*" >>"$FAKE_LOGS/docker.log"
 case $1 in
   image) [[ -f $FAKE_LOGS/pulled ]] ;;
   pull) touch "$FAKE_LOGS/pulled" ;;
-  run) printf '%s\0' "$@" >"$FAKE_LOGS/docker-run.args" ;;
+  run) printf '%s\0' "$@" >"$FAKE_LOGS/docker-run.args"
+    for ((i = 1; i < $#; i++)); do
+      if [[ ${!i} == --env-file ]]; then
+        j=$((i + 1)); stat -c %a "${!j}" >"$FAKE_LOGS/env-file.mode"
+        cp "${!j}" "$FAKE_LOGS/env-file.content"
+      fi
+    done ;;
   inspect) echo 0 ;;
 esac
+""",
+            # Records the rules; `-C` (check) succeeds once the rule was inserted.
+            "iptables": r"""
+printf '%s\n' "$*" >>"$FAKE_LOGS/iptables.log"
+if [[ $1 == -C ]]; then [[ -f $FAKE_LOGS/iptables.rule ]]; else touch "$FAKE_LOGS/iptables.rule"; fi
 """,
             "nvidia-smi": r"""
 for ((i = 0; i < ${FAKE_GPUS:-8}; i++)); do
@@ -205,8 +218,8 @@ def node(tmp_path):
     n.server.server_close()
 
 
-def _script(node: Node, pool_idx: int, cloud: str) -> str:
-    cfg = load(aws_port=node.port, gcp_port=node.port)
+def _script(node: Node, pool_idx: int, cloud: str, secret: str | None = None) -> str:
+    cfg = load(aws_port=node.port, gcp_port=node.port, api_key_secret=secret)
     # No local NVMe on this stand-in node: the cache is a folder (see module docstring).
     ctx = bootscript.context(cfg, cfg.pools[pool_idx], cloud) | {"nvme_expected": 0}
     return bootscript.environment().get_template("node.sh.j2").render(ctx)
@@ -245,13 +258,16 @@ def test_aws_boot_fetches_verifies_serves_and_continues(node):
     cache, state = str(node.cache), str(node.state)
     assert node.docker_run_args() == [
         "run", "-d", "--name", "poolctl-serving", "--restart", "on-failure", "--gpus", "all",
-        "--ipc=host", "--network", "host", "--log-driver", "journald", "-e", "HF_HUB_OFFLINE=1",
+        "--ipc=host", "--network", "bridge", "-p", f"{node.port}:{node.port}",
+        "--env-file", f"{state}/serving.env",
+        "--log-driver", "journald", "-e", "HF_HUB_OFFLINE=1",
         "-v", f"{cache}:{cache}:ro", "-v", f"{state}/vllm-cache:/root/.cache",
         "vllm/vllm-openai:v0.11.0", "--model", str(wdir),
         "--served-model-name", "meta-llama/Llama-3.1-70B-Instruct",
         "--tensor-parallel-size", "2", "--data-parallel-size", "4",
         "--max-model-len", "16384", "--gpu-memory-utilization", "0.92",
         "--enable-chunked-prefill", "--max-num-batched-tokens", "8192",
+        "--max-num-seqs", "256",
         "--port", str(node.port), *EXTRA_ARGS,
     ]
     aws = node.log("aws")
@@ -262,6 +278,11 @@ def test_aws_boot_fetches_verifies_serves_and_continues(node):
     assert node.tokenless_gets == []
     assert (node.state / "lifecycle-done").read_text() == "InService\n"
     assert "preferred_transfer_client = crt" in (node.state / "aws-s3.conf").read_text()
+    # No API key configured: an empty env-file, removed once docker has read it.
+    assert (node.logs / "env-file.content").read_text() == ""
+    assert not (node.state / "serving.env").exists()
+    assert node.log("iptables") == [f"-{op} DOCKER-USER -d 169.254.169.254/32 -j DROP"
+                                     for op in "CI"]
 
     # Reboot (instance store kept): nothing downloaded or pulled again; the hook has no
     # pending action any more, which is logged, not fatal.
@@ -273,6 +294,7 @@ def test_aws_boot_fetches_verifies_serves_and_continues(node):
     assert [d for d in node.log("docker") if d.startswith("pull")] == [
         "pull -q vllm/vllm-openai:v0.11.0"]
     assert "lifecycle: CONTINUE not taken: ValidationError: No active Lifecycle" in r2.stderr
+    assert node.log("iptables")[2:] == ["-C DOCKER-USER -d 169.254.169.254/32 -j DROP"]
 
 
 def test_aws_boot_abandons_on_a_corrupt_download(node):
@@ -421,3 +443,44 @@ def test_missing_nvme_fails_when_the_type_has_some(node):
     r = node.run(text, "nvme")
     assert r.returncode == 1
     assert "FAILED: nvme: no local NVMe device found, expected 8" in r.stderr
+
+
+SECRET = "sk-live-0123456789abcdef"  # what the fake secret stores return
+SECRETS = {
+    ("aws", 0): "arn:aws:secretsmanager:us-east-1:123456789012:secret:vllm-key-AbCdEf",
+    ("gcp", 1): "projects/acme-prod/secrets/vllm-key",
+}
+
+
+@pytest.mark.parametrize(("cloud", "idx"), list(SECRETS))
+def test_api_key_reaches_vllm_only_through_a_private_env_file(node, cloud, idx):
+    """The node reads the key with its own identity; it reaches the container as
+    VLLM_API_KEY in a 0600 env-file, never in the script, argv, a log or the output."""
+    uri = AWS_URI if cloud == "aws" else GCP_URI
+    node.bucket(uri, {"config.json": b"{}"})
+    script = _script(node, idx, cloud, secret=SECRETS[cloud, idx])
+    r = node.run(script, "boot", FAKE_SECRET=SECRET)
+    assert r.returncode == 0, r.stderr
+    if cloud == "aws":
+        assert ("secretsmanager get-secret-value --region us-east-1 --secret-id "
+                f"{SECRETS[cloud, idx]} --query SecretString --output text") in node.log("aws")
+    else:
+        assert (f"secrets versions access {SECRETS[cloud, idx]}/versions/latest --quiet"
+                in node.log("gcloud"))
+    assert (node.logs / "env-file.content").read_text() == f"VLLM_API_KEY={SECRET}\n"
+    assert (node.logs / "env-file.mode").read_text().strip() == "600"
+    assert not (node.state / "serving.env").exists()
+    args = node.docker_run_args()
+    assert "--api-key" not in args and args[args.index("--network") + 1] == "bridge"
+    seen = [script, r.stdout, r.stderr] + [
+        f.read_text() for f in node.logs.iterdir() if not f.name.startswith("env-file")]
+    assert not [t for t in seen if SECRET in t]
+
+
+def test_api_key_secret_that_spans_lines_fails_the_boot(node):
+    node.bucket(AWS_URI, {"config.json": b"{}"})
+    script = _script(node, 0, "aws", secret=SECRETS["aws", 0])
+    r = node.run(script, "boot", FAKE_SECRET="line1\nline2")
+    assert r.returncode == 1
+    assert "FAILED: api key: secret arn:aws:secretsmanager" in r.stderr
+    assert "line1" not in r.stderr and not (node.logs / "docker-run.args").exists()

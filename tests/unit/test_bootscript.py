@@ -31,6 +31,8 @@ from poolctl.errors import UsageError
 from .boot_config import EXTRA_ARGS, config_yaml, load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "boot"
+AWS_SECRET_ARN = "arn:aws:secretsmanager:us-west-2:123456789012:secret:vllm-key-AbCdEf"
+GCP_SECRET = "vllm-key"
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +52,13 @@ def gcp_script(cfg):
 
 def _all_scripts(cfg) -> dict[str, str]:
     ecr = load(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/serving/vllm:v0.11.0")
+    aws_key, gcp_key = load(api_key_secret=AWS_SECRET_ARN), load(api_key_secret=GCP_SECRET)
     return {
         "aws-chat-70b.sh": render_boot_script(cfg, cfg.pools[0], "aws"),
         "gcp-llama-405b.sh": render_boot_script(cfg, cfg.pools[1], "gcp"),
         "aws-chat-70b-ecr.sh": render_boot_script(ecr, ecr.pools[0], "aws"),
+        "aws-chat-70b-api-key.sh": render_boot_script(aws_key, aws_key.pools[0], "aws"),
+        "gcp-llama-405b-api-key.sh": render_boot_script(gcp_key, gcp_key.pools[1], "gcp"),
         "nvme-raid-aws.sh": render_nvme_script("aws", 8),
         "nvme-raid-gcp.sh": render_nvme_script("gcp", 16),
     }
@@ -112,8 +117,37 @@ def test_lifecycle_hook_only_on_aws(aws_script, gcp_script):
     # The ASG is named naming.base(cfg, pool).
     assert "POOL=acme-chat-70b\n" in aws_script
     assert "lifecycle ABANDON" in aws_script
-    for word in ("autoscaling", "lifecycle", "aws ", "169.254.169.254", "IMDS"):
+    for word in ("autoscaling", "lifecycle", "aws ", "IMDS"):
         assert word not in gcp_script, word
+
+
+def test_serving_container_is_cut_off_from_node_credentials(aws_script, gcp_script):
+    """Bridge network with the port published (no host network: the IMDS hop limit would
+    not apply), and a DOCKER-USER rule dropping containers' traffic to the metadata
+    address, inserted before the container starts."""
+    for script in (aws_script, gcp_script):
+        cmds = [c.strip() for c in _commands(script)]
+        run = next(c for c in cmds if c.startswith("docker run -d"))
+        assert "--network host" not in script and "--net=host" not in script
+        assert '--network bridge -p "$PORT:$PORT"' in run and "--ipc=host" in run
+        assert '--env-file "$env_file"' in run
+        body = script[script.index("start_serving() {"):]
+        assert body.index("  block_metadata\n") < body.index("docker run -d")
+        assert "iptables -I DOCKER-USER -d 169.254.169.254/32 -j DROP" in cmds
+
+
+def test_api_key_secret_is_named_never_held(cfg):
+    scripts = _all_scripts(cfg)
+    aws_key, gcp_key = scripts["aws-chat-70b-api-key.sh"], scripts["gcp-llama-405b-api-key.sh"]
+    assert f"API_KEY_SECRET={AWS_SECRET_ARN}\n" in aws_key
+    # The ARN's region, not the pool's: a secret may live in another region.
+    assert "get-secret-value --region us-west-2 \\" in aws_key
+    assert "API_KEY_SECRET=projects/acme-prod/secrets/vllm-key\n" in gcp_key
+    assert 'gcloud secrets versions access "$API_KEY_SECRET/versions/latest"' in gcp_key
+    for script in (aws_key, gcp_key):
+        assert "--api-key" not in script and "VLLM_API_KEY=%s" in script
+    for script in (scripts["aws-chat-70b.sh"], scripts["gcp-llama-405b.sh"]):
+        assert "API_KEY_SECRET" not in script and "write_api_key" not in script
 
 
 def test_queue_metric_names(aws_script, gcp_script):
@@ -131,8 +165,10 @@ def _commands(script: str) -> list[str]:
 
 def test_imds_v2_only(aws_script):
     cmds = [c for c in _commands(aws_script) if "$IMDS" in c or "169.254.169.254" in c]
-    literal = [c for c in cmds if "169.254.169.254" in c]
-    # The address appears once, in the variable every call goes through.
+    literal = [c for c in cmds
+               if "169.254.169.254" in c and not c.strip().startswith("iptables ")]
+    # The address appears once, in the variable every call goes through (and in the
+    # firewall rule that keeps containers away from it).
     assert literal == ["IMDS=${POOLCTL_IMDS_URL:-http://169.254.169.254/latest}"]
     calls = [c for c in cmds if "curl" in c]
     assert len(calls) == 2, calls
@@ -141,7 +177,8 @@ def test_imds_v2_only(aws_script):
     assert '"$IMDS/api/token"' in put
     assert '-H "X-aws-ec2-metadata-token: $token"' in get
     # Nothing else reaches the metadata service but through imds().
-    other = [c for c in cmds if "curl" not in c and not c.startswith("IMDS=")]
+    other = [c for c in cmds if "curl" not in c and not c.startswith("IMDS=")
+             and not c.strip().startswith("iptables ")]
     assert other == [], other
 
 
@@ -174,7 +211,7 @@ def test_user_data_fits_aws_limit(aws_script, cfg):
     huge = config_yaml().replace('"--chat-template-content-format=openai"',
                                  json.dumps("--x=" + "y" * 4000))
     big = parse_config(huge)
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.serving\.extra_args: .* 16384-byte"):
+    with pytest.raises(UsageError, match=r"^pools\[0\]\.serving\.extra_args: .* limit of 16384"):
         render_boot_script(big, big.pools[0], "aws")
 
 
@@ -198,7 +235,8 @@ def test_every_start_runs_the_boot_unit(aws_script):
 
 def test_phase_lines(aws_script):
     phases = re.findall(r"^\s+phase (\w+) ", aws_script, re.M)
-    assert phases == ["image", "gpus", "nvme", "weights", "serving", "readiness"]
+    # hydrate: inside the image step, when the image is on the root volume already.
+    assert phases == ["hydrate", "image", "gpus", "nvme", "weights", "serving", "readiness"]
     assert 'log "phase=$name seconds=$((SECONDS - t0))"' in aws_script
 
 
@@ -236,14 +274,15 @@ def test_usage_errors_name_the_key(cfg):
     tp3 = parse_config(config_yaml().replace("tensor_parallel: 2", "tensor_parallel: 3"))
     with pytest.raises(UsageError, match=r"^pools\[0\]\.serving\.tensor_parallel: 3 does not"):
         render_boot_script(tp3, tp3.pools[0], "aws")
-    gs = parse_config(config_yaml().replace("s3://acme-models/llama-3.1-70b", "gs://x/y"))
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.aws\.weights_uri: 'gs://x/y' must be"):
-        render_boot_script(gs, gs.pools[0], "aws")
+    with pytest.raises(UsageError, match=r"^poolctl.yaml:\d+: pools\[0\]\.aws\.weights_uri: "
+                       r"must start with s3://"):
+        parse_config(config_yaml().replace("s3://acme-models/llama-3.1-70b", "gs://x/y"))
 
 
 # --- shellcheck -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["aws-chat-70b.sh", "gcp-llama-405b.sh", "aws-chat-70b-ecr.sh",
+                                  "aws-chat-70b-api-key.sh", "gcp-llama-405b-api-key.sh",
                                   "nvme-raid-aws.sh", "nvme-raid-gcp.sh"])
 def test_shellcheck_clean(cfg, name):
     if not shutil.which("shellcheck"):

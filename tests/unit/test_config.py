@@ -108,3 +108,172 @@ def test_committed_schema_is_current():
 
     committed = Path(__file__).resolve().parents[2] / "poolctl.schema.json"
     assert json.loads(committed.read_text()) == json_schema()
+
+
+# --- strings from outside, parsed once (poolctl.formats) --------------------------------
+
+from poolctl import formats  # noqa: E402
+
+
+@pytest.mark.parametrize(("uri", "scheme", "parts"), [
+    ("s3://acme-models/llama-3.1-70b/", "s3", ("acme-models", "llama-3.1-70b/")),
+    ("s3://acme-models/llama-3.1-70b", "s3", ("acme-models", "llama-3.1-70b/")),
+    ("s3://acme.models/a/b=1/c+d/", "s3", ("acme.models", "a/b=1/c+d/")),
+    ("s3://acme-models/", "s3", ("acme-models", "")),
+    ("s3://acme-models", "s3", ("acme-models", "")),
+    ("gs://acme_models/x/", "gs", ("acme_models", "x/")),
+    ("gs://a.b.c/x/", "gs", ("a.b.c", "x/")),
+])
+def test_weights_uri_parts(uri, scheme, parts):
+    p = formats.parse_object_prefix(uri, scheme)
+    assert (p.scheme, p.bucket, p.prefix) == (scheme, *parts)
+    assert p.uri == f"{scheme}://{parts[0]}/{parts[1]}"
+
+
+@pytest.mark.parametrize(("uri", "scheme"), [
+    ("s3://*/", "s3"), ("s3://acme-models/*", "s3"), ("s3://acme-models/a?/", "s3"),
+    ("s3://ab/", "s3"), ("s3://" + "a" * 64 + "/", "s3"), ("s3://a..b/x/", "s3"),
+    ("s3://-acme/x/", "s3"), ("s3://acme_models/x/", "s3"), ("s3://xn--acme/x/", "s3"),
+    ("s3://acme--x-s3/x/", "s3"), ("s3://10.0.0.1/x/", "s3"), ("s3://acme/a//b/", "s3"),
+    ("s3://acme/./b/", "s3"), ("s3://acme/${aws:userid}/", "s3"), ("s3://acme/a b/", "s3"),
+    ("s3://acme/a'b/", "s3"), ("s3://acme/%{x}/", "s3"), ("gs://acme/x/", "s3"),
+    ('gs://acme/x") || true || ("/', "gs"), ("gs://goog-models/x/", "gs"),
+    ("gs://my-google-bucket/x/", "gs"), ("gs://Acme/x/", "gs"), ("gs://acme/a\\b/", "gs"),
+    ("gs://acme/a\nb/", "gs"), ("gs://" + "a" * 64 + "/x/", "gs"),
+])
+def test_weights_uri_refused(uri, scheme):
+    with pytest.raises(ValueError):
+        formats.parse_object_prefix(uri, scheme)
+
+
+def test_placements_carry_parsed_weights():
+    pool = parse_config(pool_yaml()).pools[0]
+    assert pool.aws.weights == formats.ObjectPrefix("s3", "acme-models", "llama-3.1-70b/")
+    assert pool.gcp.weights == formats.ObjectPrefix("gs", "acme-models", "llama-3.1-70b/")
+
+
+@pytest.mark.parametrize("ref", [
+    "vllm/vllm-openai:v0.11.0", "vllm/vllm-openai", "ubuntu", "library/ubuntu:22.04",
+    "ghcr.io/org/team/img:1.2.3-rc_1", "localhost:5000/x:y", "[::1]:5000/x",
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving/vllm:v0.11.0",
+    "us-docker.pkg.dev/acme-prod/serving/vllm-openai:v0.11.0",
+    "vllm/vllm-openai@sha256:" + "a" * 64, "vllm/vllm-openai:v1@sha256:" + "0" * 64,
+    "a__b/c--d/e.f:T_1",
+])
+def test_image_references_accepted(ref):
+    assert formats.image_reference(ref) == ref
+
+
+@pytest.mark.parametrize("ref", [
+    "", "vllm/OpenAI:v1", "vllm/vllm-openai:", "vllm/vllm-openai:v1; id", "$(id)",
+    "vllm/vllm-openai:-v1", "vllm//x", "vllm/x@sha256:abc", "-x/y", "x/y:" + "t" * 129,
+    "vllm/vllm-openai:v1\n", "a" * 256 + ":v1", "vllm/${x}:v1", "vllm/x y",
+])
+def test_image_references_refused(ref):
+    with pytest.raises(ValueError, match="image"):
+        formats.image_reference(ref)
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("10.0.0.0/8", True), ("0.0.0.0/0", True), ("192.168.1.7/32", True),
+    ("10.0.0.1/8", False), ("10.0.0.0/33", False), ("10.0.0.0", False), ("::/0", False),
+    ("300.0.0.0/8", False), ("ten/8", False), ("10.0.0.0/8 ", False),
+])
+def test_ipv4_cidrs(text, ok):
+    if ok:
+        assert formats.ipv4_cidr(text) == text
+    else:
+        with pytest.raises(ValueError):
+            formats.ipv4_cidr(text)
+
+
+def test_cel_literals_are_escaped():
+    from poolctl.stacks.gcp.iam import cel_string, weights_condition
+
+    assert cel_string('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
+    # Even an ObjectPrefix built around the parser cannot break out of the literal.
+    cond = weights_condition(formats.ObjectPrefix("gs", "b", 'x") || true || ("/'))
+    assert '"projects/_/buckets/b/objects/x\\") || true || (\\"/"' in cond["expression"]
+    assert weights_condition(formats.ObjectPrefix("gs", "b", "")) is None
+
+
+@pytest.mark.parametrize(("secret", "key"), [
+    ("arn:aws:secretsmanager:us-east-1:123456789012:secret:k-AbCdEf",
+     "pools[0].serving.api_key_secret"),  # one string, two clouds
+    ("{aws: 'arn:aws:s3:::bucket', gcp: k}", "pools[0].serving.api_key_secret.aws"),
+    ("{aws: 'arn:aws:secretsmanager:us-east-1:123456789012:secret:k-AbCdEf', gcp: 'k/v'}",
+     "pools[0].serving.api_key_secret.gcp"),
+    ("{gcp: k}", "pools[0].serving.api_key_secret.aws"),
+])
+def test_api_key_secret_names_the_key(secret, key):
+    text = pool_yaml().replace("      port: 8000\n",
+                               f"      port: 8000\n      api_key_secret: {secret}\n")
+    assert f"{key}:" in error_of(text)
+
+
+def test_api_key_secret_per_cloud():
+    arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:k-AbCdEf"
+    text = pool_yaml().replace("      port: 8000\n", "      port: 8000\n      api_key_secret: "
+                               f"{{aws: '{arn}', gcp: projects/other-proj/secrets/k}}\n")
+    pool = parse_config(text).pools[0]
+    assert pool.api_key_secret("aws") == arn
+    assert pool.api_key_secret("gcp") == "projects/other-proj/secrets/k"
+    only_gcp = pool_yaml(with_gcp=True).replace("      port: 8000\n",
+                                                "      port: 8000\n      api_key_secret: k\n")
+    only_gcp = only_gcp[: only_gcp.index("    aws:")] + only_gcp[only_gcp.index("    gcp:"):]
+    assert parse_config(only_gcp).pools[0].api_key_secret("gcp") == (
+        "projects/acme-prod/secrets/k")
+    assert parse_config(pool_yaml()).pools[0].api_key_secret("aws") is None
+
+
+@pytest.mark.parametrize(("project", "pool", "key"), [
+    ("a" * 40, "b" * 15, "pools[0].name"),  # 56 characters: the flow-log role is 65
+    ("internal", "chat", "project"), ("internal-x", "chat", "project"),
+    ("1acme", "chat", "project"),
+])
+def test_names_the_clouds_reject(project, pool, key):
+    text = pool_yaml().replace("project: acme\n", f"project: {project}\n", 1).replace(
+        "name: chat-70b", f"name: {pool}")
+    msg = error_of(text)
+    assert f": {key}: " in msg and msg.count("\n") == 0
+
+
+def test_names_at_the_limit_and_per_cloud():
+    ok = pool_yaml().replace("project: acme\n", f"project: {'a' * 40}\n", 1).replace(
+        "name: chat-70b", f"name: {'b' * 14}")
+    parse_config(ok)  # 55 characters
+    # A project starting with a digit is fine where no GCP name is built from it.
+    aws_only = pool_yaml(with_gcp=False).replace("project: acme\n", "project: 1acme\n", 1)
+    assert parse_config(aws_only).project == "1acme"
+
+
+@pytest.mark.parametrize("check", [
+    lambda v: formats.parse_object_prefix(v, "s3"), formats.image_reference, formats.url_path,
+    formats.aws_secret_arn, lambda v: formats.gcp_secret_name(v, "acme-prod"),
+])
+@pytest.mark.parametrize("value", [
+    "s3://acme-models/x\n", "vllm/vllm-openai:v1\n", "/health\n",
+    "arn:aws:secretsmanager:us-east-1:123456789012:secret:k-AbCdEf\n", "vllm-key\n",
+])
+def test_a_trailing_newline_is_not_accepted(check, value):
+    """`$` in a Python regex also matches before a final newline: every shape is whole."""
+    with pytest.raises(ValueError):
+        check(value)
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ("      network: 'a/b'\n", "pools[0].gcp.network"),
+    ("      network: Default\n", "pools[0].gcp.network"),
+    ("      subnetwork: projects/acme-prod/regions/europe-west4/subnetworks/s\n",
+     "pools[0].gcp.subnetwork"),
+    ("      subnetwork: 'sub net'\n", "pools[0].gcp.subnetwork"),
+])
+def test_gcp_network_shapes(extra, key):
+    """What the GCP stack's network parsing accepts, checked at load (validate == synth)."""
+    assert f": {key}: " in error_of(pool_yaml(extra_gcp=extra))
+
+
+def test_gcp_network_forms_accepted():
+    extra = ("      network: projects/host-proj/global/networks/shared\n"
+             "      subnetwork: projects/host-proj/regions/us-central1/subnetworks/nodes\n")
+    assert parse_config(pool_yaml(extra_gcp=extra)).pools[0].gcp.network.endswith("/shared")

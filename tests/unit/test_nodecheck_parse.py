@@ -8,6 +8,7 @@ vllm/vllm-openai:v0.11.0 on port 8000, cache need 70.6e9 x 2 B x 1.2 = 169,440,0
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -449,3 +450,82 @@ def test_ssh_options_other_usage(tmp_path):
     with pytest.raises(UsageError, match="--timeout 0"):
         nc.SshOptions(timeout=0)
 
+
+
+# --- known_hosts (sshd(8) SSH_KNOWN_HOSTS FILE FORMAT) ---------------------------------------
+
+
+@pytest.mark.parametrize(("patterns", "name", "expected"), [
+    ("10.0.1.5", "10.0.1.5", True),
+    ("10.0.*", "10.0.1.5", True),
+    ("10.0.?.5", "10.0.1.5", True),
+    ("10.0.?.5", "10.0.12.5", False),  # ? is one character
+    ("*.internal", "NODE-1.Internal", True),  # host names compare case-insensitively
+    ("10.0.*,!10.0.9.*", "10.0.9.1", False),  # a negated match excludes, whatever else hits
+    ("10.0.*,!10.0.9.*", "10.0.1.1", True),
+    ("!10.0.9.*", "10.0.1.1", False),  # negation alone matches nothing
+    ("[10.0.1.5]:2222", "[10.0.1.5]:2222", True),
+    ("[10.0.1.5]:2222", "10.0.1.5", False),  # another port is another host
+    ("[10.0.*]:2222", "[10.0.1.5]:2222", True),
+    ("10.0.1.5", "10.0.1.50", False),
+    ("a+b.example", "a+b.example", True),  # regex characters are literal
+    ("a+b.example", "aab.example", False),
+])
+def test_host_patterns(patterns, name, expected):
+    assert nc.host_matches(patterns, name) is expected
+
+
+def test_hashed_host_names():
+    import base64
+    import hashlib
+    import hmac
+
+    salt = b"0123456789abcdefghij"
+    digest = hmac.new(salt, b"[10.0.1.5]:2222", hashlib.sha1).digest()
+    field = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+    assert nc.host_matches(field, "[10.0.1.5]:2222")
+    assert not nc.host_matches(field, "10.0.1.5")
+    assert not nc.host_matches("|1|not-base64|x", "10.0.1.5")
+
+
+def test_read_known_hosts_keeps_markers_and_skips_what_openssh_skips(tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text("# comment\n\n"
+                  "10.0.* ssh-ed25519 AAAA1 node key\n"
+                  "@cert-authority *.internal ssh-ed25519 AAAA2\n"
+                  "@revoked * ssh-rsa AAAA3\n"
+                  "@unknown-marker * ssh-rsa AAAA4\n"
+                  "just-two fields\n")
+    assert nc.read_known_hosts(kh) == [
+        nc.KnownHost(3, None, "10.0.*", "ssh-ed25519", "AAAA1"),
+        nc.KnownHost(4, "@cert-authority", "*.internal", "ssh-ed25519", "AAAA2"),
+        nc.KnownHost(5, "@revoked", "*", "ssh-rsa", "AAAA3"),
+    ]
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.77.1.50", True), ("::1", True), ("localhost", True),
+    ("10.0.0.5", False), ("node.internal", False), ("128.0.0.1", False), ("::2", False),
+])
+def test_is_loopback(host, loopback):
+    assert nc.is_loopback(host) is loopback
+
+
+def test_proxy_command_words_keep_each_value_one_argument():
+    host = nc.Host("10.0.1.5", 22, instance_id="i-0abc; rm -rf /", region="us-east-1")
+    assert nc.proxy_argv(nc.TUNNEL_COMMAND, host) == [
+        "aws", "ec2-instance-connect", "open-tunnel", "--instance-id", "i-0abc; rm -rf /",
+        "--remote-port", "22", "--region", "us-east-1"]
+    assert nc.proxy_argv("relay '%h port %p' 100%%", host) == [
+        "relay", "10.0.1.5 port 22", "100%"]
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"access": "telnet"}, "--access telnet: use one of ssh, instance-connect"),
+    ({"access": "instance-connect", "identity": Path("/k")}, "--identity: instance-connect"),
+    ({"proxy_command": "relay 'unclosed"}, "--proxy-command: cannot split it"),
+    ({"access": "instance-connect", "sandbox": True}, "needs --proxy-command"),
+])
+def test_access_options_are_checked_before_any_connection(kwargs, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        nc.SshOptions(**kwargs)

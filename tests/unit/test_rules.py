@@ -40,11 +40,15 @@ def test_the_contract_example_has_no_errors():
          "pools[0].scaling.scale_down_stabilization_s"),
         ({"checkpoints": "[50, 25]"}, "rollout-checkpoints", "pools[0].rollout.checkpoints"),
         ({"checkpoints": "[25, 50]"}, "rollout-checkpoints", "pools[0].rollout.checkpoints"),
-        ({"region": "mars-north-1"}, "region-offered", "pools[0].aws.region"),
+        ({"region": "ap-north-9"}, "region-offered", "pools[0].aws.region"),
+        ({"extra_aws": ""}, "no-secrets-in-args", "pools[0].serving.extra_args[1]"),
     ],
 )
 def test_rule_errors(kwargs, check, key):
-    fs = findings(pool_yaml(**kwargs))
+    text = pool_yaml(**kwargs)
+    if check == "no-secrets-in-args":
+        text = with_extra_args(text, ["--trust-remote-code", "--api-key=hunter2"])
+    fs = findings(text)
     hits = by_check(fs, check, "error")
     assert hits, f"{check} did not fire: {[f.line() for f in fs]}"
     assert hits[0].key == key
@@ -105,20 +109,105 @@ def test_gcp_gpudirect_and_suspend_refused():
     assert by_check(fs, "no-rdma-nics", "error") and by_check(fs, "warm-state", "error")
 
 
+def test_traffic_peak_warns_only_with_a_trace():
+    from poolctl.rules import TrafficNeed
+
+    cfg = parse_config(pool_yaml(with_gcp=False))
+    tgts = cfg.targets(None, "aws")
+    assert not by_check(run_checks(cfg, tgts), "traffic-peak")
+    need = {("chat-70b", "aws"): TrafficNeed(40, "t.csv")}
+    (f,) = by_check(run_checks(cfg, tgts, traffic=need), "traffic-peak")
+    assert f.severity == "warning" and f.key == "pools[0].scaling.max_replicas"
+    assert "24 cannot carry the peak of t.csv" in f.message and "40" in f.hint
+    enough = {("chat-70b", "aws"): TrafficNeed(24, "t.csv")}
+    assert not by_check(run_checks(cfg, tgts, traffic=enough), "traffic-peak")
+
+
 def test_every_check_has_a_test_above():
     tested = {"nvlink-8gpu", "no-rdma-nics", "no-cluster-placement", "tensor-parallel",
               "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
-              "utilization-target", "kv-concurrency", "weights-uri"}
+              "utilization-target", "kv-concurrency", "no-secrets-in-args",
+              "boot-script-size", "tls", "traffic-peak"}
     assert {c.id for c in CHECKS} <= tested
 
 
-def test_weights_uri_scheme():
-    text = pool_yaml().replace("s3://acme-models/llama-3.1-70b/", "gs://wrong/")
-    (f,) = by_check(findings(text), "weights-uri")
-    assert f.key == "pools[0].aws.weights_uri"
+def with_extra_args(text: str, args: list[str]) -> str:
+    import json
+
+    return text.replace("      port: 8000\n",
+                        f"      port: 8000\n      extra_args: {json.dumps(args)}\n")
+
+
+# Secret-looking arguments: flags that take a secret and token shapes, anywhere in an arg.
+# (Shapes of real tokens with made-up characters.)
+SECRET_ARGS = [
+    ["--api-key", "abc"], ["--api-key=abc"], ["--hf-token", "x"], ["--token=x"],
+    ["--override", '{"k": "hf_' + "a1B2" * 8 + '"}'],
+    ["--x=sk-" + "Q" * 40], ["--x", "sk-proj-" + "ab_-" * 10],
+    ["AKIA" + "ABCDEFGHIJKLMNOP"], ["--creds=ASIA" + "0123456789ABCDEF"],
+    ["--y", "ghp_" + "z" * 36],
+]
+
+
+@pytest.mark.parametrize("args", SECRET_ARGS)
+def test_secret_looking_args_are_refused_without_echoing_them(args):
+    fs = by_check(findings(with_extra_args(pool_yaml(), args)), "no-secrets-in-args", "error")
+    assert fs, args
+    for f in fs:
+        assert f.key.startswith("pools[0].serving.extra_args[")
+        assert "api_key_secret" in f.hint
+        assert not [a for a in args if len(a) > 12 and a in f.line()]
+
+
+@pytest.mark.parametrize("args", [
+    ["--trust-remote-code"], ["--tokenizer-mode", "auto"], ["--served-model-name", "sk-small"],
+    ["--task", "hf_transfer"], ["--disable-log-requests"], ["--max-num-seqs=64"],
+])
+def test_ordinary_args_are_not_secrets(args):
+    assert by_check(findings(with_extra_args(pool_yaml(), args)), "no-secrets-in-args") == []
+
+
+@pytest.mark.parametrize(("cloud", "size", "limit"), [("aws", 17_000, 16_384),
+                                                       ("gcp", 270_000, 262_144)])
+def test_boot_script_size_limit_per_cloud(cloud, size, limit):
+    """16 KB of EC2 user data, 256 KB of GCE metadata; `validate` finds it (not only synth)."""
+    fs = findings(with_extra_args(pool_yaml(), ["--x=" + "y" * size]), cloud)
+    (f,) = by_check(fs, "boot-script-size")
+    assert f.severity == "error" and f.key == "pools[0].serving.extra_args"
+    assert f"limit of {limit}" in f.message
+    # Under GCE's limit, a script too large for EC2 is fine on GCP.
+    if cloud == "gcp":
+        fs = findings(with_extra_args(pool_yaml(), ["--x=" + "y" * 17_000]), "gcp")
+        assert by_check(fs, "boot-script-size") == []
 
 
 def test_kv_concurrency_warning_for_the_contract_example():
     (f,) = by_check(findings(pool_yaml()), "kv-concurrency")
     assert f.severity == "warning" and "only 2 sequences" in f.message
+
+
+def test_plain_http_warns_until_a_certificate_is_set():
+    plain = by_check(findings(pool_yaml(), cloud=None), "tls")
+    assert {(f.cloud, f.severity, f.key) for f in plain} == {
+        ("aws", "warning", "pools[0].aws.certificate_arn"),
+        ("gcp", "warning", "pools[0].gcp.certificate")}
+    assert all("HTTPS" in f.hint for f in plain)
+    tls = pool_yaml(extra_aws="      certificate_arn: arn:aws:acm:us-east-1:111122223333:"
+                              "certificate/x\n",
+                    extra_gcp="      certificate: chat-tls\n")
+    assert by_check(findings(tls, cloud=None), "tls") == []
+
+
+def test_gcp_region_without_catalog_zones_needs_zones():
+    """The stack spreads the MIG over the catalog's zones or gcp.zones; with neither, synth
+    would fail, so validate says so first."""
+    from poolctl.catalog import load_catalog
+    from poolctl.rules import Ctx, _region
+
+    cfg = parse_config(pool_yaml())
+    row = load_catalog().get("gcp", "a3-highgpu-8g")
+    bare = row.model_copy(update={"regions": {**row.regions, "us-central1": []}})
+    (f,) = _region(Ctx(cfg, cfg.pools[0], 0, "gcp", bare))
+    assert (f.severity, f.key) == ("error", "pools[0].gcp.zones")
+    assert list(_region(Ctx(cfg, cfg.pools[0], 0, "gcp", row))) == []

@@ -17,6 +17,17 @@ phase() {
   "$@"
   log "phase=$name seconds=$((SECONDS - t0))"
 }
+hydrate_image() {
+  local dirs=() d
+  mapfile -t dirs < <(docker image inspect --format '{{json .GraphDriver.Data}}' "$IMAGE" |
+    python3 -c 'import json, sys; d = json.load(sys.stdin) or {}; print("\n".join(p for v in d.values() for p in str(v).split(":") if p.startswith("/")))')
+  if ((${#dirs[@]} == 0)); then
+    for d in /var/lib/docker /var/lib/containerd; do [[ -d $d ]] && dirs+=("$d"); done
+  fi
+  ((${#dirs[@]})) || return 0
+  find "${dirs[@]}" -type f -print0 2>/dev/null | xargs -0 -r -P 32 -n 64 cat >/dev/null ||
+    log "hydrate: some layer files could not be read; the server reads them on demand"
+}
 
 CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}
 NVME_EXPECTED=8
@@ -202,6 +213,7 @@ check_gpus() {
 pull_image() {
   if docker image inspect "$IMAGE" >/dev/null 2>&1; then
     log "image: $IMAGE is on the root volume already"
+    phase hydrate hydrate_image
     return 0
   fi
   local i
@@ -269,17 +281,29 @@ fetch_weights() {
   mv "$marker.tmp" "$marker"
 }
 
+block_metadata() {
+  iptables -C DOCKER-USER -d 169.254.169.254/32 -j DROP 2>/dev/null ||
+    iptables -I DOCKER-USER -d 169.254.169.254/32 -j DROP
+}
+
 start_serving() {
+  local env_file="$STATE/serving.env"
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   mkdir -p "$STATE/vllm-cache"
-  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host --network host \
+  block_metadata
+  rm -f "$env_file"
+  (umask 077 && : >"$env_file")
+  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host \
+    --network bridge -p "$PORT:$PORT" --env-file "$env_file" \
     --log-driver journald -e HF_HUB_OFFLINE=1 \
     -v "$CACHE:$CACHE:ro" -v "$STATE/vllm-cache:/root/.cache" \
     "$IMAGE" --model "$WEIGHTS_DIR" --served-model-name "$MODEL_ID" \
     --tensor-parallel-size 2 --data-parallel-size 4 \
     --max-model-len 16384 --gpu-memory-utilization 0.92 \
     --enable-chunked-prefill --max-num-batched-tokens 8192 \
+    --max-num-seqs 256 \
     --port "$PORT" "${EXTRA_ARGS[@]}" >/dev/null
+  rm -f "$env_file"
 }
 
 wait_ready() {

@@ -1,0 +1,220 @@
+"""simulate: replay a trace (or synthetic traffic) through a pool's serving model and scaling."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from poolctl.commands.common import CloudOpt, FileOpt, JsonOpt, PoolOpt, emit_json, load, targets
+from poolctl.errors import UsageError
+
+TraceOpt = Annotated[Path | None, typer.Option(
+    "--trace", help="Azure CSV or Mooncake JSONL request trace (detected by content).")]
+TrafficOpt = Annotated[Path | None, typer.Option(
+    "--traffic", help="Request trace to size the pool for (Azure CSV or Mooncake JSONL).")]
+RateOpt = Annotated[float | None, typer.Option(
+    "--rate", help="Synthetic Poisson traffic, requests per second (instead of --trace).")]
+DurationOpt = Annotated[float, typer.Option("--duration", help="Seconds of synthetic traffic.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of synthetic traffic.")]
+InputOpt = Annotated[float, typer.Option(
+    "--input-tokens", help="Mean prompt tokens of synthetic traffic.")]
+OutputOpt = Annotated[float, typer.Option(
+    "--output-tokens", help="Mean output tokens of synthetic traffic.")]
+LengthsOpt = Annotated[str, typer.Option(
+    "--lengths", help="Token lengths of synthetic traffic: exponential or fixed.")]
+TimeScaleOpt = Annotated[float, typer.Option(
+    "--time-scale", help="Replay the trace K times faster.")]
+
+
+def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
+            input_tokens: float, output_tokens: float, lengths: str, time_scale: float,
+            flag: str = "--trace"):
+    from poolctl.traces import load_trace, synthetic
+
+    if (trace is None) == (rate is None):
+        raise UsageError(f"{flag} FILE or --rate R: give exactly one")
+    if time_scale <= 0:
+        raise UsageError("--time-scale: must be positive, e.g. 2 replays twice as fast")
+    if lengths not in ("exponential", "fixed"):
+        raise UsageError(f"--lengths: {lengths!r} is not exponential or fixed")
+    if input_tokens < 1 or output_tokens < 1:
+        raise UsageError("--input-tokens/--output-tokens: means must be at least 1")
+    tr = (load_trace(trace) if trace is not None
+          else synthetic(rate, duration, seed, input_tokens, output_tokens, lengths))
+    return tr.scaled(time_scale) if time_scale != 1 else tr
+
+
+def one_target(cfg, pool, cloud):
+    tgts = targets(cfg, pool, cloud)
+    if len(tgts) > 1:
+        p, c = tgts[0]
+        sys.stderr.write(f"poolctl: simulating {p.name} on {c} (the first of "
+                         f"{len(tgts)} placements; pick with --pool/--cloud)\n")
+    return tgts[0]
+
+
+def simulate(
+    file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+    trace: TraceOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
+    seed: SeedOpt = 0, input_tokens: InputOpt = 1000.0, output_tokens: OutputOpt = 200.0,
+    lengths: LengthsOpt = "exponential", time_scale: TimeScaleOpt = 1.0,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", help="A fixed count of replicas (default: the pool's autoscaling).")] = None,
+    autoscale: Annotated[bool, typer.Option(
+        "--autoscale", help="The pool's own autoscaling, warm pool and start times.")] = False,
+    warm: Annotated[int | None, typer.Option(
+        "--warm", help="Warm replicas instead of the file's (as after `poolctl warm`).")] = None,
+    balancer: Annotated[str, typer.Option(
+        "--balancer", help="lor: least outstanding requests at arrival (the clouds' load "
+        "balancers); queue: a central queue dispatching to free replicas.")] = "lor",
+    json_out: JsonOpt = False,
+    requests_out: Annotated[Path | None, typer.Option(
+        "--requests-out", help="Write one CSV row per request here.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw traffic, replicas and TTFT over time (PNG; needs [plot]).")] = None,
+) -> None:
+    """Replay traffic through the pool's serving model and scaling policy."""
+    from poolctl.capacity import run_pool
+    from poolctl.simulate import BALANCERS, summary, write_requests_csv
+
+    if replicas is not None and autoscale:
+        raise UsageError("--replicas N or --autoscale: give one (the default is --autoscale)")
+    if replicas is not None and replicas < 1:
+        raise UsageError("--replicas: must be at least 1")
+    if warm is not None and (warm < 0 or replicas is not None):
+        raise UsageError("--warm N: a count >= 0, with --autoscale (not with --replicas)")
+    if balancer not in BALANCERS:
+        raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
+    if plot is not None:
+        _need_matplotlib()
+    cfg = load(file)
+    p, c = one_target(cfg, pool, cloud)
+    from poolctl.commands.check import require_valid
+
+    require_valid(cfg, [(p, c)])
+    tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
+    res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
+                   warm_replicas=warm, balancer=balancer)
+    s = summary(res, p.slo.ttft_p90_s)
+    from poolctl.servingmodel import figures, replica_model
+
+    s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
+         "model": figures(replica_model(p, c))}
+    try:
+        if requests_out is not None:
+            write_requests_csv(res, requests_out)
+        if plot is not None:
+            draw(res, s, plot)
+    except OSError as e:
+        flag = "--plot" if plot is not None and Path(e.filename or "") == plot else "--requests-out"
+        raise UsageError(f"{flag}: cannot write {e.filename} ({e.strerror}); give a writable "
+                         "path") from None
+    if json_out:
+        emit_json(s)
+    else:
+        render(s)
+
+
+def render(s: dict) -> None:
+    from rich.table import Table
+
+    from poolctl.commands.common import console
+
+    t = Table(title=f"{s['pool']} on {s['cloud']}: {s['trace']}", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    r, cost = s["replicas"], s["cost"]
+    f = lambda d, *ks: " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)  # noqa: E731
+    rows = [
+        ("requests", f"{s['requests']:,} ({s['rejected']} refused: longer than max_model_len)"),
+        ("span, arrival rate", f"{s['duration_s']:,.0f} s, {s['arrival_rate_per_s']:.2f}/s"),
+        ("replicas min / max / mean", f"{r['min']} / {r['max']} / {r['mean']}"),
+        ("TTFT p50 / p90 / p99", f(s["ttft_s"], "p50", "p90", "p99") + " s"),
+        ("time per output token p50 / p90", f(s["tpot_s"], "p50", "p90") + " s"),
+        ("end to end p50 / p90", f(s["e2e_s"], "p50", "p90") + " s"),
+        ("queue wait mean", f"{s['queue_wait_s']['mean']:.3f} s"),
+        ("in system (mean), time in system",
+         f"{s['mean_in_system']:.1f}, {s['mean_time_in_system_s']:.2f} s"),
+        ("utilization (capacity), busy", f"{s['utilization']:.2f}, {s['busy_fraction']:.2f}"),
+        ("tokens/s in / out", f"{s['tokens_per_s']['input']:,.0f} / "
+                              f"{s['tokens_per_s']['output']:,.0f}"),
+        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: {'met' if s['slo']['met'] else 'MISSED'}, "
+                         f"goodput {s['slo']['goodput']:.1%}"),
+        ("node-hours, cost", f"{cost['node_hours']:.2f}, ${cost['usd']:,.2f} (fixed "
+                             f"${cost['fixed_usd']:,.2f}, scaled ${cost['marginal_usd']:,.2f})"),
+        ("USD per 1M output tokens", _usd(cost["usd_per_1m_output_tokens"])),
+        ("USD per request", _usd(cost["usd_per_request"], 5)),
+        ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
+                          f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
+                          f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
+                          "(1,024-token context)"),
+    ]
+    if "autoscale" in s:
+        a = s["autoscale"]
+        rows.append(("scale-outs, SLO misses", f"{a['scale_outs']}, {a['slo_misses']} "
+                     f"({a['slo_misses_during_cold_starts']} during cold starts)"))
+    for k, v in rows:
+        t.add_row(k, v)
+    console().print(t)
+
+
+def _usd(x, digits: int = 3) -> str:
+    return "-" if x is None else f"${x:,.{digits}f}"
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot: needs matplotlib; install it with "
+                         "pip install 'poolctl[plot]' (or drop --plot)") from None
+
+
+def draw(res, s: dict, path: Path) -> None:
+    """Arrivals per minute, replicas in service and TTFT (p90 per minute) over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from poolctl.simulate import percentile
+
+    q = res.req
+    bucket = 60.0
+    nb = int(res.horizon_s // bucket) + 1
+    arrivals = [0] * nb
+    ttfts: list[list[float]] = [[] for _ in range(nb)]
+    for a, f in zip(q.arrival, q.first, strict=True):
+        b = int(a // bucket)
+        arrivals[b] += 1
+        if f == f:
+            ttfts[b].append(f - a)
+    xs = [i * bucket / 60 for i in range(nb)]
+    fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    ax[0].bar(xs, [n / bucket for n in arrivals], width=1.0, align="edge", color="#4c72b0")
+    ax[0].set_ylabel("requests/s")
+    if res.timeline:
+        ts = [t / 60 for t, _, _ in res.timeline] + [res.horizon_s / 60]
+        serving = [n * res.replicas_per_node for _, n, _ in res.timeline]
+        ax[1].step(ts, serving + serving[-1:], where="post", label="serving")
+        starting = [p * res.replicas_per_node for _, _, p in res.timeline]
+        ax[1].step(ts, starting + starting[-1:], where="post", label="starting")
+        ax[1].legend(loc="upper left")
+    else:
+        ax[1].axhline(res.replicas_fixed or 0)
+    ax[1].set_ylabel("replicas")
+    p90 = [percentile(sorted(v), 0.9) if v else float("nan") for v in ttfts]
+    ax[2].plot([x + 0.5 for x in xs], p90, color="#c44e52", label="TTFT p90 (by arrival minute)")
+    ax[2].axhline(s["slo"]["ttft_p90_s"], color="grey", linestyle="--", label="SLO")
+    ax[2].set_yscale("log")
+    ax[2].set_ylabel("seconds")
+    ax[2].set_xlabel("minutes from the trace's start")
+    ax[2].legend(loc="upper right")
+    fig.suptitle(f"{s['pool']} on {s['cloud']}: {Path(s['trace']).name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,99 @@
+"""POOLCTL_* environment values, checked before any command acts.
+
+Each variable is read where it is used, often deep inside an operation (after a synth, a
+Terraform init or a cloud call); a bad value found there leaves work half done. The CLI
+calls `check_environment()` first, so a bad value stops the command before anything
+changes, with one line naming the variable. Kept free of heavy imports: it runs on every
+command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+
+def _seconds(raw: str) -> str | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return "not a number of seconds; unset it or give e.g. 15"
+    return None if math.isfinite(value) and value >= 0 else "give a finite number >= 0"
+
+
+def _port(raw: str) -> str | None:
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        return "not a port; give a number from 1 to 65535 (0 picks a free one)"
+    return None
+
+
+def _program(raw: str) -> str | None:
+    return None if shutil.which(raw) else ("not found; give a path to terraform or tofu, or "
+                                           "unset it")
+
+
+def _folder(raw: str) -> str | None:
+    p = Path(raw).expanduser()
+    return None if p.is_dir() else "not a directory; give the folder that holds " \
+                                   "registry.terraform.io/hashicorp/..."
+
+
+def _home(raw: str) -> str | None:
+    p = Path(raw).expanduser()
+    return "names a file; give a folder (created if missing)" if p.exists() and not p.is_dir() \
+        else None
+
+
+def _quotas(raw: str) -> str | None:
+    try:
+        values = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return 'not JSON; give an object like {"L-417A185B": 1536}'
+    ok = isinstance(values, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for v in values.values())
+    return None if ok else 'give an object of quota codes to numbers, e.g. {"L-417A185B": 1536}'
+
+
+def _endpoint(raw: str) -> str | None:
+    if re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?", raw):
+        return None
+    return "not an endpoint; give http(s)://HOST[:PORT]"
+
+
+def _email(raw: str) -> str | None:
+    return None if re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", raw) else "not an email address"
+
+
+CHECKS: dict[str, Callable[[str], str | None]] = {
+    "POOLCTL_POLL_S": _seconds,
+    "POOLCTL_SANDBOX_PORT": _port,
+    "POOLCTL_TERRAFORM": _program,
+    "POOLCTL_PROVIDER_MIRROR": _folder,
+    "POOLCTL_HOME": _home,
+    "POOLCTL_SANDBOX_QUOTAS": _quotas,
+    "POOLCTL_GCE_ENDPOINT": _endpoint,
+    "POOLCTL_QUOTA_CONTACT_EMAIL": _email,
+}
+
+
+def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """The first bad POOLCTL_* value as one line, or None. Unset or empty means default."""
+    env = os.environ if environ is None else environ
+    for name, check in CHECKS.items():
+        raw = env.get(name)
+        if raw and (problem := check(raw)):
+            return f"{name}={raw[:80]}: {problem}"
+    return None
+
+
+def check_environment() -> None:
+    if problem := environment_problem():
+        from poolctl.errors import UsageError
+
+        raise UsageError(problem)

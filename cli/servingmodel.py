@@ -1,0 +1,226 @@
+"""How long one replica's engine step takes: a roofline model over the catalog and the config.
+
+Pure arithmetic, no SDKs. One engine step (vLLM continuous batching with chunked prefill)
+processes `tokens` new tokens (prefill chunks plus one token per decoding sequence) and reads
+the KV cache of every scheduled sequence:
+
+    step = overhead + per-seq x decoding sequences + all-reduce(tokens) + max(compute, memory)
+    compute = (2 * params * tokens + attention FLOPs) / (TP * peak FLOPs * prefill_mfu)
+    memory  = (weight shard + KV bytes read) / (HBM bandwidth * decode_mbu)      (per GPU)
+
+Prefill is compute-bound (attention's quadratic term counts for long prompts), decode is
+memory-bound: each step streams the GPU's weight shard and the running sequences' KV cache
+from HBM once. Tensor parallelism adds two all-reduces per layer over NVLink (or PCIe on a
+PCIe-only type), so the link shows up in the numbers.
+
+Every efficiency factor below is a named default with its source; a pool's `perf:` block
+overrides them, or gives measured numbers from which `calibrated` solves them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from poolctl.catalog import load_catalog
+from poolctl.config import Pool
+from poolctl.errors import UsageError
+
+# Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
+# and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
+PREFILL_MFU = 0.5
+# Share of peak HBM bandwidth a decode step reaches: Databricks, "LLM Inference Performance
+# Engineering: Best Practices" (2023) measures 55-75 % MBU for 7B-70B models; near the top.
+DECODE_MBU = 0.7
+# Share of the link's one-way bandwidth NCCL's ring all-reduce reaches (nccl-tests bus
+# bandwidth on NVSwitch systems is ~70-80 % of the link peak).
+LINK_EFFICIENCY = 0.7
+# Fixed latency of one small NCCL all-reduce on NVLink (nccl-tests, 8 B-64 KB messages).
+ALLREDUCE_LATENCY_S = 10e-6
+# CPU side of one engine step (scheduling, sampling, kernel launches with CUDA graphs):
+# vLLM V1's design notes put it at a few ms before its overlap work; 2 ms.
+STEP_OVERHEAD_S = 0.002
+# Per decoding sequence and step beyond its KV reads (sampling, attention kernels' fixed
+# costs): no published figure to default to, so 0 until calibrated from measurements.
+DECODE_PER_SEQ_S = 0.0
+# Activations cross the all-reduce in bf16.
+ACTIVATION_BYTES = 2
+# Hidden size when the config does not give attention heads: N ~ 12 L d^2 (4 d^2 attention +
+# 8 d^2 MLP per layer; Kaplan et al. 2020, "Scaling Laws for Neural Language Models").
+PARAMS_PER_LAYER_D2 = 12
+
+
+@dataclass(frozen=True)
+class ReplicaModel:
+    """Step-time coefficients of one replica (one copy of the model over TP GPUs).
+
+    `role` names what the replica does; today every replica prefills and decodes ("mixed").
+    A disaggregated pool would add "prefill" and "decode" replicas with their own models.
+    """
+
+    role: str
+    tp: int
+    params: float
+    layers: int
+    hidden: float
+    weights_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float
+    kv_tokens: int  # KV cache capacity, plan's kv_cache_tokens_per_replica
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    peak_flops_per_gpu: float
+    hbm_bytes_per_s: float  # peak, per GPU
+    link_bytes_per_s: float  # one-way, per GPU
+    prefill_mfu: float
+    decode_mbu: float
+    link_efficiency: float
+    overhead_s: float
+    per_seq_s: float = DECODE_PER_SEQ_S
+
+    # ---- the three parts of a step
+    def compute_s(self, tokens: float, attn_flops: float = 0.0) -> float:
+        flops = 2 * self.params * tokens + attn_flops
+        return flops / (self.tp * self.peak_flops_per_gpu * self.prefill_mfu)
+
+    def memory_s(self, kv_tokens_read: float) -> float:
+        nbytes = self.weights_bytes_per_gpu + kv_tokens_read * self.kv_bytes_per_token_per_gpu
+        return nbytes / (self.hbm_bytes_per_s * self.decode_mbu)
+
+    def comm_s(self, tokens: float) -> float:
+        if self.tp == 1:
+            return 0.0
+        # Two all-reduces per layer (attention and MLP outputs); a ring moves 2(TP-1)/TP of
+        # the message through each GPU's link.
+        msg = tokens * self.hidden * ACTIVATION_BYTES
+        one = 2 * (self.tp - 1) / self.tp * msg / (self.link_bytes_per_s * self.link_efficiency)
+        return 2 * self.layers * (one + ALLREDUCE_LATENCY_S)
+
+    def attn_flops(self, chunk: float, offset: float) -> float:
+        """QK^T and AV of `chunk` new tokens attending to `offset` earlier ones (causal)."""
+        return 4 * self.layers * self.hidden * chunk * (offset + chunk / 2)
+
+    def step_s(self, tokens: float, kv_tokens_read: float, attn_flops: float = 0.0,
+               decode_seqs: int = 0) -> float:
+        return (self.overhead_s + self.per_seq_s * decode_seqs + self.comm_s(tokens)
+                + max(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+
+    # ---- the figures plan and the README quote
+    def prefill_s(self, n: int) -> float:
+        """One n-token prompt alone in one step (no chunking)."""
+        return self.step_s(n, n, self.attn_flops(n, 0))
+
+    def prefill_tokens_per_s(self, n: int) -> float:
+        return n / self.prefill_s(n)
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        """One decode step of `batch` sequences holding `context` tokens each (attention's
+        FLOPs in decode are a few % of the weights' and left out)."""
+        return self.step_s(batch, batch * context, decode_seqs=batch)
+
+
+def figures(rm: ReplicaModel) -> dict:
+    """The numbers to compare with a measured replica (and to calibrate `perf:` from)."""
+    return {
+        "prefill_tokens_per_s": round(rm.prefill_tokens_per_s(2048), 1),
+        "decode_step_ms": {"batch_1": round(rm.decode_step_s(1, 1024) * 1000, 3),
+                           "batch_64": round(rm.decode_step_s(64, 1024) * 1000, 3)},
+        "kv_tokens": rm.kv_tokens,
+        "factors": {"prefill_mfu": round(rm.prefill_mfu, 4), "decode_mbu": round(rm.decode_mbu, 4),
+                    "link_efficiency": rm.link_efficiency,
+                    "step_overhead_ms": round(rm.overhead_s * 1000, 4),
+                    "decode_us_per_seq": round(rm.per_seq_s * 1e6, 3)},
+    }
+
+
+def hidden_size(pool: Pool) -> float:
+    m = pool.model
+    heads = getattr(m, "attention_heads", None)
+    if heads:
+        return heads * m.head_dim
+    return math.sqrt(m.params_b * 1e9 / (PARAMS_PER_LAYER_D2 * m.layers))
+
+
+def replica_model(pool: Pool, cloud: str) -> ReplicaModel:
+    """The pool's replica on `cloud`, with the `perf:` block applied."""
+    from poolctl.sizing import instance_row, plan_pool
+
+    row = instance_row(pool, cloud)
+    spec = load_catalog().gpu_spec(row)
+    plan = plan_pool(pool, cloud)
+    fp8 = pool.model.dtype == "fp8" and spec.fp8_tflops
+    link = spec.nvlink_gbytes_s if row.nvlink and spec.nvlink_gbytes_s else spec.pcie_gbytes_s
+    s, perf = pool.serving, pool.perf
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    rm = ReplicaModel(
+        role="mixed",
+        tp=s.tensor_parallel,
+        params=pool.model.params_b * 1e9,
+        layers=pool.model.layers,
+        hidden=hidden_size(pool),
+        weights_bytes_per_gpu=plan.weights_bytes_per_gpu,
+        kv_bytes_per_token_per_gpu=plan.kv_cache_bytes_per_token_per_gpu,
+        kv_tokens=plan.kv_cache_tokens_per_replica,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_model_len=s.max_model_len,
+        peak_flops_per_gpu=(spec.fp8_tflops if fp8 else spec.bf16_tflops) * 1e12,
+        hbm_bytes_per_s=row.hbm_tbps_per_gpu * 1e12,
+        link_bytes_per_s=link * 1e9 / 2,  # the catalog's figure is bidirectional
+        prefill_mfu=pick(perf.prefill_mfu, PREFILL_MFU),
+        decode_mbu=pick(perf.decode_mbu, DECODE_MBU),
+        link_efficiency=pick(perf.link_efficiency, LINK_EFFICIENCY),
+        overhead_s=pick(perf.step_overhead_ms, STEP_OVERHEAD_S * 1000) / 1000,
+        per_seq_s=pick(perf.decode_us_per_seq, DECODE_PER_SEQ_S * 1e6) / 1e6,
+    )
+    return calibrated(rm, pool)
+
+
+def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
+    """Solve the efficiency factors from measured numbers in `perf:`, if any.
+
+    Decode at batch 1 and 64 (memory-bound, context c tokens each), overhead and all-reduce
+    from the model: batch 1 streams the weights plus c KV tokens, batch 64 the weights plus
+    64 c, at HBM bandwidth x MBU, and each sequence adds a fixed cost s. Two equations give
+    s and MBU (closed form below). A measured prefill rate then gives MFU. The calibrated
+    model reproduces the measurements.
+    """
+    perf, key = pool.perf, f"pools.{pool.name}.perf"
+    if perf.decode_ms_batch1 is not None:
+        c = perf.measured_context_tokens
+        d1, d64 = perf.decode_ms_batch1 / 1000, perf.decode_ms_batch64 / 1000
+        bw = rm.hbm_bytes_per_s
+        mem1 = (rm.weights_bytes_per_gpu + c * rm.kv_bytes_per_token_per_gpu) / bw
+        mem64 = (rm.weights_bytes_per_gpu + 64 * c * rm.kv_bytes_per_token_per_gpu) / bw
+        r = mem64 / mem1
+        # d1  = o + s      + comm1  + mem1 / mbu
+        # d64 = o + 64 s   + comm64 + r mem1 / mbu   =>  eliminate mem1 / mbu:
+        a1 = d1 - rm.overhead_s - rm.comm_s(1)
+        per_seq = (d64 - rm.overhead_s - rm.comm_s(64) - r * a1) / (64 - r)
+        if per_seq < 0:
+            raise UsageError(
+                f"{key}.decode_ms_batch64: {perf.decode_ms_batch64} ms vs {perf.decode_ms_batch1}"
+                f" ms at batch 1 is less than reading {63 * c} more KV tokens takes; check the "
+                "measurement or measured_context_tokens"
+            )
+        mbu = mem1 / (a1 - per_seq) if a1 > per_seq else math.inf
+        if not 0 < mbu <= 1:
+            raise UsageError(
+                f"{key}.decode_ms_batch1: {perf.decode_ms_batch1} ms is faster than streaming "
+                f"the {rm.weights_bytes_per_gpu / 1e9:.1f} GB weight shard at the GPU's HBM "
+                "bandwidth (plus step_overhead_ms); check the measurement"
+            )
+        rm = replace(rm, decode_mbu=mbu, per_seq_s=per_seq)
+    if perf.prefill_tokens_per_s is not None:
+        n = perf.measured_prompt_tokens
+        compute = n / perf.prefill_tokens_per_s - rm.overhead_s - rm.comm_s(n)
+        flops = 2 * rm.params * n + rm.attn_flops(n, 0)
+        mfu = flops / (rm.tp * rm.peak_flops_per_gpu * compute) if compute > 0 else math.inf
+        if not 0 < mfu <= 1 or compute < rm.memory_s(n):
+            raise UsageError(
+                f"{key}.prefill_tokens_per_s: {perf.prefill_tokens_per_s:g} tokens/s on "
+                f"{n}-token prompts is beyond this replica's peak compute (or not "
+                "compute-bound); check the measurement or measured_prompt_tokens"
+            )
+        rm = replace(rm, prefill_mfu=mfu)
+    return rm

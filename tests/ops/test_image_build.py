@@ -1,0 +1,407 @@
+"""`poolctl image build` for real: Packer against the sandbox, and the provisioning script on
+a loop-mounted root (issue 10).
+
+In the sandbox Packer runs with `communicator = "none"` (test mode only): the emulator runs
+no instance, so no provisioner runs there; the provisioning script is exercised on its own
+below, with stand-in `docker`/`s5cmd`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, poolctl_env, run_poolctl, terraform_missing
+
+EXAMPLE = REPO / "examples" / "llama-70b-p5" / "poolctl.yaml"
+PACKER = shutil.which("packer")
+pytestmark = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
+                                "installs Debian's packer 1.6.6)")
+
+
+def _config(tmp_path: Path, project: str) -> Path:
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLE.read_text().replace("project: acme", f"project: {project}"))
+    return f
+
+
+def _private_subnet(ec2, project: str) -> str:
+    """What the pool's stack creates and the builder looks for: a tagged private subnet."""
+    tags = [{"Key": "poolctl:project", "Value": project},
+            {"Key": "poolctl:pool", "Value": "chat-70b"},
+            {"Key": "poolctl:role", "Value": "inference"},
+            {"Key": "poolctl:tier", "Value": "private"}]
+    vpc = ec2.create_vpc(CidrBlock="10.77.0.0/16")["Vpc"]["VpcId"]
+    return ec2.create_subnet(VpcId=vpc, CidrBlock="10.77.0.0/20", TagSpecifications=[
+        {"ResourceType": "subnet", "Tags": tags}])["Subnet"]["SubnetId"]
+
+
+def _leftovers(ec2, project: str) -> dict:
+    """Builder instances not terminated, Packer's temporary security groups and key pairs."""
+    res = ec2.describe_instances(Filters=[
+        {"Name": "tag:poolctl:project", "Values": [project]},
+        {"Name": "instance-state-name", "Values": ["pending", "running", "stopping",
+                                                    "stopped"]}])["Reservations"]
+    return {
+        "instances": [i["InstanceId"] for r in res for i in r["Instances"]],
+        "security_groups": [g["GroupName"] for g in ec2.describe_security_groups()[
+            "SecurityGroups"] if g["GroupName"].startswith("packer")],
+        "key_pairs": [k["KeyName"] for k in ec2.describe_key_pairs()["KeyPairs"]
+                      if k["KeyName"].startswith("packer")],
+    }
+
+
+def _records(home: Path, project: str) -> list[dict]:
+    out = []
+    for f in (home / "images").glob("aws-*.json"):
+        rec = json.loads(f.read_text())
+        if rec.get("project") == project:
+            out.append(rec)
+    return out
+
+
+def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
+                                                         sandbox_client, tmp_path):
+    ec2 = sandbox_client("ec2")
+    f = _config(tmp_path, "imgok")
+    before = f.read_text()
+    _private_subnet(ec2, "imgok")
+    t0 = time.monotonic()
+    res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
+                      str(f), "--json", timeout=300)
+    wall = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    ami = out["image_id"]
+    sys.stderr.write(f"\nimage build --sandbox wall time: {wall:.1f} s\n")
+    assert ami.startswith("ami-")
+    image = ec2.describe_images(ImageIds=[ami])["Images"][0]
+    tags = {t["Key"]: t["Value"] for t in image["Tags"]}
+    assert tags["poolctl:project"] == "imgok" and tags["poolctl:pool"] == "chat-70b"
+    assert tags["poolctl:role"] == "inference"
+    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.11.0"
+    # One line of the file changed: the AMI recorded at the top of the `aws:` block.
+    after = f.read_text()
+    assert [ln for ln in after.splitlines() if ln not in before.splitlines()] == [
+        f"      ami_id: {ami}"]
+    assert len(after.splitlines()) == len(before.splitlines()) + 1
+    [rec] = _records(Path(sandbox_home), "imgok")
+    assert rec["image_id"] == ami and rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
+    assert rec["packer_version"] == "1.6.6" and rec["sandbox"] is True
+    assert _leftovers(ec2, "imgok") == {"instances": [], "security_groups": [],
+                                        "key_pairs": []}
+    # plan now says the placement's image carries the serving image.
+    plan = run_poolctl(sandbox_home, "plan", "-f", str(f), "--cloud", "aws", "--json")
+    entry = json.loads(plan.stdout)["pools"][0]
+    assert entry["node_image"]["id"] == ami and entry["node_image"]["prepulled"] is True
+    assert "hydrate" in entry["start_phases"]["cold"]
+    # The following deploy launches nodes from it. A full sandbox deploy of a second pool
+    # takes ~100 s: the planned launch template is checked instead (--plan-only).
+    why = terraform_missing()
+    if why:
+        pytest.skip(f"deploy --plan-only needs Terraform: {why}")
+    dep = run_poolctl(sandbox_home, "deploy", "--cloud", "aws", "--sandbox", "--plan-only",
+                      "-f", str(f), "--out", str(tmp_path / "cdktf.out"), timeout=600)
+    assert dep.returncode == 0, dep.stderr[-3000:]
+    work = Path(sandbox_home) / "sandbox" / "deploy" / "imgok-chat-70b-aws"
+    show = subprocess.run(["terraform", "show", "-json", "tfplan"], cwd=work,
+                          capture_output=True, text=True, env=poolctl_env(sandbox_home),
+                          timeout=300)
+    assert show.returncode == 0, show.stderr
+    lts = [rc["change"]["after"] for rc in json.loads(show.stdout)["resource_changes"]
+           if rc["type"] == "aws_launch_template"]
+    assert [lt["image_id"] for lt in lts] == [ami]
+
+
+def _start_build(home: Path, f: Path, hold: int, fail: bool = False) -> subprocess.Popen:
+    env = poolctl_env(home, POOLCTL_IMAGE_SANDBOX_HOLD_S=str(hold),
+                      POOLCTL_IMAGE_SANDBOX_FAIL="1" if fail else "")
+    return subprocess.Popen([sys.executable, "-m", "poolctl", "image", "build", "--cloud",
+                             "aws", "--sandbox", "-f", str(f)], env=env, cwd=str(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_builder(ec2, project: str, proc: subprocess.Popen) -> str:
+    for _ in range(600):
+        assert proc.poll() is None, proc.communicate()
+        left = _leftovers(ec2, project)
+        if left["instances"]:
+            return left["instances"][0]
+        time.sleep(0.1)
+    raise AssertionError("the builder instance never appeared")
+
+
+def test_interrupted_build_leaves_nothing(sandbox, sandbox_home, sandbox_client, tmp_path):
+    ec2 = sandbox_client("ec2")
+    f = _config(tmp_path, "imgint")
+    before = f.read_text()
+    _private_subnet(ec2, "imgint")
+    proc = _start_build(Path(sandbox_home), f, hold=120)
+    try:
+        _wait_for_builder(ec2, "imgint", proc)
+        assert _leftovers(ec2, "imgint")["key_pairs"]  # mid-build: Packer's key pair exists
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: Packer is cleaning up" in err and "Traceback" not in err
+    assert _leftovers(ec2, "imgint") == {"instances": [], "security_groups": [],
+                                         "key_pairs": []}
+    assert f.read_text() == before
+    assert _records(Path(sandbox_home), "imgint") == []
+    tagged = ec2.describe_images(Owners=["self"], Filters=[
+        {"Name": "tag:poolctl:project", "Values": ["imgint"]}])["Images"]
+    assert tagged == []
+
+
+def test_failed_build_leaves_nothing(sandbox, sandbox_home, sandbox_client, tmp_path):
+    """Provisioning fails once the builder runs (the sandbox's simulated failure; moto lets
+    even a builder terminated from outside go on to an AMI): Packer cleans up, nothing is
+    recorded."""
+    ec2 = sandbox_client("ec2")
+    f = _config(tmp_path, "imgfail")
+    before = f.read_text()
+    _private_subnet(ec2, "imgfail")
+    proc = _start_build(Path(sandbox_home), f, hold=2, fail=True)
+    try:
+        _wait_for_builder(ec2, "imgfail", proc)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("poolctl: packer build failed"), err
+    assert "simulated provisioning failure" in err and "Traceback" not in err
+    assert _leftovers(ec2, "imgfail") == {"instances": [], "security_groups": [],
+                                          "key_pairs": []}
+    assert f.read_text() == before
+    assert _records(Path(sandbox_home), "imgfail") == []
+
+
+# ---------------------------------------------------------------------------------------
+# The provisioning script on a loop-mounted root
+
+
+DIGEST = "vllm/vllm-openai@sha256:" + "4f1c9ee2" * 8
+STANDIN_DOCKER = """#!/bin/bash
+# Stand-in docker: `pull` stores the image as a layer folder, `image inspect` reports it.
+set -eu
+store="$POOLCTL_ROOT/var/lib/docker/overlay2/l1/diff"
+case "$1 $2" in
+  "pull -q") echo "pull $3" >>"$STANDIN_LOG"; mkdir -p "$store"; echo layer >"$store/f";;
+  "image inspect") [[ -f $store/f ]] || exit 1
+    echo "DIGEST";;
+  *) echo "unexpected docker $*" >>"$STANDIN_LOG"; exit 2;;
+esac
+""".replace("DIGEST", DIGEST)
+
+
+@pytest.fixture
+def image_root(tmp_path):
+    """A loop-mounted ext4 root when root and loop devices are available, else a plain
+    folder (the script only needs paths under POOLCTL_ROOT)."""
+    mnt = tmp_path / "root"
+    mnt.mkdir()
+    disk = tmp_path / "root.img"
+    loop = None
+    if os.geteuid() == 0 and shutil.which("losetup") and shutil.which("mkfs.ext4"):
+        with open(disk, "wb") as fh:
+            fh.truncate(64 << 20)
+        ok = subprocess.run(["mkfs.ext4", "-q", "-F", str(disk)], capture_output=True)
+        probe = subprocess.run(["losetup", "-f", "--show", str(disk)], capture_output=True,
+                               text=True)
+        if ok.returncode == 0 and probe.returncode == 0:
+            loop = probe.stdout.strip()
+            if subprocess.run(["mount", loop, str(mnt)], capture_output=True).returncode:
+                subprocess.run(["losetup", "-d", loop])
+                loop = None
+    yield mnt, loop
+    if loop:
+        subprocess.run(["umount", str(mnt)])
+        subprocess.run(["losetup", "-d", loop])
+
+
+def test_provision_script_pulls_records_and_cleans(tmp_path, image_root):
+    from poolctl import images
+    from poolctl.config import load_config
+
+    root, loop = image_root
+    sys.stderr.write(f"\nprovision.sh root: {'loop device ' + loop if loop else 'plain dir'}\n")
+    cfg = load_config(EXAMPLE)
+    r = images.render(cfg, cfg.pools[0], "aws", version=(1, 6, 6), sandbox=False,
+                      base_image="ami-0123456789abcdef0")
+    script = tmp_path / "provision.sh"
+    script.write_text(r.files["provision.sh"])
+    if shutil.which("shellcheck"):
+        sc = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert sc.returncode == 0, sc.stdout
+    # A builder's leftovers, as the base image and the build leave them.
+    for rel, text in {"etc/machine-id": "0123456789abcdef\n",
+                      "var/lib/dbus/machine-id": "0123456789abcdef\n",
+                      "etc/ssh/ssh_host_ed25519_key": "KEY", "root/.ssh/authorized_keys": "k",
+                      "home/ubuntu/.ssh/authorized_keys": "k", "root/.docker/config.json": "{}",
+                      "home/ubuntu/.bash_history": "ls", "var/lib/cloud/instances/i-1/x": "x",
+                      "var/log/syslog": "boot log", "var/log/syslog.1": "old",
+                      "var/log/apt/history.log.2.gz": "z", "tmp/packer-x": "x",
+                      "etc/hostname": "keep-me\n"}.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(STANDIN_DOCKER)
+    (bin_dir / "s5cmd").write_text("#!/bin/sh\necho \"s5cmd $*\" >>\"$STANDIN_LOG\"\n")
+    (bin_dir / "apt-get").write_text("#!/bin/sh\necho \"apt-get $*\" >>\"$STANDIN_LOG\"\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    log = tmp_path / "standin.log"
+    env = {**os.environ, "POOLCTL_ROOT": str(root), "STANDIN_LOG": str(log),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    prep = subprocess.run(["bash", str(script), "prepare"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert prep.returncode == 0, prep.stderr
+    assert "pull vllm/vllm-openai:v0.11.0" in log.read_text()
+    rec = json.loads((root / "etc/poolctl/node-image.json").read_text())
+    assert rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
+    assert rec["digest"] == DIGEST
+    assert "poolctl: phase=pull seconds=" in prep.stderr
+    clean = subprocess.run(["bash", str(script), "clean"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert clean.returncode == 0, clean.stderr
+    gone = ["var/lib/dbus/machine-id", "etc/ssh/ssh_host_ed25519_key",
+            "root/.ssh/authorized_keys", "home/ubuntu/.ssh/authorized_keys",
+            "root/.docker/config.json", "home/ubuntu/.bash_history", "var/lib/cloud/instances",
+            "var/log/syslog.1", "var/log/apt/history.log.2.gz", "tmp/packer-x"]
+    assert [g for g in gone if (root / g).exists()] == []
+    assert (root / "etc/machine-id").read_text() == ""  # empty: systemd makes a new one
+    assert (root / "var/log/syslog").read_text() == ""
+    assert (root / "etc/hostname").read_text() == "keep-me\n"
+    assert (root / "var/lib/docker/overlay2/l1/diff/f").exists()  # the layers stay
+    assert (root / "etc/poolctl/node-image.json").exists()
+    assert "apt-get" not in log.read_text()  # mdadm, xfsprogs, curl, python3 were present
+
+
+def test_list_and_prune_keep_what_is_used(sandbox, sandbox_home, sandbox_client, tmp_path):
+    """Three builds: the file uses the newest; `prune --keep 1` keeps it and the newest
+    unused one, deregisters the oldest with its snapshots."""
+    ec2 = sandbox_client("ec2")
+    f = _config(tmp_path, "imgprune")
+    _private_subnet(ec2, "imgprune")
+    built = []
+    for _ in range(3):
+        res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
+                          str(f), "--json", timeout=300)
+        assert res.returncode == 0, res.stderr
+        built.append(json.loads(res.stdout)["image_id"])
+        time.sleep(1.1)  # image names and creation dates are per second
+    ls = run_poolctl(sandbox_home, "image", "list", "--cloud", "aws", "--sandbox", "-f", str(f),
+                     "--json")
+    assert ls.returncode == 0, ls.stderr
+    rows = json.loads(ls.stdout)["images"]
+    assert [r["id"] for r in rows] == built[::-1]
+    assert rows[0]["in_use"] == ["aws.ami_id in the file"]
+    assert rows[1]["in_use"] == rows[2]["in_use"] == []
+    snaps = rows[2]["snapshots"]
+    pr = run_poolctl(sandbox_home, "image", "prune", "--keep", "1", "--cloud", "aws",
+                     "--sandbox", "-f", str(f), "--json")
+    assert pr.returncode == 0, pr.stderr
+    out = json.loads(pr.stdout)
+    assert [d["id"] for d in out["deleted"]] == [built[0]]
+    assert sorted(out["kept"]) == sorted(built[1:])
+    left = ec2.describe_images(Owners=["self"], Filters=[
+        {"Name": "tag:poolctl:project", "Values": ["imgprune"]}])["Images"]
+    assert sorted(i["ImageId"] for i in left) == sorted(built[1:])
+    assert snaps  # moto gives each AMI its root snapshot
+    have = {s["SnapshotId"] for s in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]}
+    assert not set(snaps) & have
+
+
+@pytest.mark.skipif(terraform_missing() is not None,
+                    reason=f"rollouts apply through Terraform: {terraform_missing()}")
+def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
+                                          sandbox_client, tmp_path):
+    """`image build` for the deployed example, then `rollout start --node-image latest` on a
+    file that does not name an AMI yet: the line is added, the refresh rolls every node to
+    the new launch template version, which launches from the built AMI."""
+    from tests.conftest import sandbox_admin
+    from tests.ops.test_runtime_aws import booting
+
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    if not ec2.describe_subnets(Filters=[{"Name": "tag:poolctl:project", "Values": ["acme"]},
+                                         {"Name": "tag:poolctl:tier", "Values": ["private"]}]
+                                )["Subnets"]:
+        _private_subnet(ec2, "acme")  # the boto3 stand-in of the deployed pool has no tier tag
+    sandbox_admin(sandbox, "POST", "/_poolctl/quotas",
+                  {"quotas": {"L-417A185B": 100_000}, "region": "us-east-1"})
+    (tmp_path / "build").mkdir()
+    build_file = tmp_path / "build" / "poolctl.yaml"
+    shutil.copy(EXAMPLE, build_file)
+    res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
+                      str(build_file), "--json", timeout=300)
+    assert res.returncode == 0, res.stderr
+    ami = json.loads(res.stdout)["image_id"]
+    pool_file = tmp_path / "poolctl.yaml"
+    shutil.copy(EXAMPLE, pool_file)
+    before = pool_file.read_text()
+    with booting(sandbox):
+        res = run_poolctl(sandbox_home, "rollout", "start", "--cloud", "aws", "--node-image",
+                          "latest", "--no-surge", "--yes", "--json", "-f", str(pool_file),
+                          "--sandbox", "--out", str(tmp_path / "cdktf.out"), timeout=900,
+                          POOLCTL_POLL_S="0.05")
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert (r["key"], r["from"], r["to"]) == ("aws.ami_id", None, ami)
+    assert r["final"]["status"] == "Successful"
+    added = [ln for ln in pool_file.read_text().splitlines() if ln not in before.splitlines()]
+    assert added == [f"      ami_id: {ami}"]
+    g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["acme-chat-70b"]
+                                         )["AutoScalingGroups"][0]
+    version = g["LaunchTemplate"]["Version"]
+    data = ec2.describe_launch_template_versions(
+        LaunchTemplateId=g["LaunchTemplate"]["LaunchTemplateId"], Versions=[version]
+    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+    assert data["ImageId"] == ami
+    assert {i["LaunchTemplate"]["Version"] for i in g["Instances"]
+            if i["LifecycleState"] == "InService"} == {version}
+    # No line to return to: rollback says how, and changes nothing.
+    rb = run_poolctl(sandbox_home, "rollout", "rollback", "--cloud", "aws", "--yes", "-f",
+                     str(pool_file), "--sandbox", "--out", str(tmp_path / "cdktf.out"))
+    assert rb.returncode == 1, rb.stderr
+    assert "aws.ami_id was not written before the rollout; remove its line" in rb.stderr
+    assert added == [ln for ln in pool_file.read_text().splitlines()
+                     if ln not in before.splitlines()]
+    # --image X --build-image: a node image for X first (aws.ami_id edited), then the rollout
+    # of serving.image; the new launch template version launches from the new AMI.
+    with booting(sandbox):
+        res = run_poolctl(sandbox_home, "rollout", "start", "--cloud", "aws", "--image",
+                          "vllm/vllm-openai:v0.11.1", "--build-image", "--no-surge", "--yes",
+                          "--json", "-f", str(pool_file), "--sandbox", "--out",
+                          str(tmp_path / "cdktf.out"), timeout=900, POOLCTL_POLL_S="0.05")
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.11.0",
+                                              "vllm/vllm-openai:v0.11.1")
+    assert r["final"]["status"] == "Successful"
+    ami2 = next(ln.split(": ")[1] for ln in pool_file.read_text().splitlines()
+                if ln.strip().startswith("ami_id:"))
+    assert ami2 != ami
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_images(ImageIds=[ami2])["Images"][0]["Tags"]}
+    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.11.1"
+    g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["acme-chat-70b"]
+                                         )["AutoScalingGroups"][0]
+    data = ec2.describe_launch_template_versions(
+        LaunchTemplateId=g["LaunchTemplate"]["LaunchTemplateId"],
+        Versions=[g["LaunchTemplate"]["Version"]])["LaunchTemplateVersions"][0]
+    assert data["LaunchTemplateData"]["ImageId"] == ami2
+    plan = run_poolctl(sandbox_home, "plan", "-f", str(pool_file), "--cloud", "aws", "--json")
+    assert json.loads(plan.stdout)["pools"][0]["node_image"]["prepulled"] is True

@@ -1,0 +1,326 @@
+"""Node image templates, records and the plan's start phases (issue 10).
+
+`packer validate` runs Debian's Packer 1.6.6 on every rendered template; a current Packer
+(>= 1.7, BUSL, not installable here) is covered by rendering only: its `packer {}` block and
+IMDS arguments are checked as text, and the rest of that template is validated by 1.6.6.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from poolctl import images
+from poolctl.config import load_config, parse_config
+from poolctl.runtime import set_scalar
+from poolctl.sizing import plan_pool
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(REPO.glob("examples/*/poolctl.yaml"))
+OLD, NEW = (1, 6, 6), (1, 11, 2)
+PACKER = shutil.which("packer")
+no_packer = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
+                               "installs Debian's packer 1.6.6)")
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+
+
+def _targets():
+    for ex in EXAMPLES:
+        cfg = load_config(ex)
+        for pool in cfg.pools:
+            for cloud in pool.clouds:
+                yield pytest.param(ex, pool.name, cloud, id=f"{ex.parent.name}-{cloud}")
+
+
+def _render(ex: Path, pool_name: str, cloud: str, version, sandbox=False):
+    cfg = load_config(ex)
+    pool = cfg.select(pool_name)[0]
+    base = "ami-0123456789abcdef0" if cloud == "aws" else ""
+    return images.render(cfg, pool, cloud, version=version, sandbox=sandbox, base_image=base,
+                         endpoint="http://127.0.0.1:1")
+
+
+def _validate(folder: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PACKER, "validate", name], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+
+
+@no_packer
+@pytest.mark.parametrize(("ex", "pool", "cloud"), list(_targets()))
+def test_packer_validate_every_example(tmp_path, ex, pool, cloud):
+    for sandbox in (False, True):
+        r = _render(ex, pool, cloud, OLD, sandbox=sandbox and cloud == "aws")
+        for name, text in r.files.items():
+            (tmp_path / name).write_text(text)
+        out = _validate(tmp_path, f"{cloud}.pkr.hcl")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "packer {" not in r.files[f"{cloud}.pkr.hcl"]
+
+
+@no_packer
+@pytest.mark.parametrize(("ex", "pool", "cloud"), list(_targets()))
+def test_current_packer_gets_plugin_block(tmp_path, ex, pool, cloud):
+    r = _render(ex, pool, cloud, NEW)
+    text = r.files[f"{cloud}.pkr.hcl"]
+    (tmp_path / "provision.sh").write_text(r.files["provision.sh"])
+    plugin = "amazon" if cloud == "aws" else "googlecompute"
+    assert re.search(r'required_plugins \{\n\s+' + plugin + r' = \{\n\s+source\s+= '
+                     r'"github.com/hashicorp/' + plugin + '"', text)
+    if cloud == "aws":
+        assert 'http_tokens                 = "required"' in text
+        assert 'imds_support = "v2.0"' in text
+    # What 1.6.6 cannot read removed, the rest of the current template is valid HCL for it.
+    rest = re.sub(r"^packer \{.*?^\}\n", "", text, flags=re.S | re.M)
+    rest = re.sub(r"^  imds_support[^\n]*\n|^  metadata_options \{.*?^  \}\n", "", rest,
+                  flags=re.S | re.M)
+    (tmp_path / f"{cloud}.pkr.hcl").write_text(rest)
+    out = _validate(tmp_path, f"{cloud}.pkr.hcl")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_production_template_reaches_builder_privately():
+    aws = _render(EXAMPLES[0], "chat-70b", "aws", OLD).files["aws.pkr.hcl"]
+    assert 'ssh_interface = "session_manager"' in aws
+    assert "associate_public_ip_address = false" in aws
+    assert "encrypt_boot                = true" in aws
+    assert '"tag:poolctl:tier" = "private"' in aws
+    assert '"poolctl:serving-image" = "vllm/vllm-openai:v0.11.0"' in aws
+    assert 'communicator  = "ssh"' in aws and "custom_endpoint_ec2" not in aws
+    gcp = _render(EXAMPLES[0], "chat-70b", "gcp", OLD).files["gcp.pkr.hcl"]
+    for line in ("omit_external_ip = true", "use_iap          = true",
+                 "use_os_login     = true", '"poolctl-serving-image" = "vllm-vllm-openai-v0-11-0"',
+                 'source_image_family     = "common-cu124-ubuntu-2204-nvidia-550"',
+                 'source_image_project_id = ["deeplearning-platform-release"]'):
+        assert line in gcp
+
+
+def test_sandbox_template_is_test_mode_only():
+    aws = _render(EXAMPLES[0], "chat-70b", "aws", OLD, sandbox=True).files["aws.pkr.hcl"]
+    assert 'communicator               = "none"' in aws
+    assert 'custom_endpoint_ec2        = "http://127.0.0.1:1"' in aws
+    assert 'provisioner "shell"' not in aws
+
+
+def test_hcl_string_is_literal():
+    assert images.hcl_string('a${file("/etc/passwd")}%{if x}"\\') == (
+        '"a$${file(\\"/etc/passwd\\")}%%{if x}\\"\\\\"')
+
+
+@no_packer
+def test_hostile_value_stays_literal_in_packer(tmp_path):
+    """A Packer template expression in a config value reaches Packer as text: `packer
+    inspect` shows it unevaluated."""
+    text = EXAMPLES[0].read_text().replace("project: acme", "project: acme", 1)
+    cfg = parse_config(text)
+    pool = cfg.pools[0]
+    hostile = '${file("/etc/hostname")}'
+    r = images.render(cfg, pool, "aws", version=OLD, sandbox=False, base_image=hostile)
+    (tmp_path / "aws.pkr.hcl").write_text(r.files["aws.pkr.hcl"])
+    out = subprocess.run([PACKER, "inspect", "aws.pkr.hcl"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'source_ami      = "$${file' in r.files["aws.pkr.hcl"]
+
+
+# ---------------------------------------------------------------------------------------
+# The file: one line, added or edited
+
+
+def test_set_scalar_adds_one_line_then_edits_it():
+    text = EXAMPLES[0].read_text()
+    new, old, line = set_scalar(text, ("pools", 0, "aws", "ami_id"), "ami-0123456789abcdef0")
+    assert old is None
+    added = [ln for ln in new.splitlines() if ln not in text.splitlines()]
+    assert added == ["      ami_id: ami-0123456789abcdef0"]
+    assert len(new.splitlines()) == len(text.splitlines()) + 1
+    assert parse_config(new).pools[0].aws.ami_id == "ami-0123456789abcdef0"
+    again, old2, line2 = set_scalar(new, ("pools", 0, "aws", "ami_id"), "ami-0fedcba987654321")
+    assert (old2, line2) == ("ami-0123456789abcdef0", line)
+    assert len(again.splitlines()) == len(new.splitlines())
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: one line, the contract's exit code, nothing recorded
+
+
+def _cli(tmp_path, *args, env=None):
+    import os
+
+    e = {**os.environ, "POOLCTL_HOME": str(tmp_path / "home"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                          text=True, env=e, timeout=120)
+
+
+def _one_line(res, code: int, *needles: str) -> None:
+    assert res.returncode == code, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_unknown_pool(tmp_path):
+    res = _cli(tmp_path, "image", "build", "--cloud", "aws", "-f", str(EXAMPLES[0]),
+               "--pool", "nope", "--dry-run")
+    _one_line(res, 2, "--pool", "nope")
+
+
+def test_missing_packer(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f),
+               env={"POOLCTL_PACKER": str(tmp_path / "no-packer")})
+    _one_line(res, 2, "POOLCTL_PACKER", "not found")
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f),
+               env={"PATH": str(Path(sys.executable).parent)})
+    _one_line(res, 2, "packer: not found on PATH", "apt-get install packer")
+    assert f.read_text() == EXAMPLES[0].read_text()
+    assert not (tmp_path / "home" / "images").exists()
+
+
+@no_packer
+def test_placement_without_base_image(tmp_path):
+    f = tmp_path / "p.yaml"
+    text = EXAMPLES[0].read_text().replace(
+        "      machine_type: a3-highgpu-8g\n",
+        "      machine_type: a3-highgpu-8g\n      image: projects/acme-prod/global/images/mine-1\n")
+    f.write_text(text)
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f), "--dry-run")
+    _one_line(res, 2, "pools[0].gcp.base_image", "no base image")
+    assert f.read_text() == text
+
+
+def test_packer_failure_records_nothing(tmp_path):
+    fake = tmp_path / "packer"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = version ] && { echo 'Packer v1.6.6'; exit 0; }\n"
+                    "echo 'Build errored: boom'; exit 1\n")
+    fake.chmod(0o755)
+    f = tmp_path / "p.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f),
+               env={"POOLCTL_PACKER": str(fake)})
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        "poolctl: packer build failed (exit 1); its output is above; Packer removed its "
+        "builder; nothing was recorded")
+    assert "Build errored: boom" in res.stderr and "Traceback" not in res.stderr
+    assert f.read_text() == EXAMPLES[0].read_text()
+    assert not list((tmp_path / "home" / "images").glob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------
+# plan: cold start from a pre-pulled image vs. a pull, worked out by hand
+
+
+def _record(image_id: str, serving_image: str, cloud: str = "aws") -> None:
+    images.save_record({"cloud": cloud, "image_id": image_id, "serving_image": serving_image,
+                        "base_image": "ami-0aaaaaaaaaaaaaaaa", "digest": "sha256:" + "a" * 64})
+
+
+def test_plan_phases_prepulled_vs_pull():
+    text = EXAMPLES[0].read_text()
+    # Pull: 12 GB at 0.1 GB/s = 120 s. Weights 70.6e9 x 2 B = 141.2 GB over min(NIC, 100)
+    # Gbit/s x 0.25 = 3.125 GB/s = 45.18 s; load max(141.2/16, 35.3 GB per GPU / 2) = 35.3 s.
+    p = plan_pool(parse_config(text).pools[0], "aws")
+    assert p.start_phases["cold"] == {"boot": 120, "image": 120.0, "weights_to_nvme": 45.2,
+                                      "load_to_gpu": 35.3, "engine_init": 90, "register": 30}
+    assert p.start_seconds["cold"] == 440.5 and p.node_image["prepulled"] is False
+    # Pre-pulled (a build record for the file's AMI carries the pool's serving image): no
+    # pull; the 12 GB image unpacks to 24 GB read once from a lazily loaded EBS volume at
+    # 135 MB/s = 177.78 s.
+    with_ami = text.replace("      instance_type: p5.48xlarge\n", "      instance_type: "
+                            "p5.48xlarge\n      ami_id: ami-0123456789abcdef0\n")
+    _record("ami-0123456789abcdef0", "vllm/vllm-openai:v0.11.0")
+    p = plan_pool(parse_config(with_ami).pools[0], "aws")
+    assert "image" not in p.start_phases["cold"] and p.start_phases["cold"]["hydrate"] == 177.8
+    assert p.start_seconds["cold"] == 120 + 177.8 + 45.2 + 35.3 + 90 + 30  # 498.3
+    assert p.node_image == {"id": "ami-0123456789abcdef0", "prepulled": True,
+                            "source": "build record", "carries": "vllm/vllm-openai:v0.11.0",
+                            "digest": "sha256:" + "a" * 64}
+    # With a provisioned initialization rate of 300 MiB/s: 24e9 / (300 x 2^20) = 76.29 s.
+    fast = with_ami.replace("      ami_id:", "      volume_initialization_rate_mib_s: 300\n"
+                            "      ami_id:")
+    p = plan_pool(parse_config(fast).pools[0], "aws")
+    assert p.start_phases["cold"]["hydrate"] == 76.3
+    assert p.start_seconds["cold"] == round(120 + 76.3 + 45.2 + 35.3 + 90 + 30, 1)  # 396.8
+    # Warm stopped nodes keep their read root volume: neither pull nor hydrate.
+    assert p.start_phases["warm_stopped"]["image"] == 0.0
+    assert "hydrate" not in p.start_phases["warm_stopped"]
+    # A rollout to another serving image: the AMI no longer carries it; the node pulls.
+    other = with_ami.replace("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.1")
+    p = plan_pool(parse_config(other).pools[0], "aws")
+    assert p.start_phases["cold"]["image"] == 120.0 and p.node_image["prepulled"] is False
+
+
+def test_plan_phases_gcp_prepulled():
+    # pd-ssd reads 240 MiB/s: 24e9 / (240 x 2^20) = 95.37 s.
+    text = EXAMPLES[0].read_text().replace(
+        "      machine_type: a3-highgpu-8g\n",
+        "      machine_type: a3-highgpu-8g\n"
+        "      image: projects/acme-prod/global/images/acme-chat-70b-1\n")
+    _record("projects/acme-prod/global/images/acme-chat-70b-1", "vllm/vllm-openai:v0.11.0", "gcp")
+    p = plan_pool(parse_config(text).pools[0], "gcp")
+    assert p.start_phases["cold"]["hydrate"] == 95.4 and "image" not in p.start_phases["cold"]
+
+
+def test_records_are_private(tmp_path):
+    _record("ami-0123456789abcdef0", "x")
+    f = next((tmp_path / "home" / "images").glob("*.json"))
+    assert f.stat().st_mode & 0o777 == 0o600
+    assert json.loads(f.read_text())["serving_image"] == "x"
+
+
+def test_boot_hydrate_reads_every_layer_file(tmp_path):
+    """The boot script's hydrate step hands every file of the image's overlay2 layers to the
+    parallel readers (a stand-in `cat` lists what it was given)."""
+    from poolctl.bootscript import environment
+
+    env = environment()
+    src = ("#!/bin/bash\nset -Eeuo pipefail\nIMAGE=repo/img:v1\n"
+           + env.get_template("_lib.sh.j2").render() + env.get_template("_hydrate.sh.j2")
+           .render() + "phase hydrate hydrate_image\n")
+    layers = {"lower": ["a/b.so", "c"], "upper": ["d.py"], "merged": []}
+    for d, files in layers.items():
+        for rel in files:
+            (tmp_path / d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / d / rel).write_text("x")
+    data = {"LowerDir": str(tmp_path / "lower"), "UpperDir": str(tmp_path / "upper"),
+            "WorkDir": str(tmp_path / "merged")}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho '{json.dumps(data)}'\n")
+    (bin_dir / "cat").write_text(f"#!/bin/sh\nfor f; do echo \"$f\" >>{tmp_path}/read; done\n")
+    for t in bin_dir.iterdir():
+        t.chmod(0o755)
+    import os
+
+    res = subprocess.run(["bash", "-c", src], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^poolctl: phase=hydrate seconds=\d+$", res.stderr, re.M)
+    read = sorted(Path(p).relative_to(tmp_path).as_posix()
+                  for p in (tmp_path / "read").read_text().split())
+    assert read == ["lower/a/b.so", "lower/c", "upper/d.py"]
+
+
+@no_packer
+def test_dry_run_prints_files_and_command_only(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "# ---- gcp.pkr.hcl\n" in res.stdout and "# ---- provision.sh\n" in res.stdout
+    assert re.search(r"# would run in \S+/images/builds/acme-chat-70b-\d{8}-\d{6}: \S*packer "
+                     r"build -color=false -on-error=cleanup gcp.pkr.hcl", res.stdout)
+    assert f.read_text() == EXAMPLES[0].read_text()
+    assert not (tmp_path / "home" / "images").exists()

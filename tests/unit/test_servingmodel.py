@@ -1,0 +1,127 @@
+"""The serving model's numbers for the contract's Llama-70B example, worked out by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from poolctl.config import load_config, parse_config
+from poolctl.errors import UsageError
+from poolctl.servingmodel import replica_model
+from tests.configs import pool_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
+
+# Llama-3.1-70B, bf16, TP 2 on p5.48xlarge (H100 SXM), the module's default factors:
+P = 70.6e9  # parameters
+W_GPU = 70.6e9 * 2 / 2  # bytes of weights per GPU: 70.6 GB
+KV_GPU = 2 * 80 * (8 // 2) * 128 * 2  # K and V, 80 layers, 4 KV heads per GPU, bf16
+D = math.sqrt(70.6e9 / (12 * 80))  # hidden size estimated from N ~ 12 L d^2: 8,575.6
+FLOPS = 2 * 989e12 * 0.5  # 2 GPUs x dense BF16 peak x MFU 0.5
+HBM = 3.35e12 * 0.7  # one GPU's HBM bandwidth x MBU 0.7
+LINK = 900e9 / 2 * 0.7  # NVLink 4: 900 GB/s both ways, 450 one way, x 0.7
+OVERHEAD = 0.002
+
+
+def allreduce(tokens: int) -> float:
+    # 2 per layer x 80 layers; ring over 2 GPUs moves 2(2-1)/2 = 1 x the message; + 10 us each
+    return 2 * 80 * (tokens * D * 2 / LINK + 10e-6)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return replica_model(load_config(EXAMPLE).pools[0], "aws")
+
+
+def test_example_geometry(model):
+    assert KV_GPU == 163_840
+    assert model.kv_bytes_per_token_per_gpu == KV_GPU
+    assert model.weights_bytes_per_gpu == pytest.approx(W_GPU)
+    assert model.link_bytes_per_s == 450e9  # NVLink on p5, per direction
+
+
+def test_prefill_tokens_per_s_by_hand(model):
+    n = 2048
+    compute = (2 * P * n + 2 * 80 * D * n**2) / FLOPS  # 0.29822 s, attention ~2 % of it
+    memory = (W_GPU + n * KV_GPU) / HBM  # 30.3 ms: prefill is compute-bound
+    step = OVERHEAD + allreduce(n) + max(compute, memory)  # 2 + 19.45 + 298.22 ms
+    assert compute > memory
+    assert step == pytest.approx(0.3197, rel=1e-3)
+    assert model.prefill_tokens_per_s(n) == pytest.approx(n / step, rel=1e-9)
+    assert model.prefill_tokens_per_s(n) == pytest.approx(6407, rel=1e-3)
+
+
+def test_decode_step_at_batch_1_and_64_by_hand(model):
+    # Batch 1, 1,024 tokens of context: the weights dominate.
+    mem1 = (W_GPU + 1024 * KV_GPU) / HBM  # 30.178 ms
+    step1 = OVERHEAD + allreduce(1) + max(2 * P / FLOPS, mem1)  # 2 + 1.609 + 30.178
+    assert step1 == pytest.approx(0.033787, rel=1e-4)
+    assert model.decode_step_s(1, 1024) == pytest.approx(step1, rel=1e-9)
+    # Batch 64: 65,536 KV tokens (10.7 GB per GPU) join the weights; still memory-bound.
+    mem64 = (W_GPU + 64 * 1024 * KV_GPU) / HBM  # 34.685 ms
+    step64 = OVERHEAD + allreduce(64) + max(64 * 2 * P / FLOPS, mem64)  # 2 + 2.158 + 34.685
+    assert 64 * 2 * P / FLOPS < mem64
+    assert step64 == pytest.approx(0.038843, rel=1e-4)
+    assert model.decode_step_s(64, 1024) == pytest.approx(step64, rel=1e-9)
+
+
+def test_pcie_all_reduce_costs_more_than_nvlink(model):
+    pcie = dataclasses.replace(model, link_bytes_per_s=128e9 / 2)  # H100 PCIe Gen5
+    assert pcie.decode_step_s(64, 1024) > model.decode_step_s(64, 1024)
+    assert pcie.comm_s(8192) / model.comm_s(8192) > 3
+
+
+def _with_perf(perf: str):
+    text = pool_yaml(with_gcp=False).replace("    aws:\n", f"    perf:\n{perf}    aws:\n")
+    return parse_config(text).pools[0]
+
+
+def test_perf_factors_override_the_defaults():
+    pool = _with_perf("      decode_mbu: 0.5\n      step_overhead_ms: 0\n")
+    m = replica_model(pool, "aws")
+    assert m.decode_mbu == 0.5 and m.overhead_s == 0
+    assert m.memory_s(0) == pytest.approx(W_GPU / (3.35e12 * 0.5))
+
+
+def test_calibration_reproduces_the_measurements():
+    pool = _with_perf("      decode_ms_batch1: 30\n      decode_ms_batch64: 45\n"
+                      "      prefill_tokens_per_s: 8000\n")
+    m = replica_model(pool, "aws")
+    assert m.decode_step_s(1, 1024) * 1000 == pytest.approx(30, rel=1e-9)
+    assert m.decode_step_s(64, 1024) * 1000 == pytest.approx(45, rel=1e-9)
+    assert m.prefill_tokens_per_s(2048) == pytest.approx(8000, rel=1e-9)
+    assert 0 < m.decode_mbu < 1 and 0 < m.prefill_mfu < 1 and m.per_seq_s > 0
+
+
+@pytest.mark.parametrize(("perf", "key"), [
+    ("      decode_ms_batch1: 30\n      decode_ms_batch64: 30.01\n", "decode_ms_batch64"),
+    ("      decode_ms_batch1: 5\n      decode_ms_batch64: 9\n", "decode_ms_batch1"),
+    ("      prefill_tokens_per_s: 1000000\n", "prefill_tokens_per_s"),
+])
+def test_impossible_measurements_name_the_key(perf, key):
+    with pytest.raises(UsageError, match=rf"perf\.{key}"):
+        replica_model(_with_perf(perf), "aws")
+
+
+def test_half_a_decode_measurement_is_a_schema_error():
+    with pytest.raises(UsageError, match="perf"):
+        _with_perf("      decode_ms_batch1: 30\n")
+
+
+def test_every_catalog_gpu_has_compute_and_link_figures():
+    from poolctl.catalog import load_catalog
+
+    cat = load_catalog()
+    for row in cat.instance_types:
+        spec = cat.gpu_spec(row)  # KeyError if a GPU lacks its row
+        assert spec.sources and spec.bf16_tflops > 0 and spec.pcie_gbytes_s > 0
+        # An NVLink type's GPU has an NVLink figure; PCIe-only GPUs have none.
+        assert (spec.nvlink_gbytes_s is not None) == row.nvlink, row.name
+    # Dense peaks: half the datasheet's with-sparsity figures.
+    assert cat.gpu_specs["H100"].bf16_tflops == pytest.approx(1979 / 2, rel=1e-3)
+    assert cat.gpu_specs["H100"].fp8_tflops == pytest.approx(3958 / 2, rel=1e-3)
+    assert all(len(s.sources) == 1 for s in cat.gpu_specs.values())  # no split on commas
