@@ -12,13 +12,25 @@ import sys
 import typer
 
 from poolctl import __version__
-from poolctl.commands import build, check, image, nodes, ops, quota, rollout, sandbox, simulate
+from poolctl.commands import (
+    build,
+    catalog,
+    check,
+    image,
+    init,
+    nodes,
+    ops,
+    quota,
+    rollout,
+    sandbox,
+    simulate,
+)
 
 app = typer.Typer(
     name="poolctl",
     help="Provision and operate GPU inference pools on AWS and GCP through Terraform.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     # Plain click help: rich's help renderer alone costs ~100 ms of start-up.
     rich_markup_mode=None,
@@ -27,6 +39,8 @@ app = typer.Typer(
 app.command()(check.validate)
 app.command()(check.plan)
 app.command()(check.schema)
+app.command()(catalog.catalog)
+app.command()(init.init)
 app.command()(simulate.simulate)
 app.command()(build.synth)
 app.command()(build.deploy)
@@ -40,13 +54,18 @@ app.add_typer(nodes.app, name="nodes")
 app.add_typer(image.app, name="image")
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         sys.stdout.write(f"poolctl {__version__}\n")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    # eager: handled while parsing, before click asks for a command
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.",
+                                 callback=_print_version, is_eager=True),
+) -> None:
     from poolctl.envcheck import check_environment
 
     # Before any command acts: a bad POOLCTL_* value must not surface halfway through one.

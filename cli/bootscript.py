@@ -32,7 +32,6 @@ import jinja2
 from poolctl import formats, naming
 from poolctl.catalog import load_catalog
 from poolctl.config import Config, Pool
-from poolctl.errors import UsageError
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
 # Compute Engine caps one metadata value, the startup-script, at 256 KB (GCE docs, "About VM
@@ -80,25 +79,15 @@ def _registry(image: str, cloud: str) -> dict:
 
 def context(cfg: Config, pool: Pool, cloud: str) -> dict:
     """Every value the templates need for this pool and cloud, and nothing they do not use
-    (a test removes each key in turn and expects the render to fail)."""
-    if cloud not in ("aws", "gcp"):
-        raise UsageError(f"--cloud: {cloud!r} is not a cloud; use aws or gcp")
-    idx = next(i for i, p in enumerate(cfg.pools) if p.name == pool.name)
-    key = f"pools[{idx}].{cloud}"
+    (a test removes each key in turn and expects the render to fail).
+
+    It checks nothing: `cfg.targets` picks placements that exist, and the rules (`validate`,
+    and `poolctl.stacks.app` before it synthesizes) refuse a type outside the catalog and a
+    tensor_parallel that does not divide its GPUs."""
     placement = pool.placement(cloud)
-    if placement is None:
-        raise UsageError(f"{key}: pool {pool.name!r} has no {cloud} placement; add a `{cloud}:` "
-                         f"block or pick --cloud {'gcp' if cloud == 'aws' else 'aws'}")
     type_name = placement.instance_type if cloud == "aws" else placement.machine_type
     row = load_catalog().get(cloud, type_name)
-    if row is None:
-        field = "instance_type" if cloud == "aws" else "machine_type"
-        raise UsageError(f"{key}.{field}: {type_name!r} is not in the catalog; use one of "
-                         f"{', '.join(load_catalog().names(cloud))}")
     s = pool.serving
-    if s.tensor_parallel <= 0 or row.gpus % s.tensor_parallel:
-        raise UsageError(f"pools[{idx}].serving.tensor_parallel: {s.tensor_parallel} does not "
-                         f"divide the {row.gpus} GPUs of {type_name}; use 1, 2, 4 or 8")
     secret = pool.api_key_secret(cloud)
     ctx = {
         "cloud": cloud,
@@ -144,7 +133,7 @@ def context(cfg: Config, pool: Pool, cloud: str) -> dict:
     return ctx
 
 
-def render_unchecked(cfg: Config, pool: Pool, cloud: str) -> str:
+def render_boot_script(cfg: Config, pool: Pool, cloud: str) -> str:
     """The boot script, whatever its size (the `boot-script-size` rule measures it)."""
     return environment().get_template("node.sh.j2").render(context(cfg, pool, cloud))
 
@@ -154,14 +143,6 @@ def size_problem(size: int, cloud: str) -> str | None:
     if size <= limit:
         return None
     return f"the boot script is {size} bytes, over {BOOT_SCRIPT_NAMES[cloud]} limit of {limit}"
-
-
-def render_boot_script(cfg: Config, pool: Pool, cloud: str) -> str:
-    text = render_unchecked(cfg, pool, cloud)
-    if problem := size_problem(len(text.encode()), cloud):
-        idx = next(i for i, p in enumerate(cfg.pools) if p.name == pool.name)
-        raise UsageError(f"pools[{idx}].serving.extra_args: {problem}; shorten the args")
-    return text
 
 
 def render_nvme_script(

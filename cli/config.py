@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
@@ -18,8 +19,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     Strict,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -86,7 +89,7 @@ def invalid(title: str, loc: tuple, message: str, value) -> ValidationError:
     return ValidationError.from_exception_data(
         title, [InitErrorDetails(type=err, loc=loc, input=value)]
     )
-Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4"]
+Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4", "mxfp4"]
 # Bytes per element: weights use the model dtype, the KV cache its own (see kv_cache_dtype).
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
@@ -95,6 +98,7 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1,
     "int8": 1,
     "int4": 0.5,
+    "mxfp4": 4.25 / 8,  # 4-bit values plus one 8-bit scale per 32 (OCP microscaling)
 }
 
 
@@ -105,21 +109,87 @@ class CoreModel(BaseModel):
 
 
 class Model(CoreModel):
+    """The served model. A preset (`poolctl catalog`) or `config_json` fills the
+    architecture fields; fields written here override both."""
+
     id: ModelId = Field(
-        description="Model id as the serving image loads it (Hugging Face style)."
+        description="Model id as the serving image loads it (Hugging Face style); a preset id "
+        "(see `poolctl catalog`) fills the fields below."
     )
     version: str = Field(
         default="1",
         description="Version label of the weights; `rollout start --model-version` changes it.",
     )
-    params_b: Num = Field(gt=0, le=100_000, description="Parameters in billions.")
-    dtype: Dtype = Field(description="Weight dtype; sets bytes per parameter.")
-    layers: Int = Field(gt=0, le=10_000, description="Transformer layers (KV cache is per layer).")
-    kv_heads: Int = Field(
-        gt=0, le=10_000,
+    config_json: str | None = Field(
+        default=None, max_length=4096,
+        description="Path (relative to this file) of the model's Hugging Face config.json: "
+        "layers, heads, head_dim and dtype are read from it, params_b estimated from its "
+        "shapes unless given here.",
+    )
+    params_b: Num | None = Field(
+        default=None, gt=0, le=100_000,
+        description="Parameters in billions (all experts of a mixture of experts).",
+    )
+    dtype: Dtype | None = Field(default=None, description="Weight dtype; sets bytes per parameter.")
+    layers: Int | None = Field(
+        default=None, gt=0, le=10_000, description="Transformer layers (KV cache is per layer)."
+    )
+    attention_heads: Int | None = Field(
+        default=None, gt=0, le=10_000,
+        description="Query heads (num_attention_heads); checks kv_heads.",
+    )
+    kv_heads: Int | None = Field(
+        default=None, gt=0, le=10_000,
         description="Key/value heads (GQA groups), not query heads.",
     )
-    head_dim: Int = Field(gt=0, le=65_536, description="Dimension of one attention head.")
+    head_dim: Int | None = Field(
+        default=None, gt=0, le=65_536, description="Dimension of one attention head."
+    )
+    # Where each architecture field came from ("preset", "config.json" or "file").
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _fill(cls, data, handler, info: ValidationInfo) -> Model:
+        if not isinstance(data, dict):
+            return handler(data)
+        from poolctl import models
+
+        # lowest precedence first: the preset, then config.json, then the file's own keys
+        tiers: list[tuple[str, dict]] = []
+        mid = data.get("id")
+        row = models.preset(mid) if isinstance(mid, str) else None
+        if row is not None:
+            tiers.append(("preset", row.model_dump(include=set(models.ARCH_FIELDS))))
+        path = data.get("config_json")
+        if isinstance(path, str) and path:
+            base = Path((info.context or {}).get("base_dir", "."))
+            try:
+                tiers.append(("config.json", models.read_hf_config(base / path, path)))
+            except ValueError as e:
+                raise invalid("Model", ("config_json",), str(e), path) from None
+        tiers.append(("file", {k: data[k] for k in models.ARCH_FIELDS if k in data}))
+        merged, sources = dict(data), {}
+        for name, values in tiers:
+            merged.update(values)
+            sources.update(dict.fromkeys(values, name))
+        m = handler(merged)
+        missing = [k for k in models.ARCH_FIELDS
+                   if k != "attention_heads" and getattr(m, k) is None]
+        if missing:
+            need = ", ".join(f"model.{k}" for k in missing)
+            if path:
+                raise invalid("Model", ("config_json",),
+                              f"{path} does not give {need}; add them to the file", path)
+            raise invalid("Model", ("id",),
+                          f"no preset for {m.id!r}{models.suggest_model(m.id)}; use a preset id "
+                          f"(`poolctl catalog`), or give {need} (or model.config_json)", m.id)
+        m._sources = {k: v for k, v in sources.items() if k in models.ARCH_FIELDS}
+        return m
+
+    def source_of(self, field: str) -> str:
+        """Where `field` came from: "preset", "config.json" or "file"."""
+        return self._sources.get(field, "file")
 
 
 class ApiKeySecrets(CoreModel):
@@ -573,6 +643,17 @@ class Config(CoreModel):
                 raise invalid("Config", loc, problem, value)
         return self
 
+    # Set by parse_config: the file's name and the line of every key path, so that rule
+    # findings point at a line as schema errors do.
+    _source: str = PrivateAttr(default="")
+    _lines: dict = PrivateAttr(default_factory=dict)
+
+    def where(self, key: str) -> str:
+        """'FILE:LINE' of a key path like pools[0].serving.tensor_parallel ('' if unknown)."""
+        loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", key))
+        line = _line_of(self._lines, loc)
+        return f"{self._source}:{line}" if line and self._source else self._source
+
     def select(self, pool: str | None) -> list[Pool]:
         if pool is None:
             return list(self.pools)
@@ -755,42 +836,108 @@ def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected a mapping with `project` and `pools` at the top")
     try:
-        return Config.model_validate(data)
+        # model.config_json is relative to the file that names it
+        cfg = Config.model_validate(data, context={"base_dir": Path(source).parent})
     except ValidationError as e:
         msgs = []
         for err in e.errors():
             loc = _clean_loc(err["loc"])
-            line = None
-            for n in range(len(loc), 0, -1):
-                if loc[:n] in lines:
-                    line = lines[loc[:n]]
-                    break
+            line = _line_of(lines, loc)
             where = f"{source}:{line}" if line else source
             msgs.append(f"{where}: {format_loc(loc) or '(top)'}: {_hint(err)}")
         raise UsageError("\n".join(msgs)) from None
+    cfg._source, cfg._lines = source, lines
+    return cfg
+
+
+def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
+    """The line of `loc`, or of its nearest parent written in the file."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
 
 
 def _shown(value) -> str:
     """A value as error messages quote it: repr, cut short (it may be huge or hostile)."""
+    if isinstance(value, bool):
+        return str(value).lower()  # as YAML writes it
     text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# pydantic's error kinds, in plain words ({...} from the error's context).
+_PLAIN = {
+    "greater_than": "must be more than {gt}",
+    "greater_than_equal": "must be {ge} or more",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be {le} or less",
+    "finite_number": "must be a finite number",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be text (quote it)",
+    "list_type": "must be a list ([a, b] or '- ' lines)",
+    "dict_type": "must be a mapping of keys",
+    "model_type": "must be a mapping of keys",
+    "model_attributes_type": "must be a mapping of keys",
+    "too_short": "needs at least {min_length} item(s)",
+    "too_long": "takes at most {max_length} item(s)",
+    "string_too_short": "must be at least {min_length} character(s)",
+    "string_too_long": "must be at most {max_length} characters",
+}
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The config model class that holds the key at `loc` (for the keys it allows)."""
+    cls: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if cls else None
+        if field is None:
+            return None
+        stack, cls = [field.annotation], None
+        while stack:  # the first model class inside list[...] / X | None / Annotated[...]
+            t = stack.pop(0)
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                cls = t
+                break
+            stack += list(typing.get_args(t))
+    return cls
+
+
 def _hint(err: dict) -> str:
-    kind = err["type"]
+    from poolctl.models import did_you_mean
+
+    kind, value = err["type"], err.get("input")
+    got = f"; got {_shown(value)}" if "input" in err else ""
     if kind == "extra_forbidden":
-        return "unknown key; remove it or check its spelling (see `poolctl schema`)"
+        loc = _clean_loc(err["loc"])
+        cls = _model_at(loc)
+        maybe = did_you_mean(str(loc[-1]), list(cls.model_fields)) if cls else ""
+        return f"unknown key{maybe}; remove it or fix its spelling (keys: `poolctl schema`)"
     if kind == "missing":
         return "required key is missing; add it"
     if kind == "literal_error":
-        return f"{err['msg'].lower()}; got {_shown(err.get('input'))}"
+        expected = err.get("ctx", {}).get("expected", "")
+        choices = re.findall(r"'([^']*)'", expected)
+        maybe = did_you_mean(str(value), choices) if isinstance(value, str) else ""
+        return f"must be one of {expected}{maybe}{got}"
     if kind == "string_pattern_mismatch":
-        return f"{_shown(err.get('input'))} must be lowercase letters, digits and '-' (max 40)"
-    if kind in ("int_type", "float_type", "bool_type") and isinstance(err.get("input"), bool):
-        return f"{err['msg'].lower()}, not true/false; got {_shown(err['input'])}"
-    msg = err["msg"]
-    msg = re.sub(r"^Value error, ", "", msg)
-    return f"{msg}; got {_shown(err['input'])}" if "input" in err else msg
+        return f"{_shown(value)} must be lowercase letters, digits and '-' (max 40)"
+    if kind in ("int_type", "float_type") and isinstance(value, bool):
+        return f"must be a number, not true/false{got}"
+    if kind in _PLAIN:
+        return _PLAIN[kind].format(**err.get("ctx", {})) + got
+    msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
+    if kind == "invalid" and (_shown(value) in msg or str(value) in msg):
+        return msg  # the message quotes the value already
+    return msg + got
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:

@@ -28,10 +28,12 @@ class Finding:
     key: str
     message: str
     hint: str
+    where: str = ""  # FILE:LINE of the key, when the config was read from a file
 
     def line(self) -> str:
-        where = f"{self.pool}/{self.cloud}" if self.cloud else self.pool
-        return f"{self.severity}: [{self.check}] {where}: {self.key}: {self.message}; {self.hint}"
+        target = f"{self.pool}/{self.cloud}" if self.cloud else self.pool
+        text = f"{self.severity}: [{self.check}] {target}: {self.key}: {self.message}; {self.hint}"
+        return f"{self.where}: {text}" if self.where else text
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -60,7 +62,9 @@ class Ctx:
         return f"pools[{self.index}].{path}"
 
     def find(self, check: str, severity: Severity, path: str, message: str, hint: str) -> Finding:
-        return Finding(check, severity, self.pool.name, self.cloud, self.key(path), message, hint)
+        key = self.key(path)
+        return Finding(check, severity, self.pool.name, self.cloud, key, message, hint,
+                       self.cfg.where(key))
 
 
 CheckFn = Callable[[Ctx], Iterable[Finding]]
@@ -107,6 +111,60 @@ def _tp(c: Ctx):
             f"{tp} GPUs cannot split {kvh} KV heads evenly",
             "pick a tensor_parallel that divides model.kv_heads, or a multiple of it",
         )
+
+
+# KV cache per token that differs from the preset's by more than this factor is a typo (a
+# query-head count as kv_heads, hidden_size as head_dim), not a fine-tune: fine-tunes keep the
+# architecture.
+KV_PRESET_FACTOR = 2.0
+
+
+@check("model-shape", "the model's heads and KV figures are consistent (and match its preset)",
+       "pool")
+def _model_shape(c: Ctx):
+    from poolctl.models import preset
+
+    m = c.pool.model
+    if m.attention_heads and (m.kv_heads > m.attention_heads or m.attention_heads % m.kv_heads):
+        yield c.find(
+            "model-shape", "error", "model.kv_heads",
+            f"{m.kv_heads} KV heads cannot serve {m.attention_heads} attention heads (each KV "
+            "head serves a whole group of query heads)",
+            "set kv_heads to num_key_value_heads from the model's config.json (a divisor of "
+            "attention_heads)",
+        )
+    row = preset(m.id)
+    if row is not None:
+        mine = 2 * m.layers * m.kv_heads * m.head_dim
+        ratio = mine / row.kv_elements_per_token()
+        if not 1 / KV_PRESET_FACTOR <= ratio <= KV_PRESET_FACTOR:
+            yield c.find(
+                "model-shape", "error", f"model.{_kv_culprit(m, row)}",
+                f"layers {m.layers} x kv_heads {m.kv_heads} x head_dim {m.head_dim} gives "
+                f"{ratio:.1f}x the KV cache per token of {row.id} (layers {row.layers}, "
+                f"kv_heads {row.kv_heads}, head_dim {row.head_dim}, from {row.source})",
+                "remove layers/kv_heads/head_dim to use the preset, or correct them",
+            )
+        if c.pool.serving.max_model_len > row.max_context:
+            yield c.find(
+                "model-shape", "warning", "serving.max_model_len",
+                f"{c.pool.serving.max_model_len} tokens is past {row.id}'s "
+                f"max_position_embeddings {row.max_context}: vLLM refuses to start",
+                f"lower it to {row.max_context} or less (or enable rope scaling in extra_args)",
+            )
+    if m.config_json and m.source_of("params_b") == "config.json":
+        yield c.find(
+            "model-shape", "info", "model.params_b",
+            f"{m.params_b} B estimated from the shapes in {m.config_json}",
+            "write model.params_b (the model card's count) to use the exact figure",
+        )
+
+
+def _kv_culprit(m, row) -> str:
+    """The KV field furthest from the preset, to name it as the key to fix."""
+    diffs = {f: max(getattr(m, f), getattr(row, f)) / min(getattr(m, f), getattr(row, f))
+             for f in ("kv_heads", "head_dim", "layers")}
+    return max(diffs, key=diffs.get)
 
 
 @check("replica-bounds", "min_replicas <= max_replicas", "pool")
@@ -162,10 +220,13 @@ def _checkpoints(c: Ctx):
 def _nvlink(c: Ctx):
     name = c.pool.aws.instance_type if c.cloud == "aws" else c.pool.gcp.machine_type
     if c.row is None:
-        known = ", ".join(load_catalog().names(c.cloud))
+        from poolctl.models import did_you_mean
+
+        known = load_catalog().names(c.cloud)
         yield c.find(
             "nvlink-8gpu", "error", _type_key(c.cloud),
-            f"{name!r} is not in the catalog", f"use one of: {known}",
+            f"{name!r} is not in the catalog{did_you_mean(name, known)}",
+            f"use one of: {', '.join(known)} (`poolctl catalog`)",
         )
         return
     if not c.row.nvlink or c.row.gpus != 8:
@@ -263,7 +324,7 @@ def _boot_size(c: Ctx):
         return
     from poolctl import bootscript
 
-    size = len(bootscript.render_unchecked(c.cfg, c.pool, c.cloud).encode())
+    size = len(bootscript.render_boot_script(c.cfg, c.pool, c.cloud).encode())
     if problem := bootscript.size_problem(size, c.cloud):
         yield c.find(
             "boot-script-size", "error", "serving.extra_args", problem,
@@ -437,3 +498,15 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, str]],
 
 def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
+
+
+def refuse_invalid(cfg: Config, targets: list[tuple[Pool, str]]) -> None:
+    """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
+    rollout's apply): the rules `validate` runs. The stacks and the boot script check
+    nothing, so what the rules accept synthesizes and what they refuse never gets there."""
+    from poolctl.errors import OperationFailed
+
+    errs = errors(run_checks(cfg, targets))
+    if errs:
+        raise OperationFailed(f"{errs[0].line()} ({len(errs)} rule(s) failed: run `poolctl "
+                              "validate`); nothing was synthesized")

@@ -26,7 +26,9 @@ def stack_class(cloud: str):
 
 def add_stacks(app, cfg: Config, targets: list[tuple[Pool, str]]) -> list[str]:
     from poolctl.bootscript import render_boot_script
+    from poolctl.rules import refuse_invalid
 
+    refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
     names = []
     for pool, cloud in targets:
         name = naming.stack_name(cfg, pool, cloud)
@@ -56,13 +58,40 @@ def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, str]]]]:
     return out
 
 
+def user_config() -> tuple[Config, list[tuple[Pool, str]]] | None:
+    """In a user's repository (`poolctl init`): $POOLCTL_FILE or ./poolctl.yaml, every
+    placement, refused on a failed rule as `poolctl synth` refuses it. None in this one."""
+    if os.environ.get("POOLCTL_EXAMPLES_ROOT"):
+        return None
+    path = os.environ.get("POOLCTL_FILE") or "poolctl.yaml"
+    if not os.environ.get("POOLCTL_FILE") and not Path(path).is_file():
+        return None
+    from poolctl.rules import refuse_invalid
+
+    cfg = load_config(path)
+    targets = cfg.targets(None, None)
+    refuse_invalid(cfg, targets)  # here too, before App() creates the out dir
+    return cfg, targets
+
+
 def main() -> None:
-    """`cdktf synth` at the repository root: every example, every placement."""
+    """`cdktf synth`: the user's poolctl.yaml (see user_config), else, at this repository's
+    root, every example, every placement."""
+    import sys
+
     from cdktf import App
 
-    app = App()  # cdktf CLI passes the out dir through CDKTF_OUTDIR
-    root = Path(os.environ.get("POOLCTL_EXAMPLES_ROOT", "."))
-    for cfg, targets in example_configs(root):
+    from poolctl.errors import PoolctlError
+
+    try:
+        mine = user_config()
+        configs = [mine] if mine else example_configs(
+            Path(os.environ.get("POOLCTL_EXAMPLES_ROOT", ".")))
+    except PoolctlError as e:  # one line per problem, as the poolctl command prints them
+        sys.stderr.write("".join(f"poolctl: {line}\n" for line in str(e).splitlines()))
+        sys.exit(e.exit_code)
+    app = App()  # after the checks: it creates the out dir (CDKTF_OUTDIR, from the cdktf CLI)
+    for cfg, targets in configs:
         add_stacks(app, cfg, targets)
     app.synth()
 

@@ -19,8 +19,6 @@ version as the group's until the refresh succeeds, and a rollback really goes ba
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +28,7 @@ from poolctl import naming
 from poolctl.catalog import load_catalog
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RolloutState
 from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
@@ -54,19 +53,6 @@ def quota_code(instance_type: str) -> str | None:
     if family[:1] in STANDARD_FAMILIES and not family.startswith(("trn", "inf", "dl")):
         return QUOTA_STANDARD
     return None
-
-
-def live_refresh_percentages(desired: int, surge_nodes: int, no_surge: bool) -> tuple[int, int]:
-    """(MinHealthyPercentage, MaxHealthyPercentage) for the group's desired capacity now.
-
-    With surge, exactly `surge_nodes` extra nodes (floor(d * max / 100) - d) and none out of
-    service; without, one node out of service at a time (d - ceil(d * min / 100) = 1).
-    The stack's defaults assume the file's minimum; a rollout sees the live size.
-    """
-    d = max(desired, 1)
-    if surge_nodes and not no_surge:
-        return 100, min(200, 100 + math.ceil(100 * surge_nodes / d))
-    return (100 * (d - 1)) // d, 100
 
 
 def retry_config() -> Any:
@@ -427,40 +413,10 @@ class AwsOps:
     def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
                           ) -> dict[str, str]:
         running, _ = self._resolved_version(group)
-        min_h, max_h = live_refresh_percentages(group.desired_nodes, plan.nodes["surge"],
-                                                no_surge)
-        env = {
-            "TF_VAR_launch_template_version": running,
-            "TF_VAR_min_nodes": str(group.min_nodes),
-            "TF_VAR_refresh_min_healthy_percentage": str(min_h),
-            "TF_VAR_refresh_max_healthy_percentage": str(max_h),
-        }
-        if plan.nodes["warm"]:
-            env["TF_VAR_warm_nodes"] = str(group.warm_min_nodes)
-        return env
-
-    @staticmethod
-    def stack_preferences(stack_dir: Path | None) -> dict[str, Any]:
-        """The instance_refresh preferences of the synthesized stack, as API parameters."""
-        if stack_dir is None:
-            return {}
-        try:
-            doc = json.loads((Path(stack_dir) / "cdk.tf.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        for res in doc.get("resource", {}).get("aws_autoscaling_group", {}).values():
-            prefs = ((res.get("instance_refresh") or {}).get("preferences")) or {}
-            names = {
-                "checkpoint_percentages": ("CheckpointPercentages", list),
-                "checkpoint_delay": ("CheckpointDelay", int),
-                "instance_warmup": ("InstanceWarmup", int),
-                "auto_rollback": ("AutoRollback", bool),
-                "skip_matching": ("SkipMatching", bool),
-                "scale_in_protected_instances": ("ScaleInProtectedInstances", str),
-                "standby_instances": ("StandbyInstances", str),
-            }
-            return {api: conv(prefs[k]) for k, (api, conv) in names.items() if k in prefs}
-        return {}
+        return contract.rollout_env(
+            plan, running_version=running, min_nodes=group.min_nodes,
+            desired_nodes=group.desired_nodes, warm_min_nodes=group.warm_min_nodes,
+            no_surge=no_surge)
 
     def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
                       no_surge: bool, stack_dir: Path | None) -> RolloutState | None:
@@ -470,20 +426,9 @@ class AwsOps:
             # provider starts one itself when the group was not pinned, e.g. on $Latest).
             state = self.rollout_state(group)
             return state if state is not None and not state.done else None
-        prefs = {
-            "CheckpointPercentages": list(pool.rollout.checkpoints),
-            "CheckpointDelay": pool.rollout.checkpoint_delay_s,
-            "InstanceWarmup": int(plan.start_seconds["cold"]),
-            "AutoRollback": True, "SkipMatching": True,
-            "ScaleInProtectedInstances": "Refresh", "StandbyInstances": "Terminate",
-        }
-        prefs.update(self.stack_preferences(stack_dir))
-        min_h, max_h = live_refresh_percentages(group.desired_nodes, plan.nodes["surge"],
-                                                no_surge)
-        prefs.update(MinHealthyPercentage=min_h, MaxHealthyPercentage=max_h)
-        if prefs.get("CheckpointPercentages") == [100]:
-            prefs.pop("CheckpointPercentages")  # one batch to the end: no pause needed
-            prefs.pop("CheckpointDelay", None)
+        # The stack's own preferences (the same function wrote them), sized for now.
+        prefs = contract.refresh_api_preferences(pool, plan, desired=group.desired_nodes,
+                                                 no_surge=no_surge)
         asg = self.client("autoscaling", group.region)
         desired = {"LaunchTemplate": {"LaunchTemplateId": group.template,
                                       "Version": str(latest)}}

@@ -53,6 +53,7 @@ from typing import Any
 from poolctl import naming
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RolloutState
 from poolctl.config import Config, Pool
+from poolctl.contract import gcp as contract
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
@@ -708,15 +709,13 @@ class GcpOps:
         the autoscaler's bounds and the standby size as `warm` left them, and with
         `no_surge` an update that replaces one VM per zone at a time instead of surging (a
         regional MIG takes a fixed surge/unavailable of 0 or at least its zone count).
-        Terraform ignores TF_VAR_ variables a stack does not declare."""
-        env = {"TF_VAR_min_nodes": str(group.min_nodes),
-               "TF_VAR_max_nodes": str(group.max_nodes),
-               "TF_VAR_warm_nodes": str(group.warm_min_nodes)}
+        Names and values: poolctl.contract.gcp, which the stack declares them from."""
+        zones = None
         if no_surge:
             project, region, name = self._mig_ref(group)
             zones = len(self._get_mig(project, region, name).distribution_policy.zones) or 1
-            env.update(TF_VAR_max_surge_fixed="0", TF_VAR_max_unavailable_fixed=str(zones))
-        return env
+        return contract.rollout_env(min_nodes=group.min_nodes, max_nodes=group.max_nodes,
+                                    warm_min_nodes=group.warm_min_nodes, no_surge_zones=zones)
 
     def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
                       no_surge: bool, stack_dir: Path | None) -> RolloutState | None:

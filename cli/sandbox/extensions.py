@@ -95,6 +95,10 @@ reference documents it, within the limits said here.
    type (InvalidArgsException); the key is kept for 60 seconds. The node side of Instance
    Connect (sshd's AuthorizedKeysCommand reading the pushed keys from the instance metadata)
    is GET /_poolctl/instance-connect?instance_id=I&user=U: the keys still valid, one a line.
+   EC2 Instance Connect Endpoints (`aws.node_access: instance-connect`; moto has none):
+   CreateInstanceConnectEndpoint (the subnet must exist; create-complete at once),
+   DescribeInstanceConnectEndpoints (by id; an unknown id is
+   InvalidInstanceConnectEndpointId.NotFound) and DeleteInstanceConnectEndpoint.
 
 6. Admin endpoints under /_poolctl/ (loopback only, no AWS equivalent):
    GET /_poolctl/health; GET|POST|DELETE /_poolctl/quotas (POST body
@@ -142,6 +146,7 @@ EXTENSIONS = (
     "admin-endpoints",
     "admin-endpoints.faults",
     "ec2-instance-connect.send-ssh-public-key",
+    "ec2.instance-connect-endpoints",
 )
 
 # One lock for everything below: moto's server is threaded and these extensions mutate
@@ -1570,6 +1575,69 @@ def _send_ssh_public_key(self: Any) -> str:
     return json.dumps({"RequestId": str(uuid.uuid4()), "Success": True})
 
 
+def _eic_endpoints(backend: Any) -> dict[str, dict[str, Any]]:
+    return _store(backend, "_poolctl_eic_endpoints", dict)
+
+
+def _eic_endpoint_missing(endpoint_id: str) -> Exception:
+    from moto.ec2.exceptions import EC2ClientError
+
+    return EC2ClientError("InvalidInstanceConnectEndpointId.NotFound",
+                          f"The instance connect endpoint ID '{endpoint_id}' does not exist")
+
+
+def _create_instance_connect_endpoint(self: Any) -> Any:
+    from moto.core.responses import ActionResult
+    from moto.ec2.utils import add_tag_specification
+
+    subnet = self.ec2_backend.get_subnet(self._get_param("SubnetId"))
+    endpoint_id = f"eice-{uuid.uuid4().hex[:17]}"
+    region, account = self.region, self.current_account
+    endpoint = {
+        "OwnerId": account, "InstanceConnectEndpointId": endpoint_id,
+        "InstanceConnectEndpointArn":
+            f"arn:aws:ec2:{region}:{account}:instance-connect-endpoint/{endpoint_id}",
+        "State": "create-complete", "StateMessage": "",
+        "DnsName": f"{endpoint_id}.{account}.ec2-instance-connect-endpoint.{region}"
+                   ".amazonaws.com",
+        "NetworkInterfaceIds": [], "VpcId": subnet.vpc_id,
+        "AvailabilityZone": subnet.availability_zone, "CreatedAt": _now(),
+        "SubnetId": subnet.id,
+        "PreserveClientIp": self._get_bool_param("PreserveClientIp", if_none=False),
+        "SecurityGroupIds": self._get_param("SecurityGroupIds", []),
+        "IpAddressType": "ipv4",
+        "Tags": [{"Key": k, "Value": v} for k, v in add_tag_specification(
+            self._get_param("TagSpecifications", [])).items()],
+    }
+    with _LOCK:
+        _eic_endpoints(self.ec2_backend)[endpoint_id] = endpoint
+    return ActionResult({"InstanceConnectEndpoint": endpoint})
+
+
+def _describe_instance_connect_endpoints(self: Any) -> Any:
+    from moto.core.responses import ActionResult
+
+    ids = self._get_param("InstanceConnectEndpointIds", [])
+    with _LOCK:
+        known = _eic_endpoints(self.ec2_backend)
+        for endpoint_id in ids:
+            if endpoint_id not in known:
+                raise _eic_endpoint_missing(endpoint_id)
+        found = [e for i, e in known.items() if not ids or i in ids]
+    return ActionResult({"InstanceConnectEndpoints": found})
+
+
+def _delete_instance_connect_endpoint(self: Any) -> Any:
+    from moto.core.responses import ActionResult
+
+    endpoint_id = self._get_param("InstanceConnectEndpointId")
+    with _LOCK:
+        endpoint = _eic_endpoints(self.ec2_backend).pop(endpoint_id, None)
+    if endpoint is None:
+        raise _eic_endpoint_missing(endpoint_id)
+    return ActionResult({"InstanceConnectEndpoint": {**endpoint, "State": "delete-complete"}})
+
+
 def instance_connect_keys(instance_id: str, user: str) -> list[str]:
     now = time.time()
     with _LOCK:
@@ -1887,4 +1955,9 @@ def install() -> None:
     from moto.ec2instanceconnect.responses import Ec2InstanceConnectResponse
 
     Ec2InstanceConnectResponse.send_ssh_public_key = _send_ssh_public_key
+    from moto.ec2.responses import EC2Response
+
+    EC2Response.create_instance_connect_endpoint = _create_instance_connect_endpoint
+    EC2Response.describe_instance_connect_endpoints = _describe_instance_connect_endpoints
+    EC2Response.delete_instance_connect_endpoint = _delete_instance_connect_endpoint
     _installed = True

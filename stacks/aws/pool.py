@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import math
 
 from cdktf import Op, TerraformVariable
 from constructs import Construct
@@ -11,20 +10,9 @@ from constructs import Construct
 from poolctl import naming
 from poolctl.catalog import InstanceType
 from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan
 from poolctl.stacks._providers import aws
-
-
-def refresh_percentages(plan: PoolPlan) -> tuple[int, int]:
-    """Instance-refresh (min healthy %, max healthy %) from the rollout surge.
-
-    With surge, new nodes come up before old ones leave (min 100 %, max 100 + surge share of
-    the smallest pool); without, one node at a time goes down.
-    """
-    base = max(plan.nodes["min"], 1)
-    if plan.nodes["surge"]:
-        return 100, min(200, 100 + math.ceil(100 * plan.nodes["surge"] / base))
-    return max(0, (100 * (base - 1)) // base), 100
 
 
 class LoadBalancer(Construct):
@@ -151,19 +139,24 @@ class NodeGroup(Construct):
         if placement.node_access == "instance-connect":
             self._instance_connect(name=name, vpc_id=vpc_id, subnet_id=subnet_ids[0], tags=tags)
 
-        # The AMI: given in the file, or resolved from SSM at deploy time. A variable lets
-        # `deploy --sandbox` pass the emulator's image without changing the synthesized file.
-        # `ami_id` is the raw value: Terraform reads variable defaults literally.
-        ami_var = TerraformVariable(
-            self, "node_ami_id", type="string", default=ami_id or "",
-            description="Node image; empty resolves ami_ssm_parameter.",
-        )
-        ami_var.override_logical_id("node_ami_id")
+        # Variables (names, defaults: poolctl.contract.aws): `deploy` uses the defaults (the
+        # file's sizes); runtime commands pass TF_VAR_... so that an apply they run keeps what
+        # they changed at runtime (`warm` sizes, `rollout start --no-surge`, the running
+        # launch template version), and `deploy --sandbox` passes the emulator's AMI without
+        # changing the synthesized file.
+        v = {}
+        for spec, default in contract.stack_variables(plan, ami_id):
+            v[spec.name] = TerraformVariable(self, spec.name, type=spec.type, default=default,
+                                             description=spec.description)
+            v[spec.name].override_logical_id(spec.name)  # a stable name for TF_VAR_<name>
+
+        # The AMI: given in the file, or resolved from SSM at deploy time.
         ssm = aws("data_aws_ssm_parameter").DataAwsSsmParameter(
             self, "ami", name=placement.ami_ssm_parameter,
         )
-        ssm.add_override("count", '${var.node_ami_id == "" ? 1 : 0}')
-        image_id = ('${var.node_ami_id != "" ? var.node_ami_id : '
+        ami = contract.NODE_AMI_ID.name
+        ssm.add_override("count", f'${{var.{ami} == "" ? 1 : 0}}')
+        image_id = (f'${{var.{ami} != "" ? var.{ami} : '
                     f'one(data.aws_ssm_parameter.{ssm.friendly_unique_id}[*].insecure_value)}}')
 
         lt = aws("launch_template")
@@ -201,33 +194,14 @@ class NodeGroup(Construct):
             tags=tags,
         )
 
-        # Variables: `deploy` uses the defaults (the file's sizes); runtime commands pass
-        # TF_VAR_... so that an apply they run keeps what they changed at runtime
-        # (`warm` sizes, `rollout start --no-surge`, the running launch template version).
-        min_h, max_h = refresh_percentages(plan)
-
-        def var(name: str, default, description: str, type_: str = "number"
-                ) -> TerraformVariable:
-            v = TerraformVariable(self, name, type=type_, default=default,
-                                  description=description)
-            v.override_logical_id(name)
-            return v
-
-        refresh_min = var("refresh_min_healthy_percentage", min_h,
-                          "Instance refresh: healthy capacity kept, % of desired.")
-        refresh_max = var("refresh_max_healthy_percentage", max_h,
-                          "Instance refresh: capacity allowed during the refresh, % of desired.")
-        min_nodes = var("min_nodes", plan.nodes["min"],
-                        "Group minimum; `poolctl warm --running` raises it at runtime.")
-        lt_pin = var("launch_template_version", "",
-            "Launch template version the group runs; empty: the newest. `rollout start` pins "
-            "the running one so that it starts the instance refresh itself, with a desired "
-            "configuration (auto rollback then returns to the pinned version).", "string")
+        refresh_min = v[contract.REFRESH_MIN_HEALTHY.name]
+        refresh_max = v[contract.REFRESH_MAX_HEALTHY.name]
+        min_nodes = v[contract.MIN_NODES.name]
+        lt_pin = v[contract.LAUNCH_TEMPLATE_VERSION.name]
         cold = int(plan.start_seconds["cold"])
         warm_pool = None
-        if plan.nodes["warm"]:
-            warm_nodes = var("warm_nodes", plan.nodes["warm"],
-                             "Warm pool minimum; `poolctl warm` sets it at runtime.")
+        if contract.WARM_NODES.name in v:
+            warm_nodes = v[contract.WARM_NODES.name]
             warm_pool = {
                 "pool_state": "Running" if pool.warm_pool.state == "running" else "Stopped",
                 "min_size": warm_nodes.number_value,
@@ -259,16 +233,11 @@ class NodeGroup(Construct):
             warm_pool=warm_pool,
             instance_refresh={
                 "strategy": "Rolling",
+                # The same preferences `rollout start` passes to StartInstanceRefresh.
                 "preferences": {
                     "min_healthy_percentage": refresh_min.number_value,
                     "max_healthy_percentage": refresh_max.number_value,
-                    "checkpoint_percentages": list(pool.rollout.checkpoints),
-                    "checkpoint_delay": str(pool.rollout.checkpoint_delay_s),
-                    "instance_warmup": str(cold),
-                    "auto_rollback": True,
-                    "skip_matching": True,
-                    "scale_in_protected_instances": "Refresh",
-                    "standby_instances": "Terminate",
+                    **contract.refresh_preferences(pool, plan),
                 },
             },
             termination_policies=["OldestLaunchTemplate", "ClosestToNextInstanceHour"],

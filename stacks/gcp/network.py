@@ -12,14 +12,11 @@ message naming the gcloud command that creates it.
 
 from __future__ import annotations
 
-import re
-
 from cdktf import Precondition, TerraformResourceLifecycle, Token
 from constructs import Construct
 
 from poolctl import naming
 from poolctl.config import GcpPlacement
-from poolctl.errors import UsageError
 from poolctl.stacks._providers import google
 from poolctl.stacks.literal import hcl_quoted
 
@@ -29,46 +26,43 @@ HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 # INTERNAL_HTTPS_LOAD_BALANCER is the older name of the same purpose; both are proxy-only.
 PROXY_ONLY_FILTER = "purpose eq (REGIONAL_MANAGED_PROXY|INTERNAL_HTTPS_LOAD_BALANCER)"
 
+# The config model admits only these shapes (poolctl.config GcpNetwork / GcpSubnetwork, a
+# subnetwork in the placement's region): the parsers below read them and check nothing, so a
+# file that passes `validate` synthesizes.
 
-_NETWORK = re.compile(r"(?:^|/)projects/([^/]+)/global/networks/([^/]+)$")
-_SUBNET = re.compile(r"(?:^|/)projects/([^/]+)/regions/([^/]+)/subnetworks/([^/]+)$")
+
+def _after(path: str, segment: str) -> str:
+    parts = path.split("/")
+    return parts[parts.index(segment) + 1]
 
 
-def network_ref(pool: str, p: GcpPlacement) -> tuple[str, str]:
+def network_ref(p: GcpPlacement) -> tuple[str, str]:
     """(project, name) of the VPC: the placement's project, or a Shared VPC host given as
     projects/HOST/global/networks/NAME."""
     if "/" not in p.network:
         return p.project, p.network
-    m = _NETWORK.search(p.network)
-    if not m:
-        raise UsageError(f"pools.{pool}.gcp.network: {p.network!r} is neither a network name "
-                         "nor projects/PROJECT/global/networks/NAME; use one of those")
-    return m.group(1), m.group(2)
+    return _after(p.network, "projects"), _after(p.network, "networks")
 
 
-def subnet_ref(pool: str, p: GcpPlacement) -> tuple[str, str, str]:
+def subnet_ref(p: GcpPlacement) -> tuple[str, str, str]:
     """(project, region, name) of the nodes' subnetwork. Without `subnetwork`, the network is
     taken to be auto mode (like `default`), whose subnet in each region bears its name."""
-    net_project, net_name = network_ref(pool, p)
+    net_project, net_name = network_ref(p)
     if not p.subnetwork:
         return net_project, p.region, net_name
     if "/" not in p.subnetwork:
         return net_project, p.region, p.subnetwork
-    m = _SUBNET.search(p.subnetwork)
-    if not m or m.group(2) != p.region:
-        raise UsageError(f"pools.{pool}.gcp.subnetwork: {p.subnetwork!r} is not a subnetwork "
-                         f"of {p.region}; use a name or "
-                         f"projects/PROJECT/regions/{p.region}/subnetworks/NAME")
-    return m.group(1), m.group(2), m.group(3)
+    sub = p.subnetwork
+    return _after(sub, "projects"), _after(sub, "regions"), _after(sub, "subnetworks")
 
 
 class Network(Construct):
-    def __init__(self, scope: Construct, id: str, *, pool: str, placement: GcpPlacement,
+    def __init__(self, scope: Construct, id: str, *, placement: GcpPlacement,
                  name: str, port: int, node_tag: str) -> None:
         super().__init__(scope, id)
         p = placement
-        net_project, net_name = network_ref(pool, p)
-        sub_project, region, sub_name = subnet_ref(pool, p)
+        net_project, net_name = network_ref(p)
+        sub_project, region, sub_name = subnet_ref(p)
         # Firewall rules live with the VPC (the Shared VPC host, if any).
         self.network = f"projects/{net_project}/global/networks/{net_name}"
         self.subnetwork = f"projects/{sub_project}/regions/{region}/subnetworks/{sub_name}"

@@ -3,8 +3,6 @@ the internal Application Load Balancer in front of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cdktf import (
     Op,
     TerraformResourceLifecycle,
@@ -16,7 +14,8 @@ from constructs import Construct
 from poolctl import naming
 from poolctl.catalog import InstanceType
 from poolctl.config import Pool
-from poolctl.errors import UsageError
+from poolctl.contract import gcp as contract
+from poolctl.contract.gcp import MigSizes
 from poolctl.sizing import PoolPlan, gcp_zones
 from poolctl.stacks._providers import google
 from poolctl.stacks.gcp.network import Network
@@ -39,55 +38,6 @@ def boot_disk_type(machine_type: str) -> str:
     return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY_PREFIXES) else "pd-ssd"
 
 
-def pool_zones(pool: Pool, row: InstanceType) -> list[str]:
-    p = pool.gcp
-    zones = gcp_zones(pool, row)
-    if not zones:
-        raise UsageError(
-            f"pools.{pool.name}.gcp.zones: the catalog lists no zones offering {row.name} in "
-            f"{p.region}; set gcp.zones to the zones to spread the pool over"
-        )
-    return zones
-
-
-@dataclass(frozen=True)
-class MigSizes:
-    target_size: int  # running nodes at creation (the autoscaler takes over)
-    min_nodes: int
-    max_nodes: int
-    standby: int  # stopped (or suspended) nodes in the standby pool
-    max_surge: int
-    max_unavailable: int
-
-
-def mig_sizes(pool: Pool, plan: PoolPlan, zones: int) -> MigSizes:
-    """Node counts of the group, its autoscaler and its rolling updates.
-
-    A MIG standby pool holds only stopped or suspended VMs, so a `running` warm pool cannot
-    stand aside as on AWS: its nodes join the serving set (min and max both grow by it, which
-    is what `plan` prices and counts against quota). A stopped warm pool is the standby pool.
-
-    Regional MIGs take a fixed surge or unavailability of 0 or at least the number of zones
-    (google provider docs, update_policy): `plan_pool` already raises a surge below the zone
-    count to it; without surge, one node per zone goes down at a time.
-    """
-    n = plan.nodes
-    running_warm = n["warm"] if pool.warm_pool.state == "running" else 0
-    standby = n["warm"] - running_warm
-    if n["surge"]:
-        surge, unavailable = n["surge"], 0
-    else:
-        surge, unavailable = 0, zones
-    return MigSizes(
-        target_size=n["min"] + running_warm,
-        min_nodes=n["min"] + running_warm,
-        max_nodes=n["max"] + running_warm,
-        standby=standby,
-        max_surge=surge,
-        max_unavailable=unavailable,
-    )
-
-
 class NodeGroup(Construct):
     def __init__(self, scope: Construct, id: str, *, pool: Pool, row: InstanceType,
                  plan: PoolPlan, name: str, net: Network, node_tag: str, sa_email: str,
@@ -96,8 +46,8 @@ class NodeGroup(Construct):
         p = pool.gcp
         port = pool.serving.port
         cold = int(plan.start_seconds["cold"])
-        zones = pool_zones(pool, row)
-        sizes = mig_sizes(pool, plan, len(zones))
+        zones = gcp_zones(pool, row)  # rule region-offered: never empty
+        sizes = contract.mig_sizes(pool, plan, len(zones))
 
         t = google("compute_instance_template")
         disks = [t.ComputeInstanceTemplateDisk(
@@ -230,53 +180,31 @@ class NodeGroup(Construct):
         self.zones = zones
 
     def _variables(self, pool: Pool, plan: PoolPlan, sizes: MigSizes, zones: int) -> None:
-        """Sizes that poolctl's runtime commands change, as Terraform variables.
+        """Sizes that poolctl's runtime commands change, as Terraform variables (names,
+        defaults and meaning: poolctl.contract.gcp).
 
         `deploy` applies the defaults (the file's sizes); `rollout start` passes TF_VAR_...
         with what the group runs now (`GcpOps.rollout_apply_env`), so that the apply writing
         a new template keeps what `warm` changed, and with `--no-surge` rolls one node per
-        zone at a time. Their meaning is the runtime's (`GcpOps.set_capacity`): `min_nodes`
-        excludes a running warm pool, which `warm_nodes` adds to the autoscaler's minimum;
-        `max_nodes` is the autoscaler's maximum as is.
+        zone at a time.
         """
-        running = pool.warm_pool.state == "running"
-
-        def var(name: str, default: int, description: str, validation=None
-                ) -> TerraformVariable:
-            v = TerraformVariable(self, name, type="number", default=default,
-                                  description=description, validation=validation)
-            v.override_logical_id(name)  # a stable name for TF_VAR_<name>
-            return v
-
-        runtime = "poolctl's runtime commands pass it so that their apply keeps what `warm` set"
-        self.min_nodes = var(
-            "min_nodes", plan.nodes["min"],
-            f"Autoscaler minimum in serving nodes, a running warm pool excluded; {runtime}.")
-        self.max_nodes = var(
-            "max_nodes", sizes.max_nodes,
-            f"Autoscaler maximum in nodes (a running warm pool included); {runtime}.")
-        self.warm_nodes = var(
-            "warm_nodes", plan.nodes["warm"],
-            ("Warm nodes: the standby pool's stopped VMs, or with a running warm pool nodes "
-             f"added to the autoscaler minimum; {runtime}."))
-
-        def zone_rule(name: str) -> list:
-            # A regional MIG takes a fixed surge / unavailability of 0 or at least its zone
-            # count: a bad value fails the plan with this line instead of the API call.
-            return [TerraformVariableValidationConfig(
-                condition=f"${{var.{name} == 0 || var.{name} >= {zones}}}",
-                error_message=f"{name}: give 0 or at least {zones} (the MIG's zones).")]
-
-        self.max_surge_fixed = var(
-            "max_surge_fixed", sizes.max_surge,
-            ("Rolling update: VMs created above the target size; `rollout start --no-surge` "
-             "passes 0."), zone_rule("max_surge_fixed"))
-        self.max_unavailable_fixed = var(
-            "max_unavailable_fixed", sizes.max_unavailable,
-            ("Rolling update: VMs down at a time; `rollout start --no-surge` passes the zone "
-             "count."), zone_rule("max_unavailable_fixed"))
+        v = {}
+        for spec, default in contract.stack_variables(plan, sizes):
+            validation = None
+            if spec in contract.ZONE_RULED:
+                # A bad value fails the plan with this line instead of the API call.
+                validation = [TerraformVariableValidationConfig(
+                    condition=f"${{var.{spec.name} == 0 || var.{spec.name} >= {zones}}}",
+                    error_message=f"{spec.name}: give 0 or at least {zones} (the MIG's zones).")]
+            v[spec] = TerraformVariable(self, spec.name, type=spec.type, default=default,
+                                        description=spec.description, validation=validation)
+            v[spec].override_logical_id(spec.name)  # a stable name for TF_VAR_<name>
+        self.min_nodes, self.max_nodes = v[contract.MIN_NODES], v[contract.MAX_NODES]
+        self.warm_nodes = v[contract.WARM_NODES]
+        self.max_surge_fixed = v[contract.MAX_SURGE_FIXED]
+        self.max_unavailable_fixed = v[contract.MAX_UNAVAILABLE_FIXED]
         serving_min = self.min_nodes.number_value
-        if running:
+        if pool.warm_pool.state == "running":
             serving_min = Op.add(serving_min, self.warm_nodes.number_value)
         self.autoscaler_min = serving_min
         self.autoscaler_max = self.max_nodes.number_value

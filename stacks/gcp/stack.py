@@ -46,7 +46,7 @@ class GcpPoolStack(PoolStack):
         sa = NodeServiceAccount(self, "iam", name=name, project=placement.project,
                                 weights=placement.weights,
                                 api_key_secret=pool.api_key_secret("gcp"))
-        net = Network(self, "network", pool=pool.name, placement=placement, name=name,
+        net = Network(self, "network", placement=placement, name=name,
                       port=pool.serving.port, node_tag=node_tag)
         nodes = NodeGroup(self, "nodes", pool=pool, row=row, plan=plan, name=name, net=net,
                           node_tag=node_tag, sa_email=sa.sa.email, user_data=user_data,

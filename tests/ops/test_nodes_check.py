@@ -548,3 +548,33 @@ def test_instance_connect_in_the_sandbox_needs_a_local_tunnel(sandbox, tmp_path)
     assert r.returncode == 2
     [line] = r.stderr.strip().splitlines()
     assert "--access instance-connect with --sandbox needs --proxy-command" in line
+
+
+def test_sandbox_instance_connect_endpoints(sandbox, sandbox_client):
+    """What `aws.node_access: instance-connect` deploys (the AWS provider creates, reads and
+    deletes it so; a manual `deploy --sandbox` of it round-trips with an empty second plan)."""
+    import botocore.exceptions
+
+    ec2 = sandbox_client("ec2", "ap-south-1")
+    vpc = ec2.create_vpc(CidrBlock="10.93.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.93.1.0/24")["Subnet"]["SubnetId"]
+    made = ec2.create_instance_connect_endpoint(
+        SubnetId=subnet, SecurityGroupIds=["sg-0123"], PreserveClientIp=False,
+        TagSpecifications=[{"ResourceType": "instance-connect-endpoint",
+                            "Tags": [{"Key": "poolctl:pool", "Value": "p"}]}],
+    )["InstanceConnectEndpoint"]
+    eid = made["InstanceConnectEndpointId"]
+    assert (made["State"], made["VpcId"], made["SubnetId"], made["PreserveClientIp"]) == (
+        "create-complete", vpc, subnet, False)
+    [seen] = ec2.describe_instance_connect_endpoints(
+        InstanceConnectEndpointIds=[eid])["InstanceConnectEndpoints"]
+    assert seen["SecurityGroupIds"] == ["sg-0123"]
+    assert seen["Tags"] == [{"Key": "poolctl:pool", "Value": "p"}]
+    gone = ec2.delete_instance_connect_endpoint(InstanceConnectEndpointId=eid)
+    assert gone["InstanceConnectEndpoint"]["State"] == "delete-complete"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        ec2.describe_instance_connect_endpoints(InstanceConnectEndpointIds=[eid])
+    assert e.value.response["Error"]["Code"] == "InvalidInstanceConnectEndpointId.NotFound"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        ec2.create_instance_connect_endpoint(SubnetId="subnet-0000000000")
+    assert e.value.response["Error"]["Code"] == "InvalidSubnetID.NotFound"

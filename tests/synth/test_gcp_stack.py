@@ -612,8 +612,8 @@ def _pool(text: str = VARIANT):
 
 
 def test_mig_sizes_by_hand():
+    from poolctl.contract.gcp import MigSizes, mig_sizes
     from poolctl.sizing import plan_pool
-    from poolctl.stacks.gcp.pool import MigSizes, mig_sizes
 
     cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
     pool = cfg.pools[0]
@@ -658,16 +658,18 @@ def test_account_id_fits_gcp_rules():
 
 
 def test_zones_missing_from_catalog_is_one_clear_line():
-    from poolctl.sizing import instance_row
-    from poolctl.stacks.gcp.pool import pool_zones
+    """No zones to spread the MIG over: the rules refuse it before any stack is built
+    (`refuse_invalid` is what synthesis runs first)."""
+    from poolctl.errors import OperationFailed
+    from poolctl.rules import refuse_invalid
 
-    pool = _pool(VARIANT.replace("region: us-east4", "region: us-south1")
-                 .replace("      zones: [us-east4-a, us-east4-b]\n", "")
-                 .replace("regions/us-east4/", "regions/us-south1/"))
-    with pytest.raises(UsageError) as e:
-        pool_zones(pool, instance_row(pool, "gcp"))
+    cfg = parse_config(VARIANT.replace("region: us-east4", "region: us-south1")
+                       .replace("      zones: [us-east4-a, us-east4-b]\n", "")
+                       .replace("regions/us-east4/", "regions/us-south1/"))
+    with pytest.raises(OperationFailed) as e:
+        refuse_invalid(cfg, cfg.targets(None, "gcp"))
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("pools.small.gcp.zones:") and "set gcp.zones" in msg
+    assert "\n" not in msg and "pools[0].gcp." in msg and "region-offered" in msg
 
 
 def test_bad_subnetwork_path_is_one_clear_line():
@@ -676,10 +678,11 @@ def test_bad_subnetwork_path_is_one_clear_line():
     # A subnetwork of another region is refused when the file loads (validate == synth).
     with pytest.raises(UsageError) as e:
         _pool(VARIANT.replace("regions/us-east4/subnetworks/", "regions/us-west1/subnetworks/"))
-    assert "pools[0].gcp.subnetwork: names a subnetwork outside the placement's region" in str(e.value)
+    assert ("pools[0].gcp.subnetwork: names a subnetwork outside the placement's region"
+            in str(e.value))
     assert "\n" not in str(e.value)
     plain = _pool(VARIANT.replace("projects/beta-host/regions/us-east4/subnetworks/gpu", "gpu"))
-    assert subnet_ref("small", plain.gcp) == ("beta-host", "us-east4", "gpu")
+    assert subnet_ref(plain.gcp) == ("beta-host", "us-east4", "gpu")
 
 
 def test_certificate_name_or_self_link():

@@ -26,7 +26,8 @@ import pytest
 from poolctl import bootscript, naming
 from poolctl.bootscript import render_boot_script, render_nvme_script
 from poolctl.config import parse_config
-from poolctl.errors import UsageError
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.rules import refuse_invalid
 
 from .boot_config import EXTRA_ARGS, config_yaml, load
 
@@ -211,8 +212,11 @@ def test_user_data_fits_aws_limit(aws_script, cfg):
     huge = config_yaml().replace('"--chat-template-content-format=openai"',
                                  json.dumps("--x=" + "y" * 4000))
     big = parse_config(huge)
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.serving\.extra_args: .* limit of 16384"):
-        render_boot_script(big, big.pools[0], "aws")
+    # Rendering checks nothing; the rule does, and synthesis runs the rules first.
+    assert len(render_boot_script(big, big.pools[0], "aws").encode()) > 16384
+    with pytest.raises(OperationFailed, match=r"error: \[boot-script-size\] chat-70b/aws: "
+                       r"pools\[0\]\.serving\.extra_args: .* limit of 16384"):
+        refuse_invalid(big, big.targets(None, "aws"))
 
 
 def test_registry_login_uses_the_node_identity(cfg, gcp_script):
@@ -265,15 +269,19 @@ def test_strict_undefined_fails_on_a_missing_variable():
 
 
 def test_usage_errors_name_the_key(cfg):
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.gcp: pool 'chat-70b' has no gcp"):
-        render_boot_script(cfg, cfg.pools[0], "gcp")
+    """The boot script checks nothing itself: the targets and the rules (which synthesis runs
+    before it renders) refuse what it could not render, naming the key."""
+    with pytest.raises(UsageError, match=r"^--cloud gcp: pool 'chat-70b' has no `gcp:`"):
+        cfg.targets("chat-70b", "gcp")
     bad = parse_config(config_yaml().replace("instance_type: p5.48xlarge",
                                              "instance_type: p9.huge"))
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.aws\.instance_type: 'p9\.huge' is not"):
-        render_boot_script(bad, bad.pools[0], "aws")
+    with pytest.raises(OperationFailed, match=r"\[nvlink-8gpu\] chat-70b/aws: "
+                       r"pools\[0\]\.aws\.instance_type: 'p9\.huge' is not"):
+        refuse_invalid(bad, bad.targets(None, "aws"))
     tp3 = parse_config(config_yaml().replace("tensor_parallel: 2", "tensor_parallel: 3"))
-    with pytest.raises(UsageError, match=r"^pools\[0\]\.serving\.tensor_parallel: 3 does not"):
-        render_boot_script(tp3, tp3.pools[0], "aws")
+    with pytest.raises(OperationFailed, match=r"\[tensor-parallel\] chat-70b: "
+                       r"pools\[0\]\.serving\.tensor_parallel: 3 does not"):
+        refuse_invalid(tp3, tp3.targets(None, "aws"))
     with pytest.raises(UsageError, match=r"^poolctl.yaml:\d+: pools\[0\]\.aws\.weights_uri: "
                        r"must start with s3://"):
         parse_config(config_yaml().replace("s3://acme-models/llama-3.1-70b", "gs://x/y"))

@@ -37,8 +37,91 @@ def test_wrong_type_names_the_key():
 
 
 def test_missing_key():
-    msg = error_of(pool_yaml().replace("      layers: 80\n", ""))
-    assert "pools[0].model.layers: required key is missing" in msg
+    msg = error_of(pool_yaml().replace("      image: vllm", "      imag: vllm"))
+    assert "pools[0].serving.image: required key is missing; add it" in msg
+
+
+ARCH = "      params_b: 70.6\n      dtype: bfloat16\n      layers: 80\n      kv_heads: 8\n" \
+    "      head_dim: 128\n"
+
+
+def test_preset_fills_the_model():
+    text = pool_yaml()
+    assert ARCH in text
+    model = parse_config(text.replace(ARCH, "")).pools[0].model
+    # meta-llama/Llama-3.1-70B-Instruct's config.json, by hand
+    assert (model.params_b, model.dtype, model.layers, model.attention_heads, model.kv_heads,
+            model.head_dim) == (70.6, "bfloat16", 80, 64, 8, 128)
+    assert model.source_of("layers") == "preset"
+
+
+def test_explicit_fields_override_the_preset():
+    text = pool_yaml().replace(ARCH, "      dtype: fp8\n")
+    model = parse_config(text).pools[0].model
+    assert model.dtype == "fp8" and model.source_of("dtype") == "file"
+    assert model.layers == 80 and model.source_of("layers") == "preset"
+
+
+def test_unknown_model_without_fields_suggests_a_preset():
+    text = pool_yaml().replace(ARCH, "").replace("Llama-3.1-70B-Instruct",
+                                                 "Llama-3.1-70B-Instuct")
+    msg = error_of(text)
+    line = text.splitlines().index("      id: meta-llama/Llama-3.1-70B-Instuct") + 1
+    assert msg.count("\n") == 0
+    assert msg.startswith(f"poolctl.yaml:{line}: pools[0].model.id: no preset for "
+                          "'meta-llama/Llama-3.1-70B-Instuct' (did you mean "
+                          "'meta-llama/Llama-3.1-70B-Instruct'?)"), msg
+
+
+def test_unknown_model_with_every_field_is_fine():
+    text = pool_yaml().replace("meta-llama/Llama-3.1-70B-Instruct", "acme/own-70b")
+    assert parse_config(text).pools[0].model.layers == 80
+
+
+def test_config_json_fills_the_model(tmp_path):
+    import json
+
+    # Llama-3.1-8B's config.json (the keys poolctl reads)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False}))
+    text = pool_yaml().replace(ARCH, "      config_json: m/config.json\n").replace(
+        "meta-llama/Llama-3.1-70B-Instruct", "acme/own-8b")
+    model = parse_config(text, source=str(tmp_path / "poolctl.yaml")).pools[0].model
+    # embeddings 2 x 128256 x 4096 = 1,050.6 M; per layer q,o 2 x 4096^2 + k,v 2 x 4096 x 1024
+    # + MLP 3 x 4096 x 14336 + 2 norms = 218.1 M, x 32 = 6,979.3 M; total 8.03 B (the card's)
+    assert (model.params_b, model.layers, model.attention_heads, model.kv_heads,
+            model.head_dim, model.dtype) == (8.03, 32, 32, 8, 128, "bfloat16")
+    assert model.source_of("params_b") == "config.json"
+    given = text.replace("      config_json:", "      params_b: 8.0\n      config_json:")
+    model = parse_config(given, source=str(tmp_path / "poolctl.yaml")).pools[0].model
+    assert model.params_b == 8.0 and model.source_of("params_b") == "file"
+
+
+def test_config_json_missing_or_bad(tmp_path):
+    text = pool_yaml().replace(ARCH, "      config_json: nope.json\n")
+    msg = error_of(text)
+    assert "pools[0].model.config_json: nope.json cannot be read" in msg
+    (tmp_path / "c.json").write_text('{"num_hidden_layers": 4}')
+    msg = error_of(text.replace("nope.json", str(tmp_path / "c.json")).replace(
+        "meta-llama/Llama-3.1-70B-Instruct", "acme/x"))
+    assert "pools[0].model.config_json:" in msg and "model.params_b" in msg
+    (tmp_path / "c.json").write_text('{"num_hidden_layers": 61, "kv_lora_rank": 512}')
+    msg = error_of(text.replace("nope.json", str(tmp_path / "c.json")))
+    assert "multi-head latent attention" in msg and msg.count("\n") == 0
+
+
+def test_plain_words_and_did_you_mean():
+    msg = error_of(pool_yaml().replace("queue_target: 4", "queu_target: 4"))
+    assert "pools[0].scaling.queu_target: unknown key (did you mean 'queue_target'?)" in msg
+    msg = error_of(pool_yaml(warm_state="stoped"))
+    assert "(did you mean 'stopped'?); got 'stoped'" in msg
+    msg = error_of(pool_yaml().replace("max_model_len: 16384", "max_model_len: 0"))
+    assert msg.endswith("pools[0].serving.max_model_len: must be more than 0; got 0")
+    assert "Input should" not in error_of(pool_yaml().replace("params_b: 70.6", "params_b: x"))
 
 
 def test_bad_literal():

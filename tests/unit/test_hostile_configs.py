@@ -125,6 +125,14 @@ CASES = [
      "pools[0].serving.image"),
     ("model-id-template", sub("id: meta-llama/Llama-3.1-70B-Instruct",
                               """id: 'm/${file("/etc/passwd")}'"""), "pools[0].model.id"),
+    ("model-config-json-device", sub("id: meta-llama/Llama-3.1-70B-Instruct",
+                                     "id: acme/x\n      config_json: /dev/stdin"),
+     "pools[0].model.config_json: /dev/stdin is not a regular file"),
+    ("model-config-json-not-json", sub("id: meta-llama/Llama-3.1-70B-Instruct",
+                                       "id: acme/x\n      config_json: poolctl.yaml"),
+     "pools[0].model.config_json: poolctl.yaml is not JSON"),
+    ("model-unknown-id-no-fields", sub("      params_b: 70.6\n", "").replace(
+        "id: meta-llama/Llama-3.1-70B-Instruct", "id: acme/x"), "pools[0].model.id"),
     ("ssm-parameter-template", aws("""      ami_ssm_parameter: '/x/${file("/etc/hostname")}'\n"""),
      "pools[0].aws.ami_ssm_parameter"),
     ("ami-id-garbage", aws("      ami_id: 'ami-12345678; id'\n"), "pools[0].aws.ami_id"),
@@ -280,7 +288,8 @@ def test_rule_refusals_name_the_key_and_write_nothing(content, cloud, expect, wo
     for command in ("validate", "synth"):
         code, _, err = run([command, "-f", str(f), "--cloud", cloud], monkeypatch, capsys)
         assert code == 1, err
-        errors = [x for x in err.splitlines() if x.startswith("error: ")]
+        # each finding starts with FILE:LINE of its key, then its severity
+        errors = [x for x in err.splitlines() if x.startswith(f"{f}:") and ": error: " in x]
         assert len(errors) == 1 and expect in errors[0], err
         assert "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == ["poolctl.yaml"]

@@ -12,7 +12,7 @@ import pytest
 
 from poolctl import home, runtime
 from poolctl.config import parse_config
-from tests.unit.test_runtime_math import FILE
+from tests.configs import pool_yaml
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_private_dir_and_write_private(tmp_path, monkeypatch, loose_umask):
 
 def test_rollout_records_are_private(tmp_path, monkeypatch, loose_umask):
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
-    cfg = parse_config(FILE)
+    cfg = parse_config(pool_yaml(with_gcp=False))
     runtime.save_record(cfg, cfg.pools[0], "aws", {"file": "/x", "status": "recorded"},
                         new=True)
     path = runtime.record_path(cfg, cfg.pools[0], "aws")

@@ -9,14 +9,33 @@ from pathlib import Path
 import pytest
 
 from poolctl import runtime
+from poolctl.clouds.base import Group, QuotaLine
 from poolctl.config import parse_config
 from poolctl.errors import OperationFailed
-from tests.unit.test_runtime_math import FILE, RolloutOps
+from tests.configs import pool_yaml
 
+FILE = pool_yaml(with_gcp=False)
 NEW = "vllm/vllm-openai:v0.12.0"
 
 
-class ApplyOps(RolloutOps):
+class ApplyOps:
+    """The cloud as a rollout that has not started sees it: a group, room in the quota."""
+
+    cloud = "aws"
+    unsupported = frozenset()
+
+    def find_group(self, cfg, pool):
+        return Group(cloud="aws", name="acme-chat-70b", region="us-east-1", min_nodes=1,
+                     max_nodes=7, desired_nodes=1, warm_min_nodes=2, warm_state="stopped",
+                     version="1")
+
+    def rollout_state(self, group):
+        return None
+
+    def quota_lines(self, cfg, pool, needs):
+        return [QuotaLine(n["name"], n["unit"], n["scope"], n["needed"], 10_000, in_use=0,
+                          pool_in_use=0) for n in needs]
+
     def rollout_apply_env(self, group, plan, no_surge=False):
         return {}
 
@@ -40,7 +59,7 @@ def test_rollback_from_another_directory_restores_the_recorded_file(tmp_path, mo
     monkeypatch.chdir(team)
     with pytest.raises(OperationFailed, match="the apply did not finish"):
         runtime.rollout_start(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
-                              ApplyOps(None), image=NEW, confirm=lambda q: True,
+                              ApplyOps(), image=NEW, confirm=lambda q: True,
                               sandbox=True, outdir=Path("cdktf.out"))
     assert NEW in (team / "poolctl.yaml").read_text()
     record = runtime.load_record(cfg, cfg.pools[0], "aws")
@@ -48,7 +67,7 @@ def test_rollback_from_another_directory_restores_the_recorded_file(tmp_path, mo
 
     monkeypatch.chdir(other)
     out = runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
-                                   ApplyOps(None), confirm=_no, sandbox=True,
+                                   ApplyOps(), confirm=_no, sandbox=True,
                                    outdir=Path("cdktf.out"))
     assert out["how"] == "file"
     assert (team / "poolctl.yaml").read_text() == FILE  # restored
@@ -60,12 +79,13 @@ def test_a_record_with_a_relative_path_is_not_guessed(tmp_path, monkeypatch, cap
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "poolctl.yaml").write_text(FILE.replace("v0.11.0", "v0.12.0"))
+    assert NEW in (tmp_path / "poolctl.yaml").read_text()
     cfg = parse_config(FILE)
     runtime.save_record(cfg, cfg.pools[0], "aws", {
         "stack": "acme-chat-70b-aws", "file": "poolctl.yaml", "key": "serving.image",
         "from": "vllm/vllm-openai:v0.11.0", "to": NEW, "status": "applied",
         "rollout_id": None, "action": "start"}, new=True)
-    runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws", ApplyOps(None),
+    runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws", ApplyOps(),
                              confirm=_no, sandbox=True, outdir=Path("cdktf.out"))
     assert NEW in (tmp_path / "poolctl.yaml").read_text()
     assert "set serving.image=vllm/vllm-openai:v0.11.0 in it by hand" in capsys.readouterr().err

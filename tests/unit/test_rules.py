@@ -123,9 +123,35 @@ def test_traffic_peak_warns_only_with_a_trace():
     assert not by_check(run_checks(cfg, tgts, traffic=enough), "traffic-peak")
 
 
+def test_model_shape():
+    # kv_heads above the attention heads the preset gives (64)
+    text = pool_yaml().replace("kv_heads: 8", "kv_heads: 128")
+    (f,) = by_check(findings(text), "model-shape", "error")[:1]
+    assert f.key == "pools[0].model.kv_heads" and "128 KV heads cannot serve 64" in f.message
+    # the file's line of the key, as schema errors give it
+    line = text.splitlines().index("      kv_heads: 128") + 1
+    assert f.line().startswith(f"poolctl.yaml:{line}: error: [model-shape] chat-70b: ")
+    # head_dim 1024 instead of 128: 8x the preset's KV per token (80 x 8 x 128 x 2)
+    fs = by_check(findings(pool_yaml().replace("head_dim: 128", "head_dim: 1024")),
+                  "model-shape", "error")
+    assert [f.key for f in fs] == ["pools[0].model.head_dim"]
+    assert "8.0x the KV cache per token" in fs[0].message
+    # 2x is still believable (a fine-tune would keep the shapes, but not a typo of 8x)
+    assert not by_check(findings(pool_yaml().replace("kv_heads: 8", "kv_heads: 16")),
+                        "model-shape", "error")
+    # past the preset's max_position_embeddings (131072)
+    (w,) = by_check(findings(pool_yaml(max_model_len=200_000)), "model-shape", "warning")
+    assert w.key == "pools[0].serving.max_model_len" and "131072" in w.message
+
+
+def test_catalog_miss_suggests_a_type():
+    (f,) = by_check(findings(pool_yaml(instance_type="p5.48xlarg")), "nvlink-8gpu")
+    assert "(did you mean 'p5.48xlarge'?)" in f.message
+
+
 def test_every_check_has_a_test_above():
-    tested = {"nvlink-8gpu", "no-rdma-nics", "no-cluster-placement", "tensor-parallel",
-              "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
+    tested = {"model-shape", "nvlink-8gpu", "no-rdma-nics", "no-cluster-placement",
+              "tensor-parallel", "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
               "boot-script-size", "tls", "traffic-peak"}

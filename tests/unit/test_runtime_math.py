@@ -5,7 +5,6 @@ No cloud here: `FakeOps` is an in-memory CloudOps that records what it was asked
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from dataclasses import replace
@@ -13,9 +12,10 @@ from dataclasses import replace
 import pytest
 
 from poolctl import runtime
-from poolctl.clouds.aws import AwsOps, live_refresh_percentages, quota_code
+from poolctl.clouds.aws import quota_code
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest
 from poolctl.config import parse_config
+from poolctl.contract.aws import refresh_api_preferences, refresh_percentages
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import plan_pool
 from tests.configs import pool_yaml
@@ -89,41 +89,42 @@ def test_quota_family_of_instance_types(itype, code):
 
 def test_refresh_percentages_give_exactly_the_surge():
     # 1 node, surge 1: 100..200 % -> floor(1 x 2.00) - 1 = 1 extra node
-    assert live_refresh_percentages(1, 1, False) == (100, 200)
+    assert refresh_percentages(1, 1, False) == (100, 200)
     # 4 nodes, surge 1: 100 + ceil(25) = 125 -> floor(4 x 1.25) - 4 = 1
-    assert live_refresh_percentages(4, 1, False) == (100, 125)
+    assert refresh_percentages(4, 1, False) == (100, 125)
     # 3 nodes, surge 1: 100 + ceil(33.3) = 134 -> floor(4.02) - 3 = 1 (133 would give 0)
-    assert live_refresh_percentages(3, 1, False) == (100, 134)
+    assert refresh_percentages(3, 1, False) == (100, 134)
     # no surge, 4 nodes: min floor(300 / 4) = 75 -> 4 - ceil(3) = 1 node out at a time
-    assert live_refresh_percentages(4, 1, True) == (75, 100)
-    assert live_refresh_percentages(1, 0, False) == (0, 100)
+    assert refresh_percentages(4, 1, True) == (75, 100)
+    assert refresh_percentages(1, 0, False) == (0, 100)
     import math
 
     for d in range(1, 60):
         for s in range(1, 6):
-            lo, hi = live_refresh_percentages(d, s, False)
+            lo, hi = refresh_percentages(d, s, False)
             if hi < 200:
                 assert math.floor(d * hi / 100) - d == s, (d, s, hi)
-            lo, hi = live_refresh_percentages(d, s, True)
+            lo, hi = refresh_percentages(d, s, True)
             assert d - math.ceil(d * lo / 100) == 1, (d, lo)
 
 
-def test_stack_preferences_are_read_from_the_synthesized_json(tmp_path):
-    doc = {"resource": {"aws_autoscaling_group": {"nodes_asg": {"instance_refresh": {
-        "strategy": "Rolling",
-        "preferences": {
-            "min_healthy_percentage": "${var.refresh_min_healthy_percentage}",
-            "checkpoint_percentages": [25, 50, 100], "checkpoint_delay": "300",
-            "instance_warmup": "440", "auto_rollback": True, "skip_matching": True,
-            "scale_in_protected_instances": "Refresh", "standby_instances": "Terminate",
-        }}}}}}
-    (tmp_path / "cdk.tf.json").write_text(json.dumps(doc))
-    assert AwsOps.stack_preferences(tmp_path) == {
-        "CheckpointPercentages": [25, 50, 100], "CheckpointDelay": 300, "InstanceWarmup": 440,
-        "AutoRollback": True, "SkipMatching": True, "ScaleInProtectedInstances": "Refresh",
-        "StandbyInstances": "Terminate",
+def test_rollout_preferences_are_the_stacks_sized_for_now():
+    """StartInstanceRefresh gets what the stack declares (one function writes both), with
+    the healthy percentages of the live desired size: 4 nodes, 1 surge node -> 100/125."""
+    pool = parse_config(pool_yaml()).pools[0]
+    plan = plan_pool(pool, "aws")  # 4 replicas per node: surge 4 replicas = 1 node, cold 440 s
+    assert refresh_api_preferences(pool, plan, desired=4, no_surge=False) == {
+        "CheckpointPercentages": [25, 50, 100], "CheckpointDelay": 300,
+        "InstanceWarmup": int(plan.start_seconds["cold"]), "AutoRollback": True,
+        "SkipMatching": True, "ScaleInProtectedInstances": "Refresh",
+        "StandbyInstances": "Terminate", "MinHealthyPercentage": 100,
+        "MaxHealthyPercentage": 125,
     }
-    assert AwsOps.stack_preferences(tmp_path / "missing") == {}
+    # One batch to 100 %: no checkpoint to pause at, no delay.
+    one = parse_config(pool_yaml(checkpoints="[100]")).pools[0]
+    prefs = refresh_api_preferences(one, plan_pool(one, "aws"), desired=4, no_surge=True)
+    assert "CheckpointPercentages" not in prefs and "CheckpointDelay" not in prefs
+    assert (prefs["MinHealthyPercentage"], prefs["MaxHealthyPercentage"]) == (75, 100)
 
 
 # -- warm ---------------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""Model presets (`data/models.yaml`) and Hugging Face `config.json` files, as the facts the
+config's `model:` block needs. Pure data: no network, no ML libraries."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+# The `model:` fields a preset or a config.json can fill.
+ARCH_FIELDS = ("params_b", "dtype", "layers", "attention_heads", "kv_heads", "head_dim")
+# Refuse anything larger: a config.json is a few KB, and this one is read during validation.
+MAX_CONFIG_JSON_BYTES = 1 * 2**20
+
+
+class Preset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="Hugging Face model id.")
+    params_b: float = Field(gt=0, description="Total parameters in billions (all experts).")
+    layers: int = Field(gt=0, description="num_hidden_layers.")
+    attention_heads: int = Field(gt=0, description="num_attention_heads (query heads).")
+    kv_heads: int = Field(gt=0, description="num_key_value_heads.")
+    head_dim: int = Field(gt=0, description="head_dim, or hidden_size / num_attention_heads.")
+    dtype: str = Field(description="Native weight dtype of the checkpoint.")
+    max_context: int = Field(gt=0, description="max_position_embeddings.")
+    source: str = Field(description="The config.json the numbers were read from.")
+    card: str = Field(description="The model card (for params_b).")
+
+    def kv_elements_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim
+
+
+@cache
+def load_presets() -> dict[str, Preset]:
+    text = resources.files("poolctl.data").joinpath("models.yaml").read_text()
+    rows = [Preset.model_validate(r) for r in yaml.safe_load(text)["models"]]
+    return {r.id: r for r in rows}
+
+
+def preset(model_id: str) -> Preset | None:
+    """The preset of `model_id`; Hugging Face ids are case-insensitive."""
+    presets = load_presets()
+    if model_id in presets:
+        return presets[model_id]
+    folded = {k.lower(): v for k, v in presets.items()}
+    return folded.get(model_id.lower())
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """' (did you mean X?)' for the closest choice, or ''."""
+    lowered = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+
+
+def suggest_model(model_id: str) -> str:
+    """The closest preset id, comparing whole ids and the names after the org."""
+    ids = list(load_presets())
+    hint = did_you_mean(model_id, ids)
+    if not hint:
+        names = {i.split("/")[-1]: i for i in ids}
+        close = difflib.get_close_matches(model_id.split("/")[-1].lower(),
+                                          [n.lower() for n in names], n=1, cutoff=0.5)
+        if close:
+            full = next(v for k, v in names.items() if k.lower() == close[0])
+            hint = f" (did you mean {full!r}?)"
+    return hint
+
+
+# torch_dtype values of config.json, to poolctl dtypes.
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
+                 "fp16": "float16", "bf16": "bfloat16"}
+_QUANT_DTYPES = {"fp8": "fp8", "mxfp4": "mxfp4"}
+
+
+def _int(cfg: dict, key: str) -> int | None:
+    v = cfg.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def estimate_params(cfg: dict) -> float | None:
+    """Parameters (billions) of a decoder-only transformer with a gated MLP (Llama, Qwen,
+    Mistral; Mixtral/Qwen-MoE experts), from config.json; None if a needed key is missing.
+    Biases and q/k norms are left out (under 0.1 %); embeddings count twice unless
+    tie_word_embeddings is true. Checked against Llama-3.1-8B: 8.03 B as its card says."""
+    h, layers, vocab = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers"), \
+        _int(cfg, "vocab_size")
+    heads = _int(cfg, "num_attention_heads")
+    kv = _int(cfg, "num_key_value_heads") or heads
+    if not (h and layers and vocab and heads):
+        return None
+    hd = _int(cfg, "head_dim") or h // heads
+    experts = _int(cfg, "num_experts") or _int(cfg, "num_local_experts")
+    # Qwen-MoE names its expert width moe_intermediate_size; Mixtral uses intermediate_size
+    inter = (experts and _int(cfg, "moe_intermediate_size")) or _int(cfg, "intermediate_size")
+    if not inter:
+        return None
+    attn = h * heads * hd * 2 + h * kv * hd * 2  # q and o, k and v
+    mlp = 3 * h * inter * (experts or 1) + (h * experts if experts else 0)  # + router
+    embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return round((layers * (attn + mlp + 2 * h) + embed + h) / 1e9, 2)
+
+
+def read_hf_config(path: Path, shown: str | None = None) -> dict:
+    """The `model:` fields a Hugging Face config.json gives, or ValueError with the reason
+    (naming the file as `shown`, the path as the user wrote it). params_b is estimated from
+    the shapes (see estimate_params) unless it cannot be."""
+    name = shown or str(path)
+    if path.exists() and not path.is_file():  # a FIFO or /dev/stdin would block validation
+        raise ValueError(f"{name} is not a regular file; point it at the model's config.json")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_JSON_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"{name} cannot be read ({e.strerror}); check the path") from None
+    if len(raw) > MAX_CONFIG_JSON_BYTES:
+        raise ValueError(f"{name} is over 1 MiB, not a model config.json")
+    try:
+        cfg = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ValueError(f"{name} is not JSON; point it at the model's config.json") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name} is not a JSON object; point it at the model's config.json")
+    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    if "kv_lora_rank" in cfg:
+        # multi-head latent attention caches a compressed latent, not kv_heads x head_dim
+        raise ValueError(f"{name} is a multi-head latent attention model (DeepSeek-V2/V3 "
+                         "style), whose KV cache poolctl does not model; not supported")
+    heads = _int(cfg, "num_attention_heads")
+    out: dict = {
+        "layers": _int(cfg, "num_hidden_layers"),
+        "attention_heads": heads,
+        "kv_heads": _int(cfg, "num_key_value_heads") or heads,
+        "head_dim": _int(cfg, "head_dim") or (
+            _int(cfg, "hidden_size") // heads if heads and _int(cfg, "hidden_size") else None),
+        "params_b": estimate_params(cfg),
+    }
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict):
+        out["dtype"] = _QUANT_DTYPES.get(str(quant.get("quant_method")))
+    else:
+        out["dtype"] = _TORCH_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype")))
+    return {k: v for k, v in out.items() if v is not None and not (
+        isinstance(v, float) and not math.isfinite(v))}
