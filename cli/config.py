@@ -524,6 +524,12 @@ class GcpPlacement(CoreModel):
         default=None, gt=0, le=1_000_000,
         description="Override of the catalog's on-demand price per VM.",
     )
+    node_access: Literal["none", "iap"] = Field(
+        default="none",
+        description="How `poolctl nodes check` reaches the nodes: `iap` lets SSH in from "
+        "Identity-Aware Proxy's TCP forwarding range only (no public port; the check logs in "
+        "with OS Login and a key imported per check); `none`: no SSH path is created.",
+    )
 
     @cached_property
     def weights(self) -> formats.ObjectPrefix:

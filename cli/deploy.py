@@ -12,6 +12,7 @@ from pathlib import Path
 
 from poolctl import naming
 from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract_aws
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import private_dir, write_private
 from poolctl.terraform import PlanSummary, Terraform, cli_config, find_binary, sandbox_override
@@ -58,7 +59,7 @@ def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]
     if not images:
         raise OperationFailed("sandbox: the emulator offers no AMI; restart it with "
                               "`poolctl sandbox stop && poolctl sandbox start`")
-    env = {"TF_VAR_node_ami_id": sorted(i["ImageId"] for i in images)[0]}
+    env = contract_aws.sandbox_env(sorted(i["ImageId"] for i in images)[0])
     # AWS_ENDPOINT_URL as well as the override's per-service endpoints: a service the stack
     # starts to use before SANDBOX_SERVICES lists it still reaches the emulator, never AWS.
     env.update(manager.subprocess_env(region))
@@ -141,7 +142,7 @@ def run_stacks(
         if sandbox:
             work, env = sandbox_workdir(stack_dir, pool.aws.region)
             if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
-                env.pop("TF_VAR_node_ami_id", None)
+                env.pop(contract_aws.NODE_AMI_ID.env, None)
         env.update(extra_env or {})
         tf = Terraform(work, mirror=mirror, extra_env=env)
         res = StackResult(stack=name, workdir=str(work))

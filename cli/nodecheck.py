@@ -18,6 +18,7 @@ import base64
 import hashlib
 import ipaddress
 import logging
+import os
 import re
 import shlex
 import socket
@@ -47,11 +48,21 @@ BOOT_HINT = "see `sudo journalctl -u poolctl-node` (the boot unit runs on every 
 # the VPC, a VPN or a bastion); `instance-connect` (AWS): a key made for this check only,
 # pushed with ec2-instance-connect:SendSSHPublicKey (valid 60 s), and SSH through the pool's
 # EC2 Instance Connect Endpoint (the AWS CLI's WebSocket tunnel): no public port, no key pair.
-ACCESS_MODES = ("ssh", "instance-connect")
-# The tunnel, run as SSH's ProxyCommand (stdin/stdout carry the SSH stream). %i: instance id,
-# %h: address, %p: port, %r: region; substituted into the split words, never through a shell.
+# `iap` (GCP): a key made for this check only, imported into the caller's OS Login profile
+# (expiring after OS_LOGIN_KEY_TTL_S, deleted once logged in), and SSH through Identity-Aware
+# Proxy's TCP forwarding (gcloud's tunnel), logging in as the caller's OS Login POSIX user.
+ACCESS_MODES = ("ssh", "instance-connect", "iap")
+# The tunnels, run as SSH's ProxyCommand (stdin/stdout carry the SSH stream). %i: instance id
+# (GCP: instance name), %h: address, %p: port, %r: region, %z: zone, %P: project;
+# substituted into the split words, never through a shell.
 TUNNEL_COMMAND = ("aws ec2-instance-connect open-tunnel --instance-id %i --remote-port %p "
                   "--region %r")
+IAP_TUNNEL_COMMAND = ("gcloud compute start-iap-tunnel %i %p --listen-on-stdin --zone %z "
+                      "--project %P")
+DEFAULT_TUNNELS = {"instance-connect": TUNNEL_COMMAND, "iap": IAP_TUNNEL_COMMAND}
+# Long enough for gcloud to open the tunnel and the node to ask OS Login for the key; the key
+# is deleted as soon as the login is done, this bounds a key whose delete failed.
+OS_LOGIN_KEY_TTL_S = 300
 
 
 # ---------------------------------------------------------------------------------------
@@ -166,8 +177,10 @@ def _fail(name: str, observed: str, hint: str, short: str = "") -> Check:
 class Host:
     host: str
     port: int
-    instance_id: str | None = None  # found by discovery; EC2 Instance Connect pushes to it
+    instance_id: str | None = None  # found by discovery (GCP: the instance name)
     region: str | None = None
+    zone: str | None = None  # GCP
+    project: str | None = None  # GCP
 
     @property
     def label(self) -> str:
@@ -579,17 +592,24 @@ def check_health(res: CmdResult, spec: NodeSpec) -> Check:
 class SshOptions:
     """How to reach the nodes. Validated once, before any connection (bad input: exit 2)."""
 
-    def __init__(self, user: str = DEFAULT_USER, identity: Path | None = None,
+    def __init__(self, user: str | None = None, identity: Path | None = None,
                  known_hosts: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  access: str = "ssh", proxy_command: str | None = None,
                  sandbox: bool = False):
-        if not user or any(c.isspace() for c in user):
-            raise UsageError(f"--user {user!r}: not a user name")
         if access not in ACCESS_MODES:
             raise UsageError(f"--access {access}: use one of {', '.join(ACCESS_MODES)}")
+        if access == "iap" and user is not None:
+            raise UsageError("--user: with --access iap poolctl logs in as your OS Login user "
+                             "(from your login profile); drop --user")
+        user = user if user is not None or access == "iap" else DEFAULT_USER
+        if user is not None and (not user or any(c.isspace() for c in user)):
+            raise UsageError(f"--user {user!r}: not a user name")
         if access == "instance-connect" and identity is not None:
             raise UsageError("--identity: instance-connect logs in with a key made and pushed "
                              "for each check; drop --identity or use --access ssh")
+        if access == "iap" and identity is not None:
+            raise UsageError("--identity: iap logs in with a key made and imported into OS "
+                             "Login for each check; drop --identity or use --access ssh")
         if proxy_command is not None:
             try:
                 if not shlex.split(proxy_command):
@@ -597,14 +617,14 @@ class SshOptions:
             except ValueError as e:
                 raise UsageError(f"--proxy-command: cannot split it into arguments ({e}); "
                                  "quote it as for a shell") from None
-        elif sandbox and access == "instance-connect":
-            # The default tunnel talks to AWS's Instance Connect endpoint: not from the sandbox.
-            raise UsageError("--access instance-connect with --sandbox needs --proxy-command: "
-                             "the default tunnel (aws ec2-instance-connect open-tunnel) would "
+        elif sandbox and access in DEFAULT_TUNNELS:
+            # The default tunnels talk to the cloud's endpoints: not from the sandbox.
+            raise UsageError(f"--access {access} with --sandbox needs --proxy-command: the "
+                             f"default tunnel ({DEFAULT_TUNNELS[access].split(' %')[0]}) would "
                              "leave this machine; give a local command reaching the node's sshd")
         self.access = access
-        self.proxy_command = proxy_command or (TUNNEL_COMMAND if access == "instance-connect"
-                                               else None)
+        self.proxy_command = proxy_command or DEFAULT_TUNNELS.get(access)
+        self.os_login: OsLogin | None = OsLogin() if access == "iap" else None
         self.sandbox = sandbox
         if timeout <= 0:
             raise UsageError(f"--timeout {timeout}: give a number of seconds above 0")
@@ -797,8 +817,9 @@ def _quiet_paramiko() -> None:
         log.addHandler(logging.NullHandler())
 
 
-def connect(host: Host, opts: SshOptions):
-    """A connected paramiko SSHClient, or SshFailure with the reason and the fix."""
+def connect(host: Host, opts: SshOptions) -> tuple[Any, str, str | None]:
+    """(a connected paramiko SSHClient, the user logged in as, a note for the ssh check), or
+    SshFailure with the reason and the fix."""
     import paramiko
 
     _quiet_paramiko()
@@ -810,18 +831,26 @@ def connect(host: Host, opts: SshOptions):
     client.set_missing_host_key_policy(_reject_policy(policy))
     kwargs: dict[str, Any] = {}
     key_desc = f"key {opts.identity}" if opts.identity else "ssh-agent / ~/.ssh keys"
-    pkey = opts.pkey
+    pkey, user, forget = opts.pkey, opts.user, None
+    auth_hint = ("check --user (DLAMI: ubuntu) and --identity, and that the key's public half "
+                 "is in the user's ~/.ssh/authorized_keys on the node (the pool's key pair)")
     if opts.access == "instance-connect":
         pkey = push_instance_connect_key(host, opts)
         key_desc = "a key pushed by EC2 Instance Connect"
+    elif opts.access == "iap":
+        pkey, user, forget = opts.os_login.import_key(host)
+        key_desc = "a key imported into your OS Login profile"
+        auth_hint = ("OS Login refused you: you need roles/compute.osAdminLogin (or osLogin) "
+                     "on the project, and the node `enable-oslogin` with its guest agent "
+                     "running")
     if pkey is not None:
         # Only the key asked for: no agent, no ~/.ssh guesses, so a wrong key fails plainly.
         kwargs = {"pkey": pkey, "allow_agent": False, "look_for_keys": False}
-    if opts.proxy_command:
-        kwargs["sock"] = proxy_socket(opts.proxy_command, host)
-    who = f"{opts.user}@{host.label}"
+    who = f"{user}@{host.label}"
     try:
-        client.connect(host.host, port=host.port, username=opts.user, timeout=opts.timeout,
+        if opts.proxy_command:
+            kwargs["sock"] = proxy_socket(opts.proxy_command, host)
+        client.connect(host.host, port=host.port, username=user, timeout=opts.timeout,
                        banner_timeout=opts.timeout, auth_timeout=opts.timeout,
                        channel_timeout=opts.timeout, **kwargs)
     except SshFailure:
@@ -842,11 +871,8 @@ def connect(host: Host, opts: SshOptions):
         ) from None
     except paramiko.AuthenticationException as e:
         client.close()
-        raise SshFailure(
-            f"authentication failed for {who} with {key_desc} ({e})",
-            "check --user (DLAMI: ubuntu) and --identity, and that the key's public half is in "
-            "the user's ~/.ssh/authorized_keys on the node (the pool's key pair)",
-        ) from None
+        raise SshFailure(f"authentication failed for {who} with {key_desc} ({e})",
+                         auth_hint) from None
     except paramiko.ssh_exception.NoValidConnectionsError:
         client.close()
         raise SshFailure(
@@ -869,15 +895,25 @@ def connect(host: Host, opts: SshOptions):
         client.close()
         raise SshFailure(f"ssh to {host.label} failed: {e or type(e).__name__}",
                          "check that the port is an SSH server and the node is up") from None
-    return client
+    finally:
+        # Logged in or not, the imported key has done its work.
+        note = forget() if forget is not None else None
+    return client, user, note
+
+
+_PLACEHOLDER = re.compile(r"%[ihprzP%]")
+
+
+def _placeholders(host: Host) -> dict[str, str | None]:
+    return {"%i": host.instance_id, "%h": host.host, "%p": str(host.port), "%r": host.region,
+            "%z": host.zone, "%P": host.project, "%%": "%"}
 
 
 def proxy_argv(template: str, host: Host) -> list[str]:
-    """The proxy command's words with %i %h %p %r replaced: each value stays one argument
-    whatever it holds (no shell)."""
-    values = {"%i": host.instance_id or "", "%h": host.host, "%p": str(host.port),
-              "%r": host.region or "", "%%": "%"}
-    return [re.sub(r"%[ihpr%]", lambda m: values[m[0]], word)
+    """The proxy command's words with %i %h %p %r %z %P replaced: each value stays one
+    argument whatever it holds (no shell)."""
+    values = _placeholders(host)
+    return [_PLACEHOLDER.sub(lambda m: values[m[0]] or "", word)
             for word in shlex.split(template)]
 
 
@@ -885,15 +921,76 @@ def proxy_socket(template: str, host: Host) -> Any:
     import paramiko
 
     argv = proxy_argv(template, host)
-    if "%i" in template and not host.instance_id:
-        raise SshFailure(f"the proxy command needs the instance id of {host.label}",
+    values = _placeholders(host)
+    missing = [p for p in sorted(set(_PLACEHOLDER.findall(template))) if not values[p]]
+    if missing:
+        raise SshFailure(f"the proxy command needs {' '.join(missing)} (instance, region, "
+                         f"zone or project) of {host.label}, which only discovery knows",
                          "let poolctl find the nodes through the cloud (no --host)")
     try:
         return paramiko.ProxyCommand(shlex.join(argv))
     except paramiko.SSHException as e:  # the command cannot start
         raise SshFailure(f"proxy command `{argv[0]}` for {host.label} failed to start: {e}",
-                         "install it (aws: AWS CLI v2 for instance-connect) or fix "
-                         "--proxy-command") from None
+                         "install it (instance-connect: AWS CLI v2; iap: the gcloud CLI) or "
+                         "fix --proxy-command") from None
+
+
+def _fresh_key() -> Any:
+    """A new ed25519 key for one login; the private half never leaves this process."""
+    import io
+
+    import paramiko
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption()).decode()
+    return paramiko.Ed25519Key.from_private_key(io.StringIO(pem))
+
+
+class OsLogin:
+    """`--access iap`: one key per node login, imported into the caller's OS Login profile
+    (users.importSshPublicKey, expiring after OS_LOGIN_KEY_TTL_S) and deleted after the
+    login. The account is resolved once, before any connection (`prepare`)."""
+
+    def __init__(self) -> None:
+        self.ops: Any = None
+        self.account: str | None = None
+
+    def prepare(self, sandbox: bool = False) -> str:
+        from poolctl.clouds.gcp import make_ops
+
+        if self.ops is None:
+            ops = make_ops(sandbox=sandbox)
+            self.account = ops.caller_account()
+            self.ops = ops
+        return self.account
+
+    def import_key(self, host: Host) -> tuple[Any, str, Callable[[], str | None]]:
+        """(key, POSIX user, forget): `forget()` deletes the key, returning a note when it
+        could not."""
+        if self.ops is None or not host.project:
+            raise SshFailure(f"iap needs the instance and project of {host.label}",
+                             "let poolctl find the nodes through the cloud (no --host), or "
+                             "use --access ssh")
+        key = _fresh_key()
+        try:
+            user, fp = self.ops.import_ssh_key(self.account, f"{key.get_name()} "
+                                               f"{key.get_base64()} poolctl-nodes-check",
+                                               host.project, OS_LOGIN_KEY_TTL_S)
+        except OperationFailed as e:
+            raise SshFailure(str(e), "the caller needs roles/compute.osAdminLogin (or "
+                             "osLogin) and OS Login must be on in the project") from None
+
+        def forget() -> str | None:
+            try:
+                self.ops.delete_ssh_key(self.account, fp)
+            except OperationFailed as e:
+                return f"the imported key was not deleted ({e}); it expires by itself"
+            return None
+
+        return key, user, forget
 
 
 def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
@@ -901,20 +998,12 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     EC2 Instance Connect (the node's sshd accepts it for 60 s). The private half never leaves
     this process."""
     import botocore.exceptions
-    import paramiko
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     if not host.instance_id or not host.region:
         raise SshFailure(f"instance-connect needs the instance id of {host.label}",
                          "let poolctl find the nodes through the cloud (no --host), or use "
                          "--access ssh")
-    pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption()).decode()
-    import io
-
-    key = paramiko.Ed25519Key.from_private_key(io.StringIO(pem))
+    key = _fresh_key()
     if opts.sandbox:
         from poolctl.sandbox import manager
 
@@ -966,15 +1055,15 @@ def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
 def check_node(host: Host, spec: NodeSpec, opts: SshOptions) -> NodeResult:
     result = NodeResult(host.label, spec.pool, spec.cloud)
     try:
-        client = connect(host, opts)
+        client, user, note = connect(host, opts)
     except SshFailure as f:
         result.checks.append(_fail("ssh", f.observed, f.hint, "failed"))
         return result
     try:
         key = client.get_transport().get_remote_server_key()
-        result.checks.append(Check(
-            "ssh", True, f"{opts.user}@{host.label}, host key {key.get_name()} {fingerprint(key)}",
-            None, "ok"))
+        observed = f"{user}@{host.label}, host key {key.get_name()} {fingerprint(key)}"
+        result.checks.append(Check("ssh", True, f"{observed}; {note}" if note else observed,
+                                   None, "ok"))
         result.checks.extend(run_checks(_runner(client, opts.timeout), spec))
     finally:
         client.close()
@@ -1083,44 +1172,32 @@ def gcp_filter(cfg: Config, pool: Pool) -> str:
             f'labels.{naming.LABEL_POOL} = "{pool.name}" AND status = "RUNNING"')
 
 
-def gcp_ips(pages: Iterable[tuple[str, Any]], region: str) -> list[str]:
-    """(zone key, InstancesScopedList) pairs of an aggregated list -> the region's node IPs."""
-    ips = []
-    for zone, scoped in pages:
-        name = zone.rsplit("/", 1)[-1]
-        if not name.startswith(f"{region}-"):
+def gcp_nodes(pages: Iterable[tuple[str, Any]], region: str) -> list[tuple[str, str, str]]:
+    """(zone key, InstancesScopedList) pairs of an aggregated list -> (internal IP, instance
+    name, zone) of the region's running nodes, by IP."""
+    found = {}
+    for zone_key, scoped in pages:
+        zone = zone_key.rsplit("/", 1)[-1]
+        if not zone.startswith(f"{region}-"):
             continue
         for inst in getattr(scoped, "instances", None) or []:
             if getattr(inst, "status", "RUNNING") != "RUNNING":
                 continue
             for nic in inst.network_interfaces[:1]:
                 if nic.network_i_p:
-                    ips.append(nic.network_i_p)
-    return sorted(set(ips), key=_ip_key)
+                    found[nic.network_i_p] = (inst.name, zone)
+    return [(ip, *found[ip]) for ip in sorted(found, key=_ip_key)]
 
 
-def discover_gcp(cfg: Config, pool: Pool) -> list[str]:
-    """Internal IPs of the pool's running VMs in its region, found by label."""
+def discover_gcp(cfg: Config, pool: Pool, sandbox: bool = False) -> list[tuple[str, str, str]]:
+    """(internal IP, instance name, zone) of the pool's running VMs in its region, found by
+    label through the Compute Engine endpoint poolctl uses (POOLCTL_GCE_ENDPOINT honoured)."""
     if pool.gcp is None:
         raise UsageError(f"--cloud gcp: pool {pool.name!r} has no `gcp:` placement")
-    try:
-        from google.api_core import exceptions as gexc
-        from google.auth import exceptions as auth_exc
-        from google.cloud import compute_v1
-    except ImportError:
-        raise UsageError("--cloud gcp: google-cloud-compute is not installed "
-                         "(pip install 'poolctl[gcp]'), or pass --host") from None
-    try:
-        client = compute_v1.InstancesClient()
-        request = compute_v1.AggregatedListInstancesRequest(
-            project=pool.gcp.project, filter=gcp_filter(cfg, pool))
-        return gcp_ips(client.aggregated_list(request=request), pool.gcp.region)
-    except auth_exc.DefaultCredentialsError:
-        raise UsageError("--cloud gcp: no Google credentials found; run "
-                         "`gcloud auth application-default login`, or pass --host") from None
-    except gexc.GoogleAPIError as e:
-        raise OperationFailed(
-            f"compute instances.aggregatedList in {pool.gcp.project} failed: {e}") from None
+    from poolctl.clouds.gcp import make_ops
+
+    pages = make_ops(sandbox=sandbox).running_instances(pool.gcp.project, gcp_filter(cfg, pool))
+    return gcp_nodes(pages, pool.gcp.region)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1158,14 +1235,19 @@ def plan_work(
                     "for the node, e.g. --host 127.0.0.1:2222")
         return [(h, spec) for h in unique]
     if sandbox and any(c != "aws" for _, c in targets):
-        raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
+        from poolctl.clouds.gcp import ENDPOINT_ENV
+
+        # GCP "in the sandbox" is the Compute Engine fake of the tests, as for make_ops.
+        if not os.environ.get(ENDPOINT_ENV):
+            raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
     discover = discover or _discover
     work = []
     for pool, cloud in targets:
         spec = spec_for(pool, cloud)
-        found = [f if isinstance(f, tuple) else (f, None)
+        # An address, or (address, instance id or name[, zone]).
+        found = [(*(f if isinstance(f, tuple) else (f,)), None, None)[:3]
                  for f in discover(cfg, pool, cloud, sandbox)]
-        ips = [ip for ip, _ in found]
+        ips = [ip for ip, _, _ in found]
         if not ips:
             where = pool.aws.region if cloud == "aws" and pool.aws else (
                 pool.gcp.region if pool.gcp else "")
@@ -1183,8 +1265,12 @@ def plan_work(
                 "address of the emulator, and poolctl never connects outside 127.0.0.0/8 in "
                 "the sandbox; pass --host with the loopback address of a local sshd standing "
                 "for the node, e.g. --host 127.0.0.1:2222")
-        region = pool.aws.region if cloud == "aws" and pool.aws else None
-        work.extend((Host(ip, default_port, iid, region), spec) for ip, iid in found)
+        if cloud == "aws":
+            where_kw = {"region": pool.aws.region if pool.aws else None}
+        else:
+            where_kw = {"region": pool.gcp.region, "project": pool.gcp.project}
+        work.extend((Host(ip, default_port, iid, zone=zone, **where_kw), spec)
+                    for ip, iid, zone in found)
     return work
 
 
@@ -1202,4 +1288,4 @@ def is_loopback(host: str) -> bool:
 def _discover(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list:
     if cloud == "aws":
         return discover_aws_nodes(cfg, pool, sandbox)
-    return discover_gcp(cfg, pool)
+    return discover_gcp(cfg, pool, sandbox)

@@ -66,8 +66,14 @@ def cli_config(mirror: str | None) -> Path | None:
     if not mpath.is_dir():
         raise UsageError(f"--provider-mirror: {mirror} is not a directory; give the folder that "
                          "holds registry.terraform.io/hashicorp/...")
-    hosts = sorted(p.name for p in mpath.iterdir() if p.is_dir())
-    include = ", ".join(f'"{h}/*/*"' for h in hosts) or '"registry.terraform.io/*/*"'
+    # Only the providers the mirror holds (host/namespace/type folders): a mirror with aws
+    # alone must not stop `init` from fetching google for a GCP deploy.
+    found = sorted(f"{p.parent.parent.name}/{p.parent.name}/{p.name}"
+                   for p in mpath.glob("*/*/*") if p.is_dir())
+    if not found:
+        raise UsageError(f"--provider-mirror: {mirror} holds no providers; give the folder that "
+                         "holds registry.terraform.io/hashicorp/<provider>/...")
+    include = ", ".join(f'"{f}"' for f in found)
     text = (
         "# written by poolctl: providers from the filesystem mirror, others from registries\n"
         "provider_installation {\n"

@@ -33,9 +33,12 @@ def literal_view(value: T) -> T:
     if isinstance(value, str):
         return escape(value)
     if isinstance(value, BaseModel):
-        return type(value).model_construct(
+        view = type(value).model_construct(
             _fields_set=value.model_fields_set,
             **{k: literal_view(getattr(value, k)) for k in type(value).model_fields})
+        if value.__pydantic_private__:  # e.g. where each model field came from (a preset)
+            view.__pydantic_private__ = dict(value.__pydantic_private__)
+        return view
     if isinstance(value, list | tuple):
         return type(value)(literal_view(v) for v in value)
     if isinstance(value, dict):

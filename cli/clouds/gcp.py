@@ -58,6 +58,9 @@ from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
 ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
+OSLOGIN_API = "https://oslogin.googleapis.com"
+TOKENINFO = "https://oauth2.googleapis.com/tokeninfo"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 CONTACT_ENV = "POOLCTL_QUOTA_CONTACT_EMAIL"
 QUOTA_SERVICE = "compute.googleapis.com"
 # GPU quotas are increased through the per-family quota, dimensioned by region and
@@ -94,6 +97,15 @@ def _one_line(text: Any) -> str:
 def _zone(instance_link: str) -> str:
     m = re.search(r"/zones/([^/]+)/", instance_link or "")
     return m.group(1) if m else ""
+
+
+def _email_of(creds: Any) -> str | None:
+    """The account email credentials carry (service account, impersonated), if any."""
+    for attr in ("service_account_email", "signer_email", "account"):
+        email = getattr(creds, attr, None)
+        if isinstance(email, str) and "@" in email:
+            return email
+    return None
 
 
 def _created(t: Any) -> datetime:
@@ -184,6 +196,8 @@ class GcpOps:
         self._timeout = call_timeout_s
         self._operation_timeout_s = operation_timeout_s
         self._clients: dict[str, Any] = {}
+        self._rest_session: tuple[Any, str] | None = None
+        self._endpoint = endpoint.rstrip("/")
         self._retry_obj = None
         # quota line (name, scope) -> project, remembered by quota_lines for request_quota
         self._quota_project: dict[tuple[str, str], str] = {}
@@ -864,6 +878,131 @@ class GcpOps:
                                 reason="rolled back")
         state.from_version = target
         return state
+
+    # ------------------------------------------------------------------ nodes check
+
+    def running_instances(self, project: str, filter: str) -> list[tuple[str, Any]]:
+        """instances.aggregatedList under `filter`: (zone key, InstancesScopedList) of every
+        page, through the endpoint override like every other call."""
+        compute_v1 = self._compute()
+        return self._call(f"list instances of {project}",
+                          self._client("InstancesClient").aggregated_list,
+                          request=compute_v1.AggregatedListInstancesRequest(
+                              project=project, filter=filter))
+
+    def _rest(self):
+        """(AuthorizedSession, base URL) for OS Login, which has no client library here:
+        the endpoint override (anonymous, as above) or Google's."""
+        if self._rest_session is None:
+            from google.auth import exceptions as auth_exc
+            from google.auth.transport.requests import AuthorizedSession
+
+            creds, base = self._credentials, self._endpoint or OSLOGIN_API
+            if creds is None:
+                import google.auth
+
+                try:
+                    creds, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
+                except auth_exc.DefaultCredentialsError:
+                    raise UsageError(
+                        "GCP credentials: none found; run `gcloud auth application-default "
+                        "login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+            self._rest_session = (AuthorizedSession(creds), base)
+        return self._rest_session
+
+    def caller_account(self) -> str:
+        """The email of the Google account poolctl acts as: OS Login keys are imported for
+        it. A service account names itself; user credentials are asked of Google
+        (tokeninfo). Against a plain-http endpoint (a local fake) it can only come from a key
+        file (GOOGLE_APPLICATION_CREDENTIALS): no token may leave the machine."""
+        import google.auth
+        from google.auth import exceptions as auth_exc
+        from google.auth.transport.requests import Request
+
+        fix = ("use a service account key (GOOGLE_APPLICATION_CREDENTIALS) or `gcloud auth "
+               "application-default login` (its token carries the email scope)")
+        session, base = self._rest()
+        try:
+            if base != OSLOGIN_API and base.startswith("http://"):
+                path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+                if not path:
+                    raise UsageError(f"--access iap: no Google account to import the key for; "
+                                     f"set GOOGLE_APPLICATION_CREDENTIALS ({ENDPOINT_ENV} is "
+                                     "plain http: no token is sent there)")
+                email = _email_of(google.auth.load_credentials_from_file(path)[0])
+            else:
+                creds = session.credentials
+                email = _email_of(creds)
+                if email is None:
+                    # Compute Engine credentials learn their email with their first token;
+                    # user credentials never carry it.
+                    creds.refresh(Request())
+                    email = _email_of(creds)
+                if email is None:
+                    r = session.post(TOKENINFO, data={"access_token": creds.token},
+                                     timeout=self._timeout)
+                    email = r.json().get("email") if r.ok else None
+        except auth_exc.GoogleAuthError as e:
+            raise UsageError(f"--access iap: cannot read the Google account ({_one_line(e)}); "
+                             f"{fix}") from None
+        if not email:
+            raise UsageError(f"--access iap: cannot tell which Google account poolctl acts "
+                             f"as; {fix}")
+        return email
+
+    def _oslogin(self, method: str, path: str, what: str, **kw) -> dict:
+        """One OS Login call; an error becomes one line (403: the role that is missing)."""
+        import requests
+
+        session, base = self._rest()
+        try:
+            r = session.request(method, f"{base}/v1/{path}", timeout=self._timeout, **kw)
+        except requests.exceptions.RequestException as e:
+            raise OperationFailed(f"GCP OS Login {what}: {_one_line(e)}") from None
+        if r.ok:
+            return r.json() if r.content.strip() else {}
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:200]
+        hint = ("; the caller needs roles/compute.osAdminLogin (or osLogin) on the project"
+                if r.status_code == 403 else "")
+        raise OperationFailed(f"GCP OS Login {what}: {r.status_code} {_one_line(message)}{hint}")
+
+    def import_ssh_key(self, account: str, public_key: str, project: str,
+                       ttl_s: float) -> tuple[str, str]:
+        """users.importSshPublicKey: `public_key` (OpenSSH form) in `account`'s login
+        profile for `ttl_s` seconds. Returns (the account's POSIX user name in `project`,
+        the key's fingerprint, for delete_ssh_key)."""
+        from urllib.parse import quote
+
+        expires = int((time.time() + ttl_s) * 1_000_000)
+        out = self._oslogin(
+            "POST", f"users/{quote(account, safe='@')}:importSshPublicKey",
+            f"importSshPublicKey for {account}", params={"projectId": project},
+            json={"key": public_key, "expirationTimeUsec": str(expires)})
+        profile = out.get("loginProfile") or {}
+        blob = public_key.split()[1]
+        fp = next((f for f, k in (profile.get("sshPublicKeys") or {}).items()
+                   if blob in (k.get("key") or "").split()), None)
+        accounts = profile.get("posixAccounts") or []
+        posix = (next((a for a in accounts if a.get("accountId") == project), None)
+                 or next((a for a in accounts if a.get("primary")), None))
+        if fp is None or posix is None or not posix.get("username"):
+            raise OperationFailed(f"GCP OS Login importSshPublicKey for {account}: the login "
+                                  f"profile holds no POSIX account for {project} or not the "
+                                  "key; check that OS Login is on in the project")
+        return posix["username"], fp
+
+    def delete_ssh_key(self, account: str, fingerprint: str) -> None:
+        from urllib.parse import quote
+
+        try:
+            self._oslogin("DELETE", f"users/{quote(account, safe='@')}/sshPublicKeys/"
+                          f"{quote(fingerprint, safe='')}", f"delete key of {account}")
+        except OperationFailed as e:
+            if " 404 " not in str(e):  # gone already (expired): what was wanted
+                raise
 
     # ------------------------------------------------------------------ queue
 

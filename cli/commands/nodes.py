@@ -28,7 +28,11 @@ HostOpt = Annotated[
     typer.Option("--host", help="Node to check, HOST or HOST:PORT (repeatable); default: the "
                  "pool's running nodes, found through the cloud by tag.", show_default=False),
 ]
-UserOpt = Annotated[str, typer.Option("--user", "-u", help="SSH user on the nodes.")]
+UserOpt = Annotated[
+    str | None,
+    typer.Option("--user", "-u", help="SSH user on the nodes (default ubuntu; with iap: your "
+                 "OS Login user).", show_default=False),
+]
 IdentityOpt = Annotated[
     Path | None,
     typer.Option("--identity", "-i", help="Private key to log in with (only this key); "
@@ -50,15 +54,18 @@ AccessOpt = Annotated[
     typer.Option("--access", help="ssh: your keys, straight to each node's address (from "
                  "inside the VPC or a VPN). instance-connect (AWS): a key made and pushed for "
                  "this check only (EC2 Instance Connect), through the AWS CLI's tunnel to the "
-                 "pool's EC2 Instance Connect Endpoint. Default: the pool's aws.node_access.",
+                 "pool's EC2 Instance Connect Endpoint. iap (GCP): a key made for this check "
+                 "and imported into your OS Login profile, through gcloud's IAP TCP tunnel. "
+                 "Default: the pool's aws.node_access / gcp.node_access.",
                  show_default=False),
 ]
 ProxyOpt = Annotated[
     str | None,
     typer.Option("--proxy-command", help="Like ssh's ProxyCommand: a command whose stdin/"
-                 "stdout reach the node's sshd; %i instance id, %h address, %p port, "
-                 "%r region (default with instance-connect: aws ec2-instance-connect "
-                 "open-tunnel).", show_default=False),
+                 "stdout reach the node's sshd; %i instance id (GCP: name), %h address, "
+                 "%p port, %r region, %z zone, %P project (default with instance-connect: aws "
+                 "ec2-instance-connect open-tunnel; with iap: gcloud compute "
+                 "start-iap-tunnel).", show_default=False),
 ]
 
 
@@ -68,7 +75,7 @@ def check(
     pool: PoolOpt = None,
     cloud: CloudOpt = None,
     host: HostOpt = None,
-    user: UserOpt = "ubuntu",
+    user: UserOpt = None,
     identity: IdentityOpt = None,
     known_hosts: KnownHostsOpt = None,
     port: PortOpt = 22,
@@ -85,18 +92,26 @@ def check(
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     if access is None:
-        endpoint = [p.aws is not None and p.aws.node_access == "instance-connect" and c == "aws"
-                    for p, c in tgts]
-        access = "instance-connect" if endpoint and all(endpoint) and not host else "ssh"
+        # The pool's own way in, when every target has one (and no --host names nodes).
+        own = {"aws": lambda p: p.aws.node_access, "gcp": lambda p: p.gcp.node_access}
+        modes = {own[c](p) for p, c in tgts}
+        access = modes.pop() if len(modes) == 1 and not host else "ssh"
+        access = "ssh" if access == "none" else access
     if access == "instance-connect" and any(c != "aws" for _, c in tgts):
         raise UsageError("--access instance-connect: EC2 Instance Connect is AWS's; add "
-                         "--cloud aws (GCP's IAP tunnel with OS Login is not supported yet)")
+                         "--cloud aws, or use --access iap for GCP")
+    if access == "iap" and any(c != "gcp" for _, c in tgts):
+        raise UsageError("--access iap: IAP TCP forwarding with OS Login is GCP's; add "
+                         "--cloud gcp, or use --access instance-connect for AWS")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,
                                 timeout=timeout, access=access, proxy_command=proxy_command,
                                 sandbox=sandbox)
     work = nodecheck.plan_work(cfg, tgts, host, default_port=port, sandbox=sandbox,
                                direct=opts.proxy_command is None)
-    sys.stderr.write(f"checking {len(work)} node(s) over SSH as {user} ...\n")
+    who = opts.user
+    if opts.os_login is not None:
+        who = f"the OS Login user of {opts.os_login.prepare(sandbox)}"
+    sys.stderr.write(f"checking {len(work)} node(s) over SSH as {who} ...\n")
 
     def progress(res) -> None:
         sys.stderr.write(nodecheck.progress_line(res) + "\n")

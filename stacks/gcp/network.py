@@ -23,6 +23,9 @@ from poolctl.stacks.literal import hcl_quoted
 # Google's health-check probers (documented source ranges for load balancer and MIG
 # autohealing probes).
 HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
+# Where Identity-Aware Proxy's TCP forwarding connects from (documented range):
+# `gcp.node_access: iap` opens SSH to the nodes from it and nowhere else.
+IAP_TCP_RANGE = "35.235.240.0/20"
 # INTERNAL_HTTPS_LOAD_BALANCER is the older name of the same purpose; both are proxy-only.
 PROXY_ONLY_FILTER = "purpose eq (REGIONAL_MANAGED_PROXY|INTERNAL_HTTPS_LOAD_BALANCER)"
 
@@ -123,6 +126,18 @@ class Network(Construct):
                 ),
             )]),
         )
+        if p.node_access == "iap":
+            # SSH for `poolctl nodes check --access iap`: only through IAP (which checks
+            # the caller's IAM), and OS Login (on in the template) decides who logs in.
+            self.fw_iap_ssh = fw.ComputeFirewall(
+                self, "allow-iap-ssh", name=f"{fw_name}-allow-iap-ssh",
+                project=net_project, network=self.network, direction="INGRESS",
+                priority=1000, source_ranges=[IAP_TCP_RANGE], target_tags=[node_tag],
+                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=["22"])],
+                description="SSH through Identity-Aware Proxy TCP forwarding only",
+                # Who came in, and when: every SSH connection is logged with its metadata.
+                log_config=fw.ComputeFirewallLogConfig(metadata="INCLUDE_ALL_METADATA"),
+            )
         # Egress as on AWS: HTTPS out (GCS, Artifact Registry / Docker Hub, Google APIs);
         # the metadata server (DNS, token) is reachable regardless of firewall rules.
         fw.ComputeFirewall(

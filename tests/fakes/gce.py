@@ -8,14 +8,21 @@ to it over HTTP on 127.0.0.1:
     regions.get (quotas), projects.get (quotas), instanceTemplates.list/get/delete (global,
     as the stack creates them), regionInstanceGroupManagers.list/get/patch/
     listManagedInstances/resize, regionAutoscalers.list/get/patch, regionOperations.get/wait,
-    globalOperations.get/wait,
-    Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch.
+    globalOperations.get/wait, instances.aggregatedList (the MIGs' VMs, `filter` on labels and
+    status),
+    Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch,
+    OS Login users.importSshPublicKey and users.sshPublicKeys.delete (v1, same host),
+and, standing in for the node's side of OS Login (the guest agent's AuthorizedKeysCommand
+asking the metadata server), `GET /_poolctl/instance-connect?instance_id=NAME&user=POSIX`: the
+unexpired keys of the account with that POSIX user name, for a running VM of that name. It is
+the path tests/ops/sshd.py's AuthorizedKeysCommand asks, as it asks the AWS sandbox.
 
 The client libraries parse responses with `ignore_unknown_fields=True`, so a misspelt field
 would pass silently and read as empty. With `strict=True` (the default) every response, and
 every request body, is first parsed against its `google.cloud.compute_v1` /
-`cloudquotas_v1` message with unknown fields refused; a mismatch answers 500 and lands in
-`fake.errors`, which the tests check is empty.
+`cloudquotas_v1` message with unknown fields refused (OS Login, whose client library is not
+installed: against the field names of its v1 REST reference, OSLOGIN_FIELDS); a mismatch
+answers 500 and lands in `fake.errors`, which the tests check is empty.
 
 Behaviour worth knowing:
 - Mutations answer an Operation that goes PENDING -> RUNNING -> DONE, one step per
@@ -131,6 +138,9 @@ class FakeGce:
         self.autoscalers: dict[tuple[str, str, str], dict] = {}
         self.operations: dict[tuple[str, str, str], dict] = {}
         self.preferences: dict[str, dict] = {}  # full name -> QuotaPreference JSON
+        self.ips: dict[str, str] = {}  # instance name -> internal IP (instances.aggregatedList)
+        # account email -> {"username": POSIX user, "uid": ..., "keys": {fingerprint: key}}
+        self.os_login: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.errors: list[str] = []
         self._failures: list[_Failure] = []
@@ -470,6 +480,49 @@ class FakeGce:
             self._mark_rollout(key)
             return min(n, len(old))
 
+    def set_ip(self, name: str, ip: str) -> None:
+        with self.lock:
+            self.ips[name] = ip
+
+    def _ip(self, name: str) -> str:
+        return self.ips.setdefault(name, f"10.128.0.{len(self.ips) + 2}")
+
+    def instance_list(self, project: str) -> list[tuple[str, dict]]:
+        """(zone, compute#instance) of every managed VM of the project, as instances.get
+        renders them: the labels of the template it runs, its internal IP."""
+        out = []
+        for (p, _region, _mig), lst in sorted(self.managed.items()):
+            if p != project:
+                continue
+            for mi in lst:
+                zone = mi["instance"].split("/zones/")[1].split("/")[0]
+                tpl = self.templates.get((project, _last(mi["version"]["instanceTemplate"])))
+                props = tpl["properties"] if tpl else {}
+                out.append((zone, {
+                    "kind": "compute#instance", "id": mi["id"], "name": mi["name"],
+                    "creationTimestamp": _ts(BASE_TIME), "status": mi["instanceStatus"],
+                    "zone": f"{API}/projects/{project}/zones/{zone}",
+                    "machineType": f"{API}/projects/{project}/zones/{zone}/machineTypes/"
+                                   f"{props.get('machineType', 'a3-highgpu-8g')}",
+                    "labels": dict(props.get("labels", {})),
+                    "networkInterfaces": [{
+                        "kind": "compute#networkInterface", "name": "nic0",
+                        "network": f"{API}/projects/{project}/global/networks/default",
+                        "networkIP": self._ip(mi["name"]), "nicType": "GVNIC"}],
+                    "selfLink": mi["instance"],
+                }))
+        return out
+
+    # ------------------------------------------------------------------ OS Login
+
+    def set_os_login_user(self, account: str, username: str, uid: int = 1_234_567_890) -> None:
+        """The POSIX account OS Login gives `account` (a user or service account email)."""
+        with self.lock:
+            self.os_login.setdefault(account, {"keys": {}}).update(username=username, uid=uid)
+
+    def os_login_keys(self, account: str) -> dict[str, dict]:
+        return self.os_login.get(account, {}).get("keys", {})
+
     # ------------------------------------------------------------------ quota preferences
 
     def grant(self, name: str, value: int | None = None) -> dict:
@@ -611,12 +664,41 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("GET", _C + "/global/operations/(?P<op>[^/]+)", "gop_get"),
         ("POST", _C + "/global/operations/(?P<op>[^/]+)/wait", "gop_get"),
         ("GET", _C, "project_get"),
+        ("GET", _C + "/aggregated/instances", "inst_aggregated"),
+        ("POST", "/v1/users/(?P<user>[^/:]+):importSshPublicKey", "oslogin_import"),
+        ("DELETE", "/v1/users/(?P<user>[^/:]+)/sshPublicKeys/(?P<fp>[^/]+)", "oslogin_delete"),
+        ("GET", "/_poolctl/instance-connect", "node_keys"),
         ("GET", _Q, "qp_list"),
         ("POST", _Q, "qp_create"),
         ("GET", _Q + "/(?P<id>[^/]+)", "qp_get"),
         ("PATCH", _Q + "/(?P<id>[^/]+)", "qp_patch"),
     ]
 ]
+
+
+# OS Login v1 REST reference (oslogin.googleapis.com): the fields of each message this fake
+# sends or reads; OsLogin's shapes are checked against them, unknown fields refused.
+OSLOGIN_FIELDS: dict[str, set[str]] = {
+    "ImportSshPublicKeyResponse": {"loginProfile", "details"},
+    "LoginProfile": {"name", "posixAccounts", "sshPublicKeys"},
+    "PosixAccount": {"primary", "username", "uid", "gid", "homeDirectory", "shell", "gecos",
+                     "systemId", "accountId", "operatingSystemType", "name"},
+    "SshPublicKey": {"key", "expirationTimeUsec", "fingerprint", "name"},
+    "Empty": set(),
+}
+
+
+def _check_oslogin(data: dict, kind: str) -> None:
+    unknown = set(data) - OSLOGIN_FIELDS[kind]
+    if unknown:
+        raise ValueError(f"{kind} has no field {sorted(unknown)}")
+    if kind == "ImportSshPublicKeyResponse" and "loginProfile" in data:
+        _check_oslogin(data["loginProfile"], "LoginProfile")
+    if kind == "LoginProfile":
+        for a in data.get("posixAccounts", []):
+            _check_oslogin(a, "PosixAccount")
+        for k in data.get("sshPublicKeys", {}).values():
+            _check_oslogin(k, "SshPublicKey")
 
 
 def _types():
@@ -684,6 +766,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         from google.protobuf import json_format
 
+        if kind in OSLOGIN_FIELDS:
+            return _check_oslogin(out, kind)
+        if kind == "NodeKeys":
+            return
         c, q = _types()
         msg = getattr(c, kind, None) or getattr(q, kind)
         json_format.Parse(json.dumps(out), msg.pb()(), ignore_unknown_fields=False)
@@ -978,3 +1064,91 @@ class _Handler(BaseHTTPRequestHandler):
         merged.update(reconciling=True, updateTime=_ts(self.fake._now()))
         self.fake.preferences[name] = merged
         return merged, "QuotaPreference"
+
+    # -- instances.aggregatedList
+
+    def inst_aggregated(self, *, project, query, **_):
+        if project not in self.fake.projects:
+            raise _not_found(f"projects/{project}")
+        want = _parse_filter(query.get("filter", ""))
+        hits = [(z, i) for z, i in self.fake.instance_list(project) if all(
+            (i["labels"].get(k[len("labels."):]) if k.startswith("labels.") else i.get(k)) == v
+            for k, v in want)]
+        page = self._page(hits, query)
+        items: dict[str, dict] = {}
+        for zone, inst in page["items"]:
+            items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(inst)
+        page.update(items=items, kind="compute#instanceAggregatedList",
+                    id=f"projects/{project}/aggregated/instances",
+                    selfLink=f"{API}/projects/{project}/aggregated/instances")
+        return page, "InstanceAggregatedList"
+
+    # -- OS Login
+
+    def oslogin_import(self, *, user, query, body, **_):
+        from urllib.parse import unquote
+
+        account = unquote(user)
+        unknown = set(body) - OSLOGIN_FIELDS["SshPublicKey"]
+        if unknown or set(body) & {"fingerprint", "name"}:
+            raise HttpError(400, f"Invalid JSON payload received. Unknown or output-only "
+                                 f"field {sorted(unknown or set(body) & {'fingerprint', 'name'})}")
+        key = body.get("key", "")
+        if not re.fullmatch(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256) [A-Za-z0-9+/=]+( .*)?",
+                            key):
+            raise HttpError(400, "Invalid SSH public key")
+        exp = body.get("expirationTimeUsec", "0")
+        if not re.fullmatch(r"\d+", str(exp)):
+            raise HttpError(400, "Invalid value at 'ssh_public_key.expiration_time_usec'")
+        user_rec = self.fake.os_login.get(account)
+        if user_rec is None or "username" not in user_rec:
+            raise HttpError(403, f"The caller does not have permission to manage {account}",
+                            "forbidden", "PERMISSION_DENIED")
+        import hashlib
+
+        fp = hashlib.sha256(key.split()[1].encode()).hexdigest()
+        user_rec["keys"][fp] = {"key": key, "expirationTimeUsec": str(exp), "fingerprint": fp,
+                                "name": f"users/{account}/sshPublicKeys/{fp}"}
+        project = query.get("projectId", "")
+        name, uid = user_rec["username"], str(user_rec["uid"])
+        posix = [{"primary": True, "username": name, "uid": uid, "gid": uid,
+                  "homeDirectory": f"/home/{name}", "shell": "/bin/bash", "gecos": account,
+                  "systemId": "", "accountId": project, "operatingSystemType": "LINUX",
+                  "name": f"users/{account}/projects/{project}"}] if project else []
+        profile = {"name": account, "posixAccounts": posix,
+                   "sshPublicKeys": copy.deepcopy(user_rec["keys"])}
+        return {"loginProfile": profile, "details": ""}, "ImportSshPublicKeyResponse"
+
+    def oslogin_delete(self, *, user, fp, **_):
+        from urllib.parse import unquote
+
+        account = unquote(user)
+        keys = self.fake.os_login.get(account, {}).get("keys", {})
+        if fp not in keys:
+            raise _not_found(f"users/{account}/sshPublicKeys/{fp}")
+        del keys[fp]
+        return {}, "Empty"
+
+    def node_keys(self, *, query, **_):
+        """What a node's sshd is handed for POSIX user `user` on VM `instance_id`."""
+        import time
+
+        name, user = query.get("instance_id", ""), query.get("user", "")
+        running = any(mi["name"] == name and mi["instanceStatus"] == "RUNNING"
+                      for lst in self.fake.managed.values() for mi in lst)
+        now_us = int(time.time() * 1_000_000)
+        keys = [k["key"] for rec in self.fake.os_login.values() if running
+                and rec.get("username") == user for k in rec["keys"].values()
+                if int(k["expirationTimeUsec"]) > now_us]
+        return {"keys": keys}, "NodeKeys"
+
+
+def _parse_filter(text: str) -> list[tuple[str, str]]:
+    """`a = "x" AND labels.b = "y"`: the only filter shape poolctl sends; others are refused."""
+    out = []
+    for term in (t for t in text.split(" AND ") if t.strip()):
+        m = re.fullmatch(r'\s*([A-Za-z][\w.-]*)\s*=\s*"([^"]*)"\s*', term)
+        if not m:
+            raise HttpError(400, f"fake: unsupported filter term {term!r}")
+        out.append((m[1], m[2]))
+    return out

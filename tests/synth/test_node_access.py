@@ -1,6 +1,6 @@
-"""`aws.node_access: instance-connect`: the one SSH path into a pool's nodes, for
-`poolctl nodes check --access instance-connect`. Off by default (the examples' stacks keep
-port 22 closed: tests/synth/test_aws_stack.py)."""
+"""`aws.node_access: instance-connect` and `gcp.node_access: iap`: the one SSH path into a
+pool's nodes, for `poolctl nodes check --access instance-connect|iap`. Off by default (the
+examples' stacks keep port 22 closed: tests/synth/test_aws_stack.py, test_gcp_stack.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from poolctl.config import load_config, parse_config
-from tests.synth.util import ROOT, run_checkov
+from tests.synth.util import ROOT, checkov_exe, run_checkov
 
 pytestmark = pytest.mark.synth
 
@@ -55,4 +55,58 @@ def test_off_by_default():
 
 def test_checkov_passes_with_the_endpoint(stack):
     failed = run_checkov(stack["dir"])
+    assert failed == [], failed
+
+
+# --- GCP: SSH from Identity-Aware Proxy's TCP forwarding range only ------------------------
+
+
+@pytest.fixture(scope="module")
+def gcp_stack(tmp_path_factory) -> dict:
+    from poolctl.stacks.app import synth
+
+    text = EXAMPLE.read_text()
+    assert "    gcp:\n" in text
+    text = text.replace("    gcp:\n", "    gcp:\n      node_access: iap\n", 1)
+    cfg = parse_config(text, source="poolctl.yaml")
+    assert cfg.pools[0].gcp.node_access == "iap"
+    [d] = synth([(cfg, cfg.targets(None, "gcp"))], tmp_path_factory.mktemp("synth-iap"))
+    return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
+
+
+def _port_22(rule: dict) -> bool:
+    return any("22" in (a.get("ports") or []) for a in rule.get("allow", []))
+
+
+def test_gcp_ssh_only_from_iap(gcp_stack):
+    res = gcp_stack["json"]["resource"]
+    [template] = res["google_compute_instance_template"].values()
+    ssh = [r for r in res["google_compute_firewall"].values() if _port_22(r)]
+    assert len(ssh) == 1
+    [rule] = ssh
+    assert rule["name"] == "acme-chat-70b-allow-iap-ssh"
+    assert rule["direction"] == "INGRESS"
+    assert rule["source_ranges"] == ["35.235.240.0/20"]  # IAP's TCP forwarding range
+    assert rule["allow"] == [{"protocol": "tcp", "ports": ["22"]}]
+    # The pool's nodes only, by the tag the instance template gives them.
+    assert rule["target_tags"] == template["tags"] == ["acme-chat-70b-node"]
+    assert rule["log_config"] == {"metadata": "INCLUDE_ALL_METADATA"}
+    # Who may log in is OS Login's call; no project-wide keys.
+    assert template["metadata"]["enable-oslogin"] == "TRUE"
+    assert template["metadata"]["block-project-ssh-keys"] == "TRUE"
+    # No external address: IAP is the way in.
+    assert all("access_config" not in nic for nic in template["network_interface"])
+
+
+def test_gcp_off_by_default():
+    cfg = load_config(EXAMPLE)
+    assert cfg.pools[0].gcp.node_access == "none"
+    with pytest.raises(Exception, match="node_access"):
+        parse_config(EXAMPLE.read_text().replace(
+            "    gcp:\n", "    gcp:\n      node_access: instance-connect\n", 1))
+
+
+@pytest.mark.parametrize("which", ["pinned", "latest"])
+def test_gcp_checkov_passes_with_iap(gcp_stack, which):
+    failed = run_checkov(gcp_stack["dir"], exe=checkov_exe(which))
     assert failed == [], failed

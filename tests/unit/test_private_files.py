@@ -76,7 +76,7 @@ def test_terraform_cli_config_is_private(tmp_path, monkeypatch, loose_umask):
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     mirror = tmp_path / "mirror" / "registry.terraform.io"
-    mirror.mkdir(parents=True)
+    (mirror / "hashicorp" / "aws").mkdir(parents=True)
     rc = cli_config(str(mirror.parent))
     assert rc == tmp_path / "home" / "terraform.rc"
     assert not_private(tmp_path / "home") == []
