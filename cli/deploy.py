@@ -35,6 +35,7 @@ class StackResult:
     outputs: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     adopted: list = field(default_factory=list)  # addresses imported by `adopt`
+    kept: list = field(default_factory=list)  # runtime sizes the apply keeps, and why
 
 
 def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
@@ -117,10 +118,14 @@ def run_stacks(
     render_summary: Callable[[str, PlanSummary], None],
     extra_env: dict[str, str] | None = None,
     before_apply: Callable[[Terraform], bool] | None = None,
+    preflight: Callable[[list[tuple[Pool, str]]], list[tuple[dict[str, str], list[str]]]]
+    | None = None,
 ) -> list[StackResult]:
     """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
     `before_apply(tf)`: runs after a plan with changes, before the confirmation; True means
-    it changed the state (GCP rollouts forget the template they keep), so plan again."""
+    it changed the state (GCP rollouts forget the template they keep), so plan again.
+    `preflight(targets)`: cloud checks of every target before anything is synthesized or
+    applied (it raises to stop); per target, TF_VAR_... to add and lines saying why."""
     if sandbox and any(c != "aws" for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
     # Missing prerequisites fail before the synth (seconds of work), not after it.
@@ -130,12 +135,13 @@ def run_stacks(
         manager.require_running()
     find_binary()
     cli_config(mirror)
+    checked = preflight(targets) if preflight else [({}, []) for _ in targets]
     t0 = time.monotonic()
     log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
     dirs = synth_targets(cfg, targets, outdir)
     synth_s = time.monotonic() - t0
     results = []
-    for (pool, cloud), stack_dir in zip(targets, dirs, strict=True):
+    for (pool, cloud), stack_dir, (kept_env, kept) in zip(targets, dirs, checked, strict=True):
         name = naming.stack_name(cfg, pool, cloud)
         env: dict[str, str] = {}
         work = stack_dir
@@ -143,9 +149,12 @@ def run_stacks(
             work, env = sandbox_workdir(stack_dir, pool.aws.region)
             if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
                 env.pop(contract_aws.NODE_AMI_ID.env, None)
+        env.update(kept_env)
         env.update(extra_env or {})
         tf = Terraform(work, mirror=mirror, extra_env=env)
-        res = StackResult(stack=name, workdir=str(work))
+        res = StackResult(stack=name, workdir=str(work), kept=kept)
+        for line in kept:
+            log(f"== {name}: {line}")
         log(f"\n== {name}: {Path(tf.bin).name} init")
         tf.init()
         if destroy:

@@ -35,7 +35,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool, parse_config
 from poolctl.errors import OperationFailed, UsageError
-from poolctl.sizing import PoolPlan, nodes_for, plan_pool
+from poolctl.sizing import PoolPlan, nodes_for, plan_pool, quota_key
 
 if TYPE_CHECKING:
     import yaml
@@ -105,17 +105,51 @@ def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict]:
     return out
 
 
+def shared_quota_lines(cfg: Config, pool: Pool, cloud: str, ops: CloudOps,
+                       needs: list[dict]) -> list[QuotaLine]:
+    """`needs` of `pool` against the quotas, each summed with the peak needs of every other
+    pool of the file that draws on the same quota (`quota_key`): one grant must hold them
+    all, so deciding for one pool alone would promise the others' share twice. Each line
+    names the pools with their needs (`needed_by_pool`, in file order)."""
+    lines = ops.quota_lines(cfg, pool, needs)
+    by_key = {quota_key(pool, cloud, n): ln for n, ln in zip(needs, lines, strict=True)}
+    for ln in lines:
+        ln.needed_by_pool = {pool.name: ln.needed}
+    for other in cfg.pools:
+        if other.name == pool.name or other.placement(cloud) is None:
+            continue
+        theirs = [n for n in plan_pool(other, cloud).quotas
+                  if quota_key(other, cloud, n) in by_key]
+        if not theirs:
+            continue
+        # Their own lines give their running share of `in_use`, which their need counts.
+        for n, ln in zip(theirs, ops.quota_lines(cfg, other, theirs), strict=True):
+            shared = by_key[quota_key(other, cloud, n)]
+            shared.needed += ln.needed
+            shared.pool_in_use += ln.pool_in_use
+            shared.needed_by_pool[other.name] = ln.needed
+    order = [p.name for p in cfg.pools]
+    for ln in lines:
+        ln.needed_by_pool = dict(sorted(ln.needed_by_pool.items(),
+                                        key=lambda kv: order.index(kv[0])))
+    return lines
+
+
 def quota_check(cfg: Config, pool: Pool, cloud: str, ops: CloudOps) -> list[QuotaLine]:
-    """The pool's peak needs (max nodes + surge + running warm nodes) against the quotas."""
-    plan = plan_pool(pool, cloud)
-    return ops.quota_lines(cfg, pool, plan.quotas)
+    """The peak needs (max nodes + surge + running warm nodes) of the pool and of every pool
+    sharing its quotas against those quotas."""
+    return shared_quota_lines(cfg, pool, cloud, ops, plan_pool(pool, cloud).quotas)
 
 
 def shortfall_line(line: QuotaLine) -> str:
     others = line.in_use - line.pool_in_use
     granted = "unknown" if line.granted is None else f"{line.granted:g}"
+    needs = f"needs {line.needed:g}"
+    if len(line.needed_by_pool) > 1:
+        needs += " for the pools sharing it, " + " + ".join(
+            f"{p} {n:g}" for p, n in line.needed_by_pool.items()) + ","
     return (f"quota {line.name} in {line.scope}: short by {line.shortfall:g} {line.unit} "
-            f"(needs {line.needed:g} beside {others:g} in use by others, granted {granted})")
+            f"({needs} beside {others:g} in use by others, granted {granted})")
 
 
 def quota_request(cfg: Config, pool: Pool, cloud: str, ops: CloudOps,
@@ -155,6 +189,9 @@ class WarmResult:
     rounding: str = ""  # how replicas became whole nodes, when they did not divide evenly
     quota: list[dict] = field(default_factory=list)
     wait: dict[str, Any] | None = None
+    # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
+    # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
+    spare: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -170,8 +207,11 @@ def running_nodes(min_nodes: int, desired: int, warm_nodes: int, warm_running: b
 
 
 def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bool,
-                 reset: bool) -> tuple[int, int, int | None, int]:
-    """(min nodes, warm nodes, desired nodes or None, nodes asked for) after the change."""
+                 reset: bool, exact: bool = False) -> tuple[int, int, int | None, int]:
+    """(min nodes, warm nodes, desired nodes or None, nodes asked for) after the change.
+
+    At least the nodes asked for: spare capacity before a launch never shrinks by surprise,
+    only with `exact` (or `reset`)."""
     if reset:
         # Give back exactly what `warm --running` added above the file's minimum.
         new_min = plan.nodes["min"]
@@ -189,25 +229,29 @@ def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bo
                 f"--replicas {replicas}: {n} node(s) above the minimum of {plan.nodes['min']} "
                 f"exceeds the group's maximum of {group.max_nodes} nodes; ask for at most "
                 f"{room} replicas, or raise scaling.max_replicas and deploy")
-        return new_min, group.warm_min_nodes, None, n
-    return group.min_nodes, n, None, n
+        return (new_min if exact else max(new_min, group.min_nodes)), group.warm_min_nodes, \
+            None, n
+    return group.min_nodes, (n if exact else max(n, group.warm_min_nodes)), None, n
 
 
 def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | None,
-         running: bool = False, reset: bool = False) -> WarmResult:
-    """Prepare spare capacity: the warm pool's minimum := N nodes (default), or the group's
-    minimum := the file's minimum + N nodes (`running`: in service now), or back to the
-    file's sizes (`reset`). Absolute: repeating a call changes nothing and says so."""
-    if reset and (running or replicas is not None):
+         running: bool = False, reset: bool = False, exact: bool = False) -> WarmResult:
+    """Prepare spare capacity: the warm pool's minimum := at least N nodes (default), or the
+    group's minimum := at least the file's minimum + N nodes (`running`: in service now);
+    `exact` lowers too; `reset` returns to the file's sizes. Absolute: repeating a call
+    changes nothing and says so. The sizes it sets are recorded (`warm_record_path`) so that
+    `deploy` keeps them until `--reset`."""
+    if reset and (running or replicas is not None or exact):
         raise UsageError("--reset: give it alone (it returns to the file's sizes), "
-                         "without --replicas or --running")
+                         "without --replicas, --running or --exact")
     if pool.warm_pool.state == "hibernated" and "warm_hibernated" in ops.unsupported:
         raise UsageError(f"pools.{pool.name}.warm_pool.state: hibernated is not supported for "
                          f"{cloud} GPU nodes; use stopped or running")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
-    new_min, new_warm, new_desired, n = warm_targets(plan, group, replicas, running, reset)
+    new_min, new_warm, new_desired, n = warm_targets(plan, group, replicas, running, reset,
+                                                     exact)
     mode = "reset" if reset else "running" if running else "warm"
     warm_running = pool.warm_pool.state == "running"
     before = _sizes(group)
@@ -222,6 +266,11 @@ def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | Non
         replicas_per_node=rpn, nodes=n, replicas=n * rpn, rounded_up=rounded,
         before=before, after=after, changed=changed, message="",
     )
+    spare_mode = "running" if running else "warm"
+    result.spare = {
+        k: {"nodes": nodes, "replicas": nodes * rpn} for k, nodes in (
+            ("before", _spare(spare_mode, plan, group.min_nodes, group.warm_min_nodes)),
+            ("after", _spare(spare_mode, plan, new_min, new_warm)))}
     if rounded:
         result.rounding = (f"{replicas} replicas rounded up to {n} whole node(s) of {rpn} "
                            f"replicas = {n * rpn} replicas")
@@ -233,7 +282,7 @@ def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | Non
     launching = 0 if warm_running else max(0, new_warm - group.warm_min_nodes)
     then_running = running_nodes(new_min, after_desired, new_warm, warm_running) + launching
     if then_running > now_running:
-        lines = ops.quota_lines(cfg, pool, scaled_needs(plan, then_running))
+        lines = shared_quota_lines(cfg, pool, cloud, ops, scaled_needs(plan, then_running))
         result.quota = [ln.to_json() for ln in lines]
         short = [ln for ln in lines if ln.shortfall > 0]
         if short:
@@ -244,16 +293,93 @@ def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | Non
                   f"--cloud {cloud}`")
 
     label = {"warm": f"warm pool minimum {new_warm} node(s)",
-             "running": f"group minimum {new_min} node(s) ({plan.nodes['min']} + {n})",
+             "running": f"group minimum {new_min} node(s) ({plan.nodes['min']} + "
+                        f"{new_min - plan.nodes['min']})",
              "reset": f"the file's sizes: minimum {new_min}, warm {new_warm} node(s)"}[mode]
+    kept = ""
+    if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
+        kept = (f" ({n * rpn} replicas asked for; {_spare(mode, plan, new_min, new_warm) * rpn} "
+                "kept: warm never lowers spare capacity, --exact or --reset does)")
     if not changed:
-        result.message = f"{pool.name}: already at {label}; nothing changed"
+        result.message = f"{pool.name}: already at {label}{kept}; nothing changed"
+        if mode != "reset" and not load_warm_record(cfg, pool, cloud):
+            _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
         return result
     ops.set_capacity(group, min_nodes=new_min, warm_nodes=new_warm, warm_running=warm_running,
                      desired_nodes=new_desired)
-    result.message = (f"{pool.name}: set {label} (was minimum {group.min_nodes}, warm "
-                      f"{group.warm_min_nodes}, desired {group.desired_nodes})")
+    if mode == "reset":
+        warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
+    else:
+        _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
+    changes = [f"{what} {before[k]} -> {after[k]} node(s) ({before[k] * rpn} -> "
+               f"{after[k] * rpn} replicas)"
+               for what, k in (("warm", "warm_nodes"), ("minimum", "min_nodes"),
+                               ("desired", "desired_nodes")) if before[k] != after[k]]
+    result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
     return result
+
+
+def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
+    """Spare nodes `warm` manages in `mode`: warm nodes, or nodes above the file's minimum."""
+    return warm_nodes if mode == "warm" else min_nodes - plan.nodes["min"]
+
+
+# Sizes set by `warm`: $POOLCTL_HOME/warm/<stack>.json. The record says that `warm` is in
+# charge of the group's minimum and warm sizes (and since when); their values are read from
+# the live group. Not a tag on the group: Terraform owns its tags (the next apply would strip
+# one), and the live sizes alone cannot tell a `warm` from an edit of the file.
+
+
+def warm_record_path(cfg: Config, pool: Pool, cloud: str) -> Path:
+    from poolctl.home import poolctl_home
+
+    return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
+
+
+def load_warm_record(cfg: Config, pool: Pool, cloud: str) -> dict | None:
+    try:
+        data = json.loads(warm_record_path(cfg, pool, cloud).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _save_warm_record(cfg: Config, pool: Pool, cloud: str, min_nodes: int, warm_nodes: int,
+                      replicas: int | None, running: bool) -> None:
+    from poolctl.home import write_private
+
+    rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
+           "command": f"poolctl warm --replicas {replicas}" + (" --running" if running else ""),
+           "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
+
+
+def deploy_keeps(cfg: Config, pool: Pool, cloud: str, ops: CloudOps
+                 ) -> tuple[dict[str, str], list[str]]:
+    """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
+    lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
+    rec = load_warm_record(cfg, pool, cloud)
+    if rec is None:
+        return {}, []
+    try:
+        group = ops.find_group(cfg, pool)
+    except OperationFailed:
+        return {}, []  # not deployed (any more): the file's sizes
+    plan = plan_pool(pool, cloud)
+    keep = getattr(ops, "kept_sizes_env", None)
+    env = keep(group, plan) if keep else ops.rollout_apply_env(group, plan, no_surge=False)
+    since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
+             f"`poolctl warm --reset` returns to the file's")
+    lines = [f"{pool.name}: keeps {what} {live} (the file says {file}; {since} {file})"
+             for what, live, file in (("minimum nodes", group.min_nodes, plan.nodes["min"]),
+                                      ("warm nodes", group.warm_min_nodes, plan.nodes["warm"]))
+             if live != file]
+    return (env, lines) if lines else ({}, [])
+
+
+def deploy_quota(cfg: Config, pool: Pool, cloud: str, ops: CloudOps) -> list[str]:
+    """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
+    return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
 
 
 def wait_warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, result: WarmResult,
@@ -316,6 +442,7 @@ def status(cfg: Config, pool: Pool, cloud: str, ops: CloudOps) -> PoolStatus:
     group = ops.find_group(cfg, pool)
     nodes = ops.nodes(group)
     rollout = ops.rollout_state(group)
+    return_surge(cfg, pool, cloud, ops, group, rollout)
     queue = None if "queue_metric" in ops.unsupported else ops.queue_per_replica(group)
     if rollout is not None:
         _annotate(rollout, load_record(cfg, pool, cloud))
@@ -657,6 +784,7 @@ def rollout_start(
     state = ops.rollout_begin(group, new_cfg, new_pool, plan_pool(new_pool, cloud),
                               no_surge=no_surge, stack_dir=Path(res.workdir))
     if state is None:
+        return_surge(cfg, new_pool, cloud, ops, ops.find_group(cfg, new_pool), None)
         rec["status"] = "nothing_to_roll"
         save_record(cfg, pool, cloud, rec)
         result.message = (f"{stack}: the nodes' launch configuration did not change; "
@@ -711,10 +839,44 @@ def cleanup_versions(ops: CloudOps, group: Group, pool: Pool) -> None:
 
 
 def _progress_line(pool: Pool, s: RolloutState) -> str:
-    cp = f", checkpoint {s.checkpoint_reached}% reached" if s.checkpoint_reached else ""
-    todo = "" if s.instances_to_update is None else f", {s.instances_to_update} to update"
     why = f" ({s.reason})" if s.reason else ""
+    if s.status.startswith("Rollback") or s.status.startswith("Cancel"):
+        # The forward percentage means nothing once the rollout turns back or stops.
+        return f"{pool.name}: rollout {s.status}{why}"
+    # A checkpoint of 100% is the end, said by the final line.
+    cp = (f", checkpoint {s.checkpoint_reached}% reached"
+          if s.checkpoint_reached and s.checkpoint_reached < 100 and not s.done else "")
+    todo = "" if s.instances_to_update is None else f", {s.instances_to_update} to update"
     return f"{pool.name}: rollout {s.status} {s.percentage_complete:g}%{cp}{todo}{why}"
+
+
+def _final_line(pool: Pool, s: RolloutState) -> str:
+    outcome = {
+        "Successful": f"every node runs {s.to_version or 'the new version'}",
+        "RollbackSuccessful": "rolled back, every node runs "
+                              + (s.from_version or "the previous version"),
+        "Cancelled": f"cancelled at {s.percentage_complete:g}%; replaced nodes keep the new "
+                     "version",
+    }.get(s.status, s.status + (f": {s.reason}" if s.reason else ""))
+    return f"{pool.name}: rollout {s.id} finished: {outcome}"
+
+
+def return_surge(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, group: Group,
+                 state: RolloutState | None) -> None:
+    """Outside a rollout the group's maximum is the pool's max nodes: a rollout's start raised
+    it by the surge (its apply), its end (finished, rolled back, cancelled) gives that back.
+    Clouds whose update surge sits outside the autoscaler's maximum (GCE) have no step."""
+    step = getattr(ops, "set_max_nodes", None)
+    if step is None or (state is not None and not state.done):
+        return
+    n = plan_pool(pool, cloud).nodes
+    top = max(n["max"], group.min_nodes)
+    # Only the rollout's own raise: a maximum the file no longer gives is `deploy`'s business.
+    if n["surge"] and group.max_nodes == n["max"] + n["surge"] > top:
+        step(group, top)
+        log(f"{pool.name}: group maximum {group.max_nodes} -> {top} node(s): the rollout's "
+            "surge room given back")
+        group.max_nodes = top
 
 
 def wait_rollout(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, timeout: float,
@@ -744,8 +906,10 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, timeout: fl
                 last = key
             if s.done:
                 _after_end(cfg, pool, cloud, s)
+                return_surge(cfg, pool, cloud, ops, ops.find_group(cfg, pool), s)
                 if s.status in ROLLOUT_DONE_OK:
                     cleanup_versions(ops, group, pool)
+                log(_final_line(pool, s))
                 return s, seen
             if time.monotonic() - t0 >= timeout:
                 raise OperationFailed(
@@ -809,6 +973,7 @@ def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
 def rollout_status(cfg: Config, pool: Pool, cloud: str, ops: CloudOps) -> dict:
     group = ops.find_group(cfg, pool)
     s = ops.rollout_state(group)
+    return_surge(cfg, pool, cloud, ops, group, s)
     rec = load_record(cfg, pool, cloud)
     if s is not None:
         _annotate(s, rec)
@@ -831,6 +996,7 @@ def rollout_cancel(cfg: Config, pool: Pool, cloud: str, ops: CloudOps) -> Rollou
     if s is None or s.done:
         raise OperationFailed(f"{pool.name}: no rollout in progress; nothing to cancel")
     out = ops.rollout_cancel(group)
+    return_surge(cfg, pool, cloud, ops, group, out)
     rec = load_record(cfg, pool, cloud)
     if rec and rec.get("rollout_id") == out.id:
         rec["status"] = "cancel_requested"

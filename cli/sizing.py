@@ -267,3 +267,25 @@ def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
         start_phases=phases,
         node_image=prepulled(pool, cloud),
     )
+
+
+def quota_key(pool: Pool, cloud: str, need: dict) -> tuple[str, str, str, str]:
+    """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
+    AWS pools of one file are taken to be one account's), scope and quota name."""
+    project = pool.gcp.project if cloud == "gcp" else ""
+    return cloud, project, need["scope"], need["name"]
+
+
+def quota_totals(targets: list[tuple[Pool, str]]) -> list[dict]:
+    """The peak needs of `targets` summed per quota they share, in the order first needed."""
+    totals: dict[tuple, dict] = {}
+    for pool, cloud in targets:
+        for q in plan_pool(pool, cloud).quotas:
+            cloud_, project, scope, name = quota_key(pool, cloud, q)
+            t = totals.setdefault((cloud_, project, scope, name), {
+                "cloud": cloud, "project": project or None, "region": scope, "name": name,
+                "unit": q["unit"], "needed": 0, "pools": [], "needed_by_pool": {}})
+            t["needed"] += q["needed"]
+            t["pools"].append(pool.name)
+            t["needed_by_pool"][pool.name] = q["needed"]
+    return list(totals.values())

@@ -72,3 +72,23 @@ pools:
       weights_uri: gs://acme-models/llama-3.1-70b/
 {extra_gcp}"""
     return text
+
+
+def with_second_pool(text: str, *, name: str = "chat-b", max_replicas: int = 8,
+                     warm: int = 4, warm_state: str = "running", aws_region: str | None = None,
+                     gcp_project: str | None = None) -> str:
+    """`text` (a one-pool `pool_yaml`) plus a copy of its pool renamed and resized: a
+    second pool of the same file, drawing on the same quotas unless moved to another AWS
+    region or GCP project."""
+    import re
+
+    head, block = text.split("pools:\n", 1)
+    b = block.replace("  - name: chat-70b\n", f"  - name: {name}\n", 1)
+    b = re.sub(r"max_replicas: \d+", f"max_replicas: {max_replicas}", b, count=1)
+    b = re.sub(r"(warm_pool:\n\s+replicas: )\d+(\n\s+state: )\w+", rf"\g<1>{warm}\g<2>"
+               + warm_state, b, count=1)
+    if aws_region:
+        b = re.sub(r"(\n    aws:\n      region: )\S+", rf"\g<1>{aws_region}", b, count=1)
+    if gcp_project:
+        b = b.replace("project: acme-prod", f"project: {gcp_project}", 1)
+    return f"{head}pools:\n{block}{b}"

@@ -408,6 +408,18 @@ class AwsOps:
                 f"(was {group.min_nodes}), the warm pool is unchanged at {group.warm_min_nodes}"
             ) from None
 
+    def kept_sizes_env(self, group: Group, plan: PoolPlan) -> dict[str, str]:
+        """TF_VAR_... of a `deploy` that keeps the group's minimum and warm sizes as `warm`
+        left them (unlike a rollout's apply, the launch template is not pinned)."""
+        return contract.kept_sizes_env(plan, min_nodes=group.min_nodes,
+                                       warm_min_nodes=group.warm_min_nodes)
+
+    def set_max_nodes(self, group: Group, max_nodes: int) -> None:
+        """The group's maximum only (a rollout's end gives its surge room back)."""
+        asg = self.client("autoscaling", group.region)
+        with self.call(f"autoscaling:UpdateAutoScalingGroup {group.name}"):
+            asg.update_auto_scaling_group(AutoScalingGroupName=group.name, MaxSize=max_nodes)
+
     # -- rollouts -------------------------------------------------------------------
 
     def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
@@ -448,8 +460,10 @@ class AwsOps:
         cps = list(prefs.get("CheckpointPercentages") or [100])
         live = ((r.get("ProgressDetails") or {}).get("LivePoolProgress") or {})
         live_pct = live.get("PercentageComplete", r.get("PercentageComplete", 0))
-        reached = [c for c in cps if c <= live_pct]
         status = r.get("Status", "")
+        # Reached only on the way forward: a rollback or cancel keeps the old live progress.
+        forward = not status.startswith(("Rollback", "Cancel"))
+        reached = [c for c in cps if c <= live_pct] if forward else []
         rb = r.get("RollbackDetails") or {}
         to = str(((r.get("DesiredConfiguration") or {}).get("LaunchTemplate") or {}
                   ).get("Version", group_version))

@@ -44,6 +44,13 @@ class QuotaLine:
     # The pool's own share of `in_use` (its running nodes). `needed` already counts them, so
     # they are not counted twice; 0 when unknown (the shortfall is then conservative).
     pool_in_use: float = 0
+    # Every pool of the file that draws on this quota (same cloud, project, scope and name)
+    # with its own need; `needed` and `pool_in_use` are then their sums.
+    needed_by_pool: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pools(self) -> list[str]:
+        return list(self.needed_by_pool)
 
     @property
     def available(self) -> float | None:
@@ -58,7 +65,8 @@ class QuotaLine:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(available=self.available, shortfall=self.shortfall, ok=self.shortfall == 0)
+        d.update(available=self.available, shortfall=self.shortfall, ok=self.shortfall == 0,
+                 pools=self.pools)
         return d
 
 

@@ -13,8 +13,6 @@ What GCE cannot do, declared in `unsupported`:
   way to stop one.
 - warm_hibernated: a standby pool can hold suspended VMs, but suspending GPU VMs is
   unsupported (cloud-facts.md), and poolctl's rules refuse `hibernated` for GPU nodes.
-- queue_metric: reading the custom metric needs Cloud Monitoring, which this module does not
-  call (the autoscaler still scales on it).
 
 Rollback target (the previous instance template). The stack names templates by content
 version (`name_prefix`, `create_before_destroy`), so the apply that writes a new one would
@@ -30,11 +28,12 @@ update ends. A plain `deploy` keeps Terraform's replace-and-delete. The kept tem
 outside Terraform's state: `destroy` leaves it behind (labelled with the pool).
 
 Endpoints: `client_options` (e.g. {"api_endpoint": "http://127.0.0.1:PORT"}) or the
-POOLCTL_GCE_ENDPOINT environment variable point both APIs elsewhere. Plain-http endpoints get
-anonymous credentials: a token must never travel unencrypted, and only a local fake speaks
-plain http. Every mutation waits for its Operation through a Region/GlobalOperationsClient
-built with the same options: the clients' own polling builds a default client that would miss
-the endpoint.
+POOLCTL_GCE_ENDPOINT environment variable point the APIs (and OS Login's, for `nodes check
+--access iap`, and Cloud Monitoring's, for the queue in `status`) elsewhere. Plain-http
+endpoints get anonymous credentials: a token must never travel unencrypted, and only a local
+fake speaks plain http. Every mutation waits for its Operation through a
+Region/GlobalOperationsClient built with the same options: the clients' own polling builds a
+default client that would miss the endpoint.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,8 @@ from poolctl.sizing import PoolPlan
 
 ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
 OSLOGIN_API = "https://oslogin.googleapis.com"
+MONITORING_API = "https://monitoring.googleapis.com"
+QUEUE_WINDOW_S = 600  # how far back `status` looks for the queue metric, as on AWS
 TOKENINFO = "https://oauth2.googleapis.com/tokeninfo"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 CONTACT_ENV = "POOLCTL_QUOTA_CONTACT_EMAIL"
@@ -106,6 +107,14 @@ def _email_of(creds: Any) -> str | None:
         if isinstance(email, str) and "@" in email:
             return email
     return None
+
+
+def _error_message(r: Any) -> str:
+    """The message of a Google REST error answer (`{"error": {"message": ...}}`)."""
+    try:
+        return r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return r.text[:200]
 
 
 def _created(t: Any) -> datetime:
@@ -171,7 +180,7 @@ def node_phase(instance_status: str, current_action: str, target_status: str,
 
 class GcpOps:
     cloud = "gcp"
-    unsupported = frozenset({"rollout_cancel", "warm_hibernated", "queue_metric"})
+    unsupported = frozenset({"rollout_cancel", "warm_hibernated"})
 
     def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
                  contact_email: str | None = None, retry_initial_s: float = 1.0,
@@ -915,7 +924,7 @@ class GcpOps:
         it. A service account names itself; user credentials are asked of Google
         (tokeninfo). Against a plain-http endpoint (a local fake) it can only come from a key
         file (GOOGLE_APPLICATION_CREDENTIALS): no token may leave the machine."""
-        import google.auth
+        import requests
         from google.auth import exceptions as auth_exc
         from google.auth.transport.requests import Request
 
@@ -923,13 +932,20 @@ class GcpOps:
                "application-default login` (its token carries the email scope)")
         session, base = self._rest()
         try:
-            if base != OSLOGIN_API and base.startswith("http://"):
+            if base.startswith("http://"):
                 path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
                 if not path:
                     raise UsageError(f"--access iap: no Google account to import the key for; "
                                      f"set GOOGLE_APPLICATION_CREDENTIALS ({ENDPOINT_ENV} is "
                                      "plain http: no token is sent there)")
-                email = _email_of(google.auth.load_credentials_from_file(path)[0])
+                from google.oauth2 import service_account
+
+                try:
+                    email = service_account.Credentials.from_service_account_file(
+                        path).service_account_email
+                except (OSError, ValueError, KeyError) as e:
+                    raise UsageError(f"GOOGLE_APPLICATION_CREDENTIALS={path}: not a service "
+                                     f"account key file ({_one_line(e)})") from None
             else:
                 creds = session.credentials
                 email = _email_of(creds)
@@ -942,6 +958,9 @@ class GcpOps:
                     r = session.post(TOKENINFO, data={"access_token": creds.token},
                                      timeout=self._timeout)
                     email = r.json().get("email") if r.ok else None
+        except (requests.exceptions.RequestException, ValueError) as e:
+            raise UsageError(f"--access iap: cannot ask Google for the account "
+                             f"({_one_line(e)}); {fix}") from None
         except auth_exc.GoogleAuthError as e:
             raise UsageError(f"--access iap: cannot read the Google account ({_one_line(e)}); "
                              f"{fix}") from None
@@ -961,13 +980,10 @@ class GcpOps:
             raise OperationFailed(f"GCP OS Login {what}: {_one_line(e)}") from None
         if r.ok:
             return r.json() if r.content.strip() else {}
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = r.text[:200]
         hint = ("; the caller needs roles/compute.osAdminLogin (or osLogin) on the project"
                 if r.status_code == 403 else "")
-        raise OperationFailed(f"GCP OS Login {what}: {r.status_code} {_one_line(message)}{hint}")
+        raise OperationFailed(f"GCP OS Login {what}: {r.status_code} "
+                              f"{_one_line(_error_message(r))}{hint}")
 
     def import_ssh_key(self, account: str, public_key: str, project: str,
                        ttl_s: float) -> tuple[str, str]:
@@ -1007,8 +1023,61 @@ class GcpOps:
     # ------------------------------------------------------------------ queue
 
     def queue_per_replica(self, group: Group) -> float | None:
-        # Reading the custom metric needs Cloud Monitoring (declared in `unsupported`).
-        return None
+        """The queue metric as the AWS side reads its CloudWatch one: the mean of the points
+        in the newest minute that has any, over the pool's nodes. Each node writes its own
+        series (resource gce_instance, its instance id; scripts/boot/node.sh.j2), so the
+        series kept are those of the MIG's VMs. Cloud Monitoring's REST API
+        (projects.timeSeries.list) through the session OS Login uses: no client library."""
+        project, region, name = self._mig_ref(group)
+        ids = {str(mi.id) for mi in self._managed(project, region, name) if mi.id}
+        if not ids:
+            return None
+        now = datetime.now(UTC)
+        stamp = lambda t: t.isoformat(timespec="seconds").replace("+00:00", "Z")  # noqa: E731
+        params = {
+            "filter": f'metric.type = "{naming.GCP_METRIC_TYPE}" AND '
+                      'resource.type = "gce_instance"',
+            # A minute past now: this machine's clock may lag Google's.
+            "interval.startTime": stamp(now - timedelta(seconds=QUEUE_WINDOW_S)),
+            "interval.endTime": stamp(now + timedelta(minutes=1)),
+            "view": "FULL",
+        }
+        by_minute: dict[str, list[float]] = {}
+        while True:
+            page = self._monitoring(f"projects/{project}/timeSeries", params,
+                                    f"read {naming.GCP_METRIC_TYPE} of {name}")
+            for ts in page.get("timeSeries", []):
+                if ts.get("resource", {}).get("labels", {}).get("instance_id") not in ids:
+                    continue
+                for pt in ts.get("points", []):
+                    value = pt.get("value", {}).get("doubleValue")
+                    end = pt.get("interval", {}).get("endTime", "")
+                    if value is not None and len(end) >= 16:
+                        by_minute.setdefault(end[:16], []).append(float(value))
+            if not page.get("nextPageToken"):
+                break
+            params["pageToken"] = page["nextPageToken"]
+        if not by_minute:
+            return None
+        newest = by_minute[max(by_minute)]  # RFC 3339 in UTC: text order is time order
+        return sum(newest) / len(newest)
+
+    def _monitoring(self, path: str, params: dict, what: str) -> dict:
+        """One Cloud Monitoring v3 GET; an error becomes one line (403: the missing role)."""
+        import requests
+
+        session, _ = self._rest()
+        try:
+            r = session.get(f"{self._endpoint or MONITORING_API}/v3/{path}", params=params,
+                            timeout=self._timeout)
+        except requests.exceptions.RequestException as e:
+            raise OperationFailed(f"GCP Monitoring {what}: {_one_line(e)}") from None
+        if r.ok:
+            return r.json()
+        hint = ("; the caller needs roles/monitoring.viewer on the project"
+                if r.status_code == 403 else "")
+        raise OperationFailed(f"GCP Monitoring {what}: {r.status_code} "
+                              f"{_one_line(_error_message(r))}{hint}")
 
 
 def make_ops(sandbox: bool = False, contact_email: str | None = None) -> GcpOps:

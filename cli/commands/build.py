@@ -71,8 +71,39 @@ def _render_summary(name, summary) -> None:
     console().print(t)
 
 
+def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
+    """Before a deploy synthesizes anything: the quota its peak needs (a shortfall stops it,
+    one line each, unless --skip-quota-check; --plan-only only reports), and the sizes
+    `poolctl warm` set, which the apply keeps until `warm --reset`."""
+
+    def check(tgts):
+        from poolctl import runtime
+        from poolctl.errors import OperationFailed
+
+        out, short = [], []
+        for p, c in tgts:
+            ops = runtime.get_ops(c, sandbox)
+            if not skip_quota:
+                try:
+                    short += [f"{p.name}/{c}: {line}"
+                              for line in runtime.deploy_quota(cfg, p, c, ops)]
+                except OperationFailed as e:
+                    raise OperationFailed(f"{e}; or deploy with --skip-quota-check") from None
+            out.append(runtime.deploy_keeps(cfg, p, c, ops))
+        for line in short:
+            sys.stderr.write(f"poolctl: {line}\n")
+        if short and not plan_only:
+            raise OperationFailed(
+                f"deploy: not enough quota for the pools' peak ({len(short)} shortfall(s) "
+                "above); nothing was applied. File an increase with `poolctl quota request`, "
+                "or deploy anyway with --skip-quota-check")
+        return out
+
+    return check
+
+
 def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out, mirror,
-         json_out) -> None:
+         json_out, skip_quota_check: bool = False) -> None:
     from poolctl.deploy import run_stacks
 
     check_out(out)
@@ -85,6 +116,8 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
         # With --json the summary is in the JSON; stdout carries nothing else.
         render_summary=(lambda name, summary: None) if json_out else _render_summary,
+        preflight=None if destroy else _deploy_preflight(cfg, sandbox, skip_quota_check,
+                                                         plan_only),
     )
     leftovers = _gcp_leftovers(cfg, tgts, results) if destroy else {}
     if json_out:
@@ -126,10 +159,16 @@ def deploy(
     out: OutOpt = Path("cdktf.out"),
     provider_mirror: MirrorOpt = None,
     json_out: JsonOpt = False,
+    skip_quota_check: Annotated[bool, typer.Option(
+        "--skip-quota-check", help="Apply even when the quota check finds a shortfall (or "
+        "cannot read the quotas).")] = False,
 ) -> None:
-    """Synth, then Terraform/OpenTofu init, plan and apply."""
+    """Synth, then Terraform/OpenTofu init, plan and apply.
+
+    Before anything is applied: the pool's peak needs are checked against the quotas, and
+    the sizes `poolctl warm` set are kept (until `warm --reset`)."""
     _act(False, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
-         json_out)
+         json_out, skip_quota_check)
 
 
 def destroy(

@@ -69,17 +69,45 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
     plans = [plan_pool(p, c) for p, c in tgts]
+    totals = _quota_totals(cfg, tgts)
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
         entries = [p.to_json() for p in plans]
         for e, (p, c) in zip(entries, tgts, strict=True):
             if (p.name, c) in recs:
                 e["recommendation"] = recs[(p.name, c)]
-        emit_json({"project": cfg.project, "pools": entries})
+        emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
+    render_quota_totals(totals)
     if recs:
         render_recommendations(tgts, plans, recs)
+
+
+def _quota_totals(cfg, tgts) -> list[dict]:
+    """Each quota the selected pools draw on, summed over every pool of the file that shares
+    it (same cloud, project, scope and name): the grant has to hold them together."""
+    from poolctl.sizing import quota_totals
+
+    clouds = list(dict.fromkeys(c for _, c in tgts))
+    every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
+    selected = {(p.name, c) for p, c in tgts}
+    return [t for t in quota_totals(every)
+            if any((name, t["cloud"]) in selected for name in t["pools"])]
+
+
+def render_quota_totals(totals: list[dict]) -> None:
+    from rich.table import Table
+
+    t = Table(title="quota totals (every pool of the file sharing the quota, at peak)",
+              title_justify="left")
+    for col in ("cloud", "scope", "quota", "needed", "pools"):
+        t.add_column(col, justify="right" if col == "needed" else "left")
+    for q in totals:
+        scope = f"{q['project']}/{q['region']}" if q["project"] else q["region"]
+        pools = " + ".join(f"{p} {n:,}" for p, n in q["needed_by_pool"].items())
+        t.add_row(q["cloud"], scope, q["name"], f"{q['needed']:,} {q['unit']}", pools)
+    console().print(t)
 
 
 def _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale) -> dict:

@@ -56,6 +56,9 @@ def warm(
     reset: Annotated[
         bool, typer.Option("--reset", help="Back to the file's minimum and warm sizes.")
     ] = False,
+    exact: Annotated[
+        bool, typer.Option("--exact", help="Exactly N replicas, lowering spare capacity if "
+                           "needed (without it, warm never lowers it).")] = False,
     timeout: TimeoutOpt = 1800.0,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
@@ -69,7 +72,7 @@ def warm(
     cfg = load(file)
     p, c = one_target(cfg, pool, cloud, sandbox)
     ops = runtime.get_ops(c, sandbox)
-    result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset)
+    result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
     sys.stderr.write(result.message + "\n")
     if wait and result.mode != "reset":
         hint = runtime.watch_hint(c, file, p, sandbox)

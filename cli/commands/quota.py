@@ -41,7 +41,19 @@ def _lines(file, pool, cloud, sandbox, contact_email: str | None = None):
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     ops = runtime.get_ops(cloud.value, sandbox, contact_email=contact_email)
-    return cfg, ops, [(p, c, runtime.quota_check(cfg, p, c, ops)) for p, c in tgts]
+    # A quota pools share is one line (with every sharing pool's need), shown and requested
+    # once even when several of them are selected.
+    seen: set[tuple] = set()
+    found = []
+    for p, c in tgts:
+        lines = []
+        for ln in runtime.quota_check(cfg, p, c, ops):
+            key = (c, ln.scope, ln.name, tuple(ln.pools))
+            if key not in seen:
+                seen.add(key)
+                lines.append(ln)
+        found.append((p, c, lines))
+    return cfg, ops, found
 
 
 def _render(rows) -> None:
@@ -52,8 +64,11 @@ def _render(rows) -> None:
         t.add_column(col, justify="left" if col in ("pool", "quota", "scope") else "right")
     for p, c, ln in rows:
         granted = "?" if ln.granted is None else f"{ln.granted:g}"
-        t.add_row(f"{p.name}/{c}", f"{ln.name} {ln.description}".strip(), ln.scope,
-                  f"{ln.needed:g} {ln.unit}", f"{ln.in_use:g} ({ln.pool_in_use:g})", granted,
+        needed = f"{ln.needed:g} {ln.unit}"
+        if len(ln.needed_by_pool) > 1:
+            needed += " (" + " + ".join(f"{n:g}" for n in ln.needed_by_pool.values()) + ")"
+        t.add_row(f"{', '.join(ln.pools) or p.name}/{c}", f"{ln.name} {ln.description}".strip(),
+                  ln.scope, needed, f"{ln.in_use:g} ({ln.pool_in_use:g})", granted,
                   f"{ln.shortfall:g}" if ln.shortfall else "ok",
                   style="bold red" if ln.shortfall else None)
     console().print(t)
@@ -112,7 +127,9 @@ def request(
         if not short:
             continue
         asks = ", ".join(f"{ln.name} in {ln.scope} from {ln.granted:g} to "
-                         f"{ln.granted + ln.shortfall:g} {ln.unit}" for ln in short)
+                         f"{ln.granted + ln.shortfall:g} {ln.unit}"
+                         + (f" (shared by {', '.join(ln.pools)})" if len(ln.pools) > 1 else "")
+                         for ln in short)
         if not confirm(f"{p.name}/{c}: request {asks}?", auto_approve):
             sys.stderr.write(f"{p.name}/{c}: not confirmed; nothing requested\n")
             continue

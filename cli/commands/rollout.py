@@ -156,7 +156,7 @@ def start(
     finally:
         if json_out:
             emit_json(data)
-    if not json_out:
+    if not json_out and final is None:  # after a wait, the last line says how it finished
         sys.stderr.write(res.message + "\n")
     _finish(final, "start")
 
@@ -219,6 +219,7 @@ def rollback(
         data = runtime.rollout_rollback(
             cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox,
             outdir=out, mirror=provider_mirror, render_summary=_render_summary)
+    sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None
     try:
         if wait and data["how"] in ("cloud_rollback", "new_rollout"):
@@ -228,7 +229,6 @@ def rollback(
     finally:
         if json_out:
             emit_json(data)
-    sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     _finish(final, "rollback" if data["how"] == "cloud_rollback" else "start")
 
 
@@ -250,6 +250,9 @@ def cancel(
     ops = runtime.get_ops(c, sandbox)
     state = runtime.rollout_cancel(cfg, p, c, ops)
     data = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
+    sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
+                     "records the new version: `poolctl rollout start` again resumes it, "
+                     "`poolctl rollout rollback` returns to the previous one\n")
     final = None
     try:
         if wait and not state.done:
@@ -259,7 +262,4 @@ def cancel(
     finally:
         if json_out:
             emit_json(data)
-    sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
-                     "records the new version: `poolctl rollout start` again resumes it, "
-                     "`poolctl rollout rollback` returns to the previous one\n")
     _finish(final, "cancel")

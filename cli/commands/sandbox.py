@@ -215,3 +215,46 @@ def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt
     live = sum(1 for n in nodes if n["state"] == "InService")
     warm = sum(1 for n in nodes if n["warm"])
     out.print(f"booted {len(nodes)} node(s): {live} InService, {warm} warm")
+
+
+@app.command("approve-quota")
+def approve_quota(
+    request_id: Annotated[str, typer.Argument(
+        metavar="ID", help="The increase request's id (`poolctl quota request` prints it).")],
+    json: JsonOpt = False,
+) -> None:
+    """Approve a pending quota increase request, as AWS support would: its value applies.
+
+    Through the sandbox's admin endpoint POST /_poolctl/quota-requests/ID."""
+    import json as jsonlib
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from poolctl.errors import OperationFailed
+    from poolctl.sandbox import manager
+
+    endpoint = manager.require_running()
+    # The id is data: quoted into the path, never able to name another endpoint.
+    url = f"{endpoint}/_poolctl/quota-requests/{urllib.parse.quote(request_id, safe='')}"
+    req = urllib.request.Request(url, data=b'{"status": "APPROVED"}', method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            request = jsonlib.loads(resp.read())["RequestedQuota"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise UsageError(f"approve-quota {request_id}: no quota increase request with this "
+                             "id in the sandbox; `poolctl quota request --cloud aws --sandbox` "
+                             "prints the ids") from None
+        raise OperationFailed(f"the sandbox at {endpoint} refused the approval: {exc}") from None
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise OperationFailed(f"the sandbox at {endpoint} did not answer the approval: {exc}"
+                              ) from None
+    if json:
+        emit_json({"request": request})
+        return
+    region = str(request.get("QuotaArn", "")).split(":")[3:4] or ["?"]
+    console().print(f"approved {request['Id']}: {request['QuotaCode']} "
+                    f"({request.get('QuotaName', '')}) in {region[0]} is now "
+                    f"{request['DesiredValue']:g}")

@@ -24,6 +24,10 @@ LAUNCH_TEMPLATE_VERSION = Var(
     "running one so that it starts the instance refresh itself, with a desired configuration "
     "(auto rollback then returns to the pinned version).")
 WARM_NODES = Var("warm_nodes", "number", "Warm pool minimum; `poolctl warm` sets it at runtime.")
+MAX_NODES = Var(
+    "max_nodes", "number",
+    "Group maximum: the pool's max nodes; `rollout start` adds the surge for the rollout's "
+    "time (autoscaling never goes above max_replicas outside one).")
 
 
 def refresh_percentages(desired: int, surge_nodes: int, no_surge: bool = False
@@ -91,6 +95,7 @@ def stack_variables(plan: PoolPlan, ami_id: str | None) -> list[tuple[Var, Any]]
         (REFRESH_MAX_HEALTHY, max_h),
         (MIN_NODES, plan.nodes["min"]),
         (LAUNCH_TEMPLATE_VERSION, ""),
+        (MAX_NODES, plan.nodes["max"]),
     ]
     if plan.nodes["warm"]:
         out.append((WARM_NODES, plan.nodes["warm"]))
@@ -107,7 +112,24 @@ def rollout_env(plan: PoolPlan, *, running_version: str, min_nodes: int, desired
         MIN_NODES.env: str(min_nodes),
         REFRESH_MIN_HEALTHY.env: str(min_h),
         REFRESH_MAX_HEALTHY.env: str(max_h),
+        # Room for the surge only while the rollout runs; its end returns the group's
+        # maximum to the pool's (`rollout_max_nodes(..., rolling=False)`).
+        MAX_NODES.env: str(rollout_max_nodes(plan, no_surge=no_surge, rolling=True)),
     }
+    if plan.nodes["warm"]:  # the stack declares warm_nodes only then
+        env[WARM_NODES.env] = str(warm_min_nodes)
+    return env
+
+
+def rollout_max_nodes(plan: PoolPlan, *, no_surge: bool, rolling: bool) -> int:
+    """The group's maximum: the pool's max nodes, + the surge while a rollout runs."""
+    surge = plan.nodes["surge"] if rolling and not no_surge else 0
+    return plan.nodes["max"] + surge
+
+
+def kept_sizes_env(plan: PoolPlan, *, min_nodes: int, warm_min_nodes: int) -> dict[str, str]:
+    """TF_VAR_... for a `deploy` that keeps the sizes `poolctl warm` set at runtime."""
+    env = {MIN_NODES.env: str(min_nodes)}
     if plan.nodes["warm"]:  # the stack declares warm_nodes only then
         env[WARM_NODES.env] = str(warm_min_nodes)
     return env

@@ -60,8 +60,9 @@ reference documents it, within the limits said here.
    open request for the same quota is ResourceAlreadyExistsException; a DesiredValue not
    above the current value is IllegalArgumentException), ListRequestedServiceQuotaChangeHistory,
    ListRequestedServiceQuotaChangeHistoryByQuota, GetRequestedServiceQuotaChange.
-   Applied values: the AWS defaults below unless set by the POOLCTL_SANDBOX_QUOTAS env var
-   (JSON {"L-417A185B": 384}) at start, or by the admin endpoint at run time.
+   Applied values: SANDBOX_GRANTS (enough for the examples; else the AWS defaults below)
+   unless set by the POOLCTL_SANDBOX_QUOTAS env var (JSON {"L-417A185B": 384}) at start, or
+   by the admin endpoint at run time.
 
 5. Fixes to moto that the above rely on.
    - Instances launched for a group carry the launch template version the group resolves
@@ -1189,9 +1190,16 @@ def _env_quotas() -> dict[str, float]:
 _quota_values: dict[str, dict[str, float]] = {}
 
 
+# What the sandbox grants at start-up unless POOLCTL_SANDBOX_QUOTAS says otherwise: enough
+# for the examples' peaks (llama-70b-p5: (6 + 1) x 192 = 1344 P vCPUs) with room for `warm`,
+# so a first `deploy --sandbox` passes its quota check. AWS's own defaults (0 for G and P,
+# GetAWSDefaultServiceQuota) stay in EC2_QUOTAS.
+SANDBOX_GRANTS: dict[str, float] = {"L-417A185B": 2304.0, "L-DB2E81BA": 2304.0}
+
+
 def reset_quotas() -> None:
     _quota_values.clear()
-    _quota_values["*"] = _env_quotas()
+    _quota_values["*"] = {**SANDBOX_GRANTS, **_env_quotas()}
 
 
 def set_quotas(values: dict[str, Any], region: str | None = None) -> None:

@@ -217,7 +217,9 @@ class NodeGroup(Construct):
         asg = aws("autoscaling_group")
         self.asg = asg.AutoscalingGroup(
             self, "asg", name=name,
-            min_size=min_nodes.number_value, max_size=plan.nodes["max"] + plan.nodes["surge"],
+            # The pool's max nodes; a rollout passes max + surge for its time (contract).
+            min_size=min_nodes.number_value,
+            max_size=v[contract.MAX_NODES.name].number_value,
             desired_capacity=min_nodes.number_value,
             vpc_zone_identifier=subnet_ids, target_group_arns=[lb.tg.arn],
             health_check_type="ELB", health_check_grace_period=cold,

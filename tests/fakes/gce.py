@@ -12,6 +12,8 @@ to it over HTTP on 127.0.0.1:
     status),
     Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch,
     OS Login users.importSshPublicKey and users.sshPublicKeys.delete (v1, same host),
+    Cloud Monitoring projects.timeSeries.list (v3, same host; points seeded with
+    `write_point`, as the nodes' boot script writes them),
 and, standing in for the node's side of OS Login (the guest agent's AuthorizedKeysCommand
 asking the metadata server), `GET /_poolctl/instance-connect?instance_id=NAME&user=POSIX`: the
 unexpired keys of the account with that POSIX user name, for a running VM of that name. It is
@@ -141,6 +143,7 @@ class FakeGce:
         self.ips: dict[str, str] = {}  # instance name -> internal IP (instances.aggregatedList)
         # account email -> {"username": POSIX user, "uid": ..., "keys": {fingerprint: key}}
         self.os_login: dict[str, dict] = {}
+        self.time_series: list[dict] = []  # Cloud Monitoring TimeSeries JSON, points newest first
         self.requests: list[dict] = []
         self.errors: list[str] = []
         self._failures: list[_Failure] = []
@@ -553,6 +556,26 @@ class FakeGce:
 
     # ------------------------------------------------------------------ faults
 
+    def write_point(self, project: str, instance: str, value: float, end: datetime,
+                    metric_type: str = naming.GCP_METRIC_TYPE) -> None:
+        """A point of the queue metric on the series of managed VM `instance`, as its boot
+        script's publish_queue writes it (timeSeries.create: resource gce_instance labelled
+        with the VM's project, numeric id and zone; a GAUGE DOUBLE)."""
+        with self.lock:
+            mi = self.instance(instance)
+            labels = {"project_id": project, "instance_id": mi["id"],
+                      "zone": mi["instance"].split("/zones/")[1].split("/")[0]}
+            ts = next((t for t in self.time_series if t["metric"]["type"] == metric_type
+                       and t["resource"]["labels"] == labels), None)
+            if ts is None:
+                ts = {"metric": {"type": metric_type, "labels": {}},
+                      "resource": {"type": "gce_instance", "labels": labels},
+                      "metricKind": "GAUGE", "valueType": "DOUBLE", "points": []}
+                self.time_series.append(ts)
+            ts["points"].append({"interval": {"startTime": _ts(end), "endTime": _ts(end)},
+                                 "value": {"doubleValue": float(value)}})
+            ts["points"].sort(key=lambda p: p["interval"]["endTime"], reverse=True)
+
     def fail_next(self, method: str, path_regex: str, status: int = 503, times: int = 1):
         with self.lock:
             self._failures.append(_Failure(method.upper(), re.compile(path_regex), status, times))
@@ -668,6 +691,7 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("POST", "/v1/users/(?P<user>[^/:]+):importSshPublicKey", "oslogin_import"),
         ("DELETE", "/v1/users/(?P<user>[^/:]+)/sshPublicKeys/(?P<fp>[^/]+)", "oslogin_delete"),
         ("GET", "/_poolctl/instance-connect", "node_keys"),
+        ("GET", "/v3/projects/(?P<project>[^/]+)/timeSeries", "ts_list"),
         ("GET", _Q, "qp_list"),
         ("POST", _Q, "qp_create"),
         ("GET", _Q + "/(?P<id>[^/]+)", "qp_get"),
@@ -770,6 +794,8 @@ class _Handler(BaseHTTPRequestHandler):
             return _check_oslogin(out, kind)
         if kind == "NodeKeys":
             return
+        if kind == "ListTimeSeriesResponse":
+            return _check_time_series(out)
         c, q = _types()
         msg = getattr(c, kind, None) or getattr(q, kind)
         json_format.Parse(json.dumps(out), msg.pb()(), ignore_unknown_fields=False)
@@ -1129,6 +1155,9 @@ class _Handler(BaseHTTPRequestHandler):
         del keys[fp]
         return {}, "Empty"
 
+    def ts_list(self, *, project, query, **_):
+        return _ts_list(self.fake, project, query), "ListTimeSeriesResponse"
+
     def node_keys(self, *, query, **_):
         """What a node's sshd is handed for POSIX user `user` on VM `instance_id`."""
         import time
@@ -1141,6 +1170,100 @@ class _Handler(BaseHTTPRequestHandler):
                 and rec.get("username") == user for k in rec["keys"].values()
                 if int(k["expirationTimeUsec"]) > now_us]
         return {"keys": keys}, "NodeKeys"
+
+
+# Cloud Monitoring v3 REST reference (monitoring.googleapis.com): projects.timeSeries.list's
+# query parameters and the fields of the messages its answer holds. Checked against
+# google-cloud-monitoring's message types when that library is installed (it is not a
+# dependency of poolctl, which reads the metric over REST), else against these names.
+TS_LIST_PARAMS = {"filter", "interval.startTime", "interval.endTime", "view", "pageSize",
+                  "pageToken", "orderBy", "aggregation.alignmentPeriod",
+                  "aggregation.perSeriesAligner", "aggregation.crossSeriesReducer",
+                  "aggregation.groupByFields"}
+MONITORING_FIELDS: dict[str, set[str]] = {
+    "ListTimeSeriesResponse": {"timeSeries", "nextPageToken", "executionErrors", "unit"},
+    "TimeSeries": {"metric", "resource", "metadata", "metricKind", "valueType", "points",
+                   "unit", "description"},
+    "Metric": {"type", "labels"},
+    "MonitoredResource": {"type", "labels"},
+    "Point": {"interval", "value"},
+    "TimeInterval": {"endTime", "startTime"},
+    "TypedValue": {"boolValue", "int64Value", "doubleValue", "stringValue",
+                   "distributionValue"},
+}
+
+
+def _check_time_series(out: dict) -> None:
+    try:
+        from google.cloud import monitoring_v3
+    except ImportError:
+        monitoring_v3 = None
+    if monitoring_v3 is not None:
+        from google.protobuf import json_format
+
+        json_format.Parse(json.dumps(out), monitoring_v3.ListTimeSeriesResponse.pb()(),
+                          ignore_unknown_fields=False)
+        return
+
+    def check(data: dict, kind: str) -> None:
+        unknown = set(data) - MONITORING_FIELDS[kind]
+        if unknown:
+            raise ValueError(f"{kind} has no field {sorted(unknown)}")
+
+    check(out, "ListTimeSeriesResponse")
+    for ts in out.get("timeSeries", []):
+        check(ts, "TimeSeries")
+        check(ts["metric"], "Metric")
+        check(ts["resource"], "MonitoredResource")
+        for p in ts["points"]:
+            check(p, "Point")
+            check(p["interval"], "TimeInterval")
+            check(p["value"], "TypedValue")
+
+
+def _ts_list(fake: FakeGce, project: str, query: dict) -> dict:
+    """projects.timeSeries.list without aggregation: the series matching `filter` (one
+    metric type required, as the API requires) with their points whose end time lies in
+    [interval.startTime, interval.endTime], newest first; series without any are left out."""
+    unknown = set(query) - TS_LIST_PARAMS
+    if unknown:
+        raise HttpError(400, f"Invalid JSON payload received. Unknown name {sorted(unknown)}")
+    if project not in fake.projects:
+        raise _not_found(f"projects/{project}")
+    want = _parse_filter(query.get("filter", ""))
+    if [k for k, _ in want].count("metric.type") != 1:
+        raise HttpError(400, "Field filter had an invalid value: a filter must have exactly "
+                             "one metric type")
+    if "interval.endTime" not in query:
+        raise HttpError(400, "Field interval.endTime had an invalid value")
+
+    def when(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    end = when(query["interval.endTime"])
+    start = when(query.get("interval.startTime", query["interval.endTime"]))
+
+    def field(ts: dict, key: str) -> str | None:
+        head, _, rest = key.partition(".")
+        if rest.startswith("labels."):
+            return ts[head]["labels"].get(rest[len("labels."):])
+        return ts[head].get(rest)
+
+    hits = []
+    for ts in fake.time_series:
+        if ts["resource"]["labels"].get("project_id") != project:
+            continue
+        if not all(field(ts, k) == v for k, v in want):
+            continue
+        points = [p for p in ts["points"] if start <= when(p["interval"]["endTime"]) <= end]
+        if points:
+            hits.append({**copy.deepcopy(ts), "points": copy.deepcopy(points)})
+    size = int(query.get("pageSize") or fake.page_size)
+    first = int(query.get("pageToken") or 0)
+    out: dict[str, Any] = {"timeSeries": hits[first:first + size]}
+    if first + size < len(hits):
+        out["nextPageToken"] = str(first + size)
+    return out
 
 
 def _parse_filter(text: str) -> list[tuple[str, str]]:

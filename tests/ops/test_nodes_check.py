@@ -578,3 +578,219 @@ def test_sandbox_instance_connect_endpoints(sandbox, sandbox_client):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         ec2.create_instance_connect_endpoint(SubnetId="subnet-0000000000")
     assert e.value.response["Error"]["Code"] == "InvalidSubnetID.NotFound"
+
+
+# --- GCP: IAP TCP forwarding with OS Login, against the Compute Engine / OS Login fake -------
+
+GCP_PROJECT, GCP_REGION = "acme-prod", "us-central1"
+GCP_ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+ACCOUNT = "nodecheck@acme-prod.iam.gserviceaccount.com"
+
+
+def _service_account_file(tmp_path: Path, email: str = ACCOUNT) -> Path:
+    """A service-account key file (a fresh RSA key), as GOOGLE_APPLICATION_CREDENTIALS names
+    one: google-auth reads the account from it without any network call."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()).decode()
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps({
+        "type": "service_account", "project_id": GCP_PROJECT, "private_key_id": "0" * 40,
+        "private_key": pem, "client_email": email, "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token"}))
+    return path
+
+
+@pytest.fixture
+def gce(tmp_path):
+    pytest.importorskip("google.cloud.compute_v1",
+                        reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+    from tests.fakes.gce import FakeGce
+
+    fake = FakeGce().start()
+    yield fake
+    fake.stop()
+    assert fake.errors == []  # a shape the real messages refuse would read as empty
+
+
+def _gcp_pool(gce, tmp_path: Path, *, node_access: str = "") -> tuple[Path, list[dict]]:
+    """The contract's pool deployed in the fake: one running VM of its own, one VM of another
+    pool, one stopped standby VM. Returns (file, the pool's running VMs)."""
+    from poolctl import naming
+
+    extra = f"      node_access: {node_access}\n" if node_access else ""
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(pool_yaml(extra_gcp=extra))
+    cfg = parse_config(cfg_file.read_text())
+    labels = naming.gcp_labels(cfg, cfg.pools[0])
+    gce.deploy_pool(project=GCP_PROJECT, region=GCP_REGION, name="acme-chat-70b",
+                    labels=labels, zones=GCP_ZONES, running=1, stopped=1)
+    gce.deploy_pool(project=GCP_PROJECT, region=GCP_REGION, name="acme-other",
+                    labels={**labels, naming.LABEL_POOL: "other"}, zones=GCP_ZONES,
+                    template="acme-other-1", running=1)
+    mine = [mi for mi in gce.instances(GCP_PROJECT, GCP_REGION, "acme-chat-70b")
+            if mi["instanceStatus"] == "RUNNING"]
+    return cfg_file, mine
+
+
+def test_gcp_discovery_honours_the_endpoint_and_gives_name_and_zone(gce, tmp_path,
+                                                                    monkeypatch):
+    from poolctl.nodecheck import discover_gcp
+
+    cfg_file, [vm] = _gcp_pool(gce, tmp_path)
+    gce.set_ip(vm["name"], "10.128.7.9")
+    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", gce.endpoint)
+    cfg = parse_config(cfg_file.read_text())
+    zone = vm["instance"].split("/zones/")[1].split("/")[0]
+    # The other pool's VM and the stopped standby VM are left out by the filter.
+    assert discover_gcp(cfg, cfg.pools[0]) == [("10.128.7.9", vm["name"], zone)]
+    [call] = [r for r in gce.requests if r["path"].endswith("/aggregated/instances")]
+    assert call["query"]["filter"] == ('labels.poolctl-project = "acme" AND '
+                                       'labels.poolctl-pool = "chat-70b" AND status = "RUNNING"')
+
+
+def _iap_check(node, gce, tmp_path, cfg_file, *extra, env=None):
+    script, log = _relay(tmp_path)
+    argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
+            "--cloud", "gcp", "--timeout", "20", "--known-hosts", str(tmp_path / "known_hosts"),
+            "--json", "--proxy-command",
+            f"{sys.executable} {script} {log} 127.0.0.1 {node.port} %i %z %P", *extra]
+    run_env = {**os.environ, "POOLCTL_GCE_ENDPOINT": gce.endpoint,
+               "GOOGLE_APPLICATION_CREDENTIALS": str(_service_account_file(tmp_path)),
+               **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=run_env), log
+
+
+def test_iap_imports_an_os_login_key_per_check_and_deletes_it(node, gce, tmp_path):
+    """Discovery finds the VM (a fake private address: never connected to), a key made for
+    this check is imported into the caller's OS Login profile for a short time, the node's
+    sshd accepts it through its AuthorizedKeysCommand (on GCE: the guest agent asking the
+    metadata server), the tunnel command stands in for gcloud's IAP tunnel, and the key is
+    deleted after the login."""
+    cfg_file, [vm] = _gcp_pool(gce, tmp_path, node_access="iap")
+    gce.set_ip(vm["name"], "10.128.3.4")
+    zone = vm["instance"].split("/zones/")[1].split("/")[0]
+    gce.set_os_login_user(ACCOUNT, node.user)
+    (node.root / "eic.json").write_text(json.dumps({"endpoint": gce.endpoint,
+                                                    "instance_id": vm["name"]}))
+    (tmp_path / "known_hosts").write_text(f"10.128.3.4 {_host_key(node)}\n")
+
+    # No --access: the pool's gcp.node_access says iap.
+    r, log = _iap_check(node, gce, tmp_path, cfg_file)
+    assert r.returncode == 0, r.stderr
+    [n] = json.loads(r.stdout)["nodes"]
+    assert n["host"] == "10.128.3.4:22" and n["ok"] is True and n["cloud"] == "gcp"
+    ssh = by_name(n)["ssh"]["observed"]
+    assert ssh.startswith(f"{node.user}@10.128.3.4:22, host key ssh-ed25519 ")
+    assert f"as the OS Login user of {ACCOUNT}" in r.stderr
+    # %i %z %P: the instance name, its zone and the project, each one argument.
+    assert log.read_text().splitlines() == [f"127.0.0.1 {node.port} {vm['name']} {zone} "
+                                            f"{GCP_PROJECT}"]
+    [imp] = [q for q in gce.requests if q["path"].endswith(":importSshPublicKey")]
+    assert imp["method"] == "POST" and imp["path"] == f"/v1/users/{ACCOUNT}:importSshPublicKey"
+    assert imp["query"] == {"projectId": GCP_PROJECT}
+    assert set(imp["body"]) == {"key", "expirationTimeUsec"}
+    key = imp["body"]["key"]
+    assert key.startswith("ssh-ed25519 ")
+    assert key.split()[1] not in (node.root / "client_key.pub").read_text()
+    [dele] = [q for q in gce.requests if q["method"] == "DELETE"]
+    fp = dele["path"].rsplit("/", 1)[1]
+    assert dele["path"] == f"/v1/users/{ACCOUNT}/sshPublicKeys/{fp}"
+    assert gce.os_login_keys(ACCOUNT) == {}  # deleted, not left to expire
+    # The node asked for the user's keys while the key was there (the login used it).
+    asked = [q for q in gce.requests if q["path"] == "/_poolctl/instance-connect"]
+    assert asked and asked[0]["query"] == {"instance_id": vm["name"], "user": node.user}
+
+
+def test_iap_key_expires_soon(gce, tmp_path, monkeypatch):
+    """The key's expiry: OS_LOGIN_KEY_TTL_S (300 s) after the import, in microseconds."""
+    import time
+
+    from poolctl.clouds.gcp import GcpOps
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(_service_account_file(tmp_path)))
+    gce.add_project(GCP_PROJECT)
+    gce.set_os_login_user(ACCOUNT, "sa_1234")
+    ops = GcpOps(client_options={"api_endpoint": gce.endpoint})
+    assert ops.caller_account() == ACCOUNT
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPtcQhW0m8JcGSz9lYpQ2bR5tN4mBvH3dEw1xY7zK0aL"
+    before = time.time()
+    user, fp = ops.import_ssh_key(ACCOUNT, key, GCP_PROJECT, 300)
+    after = time.time()
+    assert user == "sa_1234"
+    exp = int(gce.os_login_keys(ACCOUNT)[fp]["expirationTimeUsec"])
+    assert int((before + 300) * 1e6) <= exp <= int((after + 300) * 1e6)
+    ops.delete_ssh_key(ACCOUNT, fp)
+    assert gce.os_login_keys(ACCOUNT) == {}
+    ops.delete_ssh_key(ACCOUNT, fp)  # gone already: nothing to do
+
+
+def test_iap_without_os_login_permission_fails_the_ssh_check(node, gce, tmp_path):
+    cfg_file, [vm] = _gcp_pool(gce, tmp_path)
+    (tmp_path / "known_hosts").write_text("")
+    # No POSIX account for the caller: OS Login answers 403, nothing is connected to.
+    r, log = _iap_check(node, gce, tmp_path, cfg_file, "--access", "iap")
+    assert r.returncode == 1, r.stderr
+    ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
+    assert ssh["ok"] is False
+    assert ssh["observed"].startswith(f"GCP OS Login importSshPublicKey for {ACCOUNT}: 403 ")
+    assert "roles/compute.osAdminLogin" in ssh["hint"]
+    assert not log.exists() and node.calls() == []
+
+
+def test_iap_login_refused_when_the_node_does_not_take_the_key(node, gce, tmp_path):
+    cfg_file, [vm] = _gcp_pool(gce, tmp_path)
+    gce.set_ip(vm["name"], "10.128.3.5")
+    gce.set_os_login_user(ACCOUNT, node.user)
+    (tmp_path / "known_hosts").write_text(f"10.128.3.5 {_host_key(node)}\n")
+    # No eic.json: the node's sshd is not told of OS Login keys, so it refuses this one.
+    r, _ = _iap_check(node, gce, tmp_path, cfg_file, "--access", "iap")
+    assert r.returncode == 1, r.stderr
+    ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
+    assert ssh["observed"].startswith(f"authentication failed for {node.user}@10.128.3.5:22 "
+                                      "with a key imported into your OS Login profile")
+    assert "OS Login refused you" in ssh["hint"]
+    assert gce.os_login_keys(ACCOUNT) == {}  # deleted after the failed login too
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--cloud", "aws", "--access", "iap"],
+     "--access iap: IAP TCP forwarding with OS Login is GCP's; add --cloud gcp"),
+    (["--cloud", "gcp", "--access", "instance-connect"],
+     "--access instance-connect: EC2 Instance Connect is AWS's; add --cloud aws, or use "
+     "--access iap for GCP"),
+    (["--cloud", "gcp", "--access", "iap", "--user", "ubuntu"],
+     "--user: with --access iap poolctl logs in as your OS Login user"),
+    (["--cloud", "gcp", "--access", "iap", "--identity", "/k"], "--identity: iap logs in"),
+    (["--cloud", "gcp", "--access", "iap", "--sandbox"],
+     "--access iap with --sandbox needs --proxy-command: the default tunnel (gcloud compute "
+     "start-iap-tunnel) would leave this machine"),
+])
+def test_access_refusals_are_one_line_exit_2(args, needle):
+    env = {**os.environ, "POOLCTL_GCE_ENDPOINT": "http://127.0.0.1:9"}
+    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+                        *args], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert needle in line
+
+
+def test_iap_key_left_to_expire_is_said(node, gce, tmp_path):
+    cfg_file, [vm] = _gcp_pool(gce, tmp_path)
+    gce.set_ip(vm["name"], "10.128.3.6")
+    gce.set_os_login_user(ACCOUNT, node.user)
+    (node.root / "eic.json").write_text(json.dumps({"endpoint": gce.endpoint,
+                                                    "instance_id": vm["name"]}))
+    (tmp_path / "known_hosts").write_text(f"10.128.3.6 {_host_key(node)}\n")
+    gce.fail_next("DELETE", r"/sshPublicKeys/", 503)
+    r, _ = _iap_check(node, gce, tmp_path, cfg_file, "--access", "iap")
+    assert r.returncode == 0, r.stderr  # the node is fine; the note says what was left
+    ssh = by_name(json.loads(r.stdout)["nodes"][0])["ssh"]["observed"]
+    assert ssh.endswith("; the imported key was not deleted (GCP OS Login delete key of "
+                        f"{ACCOUNT}: 503 injected failure); it expires by itself")
+    [left] = gce.os_login_keys(ACCOUNT).values()
+    assert left["key"].startswith("ssh-ed25519 ")

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -795,12 +796,59 @@ def test_wait_rollout_cleans_up_after_success(fake, ops, cfg, pool, tmp_path, mo
 # the rest
 
 
-def test_queue_metric_is_declared_unsupported(fake, ops, cfg, pool):
+def test_what_gcp_declares_unsupported(ops):
+    assert {"warm_hibernated", "rollout_cancel"} <= ops.unsupported
+    assert {"queue_metric", "rollout_rollback", "quota_request"}.isdisjoint(ops.unsupported)
+
+
+def _minute_ago() -> datetime:
+    """The start of the minute before this one: points 10 s and 40 s into it stay inside
+    that minute and inside the 10-minute window whatever the second is now."""
+    now = datetime.now(UTC)
+    return now.replace(second=0, microsecond=0) - timedelta(minutes=1)
+
+
+def test_queue_is_the_newest_minute_mean_over_the_pools_vms(fake, ops, cfg, pool):
+    deploy(fake, cfg, pool, running=3, stopped=0)
+    fake.deploy_pool(project=PROJECT, region=REGION, name="acme-other",
+                     labels={**naming.gcp_labels(cfg, pool), naming.LABEL_POOL: "other"},
+                     zones=ZONES, template="acme-other-1", running=1)
+    a, b, c = (mi["name"] for mi in fake.instances(PROJECT, REGION, MIG))
+    (other,) = (mi["name"] for mi in fake.instances(PROJECT, REGION, "acme-other"))
+    m = _minute_ago()
+    fake.write_point(PROJECT, a, 100.0, m - timedelta(seconds=30))  # an older minute
+    fake.write_point(PROJECT, a, 3.0, m + timedelta(seconds=10))
+    fake.write_point(PROJECT, b, 6.5, m + timedelta(seconds=40))
+    fake.write_point(PROJECT, c, 9.0, m - timedelta(minutes=20))  # outside the window
+    fake.write_point(PROJECT, other, 50.0, m + timedelta(seconds=20))  # another pool's VM
+    # The newest minute holds 3.0 (a) and 6.5 (b): (3.0 + 6.5) / 2 = 4.75.
+    assert ops.queue_per_replica(ops.find_group(cfg, pool)) == 4.75
+    calls = _calls(fake, "GET", "/timeSeries")
+    assert {r["path"] for r in calls} == {f"/v3/projects/{PROJECT}/timeSeries"}
+    q = calls[0]["query"]
+    assert q["filter"] == ('metric.type = "custom.googleapis.com/poolctl/'
+                           'requests_waiting_per_replica" AND resource.type = "gce_instance"')
+    start = datetime.fromisoformat(q["interval.startTime"].replace("Z", "+00:00"))
+    end = datetime.fromisoformat(q["interval.endTime"].replace("Z", "+00:00"))
+    assert end - start == timedelta(minutes=11)  # the last 10 minutes and 1 ahead
+    # 3 series in the window (a, b, the other pool's VM; c's only point is too old) at 2 per
+    # page: 2 pages, the second asked for with the first one's token.
+    assert [r["query"].get("pageToken") for r in calls] == [None, "2"]
+
+
+def test_queue_without_points_is_none_and_an_error_is_one_line(fake, ops, cfg, pool):
     deploy(fake, cfg, pool)
-    assert ops.queue_per_replica(ops.find_group(cfg, pool)) is None
-    assert {"queue_metric", "warm_hibernated", "rollout_cancel"} <= ops.unsupported
-    assert "rollout_rollback" not in ops.unsupported
-    assert "quota_request" not in ops.unsupported
+    (vm,) = (mi["name"] for mi in fake.instances(PROJECT, REGION, MIG)
+             if mi["instanceStatus"] == "RUNNING")
+    fake.write_point(PROJECT, vm, 2.0, _minute_ago() - timedelta(minutes=15))
+    group = ops.find_group(cfg, pool)
+    assert ops.queue_per_replica(group) is None
+    fake.fail_next("GET", "/timeSeries$", 403)
+    with pytest.raises(OperationFailed) as e:
+        ops.queue_per_replica(group)
+    assert str(e.value) == (
+        "GCP Monitoring read custom.googleapis.com/poolctl/requests_waiting_per_replica of "
+        f"{MIG}: 403 injected failure; the caller needs roles/monitoring.viewer on the project")
 
 
 def test_endpoint_from_env_gets_anonymous_credentials(fake, cfg, pool, monkeypatch):
@@ -993,7 +1041,9 @@ def test_cli_warm_rounds_up_and_waits(fake, home, cfg_file, cfg, pool):
 
 def test_cli_status(fake, home, cfg_file, cfg, pool):
     deploy(fake, cfg, pool)
-    fake.set_health(fake.instances(PROJECT, REGION, MIG)[0]["name"], "UNHEALTHY")
+    vm = fake.instances(PROJECT, REGION, MIG)[0]["name"]
+    fake.set_health(vm, "UNHEALTHY")
+    fake.write_point(PROJECT, vm, 2.5, _minute_ago() + timedelta(seconds=30))
     r = cli(fake, home, "status", "--cloud", "gcp", "--json", "-f", str(cfg_file))
     assert r.returncode == 0, r.stderr
     (s,) = json.loads(r.stdout)["pools"]
@@ -1007,13 +1057,12 @@ def test_cli_status(fake, home, cfg_file, cfg, pool):
                                        "version")} == {
         "name": MIG, "region": REGION, "min_nodes": 1, "max_nodes": 6, "desired_nodes": 1,
         "warm_min_nodes": 2, "warm_state": "stopped", "version": V1}
-    assert s["rollout"] is None and s["queue_per_replica"] is None
+    # The queue, under the key AWS fills: the one VM's point of the newest minute.
+    assert s["rollout"] is None and s["queue_per_replica"] == 2.5
     assert len(s["instances"]) == 3
-    # Human output: GCP does not read the queue metric, and says so rather than "no data".
     r = cli(fake, home, "status", "--cloud", "gcp", "-f", str(cfg_file))
     assert r.returncode == 0, r.stderr
-    assert "queue: queue metric not read on gcp" in r.stdout
-    assert "no datapoints" not in r.stdout
+    assert "queue: 2.5 waiting per replica" in r.stdout
 
 
 def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, monkeypatch):

@@ -684,7 +684,8 @@ def test_refresh_rejects_bad_preferences(sandbox_client):
 def test_ec2_quotas_get_set_and_request_without_duplicates(sandbox_reset, sandbox_client):
     sq = sandbox_client("service-quotas")
     p = sq.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]
-    assert (p["QuotaName"], p["Value"]) == ("Running On-Demand P instances", 0.0)
+    # the sandbox grants enough for the examples (SANDBOX_GRANTS); AWS's default is 0
+    assert (p["QuotaName"], p["Value"]) == ("Running On-Demand P instances", 2304.0)
     codes = {q["QuotaCode"] for q in sq.list_service_quotas(ServiceCode="ec2")["Quotas"]}
     assert codes == {"L-417A185B", "L-DB2E81BA", "L-1216C47A"}
 

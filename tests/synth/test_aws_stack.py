@@ -85,12 +85,14 @@ def test_terraform_block_admits_mirror_and_6x(stacks):
 
 def test_asg_sizes_from_replicas(stacks):
     # chat-70b: TP 2 -> 4 replicas/node; min 4 -> 1 node, max 24 -> 6, warm 8 -> 2,
-    # surge 4 -> 1 node, so the group may reach 6 + 1 = 7 during a rollout.
+    # surge 4 -> 1 node: the group's max is 6 (max_replicas) outside a rollout; `rollout
+    # start` passes max_nodes 6 + 1 = 7 for the rollout's time.
     doc = stacks["acme-chat-70b-aws"]["json"]
     asg = one(doc, "aws_autoscaling_group")
     # Sizes that runtime commands change are variables; deploy applies their defaults.
     assert (asg["min_size"], asg["desired_capacity"]) == ("${var.min_nodes}",) * 2
-    assert (var_default(doc, asg["min_size"]), asg["max_size"]) == (1, 7)
+    assert asg["max_size"] == "${var.max_nodes}"
+    assert (var_default(doc, asg["min_size"]), var_default(doc, asg["max_size"])) == (1, 6)
     assert asg["warm_pool"] == {
         "pool_state": "Stopped", "min_size": "${var.warm_nodes}",
         "max_group_prepared_capacity": "${(var.min_nodes + var.warm_nodes)}",
@@ -106,7 +108,7 @@ def test_asg_sizes_from_replicas(stacks):
     # qwen-7b: TP 1 -> 8 replicas/node; warm 8 running -> 1 node kept Running.
     doc = stacks["acme-qwen-7b-aws"]["json"]
     asg = one(doc, "aws_autoscaling_group")
-    assert (var_default(doc, asg["min_size"]), asg["max_size"]) == (1, 4 + 1)
+    assert (var_default(doc, asg["min_size"]), var_default(doc, asg["max_size"])) == (1, 4)
     assert asg["warm_pool"]["pool_state"] == "Running"
 
 

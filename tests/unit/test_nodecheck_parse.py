@@ -378,7 +378,8 @@ def test_plan_work_hosts_need_one_target(cfg):
     assert [h.label for h, _ in work] == ["10.0.0.5:22", "10.0.0.6:22"]
 
 
-def test_plan_work_discovery(cfg):
+def test_plan_work_discovery(cfg, monkeypatch):
+    monkeypatch.delenv("POOLCTL_GCE_ENDPOINT", raising=False)
     seen = []
 
     def discover(c, pool, cloud, sandbox):
@@ -396,6 +397,23 @@ def test_plan_work_discovery(cfg):
         nc.plan_work(cfg, cfg.targets(None, None), None, sandbox=True, discover=discover)
 
 
+def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
+    def discover(c, pool, cloud, sandbox):
+        return [("10.128.0.9", "acme-chat-70b-0a1b", "us-central1-b")]
+
+    [(host, spec)] = nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
+    assert host == nc.Host("10.128.0.9", 22, "acme-chat-70b-0a1b", region="us-central1",
+                           zone="us-central1-b", project="acme-prod")
+    assert spec.cloud == "gcp"
+    # GCP "in the sandbox" is the Compute Engine fake named by POOLCTL_GCE_ENDPOINT, and
+    # its fake private addresses are not connected to directly either.
+    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(UsageError, match="node address 10.128.0.9 of pool chat-70b is a fake"):
+        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, sandbox=True, discover=discover)
+    assert len(nc.plan_work(cfg, cfg.targets(None, "gcp"), None, sandbox=True,
+                            discover=discover, direct=False)) == 1
+
+
 def test_gcp_filter_and_ips(cfg):
     compute_v1 = pytest.importorskip("google.cloud.compute_v1",
                                      reason="google-cloud-compute not installed")
@@ -404,7 +422,7 @@ def test_gcp_filter_and_ips(cfg):
                                         'labels.poolctl-pool = "chat-70b" AND status = "RUNNING"')
 
     def vm(ip, status="RUNNING"):
-        return compute_v1.Instance(status=status, network_interfaces=[
+        return compute_v1.Instance(name=f"vm-{ip}", status=status, network_interfaces=[
             compute_v1.NetworkInterface(network_i_p=ip)])
 
     pages = [
@@ -414,7 +432,9 @@ def test_gcp_filter_and_ips(cfg):
         ("zones/us-east1-b", compute_v1.InstancesScopedList(instances=[vm("10.142.0.2")])),
         ("zones/us-central1-c", compute_v1.InstancesScopedList()),  # a zone with none
     ]
-    assert nc.gcp_ips(pages, "us-central1") == ["10.128.0.9", "10.128.0.10"]
+    assert nc.gcp_nodes(pages, "us-central1") == [
+        ("10.128.0.9", "vm-10.128.0.9", "us-central1-a"),
+        ("10.128.0.10", "vm-10.128.0.10", "us-central1-b")]
 
 
 # --- SSH options: problems caught before any connection (exit 2) --------------------------
@@ -518,10 +538,24 @@ def test_proxy_command_words_keep_each_value_one_argument():
         "--remote-port", "22", "--region", "us-east-1"]
     assert nc.proxy_argv("relay '%h port %p' 100%%", host) == [
         "relay", "10.0.1.5 port 22", "100%"]
+    vm = nc.Host("10.128.0.9", 22, "node-1 $(id)", region="us-central1",
+                 zone="us-central1-a", project="acme-prod")
+    assert nc.proxy_argv(nc.IAP_TUNNEL_COMMAND, vm) == [
+        "gcloud", "compute", "start-iap-tunnel", "node-1 $(id)", "22", "--listen-on-stdin",
+        "--zone", "us-central1-a", "--project", "acme-prod"]
+
+
+def test_proxy_command_needs_what_only_discovery_knows():
+    pytest.importorskip("paramiko")
+    with pytest.raises(nc.SshFailure, match=r"needs %P %i %z .* of 10.0.0.5:22"):
+        nc.proxy_socket(nc.IAP_TUNNEL_COMMAND, nc.parse_host("10.0.0.5"))
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"access": "telnet"}, "--access telnet: use one of ssh, instance-connect"),
+    ({"access": "telnet"}, "--access telnet: use one of ssh, instance-connect, iap"),
+    ({"access": "iap", "identity": Path("/k")}, "--identity: iap logs in with a key made"),
+    ({"access": "iap", "user": "ubuntu"}, "--user: with --access iap poolctl logs in as your"),
+    ({"access": "iap", "sandbox": True}, "--access iap with --sandbox needs --proxy-command"),
     ({"access": "instance-connect", "identity": Path("/k")}, "--identity: instance-connect"),
     ({"proxy_command": "relay 'unclosed"}, "--proxy-command: cannot split it"),
     ({"access": "instance-connect", "sandbox": True}, "needs --proxy-command"),
@@ -529,3 +563,10 @@ def test_proxy_command_words_keep_each_value_one_argument():
 def test_access_options_are_checked_before_any_connection(kwargs, needle):
     with pytest.raises(UsageError, match=re.escape(needle)):
         nc.SshOptions(**kwargs)
+
+
+def test_access_defaults():
+    assert nc.SshOptions().user == "ubuntu" and nc.SshOptions().proxy_command is None
+    iap = nc.SshOptions(access="iap")
+    assert iap.user is None  # OS Login's POSIX user, learnt per login
+    assert iap.proxy_command == nc.IAP_TUNNEL_COMMAND and iap.os_login is not None
