@@ -838,16 +838,21 @@ def cleanup_versions(ops: CloudOps, group: Group, pool: Pool) -> None:
         log(f"{pool.name}: {line}")
 
 
-def _progress_line(pool: Pool, s: RolloutState) -> str:
+def rollout_words(s: RolloutState) -> str:
+    """Status, percentage, checkpoint, nodes to update, reason: as `status` commands say it."""
     why = f" ({s.reason})" if s.reason else ""
-    if s.status.startswith("Rollback") or s.status.startswith("Cancel"):
+    if s.status.startswith(("Rollback", "Cancel")):
         # The forward percentage means nothing once the rollout turns back or stops.
-        return f"{pool.name}: rollout {s.status}{why}"
+        return f"{s.status}{why}"
     # A checkpoint of 100% is the end, said by the final line.
     cp = (f", checkpoint {s.checkpoint_reached}% reached"
           if s.checkpoint_reached and s.checkpoint_reached < 100 and not s.done else "")
     todo = "" if s.instances_to_update is None else f", {s.instances_to_update} to update"
-    return f"{pool.name}: rollout {s.status} {s.percentage_complete:g}%{cp}{todo}{why}"
+    return f"{s.status} {s.percentage_complete:g}%{cp}{todo}{why}"
+
+
+def _progress_line(pool: Pool, s: RolloutState) -> str:
+    return f"{pool.name}: rollout {rollout_words(s)}"
 
 
 def _final_line(pool: Pool, s: RolloutState) -> str:

@@ -213,6 +213,27 @@ def run_poolctl(home: Path | str, *args: str, timeout: float = 900, **extra: str
     )
 
 
+def pool_cli(home: Path | str, pool_file: Path) -> Any:
+    """`run(*args, ok=True)`: `poolctl ARGS -f pool_file --sandbox` in a subprocess (polling
+    fast), asserting its exit code (True: 0, an int: that one, False: any). Commands that
+    synthesize (deploy, rollout start/rollback) write beside the file."""
+    out = pool_file.parent / "cdktf.out"
+
+    def run(*args: str, ok: bool | int = True, timeout: float = 900) -> Any:
+        argv = [*args, "-f", str(pool_file), "--sandbox"]
+        if args[0] == "deploy" or (args[0] == "rollout" and args[1] in ("start", "rollback")):
+            argv += ["--out", str(out)]
+        res = run_poolctl(home, *argv, timeout=timeout, POOLCTL_POLL_S="0.05")
+        expect = 0 if ok is True else ok
+        if expect is not False:
+            assert res.returncode == expect, (
+                f"poolctl {' '.join(args)}: exit {res.returncode}, expected {expect}\n"
+                f"{res.stderr[-3000:]}")
+        return res
+
+    return run
+
+
 def _example_pool() -> tuple[Any, Any]:
     from poolctl.config import load_config
 
@@ -328,7 +349,7 @@ def _deploy_with_boto3(endpoint: str) -> None:
     cold = int(plan.start_seconds["cold"])
     asg.create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=plan.nodes["min"],
-        MaxSize=plan.nodes["max"] + plan.nodes["surge"], DesiredCapacity=plan.nodes["min"],
+        MaxSize=plan.nodes["max"], DesiredCapacity=plan.nodes["min"],
         VPCZoneIdentifier=",".join(subnets), TargetGroupARNs=[tg["TargetGroupArn"]],
         HealthCheckType="ELB", HealthCheckGracePeriod=cold, DefaultInstanceWarmup=cold,
         LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplateId"], "Version": "$Latest"},

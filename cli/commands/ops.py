@@ -114,10 +114,7 @@ def status(
         con.print("  " + ", ".join(f"{k.replace('_', ' ')} {v} ({v * rpn} replicas)"
                                    for k, v in n.items() if v or k in ("in_service", "warm")))
         if s.rollout:
-            r = s.rollout
-            cp = f", checkpoint {r.checkpoint_reached}%" if r.checkpoint_reached else ""
-            con.print(f"  rollout {r.id}: {r.status} {r.percentage_complete:g}%{cp}"
-                      + (f" ({r.reason})" if r.reason else ""))
+            con.print(f"  rollout {s.rollout.id}: {runtime.rollout_words(s.rollout)}")
         q = s.queue_per_replica
         if s.cloud in unread:
             con.print(f"  queue: queue metric not read on {s.cloud}")

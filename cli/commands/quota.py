@@ -126,9 +126,10 @@ def request(
         short = [ln for ln in lines if ln.shortfall > 0 and ln.granted is not None]
         if not short:
             continue
+        shared = {(ln.name, ln.scope): f" (shared by {', '.join(ln.pools)})"
+                  if len(ln.pools) > 1 else "" for ln in short}
         asks = ", ".join(f"{ln.name} in {ln.scope} from {ln.granted:g} to "
-                         f"{ln.granted + ln.shortfall:g} {ln.unit}"
-                         + (f" (shared by {', '.join(ln.pools)})" if len(ln.pools) > 1 else "")
+                         f"{ln.granted + ln.shortfall:g} {ln.unit}{shared[(ln.name, ln.scope)]}"
                          for ln in short)
         if not confirm(f"{p.name}/{c}: request {asks}?", auto_approve):
             sys.stderr.write(f"{p.name}/{c}: not confirmed; nothing requested\n")
@@ -138,7 +139,8 @@ def request(
             out.append({"pool": p.name, "cloud": c, **req.to_json()})
             verb = "already open" if req.already_open else "filed"
             sys.stderr.write(f"{p.name}/{c}: {req.name} in {req.scope}: request {req.id} to "
-                             f"{req.desired:g} {verb} ({req.state})\n")
+                             f"{req.desired:g} {verb} ({req.state})"
+                             f"{shared.get((req.name, req.scope), '')}\n")
             need = wanted.get((req.name, req.scope), 0)
             if req.already_open and req.desired < need:
                 sys.stderr.write(f"{p.name}/{c}: the open request asks for less than the "

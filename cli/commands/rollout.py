@@ -183,10 +183,9 @@ def status(
     if r is None:
         con.print(f"{p.name}/{c}: no rollout yet (group version {data['group_version']})")
         return
-    con.print(f"{p.name}/{c}: rollout {r['id']}: {r['status']} {r['percentage_complete']:g}%"
-              + (f", {r['instances_to_update']} node(s) to update"
-                 if r["instances_to_update"] else "")
-              + (f" ({r['reason']})" if r["reason"] else ""))
+    from poolctl.clouds.base import RolloutState
+
+    con.print(f"{p.name}/{c}: rollout {r['id']}: {runtime.rollout_words(RolloutState(**r))}")
     if r["from_version"] or r["to_version"]:
         con.print(f"  {r['from_version'] or '?'} -> {r['to_version'] or '?'}")
     con.print("  checkpoints: " + ", ".join(

@@ -7,8 +7,9 @@ The deploy tests run in file order on one pool: deploy, inspect, boot, redeploy 
 the synth/init/plan/apply split of every run are printed (`pytest -s` shows them).
 
 The example pool (examples/llama-70b-p5/poolctl.yaml), worked out by hand: TP 2 on 8 GPUs =
-4 replicas per node; 4..24 replicas = 1..6 nodes; a surge of 4 replicas = 1 node, so the
-group's MaxSize is 6 + 1 = 7; 8 warm replicas = 2 warm nodes, prepared capacity 1 + 2 = 3.
+4 replicas per node; 4..24 replicas = 1..6 nodes, the group's MaxSize 6 (a rollout adds its
+surge of 4 replicas = 1 node only while it runs); 8 warm replicas = 2 warm nodes, prepared
+capacity 1 + 2 = 3.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
     asg, ec2, elbv2, cw = (sandbox_client(s) for s in
                            ("autoscaling", "ec2", "elbv2", "cloudwatch"))
     group = _group(asg)
-    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (1, 7, 1)
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (1, 6, 1)
     assert group["DefaultInstanceWarmup"] == 440  # plan's cold start, 440.5 s, whole seconds
     assert group["HealthCheckType"] == "ELB"
     assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
@@ -382,7 +383,7 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
     assert f"== {STACK}: no changes" in again.stderr and "adopting" not in again.stderr
     # One of each, nothing duplicated.
     assert len(launch_template()) == 1
-    assert _group(asg)["MaxSize"] == 7
+    assert _group(asg)["MaxSize"] == 6
     vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [ASG]}])["Vpcs"]
     assert len(vpcs) == 1
     assert [lb["LoadBalancerName"] for lb in elbv2.describe_load_balancers()["LoadBalancers"]
@@ -477,7 +478,7 @@ def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
     group = _group(asg)
     assert group["AutoScalingGroupName"] == name
-    assert (group["MinSize"], group["MaxSize"]) == (1, 7)
+    assert (group["MinSize"], group["MaxSize"]) == (1, 6)
     assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
     [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"]
     assert (hook["LifecycleHookName"], hook["HeartbeatTimeout"]) == ("poolctl-node-ready", 880)

@@ -7,7 +7,8 @@ Terraform: a rollout applies the new launch template version through it).
 
 The example (examples/llama-70b-p5/poolctl.yaml), worked out by hand: p5.48xlarge, 8 GPUs,
 TP 2 -> 4 replicas per node, 192 vCPUs per node; min 4 replicas = 1 node, max 24 = 6 nodes,
-surge 4 replicas = 1 node (group MaxSize 7), warm 8 replicas = 2 nodes kept stopped.
+surge 4 replicas = 1 node (group MaxSize 6, 7 while a rollout runs), warm 8 replicas = 2
+nodes kept stopped.
 Quota L-417A185B needed at peak: (6 + 1) x 192 = 1344 vCPU (stopped warm nodes count 0).
 
 The nodes' boot scripts never run in the sandbox: a background thread completes the launch
@@ -34,6 +35,7 @@ import pytest
 
 from tests.conftest import (
     DEPLOYED_EXAMPLE,
+    pool_cli,
     poolctl_env,
     run_poolctl,
     sandbox_admin,
@@ -62,21 +64,7 @@ def pool_file(deployed_pool, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cli(sandbox, sandbox_home, pool_file) -> Any:
-    out = pool_file.parent / "cdktf.out"
-
-    def run(*args: str, ok: bool | int = True, timeout: float = 600) -> Any:
-        argv = [*args, "-f", str(pool_file), "--sandbox"]
-        if args[0] == "rollout" and args[1] in ("start", "rollback"):
-            argv += ["--out", str(out)]
-        res = run_poolctl(sandbox_home, *argv, timeout=timeout, POOLCTL_POLL_S="0.05")
-        expect = 0 if ok is True else ok
-        if expect is not False:
-            assert res.returncode == expect, (
-                f"poolctl {' '.join(args)}: exit {res.returncode}, expected {expect}\n"
-                f"{res.stderr[-3000:]}")
-        return res
-
-    return run
+    return pool_cli(sandbox_home, pool_file)
 
 
 def js(res) -> dict:
@@ -161,8 +149,8 @@ def test_status_counts_nodes_replicas_and_queue(cli, aws):
     (s,) = js(cli("status", "--json"))["pools"]
     assert (s["pool"], s["cloud"], s["group"]["name"]) == ("chat-70b", "aws", ASG)
     g = s["group"]
-    # min 1 node, max 6 + 1 surge = 7, desired 1; warm pool 2 stopped
-    assert (g["min_nodes"], g["max_nodes"], g["desired_nodes"]) == (1, 7, 1)
+    # min 1 node, max 6 (the surge's 7 only during a rollout), desired 1; warm pool 2 stopped
+    assert (g["min_nodes"], g["max_nodes"], g["desired_nodes"]) == (1, 6, 1)
     assert (g["warm_min_nodes"], g["warm_state"]) == (2, "stopped")
     assert s["nodes"] == {"in_service": 1, "warm": 2, "pending": 0, "unhealthy": 0,
                           "terminating": 0}
@@ -348,13 +336,13 @@ def test_warm_running_puts_nodes_in_service(sandbox, cli, aws):
 
 
 def test_warm_refuses_when_quota_is_short_and_changes_nothing(sandbox, cli, aws):
-    # 4 in service now; --running 6 nodes -> minimum 7, all in service: 7 x 192 = 1344
-    # vCPU beside the others'; granted 1000 -> short by 344 + others
+    # 4 in service now; --running 5 nodes -> minimum 6 (the group's max), all in service:
+    # 6 x 192 = 1152 vCPU beside the others'; granted 1000 -> short by 152 + others
     set_quota(sandbox, 1000)
     others = foreign_p_vcpus(aws)
-    res = cli("warm", "--replicas", "24", "--running", ok=1)
-    assert (f"chat-70b: not enough quota for 7 node(s) running at once; quota {QUOTA} in "
-            f"{REGION}: short by {344 + others} vCPU") in res.stderr
+    res = cli("warm", "--replicas", "20", "--running", ok=1)
+    assert (f"chat-70b: not enough quota for 6 node(s) running at once; quota {QUOTA} in "
+            f"{REGION}: short by {152 + others} vCPU") in res.stderr
     assert "nothing was changed" in res.stderr
     g = group(aws)
     assert (g["MinSize"], g["DesiredCapacity"]) == (4, 4)
@@ -373,7 +361,7 @@ def test_warm_reset_returns_to_the_file(cli, aws):
     assert js(cli("warm", "--reset", "--json"))["changed"] is False
     bad = cli("warm", "--replicas", "4", "--reset", ok=2)
     assert bad.stderr.strip() == ("poolctl: --reset: give it alone (it returns to the file's "
-                                  "sizes), without --replicas or --running")
+                                  "sizes), without --replicas, --running or --exact")
 
 
 # -- rollout ------------------------------------------------------------------------------
@@ -513,6 +501,7 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
                 break
     assert s["status"] == "InProgress" and s["checkpoint_reached"] == 25
     assert new in lt_versions(aws)[1]  # one node runs the new version
+    assert group(aws)["MaxSize"] == 6 + 1  # the surge's room, only while it rolls
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
     assert (b["how"], b["from"], b["to"]) == ("cloud_rollback", "vllm/vllm-openai:v0.11.3",
@@ -520,6 +509,7 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
     assert b["final"]["status"] == "RollbackSuccessful"
     assert lt_versions(aws) == (good, {good})
     assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
+    assert group(aws)["MaxSize"] == 6  # the rollback's end gave the surge room back
 
 
 @needs_terraform
@@ -527,8 +517,10 @@ def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli,
                                                                     pool_file, four_nodes):
     cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.4", "--yes",
         "--no-wait")
+    assert group(aws)["MaxSize"] == 6 + 1
     c = js(cli("rollout", "cancel", "--cloud", "aws", "--json"))
     assert c["final"]["status"] == "Cancelled"
+    assert group(aws)["MaxSize"] == 6  # the cancel gave the surge room back
     assert [p["status"] for p in c["progress"]][-1] == "Cancelled"
     again = cli("rollout", "cancel", "--cloud", "aws", ok=1)
     assert again.stderr.strip() == "poolctl: chat-70b: no rollout in progress; nothing to cancel"

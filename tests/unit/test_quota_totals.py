@@ -16,6 +16,7 @@ replicas kept running = 1 node.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,7 @@ def test_plan_text_shows_the_region_total(tmp_path):
     f.write_text(with_second_pool(pool_yaml(with_gcp=False)))
     r = subprocess.run([sys.executable, "-m", "poolctl", "plan", "-f", str(f)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**__import__("os").environ, "COLUMNS": "200"})
+                       env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     [row] = [ln for ln in r.stdout.splitlines() if "L-417A185B" in ln and "2,112" in ln]
     assert "us-east-1" in row and "chat-70b 1,344 + chat-b 768" in row

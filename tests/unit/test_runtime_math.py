@@ -28,6 +28,13 @@ def llama():
     return cfg, cfg.pools[0]
 
 
+@pytest.fixture(autouse=True)
+def own_home(monkeypatch, tmp_path):
+    """`warm` records the sizes it sets under POOLCTL_HOME: not in the session's home, where
+    the sandbox tests' deploys of the same stack name would read them."""
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+
+
 # -- QuotaLine ---------------------------------------------------------------------------
 
 
