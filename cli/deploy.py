@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -38,10 +39,51 @@ class StackResult:
     kept: list = field(default_factory=list)  # runtime sizes the apply keeps, and why
 
 
+SYNTH_KEY_FILE = ".poolctl-synth-key"
+
+
+def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
+    """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
+    code and data (stacks, boot templates, catalog) and the generator's versions."""
+    from importlib import metadata
+
+    import poolctl
+    import poolctl.boot
+    import poolctl.stacks
+
+    h = hashlib.sha256(cfg.model_dump_json().encode())
+    h.update(repr([(p.name, c) for p, c in targets]).encode())
+    for pkg in (poolctl, poolctl.stacks, poolctl.boot):
+        for root in pkg.__path__:
+            for f in sorted(Path(root).rglob("*")):
+                if f.suffix in {".py", ".j2", ".yaml", ".json"} and f.is_file():
+                    h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes())
+    for dist in ("cdktf", "cdktf-cdktf-provider-aws", "cdktf-cdktf-provider-google"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
+    return h.hexdigest()
+
+
 def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
+    """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
+    5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
+    pay again."""
+    key = synth_key(cfg, targets)
+    dirs = [Path(outdir) / "stacks" / naming.stack_name(cfg, p, c) for p, c in targets]
+    marks = [d / SYNTH_KEY_FILE for d in dirs]
+    if all((d / "cdk.tf.json").is_file() and m.is_file() and m.read_text() == key
+           for d, m in zip(dirs, marks, strict=True)):
+        log(f"stacks unchanged since the last synth in {outdir}/stacks: reusing them")
+        return dirs
     from poolctl.stacks.app import synth  # the only road to cdktf
 
-    return synth([(cfg, targets)], outdir)
+    log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
+    dirs = synth([(cfg, targets)], outdir)
+    for d in dirs:
+        (d / SYNTH_KEY_FILE).write_text(key)
+    return dirs
 
 
 def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]:
@@ -137,7 +179,6 @@ def run_stacks(
     cli_config(mirror)
     checked = preflight(targets) if preflight else [({}, []) for _ in targets]
     t0 = time.monotonic()
-    log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
     dirs = synth_targets(cfg, targets, outdir)
     synth_s = time.monotonic() - t0
     results = []

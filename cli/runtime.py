@@ -300,6 +300,8 @@ def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | Non
     if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
         kept = (f" ({n * rpn} replicas asked for; {_spare(mode, plan, new_min, new_warm) * rpn} "
                 "kept: warm never lowers spare capacity, --exact or --reset does)")
+    if mode == "reset":  # from now on `deploy` applies the file's sizes
+        warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
     if not changed:
         result.message = f"{pool.name}: already at {label}{kept}; nothing changed"
         if mode != "reset" and not load_warm_record(cfg, pool, cloud):
@@ -307,9 +309,7 @@ def warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, replicas: int | Non
         return result
     ops.set_capacity(group, min_nodes=new_min, warm_nodes=new_warm, warm_running=warm_running,
                      desired_nodes=new_desired)
-    if mode == "reset":
-        warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
-    else:
+    if mode != "reset":
         _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
     changes = [f"{what} {before[k]} -> {after[k]} node(s) ({before[k] * rpn} -> "
                f"{after[k] * rpn} replicas)"

@@ -127,7 +127,7 @@ def test_replicas_are_exactly_a_c_server_queue(c, rho):
 
 # Direct comparisons with Erlang C over the whole grid. The sample sizes follow the variance
 # of a queue's mean wait, which grows like 1/(1-rho)^4 for M/M/1 (Whitt 1989): 600,000
-# requests put M/M/1 at rho 0.9 within about 2 % (one standard error); the other cases need
+# requests give M/M/1 at rho 0.9 a standard error of about 2.7 %; the other cases need
 # far fewer. Measured with seeds 1 and 2 at 200,000 requests (600,000 for M/M/1 at 0.9):
 # every case within 3.4 %.
 ERLANG_GRID = [(c, rho, 600_000 if (c, rho) == (1, 0.9) else 200_000 if rho == 0.9 else 120_000)
