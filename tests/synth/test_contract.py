@@ -240,7 +240,7 @@ def test_every_runtime_variable_is_declared_in_every_stack(synthesized):
     # Both clouds, every variable the runtime knows of.
     assert {k for c, k in checked if c == "aws"} == {
         "TF_VAR_node_ami_id", "TF_VAR_launch_template_version", "TF_VAR_min_nodes",
-        "TF_VAR_refresh_min_healthy_percentage", "TF_VAR_refresh_max_healthy_percentage",
+        "TF_VAR_max_nodes", "TF_VAR_refresh_min_healthy_percentage", "TF_VAR_refresh_max_healthy_percentage",
         "TF_VAR_warm_nodes"}
     assert {k for c, k in checked if c == "gcp"} == {
         "TF_VAR_min_nodes", "TF_VAR_max_nodes", "TF_VAR_warm_nodes", "TF_VAR_max_surge_fixed",
