@@ -184,6 +184,28 @@ def _ec2(kind: str, contract: dict[str, str]) -> Lookup:
     return lookup
 
 
+def _sg_rule(egress: bool) -> Lookup:
+    """A security group rule is found by its group and its whole spec (protocol, ports, CIDR
+    or referenced group); its own tags (Terraform sets them in the Authorize call) prove it
+    poolctl's. Interrupts land between Authorize and the state write as easily as elsewhere,
+    and a re-run then fails with InvalidPermission.Duplicate."""
+    def lookup(c: Client, block: dict):
+        group = _literal(block.get("security_group_id"))
+        if group is None:
+            return []
+        want = (str(block.get("ip_protocol")), block.get("from_port"), block.get("to_port"),
+                _literal(block.get("cidr_ipv4")),
+                _literal(block.get("referenced_security_group_id")))
+        rules = c("ec2").describe_security_group_rules(
+            Filters=[{"Name": "group-id", "Values": [group]}])["SecurityGroupRules"]
+        return [(r["SecurityGroupRuleId"], _tags(r.get("Tags"))) for r in rules
+                if bool(r.get("IsEgress")) == egress
+                and (str(r.get("IpProtocol")), r.get("FromPort"), r.get("ToPort"),
+                     r.get("CidrIpv4"), (r.get("ReferencedGroupInfo") or {}).get("GroupId"))
+                == want]
+    return lookup
+
+
 def lookups(contract: dict[str, str]) -> dict[str, Lookup]:
     return {
         "aws_launch_template": _by_name(_launch_template),
@@ -195,6 +217,8 @@ def lookups(contract: dict[str, str]) -> dict[str, Lookup]:
         "aws_lb_target_group": _by_name(_elb("tg")),
         "aws_kms_alias": _by_name(_alias),
         "aws_lb_listener": _listener,
+        "aws_vpc_security_group_ingress_rule": _sg_rule(egress=False),
+        "aws_vpc_security_group_egress_rule": _sg_rule(egress=True),
         **{kind: _ec2(kind, contract) for kind in _EC2},
     }
 

@@ -319,7 +319,10 @@ def _state_types(home: Path) -> set[str]:
     return {r["type"] for r in _state_resources(home) if r["mode"] == "managed"}
 
 
+# Own xdist groups (own worker, own sandbox): the interrupt chain and the deployed_pool
+# checks each take minutes of Terraform waits and need nothing of the first-deploy chain.
 @needs_terraform
+@pytest.mark.xdist_group("e2e/interrupts")
 def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, sandbox_client):
     """Ctrl-C during the plan, early in the apply and late in the apply, each on the re-run of
     the one before, on one stack. The two apply interrupts land while a create call is in
@@ -503,12 +506,14 @@ def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
 
 
+@pytest.mark.xdist_group("e2e/deployed_pool")
 def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
     assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
                              "via": "boto3" if MISSING else "terraform"}
     _check_pool_like_the_stack(sandbox_client, ASG)
 
 
+@pytest.mark.xdist_group("e2e/deployed_pool")
 def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_client):
     from tests.conftest import _deploy_with_boto3, sandbox_admin
 
@@ -523,6 +528,7 @@ def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_clien
         sandbox_admin(sandbox, "POST", "/moto-api/reset")
 
 
+@pytest.mark.xdist_group("e2e/deployed_pool")
 def test_deployed_pool_comes_back_after_the_sandbox_was_wiped(deployed_pool, sandbox_client):
     # The test above reset the emulator; the fixture re-created the pool before this test.
     assert deployed_pool["via"] == ("boto3" if MISSING else "terraform")

@@ -122,6 +122,22 @@ def orphans(sandbox):
                                    TagSpecifications=[{"ResourceType": "security-group",
                                                        "Tags": _kv(tags)}])["GroupId"]
     ids["aws_security_group.nodes"] = sg
+    # Rules: ours (tagged, as Terraform authorizes them), and an untagged one of the same
+    # spec but another port (someone's hand edit): only the exact, tagged one is adopted.
+    rule_tags = [{"ResourceType": "security-group-rule", "Tags": _kv(tags)}]
+    [rule] = ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[{
+        "IpProtocol": "tcp", "FromPort": 8000, "ToPort": 8000,
+        "IpRanges": [{"CidrIp": "10.0.0.0/8"}]}], TagSpecifications=rule_tags,
+    )["SecurityGroupRules"]
+    ids["aws_vpc_security_group_ingress_rule.in"] = rule["SecurityGroupRuleId"]
+    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[{
+        "IpProtocol": "tcp", "FromPort": 8001, "ToPort": 8001,
+        "IpRanges": [{"CidrIp": "10.0.0.0/8"}]}])
+    [out] = ec2.authorize_security_group_egress(GroupId=sg, IpPermissions=[{
+        "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+        "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}], TagSpecifications=rule_tags,
+    )["SecurityGroupRules"]
+    ids["aws_vpc_security_group_egress_rule.out"] = out["SecurityGroupRuleId"]
     lt = ec2.create_launch_template(
         LaunchTemplateName=NAME, LaunchTemplateData={"InstanceType": "t3.micro"},
         TagSpecifications=[{"ResourceType": "launch-template", "Tags": _kv(tags)}],
@@ -173,6 +189,16 @@ STACK = {
     "aws_subnet.private-0": {"vpc_id": "${aws_vpc.vpc.id}",
                              "tags": {"Name": f"{NAME}-private-0"}},
     "aws_security_group.nodes": {"name": f"{NAME}-nodes", "vpc_id": "${aws_vpc.vpc.id}"},
+    "aws_vpc_security_group_ingress_rule.in": {
+        "security_group_id": "${aws_security_group.nodes.id}", "ip_protocol": "tcp",
+        "from_port": 8000, "to_port": 8000, "cidr_ipv4": "10.0.0.0/8"},
+    "aws_vpc_security_group_egress_rule.out": {
+        "security_group_id": "${aws_security_group.nodes.id}", "ip_protocol": "tcp",
+        "from_port": 443, "to_port": 443, "cidr_ipv4": "0.0.0.0/0"},
+    # The hand-made rule's spec but on a port no rule has: nothing to adopt.
+    "aws_vpc_security_group_ingress_rule.none": {
+        "security_group_id": "${aws_security_group.nodes.id}", "ip_protocol": "tcp",
+        "from_port": 9000, "to_port": 9000, "cidr_ipv4": "10.0.0.0/8"},
     "aws_launch_template.lt": {"name": NAME},
     "aws_iam_role.role": {"name": NAME},
     "aws_iam_instance_profile.profile": {"name": NAME, "role": "${aws_iam_role.role.name}"},
