@@ -20,6 +20,7 @@ from poolctl.commands import (
     init,
     nodes,
     ops,
+    pools,
     quota,
     rollout,
     sandbox,
@@ -47,6 +48,8 @@ app.command()(build.deploy)
 app.command()(build.destroy)
 app.command()(ops.warm)
 app.command()(ops.status)
+app.command()(pools.ls)
+app.command()(pools.logs)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(quota.app, name="quota")
 app.add_typer(rollout.app, name="rollout")

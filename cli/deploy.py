@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,17 +13,20 @@ from pathlib import Path
 from poolctl import naming
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
-from poolctl.errors import OperationFailed, UsageError
+from poolctl.errors import NotConfirmed, OperationFailed, UsageError
 from poolctl.home import private_dir, write_private
-from poolctl.terraform import PlanSummary, Terraform, cli_config, find_binary, sandbox_override
+from poolctl.progress import log
+from poolctl.terraform import (
+    PlanSummary,
+    Terraform,
+    cli_config,
+    find_binary,
+    log_path,
+    sandbox_override,
+)
 
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
 ADOPT_FILE = "poolctl_adopt.tf.json"
-
-
-def log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
 
 
 @dataclass
@@ -37,6 +39,34 @@ class StackResult:
     timings: dict = field(default_factory=dict)
     adopted: list = field(default_factory=list)  # addresses imported by `adopt`
     kept: list = field(default_factory=list)  # runtime sizes the apply keeps, and why
+    sizes: list = field(default_factory=list)  # the plan's size changes (SizeChange.to_json)
+    cost_per_hour_usd: dict = field(default_factory=dict)  # pool_cost
+    log: str = ""  # Terraform's output
+
+
+def pool_cost(pool: Pool, cloud: str, summary: PlanSummary) -> dict:
+    """The pool's cost per hour at the catalog's price per node: at the group's minimum and
+    maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
+    destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
+    from poolctl.sizing import plan_pool
+
+    plan = plan_pool(pool, cloud)
+    nodes = {"min": plan.nodes["min"], "max": plan.nodes["max"]}
+    warm_running = plan.nodes["warm"] if plan.warm_state == "running" else 0
+    sized = summary.size_values
+    for key in ("min", "max"):
+        for f in (f"{key}_size", f"autoscaling_policy.{key}_replicas"):
+            if isinstance(sized.get(f), int):
+                nodes[key] = sized[f]
+    if sized.get("warm_pool.pool_state") == "Running" and isinstance(
+            sized.get("warm_pool.min_size"), int):
+        warm_running = sized["warm_pool.min_size"]
+    price = plan.price_per_node_hour_usd
+    return {"instance_type": plan.instance_type, "price_per_node_hour_usd": price,
+            "replicas_per_node": plan.replicas_per_node, "nodes": nodes,
+            "warm_running_nodes": warm_running,
+            "min": round((nodes["min"] + warm_running) * price, 2),
+            "max": round((nodes["max"] + warm_running) * price, 2)}
 
 
 SYNTH_KEY_FILE = ".poolctl-synth-key"
@@ -159,6 +189,7 @@ def run_stacks(
     mirror: str | None,
     render_summary: Callable[[str, PlanSummary], None],
     extra_env: dict[str, str] | None = None,
+    verbose: bool = False,
     before_apply: Callable[[Terraform], bool] | None = None,
     preflight: Callable[[list[tuple[Pool, str]]], list[tuple[dict[str, str], list[str]]]]
     | None = None,
@@ -167,7 +198,8 @@ def run_stacks(
     `before_apply(tf)`: runs after a plan with changes, before the confirmation; True means
     it changed the state (GCP rollouts forget the template they keep), so plan again.
     `preflight(targets)`: cloud checks of every target before anything is synthesized or
-    applied (it raises to stop); per target, TF_VAR_... to add and lines saying why."""
+    applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
+    Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
     if sandbox and any(c != "aws" for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
     # Missing prerequisites fail before the synth (seconds of work), not after it.
@@ -188,27 +220,34 @@ def run_stacks(
         work = stack_dir
         if sandbox:
             work, env = sandbox_workdir(stack_dir, pool.aws.region)
+            # Before the apply launches nodes: they boot by themselves in the plan's time.
+            manager.register_start_times(cfg, pool)
             if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
                 env.pop(contract_aws.NODE_AMI_ID.env, None)
         env.update(kept_env)
         env.update(extra_env or {})
-        tf = Terraform(work, mirror=mirror, extra_env=env)
-        res = StackResult(stack=name, workdir=str(work), kept=kept)
+        tf = Terraform(work, mirror=mirror, extra_env=env, label=name, verbose=verbose,
+                       log=log_path(name, "destroy" if destroy else "deploy"))
+        res = StackResult(stack=name, workdir=str(work), kept=kept, log=str(tf.log))
+        log(f"\n== {name}: Terraform's output goes to {tf.log}"
+            + (" (and here)" if verbose else ""))
         for line in kept:
             log(f"== {name}: {line}")
-        log(f"\n== {name}: {Path(tf.bin).name} init")
-        tf.init()
+        if tf.init_current():
+            log(f"== {name}: {Path(tf.bin).name} init skipped: providers, lock file and "
+                "backend unchanged since the last init")
+        else:
+            log(f"== {name}: {Path(tf.bin).name} init")
+            tf.init()
         if destroy:
             (work / ADOPT_FILE).unlink(missing_ok=True)
         else:
             res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, sandbox)]
         log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
         summary = tf.plan(destroy=destroy)
-        if before_apply is not None and not (destroy or plan_only or summary.empty) \
-                and before_apply(tf):
-            log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
-            summary = tf.plan()
         res.summary = summary.to_json()
+        res.sizes = [c.to_json() for c in summary.sizes]
+        summary.cost = res.cost_per_hour_usd = pool_cost(pool, cloud, summary)
         render_summary(name, summary)
         if summary.empty:
             log(f"== {name}: no changes")
@@ -221,9 +260,16 @@ def run_stacks(
             if not confirm(f"{verb} {name}: {add} to add, {change} to change, "
                            f"{gone} to destroy" + (f", {adopting} to import (adopt)"
                                                    if adopting else "") + "?"):
-                raise OperationFailed(f"{name}: not confirmed; nothing was applied")
+                raise NotConfirmed(f"{name}: not confirmed; nothing was applied")
+            # After the answer: a state change (GCP keeps the template a rollout replaces)
+            # then a plan again, which only drops what the change took out of Terraform's
+            # hands (it destroys less than the plan shown).
+            if before_apply is not None and not destroy and before_apply(tf):
+                log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
+                summary = tf.plan()
+                res.summary = summary.to_json()
             log(f"== {name}: {Path(tf.bin).name} apply")
-            tf.apply()
+            tf.apply(phase="destroy" if destroy else "apply")
             res.applied = True
         if not destroy:
             res.outputs = tf.outputs()

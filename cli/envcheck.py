@@ -26,6 +26,15 @@ def _seconds(raw: str) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "give a finite number >= 0"
 
 
+def _speedup(raw: str) -> str | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    return None if math.isfinite(value) and value >= 0 else \
+        "not a speedup; give a number >= 0, e.g. 100 (0: nodes boot when told)"
+
+
 def _port(raw: str) -> str | None:
     if not raw.isdigit() or not 0 <= int(raw) <= 65535:
         return "not a port; give a number from 1 to 65535 (0 picks a free one)"
@@ -77,6 +86,7 @@ CHECKS: dict[str, Callable[[str], str | None]] = {
     "POOLCTL_PROVIDER_MIRROR": _folder,
     "POOLCTL_HOME": _home,
     "POOLCTL_SANDBOX_QUOTAS": _quotas,
+    "POOLCTL_SANDBOX_BOOT_SPEEDUP": _speedup,
     "POOLCTL_GCE_ENDPOINT": _endpoint,
     "POOLCTL_QUOTA_CONTACT_EMAIL": _email,
 }

@@ -15,3 +15,7 @@ class OperationFailed(PoolctlError):
     """A rule or check failed, or a cloud / Terraform operation failed."""
 
     exit_code = 1
+
+
+class NotConfirmed(OperationFailed):
+    """The user answered no at a confirmation: nothing was applied."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from poolctl import naming
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.progress import log
 
 if TYPE_CHECKING:  # jinja2 loads only to render (plan reads records, never templates)
     import jinja2
@@ -50,11 +51,6 @@ _FAMILY = re.compile(r"^(?:projects/(?P<project>[a-z][-a-z0-9.:]*)/global/images
                      r"family/(?P<family>[a-z][-a-z0-9]*)$")
 _IMAGE = re.compile(r"^(?:projects/(?P<project>[a-z][-a-z0-9.:]*)/global/images/)?"
                     r"(?P<name>[a-z][-a-z0-9]*)$")
-
-
-def log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
 
 
 def hcl_string(value: Any) -> str:
@@ -192,6 +188,8 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
            sandbox: bool, base_image: str, serving_image: str | None = None,
            now: datetime | None = None, endpoint: str = "") -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
+    from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
+
     placement = pool.placement(cloud)
     if placement is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
@@ -203,6 +201,8 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
     modern = needs_plugin_block(version)
     hold = _hold_s() if sandbox else 0
     gbase = gcp_base(cfg, pool) if cloud == "gcp" else {}
+    lib = boot_library(cloud)  # installed by provision.sh, inside a quoted heredoc
+    assert "\nPOOLCTL_BOOT_LIB\n" not in lib["text"], "the heredoc would end early"
     base_image = gbase.pop("base", base_image)
     ctx: dict[str, Any] = {
         "cloud": cloud, "stack": stack, "image": image, "modern": modern,
@@ -210,6 +210,7 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
         "fail": sandbox and os.environ.get(FAIL_ENV, "") not in ("", "0"),
         "builder_type": placement.image_builder_type or DEFAULT_BUILDER[cloud],
         "description": f"poolctl {stack}: {base_image.rsplit('/', 1)[-1]} + {image}",
+        "boot_lib": {k: lib[k] for k in ("path", "version", "text")},
     }
     if cloud == "aws":
         tags = naming.aws_tags(cfg, pool)
@@ -219,7 +220,9 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
             "subnet_id": (placement.network.subnet_ids or [""])[0],
             "subnet_tags": {**tags, "poolctl:tier": "private"},
             "root_volume_gb": placement.root_volume_gb,
-            "image_tags": {**tags, TAG_SERVING_IMAGE: image, "Name": name},
+            # The stack picks the user data variant from this tag at plan time.
+            "image_tags": {**tags, TAG_SERVING_IMAGE: image, "Name": name,
+                           LIB_IMAGE_TAG["aws"]: lib["version"]},
             "builder_tags": {**tags, "Name": f"{base}-image-builder"},
             "endpoint": endpoint, "test_key": "testing",
         }
@@ -231,7 +234,8 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
             "image_family": naming.short(base, 63),
             "zone": _gcp_zone(pool), "disk_gb": placement.boot_disk_gb,
             "network": placement.network, "subnetwork": placement.subnetwork or "",
-            "image_labels": {**labels, LABEL_SERVING_IMAGE: gcp_label_value(image)},
+            "image_labels": {**labels, LABEL_SERVING_IMAGE: gcp_label_value(image),
+                             LIB_IMAGE_TAG["gcp"]: lib["version"]},  # as the AWS tag
             "builder_labels": {**labels, "poolctl-image-builder": "true"},
         }
     env = environment()
@@ -297,11 +301,13 @@ def placement_image(pool: Pool, cloud: str) -> str | None:
     return pool.gcp.image
 
 
-def prepulled(pool: Pool, cloud: str) -> dict:
+def prepulled(pool: Pool, cloud: str, records: bool = True) -> dict:
     """Which image a placement uses and whether it carries the serving image: a build record
-    says so for images poolctl built, `serving.image_prepulled` for the user's own."""
+    says so for images poolctl built, `serving.image_prepulled` for the user's own.
+    `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
+    same on every machine, build records or not)."""
     image = placement_image(pool, cloud)
-    rec = find_record(cloud, image)
+    rec = find_record(cloud, image) if records else None
     if rec is not None:
         same = rec.get("serving_image") == pool.serving.image
         return {"id": image, "prepulled": same, "source": "build record",
@@ -450,6 +456,8 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: str, *, sandbox: bool
         "serving_image": r.serving_image, "digest": res.digest,
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "packer_version": r.packer_version, "sandbox": sandbox, "seconds": res.seconds,
+        # The start-up script sources the library from the image only for this version.
+        "boot_lib_version": r.context["boot_lib"]["version"],
     }
     res.record = str(save_record(rec))
     if record_in_file:
@@ -549,21 +557,25 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
 
 
 def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
-    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp import _last, make_ops
 
     ops = make_ops()
+    compute_v1 = ops._compute()
     labels = naming.gcp_labels(cfg, pool)
-    flt = " AND ".join(f"labels.{k}={v}" for k, v in labels.items())
     project = pool.gcp.project
-    images = ops._client("ImagesClient").list(project=project, filter=flt)
+    # Label values are [a-z0-9_-] (naming.gcp_labels): nothing to escape in the quotes.
+    flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in sorted(labels.items()))
+    images = ops._call(f"list images of {project}", ops._client("ImagesClient").list,
+                       request=compute_v1.ListImagesRequest(project=project, filter=flt))
     used: dict[str, list[str]] = {}
     if pool.gcp.image:
-        used.setdefault(pool.gcp.image.rsplit("/", 1)[-1], []).append("gcp.image in the file")
-    for t in ops._client("InstanceTemplatesClient").list(project=project, filter=flt):
-        for d in t.properties.disks:
-            src = d.initialize_params.source_image if d.initialize_params else ""
-            if src:
-                used.setdefault(src.rsplit("/", 1)[-1], []).append(f"instance template {t.name}")
+        used.setdefault(_last(pool.gcp.image), []).append("gcp.image in the file")
+    # The pool's instance templates: the MIG's current one and the one a rollback returns to
+    # (rollout cleanup keeps those and what VMs still run).
+    for tpl in ops._labelled_templates(project, labels):
+        for d in tpl.properties.disks:
+            if src := d.initialize_params.source_image:
+                used.setdefault(_last(src), []).append(f"instance template {tpl.name}")
     return [ImageRow(id=f"projects/{project}/global/images/{im.name}", name=im.name,
                      created=im.creation_timestamp,
                      serving_image=dict(im.labels).get(LABEL_SERVING_IMAGE),
@@ -596,14 +608,25 @@ def prune(cfg: Config, pool: Pool, cloud: str, sandbox: bool, keep: int) -> dict
         if cloud == "aws":
             _aws_delete(pool, sandbox, r)
         else:
-            from poolctl.clouds.gcp import make_ops
-
-            make_ops()._client("ImagesClient").delete(project=pool.gcp.project,
-                                                      image=r.name).result()
+            _gcp_delete(pool, r)
         deleted.append({"id": r.id, "name": r.name, "snapshots": r.snapshots})
         log(f"{pool.name}: deleted {r.id} ({r.name}){' and ' if r.snapshots else ''}"
             f"{', '.join(r.snapshots)}")
     return {"pool": pool.name, "cloud": cloud, "kept": kept, "deleted": deleted}
+
+
+def _gcp_delete(pool: Pool, row: ImageRow) -> None:
+    import uuid
+
+    from poolctl.clouds.gcp import make_ops
+
+    ops = make_ops()
+    what = f"delete image {row.name}"
+    # A request id: a retried delete is not applied twice.
+    op = ops._call(what, ops._client("ImagesClient").delete_unary,
+                   request=ops._compute().DeleteImageRequest(
+                       project=pool.gcp.project, image=row.name, request_id=str(uuid.uuid4())))
+    ops._wait(op, pool.gcp.project, None, what)
 
 
 def _aws_delete(pool: Pool, sandbox: bool, row: ImageRow) -> None:

@@ -21,6 +21,9 @@ LABEL_PROJECT = "poolctl-project"
 LABEL_POOL = "poolctl-pool"
 LABEL_ROLE = "poolctl-role"
 ROLE = "inference"
+# On the AWS group only (GCP labels cannot hold them): what `poolctl ls` shows.
+TAG_MODEL = "poolctl:model"
+TAG_IMAGE = "poolctl:image"
 
 # The queue metric each node publishes and the autoscaler targets.
 METRIC_NAMESPACE = "poolctl"

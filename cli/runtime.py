@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -34,8 +33,10 @@ from poolctl.clouds.base import (
     RolloutState,
 )
 from poolctl.config import Config, Pool, parse_config
-from poolctl.errors import OperationFailed, UsageError
+from poolctl.errors import NotConfirmed, OperationFailed, UsageError
+from poolctl.progress import Progress, log
 from poolctl.sizing import PoolPlan, nodes_for, plan_pool, quota_key
+from poolctl.terraform import forget_dead_synth_kernel
 
 if TYPE_CHECKING:
     import yaml
@@ -43,18 +44,16 @@ if TYPE_CHECKING:
 # Seconds between polls while waiting; the sandbox's clock moves per call, so tests set it low.
 POLL_ENV = "POOLCTL_POLL_S"
 DEFAULT_POLL_S = 15.0
+# The sandbox's nodes boot in seconds (plan / its boot speedup) and a rollout moves one step
+# per look: a wait against it polls each second.
+SANDBOX_POLL_S = 1.0
 ROLLOUT_DONE_OK = {"Successful"}
 
 
-def log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
-def poll_interval() -> float:
+def poll_interval(sandbox: bool = False) -> float:
     raw = os.environ.get(POLL_ENV)
     if not raw:
-        return DEFAULT_POLL_S
+        return SANDBOX_POLL_S if sandbox else DEFAULT_POLL_S
     try:
         value = float(raw)
     except ValueError:
@@ -397,7 +396,8 @@ def wait_warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, result: WarmRe
     ready: dict[str, float] = {}
     already: set[str] | None = None
     last = None
-    interval = poll_interval()
+    interval = poll_interval(getattr(ops, "sandbox", False))
+    progress = Progress().start()  # a live line on a terminal, else one line per change
     try:
         while True:
             now = time.monotonic()
@@ -410,12 +410,13 @@ def wait_warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, result: WarmRe
             for i in done_ids:
                 if i not in ready and i not in already:
                     ready[i] = round(now - first_seen[i], 1)
-                    log(f"{pool.name}: {i} {phase.replace('_', ' ')} after {ready[i]:g} s")
+                    progress.note(f"{pool.name}: {i} {phase.replace('_', ' ')} after "
+                                  f"{ready[i]:g} s")
             pending = sum(1 for n in nodes if n.phase == "pending")
             line = (len(done_ids), pending)
             if line != last:
-                log(f"{pool.name}: {len(done_ids)}/{target} {phase.replace('_', ' ')}, "
-                    f"{pending} pending ({now - t0:.0f} s)")
+                progress.update(f"{pool.name}: {len(done_ids)}/{target} "
+                                f"{phase.replace('_', ' ')}, {pending} pending")
                 last = line
             if len(done_ids) >= target:
                 return {"ready": len(done_ids), "target": target,
@@ -428,9 +429,12 @@ def wait_warm(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, result: WarmRe
                     f"watch with `{hint}`")
             sleep(interval)
     except KeyboardInterrupt:
+        progress.stop()
         log(f"{pool.name}: interrupted; the warm operation keeps running in {cloud}; "
             f"watch it with `{hint}`")
         raise
+    finally:
+        progress.stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -549,6 +553,33 @@ def set_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
     return new_text, None, first.line + 1
 
 
+def unset_scalar(text: str, path: tuple, source: str = "poolctl.yaml"
+                 ) -> tuple[str, str | None, int | None]:
+    """The inverse of `set_scalar` adding a line: remove the one line `key: value` at `path`,
+    so that the default applies again: (new text, old value or None, line or None). A key
+    not written leaves the text as it is."""
+    import yaml
+
+    parent = _value_node(text, path[:-1])
+    pairs = parent.value if isinstance(parent, yaml.MappingNode) else []
+    pair = next(((k, v) for k, v in pairs if k.value == path[-1]), None)
+    if pair is None:
+        return text, None, None
+    k, v = pair
+    start = text.rfind("\n", 0, k.start_mark.index) + 1
+    end = text.find("\n", v.end_mark.index)
+    end = len(text) if end < 0 else end + 1
+    rest = text[v.end_mark.index:end].strip()
+    new_text = text[:start] + text[end:]
+    where = ".".join(str(p) for p in path if not isinstance(p, int))
+    if (not isinstance(v, yaml.ScalarNode) or parent.flow_style or len(pairs) < 2
+            or k.start_mark.line != v.end_mark.line or text[start:k.start_mark.index].strip()
+            or (rest and not rest.startswith("#")) or _value_node(new_text, path) is not None):
+        raise UsageError(f"{source}:{k.start_mark.line + 1}: {where}: not a line of its own "
+                         "poolctl can remove; delete it by hand")
+    return new_text, v.value, k.start_mark.line + 1
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.poolctl-tmp")
     tmp.write_text(text)
@@ -575,14 +606,22 @@ def _edit(key: str):
     return set_scalar if key in NODE_IMAGE_KEYS.values() else edit_scalar
 
 
-def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: str
+def _write_key(key: str, text: str, path: tuple, value: str | None, source: str
+               ) -> tuple[str, str | None, int | None]:
+    """The file's text with `value` for `key`; None (node images only): the line removed."""
+    if value is None:
+        return unset_scalar(text, path, source=source)
+    return _edit(key)(text, path, value, source=source)
+
+
+def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: str | None
                    ) -> tuple[Config, str, bool, int]:
-    """Write `value` for `key` (a ROLLOUT_KEYS key) of `pool` into the file:
-    (re-parsed config, old value, changed?, line)."""
+    """Write `value` for `key` (a ROLLOUT_KEYS key) of `pool` into the file (None: remove a
+    node image's line): (re-parsed config, old value, changed?, line)."""
     idx = [p.name for p in cfg.pools].index(pool.name)
     path = ("pools", idx, *ROLLOUT_KEYS[key])
     text = file_path.read_text()
-    new_text, old, line = _edit(key)(text, path, value, source=str(file_path))
+    new_text, old, line = _write_key(key, text, path, value, str(file_path))
     changed = new_text != text
     new_cfg = parse_config(new_text, source=str(file_path))
     if changed:
@@ -629,8 +668,11 @@ def save_record(cfg: Config, pool: Pool, cloud: str, rec: dict, new: bool = Fals
 def _annotate(state: RolloutState, rec: dict | None) -> None:
     """Name what rolls (image / model version) when the record matches this rollout."""
     if rec and rec.get("rollout_id") == state.id:
-        state.from_version = f"{rec['key']}={rec['from']} (v{rec.get('group_version_from')})"
-        state.to_version = f"{rec['key']}={rec['to']} (v{rec.get('group_version_to')})"
+        def v(x) -> str:  # a launch template version number (AWS), a template name (GCP)
+            return f"v{x}" if str(x).isdigit() else str(x)
+
+        state.from_version = f"{rec['key']}={rec['from']} ({v(rec.get('group_version_from'))})"
+        state.to_version = f"{rec['key']}={rec['to']} ({v(rec.get('group_version_to'))})"
 
 
 # ---------------------------------------------------------------------------------------
@@ -667,7 +709,7 @@ def rollout_quota(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, plan: Pool
     warm_running = plan.warm_state == "running"
     nodes = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
                           warm_running) + surge
-    return ops.quota_lines(cfg, pool, scaled_needs(plan, nodes))
+    return shared_quota_lines(cfg, pool, cloud, ops, scaled_needs(plan, nodes))
 
 
 def rollout_start(
@@ -680,6 +722,7 @@ def rollout_start(
     image: str | None = None,
     model_version: str | None = None,
     node_image: str | None = None,
+    unset_node_image: bool = False,
     no_surge: bool = False,
     confirm: Callable[[str], bool],
     sandbox: bool,
@@ -687,31 +730,42 @@ def rollout_start(
     mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
     action: str = "start",
+    verbose: bool = False,
 ) -> RolloutResult:
     """Record the new version in the file, apply it through Terraform (a new launch template
-    version / instance template), then start the rollout with the pool's checkpoints."""
+    version / instance template), then start the rollout with the pool's checkpoints.
+    `unset_node_image`: back to the placement's default image, its line removed (the
+    rollback of a node image rollout whose file had no line)."""
     from poolctl.deploy import run_stacks
 
     given = {"image": image, "model_version": model_version, NODE_IMAGE_KEYS[cloud]: node_image}
     given = {k: v for k, v in given.items() if v is not None}
-    if len(given) != 1:
+    if unset_node_image:
+        given = given or {NODE_IMAGE_KEYS[cloud]: None}
+    if len(given) != 1 or (unset_node_image and None not in given.values()):
         raise UsageError("rollout start: give exactly one of --image IMAGE, "
                          "--model-version VERSION or --node-image IMAGE")
     [(key, value)] = given.items()
-    value = str(value).strip()
+    value = None if value is None else str(value).strip()
     # The record outlives this working directory: `rollout rollback` run from another one
     # (or by a scheduler) must edit this file, not a poolctl.yaml where it happens to run.
     file_path = Path(file_path).resolve()
-    if not value:
+    if value == "":
         raise UsageError(f"--{key.replace('_', '-')}: empty; give the new value")
     # Refuse before any cloud call when the key is not literally in the file (exit 2).
     idx = [p.name for p in cfg.pools].index(pool.name)
-    _edit(key)(file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
-               source=str(file_path))
+    _write_key(key, file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
+               str(file_path))
     stack = naming.stack_name(cfg, pool, cloud)
     group = ops.find_group(cfg, pool)
     active = ops.rollout_state(group)
-    if active is not None and not active.done:
+    last = load_record(cfg, pool, cloud)
+    # A rollout poolctl steps itself (GCP) holds at its step while nobody watches it: the
+    # same version again drives it on.
+    resume = (active is not None and getattr(ops, "rollout_advance", None) is not None
+              and bool(last) and last.get("rollout_id") == active.id
+              and last.get("to") == value)
+    if active is not None and not active.done and not resume:
         raise OperationFailed(
             f"{pool.name}: rollout {active.id} is {active.status}; wait for it "
             f"(`poolctl rollout status --cloud {cloud}`), or stop it with `poolctl rollout "
@@ -732,14 +786,33 @@ def rollout_start(
     section, name = ROLLOUT_KEYS[key]
     current = getattr(getattr(pool, section), name)
     label = ROLLOUT_LABELS[key]
+    to = "the default image (its line removed)" if value is None else value
 
     cps = ", ".join(f"{c}%" for c in pool.rollout.checkpoints)
     how = "one node at a time, no surge" if no_surge or not plan.nodes["surge"] else (
         f"surge {plan.nodes['surge']} node(s)")
-    if current != value and not confirm(
-            f"{action} rollout of {stack}: {label} {current} -> {value} (checkpoints {cps}; "
-            f"{how}); record it in {file_path} and apply through Terraform?"):
-        raise OperationFailed(f"{stack}: not confirmed; nothing was changed")
+    what = (f"{action} rollout of {stack}: {label} {current} -> {to} (checkpoints {cps}; "
+            f"{how})")
+    if current != value:
+        log(what)
+    # The question comes after Terraform's plan and its summary (run_stacks asks it): the file
+    # records the value first, and a "no" puts the file and the rollout record back.
+    from poolctl.home import write_private
+
+    text_before = file_path.read_text()
+    rec_path = record_path(cfg, pool, cloud)
+    rec_before = rec_path.read_text() if rec_path.is_file() else None
+
+    def undo_and_refuse() -> OperationFailed:
+        write_atomic(file_path, text_before)
+        if rec_before is None:
+            rec_path.unlink(missing_ok=True)
+        else:
+            write_private(rec_path, rec_before)
+        return OperationFailed(f"{stack}: not confirmed; nothing was changed")
+
+    def confirm_rollout(question: str) -> bool:
+        return confirm(f"{what}, recorded in {file_path}: {question}")
 
     new_cfg, old, changed, line = record_in_file(file_path, cfg, pool, key, value)
     new_pool = new_cfg.select(pool.name)[0]
@@ -756,33 +829,43 @@ def rollout_start(
         rec.update({k: prev[k] for k in ("from", "group_version_from") if prev.get(k)})
     save_record(cfg, pool, cloud, rec, new=changed)
     if changed:
-        log(f"{file_path}:{line}: {label}: {old} -> {value} (recorded)")
+        log(f"{file_path}:{line}: {label}: {old} -> {to} (recorded)")
     else:
-        log(f"{file_path}:{line}: {label} is already {value}; applying it")
+        log(f"{file_path}:{line}: {label} is already {value}"
+            + ("" if resume else "; applying it"))
     result = RolloutResult(
         pool=pool.name, cloud=cloud, stack=stack, key=label, from_value=rec["from"],
         to_value=value, file=str(file_path), file_changed=changed, applied=False, rollout=None,
         no_surge=no_surge, quota=[ln.to_json() for ln in lines],
     )
-    env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
-    try:
-        res = run_stacks(
-            new_cfg, [(new_pool, cloud)], outdir=outdir, sandbox=sandbox, destroy=False,
-            plan_only=False, confirm=lambda q: True, mirror=mirror,
-            render_summary=render_summary, extra_env=env,
-            before_apply=_keep_previous_version(ops, pool),
-        )[0]
-    except OperationFailed as e:
-        raise OperationFailed(
-            f"{e}\n{stack}: {file_path} records {label}={value} but the apply did not "
-            f"finish; the pool still runs {rec['from']}. Run the same command again to "
-            f"resume, or `poolctl rollout rollback --cloud {cloud}` to restore "
-            f"{rec['from']} in the file") from None
-    result.applied = res.applied
+    workdir = None
+    if resume and not changed:
+        # Its apply is done (the rollout started after it): drive it on where it stands.
+        log(f"{stack}: rollout {active.id} is {active.status} at its {active.step}% step; "
+            "driving it on (its apply is done)")
+    else:
+        env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
+        try:
+            res = run_stacks(
+                new_cfg, [(new_pool, cloud)], outdir=outdir, sandbox=sandbox, destroy=False,
+                plan_only=False, confirm=confirm_rollout, mirror=mirror,
+                render_summary=render_summary, extra_env=env,
+                before_apply=_keep_previous_version(ops, pool), verbose=verbose,
+            )[0]
+        except NotConfirmed:
+            raise undo_and_refuse() from None
+        except OperationFailed as e:
+            raise OperationFailed(
+                f"{e}\n{stack}: {file_path} records {label}={value} but the apply did not "
+                f"finish; the pool still runs {rec['from']}. Run the same command again to "
+                f"resume, or `poolctl rollout rollback --cloud {cloud}` to restore "
+                f"{rec['from']} in the file") from None
+        result.applied = res.applied
+        workdir = Path(res.workdir)
     rec["status"] = "applied"
     save_record(cfg, pool, cloud, rec)
     state = ops.rollout_begin(group, new_cfg, new_pool, plan_pool(new_pool, cloud),
-                              no_surge=no_surge, stack_dir=Path(res.workdir))
+                              no_surge=no_surge, stack_dir=workdir)
     if state is None:
         return_surge(cfg, new_pool, cloud, ops, ops.find_group(cfg, new_pool), None)
         rec["status"] = "nothing_to_roll"
@@ -816,6 +899,26 @@ def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Any], bool] |
         for t in forgotten:
             log(f"{pool.name}: instance template {t['name'] or t['address']} stays as the "
                 "rollback target: removed from Terraform's state, not deleted")
+        return bool(forgotten)
+
+    return before_apply
+
+
+def deploy_before_apply(targets: list[tuple[Pool, str]]) -> Callable[[Any], bool] | None:
+    """`deploy`'s `before_apply` step: on GCP the MIG's versions are poolctl's (a rollout
+    steps them), so an apply that replaces the instance template must not delete the one the
+    MIG runs (GCE refuses while it is in use): Terraform forgets it, and `rollout start`
+    rolls the new one checkpoint by checkpoint."""
+    if not any(c == "gcp" for _, c in targets):
+        return None
+    from poolctl.clouds.gcp import GcpOps
+
+    def before_apply(tf) -> bool:
+        forgotten = GcpOps().rollout_before_apply(tf)
+        for t in forgotten:
+            log(f"instance template {t['name'] or t['address']} stays: the pool's MIG runs it "
+                "until `poolctl rollout start --cloud gcp` rolls the new one (deploy does not "
+                "roll GCP nodes); removed from Terraform's state, not deleted")
         return bool(forgotten)
 
     return before_apply
@@ -894,7 +997,13 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, timeout: fl
     t0 = time.monotonic()
     seen: list[dict] = []
     last = None
-    interval = poll_interval()
+    interval = poll_interval(getattr(ops, "sandbox", False))
+    # Clouds whose rollout cannot pause by itself (GCP canaries) are stepped from here; such
+    # a rollout holds at its step while nobody watches.
+    advance = getattr(ops, "rollout_advance", None)
+    keeps = ("holds at its step until `poolctl rollout start` with the same version drives "
+             "it on" if advance else f"keeps going in {cloud}")
+    progress = Progress().start()  # a live line on a terminal, else one line per change
     try:
         while True:
             s = ops.rollout_state(group)
@@ -903,13 +1012,14 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, timeout: fl
             _annotate(s, rec)
             key = (s.status, s.percentage_complete, s.checkpoint_reached)
             if key != last:
-                log(_progress_line(pool, s))
+                progress.update(_progress_line(pool, s))
                 seen.append({"status": s.status, "percentage_complete": s.percentage_complete,
                              "checkpoint_reached": s.checkpoint_reached,
                              "instances_to_update": s.instances_to_update,
                              "seconds": round(time.monotonic() - t0, 1)})
                 last = key
             if s.done:
+                progress.stop()
                 _after_end(cfg, pool, cloud, s)
                 return_surge(cfg, pool, cloud, ops, ops.find_group(cfg, pool), s)
                 if s.status in ROLLOUT_DONE_OK:
@@ -919,13 +1029,21 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: str, ops: CloudOps, timeout: fl
             if time.monotonic() - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: rollout {s.id} is still "
-                    f"{s.status} at {s.percentage_complete:g}%; it keeps going in {cloud}; "
+                    f"{s.status} at {s.percentage_complete:g}%; it {keeps}; "
                     f"watch with `{hint}`")
+            if advance is not None and (said := advance(group, s)):
+                log(f"{pool.name}: {said}")
             sleep(interval)
     except KeyboardInterrupt:
-        log(f"{pool.name}: interrupted; the rollout keeps going in {cloud}; watch it with "
+        progress.stop()
+        # Ctrl-C reached the synth's Node process too (rollout start synthesized): no
+        # traceback of jsii's exit hook writing to it.
+        forget_dead_synth_kernel(1.0)
+        log(f"{pool.name}: interrupted; the rollout {keeps}; watch it with "
             f"`{hint}`, stop it with `{hint.replace(' status ', ' cancel ', 1)}`")
         raise
+    finally:
+        progress.stop()
 
 
 def _after_end(cfg: Config, pool: Pool, cloud: str, s: RolloutState) -> None:
@@ -943,11 +1061,6 @@ def _after_end(cfg: Config, pool: Pool, cloud: str, s: RolloutState) -> None:
 def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
     path = Path(rec["file"])
     key = _rollout_key(rec["key"])
-    if rec["from"] is None:  # the node image was the placement's default (no line)
-        log(f"{path}: {rec['key']} was not written before the rollout; remove its line by "
-            "hand to return to the default image")
-        rec["restored"] = False
-        return
     if not path.is_absolute():
         # Written by a poolctl that kept the path as typed: its directory is unknown.
         log(f"{path}: the rollout record names this file relative to a directory it does not "
@@ -961,17 +1074,24 @@ def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
         log(f"{path}: cannot read it to restore {rec['key']}={rec['from']}; set it by hand")
         rec["restored"] = False
         return
-    node = _value_node(text, ("pools", idx, *ROLLOUT_KEYS[key]))
-    if node is None or node.value not in (rec["to"], rec["from"]):
+    where = ("pools", idx, *ROLLOUT_KEYS[key])
+    node = _value_node(text, where)
+    # Absent (None) matches a node image rollout whose file had no line (`from` None).
+    if getattr(node, "value", None) not in (rec["to"], rec["from"]):
         log(f"{path}: {rec['key']} is now {getattr(node, 'value', None)!r}, neither "
             f"{rec['to']} nor {rec['from']}; left as is")
         rec["restored"] = False
         return
-    new_text, old, line = edit_scalar(text, ("pools", idx, *ROLLOUT_KEYS[key]), rec["from"],
-                                      source=str(path))
+    try:
+        new_text, old, line = _write_key(key, text, where, rec["from"], str(path))
+    except UsageError as e:
+        log(f"{e}; restore {rec['key']}={rec['from']} by hand")
+        rec["restored"] = False
+        return
     if new_text != text:
         write_atomic(path, new_text)
-        log(f"{path}:{line}: {rec['key']}: {old} -> {rec['from']} (restored)")
+        gone = "(line removed: the placement's default image)"
+        log(f"{path}:{line}: {rec['key']}: {old} -> {rec['from'] or gone} (restored)")
     rec["restored"] = True
 
 
@@ -1013,6 +1133,7 @@ def rollout_rollback(
     cfg: Config, file_path: Path, pool: Pool, cloud: str, ops: CloudOps, *,
     confirm: Callable[[str], bool], sandbox: bool, outdir: Path, mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
+    verbose: bool = False,
 ) -> dict:
     """Return to the recorded previous version.
 
@@ -1048,7 +1169,8 @@ def rollout_rollback(
         save_record(cfg, pool, cloud, rec)
         out.update(how="already_rolled_back", rollout=asdict(s))
         return out
-    if mine and not s.done:
+    held = mine and s.status == "Cancelled" and getattr(ops, "rollback_after_cancel", False)
+    if mine and (not s.done or held):
         if "rollout_rollback" in ops.unsupported:
             raise OperationFailed(f"rollout rollback: {cloud} cannot reverse a rollout in "
                                   f"progress; cancel it, then roll back once it stopped")
@@ -1065,20 +1187,18 @@ def rollout_rollback(
     # file the rollout recorded (wherever this command runs from).
     key = _rollout_key(rec["key"])
     key = "node_image" if key in NODE_IMAGE_KEYS.values() else key
-    if rec["from"] is None:
-        raise OperationFailed(f"{pool.name}: {rec['key']} was not written before the rollout; "
-                              f"remove its line from {rec['file']} and run `poolctl deploy` to "
-                              "return to the default image")
+    # A node image the file did not name before: back to the default, its line removed.
+    back = {"unset_node_image": True} if rec["from"] is None else {key: rec["from"]}
     recorded = Path(rec["file"])
     if recorded.is_absolute() and recorded != Path(file_path).resolve():
         from poolctl.config import load_config
 
         file_path, cfg = recorded, load_config(recorded)
         pool = cfg.select(pool.name)[0]
-    res = rollout_start(cfg, file_path, pool, cloud, ops, **{key: rec["from"]},
+    res = rollout_start(cfg, file_path, pool, cloud, ops, **back,
                         no_surge=bool(rec.get("no_surge")), confirm=confirm, sandbox=sandbox,
                         outdir=outdir, mirror=mirror, render_summary=render_summary,
-                        action="rollback")
+                        action="rollback", verbose=verbose)
     out.update(how="new_rollout", rollout=asdict(res.rollout) if res.rollout else None,
                message=res.message)
     return out

@@ -146,12 +146,15 @@ def hydrate_seconds(pool: Pool, cloud: str) -> float:
     return layers / GCE_BOOT_DISK_READ_BPS
 
 
-def start_phases(pool: Pool, row: InstanceType) -> dict[str, dict[str, float]]:
+def start_phases(pool: Pool, row: InstanceType, records: bool = True
+                 ) -> dict[str, dict[str, float]]:
+    """`records`: let a local image build record say the image is pre-pulled (`plan`); the
+    stacks pass False (see `images.prepulled`)."""
     w = weights_bytes(pool)
     per_gpu = w / pool.serving.tensor_parallel
     # Cold from a pre-pulled image: no pull, one read of the layers instead.
     image = ({"hydrate": hydrate_seconds(pool, row.cloud)}
-             if prepulled(pool, row.cloud)["prepulled"]
+             if prepulled(pool, row.cloud, records)["prepulled"]
              else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
     fetch = w / fetch_bytes_per_s(row)
     nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
@@ -179,7 +182,7 @@ def start_phases(pool: Pool, row: InstanceType) -> dict[str, dict[str, float]]:
     return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
 
 
-def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
+def plan_pool(pool: Pool, cloud: str, records: bool = True) -> PoolPlan:
     row = instance_row(pool, cloud)
     placement = pool.placement(cloud)
     tp = pool.serving.tensor_parallel
@@ -225,7 +228,7 @@ def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
             QuotaNeed("GPUS_ALL_REGIONS", "GPU", peak_nodes * row.gpus, "global"),
         ]
     price = placement.price_per_hour_usd or row.price.usd_per_hour
-    phases = start_phases(pool, row)
+    phases = start_phases(pool, row, records)
     totals = {k: round(sum(v.values()), 1) for k, v in phases.items()}
     warm_key = "warm_running" if wp.state == "running" else "warm_stopped"
     return PoolPlan(
@@ -265,7 +268,7 @@ def plan_pool(pool: Pool, cloud: str) -> PoolPlan:
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
-        node_image=prepulled(pool, cloud),
+        node_image=prepulled(pool, cloud, records),
     )
 
 

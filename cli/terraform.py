@@ -1,19 +1,24 @@
 """Terraform / OpenTofu orchestration: init, plan with a summary, apply, destroy.
 
-Terraform's own output streams live, on stderr with poolctl's progress lines, so stdout
-carries only results (the plan table, outputs, or --json); poolctl adds a plan summary,
-timings per phase, a confirmation, and one clear line when something fails. Ctrl-C reaches
-Terraform as exactly one interrupt (it runs in its own process group; poolctl forwards the
-first one and waits), so it finishes the calls in flight and saves its state; poolctl then
-says how to resume. A re-run adopts what an interrupted apply created but could not record
-(`poolctl.deploy.adopt`).
+Terraform's own output goes to a log file under $POOLCTL_HOME (`logs/<stack>/`, private;
+`--verbose` shows it on stderr too), the boot script's text left out. The screen gets
+poolctl's lines: a live progress line per phase on a terminal (one line per finished
+resource elsewhere), the plan summary, and on failure Terraform's `Error:` blocks with the
+log's path. stdout carries only results (the plan table, outputs, or --json). `init` is
+skipped when the providers, their lock file and the backend settings are those of the last
+successful init in the same folder. Ctrl-C reaches Terraform as exactly one interrupt (it
+runs in its own process group; poolctl forwards the first one and waits), so it finishes the
+calls in flight and saves its state; poolctl then says how to resume. A re-run adopts what
+an interrupted apply created but could not record (`poolctl.deploy.adopt`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,16 +28,20 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import (
     PRIVATE_UMASK,
     is_under_home,
+    open_private,
     poolctl_home,
+    private_dir,
     tighten,
     write_private,
 )
+from poolctl.progress import Progress
 
 # Services the AWS stack and runtime commands call; the sandbox answers them all.
 SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
@@ -87,12 +96,40 @@ def cli_config(mirror: str | None) -> Path | None:
     return out
 
 
+# Sizes worth a line of the plan summary: per resource type, the attributes (paths into its
+# values) that set how many nodes the pool runs or keeps warm.
+SIZE_FIELDS: dict[str, tuple[tuple, ...]] = {
+    "aws_autoscaling_group": (
+        ("min_size",), ("max_size",), ("desired_capacity",), ("warm_pool", 0, "min_size"),
+        ("warm_pool", 0, "max_group_prepared_capacity"), ("warm_pool", 0, "pool_state")),
+    "google_compute_region_instance_group_manager": (
+        ("target_size",), ("target_stopped_size",), ("target_suspended_size",)),
+    "google_compute_region_autoscaler": (
+        ("autoscaling_policy", 0, "min_replicas"), ("autoscaling_policy", 0, "max_replicas")),
+}
+
+
+@dataclass
+class SizeChange:
+    address: str
+    field: str  # e.g. warm_pool.min_size
+    before: int | str | None  # None: the resource is created (before) / destroyed (after)
+    after: int | str | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
 @dataclass
 class PlanSummary:
     add: Counter = field(default_factory=Counter)
     change: Counter = field(default_factory=Counter)
     destroy: Counter = field(default_factory=Counter)
     imports: Counter = field(default_factory=Counter)  # adopted (import blocks)
+    sizes: list[SizeChange] = field(default_factory=list)
+    # Every size attribute as the plan leaves it (as it was, for one destroyed), changed or not
+    size_values: dict[str, int | str] = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)  # the pool's cost per hour (poolctl.deploy)
 
     @property
     def empty(self) -> bool:
@@ -107,12 +144,24 @@ class PlanSummary:
                 for t in types}
 
 
+def _dig(values, path: tuple):
+    for key in path:
+        try:
+            values = values[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return values
+
+
 def summarize(plan_json: dict) -> PlanSummary:
+    """Counts per resource type, and the size attributes that change, from `terraform show
+    -json PLANFILE` (never from Terraform's text)."""
     s = PlanSummary()
     for rc in plan_json.get("resource_changes", []):
-        actions = rc.get("change", {}).get("actions", [])
+        change = rc.get("change", {})
+        actions = change.get("actions", [])
         t = rc.get("type", "?")
-        if rc.get("change", {}).get("importing"):
+        if change.get("importing"):
             s.imports[t] += 1
         if "create" in actions:
             s.add[t] += 1
@@ -120,22 +169,129 @@ def summarize(plan_json: dict) -> PlanSummary:
             s.destroy[t] += 1
         if actions == ["update"]:
             s.change[t] += 1
+        if t not in SIZE_FIELDS or actions == ["read"]:
+            continue
+        for path in SIZE_FIELDS[t]:
+            before = _dig(change.get("before"), path)
+            after = _dig(change.get("after"), path)
+            value = before if actions == ["delete"] else after
+            if value is not None:
+                s.size_values[".".join(str(k) for k in path if k != 0)] = value
+            if before != after:
+                s.sizes.append(SizeChange(rc.get("address", t),
+                                          ".".join(str(k) for k in path if k != 0),
+                                          before, after))
     return s
 
 
-def _has_fd(stream) -> bool:
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):  # e.g. a test runner's capture buffer
-        return False
-    return True
+# ---------------------------------------------------------------------------------------
+# What Terraform prints: into a private log; on the screen only its errors (and, with
+# --verbose, all of it), its progress as poolctl's own lines.
+
+LOG_KEEP = 20  # newest logs kept per stack
 
 
-def _forget_dead_synth_kernel() -> None:
+def log_path(stack: str, command: str) -> Path:
+    """A new log file's path, `$POOLCTL_HOME/logs/<stack>/<UTC time>-<command>-<pid>.log`
+    (folders 0700; Terraform.run creates the file 0600);
+    the oldest logs of the stack beyond LOG_KEEP are removed."""
+    folder = private_dir(poolctl_home() / "logs" / stack)
+    for old in sorted(folder.glob("*.log"))[:-LOG_KEEP + 1]:
+        old.unlink(missing_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")  # sorts by time, never reused
+    return folder / f"{stamp}-{command}-{os.getpid()}.log"
+
+
+# The boot script is data the plan prints in full (base64 user data on AWS, a heredoc on
+# GCP): nothing a reader needs, and it fills screens. Its value is left out, on screen and
+# in the log.
+_BOOT_ATTR = re.compile(r'^(\s*[-+~]?\s*"?(?:user_data(?:_base64)?|startup-script|'
+                        r'metadata_startup_script)"?\s*=\s*)(.*)$')
+BOOT_HIDDEN = "(boot script, not shown)"
+
+
+class Redactor:
+    """Line by line: the boot script's value replaced by BOOT_HIDDEN (a heredoc dropped up
+    to its end marker)."""
+
+    def __init__(self) -> None:
+        self.heredoc: str | None = None
+
+    def __call__(self, line: str) -> str | None:
+        if self.heredoc is not None:
+            if line.strip() == self.heredoc:
+                self.heredoc = None
+            return None
+        m = _BOOT_ATTR.match(line)
+        if not m:
+            return line
+        here = re.match(r"<<-?(\w+)\s*$", m.group(2))
+        if here:
+            self.heredoc = here.group(1)
+        return m.group(1) + BOOT_HIDDEN
+
+
+def error_blocks(lines: list[str]) -> list[str]:
+    """Terraform's `Error:` blocks (with -no-color, on its stderr) from its stderr lines;
+    warnings left out."""
+    out: list[str] = []
+    keep = False
+    for line in lines:
+        if line.startswith("Error: "):
+            keep = True
+        elif line.startswith("Warning: "):
+            keep = False
+        if keep:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+_EVENT = re.compile(r"^(?P<addr>\S+): (?P<what>Creating\.\.\.|Modifying\.\.\.|"
+                    r"Destroying\.\.\.|Importing\.\.\.|Creation complete|"
+                    r"Modifications complete|Destruction complete|Import complete|"
+                    r"Refreshing state\.\.\.|Reading\.\.\.)")
+_STARTED = {"Creating...": "creating", "Modifying...": "changing", "Destroying...": "destroying",
+            "Importing...": "importing"}
+_FINISHED = {"Creation complete": "created", "Modifications complete": "changed",
+             "Destruction complete": "destroyed", "Import complete": "imported"}
+
+
+class _Watch:
+    """Progress states from Terraform's lines: resources read (quiet: the live line only),
+    started (quiet) and finished (a line of its own off a terminal)."""
+
+    def __init__(self, progress: Progress, label: str, phase: str, total: int) -> None:
+        self.progress, self.label, self.phase, self.total = progress, label, phase, total
+        self.done = self.read = 0
+        progress.update(f"{label}: {phase}", quiet=True)
+
+    def line(self, text: str) -> None:
+        m = _EVENT.match(text)
+        if not m:
+            return
+        addr, what = m.group("addr"), m.group("what")
+        count = f"{self.done}/{self.total}" if self.total else str(self.done)
+        if what in _STARTED:
+            self.progress.update(f"{self.label}: {self.phase} {count}, {_STARTED[what]} {addr}",
+                                 quiet=True)
+        elif what in _FINISHED:
+            self.done += 1
+            count = f"{self.done}/{self.total}" if self.total else str(self.done)
+            self.progress.update(f"{self.label}: {self.phase} {count}: {addr} "
+                                 f"{_FINISHED[what]}")
+        else:
+            self.read += 1
+            self.progress.update(f"{self.label}: {self.phase}, {self.read} read", quiet=True)
+
+
+def forget_dead_synth_kernel(wait_s: float = 0.0) -> None:
     """Ctrl-C signals the whole foreground process group: Terraform, and also the Node
     process cdktf's jsii runtime keeps after the synth. Node dies of it, and jsii's exit hook
     would then print a BrokenPipeError traceback writing to it. Drop that hook when (and
-    only when) the kernel is already dead: there is nothing left to shut down."""
+    only when) the kernel is dead, after up to `wait_s` for it to die: there is nothing left
+    to shut down."""
     import atexit
 
     runtime = sys.modules.get("jsii._runtime")
@@ -143,6 +299,8 @@ def _forget_dead_synth_kernel() -> None:
         return
     try:
         node = runtime.kernel.provider._process  # started on the first cdktf import
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node._process.wait(wait_s)
         if node._process.poll() is not None:
             atexit.unregister(node.stop)
     except Exception:  # private jsii API: a newer jsii only brings the traceback back
@@ -194,13 +352,24 @@ def _one_interrupt_for(phase: str) -> Iterator[_Stop]:
             signal.signal(sig, handler)
 
 
+INIT_KEY_FILE = ".poolctl-init-key"
+
+
 class Terraform:
     def __init__(self, workdir: Path, *, mirror: str | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, label: str | None = None,
+                 log: Path | None = None, verbose: bool = False) -> None:
+        """`label`: the stack's name in progress lines; `log`: Terraform's output goes there
+        (default: a new file under $POOLCTL_HOME/logs/<label>/); `verbose`: and to stderr."""
         self.bin = find_binary()
         self.workdir = workdir
         self.env = dict(os.environ)
         self.env.update({"TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"})
+        # Terraform and its Go providers collect garbage at Go's default GOGC=100; the AWS
+        # provider's start-up (its schema, on every plan and apply) is allocation-bound, and
+        # 400 cut a plan's CPU by about a fifth here (scripts/bench/terraform_gogc.sh) for some
+        # hundred MB more memory. A GOGC the user set wins.
+        self.env.setdefault("GOGC", "400")
         rc = cli_config(mirror)
         if rc is not None:
             self.env["TF_CLI_CONFIG_FILE"] = str(rc)
@@ -210,24 +379,64 @@ class Terraform:
             del self.env["TF_CLI_CONFIG_FILE"]
         self.env.update(extra_env or {})
         self.timings: dict[str, float] = {}
-        self.color = sys.stdout.isatty()
+        self.label = label or Path(workdir).name
+        self._log = log
+        self.verbose = verbose
+        self.total = 0  # changes the next apply makes (progress N/total)
+
+    @property
+    def log(self) -> Path:
+        if self._log is None:
+            self._log = log_path(self.label, "terraform")
+        return self._log
 
     def _args(self, *args: str) -> list[str]:
+        # Plain text: it goes to a file, and its Error: blocks are found by their first word.
         out = [self.bin, *args]
-        if not self.color and args[0] not in ("show", "output", "version", "state"):
+        if args[0] not in ("show", "output", "version", "state"):
             out.append("-no-color")
         return out
 
+    def _pump(self, stream, sink, redact: Redactor, watch: _Watch | None,
+              keep: list[str] | None) -> None:
+        for raw in stream:
+            line = redact(raw.rstrip("\n"))
+            if line is None:
+                continue
+            sink(line)
+            if keep is not None:
+                keep.append(line)
+            if watch is not None:
+                watch.line(line)
+
     def run(self, phase: str, *args: str, capture: bool = False,
             ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+        """`capture`: return the output (JSON for poolctl to read; not logged); else the
+        output goes to the log (and to stderr with --verbose), with progress on stderr."""
         start = time.monotonic()
         private = is_under_home(self.workdir)
-        with _one_interrupt_for(phase) as stop:
+        err_lines: list[str] = []
+        out = err = None
+        with contextlib.ExitStack() as stack:
+            stop = stack.enter_context(_one_interrupt_for(phase))
+            if not capture:
+                log = stack.enter_context(os.fdopen(open_private(
+                    self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "w", buffering=1))
+                log.write(f"\n# poolctl {datetime.now(UTC).isoformat(timespec='seconds')}: "
+                          f"{Path(self.bin).name} {' '.join(args)} (in {self.workdir})\n")
+                progress = stack.enter_context(Progress())
+                watch = _Watch(progress, self.label, phase,
+                               self.total if phase in ("apply", "destroy") else 0)
+                lock = threading.Lock()
+
+                def sink(line: str) -> None:
+                    with lock:
+                        log.write(line + "\n")
+                    if self.verbose:
+                        progress.note(line)
             proc = subprocess.Popen(
                 self._args(*args), cwd=self.workdir, env=self.env, text=True,
-                stdout=subprocess.PIPE if capture else (
-                    sys.stderr.fileno() if _has_fd(sys.stderr) else None),
-                stderr=subprocess.PIPE if capture else None,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # A process group of its own: Ctrl-C at the terminal reaches poolctl only,
                 # which passes exactly one on (see _one_interrupt_for).
                 process_group=0,
@@ -235,28 +444,77 @@ class Terraform:
             )
             stop.attach(proc)
             try:
-                out, err = proc.communicate()
+                if capture:
+                    out, err = proc.communicate()
+                else:
+                    readers = [threading.Thread(target=self._pump, daemon=True, args=(
+                        s, sink, Redactor(), w, k)) for s, w, k in (
+                        (proc.stdout, watch, None), (proc.stderr, None, err_lines))]
+                    for t in readers:
+                        t.start()
+                    proc.wait()
+                    for t in readers:
+                        t.join()
             finally:
                 self.timings[phase] = self.timings.get(phase, 0) + time.monotonic() - start
                 if private:
                     tighten(self.workdir)
+        name = f"{Path(self.bin).name} {args[0]}"
         if stop.requested:
-            _forget_dead_synth_kernel()
+            forget_dead_synth_kernel()
             raise OperationFailed(
                 f"interrupted during `{Path(self.bin).name} {phase}`; Terraform saved its "
                 f"state in {self.workdir}; run the same poolctl command again to resume"
-            )
+                + ("" if capture else f" (its log: {self.log})"))
         if proc.returncode not in ok_codes:
-            if capture and err:
-                sys.stderr.write(err)
+            if capture:
+                if err:
+                    sys.stderr.write(err)
+                raise OperationFailed(f"`{name}` failed (exit {proc.returncode}) in "
+                                      f"{self.workdir}; its error is above")
+            shown = error_blocks(err_lines)
+            if not self.verbose:  # with --verbose they are on the screen already
+                sys.stderr.write("".join(f"{line}\n" for line in shown))
             raise OperationFailed(
-                f"`{Path(self.bin).name} {' '.join(args[:1])}` failed (exit {proc.returncode}) "
-                f"in {self.workdir}; its error is above"
-            )
+                f"`{name}` failed (exit {proc.returncode}) in {self.workdir}"
+                + ("; its error is above" if shown else "") + f"; the whole log: {self.log}")
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def init(self) -> None:
+    def _init_key(self) -> str:
+        """What `init` depends on: the binary, the CLI config (provider installation), the
+        `terraform` blocks (required providers, backend) of the configuration, the lock file
+        and what the last init left in .terraform (backend settings, installed providers)."""
+        h = hashlib.sha256(self.bin.encode())
+        rc = self.env.get("TF_CLI_CONFIG_FILE")
+        for path in sorted(self.workdir.glob("*.tf.json")):
+            try:
+                block = json.loads(path.read_text()).get("terraform")
+            except (OSError, ValueError, AttributeError):
+                block = path.name  # unreadable: let init report it
+            h.update(f"{path.name}\0{json.dumps(block, sort_keys=True)}\0".encode())
+        dot = self.workdir / ".terraform"
+        for path in (Path(rc) if rc else None, self.workdir / ".terraform.lock.hcl",
+                     dot / "terraform.tfstate"):
+            h.update(path.read_bytes() if path and path.is_file() else b"-")
+        if (dot / "providers").is_dir():
+            h.update("\0".join(sorted(str(p.relative_to(dot)) for p in
+                                      (dot / "providers").rglob("*"))).encode())
+        return h.hexdigest()
+
+    def init_current(self) -> bool:
+        """Nothing `init` depends on changed since the last successful one in this folder."""
+        mark = self.workdir / INIT_KEY_FILE
+        return mark.is_file() and mark.read_text() == self._init_key()
+
+    def init(self) -> bool:
+        """`terraform init`, unless `init_current()` (a --plan-only saves its seconds).
+        True when it ran."""
+        if self.init_current():
+            return False
+        (self.workdir / INIT_KEY_FILE).unlink(missing_ok=True)
         self.run("init", "init", "-input=false", "-upgrade=false")
+        write_private(self.workdir / INIT_KEY_FILE, self._init_key())
+        return True
 
     def plan(self, *, destroy: bool = False, out: str = "tfplan") -> PlanSummary:
         args = ["plan", "-input=false", "-detailed-exitcode", f"-out={out}"]
@@ -264,10 +522,12 @@ class Terraform:
             args.append("-destroy")
         self.run("plan", *args, ok_codes=(0, 2))
         shown = self.run("plan", "show", "-json", out, capture=True)
-        return summarize(json.loads(shown.stdout))
+        summary = summarize(json.loads(shown.stdout))
+        self.total = sum(summary.totals()) + sum(summary.imports.values())
+        return summary
 
-    def apply(self, planfile: str = "tfplan") -> None:
-        self.run("apply", "apply", "-input=false", "-auto-approve", planfile)
+    def apply(self, planfile: str = "tfplan", *, phase: str = "apply") -> None:
+        self.run(phase, "apply", "-input=false", "-auto-approve", planfile)
 
     def state_resources(self) -> dict[str, dict]:
         """Managed resources in the state: address -> attributes of its (first) instance.

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -49,10 +50,21 @@ def _own_home_and_port(sandbox_home) -> Iterator[None]:
         yield
 
 
+def _interrupts_reach_children() -> None:
+    """Tests send Ctrl-C (SIGINT) to the poolctl processes they start. A shell without job
+    control starts a background command (`scripts/test &`) with SIGINT ignored, and an
+    ignored signal stays ignored in every child: Python then installs no KeyboardInterrupt
+    handler and those tests wait forever. Give the suite (each xdist worker runs this too)
+    the handler Python would have installed, so children start with the default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A parallel run must group by module (`--dist load` would split a module's tests, which
     build on each other, across workers); and xdist must keep the order that
     pytest_collection_modifyitems sets rather than reorder groups by size."""
+    _interrupts_reach_children()
     if getattr(config.option, "numprocesses", None) and config.option.dist != "loadgroup":
         raise pytest.UsageError(
             f"--dist {config.option.dist}: this suite runs in parallel only with "
@@ -102,7 +114,8 @@ def sandbox(sandbox_home) -> Iterator[str]:
 
     previous = os.environ.get("POOLCTL_HOME")
     os.environ["POOLCTL_HOME"] = str(sandbox_home)
-    info = manager.start(port=0, home=sandbox_home, parent_pid=os.getpid())
+    # Manual boot: tests complete the launch hooks at the moments they choose (boot-nodes).
+    info = manager.start(port=0, home=sandbox_home, parent_pid=os.getpid(), boot_speedup=0)
     try:
         yield str(info.endpoint)
     finally:

@@ -22,7 +22,7 @@ from poolctl.sizing import PoolPlan
 
 # Features a cloud may not offer; commands check `ops.unsupported` before acting and say so.
 Feature = Literal[
-    "rollout_cancel",  # stop a rollout where it stands (GCE has no cancel for MIG updates)
+    "rollout_cancel",  # stop a rollout where it stands (GCP holds its canary's split)
     "rollout_rollback",
     "quota_request",
     "warm_hibernated",
@@ -105,6 +105,11 @@ class RolloutState:
     from_version: str = ""
     to_version: str = ""
     reason: str = ""
+    # Rollouts poolctl steps itself (GCP canaries): the checkpoint percentage the current step
+    # heads for, and per version of the group {name, template, target, nodes, healthy,
+    # unhealthy} (target: the VMs the version is to have, None for "the rest").
+    step: int | None = None
+    versions: list[dict] = field(default_factory=list)
 
 
 @dataclass

@@ -9,10 +9,22 @@ autoscaler on the queue metric. MIGs carry no labels of their own, so the pool's
 one whose versions point at the pool's labelled templates.
 
 What GCE cannot do, declared in `unsupported`:
-- rollout_cancel: a MIG update has no cancel; rolling back to the previous template is the
-  way to stop one.
 - warm_hibernated: a standby pool can hold suspended VMs, but suspending GPU VMs is
   unsupported (cloud-facts.md), and poolctl's rules refuse `hibernated` for GPU nodes.
+
+Rollouts with checkpoints. A regional MIG cannot pause an update, but it runs a canary: two
+versions, the new template at a percentage of the group. The stack creates the MIG's one
+version and then ignores `version` (stacks/gcp/pool.py), so the apply of `rollout start` only
+writes the new template, and a later `deploy` never undoes a rollout in progress. poolctl
+then owns the versions (`_set_versions`), named after what it is doing
+(poolctl.contract.gcp.VERSION_*, readable by any poolctl): the new template at the pool's
+first checkpoint beside the old one (`rollout_begin`); `wait_rollout` moves it on to the
+next checkpoint once the canary's VMs are healthy and the checkpoint delay has passed
+(`rollout_advance`), and at 100 % the new template alone finishes the update; a canary VM
+found unhealthy rolls back. `rollout cancel` holds the split (a version no driver moves on),
+`rollout rollback` points the MIG back at the old template alone, at any step. Nothing
+moves a canary while no poolctl watches (`--no-wait`, Ctrl-C): it holds at its step until
+`rollout start` with the same version drives it on.
 
 Rollback target (the previous instance template). The stack names templates by content
 version (`name_prefix`, `create_before_destroy`), so the apply that writes a new one would
@@ -180,7 +192,10 @@ def node_phase(instance_status: str, current_action: str, target_status: str,
 
 class GcpOps:
     cloud = "gcp"
-    unsupported = frozenset({"rollout_cancel", "warm_hibernated"})
+    unsupported = frozenset({"warm_hibernated"})
+    # A cancelled (held) canary still has both versions: `rollout rollback` points the MIG
+    # back at the old one instead of rolling the old version out anew.
+    rollback_after_cancel = True
 
     def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
                  contact_email: str | None = None, retry_initial_s: float = 1.0,
@@ -210,6 +225,10 @@ class GcpOps:
         self._retry_obj = None
         # quota line (name, scope) -> project, remembered by quota_lines for request_quota
         self._quota_project: dict[tuple[str, str], str] = {}
+        # group self link -> its pool (checkpoints, delay), remembered by find_group
+        self._pools: dict[str, Pool] = {}
+        # (group, template, step) -> when the driver first saw that checkpoint reached
+        self._reached_at: dict[tuple[str, str, int], float] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -420,7 +439,9 @@ class GcpOps:
                 f"pool {pool.name}: {len(found)} MIGs in {p.project}/{p.region} use templates "
                 f"labelled {label_text} ({', '.join(m.name for m in found)}); delete the "
                 "stray group so that one remains")
-        return self._group(found[0], pool)
+        group = self._group(found[0], pool)
+        self._remember(group, pool)
+        return group
 
     def _group(self, mig, pool: Pool) -> Group:
         """The group's sizes. A stopped warm pool is the standby pool. A running one cannot
@@ -719,9 +740,13 @@ class GcpOps:
         elif on_old:
             previous = on_old.most_common(1)[0][0]
         else:
-            # Ended: the pool's newest other template is where it came from (older after a
-            # rollout, newer after a rollback).
-            others = [t.name for t in templates if t.name != target]
+            # Ended: where it came from is the newest template older than the target after a
+            # rollout (a newer one may be a `deploy`'s, not rolled yet), the newest other
+            # after a rollback.
+            names = [t.name for t in templates]
+            back = bool(mig.versions) and mig.versions[0].name == contract.VERSION_ROLLBACK
+            older = names[:names.index(target)] if target in names and not back else names
+            others = [n for n in older if n != target]
             previous = others[-1] if others else ""
         links = {t.name: t.self_link for t in templates}
         return project, region, name, mig, target, previous, live, on_old, links
@@ -742,16 +767,36 @@ class GcpOps:
 
     def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
                       no_surge: bool, stack_dir: Path | None) -> RolloutState | None:
-        """The apply itself started the update (the MIG's version now points at the new
-        template, PROACTIVE): report it against the template `group` ran before."""
-        project, region, name = self._mig_ref(group)
-        target = _last(self._versions(self._get_mig(project, region, name))[0])
-        if target == group.version:
-            return None  # the apply left the template as it was: nothing to roll
+        """After the apply of `rollout start` (which wrote the new template and left the
+        MIG's versions alone): the first canary step, the new template at the pool's first
+        checkpoint beside the one the group runs. The new template is the pool's newest: the
+        apply has just created it. A canary of it already there (held by `rollout cancel`,
+        or left at its step when nobody watched) is driven on from where it stands."""
+        self._remember(group, pool)
+        project, region, name, mig, target, _, _, _, links = self._rollout_view(group)
+        newest = next(reversed(links), "")
+        versions = list(mig.versions)
+        canary = self._canary_version(mig)
+        if canary is not None and _last(canary.instance_template) == newest:
+            if not canary.target_size.percent:
+                # Held during the last step (a fixed split): the new template alone again.
+                self._set_versions(group, canary.instance_template, None)
+            elif canary.name == contract.VERSION_HELD:
+                self._set_versions(group, self._stable_version(mig).instance_template,
+                                   canary.instance_template, canary.target_size)
+            return self.rollout_state(group)
+        if not newest or (canary is None and target == newest):
+            # The apply left the template as it was: nothing to roll, unless the last step
+            # of an earlier rollout is still under way.
+            state = self.rollout_state(group)
+            return state if state is not None and not state.done else None
+        stable = (self._stable_version(mig).instance_template if canary is not None
+                  else versions[0].instance_template if versions else mig.instance_template)
+        first = contract.canary_steps(pool)[0]
+        self._set_versions(group, stable, links[newest], self._percent(first))
         state = self.rollout_state(group)
-        if state is None:
-            return None
-        state.from_version = group.version
+        if state is not None:
+            state.from_version = group.version
         return state
 
     def rollout_before_apply(self, tf) -> list[dict[str, str]]:
@@ -822,37 +867,221 @@ class GcpOps:
             out["deleted"].append(t.name)
         return out
 
+    # The rollout's state lives in the MIG (its versions: contract.VERSION_*) so that any
+    # poolctl reading it knows where it stands; the checkpoints and delay come from the file,
+    # remembered per group when `find_group` reads the pool.
+
+    def _remember(self, group: Group, pool: Pool) -> None:
+        self._pools[group.raw_id] = pool
+
+    def _steps(self, group: Group) -> tuple[list[int], int]:
+        pool = self._pools.get(group.raw_id)
+        if pool is None:
+            return [100], 0
+        return contract.canary_steps(pool), pool.rollout.checkpoint_delay_s
+
+    @staticmethod
+    def _canary_version(mig):
+        """Of two versions, the one with a target size (the canary); else None."""
+        versions = list(mig.versions)
+        if len(versions) != 2:
+            return None
+        return next((v for v in versions if v.target_size.fixed or v.target_size.percent),
+                    None)
+
+    @classmethod
+    def _stable_version(cls, mig):
+        canary = cls._canary_version(mig)
+        return next(v for v in mig.versions if v is not canary)
+
+    def _percent(self, pct: int):
+        return self._compute().FixedOrPercent(percent=pct)
+
+    def _set_versions(self, group: Group, stable_link: str, new_link: str | None,
+                      target_size=None, *, name: str | None = None) -> None:
+        """Patch the MIG's versions: `stable_link` alone (named `name`), or beside it
+        `new_link` at `target_size` (a FixedOrPercent) named `name` or VERSION_CANARY."""
+        compute_v1 = self._compute()
+        project, region, mig = self._mig_ref(group)
+        V = compute_v1.InstanceGroupManagerVersion
+        if new_link is None:
+            versions = [V(name=name or contract.VERSION_PRIMARY, instance_template=stable_link)]
+        else:
+            versions = [V(name=contract.VERSION_STABLE, instance_template=stable_link),
+                        V(name=name or contract.VERSION_CANARY, instance_template=new_link,
+                          target_size=target_size)]
+        from google.api_core import exceptions as gexc
+
+        try:
+            op = self._lookup(f"patch MIG {mig}",
+                              self._client("RegionInstanceGroupManagersClient").patch_unary,
+                              request=compute_v1.PatchRegionInstanceGroupManagerRequest(
+                                  project=project, region=region, instance_group_manager=mig,
+                                  instance_group_manager_resource=compute_v1.
+                                  InstanceGroupManager(versions=versions),
+                                  request_id=str(uuid.uuid4())))
+        except gexc.NotFound:
+            gone = ", ".join(_last(v.instance_template) for v in versions)
+            raise OperationFailed(f"GCP MIG {mig}: an instance template of {gone} no longer "
+                                  f"exists in {project}; roll forward with `poolctl rollout "
+                                  "start`") from None
+        self._wait(op, project, region, f"set the versions of MIG {mig}")
+
+    @staticmethod
+    def _counts(live: list, template: str, target: int | None, name: str) -> dict:
+        """One version's VMs: all, healthy (serving), unhealthy; warm (standby) VMs count
+        in `nodes` only."""
+        mine = [mi for mi in live if _last(mi.version.instance_template) == template]
+        phases = [node_phase(mi.instance_status, mi.current_action, mi.target_status,
+                             [h.detailed_health_state for h in mi.instance_health])
+                  for mi in mine]
+        return {"name": name, "template": template, "target": target, "nodes": len(mine),
+                "healthy": phases.count("in_service"), "unhealthy": phases.count("unhealthy"),
+                "pending": phases.count("pending")}
+
     def rollout_state(self, group: Group) -> RolloutState | None:
+        """The MIG's versions and VMs as a rollout: a canary step (two versions), the last
+        step or a rollback (one version) under way, or how the last one ended. None on a
+        pool that has only ever run one template."""
         _, _, _, mig, target, previous, live, on_old, _ = self._rollout_view(group)
-        reached = bool(mig.status.version_target.is_reached)
-        if reached and not previous:
-            return None  # one template ever seen: nothing has been rolled
-        stale = sum(on_old.values())
-        pct = 100.0 if reached or not live else round(100.0 * (len(live) - stale) / len(live), 1)
+        steps, _ = self._steps(group)
+        canary = self._canary_version(mig)
         acts = mig.current_actions
         busy = [f"{k} {getattr(acts, k)}" for k in (
             "creating", "creating_without_retries", "verifying", "recreating", "refreshing",
             "restarting", "starting", "stopping", "deleting") if getattr(acts, k)]
+        if canary is not None:
+            stable = _last(self._stable_version(mig).instance_template)
+            size = canary.target_size
+            k = size.calculated or (size.fixed if size.fixed else
+                                    -(-size.percent * mig.target_size // 100))
+            # A fixed size is a split `rollout cancel` held during the last step.
+            step = size.percent or 100
+            new = self._counts(live, target, k, canary.name)
+            old = self._counts(live, stable, None, contract.VERSION_STABLE)
+            reached = new["healthy"] >= k and not new["pending"]
+            earlier = [c for c in steps if c < step]
+            held = canary.name == contract.VERSION_HELD
+            why = [f"canary {step}%: {new['healthy']} of {k} node(s) healthy"]
+            if new["unhealthy"]:
+                why.append(f"{new['unhealthy']} unhealthy")
+            why += ["held by `rollout cancel`"] if held else busy
+            return RolloutState(
+                id=target, status="Cancelled" if held else "InProgress", done=held,
+                percentage_complete=round(100.0 * new["nodes"] / len(live), 1) if live else 0.0,
+                checkpoints=steps,
+                checkpoint_reached=step if reached else (max(earlier) if earlier else None),
+                instances_to_update=max(0, k - new["nodes"]) + sum(
+                    n for t, n in on_old.items() if t != stable),
+                from_version=stable, to_version=target, reason=", ".join(why), step=step,
+                versions=[old, new],
+            )
+        versions = list(mig.versions)
+        vname = versions[0].name if versions else contract.VERSION_PRIMARY
+        now = self._counts(live, target, None, vname)
+        # Every VM on its version's template; health is watched at the canary steps (a VM
+        # that the autohealer repairs later must not turn a finished rollout into a new one).
+        reached = bool(mig.status.version_target.is_reached)
+        if not previous:
+            return None  # one template ever seen: nothing has been rolled
+        stale = sum(on_old.values())
+        pct = 100.0 if reached or not live else round(100.0 * (len(live) - stale) / len(live), 1)
+        others = [self._counts(live, t, None, contract.VERSION_STABLE) for t in on_old]
         reason = ", ".join(busy) if busy else ("stable" if mig.status.is_stable else "")
+        if vname == contract.VERSION_ROLLBACK:
+            # Back to the template the rollout started from; its id stays the rolled-back one.
+            return RolloutState(
+                id=previous or target, done=reached,
+                status="RollbackSuccessful" if reached else "RollbackInProgress",
+                percentage_complete=pct, checkpoints=steps, instances_to_update=stale,
+                from_version=target, to_version=previous, reason=reason or "rolled back",
+                step=None, versions=[now, *others])
         return RolloutState(
             # A MIG update has no status word of its own (versionTarget.isReached is a bool);
             # the words runtime commands already know stand in for it.
             id=target, status="Successful" if reached else "InProgress", done=reached,
-            percentage_complete=pct, instances_to_update=stale,
-            from_version=previous, to_version=target, reason=reason,
+            percentage_complete=pct, checkpoints=steps,
+            checkpoint_reached=100 if reached else (max(steps[:-1]) if steps[:-1] else None),
+            instances_to_update=stale, from_version=previous, to_version=target,
+            reason=reason, step=100, versions=[*others, now],
         )
 
+    def rollout_advance(self, group: Group, state: RolloutState) -> str | None:
+        """One step of the driver `wait_rollout` runs between polls: once the canary's VMs
+        are healthy and the checkpoint delay has passed, the next checkpoint (the last one
+        points the MIG at the new template alone); a canary VM found unhealthy rolls the
+        pool back (as an instance refresh's auto rollback). Returns a line saying what it
+        did, or None."""
+        if state.status != "InProgress" or state.step is None or state.step >= 100:
+            return None
+        steps, delay = self._steps(group)
+        new = state.versions[-1]
+        if new["unhealthy"]:
+            self.rollout_rollback(group)
+            return (f"canary {state.step}%: {new['unhealthy']} node(s) of {new['template']} "
+                    f"unhealthy; rolling back to {state.versions[0]['template']}")
+        # The id is the new template (from/to may carry the file's words: `_annotate`).
+        key = (group.raw_id, state.id, state.step)
+        if state.checkpoint_reached != state.step:
+            self._reached_at.pop(key, None)
+            return None
+        since = self._reached_at.setdefault(key, time.monotonic())
+        if time.monotonic() - since < delay:
+            return None
+        nxt = next((c for c in steps if c > state.step), 100)
+        project, region, name = self._mig_ref(group)
+        mig = self._get_mig(project, region, name)
+        canary = self._canary_version(mig)
+        if canary is None or _last(canary.instance_template) != state.id:
+            return None  # someone else moved the group meanwhile
+        if nxt >= 100:
+            self._set_versions(group, canary.instance_template, None)
+        else:
+            self._set_versions(group, self._stable_version(mig).instance_template,
+                               canary.instance_template, self._percent(nxt))
+        return (f"checkpoint {state.step}% reached ({new['healthy']} healthy node(s) on "
+                f"{state.id}); next step {nxt}%")
+
     def rollout_cancel(self, group: Group) -> RolloutState:
-        raise OperationFailed(
-            f"rollout cancel --cloud gcp: a MIG update cannot be stopped where it stands on "
-            f"GCE; run `poolctl rollout rollback --cloud gcp` to return {group.name} to its "
-            "previous instance template")
+        """Hold the split where it stands: a canary step keeps its percentage (renamed
+        VERSION_HELD, which no driver moves on); during the last step the VMs already on
+        the new template stay (a fixed canary of that many) and the rest stay on the old
+        one. `rollout start` with the same version drives it on; `rollout rollback` returns
+        to the old template."""
+        project, region, name, mig, target, previous, live, _, links = \
+            self._rollout_view(group)
+        canary = self._canary_version(mig)
+        versions = list(mig.versions)
+        if canary is not None:
+            self._set_versions(group, self._stable_version(mig).instance_template,
+                               canary.instance_template, canary.target_size,
+                               name=contract.VERSION_HELD)
+        elif versions and versions[0].name == contract.VERSION_ROLLBACK:
+            raise OperationFailed(f"rollout cancel --cloud gcp: {name} is rolling back to "
+                                  f"{target}; a rollback is not held, let it finish")
+        else:
+            on_new = sum(1 for mi in live if _last(mi.version.instance_template) == target)
+            if not previous or on_new >= len(live):
+                raise OperationFailed(f"{name}: no rollout in progress; nothing to cancel")
+            old = links.get(previous) or (
+                f"projects/{project}/global/instanceTemplates/{previous}")
+            self._set_versions(group, old, versions[0].instance_template,
+                               self._compute().FixedOrPercent(fixed=on_new),
+                               name=contract.VERSION_HELD)
+        state = self.rollout_state(group)
+        assert state is not None  # two versions: a rollout
+        return state
 
     def rollout_rollback(self, group: Group, to_version: str | None = None) -> RolloutState:
-        """Point the MIG back at the previous template (the one instances still run
-        mid-rollout, else the pool's newest older labelled template, or `to_version`)."""
-        compute_v1 = self._compute()
+        """Point the MIG back at the template the rollout started from, at any step (the
+        canary's stable version; else the one VMs still run, the pool's newest other
+        template, or `to_version`), as one version named VERSION_ROLLBACK."""
         project, region, name, mig, target, previous, _, _, links = self._rollout_view(group)
+        canary = self._canary_version(mig)
+        versions = list(mig.versions)
+        if canary is None and versions and versions[0].name == contract.VERSION_ROLLBACK:
+            raise OperationFailed(f"rollout rollback --cloud gcp: {name} is already rolled "
+                                  f"back to {target}; roll forward with `poolctl rollout start`")
         back = to_version or previous
         if not back:
             raise OperationFailed(
@@ -861,31 +1090,19 @@ class GcpOps:
         if back == target:
             raise OperationFailed(f"rollout rollback --cloud gcp: {name} already targets "
                                   f"{back}; nothing to roll back")
-        link = links.get(back) or f"projects/{project}/global/instanceTemplates/{back}"
-        patch = compute_v1.InstanceGroupManager(
-            versions=[compute_v1.InstanceGroupManagerVersion(name="primary",
-                                                             instance_template=link)])
-        from google.api_core import exceptions as gexc
-
+        link = (self._stable_version(mig).instance_template if canary is not None
+                and not to_version else links.get(back)
+                or f"projects/{project}/global/instanceTemplates/{back}")
         try:
-            op = self._lookup(f"patch MIG {name}",
-                              self._client("RegionInstanceGroupManagersClient").patch_unary,
-                              request=compute_v1.PatchRegionInstanceGroupManagerRequest(
-                                  project=project, region=region, instance_group_manager=name,
-                                  instance_group_manager_resource=patch,
-                                  request_id=str(uuid.uuid4())))
-        except gexc.NotFound:
+            self._set_versions(group, link, None, name=contract.VERSION_ROLLBACK)
+        except OperationFailed as e:
+            if "no longer exists" not in str(e):
+                raise
             raise OperationFailed(f"rollout rollback --cloud gcp: instance template {back} no "
                                   f"longer exists in {project}; roll forward with "
                                   "`poolctl rollout start`") from None
-        self._wait(op, project, region, f"roll {name} back to {back}")
         state = self.rollout_state(group)
-        if state is None:  # everything already on `back`
-            return RolloutState(id=back, status="Successful", done=True,
-                                percentage_complete=100.0,
-                                instances_to_update=0, from_version=target, to_version=back,
-                                reason="rolled back")
-        state.from_version = target
+        assert state is not None  # two templates known: a rollback
         return state
 
     # ------------------------------------------------------------------ nodes check
@@ -1063,20 +1280,27 @@ class GcpOps:
         return sum(newest) / len(newest)
 
     def _monitoring(self, path: str, params: dict, what: str) -> dict:
-        """One Cloud Monitoring v3 GET; an error becomes one line (403: the missing role)."""
+        """One Cloud Monitoring v3 GET."""
+        return self.google_rest("GET", MONITORING_API, f"v3/{path}", what, api="Monitoring",
+                                role="roles/monitoring.viewer", params=params)
+
+    def google_rest(self, method: str, base: str, path: str, what: str, *, api: str,
+                    role: str, **kw) -> dict:
+        """One call to a Google REST API read without a client library (Monitoring, Logging)
+        through the session OS Login uses, at the endpoint override or `base`; an error
+        becomes one line (403: the `role` the caller lacks)."""
         import requests
 
         session, _ = self._rest()
         try:
-            r = session.get(f"{self._endpoint or MONITORING_API}/v3/{path}", params=params,
-                            timeout=self._timeout)
+            r = session.request(method, f"{self._endpoint or base}/{path}",
+                                timeout=self._timeout, **kw)
         except requests.exceptions.RequestException as e:
-            raise OperationFailed(f"GCP Monitoring {what}: {_one_line(e)}") from None
+            raise OperationFailed(f"GCP {api} {what}: {_one_line(e)}") from None
         if r.ok:
             return r.json()
-        hint = ("; the caller needs roles/monitoring.viewer on the project"
-                if r.status_code == 403 else "")
-        raise OperationFailed(f"GCP Monitoring {what}: {r.status_code} "
+        hint = f"; the caller needs {role} on the project" if r.status_code == 403 else ""
+        raise OperationFailed(f"GCP {api} {what}: {r.status_code} "
                               f"{_one_line(_error_message(r))}{hint}")
 
 

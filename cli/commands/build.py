@@ -11,14 +11,15 @@ import typer
 from poolctl.commands.check import require_valid
 from poolctl.commands.common import (
     AutoApproveOpt,
+    CloudAllOpt,
     CloudOpt,
-    CloudReq,
     FileOpt,
     JsonOpt,
     MirrorOpt,
     OutOpt,
     PoolOpt,
     SandboxOpt,
+    cloud_targets,
     confirm,
     console,
     emit_json,
@@ -37,7 +38,7 @@ def check_out(out: Path) -> None:
                          "synthesized stacks (default cdktf.out)")
 
 
-def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
           out: OutOpt = Path("cdktf.out"), json_out: JsonOpt = False) -> None:
     """Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."""
     from poolctl.deploy import synth_targets
@@ -56,7 +57,21 @@ def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
             sys.stdout.write(f + "\n")
 
 
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="Show Terraform's own output too (it always goes to a log file "
+    "under $POOLCTL_HOME/logs).")]
+
+
+def _size(value, rpn: int | None) -> str:
+    if value is None:
+        return "(none)"
+    return f"{value}" if rpn is None or not isinstance(value, int) else (
+        f"{value} ({value * rpn} replicas)")
+
+
 def _render_summary(name, summary) -> None:
+    """Before the confirmation: what the plan adds, changes and destroys per resource type,
+    the node counts it changes and what the pool costs per hour."""
     from rich.table import Table
 
     if summary.empty:
@@ -68,7 +83,28 @@ def _render_summary(name, summary) -> None:
         t.add_row(rtype, str(n["add"] or ""), str(n["change"] or ""), str(n["destroy"] or ""))
     add, change, gone = summary.totals()
     t.add_row("total", str(add), str(change), str(gone), style="bold")
-    console().print(t)
+    con = console()
+    con.print(t)
+    cost = summary.cost
+    rpn = cost.get("replicas_per_node")
+    if summary.sizes:
+        sizes = Table(title=f"{name}: sizes in nodes", title_justify="left")
+        for col in ("setting", "now", "after"):
+            sizes.add_column(col, justify="left" if col == "setting" else "right")
+        for c in summary.sizes:  # attribute names: one group (and autoscaler) per stack
+            unit = None if c.field.endswith("pool_state") else rpn
+            sizes.add_row(c.field, "" if c.before is None else _size(c.before, unit),
+                          _size(c.after, unit))
+        con.print(sizes)
+    if cost:
+        nodes, warm = cost["nodes"], cost["warm_running_nodes"]
+        warm_s = f" + {warm} warm running" if warm else ""
+        verb = "stops" if gone and not add else "costs"
+        con.print(f"the pool {verb} ${cost['min']:,.2f}/h at its minimum ({nodes['min']} "
+                  f"node(s){warm_s}) to ${cost['max']:,.2f}/h at its maximum ({nodes['max']} "
+                  f"node(s){warm_s}): {cost['instance_type']} at "
+                  f"${cost['price_per_node_hour_usd']:,.2f} per node-hour",
+                  markup=False, soft_wrap=True)
 
 
 def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
@@ -103,14 +139,16 @@ def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
 
 
 def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out, mirror,
-         json_out, skip_quota_check: bool = False) -> None:
+         json_out, skip_quota_check: bool = False, verbose: bool = False) -> None:
     from poolctl.deploy import run_stacks
 
     check_out(out)
     cfg = load(file)
-    tgts = targets(cfg, pool, cloud)
+    tgts = cloud_targets(cfg, pool, cloud, sandbox)
     if not destroy:
         require_valid(cfg, tgts)
+    from poolctl.runtime import deploy_before_apply
+
     results = run_stacks(
         cfg, tgts, outdir=out, sandbox=sandbox, destroy=destroy, plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
@@ -118,6 +156,8 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
         render_summary=(lambda name, summary: None) if json_out else _render_summary,
         preflight=None if destroy else _deploy_preflight(cfg, sandbox, skip_quota_check,
                                                          plan_only),
+        verbose=verbose,
+        before_apply=None if destroy else deploy_before_apply(tgts),
     )
     leftovers = _gcp_leftovers(cfg, tgts, results) if destroy else {}
     if json_out:
@@ -150,7 +190,7 @@ def _gcp_leftovers(cfg, tgts, results) -> dict[str, dict]:
 
 
 def deploy(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     auto_approve: AutoApproveOpt = False,
@@ -162,17 +202,18 @@ def deploy(
     skip_quota_check: Annotated[bool, typer.Option(
         "--skip-quota-check", help="Apply even when the quota check finds a shortfall (or "
         "cannot read the quotas).")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Synth, then Terraform/OpenTofu init, plan and apply.
 
     Before anything is applied: the pool's peak needs are checked against the quotas, and
     the sizes `poolctl warm` set are kept (until `warm --reset`)."""
     _act(False, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
-         json_out, skip_quota_check)
+         json_out, skip_quota_check, verbose)
 
 
 def destroy(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     auto_approve: AutoApproveOpt = False,
@@ -181,7 +222,8 @@ def destroy(
     out: OutOpt = Path("cdktf.out"),
     provider_mirror: MirrorOpt = None,
     json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Destroy what deploy created (plan -destroy, confirm, apply)."""
     _act(True, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
-         json_out)
+         json_out, verbose=verbose)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from poolctl.commands.common import CloudOpt, JsonOpt, cloud_value, console, emit_json
+from poolctl.commands.common import CloudAllOpt, JsonOpt, cloud_value, console, emit_json
 
 
-def catalog(cloud: CloudOpt = None, json_out: JsonOpt = False) -> None:
+def catalog(cloud: CloudAllOpt = None, json_out: JsonOpt = False) -> None:
     """Instance types (GPUs, HBM, NVLink, NVMe, vCPU, price, quota) and model presets."""
     from poolctl.catalog import load_catalog
     from poolctl.models import load_presets

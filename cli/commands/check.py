@@ -8,7 +8,7 @@ import sys
 import typer
 
 from poolctl.commands.common import (
-    CloudOpt,
+    CloudAllOpt,
     FileOpt,
     JsonOpt,
     PoolOpt,
@@ -21,7 +21,7 @@ from poolctl.commands.common import (
 from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
 
 
-def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
              json_out: JsonOpt = False) -> None:
     """Check the file and every rule; print each failed check with a hint."""
     from poolctl.rules import errors, run_checks
@@ -57,7 +57,7 @@ def require_valid(cfg, tgts) -> None:
         )
 
 
-def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          json_out: JsonOpt = False,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
          seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0) -> None:

@@ -28,10 +28,18 @@ FileOpt = Annotated[
     ),
 ]
 PoolOpt = Annotated[str | None, typer.Option("--pool", help="Act on this pool only.")]
+# Commands that act on a cloud take --cloud the same way: the pools' only placement by default
+# (AWS with --sandbox), else it must be given (`pick_cloud`). Commands that only read the file
+# (validate, plan, synth, catalog) cover every placement by default.
 CloudOpt = Annotated[
-    Cloud | None, typer.Option("--cloud", help="Placement to act on (default: every one).")
+    Cloud | None,
+    typer.Option("--cloud", help="Placement to act on (default: the pool's only placement; "
+                 "required when the selected pools have both).", show_default=False),
 ]
-CloudReq = Annotated[Cloud, typer.Option("--cloud", help="Placement to act on.")]
+CloudAllOpt = Annotated[
+    Cloud | None, typer.Option("--cloud", help="Only this placement (default: every one).",
+                               show_default=False)
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 SandboxOpt = Annotated[
     bool, typer.Option("--sandbox", help="Target the local sandbox (poolctl sandbox start).")
@@ -53,6 +61,45 @@ def load(file: Path | None) -> Config:
 
 def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, str]]:
     return cfg.targets(pool, cloud_value(cloud))
+
+
+def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
+               ) -> Cloud:
+    """--cloud of a command that acts on one cloud: as given; AWS with --sandbox (the sandbox
+    emulates AWS only); else the one placement the selected pools have; else one line naming
+    the choices (exit 2)."""
+    if cloud is not None:
+        return cloud
+    if sandbox:
+        return Cloud.aws
+    pools = cfg.select(pool)
+    clouds = [c.value for c in Cloud if any(p.placement(c.value) for p in pools)]
+    if len(clouds) == 1:
+        return Cloud(clouds[0])
+    from poolctl.errors import UsageError
+
+    what = f"pool {pools[0].name!r} has" if len(pools) == 1 else "the selected pools have"
+    raise UsageError(f"--cloud: {what} {' and '.join(clouds)} placements; pick one with "
+                     f"{' or '.join(f'--cloud {c}' for c in clouds)}")
+
+
+def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
+                  ) -> list[tuple[Pool, str]]:
+    """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`)."""
+    return targets(cfg, pool, pick_cloud(cfg, pool, cloud, sandbox))
+
+
+def one_target(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
+               ) -> tuple[Pool, str]:
+    """The single (pool, cloud) a command that changes one pool acts on."""
+    tgts = cloud_targets(cfg, pool, cloud, sandbox)
+    if len(tgts) != 1:
+        from poolctl.errors import UsageError
+
+        names = ", ".join(p.name for p, _ in tgts)
+        raise UsageError(f"--pool: this acts on one pool, the file gives {names}; pick one "
+                         "with --pool")
+    return tgts[0]
 
 
 def emit_json(data) -> None:

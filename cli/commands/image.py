@@ -10,7 +10,6 @@ import typer
 
 from poolctl.commands.common import (
     CloudOpt,
-    CloudReq,
     FileOpt,
     JsonOpt,
     PoolOpt,
@@ -18,8 +17,8 @@ from poolctl.commands.common import (
     console,
     emit_json,
     load,
+    one_target,
 )
-from poolctl.commands.ops import one_target
 
 app = typer.Typer(help="Pre-pulled node images built with Packer from images/.",
                   no_args_is_help=True)
@@ -27,7 +26,7 @@ app = typer.Typer(help="Pre-pulled node images built with Packer from images/.",
 
 @app.command("build")
 def build(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     dry_run: Annotated[
@@ -59,7 +58,7 @@ def build(
 
 @app.command("list")
 def list_(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     sandbox: SandboxOpt = False,

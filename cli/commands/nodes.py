@@ -15,10 +15,10 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
+    cloud_targets,
     console,
     emit_json,
     load,
-    targets,
 )
 
 app = typer.Typer(help="Check the nodes of a pool over SSH.", no_args_is_help=True)
@@ -90,7 +90,7 @@ def check(
     from poolctl.errors import OperationFailed, UsageError
 
     cfg = load(file)
-    tgts = targets(cfg, pool, cloud)
+    tgts = cloud_targets(cfg, pool, cloud, sandbox)
     if access is None:
         # The pool's own way in, when every target has one (and no --host names nodes).
         own = {"aws": lambda p: p.aws.node_access, "gcp": lambda p: p.gcp.node_access}

@@ -8,36 +8,21 @@ from typing import Annotated
 import typer
 
 from poolctl.commands.common import (
-    Cloud,
     CloudOpt,
     FileOpt,
     JsonOpt,
     PoolOpt,
     SandboxOpt,
+    cloud_targets,
     console,
     emit_json,
     load,
-    targets,
+    one_target,
 )
 
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0, help="Seconds --wait waits at most.")
 ]
-
-
-def one_target(cfg, pool, cloud, sandbox):
-    """The single (pool, cloud) a command that changes a pool acts on."""
-    from poolctl.errors import UsageError
-
-    if sandbox and cloud is None:
-        cloud = Cloud.aws  # the sandbox emulates AWS only
-    tgts = targets(cfg, pool, cloud)
-    if len(tgts) != 1:
-        names = ", ".join(f"{p.name}/{c}" for p, c in tgts)
-        flag = "--pool" if len({p.name for p, _ in tgts}) > 1 else "--cloud"
-        raise UsageError(f"{flag}: this acts on one pool and cloud, the file gives {names}; "
-                         f"pick one with {flag}")
-    return tgts[0]
 
 
 def warm(
@@ -90,27 +75,29 @@ def status(
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
     from poolctl import runtime
+    from poolctl.inventory import API_KEY_VAR, cloud_module
 
     cfg = load(file)
-    if sandbox and cloud is None:
-        cloud = Cloud.aws
-    out, unread = [], set()
-    for p, c in targets(cfg, pool, cloud):
+    out, unread, endpoints = [], set(), []
+    for p, c in cloud_targets(cfg, pool, cloud, sandbox):
         ops = runtime.get_ops(c, sandbox)
         if "queue_metric" in ops.unsupported:
             unread.add(c)
         out.append(runtime.status(cfg, p, c, ops))
+        endpoints.append(cloud_module(c).endpoint(ops, cfg, p))
     if json_out:
-        emit_json({"pools": [s.to_json() for s in out]})
+        emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
+                             for s, ep in zip(out, endpoints, strict=True)]})
         return
     con = console()
-    for s in out:
+    for s, ep in zip(out, endpoints, strict=True):
         n = s.counts()
         rpn = s.replicas_per_node
         g = s.group
         con.print(f"[bold]{s.pool}/{s.cloud}[/bold] {g.name} ({g.region}): "
                   f"min {g.min_nodes}, desired {g.desired_nodes}, max {g.max_nodes} nodes; "
-                  f"warm pool {g.warm_min_nodes} ({g.warm_state or 'none'}); version {g.version}")
+                  f"warm pool {g.warm_min_nodes} ({g.warm_state or 'none'}); version {g.version}",
+                  soft_wrap=True)
         con.print("  " + ", ".join(f"{k.replace('_', ' ')} {v} ({v * rpn} replicas)"
                                    for k, v in n.items() if v or k in ("in_service", "warm")))
         if s.rollout:
@@ -121,3 +108,12 @@ def status(
         else:
             con.print("  queue: " + ("no datapoints in the last 10 min" if q is None
                                      else f"{q:g} waiting per replica"))
+        if ep is None:
+            con.print("  endpoint: no load balancer carries the pool's tags/labels")
+            continue
+        where = " (internal: from inside the pool's network)" if ep.internal else ""
+        con.print(f"  endpoint: {ep.url}{where}", markup=False, soft_wrap=True)
+        con.print(f"  try: {ep.curl()}", markup=False, soft_wrap=True)
+        if ep.api_key_secret:
+            con.print(f"  (set ${API_KEY_VAR} to the API key in {ep.api_key_secret})",
+                      markup=False, soft_wrap=True)

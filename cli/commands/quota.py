@@ -10,16 +10,16 @@ import typer
 
 from poolctl.commands.common import (
     AutoApproveOpt,
-    CloudReq,
+    CloudOpt,
     FileOpt,
     JsonOpt,
     PoolOpt,
     SandboxOpt,
+    cloud_targets,
     confirm,
     console,
     emit_json,
     load,
-    targets,
 )
 
 app = typer.Typer(help="Quota needed vs. granted; file an increase.", no_args_is_help=True)
@@ -39,8 +39,8 @@ def _lines(file, pool, cloud, sandbox, contact_email: str | None = None):
     from poolctl import runtime
 
     cfg = load(file)
-    tgts = targets(cfg, pool, cloud)
-    ops = runtime.get_ops(cloud.value, sandbox, contact_email=contact_email)
+    tgts = cloud_targets(cfg, pool, cloud, sandbox)
+    ops = runtime.get_ops(tgts[0][1], sandbox, contact_email=contact_email)
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
     seen: set[tuple] = set()
@@ -76,7 +76,7 @@ def _render(rows) -> None:
 
 @app.command("check")
 def check(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     sandbox: SandboxOpt = False,
@@ -98,12 +98,12 @@ def check(
     if short:
         raise OperationFailed("; ".join(runtime.shortfall_line(ln) for ln in short)
                               + f"; file an increase with `poolctl quota request --cloud "
-                                f"{cloud.value}`")
+                                f"{rows[0][1]}`")
 
 
 @app.command("request")
 def request(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     sandbox: SandboxOpt = False,

@@ -13,9 +13,10 @@ from typing import Annotated
 
 import typer
 
+from poolctl.commands.build import VerboseOpt
 from poolctl.commands.common import (
     AutoApproveOpt,
-    CloudReq,
+    CloudOpt,
     FileOpt,
     JsonOpt,
     MirrorOpt,
@@ -26,8 +27,8 @@ from poolctl.commands.common import (
     console,
     emit_json,
     load,
+    one_target,
 )
-from poolctl.commands.ops import one_target
 
 app = typer.Typer(help="Roll a new image or model version through the pool.",
                   no_args_is_help=True)
@@ -42,7 +43,7 @@ TimeoutOpt = Annotated[
 
 @contextlib.contextmanager
 def _stdout_to_stderr(active: bool) -> Iterator[None]:
-    """Terraform streams to stdout; with --json stdout carries only the JSON."""
+    """The plan summary prints to stdout; with --json stdout carries only the JSON."""
     if not active:
         yield
         return
@@ -82,7 +83,7 @@ def _finish(state, what: str) -> None:
 
 @app.command("start")
 def start(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     image: Annotated[str | None, typer.Option("--image", help="New serving image.")] = None,
     model_version: Annotated[
         str | None, typer.Option("--model-version", help="New model.version label.")] = None,
@@ -106,6 +107,7 @@ def start(
     out: OutOpt = Path("cdktf.out"),
     provider_mirror: MirrorOpt = None,
     json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Record the new version in the file, apply it, and roll it through the pool."""
     from poolctl import runtime
@@ -143,7 +145,7 @@ def start(
             cfg, path, p, c, ops, image=image, model_version=model_version,
             node_image=node_image, no_surge=no_surge,
             confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox, outdir=out,
-            mirror=provider_mirror, render_summary=_render_summary,
+            mirror=provider_mirror, render_summary=_render_summary, verbose=verbose,
         )
     data = res.to_json()
     final = None
@@ -163,7 +165,7 @@ def start(
 
 @app.command("status")
 def status(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     sandbox: SandboxOpt = False,
@@ -191,11 +193,18 @@ def status(
     con.print("  checkpoints: " + ", ".join(
         f"{cp['percentage']}% {'reached' if cp['reached'] else 'pending'}"
         for cp in data["checkpoints"]))
+    if r.get("step") is not None:
+        con.print(f"  step: {r['step']}%")
+    for v in r.get("versions") or []:  # rollouts poolctl steps itself (GCP canaries)
+        target = "" if v["target"] is None else f" of {v['target']} wanted"
+        con.print(f"  {v['name']} {v['template']}: {v['nodes']} node(s){target}, "
+                  f"{v['healthy']} healthy, {v['unhealthy']} unhealthy, "
+                  f"{v['pending']} pending", markup=False)
 
 
 @app.command("rollback")
 def rollback(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     auto_approve: AutoApproveOpt = False,
@@ -205,6 +214,7 @@ def rollback(
     out: OutOpt = Path("cdktf.out"),
     provider_mirror: MirrorOpt = None,
     json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Back to the recorded previous version (in the pool and in the file)."""
     from poolctl import runtime
@@ -217,7 +227,8 @@ def rollback(
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
             cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox,
-            outdir=out, mirror=provider_mirror, render_summary=_render_summary)
+            outdir=out, mirror=provider_mirror, render_summary=_render_summary,
+            verbose=verbose)
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None
     try:
@@ -233,7 +244,7 @@ def rollback(
 
 @app.command("cancel")
 def cancel(
-    cloud: CloudReq,
+    cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,
     wait: WaitOpt = True,

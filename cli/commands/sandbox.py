@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from poolctl import naming
 from poolctl.commands.common import JsonOpt, console, emit_json
 from poolctl.errors import UsageError
 
@@ -33,6 +34,20 @@ QuotaOpt = Annotated[
         show_default=False,
     ),
 ]
+SpeedupOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--boot-speedup",
+        help="Nodes finish booting by themselves after the plan's start time divided by this "
+        "(default 100, or $POOLCTL_SANDBOX_BOOT_SPEEDUP; 0 = --manual-boot). On a running "
+        "sandbox: changes it.",
+        show_default=False,
+    ),
+]
+ManualOpt = Annotated[
+    bool,
+    typer.Option("--manual-boot", help="Nodes wait until `poolctl sandbox boot-nodes`."),
+]
 RegionOpt = Annotated[
     str | None,
     typer.Option("--region", help="Region to inventory (default $AWS_REGION or us-east-1).",
@@ -57,13 +72,49 @@ def _parse_quotas(items: list[str] | None) -> dict[str, float]:
     return out
 
 
+def _boot_speedup(speedup: float | None, manual: bool) -> tuple[float, bool]:
+    """The speedup asked for (flag, else $POOLCTL_SANDBOX_BOOT_SPEEDUP, else 100) and
+    whether a flag named it."""
+    import math
+    import os
+
+    from poolctl.sandbox.manager import BOOT_SPEEDUP_ENV, DEFAULT_BOOT_SPEEDUP
+
+    if manual and speedup not in (None, 0):
+        raise UsageError(f"--boot-speedup {speedup:g} and --manual-boot: give one of them")
+    if manual:
+        return 0.0, True
+    if speedup is not None:
+        if not math.isfinite(speedup) or speedup < 0:
+            raise UsageError(f"--boot-speedup {speedup:g}: give a number >= 0, e.g. 100 "
+                             "(0: nodes boot when told)")
+        return speedup, True
+    # envcheck has refused a bad value before the command ran.
+    return float(os.environ.get(BOOT_SPEEDUP_ENV) or DEFAULT_BOOT_SPEEDUP), False
+
+
+def _boot_words(speedup: float | None) -> str:
+    if speedup is None:
+        return "nodes: boot mode unknown (a sandbox from an older poolctl)"
+    if speedup > 0:
+        return f"nodes boot by themselves in their planned start time / {speedup:g}"
+    return "nodes boot when told: `poolctl sandbox boot-nodes`"
+
+
 @app.command()
-def start(port: PortOpt = None, quota: QuotaOpt = None, json: JsonOpt = False) -> None:
+def start(port: PortOpt = None, quota: QuotaOpt = None, boot_speedup: SpeedupOpt = None,
+          manual_boot: ManualOpt = False, json: JsonOpt = False) -> None:
     """Start the sandbox in the background (a running one is reported, not restarted)."""
     from poolctl.sandbox import manager
 
     quotas = _parse_quotas(quota)
-    info = manager.start(port=port, quotas=quotas or None)
+    speedup, named = _boot_speedup(boot_speedup, manual_boot)
+    info = manager.start(port=port, quotas=quotas or None, boot_speedup=speedup)
+    if info.already_running:
+        # How nodes boot is the one setting a running sandbox can change.
+        info.boot_speedup = (manager.set_boot_speedup(str(info.endpoint), speedup)["speedup"]
+                             if named else (manager.health(str(info.endpoint)) or {}
+                                            ).get("boot_speedup"))
     if json:
         emit_json(info.to_dict())
         return
@@ -77,6 +128,7 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, json: JsonOpt = False) -
     else:
         out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
         _print_removed(out, info.removed_state, "a previous sandbox")
+    out.print(_boot_words(info.boot_speedup))
     out.print(f"log: {info.log}")
     out.print("use it with --sandbox; stop it with `poolctl sandbox stop`")
 
@@ -123,6 +175,7 @@ def status(region: RegionOpt = None, json: JsonOpt = False) -> None:
         return
     up = time.time() - (info.started_at or time.time())
     out.print(f"sandbox: running at [bold]{info.endpoint}[/] (pid {info.pid}, up {up:.0f} s)")
+    out.print(_boot_words(info.boot_speedup))
     out.print(f"log: {info.log}")
     _render_holdings(out, info.holds)
 
@@ -171,8 +224,9 @@ def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt
     """Play the nodes' boot scripts: complete every open launch lifecycle action.
 
     No boot script runs in the sandbox, so launched nodes wait in Pending:Wait (warm ones in
-    Warmed:Pending:Wait) until something completes the poolctl-node-ready hook; this does,
-    with CONTINUE: they go InService, or to their warm state.
+    Warmed:Pending:Wait) until something completes the poolctl-node-ready hook: the sandbox
+    itself after their scaled start time (see `sandbox start --boot-speedup`), or this, at
+    once, with CONTINUE: they go InService, or to their warm state.
     """
     from poolctl.sandbox import manager
 
@@ -184,13 +238,13 @@ def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt
         groups = [
             g["AutoScalingGroupName"]
             for page in asg.get_paginator("describe_auto_scaling_groups").paginate(
-                Filters=[{"Name": f"tag:{manager.POOL_TAG}", "Values": [pool]}]
+                Filters=[{"Name": f"tag:{naming.TAG_POOL}", "Values": [pool]}]
             )
             for g in page["AutoScalingGroups"]
         ]
         if not groups:
             raise UsageError(
-                f"--pool {pool}: no Auto Scaling group tagged {manager.POOL_TAG}={pool} in the "
+                f"--pool {pool}: no Auto Scaling group tagged {naming.TAG_POOL}={pool} in the "
                 f"sandbox ({where}); deploy it with `poolctl deploy --cloud aws --sandbox`"
             )
     completed = []
@@ -226,29 +280,25 @@ def approve_quota(
     """Approve a pending quota increase request, as AWS support would: its value applies.
 
     Through the sandbox's admin endpoint POST /_poolctl/quota-requests/ID."""
-    import json as jsonlib
     import urllib.error
     import urllib.parse
-    import urllib.request
 
     from poolctl.errors import OperationFailed
     from poolctl.sandbox import manager
 
     endpoint = manager.require_running()
     # The id is data: quoted into the path, never able to name another endpoint.
-    url = f"{endpoint}/_poolctl/quota-requests/{urllib.parse.quote(request_id, safe='')}"
-    req = urllib.request.Request(url, data=b'{"status": "APPROVED"}', method="POST",
-                                 headers={"Content-Type": "application/json"})
+    path = f"/_poolctl/quota-requests/{urllib.parse.quote(request_id, safe='')}"
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            request = jsonlib.loads(resp.read())["RequestedQuota"]
+        request = manager.admin(endpoint, "POST", path, {"status": "APPROVED"},
+                                "answer the approval")["RequestedQuota"]
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise UsageError(f"approve-quota {request_id}: no quota increase request with this "
                              "id in the sandbox; `poolctl quota request --cloud aws --sandbox` "
                              "prints the ids") from None
         raise OperationFailed(f"the sandbox at {endpoint} refused the approval: {exc}") from None
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+    except KeyError as exc:
         raise OperationFailed(f"the sandbox at {endpoint} did not answer the approval: {exc}"
                               ) from None
     if json:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from poolctl.commands.common import CloudOpt, FileOpt, JsonOpt, PoolOpt, emit_json, load, targets
+from poolctl.commands.common import (
+    CloudOpt,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    emit_json,
+    load,
+    one_target,
+)
 from poolctl.errors import UsageError
 
 TraceOpt = Annotated[Path | None, typer.Option(
@@ -45,15 +52,6 @@ def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
     tr = (load_trace(trace) if trace is not None
           else synthetic(rate, duration, seed, input_tokens, output_tokens, lengths))
     return tr.scaled(time_scale) if time_scale != 1 else tr
-
-
-def one_target(cfg, pool, cloud):
-    tgts = targets(cfg, pool, cloud)
-    if len(tgts) > 1:
-        p, c = tgts[0]
-        sys.stderr.write(f"poolctl: simulating {p.name} on {c} (the first of "
-                         f"{len(tgts)} placements; pick with --pool/--cloud)\n")
-    return tgts[0]
 
 
 def simulate(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from poolctl.config import Pool
+from poolctl.config import Config, Pool
 from poolctl.contract import Var
 from poolctl.sizing import PoolPlan
 
@@ -133,6 +133,11 @@ def kept_sizes_env(plan: PoolPlan, *, min_nodes: int, warm_min_nodes: int) -> di
     if plan.nodes["warm"]:  # the stack declares warm_nodes only then
         env[WARM_NODES.env] = str(warm_min_nodes)
     return env
+
+
+def log_group_name(cfg: Config, pool: Pool) -> str:
+    """The pool's CloudWatch Logs group: the stack creates it, `poolctl logs` reads it."""
+    return f"/poolctl/{cfg.project}/{pool.name}"
 
 
 def sandbox_env(ami_id: str) -> dict[str, str]:

@@ -85,6 +85,25 @@ def stack_variables(plan: PoolPlan, sizes: MigSizes) -> list[tuple[Var, Any]]:
     ]
 
 
+# The MIG's versions during a rollout (`GcpOps`): their names carry what poolctl is doing,
+# so that any poolctl reading the group (`rollout status` elsewhere) knows it. The stack
+# creates the one version PRIMARY and ignores `version` after that (stacks/gcp/pool.py):
+# the runtime owns it, and a `deploy` never undoes a rollout in progress.
+VERSION_PRIMARY = "primary"  # one template: no rollout, or the last (100 %) step
+VERSION_STABLE = "stable"  # the template the pool ran before the rollout
+VERSION_CANARY = "canary"  # the new template at the step's percentage, driven on by poolctl
+VERSION_HELD = "canary-held"  # the same, held by `rollout cancel`
+VERSION_ROLLBACK = "rollback"  # one template again: the one the rollout started from
+
+
+def canary_steps(pool: Pool) -> list[int]:
+    """The steps of a GCP rollout: the pool's checkpoints (the same `rollout.checkpoints`
+    the AWS instance refresh pauses at), each a canary of that percentage of the group's
+    serving size; the last step, 100 %, points the MIG at the new template alone. Poolctl
+    moves on once the canary's VMs are healthy and `checkpoint_delay_s` has passed."""
+    return sorted({int(c) for c in pool.rollout.checkpoints if 0 < c < 100}) + [100]
+
+
 def rollout_env(*, min_nodes: int, max_nodes: int, warm_min_nodes: int,
                 no_surge_zones: int | None) -> dict[str, str]:
     """TF_VAR_... for the apply that writes a new template: the autoscaler's bounds and the

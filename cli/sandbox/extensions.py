@@ -116,7 +116,24 @@ reference documents it, within the limits said here.
    created the resource without learning it, as with a connection lost on real AWS (the
    interrupt tests need it); GET lists the faults left and the actions whose answer is held
    back right now ("holding"), DELETE clears them.
-   moto's own POST /moto-api/reset also resets all of this.
+   GET /_poolctl/boot: how nodes boot (section 8): the speedup, the registered start times,
+   the nodes booting and their seconds left; POST {"speedup": 100} changes it (0: nodes
+   boot only when told). POST /_poolctl/start-times {"region", "project", "pool",
+   "start_seconds": {"cold": 440.5, "warm_stopped": 260.5, "warm_running": 30}} registers
+   a pool's start times (`deploy --sandbox` sends its plan's).
+   moto's own POST /moto-api/reset also resets all of this (the speedup stays).
+
+8. Self-booting nodes (`warm --wait`, `rollout`, `status` progress with nobody else acting).
+   No boot script runs in the sandbox. With a speedup S > 0 (`poolctl sandbox start`:
+   100 unless `--boot-speedup S` or `--manual-boot`), a thread in the server completes a
+   node's open launch actions with CONTINUE once it has "booted" for its plan's start time
+   / S: cold for a new instance (in the group or in the warm pool), warm_stopped or
+   warm_running for one the group takes from its warm pool. The start times are the ones
+   `deploy --sandbox` registered for the group's poolctl:project / poolctl:pool tags and
+   region; else the group's DefaultInstanceWarmup (the stack's plan cold start) for every
+   kind, else FALLBACK_START_S. The lifecycle log marks these "self-boot" with the kind and
+   the seconds. Speedup 0 (the server's default, what the tests use): nodes wait until
+   `poolctl sandbox boot-nodes` or CompleteLifecycleAction, as before.
 """
 
 from __future__ import annotations
@@ -131,6 +148,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
+
+from poolctl import naming
 
 EXTENSIONS = (
     "autoscaling.instance-refresh",
@@ -341,8 +360,13 @@ def _refresh_load_balancers(backend: Any, group: Any) -> None:
 # 3. Lifecycle actions
 
 
-def _open_actions(backend: Any, group: Any, state: Any, hooks: list[Any]) -> None:
+def _open_actions(backend: Any, group: Any, state: Any, hooks: list[Any],
+                  kind: str = "cold") -> None:
+    """Open the launch actions of a node starting up; `kind` (cold, warm_stopped,
+    warm_running) is how it starts, which sets how long it boots by itself (section 8)."""
     deadline = time.monotonic()
+    state._poolctl_boot = {"kind": kind, "since": deadline}
+    _boot_wake.set()
     state._poolctl_actions = {
         h.name: {
             "token": str(uuid.uuid4()),
@@ -382,7 +406,8 @@ def _settle_warm(backend: Any, group: Any, state: Any) -> None:
         backend.ec2_backend.stop_instances([state.instance.id])
 
 
-def _finish_action(backend: Any, group: Any, state: Any, hook: str, result: str, how: str) -> None:
+def _finish_action(backend: Any, group: Any, state: Any, hook: str, result: str, how: str,
+                   note: dict[str, Any] | None = None) -> None:
     actions = state.__dict__.get("_poolctl_actions") or {}
     action = actions.pop(hook, None)
     _lifecycle_log(backend).append(
@@ -394,6 +419,7 @@ def _finish_action(backend: Any, group: Any, state: Any, hook: str, result: str,
             "LifecycleActionToken": action["token"] if action else None,
             "LifecycleActionResult": result,
             "How": how,
+            **(note or {}),
         }
     )
     warm = _warm(group)
@@ -649,14 +675,15 @@ def _take_from_warm_pool(group: Any, count: int) -> list[Any]:
     moved = []
     for state in ordered[:count]:
         warm.remove(state)
-        if _ec2_state(state.instance) == "stopped":
+        kind = "warm_stopped" if _ec2_state(state.instance) == "stopped" else "warm_running"
+        if kind == "warm_stopped":
             backend.ec2_backend.start_instances([state.instance.id])
         hooks = _launch_hooks(backend, group)
         state.lifecycle_state = "Pending:Wait" if hooks else "InService"
         state.protected_from_scale_in = group.new_instances_protected_from_scale_in
         state._poolctl_actions = {}
         if hooks:
-            _open_actions(backend, group, state, hooks)
+            _open_actions(backend, group, state, hooks, kind)
         group.instance_states.append(state)
         moved.append(state)
     return moved
@@ -1653,6 +1680,125 @@ def instance_connect_keys(instance_id: str, user: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------
+# 8. Self-booting nodes
+
+BOOT_KINDS = ("cold", "warm_stopped", "warm_running")
+# A group no start times were registered for (made without `deploy --sandbox`) boots in its
+# DefaultInstanceWarmup, where the AWS stack puts the plan's cold start, else in this.
+FALLBACK_START_S = 300.0
+# speedup 0: nodes wait for `sandbox boot-nodes` (the tests' default, they pick the moment).
+_boot: dict[str, float] = {"speedup": 0.0}
+# (region, project, pool) -> {kind: seconds}, the plan's start times `deploy --sandbox` sent.
+_start_times: dict[tuple[str, str, str], dict[str, float]] = {}
+_boot_wake = threading.Event()
+
+
+def boot_delay_s(start_seconds: dict[str, float], kind: str, speedup: float) -> float | None:
+    """How long a node starting as `kind` boots in the sandbox: the plan's start time for
+    it (the cold one when the plan has none for that kind) divided by `speedup`; None when
+    nodes boot only when told (speedup 0)."""
+    if speedup <= 0:
+        return None
+    return float(start_seconds.get(kind, start_seconds["cold"])) / speedup
+
+
+def set_boot_speedup(speedup: Any) -> float:
+    value = float(speedup)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("speedup must be a finite number >= 0 (0: nodes boot when told)")
+    with _LOCK:
+        _boot["speedup"] = value
+    _boot_wake.set()  # nodes already waiting are due now, or later
+    return value
+
+
+def register_start_times(region: str, project: str, pool: str, seconds: dict[str, Any]) -> None:
+    unknown = set(seconds) - set(BOOT_KINDS)
+    if "cold" not in seconds or unknown:
+        raise ValueError(f"start_seconds needs cold and only {', '.join(BOOT_KINDS)}")
+    values = {k: float(v) for k, v in seconds.items()}
+    if not all(math.isfinite(v) and v >= 0 for v in values.values()):
+        raise ValueError("start_seconds values must be finite numbers >= 0")
+    with _LOCK:
+        _start_times[(str(region), str(project), str(pool))] = values
+    _boot_wake.set()
+
+
+def _group_start_seconds(backend: Any, group: Any) -> dict[str, float]:
+    tags = {t["Key"]: t["Value"] for t in group.tags}
+    key = (backend.region_name, tags.get(naming.TAG_PROJECT, ""), tags.get(naming.TAG_POOL, ""))
+    found = _start_times.get(key)
+    if found:
+        return found
+    return {"cold": float(group.__dict__.get("default_instance_warmup") or FALLBACK_START_S)}
+
+
+def _booting() -> Iterable[tuple[Any, Any, Any, dict[str, Any], float]]:
+    """(backend, group, state, boot, delay) of every node waiting on its launch actions."""
+    from moto.autoscaling.models import autoscaling_backends
+
+    for backend in _all_backends(autoscaling_backends):
+        for group in list(backend.autoscaling_groups.values()):
+            for state in list(group.instance_states) + list(_warm(group)):
+                boot = state.__dict__.get("_poolctl_boot")
+                if not boot or not state.__dict__.get("_poolctl_actions"):
+                    continue
+                delay = boot_delay_s(_group_start_seconds(backend, group), boot["kind"],
+                                     _boot["speedup"])
+                if delay is not None:
+                    yield backend, group, state, boot, delay
+
+
+def boot_due_nodes(now: float | None = None) -> float | None:
+    """Complete the launch actions of the nodes whose simulated start is over (CONTINUE, as
+    their boot script would once vLLM answers). Returns the seconds until the next node is
+    due, None when no node is booting by itself."""
+    now = time.monotonic() if now is None else now
+    nxt = None
+    with _LOCK:
+        for backend, group, state, boot, delay in list(_booting()):
+            due = boot["since"] + delay
+            if due > now:
+                nxt = due if nxt is None else min(nxt, due)
+                continue
+            note = {"BootKind": boot["kind"], "BootSeconds": round(delay, 3)}
+            for hook in list(state.__dict__.get("_poolctl_actions") or {}):
+                if hook in (state.__dict__.get("_poolctl_actions") or {}):
+                    _finish_action(backend, group, state, hook, "CONTINUE", "self-boot", note)
+    return None if nxt is None else max(0.0, nxt - now)
+
+
+def boot_report() -> dict[str, Any]:
+    now = time.monotonic()
+    with _LOCK:
+        waiting = [{"Region": b.region_name, "AutoScalingGroupName": g.name,
+                    "InstanceId": s.instance.id, "BootKind": boot["kind"],
+                    "SecondsLeft": round(max(0.0, boot["since"] + delay - now), 2)}
+                   for b, g, s, boot, delay in _booting()]
+        times = [{"region": r, "project": pr, "pool": po, "start_seconds": v}
+                 for (r, pr, po), v in _start_times.items()]
+        return {"speedup": _boot["speedup"], "start_times": times, "booting": waiting}
+
+
+def _boot_loop() -> None:
+    while True:
+        try:
+            wait = boot_due_nodes()
+        except Exception as exc:  # moto raises many types; the thread must outlive one
+            print(f"self-boot: {exc!r}; retrying in 1 s", flush=True)
+            wait = 1.0
+        # Sleeps until the next node is due, or until a node starts or the speedup changes.
+        _boot_wake.wait(wait)
+        _boot_wake.clear()
+
+
+def start_self_boot(speedup: float) -> None:
+    """Run the thread that boots nodes by themselves (idle while the speedup is 0)."""
+    set_boot_speedup(speedup)
+    threading.Thread(target=_boot_loop, name="poolctl-self-boot", daemon=True).start()
+
+
+# --------------------------------------------------------------------------------------
 # 6. Admin endpoints
 
 # Faults: API action -> {"delay_s": seconds, "times": calls left}; actions whose answer is
@@ -1738,7 +1884,21 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
             return respond(start_response, 400, {"error": "the body must be a JSON object"})
         try:
             if path == "/_poolctl/health":
-                return respond(start_response, 200, info)
+                return respond(start_response, 200, {**info, "boot_speedup": _boot["speedup"]})
+            if path == "/_poolctl/boot":
+                if method == "POST":
+                    set_boot_speedup(body.get("speedup"))
+                elif method != "GET":
+                    return respond(start_response, 405, {"error": "GET or POST"})
+                return respond(start_response, 200, boot_report())
+            if path == "/_poolctl/start-times" and method == "POST":
+                missing = [k for k in ("region", "project", "pool", "start_seconds")
+                           if k not in body]
+                if missing:
+                    raise ValueError(f"the body needs {', '.join(missing)}")
+                register_start_times(body["region"], body["project"], body["pool"],
+                                     dict(body["start_seconds"]))
+                return respond(start_response, 200, boot_report())
             if path == "/_poolctl/quotas":
                 with _LOCK:
                     if method == "POST":
@@ -1956,6 +2116,7 @@ def install() -> None:
             reset_quotas()
             _faults.clear()
             _eic_keys.clear()
+            _start_times.clear()
 
     MotoAPIBackend.reset = reset
     reset_quotas()

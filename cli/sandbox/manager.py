@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from poolctl import naming
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 
@@ -41,7 +42,10 @@ TEST_CREDENTIALS = {
     "aws_secret_access_key": "testing",
     "aws_session_token": "testing",
 }
-POOL_TAG = "poolctl:pool"
+# `poolctl sandbox start` boots nodes by themselves this many times faster than the plan's
+# start times; `start()` (the tests' fixture) keeps 0, nodes boot when told.
+DEFAULT_BOOT_SPEEDUP = 100.0
+BOOT_SPEEDUP_ENV = "POOLCTL_SANDBOX_BOOT_SPEEDUP"
 
 
 @dataclass
@@ -57,6 +61,8 @@ class SandboxInfo:
     holds: dict[str, Any] = field(default_factory=dict)
     # Terraform state of an emulator that is gone, removed by start or stop.
     removed_state: list[str] = field(default_factory=list)
+    # Nodes boot by themselves this many times faster than planned; 0: when told.
+    boot_speedup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,11 +196,14 @@ def start(
     quotas: dict[str, float] | None = None,
     timeout: float = START_TIMEOUT_S,
     parent_pid: int | None = None,
+    boot_speedup: float = 0.0,
 ) -> SandboxInfo:
     """Start the sandbox in the background; a running one is reported, not restarted.
 
     `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with.
     `parent_pid`: the server exits by itself once that process is gone (test sessions).
+    `boot_speedup`: nodes finish booting by themselves after their plan's start time
+    divided by it; 0 (the default): only when told (`boot-nodes`).
     """
     existing = _running_state(home)
     if existing is not None:
@@ -215,7 +224,8 @@ def start(
     if quotas:
         env["POOLCTL_SANDBOX_QUOTAS"] = json.dumps(quotas)
     argv = [sys.executable, "-m", "poolctl.sandbox.server", "--host", HOST,
-            "--port", str(port), "--port-file", str(port_file)]
+            "--port", str(port), "--port-file", str(port_file),
+            "--boot-speedup", repr(float(boot_speedup))]
     if parent_pid:
         argv += ["--parent-pid", str(parent_pid)]
     log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, home_dir(home))
@@ -262,6 +272,7 @@ def start(
     }
     write_private(_state_file(home), json.dumps(state, indent=2), home_dir(home))
     info = _info(state)
+    info.boot_speedup = float(boot_speedup)
     # A new emulator is empty: state left by an earlier one (killed, or the machine
     # rebooted without `sandbox stop`) describes nothing that exists.
     info.removed_state = remove_terraform_state(home)
@@ -343,20 +354,66 @@ def require_running(home: Path | str | None = None) -> str:
     return endpoint(home)
 
 
+def admin(endpoint_url: str, method: str, path: str, body: dict[str, Any] | None = None,
+          what: str = "answer") -> dict[str, Any]:
+    """Call one of the sandbox's /_poolctl/ admin endpoints; its JSON answer. An HTTP error
+    answer is raised as urllib's HTTPError (callers tell a 404 apart); no answer at all is
+    OperationFailed saying what the call was for."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"{endpoint_url}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return dict(json.loads(resp.read() or b"{}"))
+    except urllib.error.HTTPError:
+        raise
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise OperationFailed(f"the sandbox at {endpoint_url} did not {what}: {exc}") from exc
+
+
 def complete_lifecycle_actions(endpoint_url: str, group: str | None = None,
                                result: str = "CONTINUE") -> list[dict[str, Any]]:
     """Complete the open launch lifecycle actions (of one group, or all) through the admin
     endpoint, as the nodes' boot scripts would; returns what was completed."""
-    body = json.dumps({"AutoScalingGroupName": group, "LifecycleActionResult": result}).encode()
-    req = urllib.request.Request(f"{endpoint_url}/_poolctl/lifecycle-actions", data=body,
-                                 method="POST", headers={"Content-Type": "application/json"})
+    body = {"AutoScalingGroupName": group, "LifecycleActionResult": result}
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return list(json.loads(resp.read() or b"{}").get("completed", []))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        done = admin(endpoint_url, "POST", "/_poolctl/lifecycle-actions", body,
+                     "complete the lifecycle actions")
+    except urllib.error.HTTPError as exc:
+        raise OperationFailed(f"the sandbox at {endpoint_url} refused to complete the "
+                              f"lifecycle actions: {exc}") from exc
+    return list(done.get("completed", []))
+
+
+def set_boot_speedup(endpoint_url: str, speedup: float) -> dict[str, Any]:
+    """Change how nodes boot in a running sandbox (0: only when told); its boot report."""
+    return admin(endpoint_url, "POST", "/_poolctl/boot", {"speedup": float(speedup)},
+                 "change how nodes boot")
+
+
+def start_times(pool: Any) -> dict[str, float]:
+    """The plan's start time of a node of `pool` on AWS, in seconds, by how it starts: cold
+    (a new instance), warm_stopped / warm_running (taken from the warm pool)."""
+    from poolctl.sizing import instance_row, start_phases
+
+    phases = start_phases(pool, instance_row(pool, "aws"))
+    return {kind: round(sum(p.values()), 1) for kind, p in phases.items()}
+
+
+def register_start_times(cfg: Any, pool: Any, home: Path | str | None = None) -> None:
+    """Tell the sandbox how long `pool`'s nodes take to start (`deploy --sandbox` does,
+    before its apply launches any): a node boots by itself after that time divided by the
+    sandbox's boot speedup."""
+    tags = naming.aws_tags(cfg, pool)
+    body = {"region": pool.aws.region, "project": tags[naming.TAG_PROJECT],
+            "pool": tags[naming.TAG_POOL], "start_seconds": start_times(pool)}
+    url = endpoint(home)
+    try:
+        admin(url, "POST", "/_poolctl/start-times", body, "take the pool's start times")
+    except urllib.error.HTTPError as exc:
         raise OperationFailed(
-            f"the sandbox at {endpoint_url} did not complete the lifecycle actions: {exc}"
-        ) from exc
+            f"the sandbox at {url} refused the pool's start times ({exc}); restart it with "
+            "`poolctl sandbox stop && poolctl sandbox start`") from exc
 
 
 def region_or_default(region: str | None = None) -> str:
@@ -426,14 +483,14 @@ def inventory(endpoint_url: str, region: str) -> dict[str, Any]:
     asg, ec2, elbv2 = (boto3.client(s, **kw) for s in ("autoscaling", "ec2", "elbv2"))
     groups = []
     for page in asg.get_paginator("describe_auto_scaling_groups").paginate(
-        Filters=[{"Name": "tag-key", "Values": [POOL_TAG]}]
+        Filters=[{"Name": "tag-key", "Values": [naming.TAG_POOL]}]
     ):
         for g in page["AutoScalingGroups"]:
             tags = {t["Key"]: t["Value"] for t in g.get("Tags", [])}
             groups.append(
                 {
                     "name": g["AutoScalingGroupName"],
-                    "pool": tags.get(POOL_TAG),
+                    "pool": tags.get(naming.TAG_POOL),
                     "desired": g["DesiredCapacity"],
                     "min": g["MinSize"],
                     "max": g["MaxSize"],
@@ -464,6 +521,8 @@ def status(region: str | None = None, home: Path | str | None = None) -> Sandbox
     if state is None:
         return SandboxInfo(running=False, state_dir=str(state_dir(home)))
     info = _info(state)
+    card = health(info.endpoint or "")
+    info.boot_speedup = None if card is None else card.get("boot_speedup")
     try:
         info.holds = inventory(info.endpoint or "", region_or_default(region))
     except Exception as exc:  # botocore raises many types; the report should still print

@@ -1,6 +1,7 @@
 """The sandbox server: moto's server app with poolctl's emulator extensions, on loopback.
 
     python -m poolctl.sandbox.server --host 127.0.0.1 --port 4600 [--port-file FILE]
+                                     [--boot-speedup S]
 
 `--port 0` binds a free port; `--port-file` receives the bound port once the server
 listens (the manager and the test fixture use it, so nobody races for a port).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import signal
 import sys
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SERVICE = "poolctl-sandbox"
+from poolctl.sandbox.manager import SERVICE
 
 # moto settings the sandbox needs, read when moto builds its backends: without AWS managed
 # policies, attaching arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore to the node role
@@ -72,7 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         "--parent-pid", type=int, default=None,
         help="exit when this process is gone (test sessions: no server outlives pytest)",
     )
+    parser.add_argument(
+        "--boot-speedup", type=float, default=0.0,
+        help="nodes finish booting by themselves after their plan's start time divided by "
+        "this (0: only when told, by `poolctl sandbox boot-nodes`)",
+    )
     args = parser.parse_args(argv)
+    if not math.isfinite(args.boot_speedup) or args.boot_speedup < 0:
+        print(f"--boot-speedup {args.boot_speedup:g}: give a number >= 0 (0: manual boot)",
+              file=sys.stderr)
+        return 2
     if not _loopback(args.host):
         print(
             f"--host {args.host}: the sandbox listens on loopback only (127.0.0.1 or ::1)",
@@ -111,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         # shutdown() blocks until serve_forever returns, so it runs off the main thread.
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    extensions.start_self_boot(args.boot_speedup)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if args.parent_pid:

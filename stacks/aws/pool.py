@@ -8,11 +8,13 @@ from cdktf import Op, TerraformVariable
 from constructs import Construct
 
 from poolctl import naming
+from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.catalog import InstanceType
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan
 from poolctl.stacks._providers import aws
+from poolctl.stacks.literal import hcl_quoted
 
 
 class LoadBalancer(Construct):
@@ -113,7 +115,8 @@ class NodeGroup(Construct):
     def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
                  row: InstanceType, plan: PoolPlan, name: str, vpc_id: str,
                  subnet_ids: list[str], lb: LoadBalancer, instance_profile_arn: str,
-                 user_data: str, ami_id: str | None, tags: dict[str, str]) -> None:
+                 user_data: str, image_user_data: str, ami_id: str | None,
+                 tags: dict[str, str]) -> None:
         super().__init__(scope, id)
         placement = pool.aws
         port = pool.serving.port
@@ -159,6 +162,24 @@ class NodeGroup(Construct):
         image_id = (f'${{var.{ami} != "" ? var.{ami} : '
                     f'one(data.aws_ssm_parameter.{ssm.friendly_unique_id}[*].insecure_value)}}')
 
+        # The boot script: the image variant on an image `poolctl image build` made with
+        # this very boot library (its tag names the version), else the whole script. Chosen
+        # at plan time from the image itself, so the synthesized JSON is the same wherever
+        # it is made, and `--node-image` to an image without the library gets the whole one.
+        # Deprecated images included: the SSM parameter or the file may name one.
+        node_ami = aws("data_aws_ami").DataAwsAmi(
+            self, "node-ami", include_deprecated=True,
+            filter=[{"name": "image-id", "values": [image_id]}],
+        )
+        b64 = {k: base64.b64encode(text.encode()).decode()  # base64: no template syntax
+               for k, text in (("whole", user_data), ("image", image_user_data))}
+        user_data_choice = (
+            f"${{lookup(data.aws_ami.{node_ami.friendly_unique_id}.tags, "
+            f"{hcl_quoted(LIB_IMAGE_TAG['aws'])}, \"\") == "
+            f"{hcl_quoted(boot_library('aws')['version'])} ? "
+            f"\"{b64['image']}\" : \"{b64['whole']}\"}}"
+        )
+
         lt = aws("launch_template")
         self.lt = lt.LaunchTemplate(
             self, "lt", name=name, image_id=image_id, instance_type=row.name,
@@ -186,7 +207,7 @@ class NodeGroup(Construct):
                 device_index=0, associate_public_ip_address="false",
                 delete_on_termination="true", security_groups=[self.sg.id],
             )],
-            user_data=base64.b64encode(user_data.encode()).decode(),
+            user_data=user_data_choice,
             tag_specifications=[
                 lt.LaunchTemplateTagSpecifications(resource_type=kind, tags={**tags, "Name": name})
                 for kind in ("instance", "volume")
@@ -249,8 +270,11 @@ class NodeGroup(Construct):
                 "WarmPoolPendingCapacity", "WarmPoolDesiredCapacity",
             ],
             wait_for_capacity_timeout="0",
+            # Model and image: what `poolctl ls` shows without the file; a node launched
+            # during a rollout carries the version it runs.
             tag=[asg.AutoscalingGroupTag(key=k, value=v, propagate_at_launch=True)
-                 for k, v in {**tags, "Name": name}.items()],
+                 for k, v in {**tags, "Name": name, naming.TAG_MODEL: pool.model.id,
+                              naming.TAG_IMAGE: pool.serving.image}.items()],
             # poolctl sizes the group at runtime (warm, autoscaling); Terraform owns the shape.
             lifecycle={"ignore_changes": ["desired_capacity"]},
         )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from cdktf import S3Backend
 
 from poolctl import naming
+from poolctl.bootscript import render_boot_script
 from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract
 from poolctl.sizing import instance_row, plan_pool
 from poolctl.stacks._providers import aws
 from poolctl.stacks.aws.iam import LogsKey, NodeRole
@@ -21,7 +23,8 @@ class AwsPoolStack(PoolStack):
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.aws
         row = instance_row(pool, "aws")
-        plan = plan_pool(pool, "aws")
+        # The file alone, never a local build record: the JSON is the same on every machine.
+        plan = plan_pool(pool, "aws", records=False)
         name = naming.base(cfg, pool)
         tags = naming.aws_tags(cfg, pool)
 
@@ -42,7 +45,7 @@ class AwsPoolStack(PoolStack):
                       region=placement.region)
         key = LogsKey(self, "kms", name=name, region=placement.region, tags=tags)
         logs = aws("cloudwatch_log_group").CloudwatchLogGroup(
-            self, "logs", name=f"/poolctl/{cfg.project}/{pool.name}", retention_in_days=365,
+            self, "logs", name=contract.log_group_name(cfg, pool), retention_in_days=365,
             kms_key_id=key.key.arn, tags=tags,
         )
         if net.created:
@@ -60,6 +63,8 @@ class AwsPoolStack(PoolStack):
         nodes = NodeGroup(self, "nodes", cfg=cfg, pool=pool, row=row, plan=plan, name=name,
                           vpc_id=net.vpc_id, subnet_ids=net.subnet_ids, lb=lb,
                           instance_profile_arn=role.profile.arn, user_data=user_data,
+                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, "aws",
+                                                             from_image=True),
                           ami_id=self.raw_pool.aws.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
 

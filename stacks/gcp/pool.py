@@ -3,6 +3,8 @@ the internal Application Load Balancer in front of it."""
 
 from __future__ import annotations
 
+import re
+
 from cdktf import (
     Op,
     TerraformResourceLifecycle,
@@ -12,6 +14,7 @@ from cdktf import (
 from constructs import Construct
 
 from poolctl import naming
+from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.catalog import InstanceType
 from poolctl.config import Pool
 from poolctl.contract import gcp as contract
@@ -19,7 +22,7 @@ from poolctl.contract.gcp import MigSizes
 from poolctl.sizing import PoolPlan, gcp_zones
 from poolctl.stacks._providers import google
 from poolctl.stacks.gcp.network import Network
-from poolctl.stacks.literal import escape
+from poolctl.stacks.literal import escape, hcl_quoted
 
 # Boot disk per machine series. A3 Ultra and A4 take Hyperdisk only; A2 takes Persistent
 # Disk only (no Hyperdisk Balanced); A3 High/Edge/Mega take both. On the PD series we use
@@ -34,6 +37,19 @@ LB_PORT = 80
 HTTPS_PORT = 443
 
 
+def image_lookup(image: str, project: str) -> dict[str, str]:
+    """`gcp.image` (as the instance template takes it) as the image data source's arguments:
+    a family (`family/F`, `[projects/P/]global/images/family/F`) or an image
+    (`[projects/P/]global/images/N`, `P/N`, `N`), URLs included. A bare `N` reads as an image
+    name; a family is written with `family/`."""
+    ref = re.sub(r"^https://[^/]+/compute/[^/]+/", "", image)
+    if m := re.fullmatch(r"(?:projects/([^/]+)/)?(?:global/images/)?(family/)?([^/]+)", ref):
+        return {"project": m[1] or project, ("family" if m[2] else "name"): m[3]}
+    if m := re.fullmatch(r"([^/]+)/([^/]+)", ref):
+        return {"project": m[1], "name": m[2]}
+    return {"project": project, "name": image}  # no image by that name: the plan says so
+
+
 def boot_disk_type(machine_type: str) -> str:
     return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY_PREFIXES) else "pd-ssd"
 
@@ -41,13 +57,29 @@ def boot_disk_type(machine_type: str) -> str:
 class NodeGroup(Construct):
     def __init__(self, scope: Construct, id: str, *, pool: Pool, row: InstanceType,
                  plan: PoolPlan, name: str, net: Network, node_tag: str, sa_email: str,
-                 user_data: str, labels: dict[str, str]) -> None:
+                 user_data: str, image_user_data: str, labels: dict[str, str]) -> None:
         super().__init__(scope, id)
         p = pool.gcp
         port = pool.serving.port
         cold = int(plan.start_seconds["cold"])
         zones = gcp_zones(pool, row)  # rule region-offered: never empty
         sizes = contract.mig_sizes(pool, plan, len(zones))
+
+        # The boot script: the image variant on an image `poolctl image build` made with
+        # this very boot library (its label names the version), else the whole script,
+        # chosen at plan time from the image itself (as on AWS: stacks/aws/pool.py).
+        node_image = google("data_google_compute_image").DataGoogleComputeImage(
+            self, "node-image", **image_lookup(p.image, p.project),
+        )
+        # Metadata values are templates to Terraform, and bash's `${x##*/}` is not one:
+        # escaped, and quoted as HCL strings inside the choice, Terraform hands either
+        # script over unchanged. (AWS user data is base64, which has no `${`.)
+        startup_script = (
+            f"${{lookup(data.google_compute_image.{node_image.friendly_unique_id}.labels, "
+            f"{hcl_quoted(LIB_IMAGE_TAG['gcp'])}, \"\") == "
+            f"{hcl_quoted(boot_library('gcp')['version'])} ? "
+            f"{hcl_quoted(escape(image_user_data))} : {hcl_quoted(escape(user_data))}}}"
+        )
 
         t = google("compute_instance_template")
         disks = [t.ComputeInstanceTemplateDisk(
@@ -89,20 +121,18 @@ class NodeGroup(Construct):
                 "enable-oslogin": "TRUE",
                 "block-project-ssh-keys": "TRUE",
                 "serial-port-enable": "FALSE",
-                # Metadata values are templates to Terraform, and bash's `${x##*/}` is not
-                # one: escaped, Terraform hands the script over unchanged. (AWS user data is
-                # base64, which has no `${`.)
-                "startup-script": escape(user_data),
+                "startup-script": startup_script,
             },
             tags=[node_tag],
             labels=labels,
             # A new template per change (name_prefix: a fresh name per content version),
-            # created before the old one goes, so the MIG always points at a live template.
-            # Terraform would then delete the old one, the rollback target of a MIG update
-            # still in progress: `rollout start` keeps it by removing it from the state
-            # before its apply (Terraform forgets it instead of deleting it), and deletes
-            # templates that are neither current nor previous after the apply and after a
-            # successful update (poolctl.clouds.gcp: rollout_before_apply, rollout_cleanup).
+            # created before the old one goes. Terraform would then delete the old one,
+            # which the MIG still runs (its versions are poolctl's, see below) and the
+            # rollback target: `rollout start` and `deploy` keep it by removing it from the
+            # state before the apply (Terraform forgets it instead of deleting it), and
+            # templates that are neither current nor previous are deleted after a rollout's
+            # apply and after its end (poolctl.clouds.gcp: rollout_before_apply,
+            # rollout_cleanup).
             lifecycle=TerraformResourceLifecycle(
                 create_before_destroy=True, precondition=[net.pga_precondition],
             ),
@@ -144,7 +174,7 @@ class NodeGroup(Construct):
             # Static: a changed description would replace the whole group.
             description=f"poolctl pool {name}",
             version=[m.ComputeRegionInstanceGroupManagerVersion(
-                name="primary", instance_template=self.template.self_link_unique,
+                name=contract.VERSION_PRIMARY, instance_template=self.template.self_link_unique,
             )],
             distribution_policy_zones=zones,
             # BALANCED: spread over the zones for availability, but create where H100/A100
@@ -173,8 +203,12 @@ class NodeGroup(Construct):
             ),
             # GPU capacity can take long to find; Terraform must not block on it.
             wait_for_instances=False,
-            # poolctl sizes the group at runtime (autoscaler, warm); Terraform owns the shape.
-            lifecycle=TerraformResourceLifecycle(ignore_changes=["target_size"]),
+            # poolctl sizes the group at runtime (autoscaler, warm) and steps its versions
+            # through a rollout's checkpoints (a canary beside the old template; the names
+            # in poolctl.contract.gcp): Terraform owns the shape and creates the first
+            # version, and an apply of a new template leaves the rollout to poolctl, so a
+            # `deploy` never undoes one in progress.
+            lifecycle=TerraformResourceLifecycle(ignore_changes=["target_size", "version"]),
         )
         self.sizes = sizes
         self.zones = zones

@@ -11,6 +11,7 @@ from __future__ import annotations
 from cdktf import GcsBackend
 
 from poolctl import naming
+from poolctl.bootscript import render_boot_script
 from poolctl.config import Config, Pool
 from poolctl.sizing import instance_row, plan_pool
 from poolctl.stacks._providers import google
@@ -27,7 +28,8 @@ class GcpPoolStack(PoolStack):
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.gcp
         row = instance_row(pool, "gcp")
-        plan = plan_pool(pool, "gcp")
+        # The file alone, never a local build record: the JSON is the same on every machine.
+        plan = plan_pool(pool, "gcp", records=False)
         name = naming.base(cfg, pool)
         labels = naming.gcp_labels(cfg, pool)
         node_tag = f"{naming.short(name, 58)}-node"
@@ -50,6 +52,8 @@ class GcpPoolStack(PoolStack):
                       port=pool.serving.port, node_tag=node_tag)
         nodes = NodeGroup(self, "nodes", pool=pool, row=row, plan=plan, name=name, net=net,
                           node_tag=node_tag, sa_email=sa.sa.email, user_data=user_data,
+                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, "gcp",
+                                                             from_image=True),
                           labels=labels)
         lb = LoadBalancer(self, "lb", pool=pool, name=name, net=net, nodes=nodes,
                           labels=labels)

@@ -14,6 +14,7 @@ capacity 1 + 2 = 3.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -42,6 +43,10 @@ ASG = "acme-chat-70b"
 POOL = "chat-70b"
 CONTRACT_TAGS = {"poolctl:project": "acme", "poolctl:pool": POOL, "poolctl:role": "inference"}
 TIMINGS = re.compile(rf"== {STACK}: (synth [\d.]+ s(?:, \w+ [\d.]+ s)*)")
+LOG_LINE = re.compile(rf"== {STACK}: Terraform's output goes to (\S+)")
+# p5.48xlarge at the catalog's $55.04 per node-hour: 1 node at the minimum, 6 at the maximum
+COST_LINE = ("the pool {verb} $55.04/h at its minimum (1 node(s)) to $330.24/h at its maximum "
+             "(6 node(s)): p5.48xlarge at $55.04 per node-hour")
 
 MISSING = terraform_missing()
 needs_terraform = pytest.mark.skipif(MISSING is not None, reason=f"e2e deploy: {MISSING}")
@@ -61,6 +66,14 @@ def _timed(home: Path, label: str, *args: str) -> subprocess.CompletedProcess:
     print(f"\n[e2e timing] {label}: wall {wall:.1f} s; {split.group(1) if split else 'no split'}")
     assert res.returncode == 0, f"{label} failed ({res.returncode}):\n{res.stderr[-4000:]}"
     return res
+
+
+def _terraform_log(stderr: str) -> Path:
+    """The log of the run's Terraform output, whose path the run printed; private."""
+    [path] = LOG_LINE.findall(stderr)
+    log = Path(path)
+    assert log.stat().st_mode & 0o777 == 0o600
+    return log
 
 
 def _state_resources(home: Path) -> list:
@@ -98,11 +111,26 @@ def first_deploy(sandbox, sandbox_home):
 @needs_terraform
 def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbox_client):
     res, total = first_deploy["res"], first_deploy["total"]
-    # Terraform's output goes to stderr; stdout carries poolctl's results only.
-    assert f"Apply complete! Resources: {total} added, 0 changed, 0 destroyed." in res.stderr
+    # Terraform's output goes to its log; the screen has poolctl's lines, stdout its results.
+    log = _terraform_log(res.stderr).read_text()
+    assert "Initializing provider plugins..." in log
+    assert f"Apply complete! Resources: {total} added, 0 changed, 0 destroyed." in log
+    assert "Apply complete" not in res.stdout + res.stderr
+    assert "Initializing" not in res.stderr and "Refreshing" not in res.stderr
+    # the boot script (base64 of "#!/...": "IyEv") is in no log and on no screen
+    assert "user_data              = (boot script, not shown)" in log
+    assert "IyEv" not in log + res.stderr + res.stdout
     assert TIMINGS.search(res.stderr), res.stderr[-2000:]
     assert f"{STACK}: autoscaling_group_name = {ASG}" in res.stdout
-    assert "Apply complete" not in res.stdout
+    # the summary before the apply: adds by type, the sizes, the cost per hour
+    assert re.search(r"│ aws_autoscaling_group +│ +1 │ +│ +│", res.stdout), res.stdout
+    assert re.search(rf"│ total +│ +{total} │ +0 │ +0 │", res.stdout), res.stdout
+    assert re.search(r"│ warm_pool\.min_size +│ +│ +2 \(8 replicas\) │", res.stdout), res.stdout
+    assert COST_LINE.format(verb="costs") in res.stdout
+    # off a terminal, the apply's progress is one line per resource finished, in order
+    done = re.findall(rf"^{STACK}: apply (\d+)/{total}: \S+ created \(\d+ s\)$", res.stderr,
+                      re.M)
+    assert done == [str(i) for i in range(1, total + 1)]
 
     asg, ec2, elbv2, cw = (sandbox_client(s) for s in
                            ("autoscaling", "ec2", "elbv2", "cloudwatch"))
@@ -145,6 +173,10 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
     assert nic["AssociatePublicIpAddress"] is False
     assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
     assert {s["ResourceType"] for s in data["TagSpecifications"]} == {"instance", "volume"}
+    # The emulator's stock AMI carries no boot-library tag: the plan chose the whole boot
+    # script (a built image gets the image variant: tests/ops/test_image_build.py).
+    user_data = base64.b64decode(data["UserData"]).decode()
+    assert "verify_weights() {" in user_data and "POOLCTL_LIB_VERSION=" not in user_data
 
     [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]
     assert (lb["Scheme"], lb["Type"]) == ("internal", "application")
@@ -219,6 +251,9 @@ def test_second_deploy_reports_no_changes_and_applies_nothing(first_deploy, sand
                  *_deploy_args(home=first_deploy["home"]))
     assert f"== {STACK}: no changes" in res.stderr
     assert "terraform apply" not in res.stderr and "Apply complete" not in res.stderr
+    # the working folder was initialized by the first deploy: init is not run again
+    assert f"== {STACK}: terraform init skipped" in res.stderr
+    assert "Initializing" not in _terraform_log(res.stderr).read_text()
     after = _group(asg)
     assert [i["InstanceId"] for i in after["Instances"]] == [
         i["InstanceId"] for i in before["Instances"]]
@@ -232,9 +267,15 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
     changed.write_text(DEPLOYED_EXAMPLE.read_text().replace("queue_target: 4",
                                                             "queue_target: 6"))
     res = _timed(home, "deploy --plan-only", "deploy",
-                 *_deploy_args("--plan-only", "--json", file=changed, home=home))
+                 *_deploy_args("--plan-only", "--json", "--verbose", file=changed, home=home))
     assert f"== {STACK}: --plan-only, nothing applied" in res.stderr
+    # --verbose: Terraform's output on stderr too, and in its log
+    assert "Plan: 0 to add, 2 to change, 0 to destroy." in res.stderr
+    assert "Plan: 0 to add, 2 to change, 0 to destroy." in _terraform_log(res.stderr).read_text()
     [stack] = json.loads(res.stdout)["stacks"]  # stdout is the JSON and nothing else
+    assert (stack["cost_per_hour_usd"]["min"], stack["cost_per_hour_usd"]["max"]) == (
+        55.04, 330.24)
+    assert stack["sizes"] == []  # the queue target sizes nothing
     # The target and the alarm threshold (6 / 2 = 3) change in place; nothing else.
     assert stack["summary"] == {
         "aws_autoscaling_policy": {"add": 0, "change": 1, "destroy": 0},
@@ -258,7 +299,10 @@ def test_destroy_removes_the_pool(first_deploy, sandbox_client):
     ids = [i["InstanceId"] for i in group["Instances"]] + [
         w["InstanceId"] for w in asg.describe_warm_pool(AutoScalingGroupName=ASG)["Instances"]]
     res = _timed(home, "destroy", "destroy", *_deploy_args(home=home))
-    assert f"Apply complete! Resources: 0 added, 0 changed, {total} destroyed." in res.stderr
+    assert f"Apply complete! Resources: 0 added, 0 changed, {total} destroyed." in (
+        _terraform_log(res.stderr).read_text())
+    assert COST_LINE.format(verb="stops") in res.stdout
+    assert re.search(rf"│ total +│ +0 │ +0 │ +{total} │", res.stdout), res.stdout
     assert _group(asg) is None
     assert ASG not in {lb["LoadBalancerName"] for lb in
                        elbv2.describe_load_balancers()["LoadBalancers"]}
@@ -361,7 +405,8 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
 
         # 2. Early in the apply: the launch template is created, its answer never arrives.
         res = interrupt_at("CreateLaunchTemplate", 60, "apply", "early in apply")
-        assert "Interrupt received" in res.stderr  # Terraform stopped gracefully
+        # Terraform stopped gracefully
+        assert "Interrupt received" in _terraform_log(res.stderr).read_text()
         assert len(launch_template()) == 1
         recorded = _state_types(home)
         assert recorded and "aws_launch_template" not in recorded, recorded
@@ -381,7 +426,8 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
     # 4. The re-run completes, adopting the listener; the next deploy has nothing to do.
     res = _timed(home, "deploy after three interrupts", "deploy", *_deploy_args(home=home))
     assert f"adopting lb_listener {listener['ListenerArn']}" in res.stderr
-    assert "Apply complete!" in res.stderr and "Error" not in res.stderr
+    assert "Apply complete!" in _terraform_log(res.stderr).read_text()
+    assert "Error" not in res.stderr
     again = _timed(home, "deploy after the resume", "deploy", *_deploy_args(home=home))
     assert f"== {STACK}: no changes" in again.stderr and "adopting" not in again.stderr
     # One of each, nothing duplicated.
@@ -506,30 +552,35 @@ def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
 
 
-@pytest.mark.xdist_group("e2e/deployed_pool")
+# The fixture's own test runs with the first module that builds on the fixture (one deploy
+# per worker serves both): e2e modules are collected before ops ones, so it sees the pool as
+# the fixture hands it out, before launch-day tests change it.
+@pytest.mark.xdist_group("ops/test_launch_day")
 def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
     assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
                              "via": "boto3" if MISSING else "terraform"}
     _check_pool_like_the_stack(sandbox_client, ASG)
 
 
-@pytest.mark.xdist_group("e2e/deployed_pool")
-def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_client):
+def test_deployed_pool_boto3_fallback_makes_the_same_pool(tmp_path):
+    """Where Terraform is missing the fixture makes the pool with boto3: the same pool. On a
+    sandbox of its own, so the session's sandbox (and the pool deployed in it) stays."""
+    import boto3
+
+    from poolctl.sandbox import manager
     from tests.conftest import _deploy_with_boto3, sandbox_admin
 
-    sandbox_admin(sandbox, "POST", "/moto-api/reset")
+    info = manager.start(port=0, home=tmp_path, parent_pid=os.getpid())
     try:
-        _deploy_with_boto3(sandbox)
-        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+        endpoint = str(info.endpoint)
+        _deploy_with_boto3(endpoint)
+        sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
                       {"AutoScalingGroupName": ASG})
-        _check_pool_like_the_stack(sandbox_client, ASG)
+
+        def client(service: str, region: str = "us-east-1"):
+            return boto3.client(service, endpoint_url=endpoint, region_name=region,
+                                **manager.TEST_CREDENTIALS)
+
+        _check_pool_like_the_stack(client, ASG)
     finally:
-        # No hand-made pool left for Terraform's state to trip over.
-        sandbox_admin(sandbox, "POST", "/moto-api/reset")
-
-
-@pytest.mark.xdist_group("e2e/deployed_pool")
-def test_deployed_pool_comes_back_after_the_sandbox_was_wiped(deployed_pool, sandbox_client):
-    # The test above reset the emulator; the fixture re-created the pool before this test.
-    assert deployed_pool["via"] == ("boto3" if MISSING else "terraform")
-    _check_pool_like_the_stack(sandbox_client, ASG)
+        manager.stop(home=tmp_path)

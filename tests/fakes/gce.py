@@ -9,11 +9,13 @@ to it over HTTP on 127.0.0.1:
     as the stack creates them), regionInstanceGroupManagers.list/get/patch/
     listManagedInstances/resize, regionAutoscalers.list/get/patch, regionOperations.get/wait,
     globalOperations.get/wait, instances.aggregatedList (the MIGs' VMs, `filter` on labels and
-    status),
+    status), images.list (`filter` on labels)/get/delete (node images, seeded with
+    `add_image`, as `poolctl image build` leaves them),
     Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch,
     OS Login users.importSshPublicKey and users.sshPublicKeys.delete (v1, same host),
     Cloud Monitoring projects.timeSeries.list (v3, same host; points seeded with
-    `write_point`, as the nodes' boot script writes them),
+    `write_point`, as the nodes' boot script writes them), forwardingRules.list (regional,
+    `add_forwarding_rule`), Cloud Logging entries.list (v2, same host; `write_log`),
 and, standing in for the node's side of OS Login (the guest agent's AuthorizedKeysCommand
 asking the metadata server), `GET /_poolctl/instance-connect?instance_id=NAME&user=POSIX`: the
 unexpired keys of the account with that POSIX user name, for a running VM of that name. It is
@@ -35,8 +37,15 @@ Behaviour worth knowing:
   stopped standby VMs first, then creates; the standby pool is refilled up to
   targetStoppedSize with VMs headed for STOPPED. New VMs sit in CREATING until the test
   calls `settle()` (or marks them itself): nothing happens on a timer.
-- A patch of `versions` starts a rollout: up to maxSurge old-template VMs show RECREATING;
-  `step_rollout()` replaces them with new-template VMs.
+- A patch of `versions` starts a rollout: up to maxSurge VMs not on their version's template
+  show RECREATING; `step_rollout()` replaces them. Two versions are a canary: the one with a
+  `targetSize` (fixed, or percent of the group's targetSize rounded up, as the API reference
+  of compute v1 said until 2022; today's says "rounded") gets that many VMs, serving VMs
+  first, the other version the rest (standby VMs included); `targetSize.calculated` is
+  rendered. The patch is refused as GCE refuses it: more than two versions, not exactly one
+  without a targetSize, names or templates repeated.
+- New VMs of a rollout step come up HEALTHY (`step_rollout(..., settled=True)`), or sit in
+  CREATING until `settle()` so that a caller sees the canary not yet healthy.
 - instanceTemplates.delete refuses (400 resourceInUseByAnotherResource) a template a MIG's
   versions reference, as GCE does; one only VMs run can be deleted.
 - `fail_next()` answers the next matching requests with an HTTP error (429/5xx to test
@@ -135,6 +144,7 @@ class FakeGce:
         self.projects: dict[str, dict] = {}
         self.regions: dict[tuple[str, str], dict] = {}
         self.templates: dict[tuple[str, str], dict] = {}
+        self.images: dict[tuple[str, str], dict] = {}  # (project, name) -> Image JSON
         self.migs: dict[tuple[str, str, str], dict] = {}
         self.managed: dict[tuple[str, str, str], list[dict]] = {}
         self.autoscalers: dict[tuple[str, str, str], dict] = {}
@@ -144,6 +154,8 @@ class FakeGce:
         # account email -> {"username": POSIX user, "uid": ..., "keys": {fingerprint: key}}
         self.os_login: dict[str, dict] = {}
         self.time_series: list[dict] = []  # Cloud Monitoring TimeSeries JSON, points newest first
+        self.forwarding_rules: dict[tuple[str, str, str], dict] = {}
+        self.log_entries: list[dict] = []  # Cloud Logging LogEntry JSON (`write_log`)
         self.requests: list[dict] = []
         self.errors: list[str] = []
         self._failures: list[_Failure] = []
@@ -272,6 +284,28 @@ class FakeGce:
             self.templates[(project, name)] = t
             return t
 
+    def add_image(self, project: str, name: str, *, labels: dict[str, str] | None = None,
+                  family: str = "", created: datetime | None = None) -> dict:
+        """A READY image as a googlecompute build leaves it (Packer's `image_labels`,
+        `image_family`, an encrypted-at-rest disk image of the builder's boot disk)."""
+        with self.lock:
+            self.add_project(project)
+            im = {
+                "kind": "compute#image", "id": self._id(), "name": name,
+                "creationTimestamp": _ts(created or self._now()),
+                "description": f"poolctl image {name}", "sourceType": "RAW",
+                "status": "READY", "archiveSizeBytes": "21474836480", "diskSizeGb": "200",
+                "sourceDisk": f"{API}/projects/{project}/zones/us-central1-a/disks/"
+                              f"packer-{self._id()}",
+                "sourceDiskId": self._id(), "family": family, "labels": dict(labels or {}),
+                "labelFingerprint": "42WmSpB8rSM=", "storageLocations": ["us"],
+                "architecture": "X86_64",
+                "guestOsFeatures": [{"type": "UEFI_COMPATIBLE"}, {"type": "GVNIC"}],
+                "selfLink": f"{API}/projects/{project}/global/images/{name}",
+            }
+            self.images[(project, name)] = im
+            return im
+
     def deploy_pool(self, *, project: str, region: str, name: str, labels: dict[str, str],
                     zones: list[str], machine_type: str = "a3-highgpu-8g",
                     template: str | None = None, older_templates: tuple[str, ...] = (),
@@ -356,12 +390,63 @@ class FakeGce:
 
     # ------------------------------------------------------------------ instances
 
-    def _target_template(self, key) -> str:
-        versions = self.migs[key]["versions"]
-        canary = [v for v in versions if v.get("targetSize")]
-        return (canary or versions)[-1]["instanceTemplate"].split("?", 1)[0]
+    @staticmethod
+    def _tpl(link: str) -> str:
+        return link.split("?", 1)[0]
 
-    def _new_instance(self, key, target: str, *, settled: bool = False) -> dict:
+    def _canary(self, key) -> tuple[str | None, int, str]:
+        """(canary template or None, its VM count, the template of the version without a
+        target size): what the MIG's versions ask for."""
+        mig = self.migs[key]
+        versions = mig["versions"]
+        rest = next(v for v in versions if not v.get("targetSize"))
+        sized = next((v for v in versions if v.get("targetSize")), None)
+        if sized is None:
+            return None, 0, self._tpl(rest["instanceTemplate"])
+        return self._tpl(sized["instanceTemplate"]), self._calculated(
+            sized["targetSize"], mig["targetSize"]), self._tpl(rest["instanceTemplate"])
+
+    @staticmethod
+    def _calculated(ts: dict, group_size: int) -> int:
+        if "fixed" in ts:
+            return min(int(ts["fixed"]), group_size)
+        return -(-int(ts.get("percent", 0)) * group_size // 100)  # rounded up
+
+    def _out_of_place(self, key) -> list[tuple[dict, str]]:
+        """(VM, the template it should run) for every live VM not where its version wants
+        it, those being recreated first."""
+        canary, k, rest = self._canary(key)
+        live = [mi for mi in self.managed[key]
+                if mi["currentAction"] not in ("DELETING", "ABANDONING")]
+        live.sort(key=lambda mi: mi["currentAction"] != "RECREATING")
+        out: list[tuple[dict, str]] = []
+        if canary is not None:
+            on = [mi for mi in live if self._tpl(mi["version"]["instanceTemplate"]) == canary]
+            others = [mi for mi in live if mi not in on]
+            # Serving VMs take the canary first: the canary is there to take traffic.
+            others.sort(key=lambda mi: mi["targetStatus"] != "RUNNING")
+            out += [(mi, canary) for mi in others[:max(0, k - len(on))]]
+            out += [(mi, rest) for mi in on[k:]]
+            chosen = {id(mi) for mi, _ in out}
+            live = [mi for mi in others if id(mi) not in chosen]
+        out += [(mi, rest) for mi in live
+                if self._tpl(mi["version"]["instanceTemplate"]) != rest]
+        out.sort(key=lambda pair: pair[0]["currentAction"] != "RECREATING")
+        return out
+
+    def _target_template(self, key) -> str:
+        """The template a VM created now gets: the canary's while it has fewer VMs than
+        asked, else the other version's."""
+        canary, k, rest = self._canary(key)
+        if canary is not None and sum(
+                self._tpl(mi["version"]["instanceTemplate"]) == canary
+                for mi in self.managed[key]
+                if mi["currentAction"] not in ("DELETING", "ABANDONING")) < k:
+            return canary
+        return rest
+
+    def _new_instance(self, key, target: str, *, settled: bool = False,
+                      template: str | None = None) -> dict:
         project, region, name = key
         mig = self.migs[key]
         zones = [_last(z["zone"]) for z in mig["distributionPolicy"]["zones"]]
@@ -373,7 +458,8 @@ class FakeGce:
             "id": self._id(), "name": iname,
             "instanceStatus": "PROVISIONING", "currentAction": "CREATING",
             "targetStatus": target,
-            "version": {"name": "primary", "instanceTemplate": self._target_template(key)},
+            "version": {"name": "primary",
+                        "instanceTemplate": template or self._target_template(key)},
             "instanceHealth": [], "lastAttempt": {},
         }
         if settled:
@@ -444,12 +530,13 @@ class FakeGce:
     # ------------------------------------------------------------------ rollouts
 
     def _mark_rollout(self, key) -> None:
-        target = self._target_template(key)
         surge = self.migs[key]["updatePolicy"]["maxSurge"].get("fixed", 1) or 1
-        old = [mi for mi in self.managed[key]
-               if mi["version"]["instanceTemplate"].split("?", 1)[0] != target
-               and mi["currentAction"] in ("NONE", "RECREATING")]
-        for i, mi in enumerate(old):
+        moving = [mi for mi, _ in self._out_of_place(key)
+                  if mi["currentAction"] in ("NONE", "RECREATING")]
+        for mi in self.managed[key]:
+            if mi["currentAction"] == "RECREATING" and mi not in moving:
+                mi["currentAction"] = "NONE"
+        for i, mi in enumerate(moving):
             mi["currentAction"] = "RECREATING" if i < surge else "NONE"
 
     def set_template(self, project: str, region: str, mig: str, template: str) -> None:
@@ -467,21 +554,20 @@ class FakeGce:
         with self.lock:
             del self.templates[(project, name)]
 
-    def step_rollout(self, project: str, region: str, mig: str, n: int) -> int:
-        """Replace up to `n` VMs still on an old template (SUBSTITUTE: new names, same target
-        state, settled). Returns how many were replaced."""
+    def step_rollout(self, project: str, region: str, mig: str, n: int,
+                     settled: bool = True) -> int:
+        """Replace up to `n` VMs not on their version's template (SUBSTITUTE: new names, same
+        target state; healthy at once with `settled`, else CREATING until `settle()`).
+        Returns how many were replaced."""
         with self.lock:
             key = (project, region, mig)
-            target = self._target_template(key)
             lst = self.managed[key]
-            old = [mi for mi in lst if mi["version"]["instanceTemplate"].split("?", 1)[0] != target
-                   and mi["currentAction"] not in ("DELETING", "ABANDONING")]
-            old.sort(key=lambda mi: mi["currentAction"] != "RECREATING")
-            for mi in old[:n]:
+            moving = self._out_of_place(key)
+            for mi, template in moving[:n]:
                 lst.remove(mi)
-                self._new_instance(key, mi["targetStatus"], settled=True)
+                self._new_instance(key, mi["targetStatus"], settled=settled, template=template)
             self._mark_rollout(key)
-            return min(n, len(old))
+            return min(n, len(moving))
 
     def set_ip(self, name: str, ip: str) -> None:
         with self.lock:
@@ -555,6 +641,37 @@ class FakeGce:
             return pref
 
     # ------------------------------------------------------------------ faults
+
+    def add_forwarding_rule(self, project: str, region: str, name: str, *, ip: str,
+                            port: int, https: bool = False,
+                            labels: dict[str, str] | None = None) -> dict:
+        """The regional internal forwarding rule the GCP stack puts in front of the pool."""
+        with self.lock:
+            rl = f"{API}/projects/{project}/regions/{region}"
+            proxy = "targetHttpsProxies" if https else "targetHttpProxies"
+            r = {"kind": "compute#forwardingRule", "id": self._id(), "name": name,
+                 "creationTimestamp": _ts(self._now()), "region": rl, "IPAddress": ip,
+                 "IPProtocol": "TCP", "portRange": f"{port}-{port}",
+                 "target": f"{rl}/{proxy}/{name}-proxy",
+                 "loadBalancingScheme": "INTERNAL_MANAGED", "networkTier": "PREMIUM",
+                 "network": f"{API}/projects/{project}/global/networks/default",
+                 "labels": dict(labels or {}), "labelFingerprint": "42WmSpB8rSM=",
+                 "allowGlobalAccess": False, "selfLink": f"{rl}/forwardingRules/{name}"}
+            self.forwarding_rules[(project, region, name)] = r
+            return r
+
+    def write_log(self, project: str, instance_id: str, text: str, when: datetime,
+                  zone: str = "us-central1-a") -> dict:
+        """One Cloud Logging entry of a VM (what the guest's logging agent ships)."""
+        with self.lock:
+            e = {"logName": f"projects/{project}/logs/syslog",
+                 "resource": {"type": "gce_instance",
+                              "labels": {"project_id": project, "instance_id": instance_id,
+                                         "zone": zone}},
+                 "timestamp": _ts(when), "receiveTimestamp": _ts(when),
+                 "severity": "INFO", "insertId": self._id(), "textPayload": text}
+            self.log_entries.append(e)
+            return e
 
     def write_point(self, project: str, instance: str, value: float, end: datetime,
                     metric_type: str = naming.GCP_METRIC_TYPE) -> None:
@@ -642,9 +759,11 @@ class FakeGce:
         for mi in self.managed[key]:
             act = mi["currentAction"]
             counts[_ACTION_KEY.get(act, act.lower())] += 1
-        target = self._target_template(key)
-        reached = all(mi["version"]["instanceTemplate"].split("?", 1)[0] == target
-                      for mi in self.managed[key])
+        reached = not self._out_of_place(key)
+        for v in mig["versions"]:
+            if v.get("targetSize"):
+                v["targetSize"]["calculated"] = self._calculated(v["targetSize"],
+                                                                 mig["targetSize"])
         stable = counts["none"] == len(self.managed[key]) and all(
             (mi["instanceStatus"] == "RUNNING") == (mi["targetStatus"] == "RUNNING")
             for mi in self.managed[key])
@@ -684,6 +803,9 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("GET", _C + "/global/instanceTemplates", "tpl_list"),
         ("GET", _C + "/global/instanceTemplates/(?P<name>[^/]+)", "tpl_get"),
         ("DELETE", _C + "/global/instanceTemplates/(?P<name>[^/]+)", "tpl_delete"),
+        ("GET", _C + "/global/images", "img_list"),
+        ("GET", _C + "/global/images/(?P<name>[^/]+)", "img_get"),
+        ("DELETE", _C + "/global/images/(?P<name>[^/]+)", "img_delete"),
         ("GET", _C + "/global/operations/(?P<op>[^/]+)", "gop_get"),
         ("POST", _C + "/global/operations/(?P<op>[^/]+)/wait", "gop_get"),
         ("GET", _C, "project_get"),
@@ -692,6 +814,8 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("DELETE", "/v1/users/(?P<user>[^/:]+)/sshPublicKeys/(?P<fp>[^/]+)", "oslogin_delete"),
         ("GET", "/_poolctl/instance-connect", "node_keys"),
         ("GET", "/v3/projects/(?P<project>[^/]+)/timeSeries", "ts_list"),
+        ("GET", _R + "/forwardingRules", "fr_list"),
+        ("POST", "/v2/entries:list", "log_list"),
         ("GET", _Q, "qp_list"),
         ("POST", _Q, "qp_create"),
         ("GET", _Q + "/(?P<id>[^/]+)", "qp_get"),
@@ -794,6 +918,8 @@ class _Handler(BaseHTTPRequestHandler):
             return _check_oslogin(out, kind)
         if kind == "NodeKeys":
             return
+        if kind == "ListLogEntriesResponse":
+            return _check_log_entries(out)
         if kind == "ListTimeSeriesResponse":
             return _check_time_series(out)
         c, q = _types()
@@ -876,6 +1002,40 @@ class _Handler(BaseHTTPRequestHandler):
 
         return fake._operation(project, None, "delete", t, effect), "Operation"
 
+    # -- images (global)
+
+    def img_list(self, *, project, query, **_):
+        if project not in self.fake.projects:
+            raise _not_found(f"projects/{project}")
+        want = _parse_filter(query.get("filter", ""))
+        if any(not k.startswith("labels.") for k, _v in want):
+            raise HttpError(400, "fake: images.list filters on labels only")
+        items = [im for (p, _n), im in sorted(self.fake.images.items()) if p == project
+                 and all(im["labels"].get(k[len("labels."):]) == v for k, v in want)]
+        out = self._page(items, query)
+        out.update(kind="compute#imageList", id=f"projects/{project}/global/images",
+                   selfLink=f"{API}/projects/{project}/global/images")
+        return out, "ImageList"
+
+    def img_get(self, *, project, name, **_):
+        im = self.fake.images.get((project, name))
+        if im is None:
+            raise _not_found(f"projects/{project}/global/images/{name}")
+        return im, "Image"
+
+    def img_delete(self, *, project, name, **_):
+        """As GCE: an image that instance templates name can still be deleted (VMs made from
+        them later fail); callers must check what uses it."""
+        fake = self.fake
+        im = fake.images.get((project, name))
+        if im is None:
+            raise _not_found(f"projects/{project}/global/images/{name}")
+
+        def effect():
+            fake.images.pop((project, name), None)
+
+        return fake._operation(project, None, "delete", im, effect), "Operation"
+
     def gop_get(self, *, project, op, **_):
         key = (project, None, op)
         if key not in self.fake.operations:
@@ -924,10 +1084,23 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HttpError(400, f"Invalid value for field 'resource.{ro}': output only")
         if "name" in body and body["name"] != mig:
             raise HttpError(400, "Invalid value for field 'resource.name'")
-        for v in body.get("versions", []):
+        versions = body.get("versions", [])
+        for v in versions:
             tname = _last(v.get("instanceTemplate", ""))
             if (project, tname) not in self.fake.templates:
                 raise _not_found(f"projects/{project}/global/instanceTemplates/{tname}")
+            pct = (v.get("targetSize") or {}).get("percent")
+            if pct is not None and not 0 <= pct <= 100:
+                raise HttpError(400, "Invalid value for field 'resource.versions[].targetSize"
+                                     f".percent': '{pct}'. Must be between 0 and 100.")
+        if versions and (len(versions) > 2
+                         or sum(not v.get("targetSize") for v in versions) != 1
+                         or len({v.get("name") for v in versions}) != len(versions)
+                         or len({_last(v.get("instanceTemplate", "")) for v in versions})
+                         != len(versions)):
+            raise HttpError(400, "Invalid value for field 'resource.versions': at most two "
+                                 "versions with distinct names and templates, exactly one "
+                                 "without a targetSize")
         fake = self.fake
 
         def effect():
@@ -1155,6 +1328,19 @@ class _Handler(BaseHTTPRequestHandler):
         del keys[fp]
         return {}, "Empty"
 
+    def fr_list(self, *, project, region, query, **_):
+        self._region(project, region)
+        items = [r for k, r in sorted(self.fake.forwarding_rules.items())
+                 if k[:2] == (project, region)]
+        out = self._page(items, query)
+        out.update(kind="compute#forwardingRuleList",
+                   id=f"projects/{project}/regions/{region}/forwardingRules",
+                   selfLink=f"{API}/projects/{project}/regions/{region}/forwardingRules")
+        return out, "ForwardingRuleList"
+
+    def log_list(self, *, body, **_):
+        return _log_list(self.fake, body), "ListLogEntriesResponse"
+
     def ts_list(self, *, project, query, **_):
         return _ts_list(self.fake, project, query), "ListTimeSeriesResponse"
 
@@ -1275,3 +1461,167 @@ def _parse_filter(text: str) -> list[tuple[str, str]]:
             raise HttpError(400, f"fake: unsupported filter term {term!r}")
         out.append((m[1], m[2]))
     return out
+
+
+# Cloud Logging v2 REST reference (logging.googleapis.com): entries.list's request body and
+# the fields of the answer (google-cloud-logging is not installed: checked by these names).
+LOG_LIST_BODY = {"resourceNames", "projectIds", "filter", "orderBy", "pageSize", "pageToken"}
+LOGGING_FIELDS: dict[str, set[str]] = {
+    "ListLogEntriesResponse": {"entries", "nextPageToken"},
+    "LogEntry": {"logName", "resource", "protoPayload", "textPayload", "jsonPayload",
+                 "timestamp", "receiveTimestamp", "severity", "insertId", "httpRequest",
+                 "labels", "operation", "trace", "spanId", "traceSampled", "sourceLocation",
+                 "split", "errorGroups", "apphub", "apphubDestination"},
+}
+# The filter poolctl sends: `a="x" AND b=("y" OR "z") AND timestamp>="T"`.
+_LOG_TERM = re.compile(r'\s*([A-Za-z][\w.]*)\s*(>=|=)\s*(\("[^"]*"(?: OR "[^"]*")*\)|"[^"]*")\s*')
+
+
+def _check_log_entries(out: dict) -> None:
+    for kind, data in [("ListLogEntriesResponse", out)] + [
+            ("LogEntry", e) for e in out.get("entries", [])]:
+        unknown = set(data) - LOGGING_FIELDS[kind]
+        if unknown:
+            raise ValueError(f"{kind} has no field {sorted(unknown)}")
+
+
+def _log_list(fake: FakeGce, body: dict) -> dict:
+    """entries.list over `fake.log_entries`: the filter shape above, `timestamp asc|desc`."""
+    unknown = set(body) - LOG_LIST_BODY
+    if unknown:
+        raise HttpError(400, f"Invalid JSON payload received. Unknown name {sorted(unknown)}")
+    projects = {r.split("/", 1)[1] for r in body.get("resourceNames", [])
+                if r.startswith("projects/")}
+    terms = []
+    for term in (t for t in body.get("filter", "").split(" AND ") if t.strip()):
+        m = _LOG_TERM.fullmatch(term)
+        if not m:
+            raise HttpError(400, f"fake: unsupported filter term {term!r}")
+        terms.append((m[1], m[2], re.findall(r'"([^"]*)"', m[3])))
+
+    def value(e: dict, key: str) -> str | None:
+        node: Any = e
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def keep(e: dict) -> bool:
+        if e["resource"]["labels"].get("project_id") not in projects:
+            return False
+        for key, op, values in terms:
+            v = value(e, key)
+            if op == ">=" and not (v is not None and v >= values[0]):  # RFC 3339 UTC: text order
+                return False
+            if op == "=" and v not in values:
+                return False
+        return True
+
+    hits = sorted((e for e in fake.log_entries if keep(e)), key=lambda e: e["timestamp"],
+                  reverse=body.get("orderBy", "timestamp asc") == "timestamp desc")
+    size, first = int(body.get("pageSize") or fake.page_size), int(body.get("pageToken") or 0)
+    out: dict[str, Any] = {"entries": copy.deepcopy(hits[first:first + size])}
+    if first + size < len(hits):
+        out["nextPageToken"] = str(first + size)
+    return out
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+def seed_pool(fake: FakeGce, cfg, pool) -> dict:
+    """Deploy `pool` into the fake as `poolctl deploy --cloud gcp` leaves it (stacks/gcp:
+    names, labels, zones, sizes, standby pool, autoscaler, surge), with room in every quota
+    its peak needs (twice that granted)."""
+    from poolctl.contract import gcp as contract
+    from poolctl.sizing import gcp_zones, instance_row, plan_pool
+
+    row = instance_row(pool, "gcp")
+    plan = plan_pool(pool, "gcp")
+    zones = gcp_zones(pool, row)
+    sizes = contract.mig_sizes(pool, plan, len(zones))
+    name = naming.base(cfg, pool)
+    p = pool.gcp
+    quotas = {q["name"]: (2 * q["needed"], 0) for q in plan.quotas if q["scope"] != "global"}
+    fake.add_region(p.project, p.region, zones, quotas=quotas)
+    for q in plan.quotas:
+        if q["scope"] == "global":
+            fake.set_project_quota(p.project, q["name"], 2 * q["needed"])
+    return fake.deploy_pool(
+        project=p.project, region=p.region, name=naming.short(name, 63),
+        labels=naming.gcp_labels(cfg, pool), zones=zones, machine_type=row.name,
+        template=f"{naming.short(name, 36)}-20260105090000000000000001",
+        running=sizes.target_size, stopped=sizes.standby, standby_delay=min(
+            3600, int(plan.start_seconds["cold"])), max_surge=sizes.max_surge,
+        autoscaler=(sizes.min_nodes, sizes.max_nodes), queue_target=pool.scaling.queue_target)
+
+
+def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
+    """`poolctl rollout start --cloud gcp --image IMAGE --no-wait`, its Terraform apply
+    stood in for (the google provider is not in the offline mirror): the apply's part, a new
+    labelled template, is made in the fake; the rest is poolctl's own code (file edit,
+    record, quota check, the canary's first step)."""
+    from poolctl import deploy, runtime
+    from poolctl.clouds.gcp import make_ops
+
+    def apply(new_cfg, targets, **kw):
+        with fake.lock:
+            n = sum(1 for (proj, _t) in fake.templates if proj == pool.gcp.project)
+        fake.add_template(pool.gcp.project,
+                          f"{naming.short(naming.base(cfg, pool), 36)}-202602010900000000000000"
+                          f"{n + 1:02d}", labels=naming.gcp_labels(cfg, pool),
+                          machine_type=pool.gcp.machine_type)
+        return [deploy.StackResult(stack=naming.stack_name(cfg, pool, "gcp"), workdir=".",
+                                   applied=True)]
+
+    deploy.run_stacks = apply  # this process only: the stand-in for Terraform's apply
+    runtime.rollout_start(cfg, path, pool, "gcp", make_ops(), image=image,
+                          confirm=lambda q: True, sandbox=False, outdir=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the fake on 127.0.0.1 with the file's GCP pools deployed in it; `--tick S`
+    lets GCE move on every S seconds (each update replaces up to its surge of VMs, new VMs
+    come up healthy). Point poolctl at it with POOLCTL_GCE_ENDPOINT."""
+    import argparse
+    import os
+    import time
+    from pathlib import Path
+
+    from poolctl.config import load_config
+
+    ap = argparse.ArgumentParser(prog="python -m tests.fakes.gce", description=main.__doc__)
+    ap.add_argument("file", type=Path, help="poolctl.yaml whose gcp: pools to deploy")
+    ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    ap.add_argument("--tick", type=float, default=0, help="seconds between GCE's steps")
+    ap.add_argument("--rollout-image", metavar="IMAGE",
+                    help="then play `poolctl rollout start --image IMAGE --no-wait` with "
+                         "Terraform's apply stood in for (it edits the file)")
+    args = ap.parse_args(argv)
+    path = args.file.resolve()
+    cfg = load_config(path)
+    pools = [p for p in cfg.pools if p.gcp is not None]
+    fake = FakeGce()
+    handler = type("Handler", (_Handler,), {"fake": fake})
+    fake._server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
+    fake._server.daemon_threads = True
+    threading.Thread(target=fake._server.serve_forever, daemon=True).start()
+    for pool in pools:
+        out = seed_pool(fake, cfg, pool)
+        print(f"{pool.name}: MIG {out['mig']} on {out['template']}", flush=True)
+    os.environ["POOLCTL_GCE_ENDPOINT"] = fake.endpoint
+    if args.rollout_image:
+        stand_in_rollout(fake, cfg, path, pools[0], args.rollout_image)
+    print(f"export POOLCTL_GCE_ENDPOINT={fake.endpoint}", flush=True)
+    try:
+        while True:
+            time.sleep(args.tick or 3600)
+            if args.tick:
+                with fake.lock:
+                    for key, mig in fake.migs.items():
+                        fake.step_rollout(*key, mig["updatePolicy"]["maxSurge"]["fixed"] or 1)
+                    fake.settle()
+    except KeyboardInterrupt:
+        fake.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ below, with stand-in `docker`/`s5cmd`.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -19,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from poolctl import bootscript
 from tests.conftest import REPO, poolctl_env, run_poolctl, terraform_missing
 
 EXAMPLE = REPO / "examples" / "llama-70b-p5" / "poolctl.yaml"
 PACKER = shutil.which("packer")
-pytestmark = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
-                                "installs Debian's packer 1.6.6)")
+# Per test: the provisioning script and GCP's list/prune need no Packer.
+needs_packer = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
+                                  "installs Debian's packer 1.6.6)")
 
 
 def _config(tmp_path: Path, project: str) -> Path:
@@ -68,6 +71,7 @@ def _records(home: Path, project: str) -> list[dict]:
     return out
 
 
+@needs_packer
 def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
                                                          sandbox_client, tmp_path):
     ec2 = sandbox_client("ec2")
@@ -88,6 +92,8 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     assert tags["poolctl:project"] == "imgok" and tags["poolctl:pool"] == "chat-70b"
     assert tags["poolctl:role"] == "inference"
     assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.11.0"
+    # The boot library version the image carries: the stack's plan reads it (issue 10).
+    assert tags["poolctl:boot-library"] == bootscript.boot_library("aws")["version"]
     # One line of the file changed: the AMI recorded at the top of the `aws:` block.
     after = f.read_text()
     assert [ln for ln in after.splitlines() if ln not in before.splitlines()] == [
@@ -96,6 +102,8 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     [rec] = _records(Path(sandbox_home), "imgok")
     assert rec["image_id"] == ami and rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
     assert rec["packer_version"] == "1.6.6" and rec["sandbox"] is True
+    lib_version = bootscript.boot_library("aws")["version"]
+    assert rec["boot_lib_version"] == lib_version
     assert _leftovers(ec2, "imgok") == {"instances": [], "security_groups": [],
                                         "key_pairs": []}
     # plan now says the placement's image carries the serving image.
@@ -104,7 +112,10 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     assert entry["node_image"]["id"] == ami and entry["node_image"]["prepulled"] is True
     assert "hydrate" in entry["start_phases"]["cold"]
     # The following deploy launches nodes from it. A full sandbox deploy of a second pool
-    # takes ~100 s: the planned launch template is checked instead (--plan-only).
+    # takes ~100 s: the planned launch template is checked instead (--plan-only). Without
+    # the build record: the AMI's tag alone chooses the boot script, at plan time.
+    (Path(sandbox_home) / "images" / f"aws-{ami}.json").unlink()
+    assert _records(Path(sandbox_home), "imgok") == []
     why = terraform_missing()
     if why:
         pytest.skip(f"deploy --plan-only needs Terraform: {why}")
@@ -119,6 +130,10 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     lts = [rc["change"]["after"] for rc in json.loads(show.stdout)["resource_changes"]
            if rc["type"] == "aws_launch_template"]
     assert [lt["image_id"] for lt in lts] == [ami]
+    # Its user data sources the boot library the image carries instead of holding it.
+    user_data = base64.b64decode(lts[0]["user_data"]).decode()
+    assert f"POOLCTL_LIB_VERSION={lib_version}\n" in user_data
+    assert "verify_weights() {" not in user_data
 
 
 def _start_build(home: Path, f: Path, hold: int, fail: bool = False) -> subprocess.Popen:
@@ -139,6 +154,7 @@ def _wait_for_builder(ec2, project: str, proc: subprocess.Popen) -> str:
     raise AssertionError("the builder instance never appeared")
 
 
+@needs_packer
 def test_interrupted_build_leaves_nothing(sandbox, sandbox_home, sandbox_client, tmp_path):
     ec2 = sandbox_client("ec2")
     f = _config(tmp_path, "imgint")
@@ -164,6 +180,7 @@ def test_interrupted_build_leaves_nothing(sandbox, sandbox_home, sandbox_client,
     assert tagged == []
 
 
+@needs_packer
 def test_failed_build_leaves_nothing(sandbox, sandbox_home, sandbox_client, tmp_path):
     """Provisioning fails once the builder runs (the sandbox's simulated failure; moto lets
     even a builder terminated from outside go on to an AMI): Packer cleans up, nothing is
@@ -275,6 +292,18 @@ def test_provision_script_pulls_records_and_cleans(tmp_path, image_root):
     assert rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
     assert rec["digest"] == DIGEST
     assert "poolctl: phase=pull seconds=" in prep.stderr
+    # The boot library, byte for byte what the start-up script of this pool's nodes checks
+    # and sources (its version line first), world-readable, root-owned like the rest.
+    lib = bootscript.boot_library("aws")
+    installed = root / "opt/poolctl/lib/boot.sh"
+    assert installed.read_text() == lib["text"]
+    assert f"# poolctl-boot-lib-version: {lib['version']}\n" in installed.read_text()
+    assert oct(installed.stat().st_mode & 0o777) == "0o644"
+    assert not (root / "opt/poolctl/lib/boot.sh.tmp").exists()
+    assert f"poolctl: boot library: /opt/poolctl/lib/boot.sh version {lib['version']}" \
+        in prep.stderr
+    user_data = bootscript.render_boot_script(cfg, cfg.pools[0], "aws", from_image=True)
+    assert f"POOLCTL_LIB_VERSION={lib['version']}\n" in user_data
     clean = subprocess.run(["bash", str(script), "clean"], env=env, capture_output=True,
                            text=True, timeout=60)
     assert clean.returncode == 0, clean.stderr
@@ -288,9 +317,11 @@ def test_provision_script_pulls_records_and_cleans(tmp_path, image_root):
     assert (root / "etc/hostname").read_text() == "keep-me\n"
     assert (root / "var/lib/docker/overlay2/l1/diff/f").exists()  # the layers stay
     assert (root / "etc/poolctl/node-image.json").exists()
+    assert (root / "opt/poolctl/lib/boot.sh").read_text() == lib["text"]  # clean keeps it
     assert "apt-get" not in log.read_text()  # mdadm, xfsprogs, curl, python3 were present
 
 
+@needs_packer
 def test_list_and_prune_keep_what_is_used(sandbox, sandbox_home, sandbox_client, tmp_path):
     """Three builds: the file uses the newest; `prune --keep 1` keeps it and the newest
     unused one, deregisters the oldest with its snapshots."""
@@ -326,6 +357,7 @@ def test_list_and_prune_keep_what_is_used(sandbox, sandbox_home, sandbox_client,
     assert not set(snaps) & have
 
 
+@needs_packer
 @pytest.mark.skipif(terraform_missing() is not None,
                     reason=f"rollouts apply through Terraform: {terraform_missing()}")
 def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
@@ -373,13 +405,9 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     assert data["ImageId"] == ami
     assert {i["LaunchTemplate"]["Version"] for i in g["Instances"]
             if i["LifecycleState"] == "InService"} == {version}
-    # No line to return to: rollback says how, and changes nothing.
-    rb = run_poolctl(sandbox_home, "rollout", "rollback", "--cloud", "aws", "--yes", "-f",
-                     str(pool_file), "--sandbox", "--out", str(tmp_path / "cdktf.out"))
-    assert rb.returncode == 1, rb.stderr
-    assert "aws.ami_id was not written before the rollout; remove its line" in rb.stderr
-    assert added == [ln for ln in pool_file.read_text().splitlines()
-                     if ln not in before.splitlines()]
+    # Its rollback (the line removed, the default image rolled out again) is a further
+    # Terraform apply (55.7 s here): tests/unit/test_images.py covers every branch of it with
+    # the apply stubbed.
     # --image X --build-image: a node image for X first (aws.ami_id edited), then the rollout
     # of serving.image; the new launch template version launches from the new AMI.
     with booting(sandbox):
@@ -405,3 +433,112 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     assert data["LaunchTemplateData"]["ImageId"] == ami2
     plan = run_poolctl(sandbox_home, "plan", "-f", str(pool_file), "--cloud", "aws", "--json")
     assert json.loads(plan.stdout)["pools"][0]["node_image"]["prepulled"] is True
+
+
+# ---------------------------------------------------------------------------------------
+# GCP: list / prune / latest against the Compute Engine fake (tests/fakes/gce.py), through
+# the real google-cloud-compute client and the real CLI.
+
+GCP_PROJECT = "acme-prod"
+V0, V1 = "acme-chat-70b-20251201090000000000000000", "acme-chat-70b-20260105090000000000000001"
+SERVING = {"old": "vllm-vllm-openai-v0-11-0", "new": "vllm-vllm-openai-v0-11-1"}
+
+
+@pytest.fixture
+def gce(tmp_path):
+    pytest.importorskip("google.cloud.compute_v1",
+                        reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+    from tests.fakes.gce import FakeGce
+
+    fake = FakeGce().start()  # lists page by 2: every caller follows nextPageToken
+    yield fake
+    fake.stop()
+    assert fake.errors == []  # every answer and request matched compute_v1's messages
+
+
+def _gcp_pool(gce, tmp_path) -> tuple[Path, dict[str, str]]:
+    """The example pool deployed (MIG on template V1, V0 kept for a rollback) and six node
+    images, oldest first: G unused, A under V0, B under V1, D unused, C named by the file's
+    gcp.image, F unused; A, B, D, G carry v0.11.0 (the file's serving image), C and F v0.11.1.
+    One image of another pool (E) must never show."""
+    from datetime import UTC, datetime, timedelta
+
+    from poolctl import naming
+    from poolctl.config import parse_config
+    from tests.configs import pool_yaml
+
+    names = {k: f"acme-chat-70b-2026010{i}-090000" for i, k in enumerate("GABDCF", 1)}
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(pool_yaml(extra_gcp="      image: projects/acme-prod/global/images/"
+                                     f"{names['C']}\n"))
+    cfg = parse_config(f.read_text())
+    labels = naming.gcp_labels(cfg, cfg.pools[0])
+    gce.deploy_pool(project=GCP_PROJECT, region="us-central1", name="acme-chat-70b",
+                    labels=labels, zones=["us-central1-a", "us-central1-b", "us-central1-c"],
+                    template=V1, older_templates=(V0,))
+    link = f"https://www.googleapis.com/compute/v1/projects/{GCP_PROJECT}/global/images/"
+    for tpl, image in ((V0, "A"), (V1, "B")):
+        disk = gce.templates[(GCP_PROJECT, tpl)]["properties"]["disks"][0]
+        disk["initializeParams"]["sourceImage"] = link + names[image]
+    t0 = datetime(2026, 1, 1, 9, tzinfo=UTC)
+    for i, k in enumerate("GABDCF"):
+        serving = SERVING["new" if k in "CF" else "old"]
+        gce.add_image(GCP_PROJECT, names[k], family="acme-chat-70b",
+                      labels={**labels, "poolctl-serving-image": serving},
+                      created=t0 + timedelta(hours=i))
+    gce.add_image(GCP_PROJECT, "acme-other-20260101-090000",
+                  labels={**labels, "poolctl-pool": "other"}, created=t0)
+    return f, names
+
+
+def test_gcp_list_prune_and_latest(gce, tmp_path, sandbox_home, monkeypatch):
+    f, names = _gcp_pool(gce, tmp_path)
+    env = {"POOLCTL_GCE_ENDPOINT": gce.endpoint}
+    ident = {k: f"projects/{GCP_PROJECT}/global/images/{v}" for k, v in names.items()}
+    ls = run_poolctl(sandbox_home, "image", "list", "--cloud", "gcp", "-f", str(f), "--json",
+                     **env)
+    assert ls.returncode == 0, ls.stderr
+    rows = json.loads(ls.stdout)["images"]
+    assert [r["id"] for r in rows] == [ident[k] for k in "FCDBAG"]  # newest first
+    assert {r["name"]: r["in_use"] for r in rows} == {
+        names["F"]: [], names["C"]: ["gcp.image in the file"], names["D"]: [],
+        names["B"]: [f"instance template {V1}"], names["A"]: [f"instance template {V0}"],
+        names["G"]: []}
+    assert [r["serving_image"] for r in rows] == [SERVING["new"]] * 2 + [SERVING["old"]] * 4
+
+    # latest: the newest carrying the pool's serving image (v0.11.0), used or not: D.
+    from poolctl import images
+    from poolctl.config import load_config
+
+    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", gce.endpoint)
+    cfg = load_config(f)
+    assert images.latest_image(cfg, cfg.pools[0], "gcp", False) == ident["D"]
+
+    # --keep 1: of the unused F, D, G the newest (F) stays; in-use C, B, A are never touched.
+    pr = run_poolctl(sandbox_home, "image", "prune", "--keep", "1", "--cloud", "gcp", "-f",
+                     str(f), "--json", **env)
+    assert pr.returncode == 0, pr.stderr
+    out = json.loads(pr.stdout)
+    assert [d["id"] for d in out["deleted"]] == [ident["D"], ident["G"]]
+    assert sorted(out["kept"]) == sorted(ident[k] for k in "CBAF")
+    assert sorted(n for (p, n) in gce.images) == sorted(
+        [names[k] for k in "FCBA"] + ["acme-other-20260101-090000"])
+    deletes = [r for r in gce.requests if r["method"] == "DELETE"]
+    assert [r["path"].rsplit("/", 1)[1] for r in deletes] == [names["D"], names["G"]]
+    assert all(r["query"].get("requestId") for r in deletes)  # a retried delete is one
+    # Now the newest image carrying v0.11.0 is B, which the MIG runs.
+    assert images.latest_image(cfg, cfg.pools[0], "gcp", False) == ident["B"]
+
+    # No image carries the serving image: `rollout start --node-image latest` says so in one
+    # line, before it edits or calls anything else.
+    f.write_text(f.read_text().replace("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.12.0"))
+    before = f.read_text()
+    mutations = [r for r in gce.requests if r["method"] != "GET"]
+    res = run_poolctl(sandbox_home, "rollout", "start", "--cloud", "gcp", "--node-image",
+                      "latest", "--yes", "-f", str(f), **env)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "poolctl: --node-image latest: no image built for pool 'chat-70b' carries "
+        "vllm/vllm-openai:v0.12.0; build one with `poolctl image build --cloud gcp`"]
+    assert f.read_text() == before
+    assert [r for r in gce.requests if r["method"] != "GET"] == mutations

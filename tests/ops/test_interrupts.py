@@ -44,7 +44,8 @@ from pathlib import Path
 from poolctl.errors import OperationFailed
 from poolctl.terraform import Terraform
 try:
-    Terraform(Path(sys.argv[1])).run("apply", "apply")
+    # verbose: Terraform's output on stderr too, where the test reads it
+    Terraform(Path(sys.argv[1]), verbose=True).run("apply", "apply")
 except OperationFailed as e:
     print(f"poolctl: {e}", file=sys.stderr)
     sys.exit(1)

@@ -173,6 +173,17 @@ def test_status_of_a_pool_that_is_not_deployed(sandbox_home, pool_file, tmp_path
         "with `poolctl deploy --cloud aws`")
 
 
+def test_status_endpoint_is_the_stacks_load_balancer(cli, aws):
+    # The ALB the deploy made (tagged like the group), its one HTTP listener on 80.
+    lbs = [lb for lb in aws("elbv2").describe_load_balancers()["LoadBalancers"]
+           if lb["LoadBalancerName"] == ASG]
+    (s,) = js(cli("status", "--json"))["pools"]
+    dns = lbs[0]["DNSName"]
+    assert s["endpoint"] == {
+        "scheme": "http", "host": dns, "port": 80, "internal": True, "api_key_secret": None,
+        "url": f"http://{dns}", "api_key": False, "curl": f"curl -sS http://{dns}/v1/models"}
+
+
 # -- quota --------------------------------------------------------------------------------
 
 
@@ -298,6 +309,10 @@ def test_warm_wait_reports_each_new_node(sandbox, sandbox_home, pool_file):
     for n in w["wait"]["nodes"]:
         assert f"chat-70b: {n['id']} warm after {n['seconds']:g} s" in text
     assert "chat-70b: 4/4 warm, 0 pending" in text
+    # off a terminal: one line per change of state (with the seconds waited), none repeated
+    states = re.findall(r"^chat-70b: (\d+/4 warm, \d+ pending) \(\d+ s\)$", text, re.M)
+    assert states[-1] == "4/4 warm, 0 pending"
+    assert all(a != b for a, b in zip(states, states[1:], strict=False)), states
 
 
 def test_ctrl_c_leaves_warming_running_and_says_how_to_watch(sandbox_home, pool_file, aws):
@@ -423,9 +438,18 @@ def test_rollout_no_surge_reaches_every_checkpoint(sandbox, cli, aws, pool_file,
     with booting(sandbox):
         res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.1",
                   "--no-surge", "--yes", "--json")
-    r = js(res)  # stdout is only the JSON (Terraform's output went to stderr)
+    r = js(res)  # stdout is only the JSON (the plan summary went to stderr)
     assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.11.0",
                                               "vllm/vllm-openai:v0.11.1")
+    # the plan summary: the launch template changes in place (a new version); the cost
+    assert re.search(r"│ aws_launch_template +│ +│ +1 │ +│", res.stderr), res.stderr[-3000:]
+    # warm --running keeps 4 nodes in service (4 x $55.04), no surge: at most 6 (6 x $55.04)
+    assert ("the pool costs $220.16/h at its minimum (4 node(s)) to $330.24/h at its maximum "
+            "(6 node(s))") in res.stderr
+    # off a terminal: one line per change of the rollout's state, none repeated
+    steps = re.findall(r"^chat-70b: rollout (.+) \(\d+ s\)$", res.stderr, re.M)
+    assert len(steps) == len(r["progress"]), steps
+    assert all(a != b for a, b in zip(steps, steps[1:], strict=False)), steps
     assert r["file_changed"] and r["applied"] and r["no_surge"]
     assert r["quota"][0]["needed"] == 4 * P5
     assert r["final"]["status"] == "Successful" and r["final"]["percentage_complete"] == 100

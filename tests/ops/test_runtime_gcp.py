@@ -483,44 +483,237 @@ def test_no_rollout_on_a_fresh_pool(fake, ops, cfg, pool):
     assert ops.rollout_state(g) is None
     with pytest.raises(OperationFailed, match="no earlier instance template of the pool"):
         ops.rollout_rollback(g)
-
-
-def test_rollout_progress_rollback_and_end(fake, ops, cfg, pool):
-    deploy(fake, cfg, pool)
-    before = ops.find_group(cfg, pool)
+    # A `deploy` that wrote a new template rolls nothing (the MIG's versions are
+    # poolctl's): still no rollout, until `rollout start` begins one towards it.
     fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
-    fake.set_template(PROJECT, REGION, MIG, V2)  # what the apply of `rollout start` does
-
-    s = ops.rollout_begin(before, cfg, pool, plan_pool(pool, "gcp"), no_surge=False,
+    assert ops.rollout_state(g) is None
+    s = ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False,
                           stack_dir=None)
-    # 3 VMs on V1 (1 serving, 2 standby), surge 3: all 3 recreating, none replaced yet.
-    assert (s.id, s.status, s.done, s.percentage_complete, s.instances_to_update) == (
-        V2, "InProgress", False, 0.0, 3)
-    assert (s.from_version, s.to_version, s.reason) == (V1, V2, "recreating 3")
-    assert s.checkpoints == []  # MIG updates have none
+    assert (s.id, s.step, s.from_version) == (V2, 25, V1)
 
-    fake.step_rollout(PROJECT, REGION, MIG, 1)
-    s = ops.rollout_state(before)
-    assert (s.percentage_complete, s.instances_to_update) == (33.3, 2)  # 1 of 3
 
-    assert "rollout_cancel" in ops.unsupported
-    with pytest.raises(OperationFailed, match="poolctl rollout rollback --cloud gcp"):
-        ops.rollout_cancel(before)
+# Canary rollouts. The pool serves on 4 VMs with 2 standby VMs (6 in all), checkpoints
+# [25, 50, 100] with no checkpoint delay. By hand: the canary at 25 % of the group's 4
+# serving VMs is 1 VM, at 50 % 2 VMs (the percentage of the target size, rounded up); the
+# last step points the MIG at V2 alone, which replaces the other 4 (2 serving, 2 standby).
+V1_LINK = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global/instanceTemplates/{V1}"
+V2_LINK = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global/instanceTemplates/{V2}"
 
-    back = ops.rollout_rollback(before)
+
+@pytest.fixture
+def cfg0():
+    return parse_config(pool_yaml(checkpoints="[25, 50, 100]\n      checkpoint_delay_s: 0"))
+
+
+def _canary_pool(fake, ops, cfg):
+    """The pool deployed (4 serving, 2 standby on V1) and the apply of `rollout start`
+    done: V2 exists, the MIG untouched. Returns the group as found before."""
+    pool = cfg.pools[0]
+    deploy(fake, cfg, pool, running=4, stopped=2)
+    g = ops.find_group(cfg, pool)
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+    return g
+
+
+def _versions(fake) -> list[dict]:
+    """The MIG's versions as stored: name, template, target size (without `calculated`)."""
+    return [{"name": v["name"], "template": _last_name(v["instanceTemplate"]),
+             **({"targetSize": {k: n for k, n in v["targetSize"].items() if k != "calculated"}}
+                if v.get("targetSize") else {})}
+            for v in fake.migs[(PROJECT, REGION, MIG)]["versions"]]
+
+
+def _last_name(link: str) -> str:
+    return link.split("?", 1)[0].rsplit("/", 1)[1]
+
+
+def _row(name, template, target, nodes, healthy, unhealthy=0, pending=0) -> dict:
+    return {"name": name, "template": template, "target": target, "nodes": nodes,
+            "healthy": healthy, "unhealthy": unhealthy, "pending": pending}
+
+
+def _to_step(fake, ops, g, cfg, step: int):
+    """Begin, and drive the canary to `step` (25, 50 or 100) with every VM healthy."""
+    pool = cfg.pools[0]
+    s = ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
+    while s.step < step:
+        fake.step_rollout(PROJECT, REGION, MIG, 6)
+        s = ops.rollout_state(g)
+        assert ops.rollout_advance(g, s) is not None
+        s = ops.rollout_state(g)
+    return s
+
+
+def test_canary_steps_through_each_checkpoint(fake, ops, cfg0):
+    pool = cfg0.pools[0]
+    g = _canary_pool(fake, ops, cfg0)
+    assert fake.migs[(PROJECT, REGION, MIG)]["versions"][0]["name"] == "primary"
+
+    s = ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False,
+                          stack_dir=None)
+
     (patch,) = _calls(fake, "PATCH", "/instanceGroupManagers/")
-    assert patch["body"] == {"versions": [{"name": "primary", "instanceTemplate":
-                             f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global"
-                             f"/instanceTemplates/{V1}"}]}
-    # Now heading for V1: the 1 VM already on V2 is the one left to update.
-    assert (back.id, back.from_version, back.to_version) == (V1, V2, V1)
-    assert (back.done, back.percentage_complete, back.instances_to_update) == (False, 66.7, 1)
+    assert patch["body"] == {"versions": [
+        {"name": "stable", "instanceTemplate": fake.migs[(PROJECT, REGION, MIG)][
+            "versions"][0]["instanceTemplate"]},
+        {"name": "canary", "instanceTemplate": V2_LINK, "targetSize": {"percent": 25}}]}
+    assert patch["body"]["versions"][0]["instanceTemplate"].startswith(V1_LINK + "?uniqueId=")
+    # Step 25: 1 canary VM wanted, none yet; of the 4 serving VMs one is being recreated
+    # (pending), 3 healthy; 2 standby VMs stopped.
+    assert (s.id, s.status, s.done, s.step, s.checkpoints, s.checkpoint_reached) == (
+        V2, "InProgress", False, 25, [25, 50, 100], None)
+    assert (s.from_version, s.to_version, s.percentage_complete, s.instances_to_update) == (
+        V1, V2, 0.0, 1)
+    assert s.versions == [_row("stable", V1, None, 6, 3, pending=1),
+                          _row("canary", V2, 1, 0, 0)]
+    assert ops.rollout_advance(g, s) is None
 
-    fake.step_rollout(PROJECT, REGION, MIG, 3)
-    s = ops.rollout_state(before)
-    # Ended on V1; the newer V2 is what it came from.
-    assert (s.status, s.done, s.percentage_complete, s.from_version, s.to_version) == (
-        "Successful", True, 100.0, V2, V1)
+    # The canary VM is created: not healthy yet, so the step is not reached.
+    assert fake.step_rollout(PROJECT, REGION, MIG, 6, settled=False) == 1
+    s = ops.rollout_state(g)
+    assert s.versions == [_row("stable", V1, None, 5, 3), _row("canary", V2, 1, 1, 0, pending=1)]
+    assert (s.checkpoint_reached, s.percentage_complete) == (None, 16.7)  # 1 of 6 VMs
+    assert ops.rollout_advance(g, s) is None
+    assert len(_calls(fake, "PATCH", "/instanceGroupManagers/")) == 1
+
+    fake.settle()
+    s = ops.rollout_state(g)
+    assert (s.checkpoint_reached, s.reason) == (25, "canary 25%: 1 of 1 node(s) healthy")
+    assert ops.rollout_advance(g, s) == (
+        f"checkpoint 25% reached (1 healthy node(s) on {V2}); next step 50%")
+    assert _versions(fake)[1] == {"name": "canary", "template": V2,
+                                  "targetSize": {"percent": 50}}
+
+    # Step 50: 2 canary VMs wanted, 1 there; the 25 % checkpoint stays reached.
+    s = ops.rollout_state(g)
+    assert (s.step, s.checkpoint_reached, s.instances_to_update) == (50, 25, 1)
+    assert s.versions[1] == _row("canary", V2, 2, 1, 1)
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    s = ops.rollout_state(g)
+    assert (s.checkpoint_reached, s.percentage_complete) == (50, 33.3)  # 2 of 6
+    assert ops.rollout_advance(g, s).endswith("next step 100%")
+    assert _versions(fake) == [{"name": "primary", "template": V2}]
+
+    # Step 100: V2 alone; 2 serving and 2 standby VMs left on V1, 3 of them (the surge)
+    # being recreated.
+    s = ops.rollout_state(g)
+    assert (s.status, s.step, s.checkpoint_reached, s.instances_to_update,
+            s.percentage_complete) == ("InProgress", 100, 50, 4, 33.3)
+    assert s.versions == [_row("stable", V1, None, 4, 0, pending=3),
+                          _row("primary", V2, None, 2, 2)]
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    s = ops.rollout_state(g)
+    assert (s.status, s.done, s.checkpoint_reached, s.percentage_complete,
+            s.from_version, s.to_version) == ("Successful", True, 100, 100.0, V1, V2)
+    assert s.versions == [_row("primary", V2, None, 6, 4)]
+    assert ops.rollout_advance(g, s) is None
+    assert len(_calls(fake, "PATCH", "/instanceGroupManagers/")) == 3
+
+
+def test_checkpoint_delay_holds_the_step(fake, ops, cfg, monkeypatch):
+    # The file's checkpoint_delay_s (300 s by default) passes before the next step.
+    pool = cfg.pools[0]
+    g = _canary_pool(fake, ops, cfg)
+    now = [1000.0]
+    monkeypatch.setattr(gcp.time, "monotonic", lambda: now[0])
+    ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    s = ops.rollout_state(g)
+    assert s.checkpoint_reached == 25
+    assert ops.rollout_advance(g, s) is None  # reached now: the delay starts
+    now[0] += 299
+    assert ops.rollout_advance(g, ops.rollout_state(g)) is None
+    now[0] += 1
+    assert ops.rollout_advance(g, ops.rollout_state(g)).endswith("next step 50%")
+
+
+@pytest.mark.parametrize("step", [25, 50, 100])
+def test_rollback_at_each_step(fake, ops, cfg0, step):
+    g = _canary_pool(fake, ops, cfg0)
+    _to_step(fake, ops, g, cfg0, step)
+    fake.step_rollout(PROJECT, REGION, MIG, 1)  # the step under way
+    on_v2 = sum(_last_name(mi["version"]["instanceTemplate"]) == V2
+                for mi in fake.instances(PROJECT, REGION, MIG))
+    assert on_v2 == {25: 1, 50: 2, 100: 3}[step]
+
+    back = ops.rollout_rollback(g)
+
+    assert _versions(fake) == [{"name": "rollback", "template": V1}]
+    # The rollback keeps the rollout's id and names: from V1 (where it returns), to V2.
+    assert (back.id, back.status, back.done, back.from_version, back.to_version,
+            back.instances_to_update) == (V2, "RollbackInProgress", False, V1, V2, on_v2)
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    s = ops.rollout_state(g)
+    assert (s.id, s.status, s.done, s.percentage_complete) == (
+        V2, "RollbackSuccessful", True, 100.0)
+    assert ops.rollout_advance(g, s) is None
+    with pytest.raises(OperationFailed, match=f"already rolled back to {V1}"):
+        ops.rollout_rollback(g)
+
+
+@pytest.mark.parametrize("step, held", [
+    (25, {"percent": 25}), (50, {"percent": 50}),
+    # During the last step the split is the VMs already on V2: 2 + the 1 replaced.
+    (100, {"fixed": 3})])
+def test_cancel_holds_the_split_at_each_step(fake, ops, cfg0, step, held):
+    pool = cfg0.pools[0]
+    g = _canary_pool(fake, ops, cfg0)
+    _to_step(fake, ops, g, cfg0, step)
+    fake.step_rollout(PROJECT, REGION, MIG, 1)
+
+    s = ops.rollout_cancel(g)
+
+    assert _versions(fake) == [{"name": "stable", "template": V1},
+                               {"name": "canary-held", "template": V2, "targetSize": held}]
+    assert (s.id, s.status, s.done, s.step) == (V2, "Cancelled", True, step)
+    assert "held by `rollout cancel`" in s.reason
+    split = [(mi["name"], _last_name(mi["version"]["instanceTemplate"]))
+             for mi in fake.instances(PROJECT, REGION, MIG)]
+    # Held: nothing is recreating, nothing moves on, the VMs stay where they are.
+    assert fake.render_mig((PROJECT, REGION, MIG))["currentActions"]["recreating"] == 0
+    assert ops.rollout_advance(g, s) is None
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    assert [(mi["name"], _last_name(mi["version"]["instanceTemplate"]))
+            for mi in fake.instances(PROJECT, REGION, MIG)] == split
+
+    # `rollout start` with the same version (a no-op apply) drives it on from there.
+    s = ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False,
+                          stack_dir=None)
+    assert (s.status, s.done, s.step) == ("InProgress", False, step)
+    assert _versions(fake)[-1] == ({"name": "primary", "template": V2} if step == 100 else
+                                   {"name": "canary", "template": V2, "targetSize": held})
+
+    # Held again, then rolled back: the old template alone.
+    ops.rollout_cancel(g)
+    back = ops.rollout_rollback(g)
+    assert _versions(fake) == [{"name": "rollback", "template": V1}]
+    assert (back.id, back.status) == (V2, "RollbackInProgress")
+
+
+def test_unhealthy_canary_rolls_back(fake, ops, cfg0):
+    g = _canary_pool(fake, ops, cfg0)
+    pool = cfg0.pools[0]
+    ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    (canary,) = [mi["name"] for mi in fake.instances(PROJECT, REGION, MIG)
+                 if _last_name(mi["version"]["instanceTemplate"]) == V2]
+    fake.set_health(canary, "UNHEALTHY")
+    s = ops.rollout_state(g)
+    assert (s.checkpoint_reached, s.versions[1]["unhealthy"]) == (None, 1)
+    assert s.reason == "canary 25%: 0 of 1 node(s) healthy, 1 unhealthy"
+
+    assert ops.rollout_advance(g, s) == (
+        f"canary 25%: 1 node(s) of {V2} unhealthy; rolling back to {V1}")
+    assert _versions(fake) == [{"name": "rollback", "template": V1}]
+    assert ops.rollout_state(g).status == "RollbackInProgress"
+
+
+def test_fake_refuses_versions_gce_refuses(fake, ops, cfg0):
+    g = _canary_pool(fake, ops, cfg0)
+    with pytest.raises(OperationFailed, match="400 .*exactly one without a targetSize"):
+        ops._set_versions(g, V1_LINK, V2_LINK, ops._compute().FixedOrPercent(percent=25),
+                          name="stable")  # two versions named alike
+    assert _versions(fake) == [{"name": "primary", "template": V1}]
 
 
 def test_rollout_begin_without_a_new_template_is_none(fake, ops, cfg, pool):
@@ -583,6 +776,30 @@ def test_replaced_templates_are_only_replacements():
         {"address": f"{tpl}.nodes_template_A", "name": V1},
         {"address": f"{tpl}.reordered", "name": "z"}]
     assert replaced_templates({}) == []  # an empty plan has no resource_changes
+
+
+def test_deploy_forgets_the_template_the_mig_runs(cfg, pool, capsys):
+    """`deploy` of a changed template on GCP: Terraform must not delete the template the
+    MIG runs (its versions are poolctl's), so the step forgets it and says how to roll."""
+    from poolctl import runtime
+
+    tpl = "google_compute_instance_template.nodes_template_313A6F59"
+    calls = []
+
+    class Tf:
+        def run(self, phase, *args, capture=False):
+            calls.append(args)
+            plan = {"resource_changes": [_plan_change(tpl, gcp.TEMPLATE_TYPE,
+                                                      ["create", "delete"], V1)]}
+            return SimpleNamespace(stdout=json.dumps(plan))
+
+    assert runtime.deploy_before_apply([(pool, "aws")]) is None  # AWS stacks: no step
+    step = runtime.deploy_before_apply([(pool, "aws"), (pool, "gcp")])
+    assert step(Tf()) is True  # the state changed: plan again
+    assert calls == [("show", "-json", "tfplan"), ("state", "rm", tpl)]
+    err = capsys.readouterr().err
+    assert f"instance template {V1} stays: the pool's MIG runs it until `poolctl rollout " \
+           "start --cloud gcp` rolls the new one" in err
 
 
 @pytest.fixture
@@ -737,9 +954,9 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
         tf = PlannedTerraform()
         seen["replan"] = kw["before_apply"](tf)
         seen["tf_calls"] = tf.calls
-        # The apply: V2 created and targeted; V1 left alone (Terraform forgot it).
+        # The apply: V2 created; V1 left alone (Terraform forgot it); the MIG's versions
+        # untouched (the stack ignores them).
         fake.add_template(PROJECT, V2, labels=labels)
-        fake.set_template(PROJECT, REGION, MIG, V2)
         return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
 
     monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
@@ -753,7 +970,10 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
     assert seen["replan"] is True
     assert seen["tf_calls"] == [("show", "-json", "tfplan"), ("state", "rm", tpl_addr)]
     assert res.applied and res.rollout is not None
-    assert (res.rollout.id, res.rollout.done) == (V2, False)
+    # poolctl started the canary: V2 at the first checkpoint beside V1.
+    assert (res.rollout.id, res.rollout.done, res.rollout.step) == (V2, False, 25)
+    assert _versions(fake) == [{"name": "stable", "template": V1}, {
+        "name": "canary", "template": V2, "targetSize": {"percent": 25}}]
     # Cleanup after the apply: V0 (two versions back) deleted, V1 and V2 kept.
     assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2}
     assert "image: vllm/vllm-openai:v0.12.0" in cfg_file.read_text()
@@ -763,41 +983,150 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
     out = runtime.rollout_rollback(cfg, cfg_file, pool, "gcp", ops, confirm=lambda q: True,
                                    sandbox=False, outdir=tmp_path / "out")
     assert out["how"] == "cloud_rollback"
-    versions = fake.migs[(PROJECT, REGION, MIG)]["versions"]
-    assert [v["instanceTemplate"].rsplit("/", 1)[1] for v in versions] == [V1]
+    assert _versions(fake) == [{"name": "rollback", "template": V1}]
     assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
 
 
-def test_wait_rollout_cleans_up_after_success(fake, ops, cfg, pool, tmp_path, monkeypatch):
+def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_path,
+                                                      monkeypatch):
+    """`rollout start` with the version a held (or unwatched) canary rolls to drives it on
+    where it stands, without another apply; another version is refused meanwhile."""
+    from poolctl import deploy as deploy_mod
+    from poolctl import runtime
+    from poolctl.deploy import StackResult
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(pool_yaml())
+    deploy(fake, cfg, pool, running=4, stopped=2)
+    _seed_rollout_quotas(fake)
+    applies = []
+
+    def fake_run_stacks(new_cfg, targets, **kw):
+        applies.append(kw["extra_env"])
+        fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
+        return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
+
+    monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
+    start = dict(image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True, sandbox=False,
+                 outdir=tmp_path / "out")
+    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, **start)
+    assert (res.rollout.step, len(applies)) == (25, 1)
+    fake.step_rollout(PROJECT, REGION, MIG, 6)
+    held = runtime.rollout_cancel(cfg, pool, "gcp", ops)
+    assert (held.status, held.step) == ("Cancelled", 25)
+
+    # Driven on once, then left unwatched (`--no-wait`): another version is refused.
+    ops.rollout_begin(ops.find_group(cfg, pool), cfg, pool, plan_pool(pool, "gcp"),
+                      no_surge=False, stack_dir=None)
+    with pytest.raises(OperationFailed, match="rollout .* is InProgress"):
+        runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops,
+                              **{**start, "image": "vllm/vllm-openai:v0.13.0"})
+    ops.rollout_cancel(ops.find_group(cfg, pool))
+
+    cfg = parse_config(cfg_file.read_text())
+    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, **start)
+
+    assert len(applies) == 1  # no second apply
+    assert (res.rollout.status, res.rollout.step, res.rollout.checkpoint_reached) == (
+        "InProgress", 25, 25)
+    assert _versions(fake)[-1] == {"name": "canary", "template": V2,
+                                   "targetSize": {"percent": 25}}
+    rec = runtime.load_record(cfg, pool, "gcp")
+    assert (rec["status"], rec["rollout_id"], rec["from"]) == (
+        "started", V2, "vllm/vllm-openai:v0.11.0")
+
+
+def test_rollout_start_counts_the_pools_sharing_the_quota(fake, ops, cfg, pool, tmp_path,
+                                                          monkeypatch):
+    """Two pools of one file on A3 in one region share NVIDIA_H100_GPUS: the rollout's own
+    need (1 serving node + 3 surge = 32 GPUs) fits the 64 granted alone, but beside the
+    other pool's peak (9 nodes = 72 GPUs) it does not, and nothing is changed."""
     from poolctl import runtime
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+    two = pool_yaml() + pool_yaml().split("pools:\n", 1)[1].replace("chat-70b", "chat-b")
+    cfg_file = tmp_path / "poolctl.yaml"
+    cfg_file.write_text(two)
+    cfg2 = parse_config(two)
+    deploy(fake, cfg2, cfg2.pools[0])
+    _seed_rollout_quotas(fake)
+    with pytest.raises(OperationFailed) as e:
+        runtime.rollout_start(cfg2, cfg_file, cfg2.pools[0], "gcp", ops,
+                              image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True,
+                              sandbox=False, outdir=tmp_path / "out")
+    msg = str(e.value)
+    # 32 + 72 = 104 needed beside 0 of others (8 in use are the pool's own): short by 40.
+    assert "quota NVIDIA_H100_GPUS in us-central1: short by 40 GPU" in msg
+    assert "chat-70b 32 + chat-b 72" in msg
+    assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()  # nothing changed
+    assert _calls(fake, "PATCH", "/instanceGroupManagers/") == []
+
+
+def test_wait_rollout_drives_the_checkpoints_then_cleans_up(fake, ops, cfg0, tmp_path,
+                                                             monkeypatch):
+    """`wait_rollout` steps the canary: 25 -> 50 -> 100 % as each step's VMs come up
+    healthy (the fake replaces them while the command sleeps), then deletes what is neither
+    current nor previous."""
+    from poolctl import runtime
+
+    pool = cfg0.pools[0]
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("POOLCTL_POLL_S", "0")
-    deploy(fake, cfg, pool, older_templates=(V0,))
-    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
-    fake.set_template(PROJECT, REGION, MIG, V2)
-    steps = iter([1, 1, 1])
-    polls = []
+    deploy(fake, cfg0, pool, older_templates=(V0,), running=4, stopped=2)
+    g = ops.find_group(cfg0, pool)
+    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg0, pool))
+    ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
+    # The record names the rollout in the file's words (states are annotated with them).
+    runtime.save_record(cfg0, pool, "gcp", {
+        "key": "serving.image", "from": "vllm/vllm-openai:v0.11.0",
+        "to": "vllm/vllm-openai:v0.12.0", "group_version_from": V1, "group_version_to": V2,
+        "status": "started", "rollout_id": V2}, new=True)
 
     def sleep(_):
-        polls.append(fake.step_rollout(PROJECT, REGION, MIG, next(steps)))
+        fake.step_rollout(PROJECT, REGION, MIG, 3)
 
-    final, progress = runtime.wait_rollout(cfg, pool, "gcp", ops, timeout=30, hint="h",
+    final, progress = runtime.wait_rollout(cfg0, pool, "gcp", ops, timeout=30, hint="h",
                                            sleep=sleep)
-    assert (final.status, final.done) == ("Successful", True)
-    assert polls == [1, 1, 1] and [p["percentage_complete"] for p in progress] == [
-        0.0, 33.3, 66.7, 100.0]
+    assert (final.status, final.done, final.checkpoint_reached) == ("Successful", True, 100)
+    assert final.to_version == f"serving.image=vllm/vllm-openai:v0.12.0 ({V2})"
+    assert runtime.load_record(cfg0, pool, "gcp")["status"] == "Successful"
+    # Each poll: the step's VMs replaced (3 at a time, the surge), the step reached, the
+    # next one patched. 6 VMs: 1 at 25 %, 2 at 50 %, then the other 4 (3, then 1).
+    assert [(p["percentage_complete"], p["checkpoint_reached"]) for p in progress] == [
+        (0.0, None), (16.7, 25), (33.3, 50), (83.3, 50), (100.0, 100)]
+    assert [v["name"] for v in fake.migs[(PROJECT, REGION, MIG)]["versions"]] == ["primary"]
     # Deleted once it ended: V0; V2 runs, V1 is the rollback target.
     assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2}
-    assert len(_calls(fake, "DELETE", "/instanceTemplates/")) == 1
 
 
 # -------------------------------------------------------------------------------------
 # the rest
 
 
+def test_the_fakes_entry_point_seeds_the_story_example(fake, ops):
+    """`python -m tests.fakes.gce examples/mistral-gcp/poolctl.yaml` (the README's
+    walkthrough) deploys the pool as the stack does: min 16 replicas = 4 nodes, max 8, 8 warm
+    replicas = 2 stopped standby nodes, surge 1 node raised to the 3 zones."""
+    from poolctl.config import load_config
+    from poolctl.contract.gcp import canary_steps
+    from tests.fakes.gce import seed_pool
+
+    story = load_config(Path(__file__).resolve().parents[2] / "examples" / "mistral-gcp"
+                        / "poolctl.yaml")
+    (p,) = story.pools
+    seed_pool(fake, story, p)
+    g = ops.find_group(story, p)
+    assert (g.name, g.min_nodes, g.max_nodes, g.desired_nodes, g.warm_min_nodes,
+            g.warm_state) == ("acme-mistral-24b", 4, 8, 4, 2, "stopped")
+    mig = fake.migs[("acme-prod", "us-central1", "acme-mistral-24b")]
+    assert mig["updatePolicy"]["maxSurge"]["fixed"] == 3
+    assert len(mig["distributionPolicy"]["zones"]) == 3
+    assert canary_steps(p) == [25, 50, 100]
+
+
 def test_what_gcp_declares_unsupported(ops):
-    assert {"warm_hibernated", "rollout_cancel"} <= ops.unsupported
+    assert ops.unsupported == {"warm_hibernated"}  # a canary can be held: cancel works
     assert {"queue_metric", "rollout_rollback", "quota_request"}.isdisjoint(ops.unsupported)
 
 
@@ -1068,11 +1397,13 @@ def test_cli_status(fake, home, cfg_file, cfg, pool):
 def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, monkeypatch):
     from poolctl import runtime
 
-    deploy(fake, cfg, pool)
-    fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
-    fake.set_template(PROJECT, REGION, MIG, V2)
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials())
+    g = _canary_pool(fake, ops, cfg)
+    # What `rollout start` leaves (its apply needs Terraform, not faked here): the canary at
+    # 25 %, its one VM up and healthy, and the record.
+    ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
     fake.step_rollout(PROJECT, REGION, MIG, 1)
-    # What `rollout start` records after its apply (it needs Terraform, not faked here).
     cfg_file.write_text(pool_yaml().replace("v0.11.0", "v0.12.0"))
     monkeypatch.setenv("POOLCTL_HOME", str(home))
     runtime.save_record(cfg, pool, "gcp", {
@@ -1086,24 +1417,41 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     ro = d["rollout"]
-    # 1 of 3 VMs replaced, 2 to go, the next 2 being recreated (surge 3).
-    assert (d["group"], d["group_version"]) == (MIG, V2)
-    assert (ro["id"], ro["status"], ro["done"], ro["percentage_complete"],
-            ro["instances_to_update"], ro["reason"]) == (
-        V2, "InProgress", False, 33.3, 2, "recreating 2")
-    assert ro["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{V1})"
-    assert ro["to_version"] == f"serving.image=vllm/vllm-openai:v0.12.0 (v{V2})"
-    assert d["checkpoints"] == []
+    assert (d["pool"], d["cloud"], d["group"], d["group_version"]) == (
+        "chat-70b", "gcp", MIG, V2)
+    # 1 of 6 VMs on V2: the 25 % canary (1 of the 4 serving VMs), healthy: step reached.
+    assert (ro["id"], ro["status"], ro["done"], ro["step"], ro["checkpoint_reached"],
+            ro["percentage_complete"], ro["instances_to_update"]) == (
+        V2, "InProgress", False, 25, 25, 16.7, 0)
+    assert ro["checkpoints"] == [25, 50, 100]
+    assert ro["reason"] == "canary 25%: 1 of 1 node(s) healthy"
+    assert ro["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 ({V1})"
+    assert ro["to_version"] == f"serving.image=vllm/vllm-openai:v0.12.0 ({V2})"
+    # Per version: the 3 serving VMs left on V1 healthy, its 2 standby VMs stopped.
+    assert ro["versions"] == [_row("stable", V1, None, 5, 3), _row("canary", V2, 1, 1, 1)]
+    assert d["checkpoints"] == [{"percentage": 25, "reached": True},
+                                {"percentage": 50, "reached": False},
+                                {"percentage": 100, "reached": False}]
+    assert not any(w in r.stdout + r.stderr for w in ("InstanceRefresh", "instance refresh"))
+    r = cli(fake, home, "rollout", "status", "--cloud", "gcp", "-f", str(cfg_file))
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())  # rich wraps at the terminal's width
+    assert "InProgress 16.7%, checkpoint 25% reached, 0 to update" in out
+    assert "step: 25%" in out
+    assert f"canary {V2}: 1 node(s) of 1 wanted, 1 healthy, 0 unhealthy, 0 pending" in out
 
+    # Cancel holds the split: 1 VM on V2, the rest on V1, nothing moves.
     r = cli(fake, home, "rollout", "cancel", "--cloud", "gcp", "--json", "-f", str(cfg_file))
-    assert r.returncode == 1
-    assert r.stderr.strip() == ("poolctl: rollout cancel: gcp cannot stop a rollout where it "
-                                "stands; use `poolctl rollout rollback --cloud gcp`")
-    assert _calls(fake, "PATCH", "/instanceGroupManagers/") == []
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["rollout"]["status"], d["rollout"]["done"], d["rollout"]["step"]) == (
+        "Cancelled", True, 25)
+    assert _versions(fake) == [{"name": "stable", "template": V1}, {
+        "name": "canary-held", "template": V2, "targetSize": {"percent": 25}}]
 
-    # Rollback mid-rollout: the MIG goes back to V1 and the file to v0.11.0; the command
-    # watches until the VM already on V2 is replaced back.
-    t = after_patch_polls(fake, 2, lambda: fake.step_rollout(PROJECT, REGION, MIG, 3))
+    # Rollback from the held split: the MIG goes back to V1 and the file to v0.11.0; the
+    # command watches until the VM on V2 is replaced back.
+    t = after_patch_polls(fake, 2, lambda: fake.step_rollout(PROJECT, REGION, MIG, 6))
     r = cli(fake, home, "rollout", "rollback", "--cloud", "gcp", "--auto-approve", "--json",
             "--timeout", "30", "-f", str(cfg_file))
     t.join(5)
@@ -1112,13 +1460,12 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     assert (d["how"], d["key"], d["from"], d["to"]) == (
         "cloud_rollback", "serving.image", "vllm/vllm-openai:v0.12.0",
         "vllm/vllm-openai:v0.11.0")
-    assert (d["rollout"]["id"], d["rollout"]["from_version"], d["rollout"]["to_version"],
-            d["rollout"]["percentage_complete"]) == (V1, V2, V1, 66.7)
+    assert (d["rollout"]["id"], d["rollout"]["status"], d["rollout"]["instances_to_update"]) \
+        == (V2, "RollbackInProgress", 1)
     assert (d["final"]["status"], d["final"]["done"], d["final"]["percentage_complete"]) == (
-        "Successful", True, 100.0)
+        "RollbackSuccessful", True, 100.0)
     assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
-    versions = fake.migs[(PROJECT, REGION, MIG)]["versions"]
-    assert [v["instanceTemplate"].rsplit("/", 1)[1] for v in versions] == [V1]
+    assert _versions(fake) == [{"name": "rollback", "template": V1}]
 
 
 def test_cli_gcp_errors_are_one_line(fake, home, cfg_file):

@@ -978,3 +978,63 @@ def test_stop_and_a_fresh_start_remove_stale_terraform_state(tmp_path):
         assert (sdir / "state" / "acme-chat-70b-aws.tfstate").exists()
     finally:
         assert _cli(home, "sandbox", "stop").returncode == 0
+
+
+# -------------------------------------------------------------------------------------
+# Self-booting nodes: `sandbox start --boot-speedup`, through the CLI
+
+
+def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
+    """Its own sandbox (the session's boots by hand), the example pool's resources made
+    with boto3 as `deployed_pool` does without Terraform, then `warm --wait` with nobody
+    completing a launch hook."""
+    from poolctl.config import load_config
+    from poolctl.sandbox import manager
+    from tests.conftest import DEPLOYED_EXAMPLE, _deploy_with_boto3, run_poolctl
+
+    home = tmp_path / "home"
+    pool_file = tmp_path / "poolctl.yaml"
+    pool_file.write_text(DEPLOYED_EXAMPLE.read_text())
+    started = _cli(home, "sandbox", "start", "--port", "0", "--boot-speedup", "1000", "--json")
+    assert started.returncode == 0, started.stderr
+    endpoint = json.loads(started.stdout)["endpoint"]
+    assert json.loads(started.stdout)["boot_speedup"] == 1000
+
+    def poolctl(*args: str) -> dict:
+        res = run_poolctl(home, *args, "--cloud", "aws", "--sandbox", "--json",
+                          "-f", str(pool_file), POOLCTL_POLL_S="0.05")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+    try:
+        cfg = load_config(pool_file)
+        manager.register_start_times(cfg, cfg.pools[0], home=home)  # what deploy sends
+        _deploy_with_boto3(endpoint)  # 1 node in service + 2 warm, all launching now
+        # 12 replicas / 4 per node = 3 warm nodes: the deploy's 2 and one more, all cold
+        w = poolctl("warm", "--replicas", "12", "--wait", "--timeout", "60")
+        assert (w["after"]["warm_nodes"], w["wait"]["ready"], w["wait"]["target"]) == (3, 3, 3)
+        # 4 replicas running above the minimum: one warm (stopped) node goes in service
+        r = poolctl("warm", "--replicas", "4", "--running", "--wait", "--timeout", "60")
+        assert (r["after"]["min_nodes"], r["wait"]["ready"], r["wait"]["target"]) == (2, 2, 2)
+
+        log = sandbox_admin(endpoint, "GET", "/_poolctl/lifecycle-actions")["log"]
+        assert {e["How"] for e in log} == {"self-boot"}  # never boot-nodes, never a timeout
+        kinds = sorted(e["BootKind"] for e in log)
+        # cold: the deploy's 1 + 2 warm, warm's third; warm_stopped: the one taken into
+        # service (its refill is still booting, or has booted: a fifth cold entry)
+        assert kinds[:4] == ["cold"] * 4 and "warm_stopped" in kinds
+        for e in log:
+            # the plan's 440.5 s cold and 260.5 s stopped-warm start, 1000 times faster
+            want = {"cold": 440.5, "warm_stopped": 260.5}[e["BootKind"]] / 1000
+            assert e["BootSeconds"] == pytest.approx(want, abs=1e-3)
+        group = manager.client("autoscaling", home=home).describe_auto_scaling_groups(
+            AutoScalingGroupNames=["acme-chat-70b"])["AutoScalingGroups"][0]
+        assert [i["LifecycleState"] for i in group["Instances"]] == ["InService"] * 2
+
+        # `sandbox start` on the running sandbox changes how nodes boot, and says so
+        manual = _cli(home, "sandbox", "start", "--manual-boot", "--json")
+        assert json.loads(manual.stdout)["already_running"] is True
+        assert json.loads(manual.stdout)["boot_speedup"] == 0
+        assert sandbox_admin(endpoint, "GET", "/_poolctl/health")["boot_speedup"] == 0
+    finally:
+        assert _cli(home, "sandbox", "stop").returncode == 0

@@ -6,6 +6,7 @@ Regenerate the golden files with `POOLCTL_UPDATE_GOLDEN=1 pytest tests/synth`.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -17,9 +18,9 @@ from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
 from tests.synth.util import (
     checkov_config_skips,
-    checkov_exe,
     provider_modules_after_synth,
     run_checkov,
+    synth_without_and_with_record,
     terraform_validate,
 )
 
@@ -35,7 +36,6 @@ AWS_EXAMPLES = {
 # checkov skips live in the repository's .checkov.yaml, each with its reason; with a
 # certificate, access logs and zone IDs set, only this choice remains.
 ALWAYS_SKIPPED = ["CKV_AWS_150"]
-CHECKOVS = ["pinned", "latest"]
 
 
 def _synth(configs, outdir):
@@ -144,12 +144,25 @@ def test_launch_template_is_locked_down(stacks):
     assert "interface_type" not in nic  # plain ENA: no EFA
     tagged = {t["resource_type"]: t["tags"] for t in lt["tag_specifications"]}
     assert tagged["instance"]["poolctl:role"] == "inference"
-    import base64
+    variants = boot_variants(lt["user_data"])
+    for user_data in (variants["image"], variants["whole"]):
+        assert user_data.startswith("#!")
+        assert "--tensor-parallel-size" in user_data
+        assert "AKIA" not in user_data and "aws_secret_access_key" not in user_data.lower()
 
-    user_data = base64.b64decode(lt["user_data"]).decode()
-    assert user_data.startswith("#!")
-    assert "--tensor-parallel-size" in user_data
-    assert "AKIA" not in user_data and "aws_secret_access_key" not in user_data.lower()
+
+_CHOICE = re.compile(r'^\$\{lookup\(data\.aws_ami\.(?P<ami>[\w-]+)\.tags, '
+                     r'"poolctl:boot-library", ""\) == "(?P<version>aws-[0-9a-f]{12})" \? '
+                     r'"(?P<image>[A-Za-z0-9+/=]+)" : "(?P<whole>[A-Za-z0-9+/=]+)"\}$')
+
+
+def boot_variants(user_data: str) -> dict[str, str]:
+    """The launch template's user data: a choice on the node image's boot-library tag
+    between the image variant and the whole script (both base64)."""
+    m = _CHOICE.match(user_data)
+    assert m, user_data[:300]
+    return {k: base64.b64decode(m[k]).decode() for k in ("image", "whole")} | {
+        "version": m["version"], "ami": m["ami"]}
 
 
 def test_nodes_reachable_only_from_the_load_balancer(stacks):
@@ -217,6 +230,32 @@ def test_contract_tags_everywhere(stacks):
         "poolctl:project": "acme", "poolctl:pool": "chat-70b", "poolctl:role": "inference"}
 
 
+def test_boot_script_variant_is_chosen_from_the_image_not_from_build_records(
+        tmp_path, monkeypatch):
+    """The same file synthesizes the same JSON on any machine: a build record in
+    POOLCTL_HOME for the placement's AMI changes nothing. Both variants are in it, behind a
+    conditional on the AMI's boot-library tag (read by a data source at plan time)."""
+    from poolctl import bootscript
+    from poolctl.bootscript import render_boot_script
+
+    ami = "ami-0aaaaaaaaaaaaaaaa"
+    without, with_record = synth_without_and_with_record(
+        AWS_EXAMPLES["acme-chat-70b-aws"], "aws", ami, tmp_path, monkeypatch)
+    assert with_record == without
+    doc = json.loads(without)
+    assert doc["variable"]["node_ami_id"]["default"] == ami
+    cfg = load_config(AWS_EXAMPLES["acme-chat-70b-aws"])  # the boot script knows no AMI
+    lt = one(doc, "aws_launch_template")
+    variants = boot_variants(lt["user_data"])
+    assert variants["version"] == bootscript.boot_library("aws")["version"]
+    assert variants["whole"] == render_boot_script(cfg, cfg.pools[0], "aws", from_image=False)
+    assert variants["image"] == render_boot_script(cfg, cfg.pools[0], "aws", from_image=True)
+    # The data source reads the image the launch template launches (AMI variable or SSM).
+    ami_data = doc["data"]["aws_ami"][variants["ami"]]
+    assert ami_data["filter"] == [{"name": "image-id", "values": [lt["image_id"]]}]
+    assert ami_data["include_deprecated"] is True
+
+
 def test_cdktf_testing_assertions():
     from cdktf import Testing
 
@@ -248,20 +287,17 @@ def test_golden(stacks, stack):
     assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
 
 
-@pytest.mark.parametrize("checkov", CHECKOVS)
 @pytest.mark.parametrize("stack", sorted(AWS_EXAMPLES))
-def test_checkov_passes(stacks, stack, checkov):
-    """What a user's CI sees: the pinned and the current checkov with .checkov.yaml."""
-    failed = run_checkov(stacks[stack]["dir"], exe=checkov_exe(checkov))
+def test_checkov_passes(stacks, stack):
+    """What a user's CI sees: the current checkov with .checkov.yaml."""
+    failed = run_checkov(stacks[stack]["dir"])
     assert failed == [], failed
 
 
-@pytest.mark.parametrize("checkov", CHECKOVS)
-def test_checkov_skips_are_each_needed(stacks, checkov):
+def test_checkov_skips_are_each_needed(stacks):
     """Every skip in .checkov.yaml is a check the default pool fails (none is stale), and
     has its reason on its line."""
-    failed = {f["id"] for f in run_checkov(stacks["acme-chat-70b-aws"]["dir"], skips=[],
-                                           exe=checkov_exe(checkov))}
+    failed = {f["id"] for f in run_checkov(stacks["acme-chat-70b-aws"]["dir"], skips=[])}
     assert failed == set(checkov_config_skips())
     lines = [x for x in (ROOT / ".checkov.yaml").read_text().splitlines()
              if x.strip().startswith("- CKV")]
@@ -312,9 +348,8 @@ def test_zones_pinned_by_name_without_ids(stacks):
     assert "access_logs" not in one(doc, "aws_lb")
 
 
-@pytest.mark.parametrize("checkov", CHECKOVS)
-def test_checkov_with_options_needs_one_skip(with_options, checkov):
-    assert run_checkov(with_options, skips=ALWAYS_SKIPPED, exe=checkov_exe(checkov)) == []
+def test_checkov_with_options_needs_one_skip(with_options):
+    assert run_checkov(with_options, skips=ALWAYS_SKIPPED) == []
 
 
 def test_zone_ids_and_a_different_zone_count_is_one_clear_line():

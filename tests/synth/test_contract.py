@@ -240,8 +240,8 @@ def test_every_runtime_variable_is_declared_in_every_stack(synthesized):
     # Both clouds, every variable the runtime knows of.
     assert {k for c, k in checked if c == "aws"} == {
         "TF_VAR_node_ami_id", "TF_VAR_launch_template_version", "TF_VAR_min_nodes",
-        "TF_VAR_max_nodes", "TF_VAR_refresh_min_healthy_percentage", "TF_VAR_refresh_max_healthy_percentage",
-        "TF_VAR_warm_nodes"}
+        "TF_VAR_max_nodes", "TF_VAR_refresh_min_healthy_percentage",
+        "TF_VAR_refresh_max_healthy_percentage", "TF_VAR_warm_nodes"}
     assert {k for c, k in checked if c == "gcp"} == {
         "TF_VAR_min_nodes", "TF_VAR_max_nodes", "TF_VAR_warm_nodes", "TF_VAR_max_surge_fixed",
         "TF_VAR_max_unavailable_fixed"}
@@ -339,7 +339,9 @@ def test_a_misspelled_reference_in_a_raw_expression_fails(synthesized, schemas):
     entry = synthesized["llama-70b-p5"]["stacks"]
     for typo, cloud in ((".latest_version", "aws"), (".ip_cidr_range", "gcp"),
                         (".private_ip_google_access", "gcp"), ("var.launch_template_version",
-                                                               "aws")):
+                                                               "aws"),
+                        # the node image's tag / label that picks the boot script variant
+                        (".tags", "aws"), (".labels", "gcp")):
         (doc,) = [d for _, c, d in entry.values() if c == cloud]
         text = json.dumps(doc)
         assert typo in text, typo

@@ -22,9 +22,9 @@ import pytest
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
 from tests.synth.util import (
-    checkov_exe,
     provider_modules_after_synth,
     run_checkov,
+    synth_without_and_with_record,
     terraform_validate,
 )
 
@@ -39,9 +39,8 @@ GCP_EXAMPLES = {
 LABELS_70B = {"poolctl-project": "acme", "poolctl-pool": "chat-70b", "poolctl-role": "inference"}
 HEALTH_RANGES = ["35.191.0.0/16", "130.211.0.0/22"]
 
-# Every GCP check of the pinned and the current checkov passes; the repository's
-# .checkov.yaml skips only AWS checks.
-CHECKOVS = ["pinned", "latest"]
+# Every GCP check of the current checkov passes; the repository's .checkov.yaml skips only
+# AWS checks.
 
 VARIANT = """
 project: beta
@@ -173,24 +172,81 @@ def test_template_is_locked_down(stacks):
     assert "metadata_startup_script" not in tpl
 
 
+_CHOICE = re.compile(r'^\$\{lookup\(data\.google_compute_image\.(?P<image_data>[\w-]+)\.labels, '
+                     r'"poolctl-boot-library", ""\) == "(?P<version>gcp-[0-9a-f]{12})" \? '
+                     r'(?P<image>"(?:[^"\\]|\\.)*") : (?P<whole>"(?:[^"\\]|\\.)*")\}$', re.S)
+
+
+def boot_variants(startup_script: str) -> dict[str, str]:
+    """The instance template's startup-script: a choice on the node image's boot-library
+    label between the image variant and the whole script, each an HCL string (its escapes
+    are JSON's) holding the template-escaped script."""
+    m = _CHOICE.match(startup_script)
+    assert m, startup_script[:300]
+    return {"image": json.loads(m["image"]), "whole": json.loads(m["whole"]),
+            "version": m["version"], "image_data": m["image_data"]}
+
+
 def test_startup_script_is_the_rendered_boot_script(stacks):
-    from poolctl.bootscript import render_boot_script
+    from poolctl.bootscript import boot_library, render_boot_script
 
     cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
-    tpl = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_instance_template")
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    tpl = one(doc, "google_compute_instance_template")
     # Escaped for Terraform's template parser (tests/synth/test_terraform_literals.py runs it
-    # through Terraform and gets the rendered script back).
-    script = tpl["metadata"]["startup-script"]
-    rendered = render_boot_script(cfg, cfg.pools[0], "gcp")
-    assert "${" in rendered and "%{" in rendered  # bash expansions, curl's -w format
-    assert script == rendered.replace("${", "$${").replace("%{", "%%{")
-    assert script.startswith("#!")
-    assert "private_key" not in script and "AKIA" not in script
+    # through Terraform and gets both rendered scripts back).
+    variants = boot_variants(tpl["metadata"]["startup-script"])
+    assert variants["version"] == boot_library("gcp")["version"]
+    for kind in ("whole", "image"):
+        rendered = render_boot_script(cfg, cfg.pools[0], "gcp", from_image=kind == "image")
+        assert "${" in rendered  # bash expansions
+        script = variants[kind]
+        assert script == rendered.replace("${", "$${").replace("%{", "%%{")
+        assert script.startswith("#!")
+        assert "private_key" not in script and "AKIA" not in script
+    assert "%{" in variants["whole"]  # curl's -w format
+    # The data source reads the image the template boots (the example's family).
+    assert doc["data"]["google_compute_image"][variants["image_data"]] | {"//": None} == {
+        "family": "common-cu124-ubuntu-2204-nvidia-550",
+        "project": "deeplearning-platform-release", "//": None}
+
+
+def test_boot_script_variant_is_chosen_from_the_image_not_from_build_records(
+        tmp_path, monkeypatch):
+    """As on AWS: a build record for the placement's image changes nothing in the JSON."""
+    image = "projects/acme-prod/global/images/acme-chat-70b-20261202-000000"
+    without, with_record = synth_without_and_with_record(
+        GCP_EXAMPLES["acme-chat-70b-gcp"], "gcp", image, tmp_path, monkeypatch)
+    assert with_record == without
+    doc = json.loads(without)
+    tpl = one(doc, "google_compute_instance_template")
+    variants = boot_variants(tpl["metadata"]["startup-script"])
+    assert doc["data"]["google_compute_image"][variants["image_data"]] | {"//": None} == {
+        "name": "acme-chat-70b-20261202-000000", "project": "acme-prod", "//": None}
+    assert tpl["disk"][0]["source_image"] == image
+
+
+@pytest.mark.parametrize(("ref", "args"), [
+    ("projects/p-1/global/images/family/f-1", {"project": "p-1", "family": "f-1"}),
+    ("projects/p-1/global/images/n-1", {"project": "p-1", "name": "n-1"}),
+    ("https://www.googleapis.com/compute/v1/projects/p-1/global/images/n-1",
+     {"project": "p-1", "name": "n-1"}),
+    ("global/images/family/f-1", {"project": "mine", "family": "f-1"}),
+    ("global/images/n-1", {"project": "mine", "name": "n-1"}),
+    ("family/f-1", {"project": "mine", "family": "f-1"}),
+    ("p-1/n-1", {"project": "p-1", "name": "n-1"}),
+    ("n-1", {"project": "mine", "name": "n-1"}),
+    ("a/b/c", {"project": "mine", "name": "a/b/c"}),  # no such image: the plan says so
+])
+def test_image_lookup_reads_every_source_image_form(ref, args):
+    from poolctl.stacks.gcp.pool import image_lookup
+
+    assert image_lookup(ref, "mine") == args
 
 
 def test_local_ssd_and_boot_disk(stacks):
-    # a3-highgpu-8g bundles 16 x 375 GB Local SSD, a2-ultragpu-8g 8 (catalog).
-    for stack, count in (("acme-chat-70b-gcp", 16), ("acme-mistral-24b-gcp", 8)):
+    # a3-highgpu-8g bundles 16 x 375 GB Local SSD (catalog); both examples run on it.
+    for stack, count in (("acme-chat-70b-gcp", 16), ("acme-mistral-24b-gcp", 16)):
         disks = one(doc_of(stacks, stack), "google_compute_instance_template")["disk"]
         boot = [d for d in disks if d.get("boot")]
         scratch = [d for d in disks if d.get("type") == "SCRATCH"]
@@ -213,7 +269,9 @@ def test_mig_sizes_standby_and_rollout(stacks):
     assert (mig["target_size"], resolved(doc, mig["target_stopped_size"])) == (1, 2)
     assert "target_suspended_size" not in mig
     assert mig["standby_policy"] == {"mode": "SCALE_OUT_POOL", "initial_delay_sec": 440}
-    assert mig["lifecycle"]["ignore_changes"] == ["target_size"]
+    # Sizes are the runtime's, and so are the versions (a rollout's canary steps).
+    assert mig["lifecycle"]["ignore_changes"] == ["target_size", "version"]
+    assert mig["version"][0]["name"] == "primary"
     up = mig["update_policy"]
     assert (up["type"], up["minimal_action"]) == ("PROACTIVE", "REPLACE")
     assert (resolved(doc, up["max_surge_fixed"]),
@@ -223,13 +281,14 @@ def test_mig_sizes_standby_and_rollout(stacks):
     assert mig["named_port"] == [{"name": "http", "port": 8000}]
     assert mig["wait_for_instances"] is False
     assert mig["version"][0]["instance_template"].endswith(".self_link_unique}")
-    # mistral-24b on a2-ultragpu-8g: 4 replicas/node, warm 4 -> 1 node, 2 zones -> surge 2.
+    # mistral-24b on a3-highgpu-8g: 4 replicas/node, min 16 -> 4 nodes, warm 8 -> 2 standby
+    # nodes, surge 4 replicas -> 1 node, raised to the 3 zones.
     doc = doc_of(stacks, "acme-mistral-24b-gcp")
     mig = one(doc, "google_compute_region_instance_group_manager")
-    assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-c"]
-    assert (mig["target_size"], resolved(doc, mig["target_stopped_size"])) == (1, 1)
+    assert mig["distribution_policy_zones"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    assert (mig["target_size"], resolved(doc, mig["target_stopped_size"])) == (4, 2)
     assert (resolved(doc, mig["update_policy"]["max_surge_fixed"]),
-            resolved(doc, mig["update_policy"]["max_unavailable_fixed"])) == (2, 0)
+            resolved(doc, mig["update_policy"]["max_unavailable_fixed"])) == (3, 0)
 
 
 def test_running_warm_nodes_serve_and_no_surge(stacks):
@@ -414,7 +473,7 @@ def test_cdktf_testing_assertions():
         {"autoscaling_policy": {"scale_in_control": {"max_scaled_in_replicas": {"fixed": 1}}}})
     assert Testing.to_have_resource_with_properties(
         synthesized, "google_compute_instance_template",
-        {"machine_type": "a2-ultragpu-8g", "shielded_instance_config": {"enable_vtpm": True}})
+        {"machine_type": "a3-highgpu-8g", "shielded_instance_config": {"enable_vtpm": True}})
     assert not Testing.to_have_resource(synthesized, "google_compute_address")
     assert not Testing.to_have_resource(synthesized, "google_compute_router_nat")
 
@@ -455,7 +514,7 @@ def test_runtime_sizes_are_variables(stacks):
     assert "--no-surge" in v["max_surge_fixed"]["description"]
     mig = one(doc, "google_compute_region_instance_group_manager")
     assert mig["target_stopped_size"] == "${var.warm_nodes}"
-    assert mig["lifecycle"]["ignore_changes"] == ["target_size"]
+    assert mig["lifecycle"]["ignore_changes"] == ["target_size", "version"]
     assert mig["target_size"] == 1  # a number: ignored after creation anyway
     up = mig["update_policy"]
     assert (up["max_surge_fixed"], up["max_unavailable_fixed"]) == (
@@ -463,10 +522,10 @@ def test_runtime_sizes_are_variables(stacks):
     # A regional MIG over 3 zones takes 0 or >= 3: a bad TF_VAR fails the plan.
     (rule,) = v["max_surge_fixed"]["validation"]
     assert rule["condition"] == "${var.max_surge_fixed == 0 || var.max_surge_fixed >= 3}"
-    # Two zones for mistral-24b.
+    # Three zones for mistral-24b too.
     (rule,) = doc_of(stacks, "acme-mistral-24b-gcp")["variable"]["max_unavailable_fixed"][
         "validation"]
-    assert rule["condition"].endswith(">= 2}")
+    assert rule["condition"].endswith(">= 3}")
 
 
 def test_variables_are_what_rollout_apply_env_passes(stacks):
@@ -550,10 +609,9 @@ def test_golden(stacks, stack):
     assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
 
 
-@pytest.mark.parametrize("checkov", CHECKOVS)
 @pytest.mark.parametrize("stack", [*sorted(GCP_EXAMPLES), "beta-small-gcp"])
-def test_checkov_passes(stacks, stack, checkov):
-    failed = run_checkov(stacks[stack]["dir"], exe=checkov_exe(checkov))
+def test_checkov_passes(stacks, stack):
+    failed = run_checkov(stacks[stack]["dir"])
     assert failed == [], failed
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from poolctl.config import load_config, parse_config
-from tests.synth.util import ROOT, checkov_exe, run_checkov
+from tests.synth.util import ROOT, run_checkov
 
 pytestmark = pytest.mark.synth
 
@@ -106,7 +106,6 @@ def test_gcp_off_by_default():
             "    gcp:\n", "    gcp:\n      node_access: instance-connect\n", 1))
 
 
-@pytest.mark.parametrize("which", ["pinned", "latest"])
-def test_gcp_checkov_passes_with_iap(gcp_stack, which):
-    failed = run_checkov(gcp_stack["dir"], exe=checkov_exe(which))
+def test_gcp_checkov_passes_with_iap(gcp_stack):
+    failed = run_checkov(gcp_stack["dir"])
     assert failed == [], failed

@@ -7,7 +7,7 @@ configuration (outputs only: no provider, no network). poolctl's own `${...}` ex
 (references to the stack's resources and variables) are swapped for a marker first, since
 the throwaway configuration has none of those objects; their quoted-string operands are
 evaluated on their own. Each string must come back as the literal poolctl meant, each
-hostile value must arrive whole, and the GCP startup script must be the rendered script.
+hostile value must arrive whole, and both boot script variants must be the rendered scripts.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ LITERAL_KEYS = {("variable", "default"), ("variable", "description"), ("variable
                 ("output", "description")}
 # Meta-arguments: references, not templates.
 REFERENCE_KEYS = {"depends_on", "provider", "ignore_changes", "replace_triggered_by"}
-FUNCTIONS = {"one", "length", "element"}  # the functions poolctl's own expressions call
+FUNCTIONS = {"one", "length", "element", "lookup"}  # what poolctl's expressions call
 KEYWORDS = {"for", "in", "if", "true", "false", "null"}
 
 
@@ -324,16 +324,22 @@ def test_every_hostile_value_arrives_whole(synthesized, evaluated):
             assert item in text or shlex.quote(item) in text, f"{label}: {item!r} lost"
 
 
-def test_gcp_startup_script_is_the_rendered_script(synthesized, evaluated):
+def test_both_boot_script_variants_are_the_rendered_scripts(synthesized, evaluated):
+    """Each stack holds the whole script and the image variant (the plan picks one from the
+    node image's tag): Terraform hands both over byte for byte (base64 on AWS)."""
     checked = 0
     for label, (cfg, cloud, _, _, doc) in synthesized.items():
-        if cloud != "gcp" or isinstance(doc, Exception):
+        if isinstance(doc, Exception):
             continue
-        script = render_boot_script(cfg, cfg.pools[0], "gcp")
         _, values, _ = evaluated[label]
-        assert script in values, f"{label}: Terraform changed the startup script"
+        if cloud == "aws":
+            values = [base64.b64decode(v).decode() for v in values if isinstance(v, str)
+                      and re.fullmatch(r"[A-Za-z0-9+/]{400,}={0,2}", v)]
+        for from_image in (False, True):
+            script = render_boot_script(cfg, cfg.pools[0], cloud, from_image=from_image)
+            assert script in values, f"{label}: Terraform changed the script ({from_image=})"
         checked += 1
-    assert checked >= 3
+    assert checked >= 6
 
 
 def test_only_poolctls_own_expressions_are_left_unescaped(synthesized):

@@ -16,44 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKOV_CONFIG = ROOT / ".checkov.yaml"
 
 
-def checkov_bin() -> str | None:
-    here = Path(sys.executable).parent / "checkov"
-    return str(here) if here.exists() else shutil.which("checkov")
-
-
-def checkov_latest_bin() -> str | None:
-    """The current checkov release (users run it, and new releases add checks): its own venv
-    `.venv-checkov` (scripts/setup), or POOLCTL_CHECKOV_LATEST."""
-    exe = os.environ.get("POOLCTL_CHECKOV_LATEST") or ROOT / ".venv-checkov" / "bin" / "checkov"
-    return str(exe) if Path(exe).is_file() else None
-
-
-def checkov_exe(which: str) -> str:
-    """`pinned` (pyproject's dev pin) or `latest`; skips, saying why, when latest is absent."""
-    import pytest
-
-    if which == "pinned":
-        exe = checkov_bin()
-        assert exe, "checkov is not installed (pip install -e '.[dev]')"
-        return exe
-    exe = checkov_latest_bin()
-    if not exe:
-        pytest.skip("no current checkov: run scripts/setup (.venv-checkov) or set "
-                    "POOLCTL_CHECKOV_LATEST")
-    return exe
+def checkov_bin() -> str:
+    """The current checkov release, what users scan cdktf.out with (new releases add checks,
+    and the stacks must pass them): its own virtualenv `.venv-checkov`, which scripts/setup
+    fills with the newest release (checkov pins its own dependencies, so it stays out of
+    poolctl's), or POOLCTL_CHECKOV, or `checkov` on PATH."""
+    named = os.environ.get("POOLCTL_CHECKOV")
+    exe = named or ROOT / ".venv-checkov" / "bin" / "checkov"
+    if Path(exe).is_file():
+        return str(exe)
+    found = None if named else shutil.which("checkov")
+    assert found, (f"no checkov: {named or exe} is missing; run scripts/setup, or set "
+                   "POOLCTL_CHECKOV to a checkov executable")
+    return found
 
 
 def checkov_config_skips() -> list[str]:
     return list(yaml.safe_load(CHECKOV_CONFIG.read_text())["skip-check"])
 
 
-def run_checkov(stack_dir: Path, skips: list[str] | None = None, exe: str | None = None
-                ) -> list[dict]:
+def run_checkov(stack_dir: Path, skips: list[str] | None = None) -> list[dict]:
     """Failed checks of `checkov --framework terraform_json` on `stack_dir`: with the
     project's `.checkov.yaml`, or with exactly `skips` when given. Returns the failures."""
-    exe = exe or checkov_bin()
-    assert exe, "checkov is not installed (pip install checkov)"
-    cmd = [exe, "-d", str(stack_dir), "--framework", "terraform_json", "--skip-download",
+    cmd = [checkov_bin(), "-d", str(stack_dir), "--framework", "terraform_json", "--skip-download",
            "--output", "json", "--quiet", "--compact"]
     if skips is None:
         cmd += ["--config-file", str(CHECKOV_CONFIG)]
@@ -112,3 +97,32 @@ def provider_modules_after_synth(config: Path, cloud: str, out: Path, cwd: Path)
                           timeout=300, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def synth_without_and_with_record(config: Path, cloud: str, image: str, tmp_path: Path,
+                                  monkeypatch) -> tuple[str, str]:
+    """The stack JSON (text) of `config`'s first pool on `cloud` with its node image set to
+    `image`, synthesized with an empty POOLCTL_HOME, then with a build record for `image`
+    that names this poolctl's boot library and the pool's own serving image (pre-pulled:
+    `plan` then shows a shorter or longer cold start, but the stack's warmup settings must
+    not follow a record that only this machine has)."""
+    from poolctl import bootscript, images
+    from poolctl.config import load_config
+    from poolctl.stacks.app import synth
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
+    cfg = load_config(config)
+    pool = cfg.pools[0]
+    key = "ami_id" if cloud == "aws" else "image"
+    placement = pool.placement(cloud).model_copy(update={key: image})
+    cfg = cfg.model_copy(update={"pools": [pool.model_copy(update={cloud: placement})]})
+    texts = []
+    for name in ("no-record", "record"):
+        if name == "record":
+            images.save_record({"cloud": cloud, "image_id": image, "base_image": "family/x",
+                                "serving_image": pool.serving.image,
+                                "boot_lib_version": bootscript.boot_library(cloud)["version"]})
+            assert images.find_record(cloud, image) is not None
+        (d,) = synth([(cfg, cfg.targets(None, cloud))], tmp_path / name)
+        texts.append((d / "cdk.tf.json").read_text())
+    return texts[0], texts[1]

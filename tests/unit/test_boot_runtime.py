@@ -218,10 +218,11 @@ def node(tmp_path):
     n.server.server_close()
 
 
-def _script(node: Node, pool_idx: int, cloud: str, secret: str | None = None) -> str:
+def _script(node: Node, pool_idx: int, cloud: str, secret: str | None = None,
+            from_image: bool = False) -> str:
     cfg = load(aws_port=node.port, gcp_port=node.port, api_key_secret=secret)
     # No local NVMe on this stand-in node: the cache is a folder (see module docstring).
-    ctx = bootscript.context(cfg, cfg.pools[pool_idx], cloud) | {"nvme_expected": 0}
+    ctx = bootscript.context(cfg, cfg.pools[pool_idx], cloud, from_image) | {"nvme_expected": 0}
     return bootscript.environment().get_template("node.sh.j2").render(ctx)
 
 
@@ -484,3 +485,71 @@ def test_api_key_secret_that_spans_lines_fails_the_boot(node):
     assert r.returncode == 1
     assert "FAILED: api key: secret arn:aws:secretsmanager" in r.stderr
     assert "line1" not in r.stderr and not (node.logs / "docker-run.args").exists()
+
+
+# --- the image variant: the boot library sourced from the node image -------------------------
+
+
+def _install_lib(node: Node, cloud: str, text: str | None = None) -> dict[str, str]:
+    """The library where `poolctl image build` puts it, under a temporary root."""
+    lib = bootscript.boot_library(cloud)
+    folder = node.root / "image-root" / lib["dir"].lstrip("/")
+    folder.mkdir(parents=True)
+    (folder / lib["file"]).write_text(lib["text"] if text is None else text)
+    return {"POOLCTL_LIB_DIR": str(folder)}
+
+
+@pytest.mark.parametrize(("cloud", "idx"), [("aws", 0), ("gcp", 1)])
+def test_image_variant_boots_like_the_whole_script(node, cloud, idx):
+    """User data without the library, the library from the image: the same steps, the same
+    container, the same lifecycle answer as the whole script."""
+    uri = AWS_URI if cloud == "aws" else GCP_URI
+    node.bucket(uri, {"config.json": b"{}", "model.safetensors": os.urandom(50_000)})
+    env = _install_lib(node, cloud)
+    script = _script(node, idx, cloud, from_image=True)
+    assert "verify_weights() {" not in script
+    r = node.run(script, "boot", **env)
+    assert r.returncode == 0, r.stderr
+    # image runs beside gpus (in the background): their order varies.
+    assert set(_phases(r.stderr)) == {"image", "gpus", "nvme", "weights", "serving",
+                                      "readiness", "total"}
+    assert "poolctl: weights: 2 of 2 files verified" in r.stderr
+    image_args = node.docker_run_args()
+    if cloud == "aws":
+        assert node.log("aws")[-1] == _continue_line("CONTINUE")
+    else:
+        assert node.log("gcloud")[0] == "auth configure-docker us-docker.pkg.dev --quiet"
+    # The whole script on a fresh node: the very same docker run.
+    (node.logs / "docker-run.args").unlink()
+    for marker in node.cache.rglob(".poolctl-complete"):
+        marker.unlink()
+    whole = node.run(_script(node, idx, cloud), "boot")
+    assert whole.returncode == 0, whole.stderr
+    assert node.docker_run_args() == image_args
+    # publish-queue runs from the library too.
+    assert node.run(script, "publish-queue", **env).returncode == 0
+
+
+def test_image_variant_fails_loudly_without_the_library(node):
+    node.bucket(AWS_URI, {"config.json": b"{}"})
+    script = _script(node, 0, "aws", from_image=True)
+    missing = node.root / "no-such-image-root"
+    r = node.run(script, "boot", POOLCTL_LIB_DIR=str(missing))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[0] == (
+        f"poolctl: FAILED: boot library {missing}/boot.sh is missing: the node image was not "
+        "built by this poolctl; rebuild it (poolctl image build) or remove it from the file")
+    assert "poolctl: phase=failed seconds=" in r.stderr
+    assert node.log("docker") == [] and node.log("aws") == []
+
+
+def test_image_variant_refuses_another_library_version(node):
+    lib = bootscript.boot_library("aws")
+    other = lib["text"].replace(lib["version"], "aws-0123456789ab")
+    env = _install_lib(node, "aws", text=other + "docker() { touch \"$FAKE_LOGS/sourced\"; }\n")
+    r = node.run(_script(node, 0, "aws", from_image=True), "boot", **env)
+    assert r.returncode == 1
+    assert (f"boot library {env['POOLCTL_LIB_DIR']}/boot.sh is version aws-0123456789ab, "
+            f"this script needs {lib['version']}; rebuild the image") in r.stderr
+    assert not (node.logs / "sourced").exists()  # refused before it was sourced
+    assert node.log("docker") == []

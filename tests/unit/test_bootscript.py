@@ -62,12 +62,21 @@ def _all_scripts(cfg) -> dict[str, str]:
         "gcp-llama-405b-api-key.sh": render_boot_script(gcp_key, gcp_key.pools[1], "gcp"),
         "nvme-raid-aws.sh": render_nvme_script("aws", 8),
         "nvme-raid-gcp.sh": render_nvme_script("gcp", 16),
+        # On a node image that carries the boot library: the pool's parts only.
+        "aws-chat-70b-image.sh": render_boot_script(cfg, cfg.pools[0], "aws", from_image=True),
+        "gcp-llama-405b-image.sh": render_boot_script(cfg, cfg.pools[1], "gcp",
+                                                      from_image=True),
+        "gcp-llama-405b-api-key-image.sh": render_boot_script(gcp_key, gcp_key.pools[1], "gcp",
+                                                              from_image=True),
+        "boot-lib-aws.sh": bootscript.boot_library("aws")["text"],
+        "boot-lib-gcp.sh": bootscript.boot_library("gcp")["text"],
     }
 
 
 # --- golden files -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["aws-chat-70b.sh", "gcp-llama-405b.sh", "nvme-raid-aws.sh"])
+@pytest.mark.parametrize("name", ["aws-chat-70b.sh", "gcp-llama-405b.sh", "nvme-raid-aws.sh",
+                                  "aws-chat-70b-image.sh", "gcp-llama-405b-image.sh"])
 def test_matches_golden(cfg, name):
     text = _all_scripts(cfg)[name]
     path = GOLDEN / name
@@ -239,8 +248,9 @@ def test_every_start_runs_the_boot_unit(aws_script):
 
 def test_phase_lines(aws_script):
     phases = re.findall(r"^\s+phase (\w+) ", aws_script, re.M)
-    # hydrate: inside the image step, when the image is on the root volume already.
-    assert phases == ["hydrate", "image", "gpus", "nvme", "weights", "serving", "readiness"]
+    # boot's steps (the library), then hydrate: inside the image step (pull_image, the
+    # pool's part), when the image is on the root volume already.
+    assert phases == ["image", "gpus", "nvme", "weights", "serving", "readiness", "hydrate"]
     assert 'log "phase=$name seconds=$((SECONDS - t0))"' in aws_script
 
 
@@ -291,7 +301,10 @@ def test_usage_errors_name_the_key(cfg):
 
 @pytest.mark.parametrize("name", ["aws-chat-70b.sh", "gcp-llama-405b.sh", "aws-chat-70b-ecr.sh",
                                   "aws-chat-70b-api-key.sh", "gcp-llama-405b-api-key.sh",
-                                  "nvme-raid-aws.sh", "nvme-raid-gcp.sh"])
+                                  "nvme-raid-aws.sh", "nvme-raid-gcp.sh",
+                                  "aws-chat-70b-image.sh", "gcp-llama-405b-image.sh",
+                                  "gcp-llama-405b-api-key-image.sh",
+                                  "boot-lib-aws.sh", "boot-lib-gcp.sh"])
 def test_shellcheck_clean(cfg, name):
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck not installed (apt-get install -y shellcheck)")
@@ -299,7 +312,53 @@ def test_shellcheck_clean(cfg, name):
     out = subprocess.run(["shellcheck", "-s", "bash", "-"], input=text, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert text.startswith("#!/bin/bash\n")
+    first = "# shellcheck shell=bash" if name.startswith("boot-lib") else "#!/bin/bash\n"
+    assert text.startswith(first)
+
+
+# --- the boot library in the node image ---------------------------------------------------
+
+def _functions(script: str) -> set[str]:
+    return set(re.findall(r"^([a-z_]+)\(\) \{", script, re.M))
+
+
+@pytest.mark.parametrize(("idx", "cloud"), [(0, "aws"), (1, "gcp")])
+def test_image_variant_is_the_whole_script_split_in_two(cfg, idx, cloud):
+    """The same functions either way: the library's (static for the cloud) and the pool's
+    (its values: registry login, serving flags) in user data, none in both; the library
+    holds no value of the pool."""
+    whole = render_boot_script(cfg, cfg.pools[idx], cloud, from_image=False)
+    part = render_boot_script(cfg, cfg.pools[idx], cloud, from_image=True)
+    lib = bootscript.boot_library(cloud)
+    assert _functions(part) & _functions(lib["text"]) == set()
+    assert (_functions(part) | _functions(lib["text"])) - {"lib_failed"} == _functions(whole)
+    assert _functions(part) - {"lib_failed"} == {"pull_image", "start_serving"}
+    for value in (cfg.pools[idx].serving.image, cfg.pools[idx].model.id, "acme", "8000",
+                  cfg.pools[idx].placement(cloud).weights.uri):
+        assert value not in lib["text"], value
+    assert f"{bootscript.LIB_VERSION_TAG}{lib['version']}\n" in lib["text"]
+    assert f"POOLCTL_LIB_VERSION={lib['version']}\n" in part
+    assert "/opt/poolctl/lib}/boot.sh\n" in part
+    assert len(part.encode()) < len(whole.encode()) / 3
+
+
+def test_a_build_record_does_not_choose_the_variant(cfg, tmp_path, monkeypatch):
+    """The whole script by default, whatever the local build records say: the stacks hold
+    both variants and Terraform picks one from the image's tag (tests/synth)."""
+    from poolctl import images
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path))
+    ami = "ami-0aaaaaaaaaaaaaaaa"
+    built = parse_config(config_yaml().replace("region: us-east-1\n",
+                                               f"region: us-east-1\n      ami_id: {ami}\n", 1))
+    pool = built.pools[0]
+    assert pool.aws.ami_id == ami
+    whole = render_boot_script(built, pool, "aws", from_image=False)
+    images.save_record({"cloud": "aws", "image_id": ami, "serving_image": pool.serving.image,
+                        "boot_lib_version": bootscript.boot_library("aws")["version"]})
+    assert images.find_record("aws", ami) is not None
+    assert render_boot_script(built, pool, "aws") == whole
+    assert whole != render_boot_script(built, pool, "aws", from_image=True)
 
 
 def test_systemd_units_are_valid(aws_script, tmp_path):

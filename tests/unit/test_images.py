@@ -95,12 +95,17 @@ def test_production_template_reaches_builder_privately():
     assert "encrypt_boot                = true" in aws
     assert '"tag:poolctl:tier" = "private"' in aws
     assert '"poolctl:serving-image" = "vllm/vllm-openai:v0.11.0"' in aws
+    # The tag the stack's plan reads to choose the boot script variant (stacks/aws/pool.py).
+    from poolctl.bootscript import boot_library
+
+    assert f'"poolctl:boot-library" = "{boot_library("aws")["version"]}"' in aws
     assert 'communicator  = "ssh"' in aws and "custom_endpoint_ec2" not in aws
     gcp = _render(EXAMPLES[0], "chat-70b", "gcp", OLD).files["gcp.pkr.hcl"]
     for line in ("omit_external_ip = true", "use_iap          = true",
                  "use_os_login     = true", '"poolctl-serving-image" = "vllm-vllm-openai-v0-11-0"',
                  'source_image_family     = "common-cu124-ubuntu-2204-nvidia-550"',
-                 'source_image_project_id = ["deeplearning-platform-release"]'):
+                 'source_image_project_id = ["deeplearning-platform-release"]',
+                 f'"poolctl-boot-library" = "{boot_library("gcp")["version"]}"'):
         assert line in gcp
 
 
@@ -324,3 +329,199 @@ def test_dry_run_prints_files_and_command_only(tmp_path):
                      r"build -color=false -on-error=cleanup gcp.pkr.hcl", res.stdout)
     assert f.read_text() == EXAMPLES[0].read_text()
     assert not (tmp_path / "home" / "images").exists()
+
+
+# --- rollback of a `--node-image` rollout whose file named no image --------------------------
+
+AMI = "ami-0fedcba9876543210"
+
+
+class RollOps:
+    """The cloud as a rollout sees it: a group with room in the quota, and whatever rollout
+    `state` says (None: none yet). Stand-in for AwsOps; the Terraform run is stubbed too."""
+
+    cloud = "aws"
+    unsupported = frozenset()
+
+    def __init__(self, state=None):
+        self.state, self.begun, self.rolled_back = state, [], 0
+
+    def find_group(self, cfg, pool):
+        from poolctl.clouds.base import Group
+
+        return Group(cloud="aws", name="acme-chat-70b", region="us-east-1", min_nodes=1,
+                     max_nodes=7, desired_nodes=1, warm_min_nodes=2, warm_state="stopped",
+                     version="3")
+
+    def rollout_state(self, group):
+        return self.state
+
+    def quota_lines(self, cfg, pool, needs):
+        from poolctl.clouds.base import QuotaLine
+
+        return [QuotaLine(n["name"], n["unit"], n["scope"], n["needed"], 10_000, in_use=0,
+                          pool_in_use=0) for n in needs]
+
+    def rollout_apply_env(self, group, plan, no_surge=False):
+        return {}
+
+    def rollout_begin(self, group, cfg, pool, plan, no_surge=False, stack_dir=None):
+        from poolctl.clouds.base import RolloutState
+
+        self.begun.append(pool.aws.ami_id)
+        self.state = RolloutState(id=f"r-{len(self.begun)}", status="Pending", done=False,
+                                  percentage_complete=0.0)
+        return self.state
+
+    def rollout_rollback(self, group):
+        self.rolled_back += 1
+        self.state.status = "RollbackInProgress"
+        return self.state
+
+
+@pytest.fixture
+def rolled(tmp_path, monkeypatch):
+    """`rollout start --node-image AMI` on the example, whose file names no aws.ami_id: the
+    line added, the apply stubbed (what it was given is kept), the refresh begun."""
+    from poolctl import runtime
+    from poolctl.deploy import StackResult
+
+    applied = []
+
+    def run_stacks(cfg, targets, **kw):
+        applied.append(targets[0][0].aws.ami_id)
+        return [StackResult(stack="acme-chat-70b-aws", workdir=str(tmp_path), applied=True)]
+
+    monkeypatch.setattr("poolctl.deploy.run_stacks", run_stacks)
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    original = f.read_text()
+    assert "ami_id" not in original
+    cfg = load_config(f)
+    ops = RollOps()
+    res = runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
+                                confirm=lambda q: True, sandbox=True, outdir=tmp_path / "out")
+    assert (res.key, res.from_value, res.to_value) == ("aws.ami_id", None, AMI)
+    assert f.read_text() != original and f"      ami_id: {AMI}\n" in f.read_text()
+    return f, original, ops, applied
+
+
+def _rollback(f, ops, tmp_path):
+    from poolctl import runtime
+
+    cfg = load_config(f)
+    return runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", ops, confirm=lambda q: True,
+                                    sandbox=True, outdir=tmp_path / "out")
+
+
+def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_path):
+    """Ended: the default image rolled out again, the file byte for byte as before."""
+    f, original, ops, applied = rolled
+    ops.state.status, ops.state.done = "Successful", True
+    out = _rollback(f, ops, tmp_path)
+    assert out["how"] == "new_rollout" and (out["from"], out["to"]) == (AMI, None)
+    assert f.read_text() == original
+    assert applied == [AMI, None]  # the rollback's apply: no AMI, the SSM default again
+    assert ops.begun == [AMI, None]
+    from poolctl import runtime
+
+    cfg = load_config(f)
+    rec = runtime.load_record(cfg, cfg.pools[0], "aws")
+    assert (rec["key"], rec["from"], rec["to"], rec["action"]) == (
+        "aws.ami_id", AMI, None, "rollback")
+
+
+def test_rollback_in_progress_removes_the_added_line(rolled, tmp_path, capsys):
+    f, original, ops, applied = rolled
+    out = _rollback(f, ops, tmp_path)
+    assert out["how"] == "cloud_rollback" and ops.rolled_back == 1
+    assert f.read_text() == original
+    assert applied == [AMI]  # the cloud rolls back; no second apply
+    assert "aws.ami_id: ami-0fedcba9876543210 -> (line removed" in capsys.readouterr().err
+
+
+def test_rollback_before_the_rollout_began_removes_the_added_line(tmp_path, monkeypatch):
+    """The apply failed: only the file needs restoring."""
+    from poolctl import runtime
+    from poolctl.errors import OperationFailed
+
+    def apply_fails(*a, **kw):
+        raise OperationFailed("terraform apply failed")
+
+    monkeypatch.setattr("poolctl.deploy.run_stacks", apply_fails)
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    original = f.read_text()
+    cfg = load_config(f)
+    with pytest.raises(OperationFailed, match="the apply did not finish"):
+        runtime.rollout_start(cfg, f, cfg.pools[0], "aws", RollOps(), node_image=AMI,
+                              confirm=lambda q: True, sandbox=True, outdir=tmp_path / "out")
+    assert f.read_text() != original
+    out = _rollback(f, RollOps(), tmp_path)
+    assert out["how"] == "file" and f.read_text() == original
+
+
+def test_rollback_leaves_a_hand_edited_line_alone(rolled, tmp_path, capsys):
+    f, original, ops, applied = rolled
+    f.write_text(f.read_text().replace(AMI, "ami-0aaaaaaaaaaaaaaaa"))
+    edited = f.read_text()
+    _rollback(f, ops, tmp_path)
+    assert f.read_text() == edited
+    assert "is now 'ami-0aaaaaaaaaaaaaaaa', neither" in capsys.readouterr().err
+
+
+def test_unset_scalar_removes_only_a_line_of_its_own():
+    from poolctl.errors import UsageError
+    from poolctl.runtime import unset_scalar
+
+    path = ("pools", 0, "aws", "ami_id")
+    base = EXAMPLES[0].read_text()
+    added, _, line = set_scalar(base, path, AMI)
+    assert unset_scalar(added, path) == (base, AMI, line)
+    assert unset_scalar(base, path) == (base, None, None)  # not written: nothing to do
+    commented = added.replace(f"ami_id: {AMI}\n", f"ami_id: {AMI}  # pinned\n")
+    assert unset_scalar(commented, path)[0] == base
+    flow = base.replace("    aws:\n", f"    aws: {{ami_id: {AMI}}}\n    x:\n", 1)
+    with pytest.raises(UsageError, match=r"aws\.ami_id: not a line of its own poolctl can "
+                       "remove; delete it by hand"):
+        unset_scalar(flow, path)
+
+
+def test_a_no_after_the_plan_summary_puts_the_file_and_record_back(tmp_path, monkeypatch):
+    """`rollout start` asks after Terraform planned the recorded file and showed its summary
+    (run_stacks asks, as deploy does); a no leaves the file byte for byte and no record."""
+    from poolctl import runtime
+    from poolctl.errors import NotConfirmed, OperationFailed
+
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    original = f.read_text()
+    planned, asked = [], []
+
+    def run_stacks(cfg, targets, **kw):
+        # What Terraform plans: the file as recorded, then the question.
+        planned.append((targets[0][0].aws.ami_id, f"ami_id: {AMI}" in f.read_text()))
+        if not kw["confirm"]("apply acme-chat-70b-aws: 0 to add, 1 to change, 0 to destroy?"):
+            raise NotConfirmed("acme-chat-70b-aws: not confirmed; nothing was applied")
+        raise AssertionError("applied after a no")
+
+    def confirm(question):
+        asked.append(question)
+        return False
+
+    monkeypatch.setattr("poolctl.deploy.run_stacks", run_stacks)
+    cfg = load_config(f)
+    ops = RollOps()
+    with pytest.raises(OperationFailed, match="^acme-chat-70b-aws: not confirmed; nothing was "
+                                              "changed$"):
+        runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
+                              confirm=confirm, sandbox=True, outdir=tmp_path / "out")
+    assert planned == [(AMI, True)]
+    [question] = asked
+    assert question.startswith(f"start rollout of acme-chat-70b-aws: aws.ami_id None -> {AMI} "
+                               "(checkpoints ")
+    assert question.endswith(f"recorded in {f}: apply acme-chat-70b-aws: 0 to add, 1 to "
+                             "change, 0 to destroy?")
+    assert f.read_text() == original
+    assert runtime.load_record(cfg, cfg.pools[0], "aws") is None
+    assert ops.begun == []

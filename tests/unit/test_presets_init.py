@@ -62,7 +62,10 @@ def test_version_and_completion():
     # the console script, as a shell completes it (under `python -m` the name differs)
     script = Path(sys.executable).parent / "poolctl"
     r = subprocess.run([str(script), "--show-completion", "bash"], capture_output=True,
-                       text=True, env={**os.environ, "SHELL": "/bin/bash"}, timeout=60)
+                       text=True, timeout=60, env={
+                           # the shell as an argument, not guessed from the process tree
+                           # (an xdist worker has no shell among its parents)
+                           **os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
     assert r.returncode == 0
     assert "complete -o default -F _poolctl_completion poolctl" in r.stdout, r.stdout
 

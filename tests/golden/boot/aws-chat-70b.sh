@@ -28,11 +28,6 @@ hydrate_image() {
   find "${dirs[@]}" -type f -print0 2>/dev/null | xargs -0 -r -P 32 -n 64 cat >/dev/null ||
     log "hydrate: some layer files could not be read; the server reads them on demand"
 }
-
-CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}
-NVME_EXPECTED=8
-MD_DEV=/dev/md/poolctl-cache
-
 nvme_devices() {
   local p
   if [[ -n ${POOLCTL_NVME_DEVICES:-} ]]; then
@@ -141,28 +136,6 @@ nvme_cache() {
   chmod 0755 "$CACHE"
 }
 
-POOL=acme-chat-70b
-MODEL_ID=meta-llama/Llama-3.1-70B-Instruct
-MODEL_VERSION=2024-07
-WEIGHTS_URI=s3://acme-models/llama-3.1-70b/
-WEIGHTS_DIR="$CACHE/weights/"meta-llama_Llama-3.1-70B-Instruct/2024-07
-IMAGE=vllm/vllm-openai:v0.11.0
-GPUS=8
-REPLICAS_PER_NODE=4
-PORT=8000
-HEALTH_PATH=/health
-READY_TIMEOUT_S=1800
-# shellcheck disable=SC2016 # config values are literal, never expanded
-EXTRA_ARGS=(--override-generation-config '{"temperature": 0.6, "top_p": 0.9}' --chat-template-content-format=openai 'it'"'"'s $(touch /tmp/poolctl-pwned) `id` "x" * ;')
-SELF=/usr/local/lib/poolctl/node.sh
-STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
-CONTAINER=poolctl-serving
-export AWS_DEFAULT_REGION=us-east-1
-LIFECYCLE_HOOK=poolctl-node-ready
-METRIC_NAMESPACE=poolctl
-METRIC_NAME=RequestsWaitingPerReplica
-IMDS=${POOLCTL_IMDS_URL:-http://169.254.169.254/latest}
-
 imds() {
   local token
   token=$(curl -fsS --max-time 5 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' \
@@ -208,21 +181,6 @@ check_gpus() {
   local n
   n=$(nvidia-smi -L | grep -c '^GPU ' || true)
   ((n == GPUS)) || fail "gpus: found $n, expected $GPUS"
-}
-
-pull_image() {
-  if docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    log "image: $IMAGE is on the root volume already"
-    phase hydrate hydrate_image
-    return 0
-  fi
-  local i
-  for i in 1 2 3; do
-    if docker pull -q "$IMAGE" >/dev/null; then return 0; fi
-    log "image: pull attempt $i failed"
-    sleep $((i * 10))
-  done
-  fail "image: could not pull $IMAGE"
 }
 
 verify_weights() {
@@ -286,26 +244,6 @@ block_metadata() {
     iptables -I DOCKER-USER -d 169.254.169.254/32 -j DROP
 }
 
-start_serving() {
-  local env_file="$STATE/serving.env"
-  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
-  mkdir -p "$STATE/vllm-cache"
-  block_metadata
-  rm -f "$env_file"
-  (umask 077 && : >"$env_file")
-  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host \
-    --network bridge -p "$PORT:$PORT" --env-file "$env_file" \
-    --log-driver journald -e HF_HUB_OFFLINE=1 \
-    -v "$CACHE:$CACHE:ro" -v "$STATE/vllm-cache:/root/.cache" \
-    "$IMAGE" --model "$WEIGHTS_DIR" --served-model-name "$MODEL_ID" \
-    --tensor-parallel-size 2 --data-parallel-size 4 \
-    --max-model-len 16384 --gpu-memory-utilization 0.92 \
-    --enable-chunked-prefill --max-num-batched-tokens 8192 \
-    --max-num-seqs 256 \
-    --port "$PORT" "${EXTRA_ARGS[@]}" >/dev/null
-  rm -f "$env_file"
-}
-
 wait_ready() {
   local url="http://127.0.0.1:$PORT$HEALTH_PATH" t0=$SECONDS restarts
   until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true) == 200 ]]; do
@@ -367,8 +305,8 @@ boot() {
 
 install_node() {
   install -d -m 0755 "${SELF%/*}" "$STATE"
-  if [[ -r ${BASH_SOURCE[0]} ]]; then
-    [[ ${BASH_SOURCE[0]} -ef $SELF ]] || install -m 0755 "${BASH_SOURCE[0]}" "$SELF"
+  if [[ -r $SCRIPT ]]; then
+    [[ $SCRIPT -ef $SELF ]] || install -m 0755 "$SCRIPT" "$SELF"
   else
     imds user-data >"$SELF"
     chmod 0755 "$SELF"
@@ -409,6 +347,67 @@ EOF
   systemctl start --no-block poolctl-node.service poolctl-queue.timer
 }
 
+CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}
+NVME_EXPECTED=8
+MD_DEV=/dev/md/poolctl-cache
+POOL=acme-chat-70b
+MODEL_ID=meta-llama/Llama-3.1-70B-Instruct
+MODEL_VERSION=2024-07
+WEIGHTS_URI=s3://acme-models/llama-3.1-70b/
+WEIGHTS_DIR="$CACHE/weights/"meta-llama_Llama-3.1-70B-Instruct/2024-07
+IMAGE=vllm/vllm-openai:v0.11.0
+GPUS=8
+REPLICAS_PER_NODE=4
+PORT=8000
+HEALTH_PATH=/health
+READY_TIMEOUT_S=1800
+# shellcheck disable=SC2016 # config values are literal, never expanded
+EXTRA_ARGS=(--override-generation-config '{"temperature": 0.6, "top_p": 0.9}' --chat-template-content-format=openai 'it'"'"'s $(touch /tmp/poolctl-pwned) `id` "x" * ;')
+SELF=/usr/local/lib/poolctl/node.sh
+SCRIPT=${BASH_SOURCE[0]:-}
+STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
+CONTAINER=poolctl-serving
+export AWS_DEFAULT_REGION=us-east-1
+LIFECYCLE_HOOK=poolctl-node-ready
+METRIC_NAMESPACE=poolctl
+METRIC_NAME=RequestsWaitingPerReplica
+IMDS=${POOLCTL_IMDS_URL:-http://169.254.169.254/latest}
+
+pull_image() {
+  if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    log "image: $IMAGE is on the root volume already"
+    phase hydrate hydrate_image
+    return 0
+  fi
+  local i
+  for i in 1 2 3; do
+    if docker pull -q "$IMAGE" >/dev/null; then return 0; fi
+    log "image: pull attempt $i failed"
+    sleep $((i * 10))
+  done
+  fail "image: could not pull $IMAGE"
+}
+
+start_serving() {
+  local env_file="$STATE/serving.env"
+  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
+  mkdir -p "$STATE/vllm-cache"
+  block_metadata
+  rm -f "$env_file"
+  (umask 077 && : >"$env_file")
+  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host \
+    --network bridge -p "$PORT:$PORT" --env-file "$env_file" \
+    --log-driver journald -e HF_HUB_OFFLINE=1 \
+    -v "$CACHE:$CACHE:ro" -v "$STATE/vllm-cache:/root/.cache" \
+    "$IMAGE" --model "$WEIGHTS_DIR" --served-model-name "$MODEL_ID" \
+    --tensor-parallel-size 2 --data-parallel-size 4 \
+    --max-model-len 16384 --gpu-memory-utilization 0.92 \
+    --enable-chunked-prefill --max-num-batched-tokens 8192 \
+    --max-num-seqs 256 \
+    --port "$PORT" "${EXTRA_ARGS[@]}" >/dev/null
+  rm -f "$env_file"
+}
+
 case ${1:-install} in
   install) install_node ;;
   boot) boot ;;
@@ -417,3 +416,4 @@ case ${1:-install} in
   nvme) phase nvme nvme_cache ;;
   *) fail "unknown command '$1'; use install, boot, publish-queue, verify DIR or nvme" ;;
 esac
+

@@ -28,11 +28,6 @@ hydrate_image() {
   find "${dirs[@]}" -type f -print0 2>/dev/null | xargs -0 -r -P 32 -n 64 cat >/dev/null ||
     log "hydrate: some layer files could not be read; the server reads them on demand"
 }
-
-CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}
-NVME_EXPECTED=16
-MD_DEV=/dev/md/poolctl-cache
-
 nvme_devices() {
   local p
   if [[ -n ${POOLCTL_NVME_DEVICES:-} ]]; then
@@ -134,49 +129,12 @@ nvme_cache() {
   chmod 0755 "$CACHE"
 }
 
-POOL=acme-llama-405b
-MODEL_ID=meta-llama/Llama-3.1-405B-Instruct-FP8
-MODEL_VERSION=1
-WEIGHTS_URI=gs://acme-models/llama-3.1-405b-fp8/
-WEIGHTS_DIR="$CACHE/weights/"meta-llama_Llama-3.1-405B-Instruct-FP8/1
-IMAGE=us-docker.pkg.dev/acme-prod/serving/vllm-openai:v0.11.0
-GPUS=8
-REPLICAS_PER_NODE=1
-PORT=8080
-HEALTH_PATH=/health
-READY_TIMEOUT_S=1800
-# shellcheck disable=SC2016 # config values are literal, never expanded
-EXTRA_ARGS=()
-SELF=/usr/local/lib/poolctl/node.sh
-STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
-CONTAINER=poolctl-serving
-GCP_PROJECT=acme-prod
-METRIC_TYPE=custom.googleapis.com/poolctl/requests_waiting_per_replica
-MD=${POOLCTL_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}
-MONITORING=${POOLCTL_MONITORING_URL:-https://monitoring.googleapis.com}
-
 gce() { curl -fsS --max-time 5 -H 'Metadata-Flavor: Google' "$MD/$1"; }
 
 check_gpus() {
   local n
   n=$(nvidia-smi -L | grep -c '^GPU ' || true)
   ((n == GPUS)) || fail "gpus: found $n, expected $GPUS"
-}
-
-pull_image() {
-  if docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    log "image: $IMAGE is on the root volume already"
-    phase hydrate hydrate_image
-    return 0
-  fi
-  gcloud auth configure-docker us-docker.pkg.dev --quiet >/dev/null
-  local i
-  for i in 1 2 3; do
-    if docker pull -q "$IMAGE" >/dev/null; then return 0; fi
-    log "image: pull attempt $i failed"
-    sleep $((i * 10))
-  done
-  fail "image: could not pull $IMAGE"
 }
 
 verify_weights() {
@@ -232,26 +190,6 @@ fetch_weights() {
 block_metadata() {
   iptables -C DOCKER-USER -d 169.254.169.254/32 -j DROP 2>/dev/null ||
     iptables -I DOCKER-USER -d 169.254.169.254/32 -j DROP
-}
-
-start_serving() {
-  local env_file="$STATE/serving.env"
-  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
-  mkdir -p "$STATE/vllm-cache"
-  block_metadata
-  rm -f "$env_file"
-  (umask 077 && : >"$env_file")
-  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host \
-    --network bridge -p "$PORT:$PORT" --env-file "$env_file" \
-    --log-driver journald -e HF_HUB_OFFLINE=1 \
-    -v "$CACHE:$CACHE:ro" -v "$STATE/vllm-cache:/root/.cache" \
-    "$IMAGE" --model "$WEIGHTS_DIR" --served-model-name "$MODEL_ID" \
-    --tensor-parallel-size 8 --data-parallel-size 1 \
-    --max-model-len 8192 --gpu-memory-utilization 0.92 \
-    --enable-chunked-prefill --max-num-batched-tokens 8192 \
-    --max-num-seqs 256 \
-    --port "$PORT" "${EXTRA_ARGS[@]}" >/dev/null
-  rm -f "$env_file"
 }
 
 wait_ready() {
@@ -315,8 +253,8 @@ boot() {
 
 install_node() {
   install -d -m 0755 "${SELF%/*}" "$STATE"
-  if [[ -r ${BASH_SOURCE[0]} ]]; then
-    [[ ${BASH_SOURCE[0]} -ef $SELF ]] || install -m 0755 "${BASH_SOURCE[0]}" "$SELF"
+  if [[ -r $SCRIPT ]]; then
+    [[ $SCRIPT -ef $SELF ]] || install -m 0755 "$SCRIPT" "$SELF"
   else
     gce instance/attributes/startup-script >"$SELF"
     chmod 0755 "$SELF"
@@ -357,6 +295,67 @@ EOF
   systemctl start --no-block poolctl-node.service poolctl-queue.timer
 }
 
+CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}
+NVME_EXPECTED=16
+MD_DEV=/dev/md/poolctl-cache
+POOL=acme-llama-405b
+MODEL_ID=meta-llama/Llama-3.1-405B-Instruct-FP8
+MODEL_VERSION=1
+WEIGHTS_URI=gs://acme-models/llama-3.1-405b-fp8/
+WEIGHTS_DIR="$CACHE/weights/"meta-llama_Llama-3.1-405B-Instruct-FP8/1
+IMAGE=us-docker.pkg.dev/acme-prod/serving/vllm-openai:v0.11.0
+GPUS=8
+REPLICAS_PER_NODE=1
+PORT=8080
+HEALTH_PATH=/health
+READY_TIMEOUT_S=1800
+# shellcheck disable=SC2016 # config values are literal, never expanded
+EXTRA_ARGS=()
+SELF=/usr/local/lib/poolctl/node.sh
+SCRIPT=${BASH_SOURCE[0]:-}
+STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
+CONTAINER=poolctl-serving
+GCP_PROJECT=acme-prod
+METRIC_TYPE=custom.googleapis.com/poolctl/requests_waiting_per_replica
+MD=${POOLCTL_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}
+MONITORING=${POOLCTL_MONITORING_URL:-https://monitoring.googleapis.com}
+
+pull_image() {
+  if docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    log "image: $IMAGE is on the root volume already"
+    phase hydrate hydrate_image
+    return 0
+  fi
+  gcloud auth configure-docker us-docker.pkg.dev --quiet >/dev/null
+  local i
+  for i in 1 2 3; do
+    if docker pull -q "$IMAGE" >/dev/null; then return 0; fi
+    log "image: pull attempt $i failed"
+    sleep $((i * 10))
+  done
+  fail "image: could not pull $IMAGE"
+}
+
+start_serving() {
+  local env_file="$STATE/serving.env"
+  docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
+  mkdir -p "$STATE/vllm-cache"
+  block_metadata
+  rm -f "$env_file"
+  (umask 077 && : >"$env_file")
+  docker run -d --name "$CONTAINER" --restart on-failure --gpus all --ipc=host \
+    --network bridge -p "$PORT:$PORT" --env-file "$env_file" \
+    --log-driver journald -e HF_HUB_OFFLINE=1 \
+    -v "$CACHE:$CACHE:ro" -v "$STATE/vllm-cache:/root/.cache" \
+    "$IMAGE" --model "$WEIGHTS_DIR" --served-model-name "$MODEL_ID" \
+    --tensor-parallel-size 8 --data-parallel-size 1 \
+    --max-model-len 8192 --gpu-memory-utilization 0.92 \
+    --enable-chunked-prefill --max-num-batched-tokens 8192 \
+    --max-num-seqs 256 \
+    --port "$PORT" "${EXTRA_ARGS[@]}" >/dev/null
+  rm -f "$env_file"
+}
+
 case ${1:-install} in
   install) install_node ;;
   boot) boot ;;
@@ -365,3 +364,4 @@ case ${1:-install} in
   nvme) phase nvme nvme_cache ;;
   *) fail "unknown command '$1'; use install, boot, publish-queue, verify DIR or nvme" ;;
 esac
+
