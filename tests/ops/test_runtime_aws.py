@@ -321,10 +321,14 @@ def test_ctrl_c_leaves_warming_running_and_says_how_to_watch(sandbox_home, pool_
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=poolctl_env(sandbox_home, POOLCTL_POLL_S="0.05"))
     lines = []
+    # A pool in another state never prints the line below: fail, not wait for ever.
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
     for line in proc.stderr:  # nobody boots the fifth node: the wait goes on
         lines.append(line)
         if "4/5 warm" in line:
             break
+    watchdog.cancel()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(lines) + err
