@@ -552,35 +552,30 @@ def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
 
 
-# The fixture's own test runs with the first module that builds on the fixture (one deploy
-# per worker serves both): e2e modules are collected before ops ones, so it sees the pool as
-# the fixture hands it out, before launch-day tests change it.
-@pytest.mark.xdist_group("ops/test_launch_day")
+@pytest.mark.xdist_group("e2e/deployed_pool")
 def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
     assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
                              "via": "boto3" if MISSING else "terraform"}
     _check_pool_like_the_stack(sandbox_client, ASG)
 
 
-def test_deployed_pool_boto3_fallback_makes_the_same_pool(tmp_path):
-    """Where Terraform is missing the fixture makes the pool with boto3: the same pool. On a
-    sandbox of its own, so the session's sandbox (and the pool deployed in it) stays."""
-    import boto3
-
-    from poolctl.sandbox import manager
+@pytest.mark.xdist_group("e2e/deployed_pool")
+def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_client):
     from tests.conftest import _deploy_with_boto3, sandbox_admin
 
-    info = manager.start(port=0, home=tmp_path, parent_pid=os.getpid())
+    sandbox_admin(sandbox, "POST", "/moto-api/reset")
     try:
-        endpoint = str(info.endpoint)
-        _deploy_with_boto3(endpoint)
-        sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
+        _deploy_with_boto3(sandbox)
+        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
                       {"AutoScalingGroupName": ASG})
-
-        def client(service: str, region: str = "us-east-1"):
-            return boto3.client(service, endpoint_url=endpoint, region_name=region,
-                                **manager.TEST_CREDENTIALS)
-
-        _check_pool_like_the_stack(client, ASG)
+        _check_pool_like_the_stack(sandbox_client, ASG)
     finally:
-        manager.stop(home=tmp_path)
+        # No hand-made pool left for Terraform's state to trip over.
+        sandbox_admin(sandbox, "POST", "/moto-api/reset")
+
+
+@pytest.mark.xdist_group("e2e/deployed_pool")
+def test_deployed_pool_comes_back_after_the_sandbox_was_wiped(deployed_pool, sandbox_client):
+    # The test above reset the emulator; the fixture re-created the pool before this test.
+    assert deployed_pool["via"] == ("boto3" if MISSING else "terraform")
+    _check_pool_like_the_stack(sandbox_client, ASG)
