@@ -423,10 +423,33 @@ def deployed_pool(sandbox, sandbox_home) -> Iterator[dict[str, Any]]:
     re-created before the next test that asks for this fixture.
     """
     _deployed_at[:] = [sandbox, Path(sandbox_home)]
+    # Groups that ran before on this worker may have left instances (quota in use) behind.
+    _fresh_sandbox(sandbox, Path(sandbox_home))
     yield ensure_deployed_pool(sandbox, Path(sandbox_home))
+
+
+def _fresh_sandbox(endpoint: str, home: Path) -> None:
+    """Empty the emulator and drop what poolctl keeps of the pool under POOLCTL_HOME (the
+    sizes `warm` set survive a deploy, rollout records steer the next rollout): the next
+    `ensure_deployed_pool` deploys the pool as the file describes it."""
+    sandbox_admin(endpoint, "POST", "/moto-api/reset")
+    for kept in ("warm", "rollouts"):
+        shutil.rmtree(home / kept, ignore_errors=True)
+
+
+_pool_user: list[str] = []  # the xdist group (module) whose tests used the pool last
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _deployed_at and "deployed_pool" in getattr(item, "fixturenames", ()):
+    """Each group of tests gets the pool as deployed: a worker runs several groups in turn,
+    and the tests of one group change the pool (sizes, versions, quota) as they go."""
+    if "deployed_pool" not in getattr(item, "fixturenames", ()):
+        return
+    mark = item.get_closest_marker("xdist_group")
+    group = _group_name(item) if mark else item.nodeid.split("::", 1)[0]
+    if _deployed_at:
+        if _pool_user and _pool_user[0] != group:
+            _fresh_sandbox(*_deployed_at)
         ensure_deployed_pool(*_deployed_at)
+    _pool_user[:] = [group]
