@@ -121,6 +121,13 @@ reference documents it, within the limits said here.
    boot only when told). POST /_poolctl/start-times {"region", "project", "pool",
    "start_seconds": {"cold": 440.5, "warm_stopped": 260.5, "warm_running": 30}} registers
    a pool's start times (`deploy --sandbox` sends its plan's).
+   POST /_poolctl/snapshots {"name": "pool"} keeps a copy of everything the sandbox holds
+   (every moto backend, the applied quotas, the registered start times); POST
+   /_poolctl/snapshots/<name>/restore puts it back in about a second, resources and ids as
+   they were, so a Terraform state written before the snapshot matches again (the test
+   suite restores its deployed pool between groups of tests instead of deploying it anew);
+   GET lists the names. A reset drops the snapshots (they point into the backends it
+   replaces).
    moto's own POST /moto-api/reset also resets all of this (the speedup stays).
 
 8. Self-booting nodes (`warm --wait`, `rollout`, `status` progress with nobody else acting).
@@ -165,6 +172,7 @@ EXTENSIONS = (
     "moto-fixes.group-create-delete",
     "admin-endpoints",
     "admin-endpoints.faults",
+    "admin-endpoints.snapshots",
     "ec2-instance-connect.send-ssh-public-key",
     "ec2.instance-connect-endpoints",
 )
@@ -1807,6 +1815,66 @@ _faults: dict[str, dict[str, float]] = {}
 _holding: list[str] = []
 
 
+# Snapshots: name -> deep copies of every moto backend's attributes and of the state above.
+_snapshots: dict[str, dict[str, Any]] = {}
+
+
+def _live_backends() -> dict[tuple[str, str, str], Any]:
+    """Every moto backend in use: (service, account, region) -> backend object."""
+    from moto.core.base_backend import BackendDict
+
+    return {(bd.service_name, account, region): backend
+            for bd in list(BackendDict._instances)
+            for account, region, backend in bd.iter_backends()}
+
+
+def _backends_kept(live: dict[tuple[str, str, str], Any]) -> dict[int, Any]:
+    """A deepcopy memo that copies what the backends hold but never a backend itself:
+    moto's objects point at backends (a group at its EC2 backend), and after a restore
+    those pointers must reach the live ones."""
+    from moto.core.base_backend import BackendDict
+
+    memo: dict[int, Any] = {id(backend): backend for backend in live.values()}
+    for bd in list(BackendDict._instances):
+        memo[id(bd)] = bd
+        for per_account in bd.values():
+            memo[id(per_account)] = per_account
+    return memo
+
+
+def take_snapshot(name: str) -> dict[str, Any]:
+    if not name:
+        raise ValueError("the body needs a snapshot name: {\"name\": \"...\"}")
+    with _LOCK:
+        live = _live_backends()
+        _snapshots[name] = {
+            "backends": copy.deepcopy({key: vars(b) for key, b in live.items()},
+                                      _backends_kept(live)),
+            "quotas": copy.deepcopy(_quota_values),
+            "start_times": copy.deepcopy(_start_times),
+        }
+        return {"name": name, "backends": len(live)}
+
+
+def restore_snapshot(name: str) -> dict[str, Any]:
+    with _LOCK:
+        snap = _snapshots[name]  # KeyError: 404
+        live = _live_backends()
+        saved = copy.deepcopy(snap["backends"], _backends_kept(live))
+        for key, backend in live.items():
+            if key in saved:
+                backend.__dict__ = saved[key]
+            else:  # first used after the snapshot: as new
+                backend.reset()
+        _quota_values.clear()
+        _quota_values.update(copy.deepcopy(snap["quotas"]))
+        _start_times.clear()
+        _start_times.update(copy.deepcopy(snap["start_times"]))
+        _faults.clear()
+        _eic_keys.clear()
+        return {"name": name, "backends": len(live)}
+
+
 def _api_action(environ: dict[str, Any]) -> str | None:
     """The API action of a request (query protocol: Action=..., JSON: X-Amz-Target), with
     the body left readable for moto."""
@@ -1928,6 +1996,14 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                         _faults.clear()
                     return respond(start_response, 200, {"faults": _faults,
                                                          "holding": list(_holding)})
+            if path == "/_poolctl/snapshots":
+                if method == "POST":
+                    return respond(start_response, 200, take_snapshot(str(body.get("name", ""))))
+                return respond(start_response, 200, {"snapshots": sorted(_snapshots)})
+            if (path.startswith("/_poolctl/snapshots/") and path.endswith("/restore")
+                    and method == "POST"):
+                name = path.removeprefix("/_poolctl/snapshots/").removesuffix("/restore")
+                return respond(start_response, 200, restore_snapshot(name))
             if path == "/_poolctl/lifecycle-actions":
                 if method == "POST":
                     done = complete_open_actions(
@@ -2117,6 +2193,7 @@ def install() -> None:
             _faults.clear()
             _eic_keys.clear()
             _start_times.clear()
+            _snapshots.clear()
 
     MotoAPIBackend.reset = reset
     reset_quotas()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import uuid
 from pathlib import Path
 
@@ -336,6 +337,59 @@ def test_scale_out_takes_warm_instances_first_then_refills(sandbox_client):
     asg.delete_warm_pool(AutoScalingGroupName=name)
     left = warm_after[0]["InstanceId"]
     assert _ec2_instances(ec2, [left])[left]["State"]["Name"] == "terminated"
+
+
+# -------------------------------------------------------------------------------------
+# admin: snapshots (the suite restores its deployed pool between groups with them)
+
+
+def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_client):
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("snap")
+    _group(asg, name, lt_id, desired=1, max_size=6)
+    asg.put_warm_pool(AutoScalingGroupName=name, MaxGroupPreparedCapacity=3)  # 2 warm
+    member = [i["InstanceId"] for i in _instances(asg, name)]
+    warm = sorted(i["InstanceId"] for i in
+                  asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"])
+    sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 384}})
+    taken = sandbox_admin(sandbox, "POST", "/_poolctl/snapshots", {"name": "t1"})
+    assert taken["name"] == "t1" and taken["backends"] >= 2  # ec2 and autoscaling at least
+    assert "t1" in sandbox_admin(sandbox, "GET", "/_poolctl/snapshots")["snapshots"]
+
+    # change everything the snapshot holds
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
+    ec2.delete_launch_template(LaunchTemplateId=lt_id)
+    sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 0}})
+    other = _name("snap-later")
+    _group(asg, other, _launch_template(ec2)[0], desired=1, max_size=1)
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/snapshots/t1/restore")
+    assert [i["InstanceId"] for i in _instances(asg, name)] == member
+    assert sorted(i["InstanceId"] for i in
+                  asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]) == warm
+    assert ec2.describe_launch_templates(LaunchTemplateIds=[lt_id])["LaunchTemplates"]
+    assert not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[other])[
+        "AutoScalingGroups"]
+    quotas = sandbox_admin(sandbox, "GET", "/_poolctl/quotas")["quotas"]
+    assert quotas["*"]["L-417A185B"] == 384
+    # The restored group still launches into the live EC2 backend: a copy that had copied
+    # the backends too would launch instances that DescribeInstances never shows.
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
+    ids = {i["InstanceId"] for i in _instances(asg, name)}
+    assert len(ids) == 3 and set(_ec2_instances(ec2, ids)) == ids
+    # A snapshot survives its restore (restore again: back to one member).
+    sandbox_admin(sandbox, "POST", "/_poolctl/snapshots/t1/restore")
+    assert [i["InstanceId"] for i in _instances(asg, name)] == member
+
+
+def test_restore_of_an_unknown_snapshot_is_404_and_a_reset_drops_them(sandbox_reset):
+    sandbox_admin(sandbox_reset, "POST", "/_poolctl/snapshots", {"name": "t2"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        sandbox_admin(sandbox_reset, "POST", "/_poolctl/snapshots/nope/restore")
+    assert err.value.code == 404
+    sandbox_admin(sandbox_reset, "POST", "/moto-api/reset")
+    assert sandbox_admin(sandbox_reset, "GET", "/_poolctl/snapshots") == {"snapshots": []}
 
 
 # -------------------------------------------------------------------------------------
