@@ -39,6 +39,7 @@ import jinja2
 
 from poolctl import formats, naming
 from poolctl.catalog import load_catalog
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
@@ -82,18 +83,18 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "_"
 
 
-def _registry(image: str, cloud: str) -> dict:
+def _registry(image: str, cloud: Cloud) -> dict:
     """How the node logs in to the image's registry with its own identity (never a stored
     password): ECR on AWS, Artifact Registry on GCP; public registries need nothing."""
-    if cloud == "aws" and (m := _ECR.match(image)):
+    if cloud == Cloud.aws and (m := _ECR.match(image)):
         return {"registry_login": "ecr", "registry": m["host"], "registry_region": m["region"]}
-    if cloud == "gcp" and (m := _GAR.match(image)):
+    if cloud == Cloud.gcp and (m := _GAR.match(image)):
         return {"registry_login": "gar", "registry": m["host"]}
     return {"registry_login": "none"}
 
 
 @cache
-def boot_library(cloud: str) -> dict:
+def boot_library(cloud: Cloud) -> dict:
     """The boot library for `cloud` as a node image carries it: its file's text (a header
     naming its version, the sha256 of its body), the version, where it goes."""
     body = environment().get_template("_node_lib.sh.j2").render(cloud=cloud)
@@ -108,7 +109,7 @@ def boot_library(cloud: str) -> dict:
             "version": version, "text": text}
 
 
-def context(cfg: Config, pool: Pool, cloud: str, from_image: bool = False) -> dict:
+def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> dict:
     """Every value the templates need for this pool and cloud, and nothing they do not use
     (a test removes each key in turn and expects the render to fail). `from_image`: source
     the boot library from the node image (the image variant) instead of holding it.
@@ -117,7 +118,7 @@ def context(cfg: Config, pool: Pool, cloud: str, from_image: bool = False) -> di
     and `poolctl.stacks.app` before it synthesizes) refuse a type outside the catalog and a
     tensor_parallel that does not divide its GPUs."""
     placement = pool.placement(cloud)
-    type_name = placement.instance_type if cloud == "aws" else placement.machine_type
+    type_name = placement.type_name
     row = load_catalog().get(cloud, type_name)
     s = pool.serving
     secret = pool.api_key_secret(cloud)
@@ -148,13 +149,13 @@ def context(cfg: Config, pool: Pool, cloud: str, from_image: bool = False) -> di
         # The secret's name only: the node reads the key itself at boot (see start_serving).
         "api_key_secret": None if secret is None else {
             "id": secret,
-            **({"region": formats.aws_secret_arn(secret)} if cloud == "aws" else {}),
+            **({"region": formats.aws_secret_arn(secret)} if cloud == Cloud.aws else {}),
         },
         "ready_timeout_s": READY_TIMEOUT_S,
         "boot_lib": None,
         **_registry(s.image, cloud),
     }
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         ctx |= {
             "region": placement.region,
             "lifecycle_hook": naming.LIFECYCLE_HOOK,
@@ -169,14 +170,14 @@ def context(cfg: Config, pool: Pool, cloud: str, from_image: bool = False) -> di
     return ctx
 
 
-def render_boot_script(cfg: Config, pool: Pool, cloud: str, from_image: bool = False) -> str:
+def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> str:
     """The boot script, whatever its size; by default the whole one, the worst case, which
     the `boot-script-size` rule measures."""
     return environment().get_template("node.sh.j2").render(
         context(cfg, pool, cloud, from_image))
 
 
-def size_problem(size: int, cloud: str) -> str | None:
+def size_problem(size: int, cloud: Cloud) -> str | None:
     limit = BOOT_SCRIPT_LIMITS[cloud]
     if size <= limit:
         return None
@@ -184,7 +185,7 @@ def size_problem(size: int, cloud: str) -> str | None:
 
 
 def render_nvme_script(
-    cloud: str, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
+    cloud: Cloud, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
 ) -> str:
     """The NVMe cache step on its own (for `nodes check`, repairs and tests)."""
     return environment().get_template("nvme-raid.sh.j2").render(

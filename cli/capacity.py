@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from poolctl.clouds import Cloud
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -15,7 +16,7 @@ from poolctl.simulate import (
 from poolctl.traces import Trace
 
 
-def autoscale_for(pool, cloud: str, plan, warm_replicas: int | None = None) -> Autoscale:
+def autoscale_for(pool, cloud: Cloud, plan, warm_replicas: int | None = None) -> Autoscale:
     """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
     rpn = plan.replicas_per_node
     s, wp = pool.scaling, pool.warm_pool
@@ -32,13 +33,13 @@ def autoscale_for(pool, cloud: str, plan, warm_replicas: int | None = None) -> A
         scale_down_stabilization_s=s.scale_down_stabilization_s,
         # GCP's scale-in control removes one VM per stabilization window; AWS's simple
         # policy one node per cooldown once its alarm fires.
-        scale_in_cooldown_s=AWS_SCALE_IN_COOLDOWN_S if cloud == "aws"
+        scale_in_cooldown_s=AWS_SCALE_IN_COOLDOWN_S if cloud == Cloud.aws
         else s.scale_down_stabilization_s,
         warm_running=wp.state == "running",
     )
 
 
-def run_pool(pool, cloud: str, trace: Trace, *, replicas: int | None = None,
+def run_pool(pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
@@ -75,7 +76,7 @@ def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
 PEAK_WINDOW_S = 600  # the stretch of traffic max_replicas is sized for
 
 
-def recommend(pool, cloud: str, trace: Trace) -> dict:
+def recommend(pool, cloud: Cloud, trace: Trace) -> dict:
     """Smallest replica count meeting the TTFT SLO at or below the utilization target; a
     max for the busiest window; the smallest warm pool keeping the SLO under autoscaling."""
     from poolctl.sizing import nodes_for, plan_pool

@@ -13,6 +13,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from poolctl.clouds import Cloud
+
 
 class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,7 +80,7 @@ class InstanceType(_Row):
     @property
     def can_hibernate(self) -> bool:
         # EC2 hibernation needs less than 150 GB of RAM (cloud-facts, "Warm pools").
-        return self.cloud == "aws" and self.ram_gib * 2**30 < 150e9
+        return self.cloud == Cloud.aws and self.ram_gib * 2**30 < 150e9
 
     @property
     def quota_per_node(self) -> int:
@@ -106,13 +108,13 @@ class Catalog(_Row):
     def gpu_spec(self, row: InstanceType) -> GpuSpec:
         return self.gpu_specs[row.gpu]
 
-    def get(self, cloud: str, name: str) -> InstanceType | None:
+    def get(self, cloud: Cloud, name: str) -> InstanceType | None:
         for row in self.instance_types:
             if row.cloud == cloud and row.name == name:
                 return row
         return None
 
-    def names(self, cloud: str, nvlink_8gpu_only: bool = True) -> list[str]:
+    def names(self, cloud: Cloud, nvlink_8gpu_only: bool = True) -> list[str]:
         return [
             r.name
             for r in self.instance_types

@@ -11,7 +11,7 @@ import re
 import typing
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from poolctl import formats
+from poolctl.clouds import Cloud
 from poolctl.errors import UsageError
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -464,9 +465,17 @@ class AwsPlacement(CoreModel):
         "pushed per check); `none`: no SSH path is created.",
     )
 
+    # What the cloud-neutral code asks of either placement, without `if aws ... else ...`.
+    TYPE_KEY: ClassVar[str] = "instance_type"  # the key naming the node type, for messages
+    STORE_SCHEME: ClassVar[str] = "s3"  # the object store weights_uri points into
+
+    @property
+    def type_name(self) -> str:
+        return self.instance_type
+
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
-        return formats.parse_object_prefix(self.weights_uri, "s3")
+        return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)
 
 
 class GcpPlacement(CoreModel):
@@ -531,9 +540,16 @@ class GcpPlacement(CoreModel):
         "with OS Login and a key imported per check); `none`: no SSH path is created.",
     )
 
+    TYPE_KEY: ClassVar[str] = "machine_type"
+    STORE_SCHEME: ClassVar[str] = "gs"
+
+    @property
+    def type_name(self) -> str:
+        return self.machine_type
+
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
-        return formats.parse_object_prefix(self.weights_uri, "gs")
+        return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)
 
     @model_validator(mode="after")
     def _subnetwork_in_region(self) -> GcpPlacement:
@@ -571,7 +587,7 @@ class Pool(CoreModel):
             self.api_key_secret(cloud)
         return self
 
-    def api_key_secret(self, cloud: str) -> str | None:
+    def api_key_secret(self, cloud: Cloud) -> str | None:
         """The API-key secret the `cloud` nodes read: the ARN (aws) or
         projects/P/secrets/NAME (gcp); None without one."""
         ref = self.serving.api_key_secret
@@ -587,15 +603,15 @@ class Pool(CoreModel):
                           f"({'a Secrets Manager ARN' if cloud == 'aws' else 'a secret name'})",
                           raw)
         try:
-            if cloud == "aws":
+            if cloud == Cloud.aws:
                 formats.aws_secret_arn(raw)
                 return raw
             return formats.gcp_secret_name(raw, self.gcp.project)
         except ValueError as e:
             raise invalid("Pool", loc, str(e), raw) from None
 
-    def placement(self, cloud: str) -> AwsPlacement | GcpPlacement | None:
-        return self.aws if cloud == "aws" else self.gcp
+    def placement(self, cloud: Cloud) -> AwsPlacement | GcpPlacement | None:
+        return self.aws if cloud == Cloud.aws else self.gcp
 
     @property
     def clouds(self) -> list[str]:
@@ -669,7 +685,7 @@ class Config(CoreModel):
         names = ", ".join(p.name for p in self.pools)
         raise UsageError(f"--pool: no pool named {pool!r} in the file; pools are: {names}")
 
-    def targets(self, pool: str | None, cloud: str | None) -> list[tuple[Pool, str]]:
+    def targets(self, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, str]]:
         """(pool, cloud) pairs a command acts on: `--cloud` picks the placement; pools
         without it are passed over, unless `--pool` named one explicitly."""
         out = []

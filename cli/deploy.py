@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from poolctl import naming
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
@@ -44,7 +45,7 @@ class StackResult:
     log: str = ""  # Terraform's output
 
 
-def pool_cost(pool: Pool, cloud: str, summary: PlanSummary) -> dict:
+def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
@@ -139,7 +140,7 @@ def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]
     return work, env
 
 
-def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: str, sandbox: bool
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool
           ) -> list:
     """Import blocks for what an earlier, interrupted apply created but did not record.
 
@@ -148,7 +149,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: str, sandbo
     pool (`poolctl.clouds.aws_adopt`). GCP: not looked up yet."""
     imports = work / ADOPT_FILE
     imports.unlink(missing_ok=True)  # last run's imports are in the state by now
-    if cloud != "aws":
+    if cloud != Cloud.aws:
         return []
     config = json.loads((work / "cdk.tf.json").read_text())
     state = tf.state_resources()
@@ -200,7 +201,7 @@ def run_stacks(
     `preflight(targets)`: cloud checks of every target before anything is synthesized or
     applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
     Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
-    if sandbox and any(c != "aws" for _, c in targets):
+    if sandbox and any(c != Cloud.aws for _, c in targets):
         raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
     # Missing prerequisites fail before the synth (seconds of work), not after it.
     if sandbox:

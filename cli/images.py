@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import log
@@ -122,7 +123,7 @@ class Rendered:
     context: dict = field(default_factory=dict)
 
 
-def _pool_key(cfg: Config, pool: Pool, cloud: str) -> str:
+def _pool_key(cfg: Config, pool: Pool, cloud: Cloud) -> str:
     idx = [p.name for p in cfg.pools].index(pool.name)
     return f"pools[{idx}].{cloud}"
 
@@ -184,7 +185,7 @@ def aws_base(cfg: Config, pool: Pool, sandbox: bool) -> str:
         "Base AMI's parameter")
 
 
-def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int],
+def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
            sandbox: bool, base_image: str, serving_image: str | None = None,
            now: datetime | None = None, endpoint: str = "") -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
@@ -200,7 +201,7 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
     stack = naming.stack_name(cfg, pool, cloud)
     modern = needs_plugin_block(version)
     hold = _hold_s() if sandbox else 0
-    gbase = gcp_base(cfg, pool) if cloud == "gcp" else {}
+    gbase = gcp_base(cfg, pool) if cloud == Cloud.gcp else {}
     lib = boot_library(cloud)  # installed by provision.sh, inside a quoted heredoc
     assert "\nPOOLCTL_BOOT_LIB\n" not in lib["text"], "the heredoc would end early"
     base_image = gbase.pop("base", base_image)
@@ -212,7 +213,7 @@ def render(cfg: Config, pool: Pool, cloud: str, *, version: tuple[int, int, int]
         "description": f"poolctl {stack}: {base_image.rsplit('/', 1)[-1]} + {image}",
         "boot_lib": {k: lib[k] for k in ("path", "version", "text")},
     }
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         tags = naming.aws_tags(cfg, pool)
         name = f"{base}-{_stamp(now)}"
         ctx |= {
@@ -273,11 +274,11 @@ def images_dir() -> Path:
     return poolctl_home() / "images"
 
 
-def _record_file(cloud: str, image_id: str) -> Path:
+def _record_file(cloud: Cloud, image_id: str) -> Path:
     return images_dir() / f"{cloud}-{re.sub(r'[^A-Za-z0-9._-]+', '_', image_id)}.json"
 
 
-def find_record(cloud: str, image_id: str | None) -> dict | None:
+def find_record(cloud: Cloud, image_id: str | None) -> dict | None:
     if not image_id:
         return None
     try:
@@ -294,14 +295,14 @@ def save_record(rec: dict) -> Path:
     return path
 
 
-def placement_image(pool: Pool, cloud: str) -> str | None:
+def placement_image(pool: Pool, cloud: Cloud) -> str | None:
     """The node image a placement names in the file (None: the base image at deploy)."""
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         return pool.aws.ami_id
     return pool.gcp.image
 
 
-def prepulled(pool: Pool, cloud: str, records: bool = True) -> dict:
+def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict:
     """Which image a placement uses and whether it carries the serving image: a build record
     says so for images poolctl built, `serving.image_prepulled` for the user's own.
     `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
@@ -312,7 +313,7 @@ def prepulled(pool: Pool, cloud: str, records: bool = True) -> dict:
         same = rec.get("serving_image") == pool.serving.image
         return {"id": image, "prepulled": same, "source": "build record",
                 "carries": rec.get("serving_image"), "digest": rec.get("digest")}
-    shown = image or (pool.aws.ami_ssm_parameter if cloud == "aws" else None)
+    shown = image or (pool.aws.ami_ssm_parameter if cloud == Cloud.aws else None)
     return {"id": shown, "prepulled": pool.serving.image_prepulled,
             "source": "serving.image_prepulled", "carries": None, "digest": None}
 
@@ -321,8 +322,8 @@ def prepulled(pool: Pool, cloud: str, records: bool = True) -> dict:
 # Build
 
 
-def file_key(cloud: str) -> tuple[str, ...]:
-    return ("aws", "ami_id") if cloud == "aws" else ("gcp", "image")
+def file_key(cloud: Cloud) -> tuple[str, ...]:
+    return ("aws", "ami_id") if cloud == Cloud.aws else ("gcp", "image")
 
 
 def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str]) -> None:
@@ -395,12 +396,12 @@ class BuildResult:
         return asdict(self)
 
 
-def build(cfg: Config, file_path: Path, pool: Pool, cloud: str, *, sandbox: bool,
+def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bool,
           dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
           now: datetime | None = None) -> BuildResult:
     from poolctl.runtime import set_scalar, write_atomic
 
-    if sandbox and cloud != "aws":
+    if sandbox and cloud != Cloud.aws:
         raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
     if pool.placement(cloud) is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
@@ -416,7 +417,7 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: str, *, sandbox: bool
         from poolctl.sandbox import manager
 
         endpoint = manager.require_running()
-    base = aws_base(cfg, pool, sandbox) if cloud == "aws" else ""
+    base = aws_base(cfg, pool, sandbox) if cloud == Cloud.aws else ""
     r = render(cfg, pool, cloud, version=version, sandbox=sandbox, base_image=base,
                serving_image=serving_image, now=now, endpoint=endpoint)
     workdir = images_dir() / "builds" / r.image_name
@@ -471,14 +472,14 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: str, *, sandbox: bool
     return res
 
 
-def _artifact(workdir: Path, cloud: str, pool: Pool) -> str:
+def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
     try:
         builds = json.loads((workdir / "packer-manifest.json").read_text())["builds"]
         artifact = builds[-1]["artifact_id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         raise OperationFailed(f"packer: no artifact in {workdir}/packer-manifest.json; "
                               "nothing was recorded") from None
-    if cloud == "aws":  # "us-east-1:ami-0123"
+    if cloud == Cloud.aws:  # "us-east-1:ami-0123"
         return artifact.split(",")[0].split(":", 1)[-1]
     return f"projects/{pool.gcp.project}/global/images/{artifact}"
 
@@ -503,8 +504,8 @@ class ImageRow:
     snapshots: list[str] = field(default_factory=list)
 
 
-def list_images(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list[ImageRow]:
-    rows = _aws_images(cfg, pool, sandbox) if cloud == "aws" else _gcp_images(cfg, pool)
+def list_images(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> list[ImageRow]:
+    rows = _aws_images(cfg, pool, sandbox) if cloud == Cloud.aws else _gcp_images(cfg, pool)
     return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
 
 
@@ -583,10 +584,10 @@ def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
             for im in images]
 
 
-def latest_image(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> str:
+def latest_image(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> str:
     """`--node-image latest`: the newest image built for the pool that carries its serving
     image."""
-    want = pool.serving.image if cloud == "aws" else gcp_label_value(pool.serving.image)
+    want = pool.serving.image if cloud == Cloud.aws else gcp_label_value(pool.serving.image)
     for row in list_images(cfg, pool, cloud, sandbox):
         if row.serving_image == want:
             return row.id
@@ -595,7 +596,7 @@ def latest_image(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> str:
                      f"{cloud}`")
 
 
-def prune(cfg: Config, pool: Pool, cloud: str, sandbox: bool, keep: int) -> dict:
+def prune(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool, keep: int) -> dict:
     """Deregister all but the `keep` newest images (and their snapshots); an image in use is
     never deleted and does not count against `keep`."""
     if keep < 0:
@@ -605,7 +606,7 @@ def prune(cfg: Config, pool: Pool, cloud: str, sandbox: bool, keep: int) -> dict
     gone, kept = spare[keep:], [r.id for r in rows if r.in_use] + [r.id for r in spare[:keep]]
     deleted = []
     for r in gone:
-        if cloud == "aws":
+        if cloud == Cloud.aws:
             _aws_delete(pool, sandbox, r)
         else:
             _gcp_delete(pool, r)

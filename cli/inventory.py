@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from poolctl.clouds import Cloud
 from poolctl.errors import UsageError
 
 # The header vLLM checks with --api-key / VLLM_API_KEY; the curl line names a shell variable
@@ -136,9 +137,9 @@ def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int, emi
 
 
 
-def cloud_module(cloud: str):
+def cloud_module(cloud: Cloud):
     """The cloud's inventory module (imports its SDK only when called)."""
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         from poolctl.clouds import aws_inventory
 
         return aws_inventory

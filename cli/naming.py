@@ -10,6 +10,8 @@ import hashlib
 import re
 from typing import TYPE_CHECKING
 
+from poolctl.clouds import Cloud
+
 if TYPE_CHECKING:  # config validates names with name_problems below
     from poolctl.config import Config, Pool
 
@@ -45,7 +47,7 @@ def base(cfg: Config, pool: Pool) -> str:
     return f"{cfg.project}-{pool.name}"
 
 
-def stack_name(cfg: Config, pool: Pool, cloud: str) -> str:
+def stack_name(cfg: Config, pool: Pool, cloud: Cloud) -> str:
     return f"{cfg.project}-{pool.name}-{cloud}"
 
 

@@ -22,13 +22,14 @@ import os
 import re
 import shlex
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from poolctl import naming, sizing
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
 
@@ -89,7 +90,7 @@ class NodeSpec:
         return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
-def spec_for(pool: Pool, cloud: str) -> NodeSpec:
+def spec_for(pool: Pool, cloud: Cloud) -> NodeSpec:
     row = sizing.instance_row(pool, cloud)
     return NodeSpec(
         pool=pool.name,
@@ -1110,97 +1111,6 @@ def progress_line(res: NodeResult) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Finding a pool's nodes through the cloud (running nodes only, by the contract's tags).
-
-
-def discover_aws(cfg: Config, pool: Pool, sandbox: bool = False,
-                 page_size: int | None = None) -> list[str]:
-    """Private IPs of the pool's running EC2 instances, found by tag."""
-    return [ip for ip, _ in discover_aws_nodes(cfg, pool, sandbox, page_size)]
-
-
-def discover_aws_nodes(cfg: Config, pool: Pool, sandbox: bool = False,
-                       page_size: int | None = None) -> list[tuple[str, str]]:
-    """(private IP, instance id) of the pool's running EC2 instances, found by tag."""
-    if pool.aws is None:
-        raise UsageError(f"--cloud aws: pool {pool.name!r} has no `aws:` placement")
-    region = pool.aws.region
-    import botocore.exceptions
-
-    if sandbox:
-        from poolctl.sandbox import manager
-
-        ec2 = manager.client("ec2", region)
-    else:
-        import boto3
-
-        ec2 = boto3.client("ec2", region_name=region)
-    filters = [
-        {"Name": f"tag:{naming.TAG_PROJECT}", "Values": [cfg.project]},
-        {"Name": f"tag:{naming.TAG_POOL}", "Values": [pool.name]},
-        {"Name": "instance-state-name", "Values": ["running"]},
-    ]
-    paging = {"PageSize": page_size} if page_size else {}
-    found: dict[str, str] = {}
-    try:
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=filters, PaginationConfig=paging)
-        for page in pages:
-            for reservation in page["Reservations"]:
-                for inst in reservation["Instances"]:
-                    ip = inst.get("PrivateIpAddress")
-                    if ip and inst.get("State", {}).get("Name") == "running":
-                        found[ip] = inst["InstanceId"]
-    except botocore.exceptions.NoCredentialsError:
-        raise UsageError("--cloud aws: no AWS credentials found; configure them (AWS_PROFILE, "
-                         "aws sso login ...) or pass --host to check nodes directly") from None
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
-        raise OperationFailed(f"ec2 DescribeInstances in {region} failed: {e}") from None
-    return [(ip, found[ip]) for ip in sorted(found, key=_ip_key)]
-
-
-def _ip_key(ip: str) -> tuple:
-    try:
-        addr = ipaddress.ip_address(ip)
-    except ValueError:
-        return (9, 0, ip)
-    return (addr.version, int(addr), ip)
-
-
-def gcp_filter(cfg: Config, pool: Pool) -> str:
-    return (f'labels.{naming.LABEL_PROJECT} = "{cfg.project}" AND '
-            f'labels.{naming.LABEL_POOL} = "{pool.name}" AND status = "RUNNING"')
-
-
-def gcp_nodes(pages: Iterable[tuple[str, Any]], region: str) -> list[tuple[str, str, str]]:
-    """(zone key, InstancesScopedList) pairs of an aggregated list -> (internal IP, instance
-    name, zone) of the region's running nodes, by IP."""
-    found = {}
-    for zone_key, scoped in pages:
-        zone = zone_key.rsplit("/", 1)[-1]
-        if not zone.startswith(f"{region}-"):
-            continue
-        for inst in getattr(scoped, "instances", None) or []:
-            if getattr(inst, "status", "RUNNING") != "RUNNING":
-                continue
-            for nic in inst.network_interfaces[:1]:
-                if nic.network_i_p:
-                    found[nic.network_i_p] = (inst.name, zone)
-    return [(ip, *found[ip]) for ip in sorted(found, key=_ip_key)]
-
-
-def discover_gcp(cfg: Config, pool: Pool, sandbox: bool = False) -> list[tuple[str, str, str]]:
-    """(internal IP, instance name, zone) of the pool's running VMs in its region, found by
-    label through the Compute Engine endpoint poolctl uses (POOLCTL_GCE_ENDPOINT honoured)."""
-    if pool.gcp is None:
-        raise UsageError(f"--cloud gcp: pool {pool.name!r} has no `gcp:` placement")
-    from poolctl.clouds.gcp import make_ops
-
-    pages = make_ops(sandbox=sandbox).running_instances(pool.gcp.project, gcp_filter(cfg, pool))
-    return gcp_nodes(pages, pool.gcp.region)
-
-
-# ---------------------------------------------------------------------------------------
 # The whole command, minus rendering.
 
 
@@ -1234,7 +1144,7 @@ def plan_work(
                     "addresses (127.0.0.0/8, ::1, localhost); name the local sshd standing "
                     "for the node, e.g. --host 127.0.0.1:2222")
         return [(h, spec) for h in unique]
-    if sandbox and any(c != "aws" for _, c in targets):
+    if sandbox and any(c != Cloud.aws for _, c in targets):
         from poolctl.clouds.gcp import ENDPOINT_ENV
 
         # GCP "in the sandbox" is the Compute Engine fake of the tests, as for make_ops.
@@ -1249,10 +1159,10 @@ def plan_work(
                  for f in discover(cfg, pool, cloud, sandbox)]
         ips = [ip for ip, _, _ in found]
         if not ips:
-            where = pool.aws.region if cloud == "aws" and pool.aws else (
+            where = pool.aws.region if cloud == Cloud.aws and pool.aws else (
                 pool.gcp.region if pool.gcp else "")
             tag = (f"{naming.TAG_PROJECT}={cfg.project}, {naming.TAG_POOL}={pool.name}"
-                   if cloud == "aws" else
+                   if cloud == Cloud.aws else
                    f"{naming.LABEL_PROJECT}={cfg.project}, {naming.LABEL_POOL}={pool.name}")
             raise OperationFailed(
                 f"no running node of pool {pool.name} on {cloud} in {where} (by {tag}); "
@@ -1265,7 +1175,7 @@ def plan_work(
                 "address of the emulator, and poolctl never connects outside 127.0.0.0/8 in "
                 "the sandbox; pass --host with the loopback address of a local sshd standing "
                 "for the node, e.g. --host 127.0.0.1:2222")
-        if cloud == "aws":
+        if cloud == Cloud.aws:
             where_kw = {"region": pool.aws.region if pool.aws else None}
         else:
             where_kw = {"region": pool.gcp.region, "project": pool.gcp.project}
@@ -1285,7 +1195,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _discover(cfg: Config, pool: Pool, cloud: str, sandbox: bool) -> list:
-    if cloud == "aws":
-        return discover_aws_nodes(cfg, pool, sandbox)
-    return discover_gcp(cfg, pool, sandbox)
+def _discover(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> list:
+    """The pool's running nodes, through the cloud's operations (its endpoint, credentials
+    and retries, as every other command)."""
+    from poolctl.runtime import get_ops
+
+    # GCP "in the sandbox" is the Compute Engine fake at POOLCTL_GCE_ENDPOINT (plan_work
+    # refuses --sandbox for GCP without it), reached as any GCE endpoint.
+    return get_ops(cloud, sandbox and cloud == Cloud.aws).node_addresses(cfg, pool)

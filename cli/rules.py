@@ -14,6 +14,7 @@ from typing import Literal
 
 from poolctl import sizing
 from poolctl.catalog import InstanceType, load_catalog
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 
 Severity = Literal["error", "warning", "info"]
@@ -89,8 +90,8 @@ def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
     return register
 
 
-def _type_key(cloud: str) -> str:
-    return "aws.instance_type" if cloud == "aws" else "gcp.machine_type"
+def _type_key(cloud: Cloud) -> str:
+    return "aws.instance_type" if cloud == Cloud.aws else "gcp.machine_type"
 
 
 # --------------------------------------------------------------------------- pool checks
@@ -218,7 +219,7 @@ def _checkpoints(c: Ctx):
 
 @check("nvlink-8gpu", "an 8-GPU NVLink type from the catalog")
 def _nvlink(c: Ctx):
-    name = c.pool.aws.instance_type if c.cloud == "aws" else c.pool.gcp.machine_type
+    name = c.pool.placement(c.cloud).type_name
     if c.row is None:
         from poolctl.models import did_you_mean
 
@@ -241,13 +242,13 @@ def _nvlink(c: Ctx):
 
 @check("no-rdma-nics", "no EFA / GPUDirect NICs on inference nodes")
 def _rdma(c: Ctx):
-    if c.cloud == "aws" and c.pool.aws.efa_interfaces:
+    if c.cloud == Cloud.aws and c.pool.aws.efa_interfaces:
         yield c.find(
             "no-rdma-nics", "error", "aws.efa_interfaces",
             f"{c.pool.aws.efa_interfaces} EFA interfaces asked for; replicas never span nodes",
             "set efa_interfaces: 0 (EFA is for multi-node training)",
         )
-    if c.cloud == "gcp" and c.pool.gcp.gpudirect:
+    if c.cloud == Cloud.gcp and c.pool.gcp.gpudirect:
         yield c.find(
             "no-rdma-nics", "error", "gcp.gpudirect",
             "GPUDirect-TCPX/RDMA networks asked for; replicas never span nodes",
@@ -257,7 +258,7 @@ def _rdma(c: Ctx):
 
 @check("no-cluster-placement", "no cluster placement group")
 def _placement(c: Ctx):
-    if c.cloud == "aws" and c.pool.aws.placement_group_strategy == "cluster":
+    if c.cloud == Cloud.aws and c.pool.aws.placement_group_strategy == "cluster":
         yield c.find(
             "no-cluster-placement", "error", "aws.placement_group_strategy",
             "a cluster placement group packs nodes for training fabrics and caps capacity",
@@ -277,7 +278,7 @@ def _region(c: Ctx):
             f"use one of: {', '.join(sorted(c.row.regions))}",
         )
         return
-    if c.cloud == "gcp":
+    if c.cloud == Cloud.gcp:
         offered = c.row.regions[p.region]
         if not offered and not p.zones:  # the stack needs zones to spread the MIG over
             yield c.find(
@@ -393,10 +394,10 @@ def _warm(c: Ctx):
         yield c.find(
             "warm-state", "error", "warm_pool.state",
             f"{c.row.name} has {c.row.ram_gib:.0f} GiB of RAM; hibernation needs under 150 GB"
-            + ("" if c.cloud == "aws" else " and GCP does not hibernate GPU VMs"),
+            + ("" if c.cloud == Cloud.aws else " and GCP does not hibernate GPU VMs"),
             "use stopped (cheap, refills the NVMe cache on start) or running",
         )
-    if c.cloud == "gcp" and c.pool.gcp.standby_suspended:
+    if c.cloud == Cloud.gcp and c.pool.gcp.standby_suspended:
         yield c.find(
             "warm-state", "error", "gcp.standby_suspended",
             "suspending GPU VMs is not supported", "use a stopped standby pool",
@@ -487,7 +488,7 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, str]],
                 if chk.scope == "pool":
                     findings += chk.fn(base)
         p = pool.placement(cl)
-        name = p.instance_type if cl == "aws" else p.machine_type
+        name = p.type_name
         need = (traffic or {}).get((pool.name, cl))
         ctx = Ctx(cfg, pool, index, cl, catalog.get(cl, name), need)
         for chk in CHECKS:

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from poolctl.catalog import InstanceType, load_catalog
+from poolctl.clouds import Cloud
 from poolctl.config import DTYPE_BYTES, Pool
 from poolctl.errors import UsageError
 from poolctl.images import prepulled
@@ -115,15 +116,15 @@ def nodes_for(replicas: int, per_node: int) -> int:
     return math.ceil(replicas / per_node)
 
 
-def instance_row(pool: Pool, cloud: str) -> InstanceType:
+def instance_row(pool: Pool, cloud: Cloud) -> InstanceType:
     placement = pool.placement(cloud)
     if placement is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement")
-    name = placement.instance_type if cloud == "aws" else placement.machine_type
+    name = placement.type_name
     row = load_catalog().get(cloud, name)
     if row is None:
-        key = "instance_type" if cloud == "aws" else "machine_type"
-        raise UsageError(f"pools.{pool.name}.{cloud}.{key}: {name!r} is not in the catalog")
+        raise UsageError(f"pools.{pool.name}.{cloud}.{placement.TYPE_KEY}: {name!r} is not in "
+                         "the catalog")
     return row
 
 
@@ -136,11 +137,11 @@ def fetch_bytes_per_s(row: InstanceType) -> float:
     return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
 
 
-def hydrate_seconds(pool: Pool, cloud: str) -> float:
+def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
     """First read of a pre-pulled image's layers; on AWS at the provisioned volume
     initialization rate when the placement sets one."""
     layers = pool.serving.image_size_gb * IMAGE_UNPACKED_RATIO * GB
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         rate = pool.aws.volume_initialization_rate_mib_s
         return layers / (rate * 2**20 if rate else EBS_LAZY_READ_BPS)
     return layers / GCE_BOOT_DISK_READ_BPS
@@ -182,7 +183,7 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
     return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
 
 
-def plan_pool(pool: Pool, cloud: str, records: bool = True) -> PoolPlan:
+def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
     row = instance_row(pool, cloud)
     placement = pool.placement(cloud)
     tp = pool.serving.tensor_parallel
@@ -199,7 +200,7 @@ def plan_pool(pool: Pool, cloud: str, records: bool = True) -> PoolPlan:
 
     s, wp = pool.scaling, pool.warm_pool
     surge = nodes_for(pool.rollout.max_surge_replicas, rpn)
-    if cloud == "gcp" and surge:
+    if cloud == Cloud.gcp and surge:
         # A regional MIG takes a fixed surge of 0 or at least one VM per zone.
         surge = max(surge, len(gcp_zones(pool, row)))
     nodes = {
@@ -216,7 +217,7 @@ def plan_pool(pool: Pool, cloud: str, records: bool = True) -> PoolPlan:
     quotas = [
         QuotaNeed(row.quota.name, row.quota.unit, peak_nodes * row.quota_per_node, placement.region)
     ]
-    if cloud == "gcp":
+    if cloud == Cloud.gcp:
         quotas += [
             QuotaNeed("CPUS", "vCPU", peak_nodes * row.vcpus, placement.region),
             QuotaNeed(
@@ -272,10 +273,10 @@ def plan_pool(pool: Pool, cloud: str, records: bool = True) -> PoolPlan:
     )
 
 
-def quota_key(pool: Pool, cloud: str, need: dict) -> tuple[str, str, str, str]:
+def quota_key(pool: Pool, cloud: Cloud, need: dict) -> tuple[str, str, str, str]:
     """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
     AWS pools of one file are taken to be one account's), scope and quota name."""
-    project = pool.gcp.project if cloud == "gcp" else ""
+    project = pool.gcp.project if cloud == Cloud.gcp else ""
     return cloud, project, need["scope"], need["name"]
 
 

@@ -10,12 +10,13 @@ import os
 from pathlib import Path
 
 from poolctl import naming
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool, load_config
 
 
-def stack_class(cloud: str):
+def stack_class(cloud: Cloud):
     # Import per cloud: synthesizing AWS never loads the Google provider and vice versa.
-    if cloud == "aws":
+    if cloud == Cloud.aws:
         from poolctl.stacks.aws.stack import AwsPoolStack
 
         return AwsPoolStack

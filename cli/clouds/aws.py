@@ -5,8 +5,10 @@ goes through its paginator. The pool's group is found by the contract's tags onl
 (`poolctl:project`, `poolctl:pool`, `poolctl:role`), never by its name. With `sandbox=True`
 the clients talk to `poolctl sandbox` with its test credentials.
 
-Unsupported here: `warm_hibernated` (8-GPU instances have far more than the 150 GB of RAM
-EC2 hibernation allows, so a GPU warm pool is Stopped or Running).
+Capabilities (poolctl.clouds.base): quota requests, cancel, rollback, the queue metric, the
+warm sizes a deploy keeps, and the group maximum a rollout's surge raises. Not
+HibernatesWarmNodes: 8-GPU instances have far more than the 150 GB of RAM EC2 hibernation
+allows, so a GPU warm pool is Stopped or Running.
 
 Rollouts: `rollout start` applies the new launch template version through Terraform with the
 group pinned to its running version, then starts the instance refresh itself with a
@@ -26,7 +28,21 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.catalog import load_catalog
-from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RolloutState
+from poolctl.clouds.base import (
+    BoundsGroupMaximum,
+    CancelsRollouts,
+    CloudOps,
+    Group,
+    KeepsWarmSizes,
+    NodeState,
+    PublishesQueueMetric,
+    QuotaLine,
+    QuotaRequest,
+    RequestsQuota,
+    RolloutState,
+    RollsBackRollouts,
+    address_order,
+)
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.errors import OperationFailed, UsageError
@@ -65,9 +81,9 @@ def make_ops(sandbox: bool = False) -> AwsOps:
     return AwsOps(sandbox=sandbox)
 
 
-class AwsOps:
+class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
+             KeepsWarmSizes, BoundsGroupMaximum):
     cloud = "aws"
-    unsupported = frozenset({"warm_hibernated"})
 
     def __init__(self, sandbox: bool = False) -> None:
         self.sandbox = sandbox
@@ -143,6 +159,30 @@ class AwsOps:
     def pages(self, client: Any, op: str, what: str, **kw: Any) -> Iterator[dict]:
         with self.call(what):
             yield from client.get_paginator(op).paginate(**kw)
+
+    # -- the nodes `nodes check` reaches --------------------------------------------
+
+    def node_addresses(self, cfg: Config, pool: Pool, page_size: int | None = None
+                       ) -> list[tuple[str, str, str | None]]:
+        if pool.aws is None:
+            raise UsageError(f"--cloud aws: pool {pool.name!r} has no `aws:` placement")
+        region = pool.aws.region
+        filters = [
+            {"Name": f"tag:{naming.TAG_PROJECT}", "Values": [cfg.project]},
+            {"Name": f"tag:{naming.TAG_POOL}", "Values": [pool.name]},
+            {"Name": "instance-state-name", "Values": ["running"]},
+        ]
+        paging = {"PageSize": page_size} if page_size else {}
+        found: dict[str, str] = {}
+        for page in self.pages(self.client("ec2", region), "describe_instances",
+                               f"ec2 DescribeInstances in {region}", Filters=filters,
+                               PaginationConfig=paging):
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    ip = inst.get("PrivateIpAddress")
+                    if ip and inst.get("State", {}).get("Name") == "running":
+                        found[ip] = inst["InstanceId"]
+        return [(ip, found[ip], None) for ip in sorted(found, key=address_order)]
 
     # -- the group ------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ Runtime commands (quota, warm, rollout, status) talk to the cloud APIs directly,
 resources by the contract's tags/labels, and never import cdktf. Cloud-neutral logic
 (rounding replicas to nodes, quota arithmetic, recording versions) lives in
 `poolctl.runtime`; what differs per cloud sits behind `CloudOps`, one implementation per
-cloud, each declaring up front what it cannot do.
+cloud. What only some clouds do is a capability class below (dstack's `Compute` mixins are
+the model): a cloud's class inherits the ones it offers, and the runtime asks
+`isinstance(ops, Capability)` before using one, never a string set or a `getattr` probe.
 
 Each cloud module (`poolctl.clouds.aws`, `poolctl.clouds.gcp`) exposes
 `make_ops(sandbox: bool) -> CloudOps`; `poolctl.runtime.get_ops` imports it lazily, so
@@ -13,21 +15,23 @@ Each cloud module (`poolctl.clouds.aws`, `poolctl.clouds.gcp`) exposes
 
 from __future__ import annotations
 
+import ipaddress
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 from poolctl.config import Config, Pool
 from poolctl.sizing import PoolPlan
 
-# Features a cloud may not offer; commands check `ops.unsupported` before acting and say so.
-Feature = Literal[
-    "rollout_cancel",  # stop a rollout where it stands (GCP holds its canary's split)
-    "rollout_rollback",
-    "quota_request",
-    "warm_hibernated",
-    "queue_metric",
-]
+
+def address_order(address: str) -> tuple:
+    """Sort key of node addresses: IPv4 before IPv6, numerically; anything else last."""
+    try:
+        addr = ipaddress.ip_address(address)
+    except ValueError:
+        return (9, 0, address)
+    return (addr.version, int(addr), address)
 
 
 @dataclass
@@ -160,22 +164,32 @@ class PoolStatus:
         }
 
 
-class CloudOps(Protocol):
-    cloud: str
-    unsupported: frozenset[str]
+class CloudOps(ABC):
+    """What every cloud does for the runtime commands. Capabilities beyond these are the
+    classes below, inherited by the clouds that have them."""
 
+    cloud: ClassVar[str]
+    # Talking to `poolctl sandbox` (progress polls faster there).
+    sandbox: bool = False
+
+    @abstractmethod
     def find_group(self, cfg: Config, pool: Pool) -> Group:
         """The pool's group by the contract's tags/labels; OperationFailed if not deployed."""
 
+    @abstractmethod
+    def node_addresses(self, cfg: Config, pool: Pool) -> list[tuple[str, str, str | None]]:
+        """(private address, instance id or name, zone or None) of the pool's running
+        nodes, found by the contract's tags/labels, in address order (`nodes check`)."""
+
+    @abstractmethod
     def nodes(self, group: Group) -> list[NodeState]:
         """In-service, warm, pending and unhealthy nodes (warm pool / standby included)."""
 
+    @abstractmethod
     def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
         """Granted and in-use for each need ({name, unit, needed, scope})."""
 
-    def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
-        """File an increase to `desired`, or return the open request already filed."""
-
+    @abstractmethod
     def set_capacity(self, group: Group, *, min_nodes: int, warm_nodes: int,
                      warm_running: bool, desired_nodes: int | None = None) -> None:
         """Make the group's minimum and warm (standby) size these absolute values.
@@ -184,6 +198,7 @@ class CloudOps(Protocol):
         below it); `warm --reset` passes it to give back the nodes `warm --running` added.
         """
 
+    @abstractmethod
     def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
                           ) -> dict[str, str]:
         """Environment (TF_VAR_...) for the Terraform apply that writes a new version.
@@ -193,18 +208,93 @@ class CloudOps(Protocol):
         desired configuration (auto rollback then returns to the pinned version). {} is fine.
         """
 
+    @abstractmethod
     def rollout_begin(self, group: Group, cfg: Config, pool: Pool, plan: PoolPlan, *,
                       no_surge: bool, stack_dir: Path | None) -> RolloutState | None:
         """After that apply: start the rollout of the new version, or return the one the
         apply started (GCP: the MIG update). `group` is the group as found before the apply;
         `stack_dir` holds the synthesized cdk.tf.json. None: nothing to roll."""
 
+    @abstractmethod
     def rollout_state(self, group: Group) -> RolloutState | None:
         """The newest rollout (instance refresh / MIG update), or None."""
 
+
+# -- capabilities -------------------------------------------------------------------------
+
+
+class RequestsQuota(ABC):
+    """Files quota increases through an API (`quota request`)."""
+
+    @abstractmethod
+    def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
+        """File an increase to `desired`, or return the open request already filed."""
+
+
+class CancelsRollouts(ABC):
+    """Stops a rollout where it stands (`rollout cancel`); replaced nodes keep the new
+    version."""
+
+    @abstractmethod
     def rollout_cancel(self, group: Group) -> RolloutState: ...
 
+
+class RollsBackRollouts(ABC):
+    """Reverses a rollout in progress (`rollout rollback`): replaced nodes return to the
+    previous version."""
+
+    @abstractmethod
     def rollout_rollback(self, group: Group) -> RolloutState: ...
 
+
+class PublishesQueueMetric(ABC):
+    """Reads the queue metric the pool scales on (`status`)."""
+
+    @abstractmethod
     def queue_per_replica(self, group: Group) -> float | None:
         """Latest queue metric (waiting requests per replica), None when not published."""
+
+
+class HibernatesWarmNodes:
+    """Keeps warm nodes hibernated. No cloud here: 8-GPU nodes have far more memory than
+    EC2 hibernation allows, and GCE cannot suspend GPU VMs; `warm` refuses the state."""
+
+
+class KeepsWarmSizes(ABC):
+    """Runtime sizes (`warm`) live in the group and a `deploy` must pass them on: the
+    TF_VAR_... that keep them (AWS)."""
+
+    @abstractmethod
+    def kept_sizes_env(self, group: Group, plan: PoolPlan) -> dict[str, str]: ...
+
+
+class BoundsGroupMaximum(ABC):
+    """A rollout's surge raises the group's maximum, which its end gives back (AWS; GCE's
+    update surge sits outside the autoscaler's maximum)."""
+
+    @abstractmethod
+    def set_max_nodes(self, group: Group, max_nodes: int) -> None: ...
+
+
+class StepsRollouts(ABC):
+    """poolctl steps the rollout itself (GCP canaries: the cloud cannot pause at a
+    checkpoint). Such a rollout holds at its step while nobody watches, a cancelled one holds
+    its split (a rollback reverses it), and the versions are poolctl's to keep and delete."""
+
+    @abstractmethod
+    def rollout_before_apply(self, tf: Any) -> list[dict[str, str]]:
+        """Before the apply that writes a new version: keep the running one (Terraform
+        forgets it rather than deleting it); returns what it forgot."""
+
+    @abstractmethod
+    def rollout_advance(self, group: Group, state: RolloutState) -> str | None:
+        """Move a rollout on to its next step when due; a line saying so, or None."""
+
+    @abstractmethod
+    def rollout_cleanup(self, group: Group) -> dict[str, list[str]]:
+        """Delete versions that are neither current nor previous: {"deleted", "failed"}."""
+
+    @abstractmethod
+    def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
+        """After `destroy`: delete the versions kept outside Terraform's state (rollback
+        targets): {"deleted", "failed"}."""

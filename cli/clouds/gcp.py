@@ -8,9 +8,10 @@ contract's labels, a regional MIG using it (standby policy SCALE_OUT_POOL with
 autoscaler on the queue metric. MIGs carry no labels of their own, so the pool's MIG is the
 one whose versions point at the pool's labelled templates.
 
-What GCE cannot do, declared in `unsupported`:
-- warm_hibernated: a standby pool can hold suspended VMs, but suspending GPU VMs is
-  unsupported (cloud-facts.md), and poolctl's rules refuse `hibernated` for GPU nodes.
+Capabilities (poolctl.clouds.base): quota requests, cancel, rollback, the queue metric, and
+StepsRollouts (below). Not HibernatesWarmNodes: a standby pool can hold suspended VMs, but
+suspending GPU VMs is unsupported (cloud-facts.md), and poolctl's rules refuse `hibernated`
+for GPU nodes.
 
 Rollouts with checkpoints. A regional MIG cannot pause an update, but it runs a canary: two
 versions, the new template at a percentage of the group. The stack creates the MIG's one
@@ -57,12 +58,26 @@ import re
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from poolctl import naming
-from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RolloutState
+from poolctl.clouds.base import (
+    CancelsRollouts,
+    CloudOps,
+    Group,
+    NodeState,
+    PublishesQueueMetric,
+    QuotaLine,
+    QuotaRequest,
+    RequestsQuota,
+    RolloutState,
+    RollsBackRollouts,
+    StepsRollouts,
+    address_order,
+)
 from poolctl.config import Config, Pool
 from poolctl.contract import gcp as contract
 from poolctl.errors import OperationFailed, UsageError
@@ -164,6 +179,29 @@ def replaced_templates(plan: dict) -> list[dict[str, str]]:
     return out
 
 
+def running_filter(cfg: Config, pool: Pool) -> str:
+    """The aggregated-list filter of the pool's running VMs (the contract's labels)."""
+    return (f'labels.{naming.LABEL_PROJECT} = "{cfg.project}" AND '
+            f'labels.{naming.LABEL_POOL} = "{pool.name}" AND status = "RUNNING"')
+
+
+def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
+    """(zone key, InstancesScopedList) pairs of an aggregated list -> (internal IP, instance
+    name, zone) of the region's running nodes, by IP."""
+    found = {}
+    for zone_key, scoped in pages:
+        zone = zone_key.rsplit("/", 1)[-1]
+        if not zone.startswith(f"{region}-"):
+            continue
+        for inst in getattr(scoped, "instances", None) or []:
+            if getattr(inst, "status", "RUNNING") != "RUNNING":
+                continue
+            for nic in inst.network_interfaces[:1]:
+                if nic.network_i_p:
+                    found[nic.network_i_p] = (inst.name, zone)
+    return [(ip, *found[ip]) for ip in sorted(found, key=address_order)]
+
+
 def node_phase(instance_status: str, current_action: str, target_status: str,
                health: list[str]) -> str:
     """A managed instance's phase for `status` and `warm --wait`.
@@ -190,12 +228,26 @@ def node_phase(instance_status: str, current_action: str, target_status: str,
     return "pending"  # PROVISIONING, STAGING, REPAIRING, STOPPING ...
 
 
-class GcpOps:
+@dataclass
+class RolloutView:
+    """The pool's MIG as a rollout sees it (GcpOps._rollout_view)."""
+
+    project: str
+    region: str
+    name: str  # the MIG's
+    mig: Any  # compute_v1.InstanceGroupManager
+    target: str  # the template the MIG's target version names
+    previous: str  # the template it came from (the rollback target), "" if none
+    live: list[Any] = field(default_factory=list)  # managed VMs not being deleted
+    on_old: Counter = field(default_factory=Counter)  # VMs per template other than target
+    links: dict[str, str] = field(default_factory=dict)  # pool template name -> self link
+
+
+class GcpOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
+             StepsRollouts):
+    # StepsRollouts: a cancelled (held) canary still has both versions, so `rollout rollback`
+    # points the MIG back at the old one instead of rolling the old version out anew.
     cloud = "gcp"
-    unsupported = frozenset({"warm_hibernated"})
-    # A cancelled (held) canary still has both versions: `rollout rollback` points the MIG
-    # back at the old one instead of rolling the old version out anew.
-    rollback_after_cancel = True
 
     def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
                  contact_email: str | None = None, retry_initial_s: float = 1.0,
@@ -404,6 +456,14 @@ class GcpOps:
             if _last(a.target) == name and f"/regions/{region}/" in a.target:
                 return a
         return None
+
+    def node_addresses(self, cfg: Config, pool: Pool) -> list[tuple[str, str, str | None]]:
+        """By label, through the Compute Engine endpoint poolctl uses (POOLCTL_GCE_ENDPOINT
+        honoured)."""
+        if pool.gcp is None:
+            raise UsageError(f"--cloud gcp: pool {pool.name!r} has no `gcp:` placement")
+        pages = self.running_instances(pool.gcp.project, running_filter(cfg, pool))
+        return running_nodes(pages, pool.gcp.region)
 
     def find_group(self, cfg: Config, pool: Pool) -> Group:
         p = pool.gcp
@@ -725,7 +785,7 @@ class GcpOps:
             return [t]
         return self._labelled_templates(project, labels)
 
-    def _rollout_view(self, group: Group):
+    def _rollout_view(self, group: Group) -> RolloutView:
         project, region, name = self._mig_ref(group)
         mig = self._get_mig(project, region, name)
         target_link, other_links = self._versions(mig)
@@ -749,7 +809,7 @@ class GcpOps:
             others = [n for n in older if n != target]
             previous = others[-1] if others else ""
         links = {t.name: t.self_link for t in templates}
-        return project, region, name, mig, target, previous, live, on_old, links
+        return RolloutView(project, region, name, mig, target, previous, live, on_old, links)
 
     def rollout_apply_env(self, group: Group, plan: PoolPlan, *, no_surge: bool
                           ) -> dict[str, str]:
@@ -773,7 +833,8 @@ class GcpOps:
         apply has just created it. A canary of it already there (held by `rollout cancel`,
         or left at its step when nobody watched) is driven on from where it stands."""
         self._remember(group, pool)
-        project, region, name, mig, target, _, _, _, links = self._rollout_view(group)
+        v = self._rollout_view(group)
+        mig, target, links = v.mig, v.target, v.links
         newest = next(reversed(links), "")
         versions = list(mig.versions)
         canary = self._canary_version(mig)
@@ -817,8 +878,9 @@ class GcpOps:
         uses) is reported, not raised: a template left behind does not affect the rollout."""
         from google.api_core import exceptions as gexc
 
-        project, region, name, mig, target, previous, live, _, links = \
-            self._rollout_view(group)
+        v = self._rollout_view(group)
+        project, mig, target, previous, live = v.project, v.mig, v.target, v.previous, v.live
+        links = v.links
         keep = {target, previous, _last(mig.instance_template)}
         keep |= {_last(v.instance_template) for v in mig.versions}
         keep |= {_last(mi.version.instance_template) for mi in live}
@@ -943,7 +1005,8 @@ class GcpOps:
         """The MIG's versions and VMs as a rollout: a canary step (two versions), the last
         step or a rollback (one version) under way, or how the last one ended. None on a
         pool that has only ever run one template."""
-        _, _, _, mig, target, previous, live, on_old, _ = self._rollout_view(group)
+        v = self._rollout_view(group)
+        mig, target, previous, live, on_old = v.mig, v.target, v.previous, v.live, v.on_old
         steps, _ = self._steps(group)
         canary = self._canary_version(mig)
         acts = mig.current_actions
@@ -1048,8 +1111,9 @@ class GcpOps:
         the new template stay (a fixed canary of that many) and the rest stay on the old
         one. `rollout start` with the same version drives it on; `rollout rollback` returns
         to the old template."""
-        project, region, name, mig, target, previous, live, _, links = \
-            self._rollout_view(group)
+        v = self._rollout_view(group)
+        project, name, mig, target, previous = v.project, v.name, v.mig, v.target, v.previous
+        live, links = v.live, v.links
         canary = self._canary_version(mig)
         versions = list(mig.versions)
         if canary is not None:
@@ -1076,7 +1140,9 @@ class GcpOps:
         """Point the MIG back at the template the rollout started from, at any step (the
         canary's stable version; else the one VMs still run, the pool's newest other
         template, or `to_version`), as one version named VERSION_ROLLBACK."""
-        project, region, name, mig, target, previous, _, _, links = self._rollout_view(group)
+        v = self._rollout_view(group)
+        project, name, mig, target, previous = v.project, v.name, v.mig, v.target, v.previous
+        links = v.links
         canary = self._canary_version(mig)
         versions = list(mig.versions)
         if canary is None and versions and versions[0].name == contract.VERSION_ROLLBACK:

@@ -159,7 +159,7 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
         verbose=verbose,
         before_apply=None if destroy else deploy_before_apply(tgts),
     )
-    leftovers = _gcp_leftovers(cfg, tgts, results) if destroy else {}
+    leftovers = _kept_versions(cfg, tgts, results, sandbox) if destroy else {}
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
                    **({"deleted_templates": leftovers} if leftovers else {})})
@@ -170,16 +170,18 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
                 sys.stdout.write(f"{r.stack}: {k} = {v}\n")
 
 
-def _gcp_leftovers(cfg, tgts, results) -> dict[str, dict]:
-    """GCP keeps each rollout's previous instance template outside Terraform's state (the
-    rollback target); once the pool is destroyed, delete those too."""
+def _kept_versions(cfg, tgts, results, sandbox: bool) -> dict[str, dict]:
+    """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
+    outside Terraform's state (the rollback target); once the pool is destroyed, delete
+    those too."""
+    from poolctl.clouds.base import StepsRollouts
+    from poolctl.runtime import get_ops
+
     out = {}
     for (p, cl), r in zip(tgts, results, strict=True):
-        if cl != "gcp" or not r.applied:
+        if not r.applied or not isinstance(ops := get_ops(cl, sandbox), StepsRollouts):
             continue
-        from poolctl.runtime import get_ops
-
-        done = get_ops("gcp", False).delete_pool_templates(cfg, p)
+        done = ops.delete_pool_templates(cfg, p)
         for line in done["failed"]:
             sys.stderr.write(f"poolctl: {r.stack}: {line}\n")
         if done["deleted"]:

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from poolctl.clouds import Cloud
 from poolctl.commands.common import (
     CloudAllOpt,
     FileOpt,
@@ -197,7 +198,7 @@ def render_plans(plans) -> None:
         out.print(t)
 
 
-def _node_image(img: dict, cloud: str) -> str:
+def _node_image(img: dict, cloud: Cloud) -> str:
     where = img.get("id") or "the base image"
     if img.get("prepulled"):
         return f"{where}: serving image pre-pulled ({img['source']})"

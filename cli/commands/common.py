@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl.clouds import Cloud
+
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from poolctl.config import Config, Pool
 
-
-
-class Cloud(StrEnum):
-    aws = "aws"
-    gcp = "gcp"
 
 
 FileOpt = Annotated[

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from poolctl.commands.common import Cloud
+from poolctl.clouds import Cloud
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 # The type each cloud starts from (the contract's); others are tried, cheapest first, when
@@ -72,7 +72,7 @@ def _pool_yaml(preset, row, region: str, zones: list[str], tp: int) -> str:
       instance_type: {row.name}  # {row.gpus}x {row.gpu}; `poolctl catalog` lists the others
       # CHANGE ME: the bucket/prefix holding the weights (safetensors) and manifest.json
       weights_uri: s3://my-models/{_slug(p.id)}/
-""" if row.cloud == "aws" else f"""    gcp:
+""" if row.cloud == Cloud.aws else f"""    gcp:
       project: my-gcp-project  # CHANGE ME: your project id
       region: {region}
       zones: [{", ".join(zones)}]
@@ -109,7 +109,7 @@ pools:
 {placement}"""
 
 
-def _fit(preset, cloud: str) -> str:
+def _fit(preset, cloud: Cloud) -> str:
     """The poolctl.yaml text of the first (type, tensor_parallel) that passes every rule
     (the default type first, then the cheapest); avoids a KV cache of few sequences."""
     from poolctl.catalog import load_catalog

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from poolctl.clouds import Cloud
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -97,10 +98,10 @@ def check(
         modes = {own[c](p) for p, c in tgts}
         access = modes.pop() if len(modes) == 1 and not host else "ssh"
         access = "ssh" if access == "none" else access
-    if access == "instance-connect" and any(c != "aws" for _, c in tgts):
+    if access == "instance-connect" and any(c != Cloud.aws for _, c in tgts):
         raise UsageError("--access instance-connect: EC2 Instance Connect is AWS's; add "
                          "--cloud aws, or use --access iap for GCP")
-    if access == "iap" and any(c != "gcp" for _, c in tgts):
+    if access == "iap" and any(c != Cloud.gcp for _, c in tgts):
         raise UsageError("--access iap: IAP TCP forwarding with OS Login is GCP's; add "
                          "--cloud gcp, or use --access instance-connect for AWS")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,

@@ -75,13 +75,14 @@ def status(
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
     from poolctl import runtime
+    from poolctl.clouds.base import PublishesQueueMetric
     from poolctl.inventory import API_KEY_VAR, cloud_module
 
     cfg = load(file)
     out, unread, endpoints = [], set(), []
     for p, c in cloud_targets(cfg, pool, cloud, sandbox):
         ops = runtime.get_ops(c, sandbox)
-        if "queue_metric" in ops.unsupported:
+        if not isinstance(ops, PublishesQueueMetric):
             unread.add(c)
         out.append(runtime.status(cfg, p, c, ops))
         endpoints.append(cloud_module(c).endpoint(ops, cfg, p))

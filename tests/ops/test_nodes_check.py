@@ -302,7 +302,7 @@ def _sandbox_pool(sandbox_client, tmp_path: Path, region: str, net: str, prefix:
 
 
 def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, tmp_path):
-    from poolctl.nodecheck import discover_aws
+    from poolctl.clouds.aws import AwsOps
 
     # us-west-2: away from the other sandbox tests' us-east-1
     cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, "us-west-2",
@@ -316,7 +316,8 @@ def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, t
     _run_tagged(ec2, subnet, ami, "127.77.1.62", f"{project}x", "chat-70b")
 
     # Page size 1: every node comes from its own page.
-    assert discover_aws(cfg, cfg.pools[0], sandbox=True, page_size=1) == list(NODE_IPS)
+    found = AwsOps(sandbox=True).node_addresses(cfg, cfg.pools[0], page_size=1)
+    assert [ip for ip, _, _ in found] == list(NODE_IPS)
 
     r = subprocess.run(
         [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
@@ -638,7 +639,7 @@ def _gcp_pool(gce, tmp_path: Path, *, node_access: str = "") -> tuple[Path, list
 
 def test_gcp_discovery_honours_the_endpoint_and_gives_name_and_zone(gce, tmp_path,
                                                                     monkeypatch):
-    from poolctl.nodecheck import discover_gcp
+    from poolctl.clouds.gcp import GcpOps
 
     cfg_file, [vm] = _gcp_pool(gce, tmp_path)
     gce.set_ip(vm["name"], "10.128.7.9")
@@ -646,7 +647,7 @@ def test_gcp_discovery_honours_the_endpoint_and_gives_name_and_zone(gce, tmp_pat
     cfg = parse_config(cfg_file.read_text())
     zone = vm["instance"].split("/zones/")[1].split("/")[0]
     # The other pool's VM and the stopped standby VM are left out by the filter.
-    assert discover_gcp(cfg, cfg.pools[0]) == [("10.128.7.9", vm["name"], zone)]
+    assert GcpOps().node_addresses(cfg, cfg.pools[0]) == [("10.128.7.9", vm["name"], zone)]
     [call] = [r for r in gce.requests if r["path"].endswith("/aggregated/instances")]
     assert call["query"]["filter"] == ('labels.poolctl-project = "acme" AND '
                                        'labels.poolctl-pool = "chat-70b" AND status = "RUNNING"')

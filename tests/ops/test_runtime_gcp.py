@@ -1125,9 +1125,16 @@ def test_the_fakes_entry_point_seeds_the_story_example(fake, ops):
     assert canary_steps(p) == [25, 50, 100]
 
 
-def test_what_gcp_declares_unsupported(ops):
-    assert ops.unsupported == {"warm_hibernated"}  # a canary can be held: cancel works
-    assert {"queue_metric", "rollout_rollback", "quota_request"}.isdisjoint(ops.unsupported)
+def test_what_gcp_declares_it_can_do(ops):
+    from poolctl.clouds import base
+
+    # a canary can be held: cancel works; poolctl steps it and keeps its templates
+    for can in (base.RequestsQuota, base.CancelsRollouts, base.RollsBackRollouts,
+                base.PublishesQueueMetric, base.StepsRollouts):
+        assert isinstance(ops, can), can.__name__
+    # the update's surge sits outside the autoscaler's maximum; GPU VMs cannot be suspended
+    for cannot in (base.KeepsWarmSizes, base.BoundsGroupMaximum, base.HibernatesWarmNodes):
+        assert not isinstance(ops, cannot), cannot.__name__
 
 
 def _minute_ago() -> datetime:

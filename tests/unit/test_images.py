@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import images
+from poolctl.clouds.base import RollsBackRollouts
 from poolctl.config import load_config, parse_config
 from poolctl.runtime import set_scalar
 from poolctl.sizing import plan_pool
@@ -336,12 +337,12 @@ def test_dry_run_prints_files_and_command_only(tmp_path):
 AMI = "ami-0fedcba9876543210"
 
 
-class RollOps:
+class RollOps(RollsBackRollouts):
     """The cloud as a rollout sees it: a group with room in the quota, and whatever rollout
     `state` says (None: none yet). Stand-in for AwsOps; the Terraform run is stubbed too."""
 
     cloud = "aws"
-    unsupported = frozenset()
+    sandbox = False
 
     def __init__(self, state=None):
         self.state, self.begun, self.rolled_back = state, [], 0

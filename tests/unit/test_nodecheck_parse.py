@@ -414,11 +414,13 @@ def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
                             discover=discover, direct=False)) == 1
 
 
-def test_gcp_filter_and_ips(cfg):
+def test_gcp_running_filter_and_addresses(cfg):
     compute_v1 = pytest.importorskip("google.cloud.compute_v1",
                                      reason="google-cloud-compute not installed")
+    from poolctl.clouds.gcp import running_filter, running_nodes
+
     pool = cfg.pools[0]
-    assert nc.gcp_filter(cfg, pool) == ('labels.poolctl-project = "acme" AND '
+    assert running_filter(cfg, pool) == ('labels.poolctl-project = "acme" AND '
                                         'labels.poolctl-pool = "chat-70b" AND status = "RUNNING"')
 
     def vm(ip, status="RUNNING"):
@@ -432,7 +434,7 @@ def test_gcp_filter_and_ips(cfg):
         ("zones/us-east1-b", compute_v1.InstancesScopedList(instances=[vm("10.142.0.2")])),
         ("zones/us-central1-c", compute_v1.InstancesScopedList()),  # a zone with none
     ]
-    assert nc.gcp_nodes(pages, "us-central1") == [
+    assert running_nodes(pages, "us-central1") == [
         ("10.128.0.9", "vm-10.128.0.9", "us-central1-a"),
         ("10.128.0.10", "vm-10.128.0.10", "us-central1-b")]
 

@@ -22,7 +22,7 @@ class ApplyOps:
     """The cloud as a rollout that has not started sees it: a group, room in the quota."""
 
     cloud = "aws"
-    unsupported = frozenset()
+    sandbox = False
 
     def find_group(self, cfg, pool):
         return Group(cloud="aws", name="acme-chat-70b", region="us-east-1", min_nodes=1,

@@ -13,7 +13,7 @@ import pytest
 
 from poolctl import runtime
 from poolctl.clouds.aws import quota_code
-from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest
+from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RequestsQuota
 from poolctl.config import parse_config
 from poolctl.contract.aws import refresh_api_preferences, refresh_percentages
 from poolctl.errors import OperationFailed, UsageError
@@ -137,11 +137,12 @@ def test_rollout_preferences_are_the_stacks_sized_for_now():
 # -- warm ---------------------------------------------------------------------------------
 
 
-class FakeOps:
-    """In-memory CloudOps: a group, a granted quota, and a log of changes."""
+class FakeOps(RequestsQuota):
+    """In-memory CloudOps: a group, a granted quota, and a log of changes; it files quota
+    requests (the capability), as both clouds do."""
 
     cloud = "aws"
-    unsupported = frozenset({"warm_hibernated"})
+    sandbox = False
 
     def __init__(self, group: Group, granted: float, others: float = 0) -> None:
         self.group, self.granted, self.others = group, granted, others

@@ -1,0 +1,131 @@
+"""Runtime operations on a deployed pool, cloud-neutral: quota, warm, status, rollout, one
+module each (`common`, `quota`, `warm`, `status`, `fileedit` for the config file's in-place
+edits, `records` for the rollout records, `rollout`); this package re-exports what commands
+and tests use.
+
+What differs per cloud sits behind `poolctl.clouds.base.CloudOps`; this package never imports
+a cloud SDK (`get_ops` loads the cloud's module lazily). Every operation returns a record
+whose `to_json()` is what the command prints with `--json`; progress goes to stderr.
+
+Arithmetic in one place:
+- replicas become whole nodes, rounded UP (`nodes_for`), and the result says so;
+- quota "needed" is what can run at once: nodes in service + running warm nodes (+ surge in a
+  rollout, + warm nodes while they launch); stopped warm nodes do not count;
+- an increase asks for `granted + shortfall`: enough for `needed` beside what others use.
+"""
+
+from __future__ import annotations
+
+from poolctl.runtime.common import (
+    DEFAULT_POLL_S,
+    POLL_ENV,
+    ROLLOUT_DONE_OK,
+    SANDBOX_POLL_S,
+    get_ops,
+    poll_interval,
+    watch_hint,
+)
+from poolctl.runtime.fileedit import (
+    NODE_IMAGE_KEYS,
+    ROLLOUT_KEYS,
+    ROLLOUT_LABELS,
+    edit_scalar,
+    record_in_file,
+    set_scalar,
+    unset_scalar,
+    write_atomic,
+)
+from poolctl.runtime.quota import (
+    quota_check,
+    quota_request,
+    scaled_needs,
+    shared_quota_lines,
+    shortfall_line,
+)
+from poolctl.runtime.records import (
+    load_record,
+    record_path,
+    rollouts_dir,
+    save_record,
+)
+from poolctl.runtime.rollout import (
+    RolloutResult,
+    _final_line,
+    _progress_line,
+    cleanup_versions,
+    deploy_before_apply,
+    return_surge,
+    rollout_cancel,
+    rollout_quota,
+    rollout_rollback,
+    rollout_start,
+    rollout_status,
+    rollout_words,
+    wait_rollout,
+)
+from poolctl.runtime.status import (
+    node_json,
+    status,
+)
+from poolctl.runtime.warm import (
+    WarmResult,
+    deploy_keeps,
+    deploy_quota,
+    load_warm_record,
+    running_nodes,
+    wait_warm,
+    warm,
+    warm_record_path,
+    warm_targets,
+)
+
+__all__ = [
+    "DEFAULT_POLL_S",
+    "NODE_IMAGE_KEYS",
+    "POLL_ENV",
+    "ROLLOUT_DONE_OK",
+    "ROLLOUT_KEYS",
+    "ROLLOUT_LABELS",
+    "RolloutResult",
+    "SANDBOX_POLL_S",
+    "WarmResult",
+    "_final_line",
+    "_progress_line",
+    "cleanup_versions",
+    "deploy_before_apply",
+    "deploy_keeps",
+    "deploy_quota",
+    "edit_scalar",
+    "get_ops",
+    "load_record",
+    "load_warm_record",
+    "node_json",
+    "poll_interval",
+    "quota_check",
+    "quota_request",
+    "record_in_file",
+    "record_path",
+    "return_surge",
+    "rollout_cancel",
+    "rollout_quota",
+    "rollout_rollback",
+    "rollout_start",
+    "rollout_status",
+    "rollout_words",
+    "rollouts_dir",
+    "running_nodes",
+    "save_record",
+    "scaled_needs",
+    "set_scalar",
+    "shared_quota_lines",
+    "shortfall_line",
+    "status",
+    "unset_scalar",
+    "wait_rollout",
+    "wait_warm",
+    "warm",
+    "warm_record_path",
+    "warm_targets",
+    "watch_hint",
+    "write_atomic",
+]

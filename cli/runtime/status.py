@@ -1,0 +1,40 @@
+"""Status (`poolctl status`): nodes, rollout and queue of a deployed pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from poolctl.clouds import Cloud
+from poolctl.clouds.base import (
+    CloudOps,
+    NodeState,
+    PoolStatus,
+    PublishesQueueMetric,
+)
+from poolctl.config import Config, Pool
+from poolctl.runtime.records import _annotate, load_record
+from poolctl.runtime.rollout import return_surge
+from poolctl.sizing import plan_pool
+
+# ---------------------------------------------------------------------------------------
+# Status
+
+
+def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
+    plan = plan_pool(pool, cloud)
+    group = ops.find_group(cfg, pool)
+    nodes = ops.nodes(group)
+    rollout = ops.rollout_state(group)
+    return_surge(cfg, pool, cloud, ops, group, rollout)
+    queue = ops.queue_per_replica(group) if isinstance(ops, PublishesQueueMetric) else None
+    if rollout is not None:
+        _annotate(rollout, load_record(cfg, pool, cloud))
+    return PoolStatus(pool=pool.name, cloud=cloud, group=group,
+                      replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
+                      queue_per_replica=queue)
+
+
+
+def node_json(n: NodeState) -> dict:
+    return asdict(n)

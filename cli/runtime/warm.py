@@ -1,0 +1,297 @@
+"""Warm capacity (`poolctl warm`): sizes in whole nodes, the record `deploy` keeps them from,
+and the wait for the nodes to be ready.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from poolctl import naming
+from poolctl.clouds import Cloud
+from poolctl.clouds.base import (
+    CloudOps,
+    Group,
+    HibernatesWarmNodes,
+    KeepsWarmSizes,
+)
+from poolctl.config import Config, Pool
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.progress import Progress, log
+from poolctl.runtime.common import poll_interval
+from poolctl.runtime.quota import quota_check, scaled_needs, shared_quota_lines, shortfall_line
+from poolctl.sizing import PoolPlan, nodes_for, plan_pool
+
+# ---------------------------------------------------------------------------------------
+# Warm
+
+
+@dataclass
+class WarmResult:
+    pool: str
+    cloud: str
+    mode: str  # warm | running | reset
+    replicas_requested: int | None
+    replicas_per_node: int
+    nodes: int
+    replicas: int
+    rounded_up: bool
+    before: dict[str, int]
+    after: dict[str, int]
+    changed: bool
+    message: str
+    rounding: str = ""  # how replicas became whole nodes, when they did not divide evenly
+    quota: list[dict] = field(default_factory=list)
+    wait: dict[str, Any] | None = None
+    # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
+    # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
+    spare: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _sizes(g: Group) -> dict[str, int]:
+    return {"min_nodes": g.min_nodes, "warm_nodes": g.warm_min_nodes,
+            "desired_nodes": g.desired_nodes}
+
+
+def running_nodes(min_nodes: int, desired: int, warm_nodes: int, warm_running: bool) -> int:
+    return max(min_nodes, desired) + (warm_nodes if warm_running else 0)
+
+
+def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bool,
+                 reset: bool, exact: bool = False) -> tuple[int, int, int | None, int]:
+    """(min nodes, warm nodes, desired nodes or None, nodes asked for) after the change.
+
+    At least the nodes asked for: spare capacity before a launch never shrinks by surprise,
+    only with `exact` (or `reset`)."""
+    if reset:
+        # Give back exactly what `warm --running` added above the file's minimum.
+        new_min = plan.nodes["min"]
+        desired = max(new_min, group.desired_nodes - max(0, group.min_nodes - new_min))
+        return new_min, plan.nodes["warm"], desired, 0
+    if replicas is None or replicas < 0:
+        raise UsageError("--replicas: give the number of replicas to prepare (0 or more), "
+                         "or --reset")
+    n = nodes_for(replicas, plan.replicas_per_node)
+    if running:
+        new_min = plan.nodes["min"] + n
+        if new_min > group.max_nodes:
+            room = (group.max_nodes - plan.nodes["min"]) * plan.replicas_per_node
+            raise UsageError(
+                f"--replicas {replicas}: {n} node(s) above the minimum of {plan.nodes['min']} "
+                f"exceeds the group's maximum of {group.max_nodes} nodes; ask for at most "
+                f"{room} replicas, or raise scaling.max_replicas and deploy")
+        return (new_min if exact else max(new_min, group.min_nodes)), group.warm_min_nodes, \
+            None, n
+    return group.min_nodes, (n if exact else max(n, group.warm_min_nodes)), None, n
+
+
+def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | None,
+         running: bool = False, reset: bool = False, exact: bool = False) -> WarmResult:
+    """Prepare spare capacity: the warm pool's minimum := at least N nodes (default), or the
+    group's minimum := at least the file's minimum + N nodes (`running`: in service now);
+    `exact` lowers too; `reset` returns to the file's sizes. Absolute: repeating a call
+    changes nothing and says so. The sizes it sets are recorded (`warm_record_path`) so that
+    `deploy` keeps them until `--reset`."""
+    if reset and (running or replicas is not None or exact):
+        raise UsageError("--reset: give it alone (it returns to the file's sizes), "
+                         "without --replicas, --running or --exact")
+    if pool.warm_pool.state == "hibernated" and not isinstance(ops, HibernatesWarmNodes):
+        raise UsageError(f"pools.{pool.name}.warm_pool.state: hibernated is not supported for "
+                         f"{cloud} GPU nodes; use stopped or running")
+    plan = plan_pool(pool, cloud)
+    group = ops.find_group(cfg, pool)
+    rpn = plan.replicas_per_node
+    new_min, new_warm, new_desired, n = warm_targets(plan, group, replicas, running, reset,
+                                                     exact)
+    mode = "reset" if reset else "running" if running else "warm"
+    warm_running = pool.warm_pool.state == "running"
+    before = _sizes(group)
+    after_desired = new_desired if new_desired is not None else max(group.desired_nodes,
+                                                                     new_min)
+    after = {"min_nodes": new_min, "warm_nodes": new_warm, "desired_nodes": after_desired}
+    changed = (new_min, new_warm) != (group.min_nodes, group.warm_min_nodes) or (
+        after_desired != group.desired_nodes)
+    rounded = replicas is not None and n * rpn != replicas
+    result = WarmResult(
+        pool=pool.name, cloud=cloud, mode=mode, replicas_requested=replicas,
+        replicas_per_node=rpn, nodes=n, replicas=n * rpn, rounded_up=rounded,
+        before=before, after=after, changed=changed, message="",
+    )
+    spare_mode = "running" if running else "warm"
+    result.spare = {
+        k: {"nodes": nodes, "replicas": nodes * rpn} for k, nodes in (
+            ("before", _spare(spare_mode, plan, group.min_nodes, group.warm_min_nodes)),
+            ("after", _spare(spare_mode, plan, new_min, new_warm)))}
+    if rounded:
+        result.rounding = (f"{replicas} replicas rounded up to {n} whole node(s) of {rpn} "
+                           f"replicas = {n * rpn} replicas")
+        log(f"{pool.name}: {result.rounding}")
+
+    # Quota: what runs at once after the change; new warm nodes run while they launch.
+    now_running = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
+                                warm_running)
+    launching = 0 if warm_running else max(0, new_warm - group.warm_min_nodes)
+    then_running = running_nodes(new_min, after_desired, new_warm, warm_running) + launching
+    if then_running > now_running:
+        lines = shared_quota_lines(cfg, pool, cloud, ops, scaled_needs(plan, then_running))
+        result.quota = [ln.to_json() for ln in lines]
+        short = [ln for ln in lines if ln.shortfall > 0]
+        if short:
+            raise OperationFailed(
+                f"{pool.name}: not enough quota for {then_running} node(s) running at once; "
+                + "; ".join(shortfall_line(ln) for ln in short)
+                + f"; nothing was changed. File an increase with `poolctl quota request "
+                  f"--cloud {cloud}`")
+
+    label = {"warm": f"warm pool minimum {new_warm} node(s)",
+             "running": f"group minimum {new_min} node(s) ({plan.nodes['min']} + "
+                        f"{new_min - plan.nodes['min']})",
+             "reset": f"the file's sizes: minimum {new_min}, warm {new_warm} node(s)"}[mode]
+    kept = ""
+    if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
+        kept = (f" ({n * rpn} replicas asked for; {_spare(mode, plan, new_min, new_warm) * rpn} "
+                "kept: warm never lowers spare capacity, --exact or --reset does)")
+    if mode == "reset":  # from now on `deploy` applies the file's sizes
+        warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
+    if not changed:
+        result.message = f"{pool.name}: already at {label}{kept}; nothing changed"
+        if mode != "reset" and not load_warm_record(cfg, pool, cloud):
+            _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
+        return result
+    ops.set_capacity(group, min_nodes=new_min, warm_nodes=new_warm, warm_running=warm_running,
+                     desired_nodes=new_desired)
+    if mode != "reset":
+        _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
+    changes = [f"{what} {before[k]} -> {after[k]} node(s) ({before[k] * rpn} -> "
+               f"{after[k] * rpn} replicas)"
+               for what, k in (("warm", "warm_nodes"), ("minimum", "min_nodes"),
+                               ("desired", "desired_nodes")) if before[k] != after[k]]
+    result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
+    return result
+
+
+def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
+    """Spare nodes `warm` manages in `mode`: warm nodes, or nodes above the file's minimum."""
+    return warm_nodes if mode == "warm" else min_nodes - plan.nodes["min"]
+
+
+# Sizes set by `warm`: $POOLCTL_HOME/warm/<stack>.json. The record says that `warm` is in
+# charge of the group's minimum and warm sizes (and since when); their values are read from
+# the live group. Not a tag on the group: Terraform owns its tags (the next apply would strip
+# one), and the live sizes alone cannot tell a `warm` from an edit of the file.
+
+
+def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
+    from poolctl.home import poolctl_home
+
+    return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
+
+
+def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict | None:
+    try:
+        data = json.loads(warm_record_path(cfg, pool, cloud).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int, warm_nodes: int,
+                      replicas: int | None, running: bool) -> None:
+    from poolctl.home import write_private
+
+    rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
+           "command": f"poolctl warm --replicas {replicas}" + (" --running" if running else ""),
+           "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
+
+
+def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
+                 ) -> tuple[dict[str, str], list[str]]:
+    """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
+    lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
+    rec = load_warm_record(cfg, pool, cloud)
+    if rec is None:
+        return {}, []
+    try:
+        group = ops.find_group(cfg, pool)
+    except OperationFailed:
+        return {}, []  # not deployed (any more): the file's sizes
+    plan = plan_pool(pool, cloud)
+    env = (ops.kept_sizes_env(group, plan) if isinstance(ops, KeepsWarmSizes)
+           else ops.rollout_apply_env(group, plan, no_surge=False))
+    since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
+             f"`poolctl warm --reset` returns to the file's")
+    lines = [f"{pool.name}: keeps {what} {live} (the file says {file}; {since} {file})"
+             for what, live, file in (("minimum nodes", group.min_nodes, plan.nodes["min"]),
+                                      ("warm nodes", group.warm_min_nodes, plan.nodes["warm"]))
+             if live != file]
+    return (env, lines) if lines else ({}, [])
+
+
+def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[str]:
+    """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
+    return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
+
+
+def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: WarmResult,
+              timeout: float, hint: str, sleep: Callable[[float], None] = time.sleep) -> dict:
+    """Poll until the nodes `warm` asked for are ready: warm mode, that many settled warm
+    nodes (AWS: Warmed:Stopped / Warmed:Running, launch hook completed); running mode, the
+    group's minimum in service. One progress line per change, seconds per node."""
+    group = ops.find_group(cfg, pool)
+    if result.mode == "running":
+        phase, target = "in_service", result.after["min_nodes"]
+    else:
+        phase, target = "warm", result.after["warm_nodes"]
+    t0 = time.monotonic()
+    first_seen: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    already: set[str] | None = None
+    last = None
+    interval = poll_interval(ops.sandbox)
+    progress = Progress().start()  # a live line on a terminal, else one line per change
+    try:
+        while True:
+            now = time.monotonic()
+            nodes = ops.nodes(group)
+            for n in nodes:
+                first_seen.setdefault(n.id, now)
+            done_ids = [n.id for n in nodes if n.phase == phase]
+            if already is None:
+                already = set(done_ids)  # ready before the wait: no time to report
+            for i in done_ids:
+                if i not in ready and i not in already:
+                    ready[i] = round(now - first_seen[i], 1)
+                    progress.note(f"{pool.name}: {i} {phase.replace('_', ' ')} after "
+                                  f"{ready[i]:g} s")
+            pending = sum(1 for n in nodes if n.phase == "pending")
+            line = (len(done_ids), pending)
+            if line != last:
+                progress.update(f"{pool.name}: {len(done_ids)}/{target} "
+                                f"{phase.replace('_', ' ')}, {pending} pending")
+                last = line
+            if len(done_ids) >= target:
+                return {"ready": len(done_ids), "target": target,
+                        "seconds": round(now - t0, 1),
+                        "nodes": [{"id": i, "seconds": s} for i, s in ready.items()]}
+            if now - t0 >= timeout:
+                raise OperationFailed(
+                    f"{pool.name}: --timeout {timeout:g} s: {len(done_ids)} of {target} node(s) "
+                    f"{phase.replace('_', ' ')}; the cloud keeps preparing them; "
+                    f"watch with `{hint}`")
+            sleep(interval)
+    except KeyboardInterrupt:
+        progress.stop()
+        log(f"{pool.name}: interrupted; the warm operation keeps running in {cloud}; "
+            f"watch it with `{hint}`")
+        raise
+    finally:
+        progress.stop()
