@@ -105,6 +105,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank[_group_name(item)])  # stable: file order within a group
 
 
+# Where the suite's CPU goes (scripts/bench/suite_cpu.py): with POOLCTL_TEST_CPU_LOG=FILE
+# each worker appends one JSON line per group of tests: wall seconds, its own CPU, the CPU of
+# the processes it ran and waited for (poolctl, Terraform, node ...), and its sandbox server's.
+_cpu: dict[str, dict[str, float]] = {}
+
+
+def _cpu_now() -> tuple[float, float, float]:
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = 0.0
+    if os.environ.get("POOLCTL_HOME"):  # the session sandbox's home while it runs
+        try:
+            state = Path(os.environ["POOLCTL_HOME"]) / "sandbox" / "state.json"
+            pid = json.loads(state.read_text())["pid"]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime, server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not os.environ.get("POOLCTL_TEST_CPU_LOG"):
+        yield
+        return
+    import time
+
+    t0, before = time.monotonic(), _cpu_now()
+    yield
+    after = _cpu_now()
+    mark = item.get_closest_marker("xdist_group")
+    group = _group_name(item) if mark else item.nodeid.split("::", 1)[0]
+    acc = _cpu.setdefault(group, {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0, "children_cpu_s": 0.0,
+                                  "sandbox_cpu_s": 0.0})
+    acc["tests"] += 1
+    acc["wall_s"] += time.monotonic() - t0
+    for key, a, b in zip(("cpu_s", "children_cpu_s", "sandbox_cpu_s"), before, after,
+                         strict=True):
+        acc[key] += max(0.0, b - a)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("POOLCTL_TEST_CPU_LOG")
+    if not path or not _cpu:
+        return
+    worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
+    with open(path, "a") as f:
+        for group, acc in _cpu.items():
+            f.write(json.dumps({"worker": worker, "group": group,
+                                **{k: round(v, 2) for k, v in acc.items()}}) + "\n")
+
+
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """In the controller, as each xdist worker reports its tests: refuse to run unless xdist
     marked every one with its group (`nodeid@group`, see pytest_collection_modifyitems).

@@ -40,6 +40,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--gogc", nargs="+", default=["100", "200", "400", "off"])
+    ap.add_argument("--gomaxprocs", nargs="+", default=["default"],
+                    help="GOMAXPROCS values to try with each GOGC (default: Go's own)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as home:
         env = dict(os.environ, POOLCTL_HOME=home, POOLCTL_SANDBOX_PORT="0")
@@ -55,18 +57,22 @@ def main() -> int:
             # The working folder and environment `deploy --sandbox` gave Terraform.
             workdir, tf_env = sandbox_workdir(out / "stacks" / STACK, "us-east-1")
             tf = Terraform(workdir, extra_env=tf_env)
-            print(f"{'GOGC':>6} {'cpu s (median)':>15} {'runs':>30}")
+            print(f"{'GOGC':>6} {'GOMAXPROCS':>10} {'cpu s (median)':>15} {'runs':>30}")
             for gogc in args.gogc:
-                runs = []
-                for _ in range(args.repeat):
-                    before = children_cpu()
-                    subprocess.run([tf.bin, "plan", "-input=false", "-lock=false",
-                                    "-out=bench.tfplan"], cwd=workdir,
-                                   env=tf.env | {"GOGC": gogc}, check=True,
-                                   stdout=subprocess.DEVNULL)
-                    runs.append(children_cpu() - before)
-                print(f"{gogc:>6} {statistics.median(runs):15.2f} "
-                      f"{' '.join(f'{r:.2f}' for r in runs):>30}")
+                for procs in args.gomaxprocs:
+                    env_run = {k: v for k, v in tf.env.items() if k != "GOMAXPROCS"}
+                    env_run["GOGC"] = gogc
+                    if procs != "default":
+                        env_run["GOMAXPROCS"] = procs
+                    runs = []
+                    for _ in range(args.repeat):
+                        before = children_cpu()
+                        subprocess.run([tf.bin, "plan", "-input=false", "-lock=false",
+                                        "-out=bench.tfplan"], cwd=workdir, env=env_run,
+                                       check=True, stdout=subprocess.DEVNULL)
+                        runs.append(children_cpu() - before)
+                    print(f"{gogc:>6} {procs:>10} {statistics.median(runs):15.2f} "
+                          f"{' '.join(f'{r:.2f}' for r in runs):>30}")
         finally:
             poolctl(env, "sandbox", "stop")
     return 0
