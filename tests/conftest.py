@@ -89,8 +89,9 @@ def _group_name(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist (`--dist loadgroup`): one group per module, so its tests run in file order
-    on one worker (an explicit xdist_group mark wins), and the heaviest groups come first:
+    """Under xdist (`--dist loadgroup`): one group per module (all of tests/synth is one), so
+    its tests run in file order on one worker (an explicit xdist_group mark wins), and the
+    heaviest groups come first:
     xdist hands groups out in collection order, so the longest start at once and the short
     ones fill the gaps."""
     if not hasattr(config, "workerinput"):
@@ -98,7 +99,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             module = item.nodeid.split("::", 1)[0]  # tests/unit/test_x.py -> unit/test_x
-            item.add_marker(pytest.mark.xdist_group(module.removeprefix("tests/")[:-3]))
+            # The synth tests share one worker: each worker that synthesizes in process
+            # loads the provider assemblies into its jsii kernel once (~20 s of CPU).
+            group = ("synth" if item.path.parent.name == "synth"
+                     else module.removeprefix("tests/")[:-3])
+            item.add_marker(pytest.mark.xdist_group(group))
     rank: dict[str, int] = {}
     for item in items:
         rank[_group_name(item)] = min(rank.get(_group_name(item), 2), _weight(item))
