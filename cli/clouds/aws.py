@@ -40,6 +40,7 @@ from poolctl.clouds.base import (
     QuotaRequest,
     RequestsQuota,
     RolloutState,
+    RolloutStatus,
     RollsBackRollouts,
     address_order,
 )
@@ -55,6 +56,17 @@ QUOTA_STANDARD = "L-1216C47A"
 STANDARD_FAMILIES = set("acdhimrtz")
 OPEN_REQUEST = ("PENDING", "CASE_OPENED")
 REFRESH_DONE = {"Successful", "Failed", "Cancelled", "RollbackSuccessful", "RollbackFailed"}
+# An instance refresh's Status in poolctl's words (Baking: the refresh waits out its bake time
+# after the last replacement, still in progress). A word AWS adds later reads as in progress
+# until it is done.
+REFRESH_STATUS = {
+    "Pending": RolloutStatus.pending, "InProgress": RolloutStatus.in_progress,
+    "Baking": RolloutStatus.in_progress, "Successful": RolloutStatus.successful,
+    "Failed": RolloutStatus.failed, "Cancelling": RolloutStatus.cancelling,
+    "Cancelled": RolloutStatus.cancelled, "RollbackInProgress": RolloutStatus.rolling_back,
+    "RollbackSuccessful": RolloutStatus.rolled_back,
+    "RollbackFailed": RolloutStatus.rollback_failed,
+}
 # Instances that hold vCPU quota: AWS counts running ones; pending ones are about to.
 QUOTA_STATES = ["pending", "running"]
 
@@ -490,7 +502,8 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
                 DesiredConfiguration=desired, Preferences=prefs,
             )["InstanceRefreshId"]
         return RolloutState(
-            id=rid, status="Pending", done=False, percentage_complete=0,
+            id=rid, status=RolloutStatus.pending, cloud_status="Pending", done=False,
+            percentage_complete=0,
             checkpoints=list(prefs.get("CheckpointPercentages") or [100]),
             from_version=running, to_version=str(latest),
         )
@@ -508,7 +521,9 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
         to = str(((r.get("DesiredConfiguration") or {}).get("LaunchTemplate") or {}
                   ).get("Version", group_version))
         return RolloutState(
-            id=r["InstanceRefreshId"], status=status, done=status in REFRESH_DONE,
+            id=r["InstanceRefreshId"], cloud_status=status, done=status in REFRESH_DONE,
+            status=REFRESH_STATUS.get(status, RolloutStatus.failed if status in REFRESH_DONE
+                                      else RolloutStatus.in_progress),
             percentage_complete=float(r.get("PercentageComplete") or 0),
             checkpoints=cps, checkpoint_reached=max(reached) if reached else None,
             instances_to_update=r.get("InstancesToUpdate"),

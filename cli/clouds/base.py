@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -97,10 +98,41 @@ class NodeState:
     since_s: float | None = None  # seconds since launch / last state change, when known
 
 
+class RolloutStatus(StrEnum):
+    """Where a rollout stands, in poolctl's words on every cloud (the JSON's `status`); the
+    cloud's own word, where it has one, is `RolloutState.cloud_status`."""
+
+    pending = "pending"
+    in_progress = "in_progress"
+    successful = "successful"
+    failed = "failed"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+    rolling_back = "rolling_back"
+    rolled_back = "rolled_back"
+    rollback_failed = "rollback_failed"
+
+    @property
+    def words(self) -> str:
+        """As the commands say it: `in progress`, `rolled back` ..."""
+        return self.value.replace("_", " ")
+
+    @property
+    def turned_back(self) -> bool:
+        """Cancelled or rolling back (or done so): the forward percentage no longer says
+        where the pool stands."""
+        return self in _TURNED_BACK
+
+
+_TURNED_BACK = frozenset({RolloutStatus.cancelling, RolloutStatus.cancelled,
+                          RolloutStatus.rolling_back, RolloutStatus.rolled_back,
+                          RolloutStatus.rollback_failed})
+
+
 @dataclass
 class RolloutState:
     id: str
-    status: str  # cloud's own word
+    status: RolloutStatus
     done: bool
     percentage_complete: float
     checkpoints: list[int] = field(default_factory=list)
@@ -114,6 +146,10 @@ class RolloutState:
     # unhealthy} (target: the VMs the version is to have, None for "the rest").
     step: int | None = None
     versions: list[dict] = field(default_factory=list)
+    cloud_status: str = ""  # the cloud's own word (AWS: the instance refresh's Status)
+
+    def __post_init__(self) -> None:
+        self.status = RolloutStatus(self.status)  # also from a record's or the JSON's string
 
 
 @dataclass

@@ -76,6 +76,7 @@ from poolctl.clouds.base import (
     QuotaRequest,
     RequestsQuota,
     RolloutState,
+    RolloutStatus,
     RollsBackRollouts,
     StepsRollouts,
     address_order,
@@ -849,7 +850,8 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
                 why.append(f"{new['unhealthy']} unhealthy")
             why += ["held by `rollout cancel`"] if held else busy
             return RolloutState(
-                id=target, status="Cancelled" if held else "InProgress", done=held,
+                id=target, status=RolloutStatus.cancelled if held else RolloutStatus.in_progress,
+                done=held,
                 percentage_complete=round(100.0 * new["nodes"] / len(live), 1) if live else 0.0,
                 checkpoints=steps,
                 checkpoint_reached=step if reached else (max(earlier) if earlier else None),
@@ -874,14 +876,15 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
             # Back to the template the rollout started from; its id stays the rolled-back one.
             return RolloutState(
                 id=previous or target, done=reached,
-                status="RollbackSuccessful" if reached else "RollbackInProgress",
+                status=RolloutStatus.rolled_back if reached else RolloutStatus.rolling_back,
                 percentage_complete=pct, checkpoints=steps, instances_to_update=stale,
                 from_version=target, to_version=previous, reason=reason or "rolled back",
                 step=None, versions=[now, *others])
         return RolloutState(
-            # A MIG update has no status word of its own (versionTarget.isReached is a bool);
-            # the words runtime commands already know stand in for it.
-            id=target, status="Successful" if reached else "InProgress", done=reached,
+            # A MIG update has no status word of its own (versionTarget.isReached is a bool):
+            # no cloud_status.
+            id=target, status=RolloutStatus.successful if reached else RolloutStatus.in_progress,
+            done=reached,
             percentage_complete=pct, checkpoints=steps,
             checkpoint_reached=100 if reached else (max(steps[:-1]) if steps[:-1] else None),
             instances_to_update=stale, from_version=previous, to_version=target,
@@ -894,7 +897,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         points the MIG at the new template alone); a canary VM found unhealthy rolls the
         pool back (as an instance refresh's auto rollback). Returns a line saying what it
         did, or None."""
-        if state.status != "InProgress" or state.step is None or state.step >= 100:
+        if state.status != RolloutStatus.in_progress or state.step is None or state.step >= 100:
             return None
         steps, delay = self._steps(group)
         new = state.versions[-1]

@@ -66,18 +66,19 @@ def _config_path(file):
 
 def _finish(state, what: str) -> None:
     """Exit 1 unless the rollout ended as the command intended."""
+    from poolctl.clouds.base import RolloutStatus
     from poolctl.errors import OperationFailed
 
-    if state is None or state.status in ("Successful",):
+    if state is None or state.status == RolloutStatus.successful:
         return
-    if what == "rollback" and state.status == "RollbackSuccessful":
+    if what == "rollback" and state.status == RolloutStatus.rolled_back:
         return
-    if what == "cancel" and state.status == "Cancelled":
+    if what == "cancel" and state.status == RolloutStatus.cancelled:
         return
-    if state.status == "RollbackSuccessful":
+    if state.status == RolloutStatus.rolled_back:
         raise OperationFailed(f"rollout {state.id} rolled back automatically ({state.reason}); "
                               "the pool and the file are on the previous version again")
-    raise OperationFailed(f"rollout {state.id} ended {state.status}"
+    raise OperationFailed(f"rollout {state.id} ended {state.status.words}"
                           + (f": {state.reason}" if state.reason else ""))
 
 

@@ -9,6 +9,7 @@ import os
 from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
     CloudOps,
+    RolloutStatus,
 )
 from poolctl.config import Pool
 from poolctl.errors import UsageError
@@ -19,7 +20,7 @@ DEFAULT_POLL_S = 15.0
 # The sandbox's nodes boot in seconds (plan / its boot speedup) and a rollout moves one step
 # per look: a wait against it polls each second.
 SANDBOX_POLL_S = 1.0
-ROLLOUT_DONE_OK = {"Successful"}
+ROLLOUT_DONE_OK = {RolloutStatus.successful}
 
 
 def poll_interval(sandbox: bool = False) -> float:

@@ -21,6 +21,7 @@ from poolctl.clouds.base import (
     Group,
     QuotaLine,
     RolloutState,
+    RolloutStatus,
     RollsBackRollouts,
     StepsRollouts,
 )
@@ -136,7 +137,7 @@ def rollout_start(
               and last.get("to") == value)
     if active is not None and not active.done and not resume:
         raise OperationFailed(
-            f"{pool.name}: rollout {active.id} is {active.status}; wait for it "
+            f"{pool.name}: rollout {active.id} is {active.status.words}; wait for it "
             f"(`poolctl rollout status --cloud {cloud}`), or stop it with `poolctl rollout "
             f"cancel` / `rollback`")
     plan = plan_pool(pool, cloud)
@@ -210,7 +211,7 @@ def rollout_start(
     workdir = None
     if resume and not changed:
         # Its apply is done (the rollout started after it): drive it on where it stands.
-        log(f"{stack}: rollout {active.id} is {active.status} at its {active.step}% step; "
+        log(f"{stack}: rollout {active.id} is {active.status.words} at its {active.step}% step; "
             "driving it on (its apply is done)")
     else:
         env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
@@ -312,14 +313,14 @@ def cleanup_versions(ops: CloudOps, group: Group, pool: Pool) -> None:
 def rollout_words(s: RolloutState) -> str:
     """Status, percentage, checkpoint, nodes to update, reason: as `status` commands say it."""
     why = f" ({s.reason})" if s.reason else ""
-    if s.status.startswith(("Rollback", "Cancel")):
+    if s.status.turned_back:
         # The forward percentage means nothing once the rollout turns back or stops.
-        return f"{s.status}{why}"
+        return f"{s.status.words}{why}"
     # A checkpoint of 100% is the end, said by the final line.
     cp = (f", checkpoint {s.checkpoint_reached}% reached"
           if s.checkpoint_reached and s.checkpoint_reached < 100 and not s.done else "")
     todo = "" if s.instances_to_update is None else f", {s.instances_to_update} to update"
-    return f"{s.status} {s.percentage_complete:g}%{cp}{todo}{why}"
+    return f"{s.status.words} {s.percentage_complete:g}%{cp}{todo}{why}"
 
 
 def _progress_line(pool: Pool, s: RolloutState) -> str:
@@ -328,12 +329,12 @@ def _progress_line(pool: Pool, s: RolloutState) -> str:
 
 def _final_line(pool: Pool, s: RolloutState) -> str:
     outcome = {
-        "Successful": f"every node runs {s.to_version or 'the new version'}",
-        "RollbackSuccessful": "rolled back, every node runs "
-                              + (s.from_version or "the previous version"),
-        "Cancelled": f"cancelled at {s.percentage_complete:g}%; replaced nodes keep the new "
-                     "version",
-    }.get(s.status, s.status + (f": {s.reason}" if s.reason else ""))
+        RolloutStatus.successful: f"every node runs {s.to_version or 'the new version'}",
+        RolloutStatus.rolled_back: "rolled back, every node runs "
+                                   + (s.from_version or "the previous version"),
+        RolloutStatus.cancelled: f"cancelled at {s.percentage_complete:g}%; replaced nodes "
+                                 "keep the new version",
+    }.get(s.status, s.status.words + (f": {s.reason}" if s.reason else ""))
     return f"{pool.name}: rollout {s.id} finished: {outcome}"
 
 
@@ -396,7 +397,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
             if time.monotonic() - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: rollout {s.id} is still "
-                    f"{s.status} at {s.percentage_complete:g}%; it {keeps}; "
+                    f"{s.status.words} at {s.percentage_complete:g}%; it {keeps}; "
                     f"watch with `{hint}`")
             if advance is not None and (said := advance(group, s)):
                 log(f"{pool.name}: {said}")
@@ -419,8 +420,8 @@ def _after_end(cfg: Config, pool: Pool, cloud: Cloud, s: RolloutState) -> None:
     rec = load_record(cfg, pool, cloud)
     if not rec or rec.get("rollout_id") != s.id:
         return
-    rec["status"] = s.status
-    if s.status == "RollbackSuccessful" and rec.get("restored") is None:
+    rec["status"] = str(s.status)
+    if s.status == RolloutStatus.rolled_back and rec.get("restored") is None:
         _restore_file(cfg, pool, rec)
     save_record(cfg, pool, cloud, rec)
 
@@ -473,7 +474,8 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> dict
     if s is not None:
         for c in s.checkpoints or []:
             checkpoints.append({"percentage": c, "reached": bool(
-                s.checkpoint_reached and c <= s.checkpoint_reached) or s.status == "Successful"})
+                s.checkpoint_reached and c <= s.checkpoint_reached)
+                or s.status == RolloutStatus.successful})
     return {"pool": pool.name, "cloud": cloud, "group": group.name,
             "group_version": group.version,
             "rollout": asdict(s) if s else None, "checkpoints": checkpoints, "record": rec}
@@ -527,16 +529,17 @@ def rollout_rollback(
         save_record(cfg, pool, cloud, rec)
         out["how"] = "file"
         return out
-    if mine and s.done and rec.get("action") == "rollback" and s.status == "Successful":
+    if (mine and s.done and rec.get("action") == "rollback"
+            and s.status == RolloutStatus.successful):
         raise OperationFailed(
             f"{pool.name}: the last rollout was already a rollback (to {rec['key']}="
             f"{rec['to']}); to go to {rec['from']} again, use `poolctl rollout start`")
-    if mine and s.status == "RollbackSuccessful":
+    if mine and s.status == RolloutStatus.rolled_back:
         _restore_file(cfg, pool, rec)
         save_record(cfg, pool, cloud, rec)
         out.update(how="already_rolled_back", rollout=asdict(s))
         return out
-    held = mine and s.status == "Cancelled" and isinstance(ops, StepsRollouts)
+    held = mine and s.status == RolloutStatus.cancelled and isinstance(ops, StepsRollouts)
     if mine and (not s.done or held):
         if not isinstance(ops, RollsBackRollouts):
             raise OperationFailed(f"rollout rollback: {cloud} cannot reverse a rollout in "

@@ -393,7 +393,7 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(res.stdout)
     assert (r["key"], r["from"], r["to"]) == ("aws.ami_id", None, ami)
-    assert r["final"]["status"] == "Successful"
+    assert r["final"]["status"] == "successful"
     added = [ln for ln in pool_file.read_text().splitlines() if ln not in before.splitlines()]
     assert added == [f"      ami_id: {ami}"]
     g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["acme-chat-70b"]
@@ -419,7 +419,7 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     r = json.loads(res.stdout)
     assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.11.0",
                                               "vllm/vllm-openai:v0.11.1")
-    assert r["final"]["status"] == "Successful"
+    assert r["final"]["status"] == "successful"
     ami2 = next(ln.split(": ")[1] for ln in pool_file.read_text().splitlines()
                 if ln.strip().startswith("ami_id:"))
     assert ami2 != ami

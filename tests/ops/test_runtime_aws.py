@@ -456,11 +456,12 @@ def test_rollout_no_surge_reaches_every_checkpoint(sandbox, cli, aws, pool_file,
     assert all(a != b for a, b in zip(steps, steps[1:], strict=False)), steps
     assert r["file_changed"] and r["applied"] and r["no_surge"]
     assert r["quota"][0]["needed"] == 4 * P5
-    assert r["final"]["status"] == "Successful" and r["final"]["percentage_complete"] == 100
+    assert r["final"]["status"] == "successful" and r["final"]["percentage_complete"] == 100
+    assert r["final"]["cloud_status"] == "Successful"  # the instance refresh's own word
     # checkpoints seen in order; 4 live nodes: 25 % = 1 node, 50 % = 2, 100 % = 4
     reached = [p["checkpoint_reached"] for p in r["progress"] if p["checkpoint_reached"]]
     assert sorted(set(reached)) == [25, 50, 100] and reached == sorted(reached)
-    assert r["progress"][-1]["status"] == "Successful"
+    assert r["progress"][-1]["status"] == "successful"
     # the file: only the image line changed, its comment-free layout kept
     diff = [(a, b) for a, b in zip(text_before.splitlines(), pool_file.read_text().splitlines(),
                                    strict=True) if a != b]
@@ -483,7 +484,7 @@ def test_rollout_no_surge_reaches_every_checkpoint(sandbox, cli, aws, pool_file,
 def test_rollout_status_lists_each_checkpoint(cli, aws):
     s = js(cli("rollout", "status", "--cloud", "aws", "--json"))
     r = s["rollout"]
-    assert r["status"] == "Successful" and r["done"] is True
+    assert r["status"] == "successful" and r["done"] is True
     assert s["checkpoints"] == [{"percentage": 25, "reached": True},
                                 {"percentage": 50, "reached": True},
                                 {"percentage": 100, "reached": True}]
@@ -491,7 +492,7 @@ def test_rollout_status_lists_each_checkpoint(cli, aws):
     assert s["group_version"] == v
     assert r["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{int(v) - 1})"
     assert r["to_version"] == f"serving.image=vllm/vllm-openai:v0.11.1 (v{v})"
-    assert s["record"]["status"] == "Successful"
+    assert s["record"]["status"] == "successful"
 
 
 @needs_terraform
@@ -503,7 +504,7 @@ def test_unhealthy_new_nodes_roll_back_automatically(sandbox, cli, aws, pool_fil
         res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.2",
                   "--yes", "--json", ok=1)
     r = js(res)
-    assert r["final"]["status"] == "RollbackSuccessful"
+    assert r["final"]["status"] == "rolled_back"
     assert "Replacement instance(s) failed health checks" in r["final"]["reason"]
     assert ("rolled back automatically" in res.stderr.strip().splitlines()[-1])
     # the group never left the good version, and every replaced node is back on it
@@ -519,7 +520,7 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
     new = str(int(good) + 2)  # the auto-rolled-back attempt used good + 1
     r = js(cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.3",
                "--yes", "--no-wait", "--json"))
-    assert r["rollout"]["status"] == "Pending" and "final" not in r
+    assert r["rollout"]["status"] == "pending" and "final" not in r
     assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.3"
     # let it replace the first node (checkpoint 25 %), as it would in an hour of real time
     with booting(sandbox):
@@ -527,14 +528,14 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
             s = js(cli("rollout", "status", "--cloud", "aws", "--json"))["rollout"]
             if s["checkpoint_reached"]:
                 break
-    assert s["status"] == "InProgress" and s["checkpoint_reached"] == 25
+    assert s["status"] == "in_progress" and s["checkpoint_reached"] == 25
     assert new in lt_versions(aws)[1]  # one node runs the new version
     assert group(aws)["MaxSize"] == 6 + 1  # the surge's room, only while it rolls
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
     assert (b["how"], b["from"], b["to"]) == ("cloud_rollback", "vllm/vllm-openai:v0.11.3",
                                               "vllm/vllm-openai:v0.11.1")
-    assert b["final"]["status"] == "RollbackSuccessful"
+    assert b["final"]["status"] == "rolled_back"
     assert lt_versions(aws) == (good, {good})
     assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
     assert group(aws)["MaxSize"] == 6  # the rollback's end gave the surge room back
@@ -547,9 +548,9 @@ def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli,
         "--no-wait")
     assert group(aws)["MaxSize"] == 6 + 1
     c = js(cli("rollout", "cancel", "--cloud", "aws", "--json"))
-    assert c["final"]["status"] == "Cancelled"
+    assert c["final"]["status"] == "cancelled"
     assert group(aws)["MaxSize"] == 6  # the cancel gave the surge room back
-    assert [p["status"] for p in c["progress"]][-1] == "Cancelled"
+    assert [p["status"] for p in c["progress"]][-1] == "cancelled"
     again = cli("rollout", "cancel", "--cloud", "aws", ok=1)
     assert again.stderr.strip() == "poolctl: chat-70b: no rollout in progress; nothing to cancel"
     # the file still says v0.11.4; rollback of an ended rollout rolls v0.11.1 out anew
@@ -557,7 +558,7 @@ def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli,
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
     assert (b["how"], b["to"]) == ("new_rollout", "vllm/vllm-openai:v0.11.1")
-    assert b["final"]["status"] == "Successful"
+    assert b["final"]["status"] == "successful"
     assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
     v, running = lt_versions(aws)
     assert running == {v}

@@ -561,7 +561,7 @@ def test_canary_steps_through_each_checkpoint(fake, ops, cfg0):
     # Step 25: 1 canary VM wanted, none yet; of the 4 serving VMs one is being recreated
     # (pending), 3 healthy; 2 standby VMs stopped.
     assert (s.id, s.status, s.done, s.step, s.checkpoints, s.checkpoint_reached) == (
-        V2, "InProgress", False, 25, [25, 50, 100], None)
+        V2, "in_progress", False, 25, [25, 50, 100], None)
     assert (s.from_version, s.to_version, s.percentage_complete, s.instances_to_update) == (
         V1, V2, 0.0, 1)
     assert s.versions == [_row("stable", V1, None, 6, 3, pending=1),
@@ -598,13 +598,13 @@ def test_canary_steps_through_each_checkpoint(fake, ops, cfg0):
     # being recreated.
     s = ops.rollout_state(g)
     assert (s.status, s.step, s.checkpoint_reached, s.instances_to_update,
-            s.percentage_complete) == ("InProgress", 100, 50, 4, 33.3)
+            s.percentage_complete) == ("in_progress", 100, 50, 4, 33.3)
     assert s.versions == [_row("stable", V1, None, 4, 0, pending=3),
                           _row("primary", V2, None, 2, 2)]
     fake.step_rollout(PROJECT, REGION, MIG, 6)
     s = ops.rollout_state(g)
     assert (s.status, s.done, s.checkpoint_reached, s.percentage_complete,
-            s.from_version, s.to_version) == ("Successful", True, 100, 100.0, V1, V2)
+            s.from_version, s.to_version) == ("successful", True, 100, 100.0, V1, V2)
     assert s.versions == [_row("primary", V2, None, 6, 4)]
     assert ops.rollout_advance(g, s) is None
     assert len(_calls(fake, "PATCH", "/instanceGroupManagers/")) == 3
@@ -641,11 +641,11 @@ def test_rollback_at_each_step(fake, ops, cfg0, step):
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
     # The rollback keeps the rollout's id and names: from V1 (where it returns), to V2.
     assert (back.id, back.status, back.done, back.from_version, back.to_version,
-            back.instances_to_update) == (V2, "RollbackInProgress", False, V1, V2, on_v2)
+            back.instances_to_update) == (V2, "rolling_back", False, V1, V2, on_v2)
     fake.step_rollout(PROJECT, REGION, MIG, 6)
     s = ops.rollout_state(g)
     assert (s.id, s.status, s.done, s.percentage_complete) == (
-        V2, "RollbackSuccessful", True, 100.0)
+        V2, "rolled_back", True, 100.0)
     assert ops.rollout_advance(g, s) is None
     with pytest.raises(OperationFailed, match=f"already rolled back to {V1}"):
         ops.rollout_rollback(g)
@@ -665,7 +665,7 @@ def test_cancel_holds_the_split_at_each_step(fake, ops, cfg0, step, held):
 
     assert _versions(fake) == [{"name": "stable", "template": V1},
                                {"name": "canary-held", "template": V2, "targetSize": held}]
-    assert (s.id, s.status, s.done, s.step) == (V2, "Cancelled", True, step)
+    assert (s.id, s.status, s.done, s.step) == (V2, "cancelled", True, step)
     assert "held by `rollout cancel`" in s.reason
     split = [(mi["name"], _last_name(mi["version"]["instanceTemplate"]))
              for mi in fake.instances(PROJECT, REGION, MIG)]
@@ -679,7 +679,7 @@ def test_cancel_holds_the_split_at_each_step(fake, ops, cfg0, step, held):
     # `rollout start` with the same version (a no-op apply) drives it on from there.
     s = ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False,
                           stack_dir=None)
-    assert (s.status, s.done, s.step) == ("InProgress", False, step)
+    assert (s.status, s.done, s.step) == ("in_progress", False, step)
     assert _versions(fake)[-1] == ({"name": "primary", "template": V2} if step == 100 else
                                    {"name": "canary", "template": V2, "targetSize": held})
 
@@ -687,7 +687,7 @@ def test_cancel_holds_the_split_at_each_step(fake, ops, cfg0, step, held):
     ops.rollout_cancel(g)
     back = ops.rollout_rollback(g)
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
-    assert (back.id, back.status) == (V2, "RollbackInProgress")
+    assert (back.id, back.status) == (V2, "rolling_back")
 
 
 def test_unhealthy_canary_rolls_back(fake, ops, cfg0):
@@ -705,7 +705,7 @@ def test_unhealthy_canary_rolls_back(fake, ops, cfg0):
     assert ops.rollout_advance(g, s) == (
         f"canary 25%: 1 node(s) of {V2} unhealthy; rolling back to {V1}")
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
-    assert ops.rollout_state(g).status == "RollbackInProgress"
+    assert ops.rollout_state(g).status == "rolling_back"
 
 
 def test_fake_refuses_versions_gce_refuses(fake, ops, cfg0):
@@ -1014,12 +1014,12 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
     assert (res.rollout.step, len(applies)) == (25, 1)
     fake.step_rollout(PROJECT, REGION, MIG, 6)
     held = runtime.rollout_cancel(cfg, pool, "gcp", ops)
-    assert (held.status, held.step) == ("Cancelled", 25)
+    assert (held.status, held.step) == ("cancelled", 25)
 
     # Driven on once, then left unwatched (`--no-wait`): another version is refused.
     ops.rollout_begin(ops.find_group(cfg, pool), cfg, pool, plan_pool(pool, "gcp"),
                       no_surge=False, stack_dir=None)
-    with pytest.raises(OperationFailed, match="rollout .* is InProgress"):
+    with pytest.raises(OperationFailed, match="rollout .* is in progress"):
         runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops,
                               **{**start, "image": "vllm/vllm-openai:v0.13.0"})
     ops.rollout_cancel(ops.find_group(cfg, pool))
@@ -1029,7 +1029,7 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
 
     assert len(applies) == 1  # no second apply
     assert (res.rollout.status, res.rollout.step, res.rollout.checkpoint_reached) == (
-        "InProgress", 25, 25)
+        "in_progress", 25, 25)
     assert _versions(fake)[-1] == {"name": "canary", "template": V2,
                                    "targetSize": {"percent": 25}}
     rec = runtime.load_record(cfg, pool, "gcp")
@@ -1088,9 +1088,9 @@ def test_wait_rollout_drives_the_checkpoints_then_cleans_up(fake, ops, cfg0, tmp
 
     final, progress = runtime.wait_rollout(cfg0, pool, "gcp", ops, timeout=30, hint="h",
                                            sleep=sleep)
-    assert (final.status, final.done, final.checkpoint_reached) == ("Successful", True, 100)
+    assert (final.status, final.done, final.checkpoint_reached) == ("successful", True, 100)
     assert final.to_version == f"serving.image=vllm/vllm-openai:v0.12.0 ({V2})"
-    assert runtime.load_record(cfg0, pool, "gcp")["status"] == "Successful"
+    assert runtime.load_record(cfg0, pool, "gcp")["status"] == "successful"
     # Each poll: the step's VMs replaced (3 at a time, the surge), the step reached, the
     # next one patched. 6 VMs: 1 at 25 %, 2 at 50 %, then the other 4 (3, then 1).
     assert [(p["percentage_complete"], p["checkpoint_reached"]) for p in progress] == [
@@ -1429,7 +1429,7 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     # 1 of 6 VMs on V2: the 25 % canary (1 of the 4 serving VMs), healthy: step reached.
     assert (ro["id"], ro["status"], ro["done"], ro["step"], ro["checkpoint_reached"],
             ro["percentage_complete"], ro["instances_to_update"]) == (
-        V2, "InProgress", False, 25, 25, 16.7, 0)
+        V2, "in_progress", False, 25, 25, 16.7, 0)
     assert ro["checkpoints"] == [25, 50, 100]
     assert ro["reason"] == "canary 25%: 1 of 1 node(s) healthy"
     assert ro["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 ({V1})"
@@ -1443,7 +1443,7 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     r = cli(fake, home, "rollout", "status", "--cloud", "gcp", "-f", str(cfg_file))
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())  # rich wraps at the terminal's width
-    assert "InProgress 16.7%, checkpoint 25% reached, 0 to update" in out
+    assert "in progress 16.7%, checkpoint 25% reached, 0 to update" in out
     assert "step: 25%" in out
     assert f"canary {V2}: 1 node(s) of 1 wanted, 1 healthy, 0 unhealthy, 0 pending" in out
 
@@ -1452,7 +1452,7 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert (d["rollout"]["status"], d["rollout"]["done"], d["rollout"]["step"]) == (
-        "Cancelled", True, 25)
+        "cancelled", True, 25)
     assert _versions(fake) == [{"name": "stable", "template": V1}, {
         "name": "canary-held", "template": V2, "targetSize": {"percent": 25}}]
 
@@ -1468,9 +1468,9 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
         "cloud_rollback", "serving.image", "vllm/vllm-openai:v0.12.0",
         "vllm/vllm-openai:v0.11.0")
     assert (d["rollout"]["id"], d["rollout"]["status"], d["rollout"]["instances_to_update"]) \
-        == (V2, "RollbackInProgress", 1)
+        == (V2, "rolling_back", 1)
     assert (d["final"]["status"], d["final"]["done"], d["final"]["percentage_complete"]) == (
-        "RollbackSuccessful", True, 100.0)
+        "rolled_back", True, 100.0)
     assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
 

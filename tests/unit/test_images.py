@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import images
-from poolctl.clouds.base import RollsBackRollouts
+from poolctl.clouds.base import RolloutStatus, RollsBackRollouts
 from poolctl.config import load_config, parse_config
 from poolctl.runtime import set_scalar
 from poolctl.sizing import plan_pool
@@ -370,13 +370,13 @@ class RollOps(RollsBackRollouts):
         from poolctl.clouds.base import RolloutState
 
         self.begun.append(pool.aws.ami_id)
-        self.state = RolloutState(id=f"r-{len(self.begun)}", status="Pending", done=False,
+        self.state = RolloutState(id=f"r-{len(self.begun)}", status="pending", done=False,
                                   percentage_complete=0.0)
         return self.state
 
     def rollout_rollback(self, group):
         self.rolled_back += 1
-        self.state.status = "RollbackInProgress"
+        self.state.status = RolloutStatus.rolling_back
         return self.state
 
 
@@ -418,7 +418,7 @@ def _rollback(f, ops, tmp_path):
 def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_path):
     """Ended: the default image rolled out again, the file byte for byte as before."""
     f, original, ops, applied = rolled
-    ops.state.status, ops.state.done = "Successful", True
+    ops.state.status, ops.state.done = RolloutStatus.successful, True
     out = _rollback(f, ops, tmp_path)
     assert out["how"] == "new_rollout" and (out["from"], out["to"]) == (AMI, None)
     assert f.read_text() == original

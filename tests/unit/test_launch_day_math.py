@@ -46,7 +46,7 @@ def test_only_a_rollouts_apply_gives_the_surge_room():
 
 
 def state(**kw) -> RolloutState:
-    base = dict(id="r-1", status="InProgress", done=False, percentage_complete=25.0,
+    base = dict(id="r-1", status="in_progress", done=False, percentage_complete=25.0,
                 checkpoints=[25, 50, 100], checkpoint_reached=25, instances_to_update=3,
                 from_version="serving.image=a (v1)", to_version="serving.image=b (v2)")
     return RolloutState(**{**base, **kw})
@@ -55,16 +55,16 @@ def state(**kw) -> RolloutState:
 def test_rollout_wording():
     _, pool = llama()
     assert runtime._progress_line(pool, state()) == (
-        "chat-70b: rollout InProgress 25%, checkpoint 25% reached, 3 to update")
+        "chat-70b: rollout in progress 25%, checkpoint 25% reached, 3 to update")
     # no percentage once it turns back; no "checkpoint 100%": the final line says the end
-    assert runtime._progress_line(pool, state(status="RollbackSuccessful", done=True,
+    assert runtime._progress_line(pool, state(status="rolled_back", done=True,
                                               percentage_complete=0, reason="unhealthy")
-                                  ) == "chat-70b: rollout RollbackSuccessful (unhealthy)"
-    assert runtime._progress_line(pool, state(status="Successful", done=True,
+                                  ) == "chat-70b: rollout rolled back (unhealthy)"
+    assert runtime._progress_line(pool, state(status="successful", done=True,
                                               percentage_complete=100, checkpoint_reached=100,
                                               instances_to_update=0)
-                                  ) == "chat-70b: rollout Successful 100%, 0 to update"
-    assert runtime._final_line(pool, state(status="Successful", done=True)) == (
+                                  ) == "chat-70b: rollout successful 100%, 0 to update"
+    assert runtime._final_line(pool, state(status="successful", done=True)) == (
         "chat-70b: rollout r-1 finished: every node runs serving.image=b (v2)")
-    assert runtime._final_line(pool, state(status="RollbackSuccessful", done=True)) == (
+    assert runtime._final_line(pool, state(status="rolled_back", done=True)) == (
         "chat-70b: rollout r-1 finished: rolled back, every node runs serving.image=a (v1)")

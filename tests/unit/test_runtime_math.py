@@ -440,7 +440,7 @@ def test_rollback_after_an_automatic_rollback_only_restores_the_file(tmp_path, m
     from poolctl.clouds.base import RolloutState
 
     f, cfg = _recorded(tmp_path, monkeypatch, "started", "r-1")
-    done = RolloutState("r-1", "RollbackSuccessful", True, 0.0)
+    done = RolloutState("r-1", "rolled_back", True, 0.0)
     out = runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
                                    sandbox=True, outdir=tmp_path / "out")
     assert out["how"] == "already_rolled_back"
@@ -452,7 +452,7 @@ def test_rollback_refuses_a_file_edited_since(tmp_path, monkeypatch, capsys):
 
     f, cfg = _recorded(tmp_path, monkeypatch, "started", "r-1")
     f.write_text(FILE.replace("v0.11.0", "v0.13.0"))  # someone moved on by hand
-    done = RolloutState("r-1", "RollbackSuccessful", True, 0.0)
+    done = RolloutState("r-1", "rolled_back", True, 0.0)
     runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
                              sandbox=True, outdir=tmp_path / "out")
     assert "v0.13.0" in f.read_text()
