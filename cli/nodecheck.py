@@ -1029,6 +1029,15 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
 
 def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
     def run(cmd: str) -> CmdResult:
+        """One command; once more on a new channel when the SSH channel itself failed (it
+        would not open, dropped, or closed without an exit status: the link's trouble, not
+        the node's answer). A timeout is not tried again: it would only double the wait."""
+        res = run_once(cmd)
+        if res.rc is None and not (res.error or "").endswith(f"did not finish in {timeout:g} s"):
+            res = run_once(cmd)
+        return res
+
+    def run_once(cmd: str) -> CmdResult:
         tool = cmd.split()[0]
         chan = None
         try:

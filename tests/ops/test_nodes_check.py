@@ -66,7 +66,7 @@ def by_name(node_json: dict) -> dict[str, dict]:
 
 def test_healthy_node_passes_every_check(node):
     r = nodes_check(node)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     data = json.loads(r.stdout)
     assert data["ok"] is True
     assert len(data["nodes"]) == 1
@@ -324,7 +324,7 @@ def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, t
          "--cloud", "aws", "--port", str(node.port), "--user", node.user, "--timeout", "20",
          "--known-hosts", str(node.known_hosts), "--identity", str(node.identity), "--json"],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     data = json.loads(r.stdout)
     assert [n["host"] for n in data["nodes"]] == [f"{ip}:{node.port}" for ip in NODE_IPS]
     assert all(n["ok"] for n in data["nodes"]) and data["ok"] is True
@@ -378,7 +378,7 @@ def test_known_hosts_patterns_and_hashes_are_honoured(node, tmp_path, patterns):
     kh = tmp_path / "known_hosts"
     kh.write_text(f"# team nodes\n{field} {_host_key(node)}\n")
     r = nodes_check(node, known_hosts=kh)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     assert json.loads(r.stdout)["nodes"][0]["checks"][0]["ok"] is True
 
 
@@ -486,7 +486,7 @@ def test_proxy_command_carries_the_ssh_session(node, tmp_path):
     script, log = _relay(tmp_path)
     proxy = f"{sys.executable} {script} {log} %h %p"
     r = nodes_check(node, "--proxy-command", proxy)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     assert log.read_text().splitlines() == [f"127.0.0.1 {node.port}"]
 
 
@@ -509,7 +509,7 @@ def test_instance_connect_pushes_a_key_per_check_through_the_sandbox(
             "--access", "instance-connect", "--json",
             "--proxy-command", f"{sys.executable} {script} {log} 127.0.0.1 {node.port} %i %r"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     [n] = json.loads(r.stdout)["nodes"]
     assert n["host"] == "10.92.1.20:22" and n["ok"] is True
     assert log.read_text().splitlines() == [f"127.0.0.1 {node.port} {instance} {region}"]
@@ -682,7 +682,7 @@ def test_iap_imports_an_os_login_key_per_check_and_deletes_it(node, gce, tmp_pat
 
     # No --access: the pool's gcp.node_access says iap.
     r, log = _iap_check(node, gce, tmp_path, cfg_file)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     [n] = json.loads(r.stdout)["nodes"]
     assert n["host"] == "10.128.3.4:22" and n["ok"] is True and n["cloud"] == "gcp"
     ssh = by_name(n)["ssh"]["observed"]

@@ -572,3 +572,74 @@ def test_access_defaults():
     iap = nc.SshOptions(access="iap")
     assert iap.user is None  # OS Login's POSIX user, learnt per login
     assert iap.proxy_command == nc.IAP_TUNNEL_COMMAND and iap.os_login is not None
+
+
+# --- one command on the node: a failed SSH channel is tried once more, a timeout is not -----
+
+
+class _Stream:
+    def __init__(self, data: bytes, channel) -> None:
+        self.data, self.channel = data, channel
+
+    def read(self) -> bytes:
+        if isinstance(self.data, BaseException):
+            raise self.data
+        return self.data
+
+
+class _Channel:
+    def __init__(self, rc: int) -> None:
+        self.rc, self.closed = rc, False
+
+    def recv_exit_status(self) -> int:
+        return self.rc
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Client:
+    """paramiko's SSHClient as `_runner` uses it: each exec_command answers the next script
+    entry (an exception to raise at open, or (stdout, exit status))."""
+
+    def __init__(self, *script) -> None:
+        self.script, self.calls, self.channels = list(script), 0, []
+
+    def exec_command(self, cmd, timeout):
+        self.calls += 1
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        out, rc = step
+        chan = _Channel(rc)
+        self.channels.append(chan)
+        return None, _Stream(out, chan), _Stream(b"", chan)
+
+
+def test_a_channel_that_would_not_open_is_tried_once_more():
+    client = _Client(EOFError("channel open failed"), (b"GPU0\tX\n", 0))
+    res = nc._runner(client, 20)("nvidia-smi topo -m")
+    assert (res.rc, res.stdout, client.calls) == (0, "GPU0\tX\n", 2)
+
+
+def test_a_missing_exit_status_is_tried_once_more_and_then_said():
+    client = _Client((b"", -1), (b"", -1))
+    res = nc._runner(client, 20)("nvidia-smi topo -m")
+    assert (res.rc, res.error, client.calls) == (None, "no exit status", 2)
+    assert all(ch.closed for ch in client.channels)  # both sessions freed (MaxSessions)
+
+
+def test_a_timeout_is_not_tried_again_and_a_real_exit_status_stands():
+    chan = _Channel(0)
+    hung = _Client(None)
+    hung.script = []
+
+    def exec_command(cmd, timeout):
+        hung.calls += 1
+        return None, _Stream(TimeoutError(), chan), _Stream(b"", chan)
+
+    hung.exec_command = exec_command
+    res = nc._runner(hung, 7)("nvidia-smi topo -m")
+    assert (res.rc, res.error, hung.calls) == (None, "`nvidia-smi` did not finish in 7 s", 1)
+    failing = _Client((b"", 3))
+    assert (nc._runner(failing, 20)("nvidia-smi topo -m").rc, failing.calls) == (3, 1)
