@@ -72,6 +72,10 @@ reference documents it, within the limits said here.
    - DescribeWarmPool on an unknown group is a ValidationError (moto: HTTP 500).
    - CreateLaunchTemplateVersion stores UserData as moto's CreateLaunchTemplate does (moto
      kept a plain string, and launching from that version failed an assertion: HTTP 500).
+   - A retried attempt of a call (same amz-sdk-invocation-id, amz-sdk-request attempt > 1)
+     that moto already answered, or is answering, gets that first answer instead of being
+     performed again: a client that gave up on a slow answer must not create a second
+     launch template version, rule or alias (the AWS provider retries under load).
    The ones below make a second `terraform plan` after `poolctl deploy --sandbox` empty (the
    AWS provider reads back every attribute it wrote; a missing one is a perpetual diff):
    - DefaultInstanceWarmup: CreateAutoScalingGroup and UpdateAutoScalingGroup store it (-1
@@ -173,6 +177,7 @@ EXTENSIONS = (
     "admin-endpoints",
     "admin-endpoints.faults",
     "admin-endpoints.snapshots",
+    "retried-attempts-answered-once",
     "ec2-instance-connect.send-ssh-public-key",
     "ec2.instance-connect-endpoints",
 )
@@ -1814,6 +1819,52 @@ def start_self_boot(speedup: float) -> None:
 _faults: dict[str, dict[str, float]] = {}
 _holding: list[str] = []
 
+# Retried attempts. The SDKs mark every attempt of one call with the same invocation id
+# (amz-sdk-invocation-id) and its number (amz-sdk-request: attempt=N). On a loaded machine a
+# client may give up on an answer moto is still writing and send the call again; for a call
+# that creates something (a launch template version, a rule, an alias) moto would then do it
+# twice. A later attempt of a call moto already answered (or is answering) gets that answer,
+# as a lost answer's retry is meant to. Bounded: the newest RETRY_MEMORY calls.
+RETRY_MEMORY = 2000
+_attempts: dict[str, dict[str, Any]] = {}  # invocation id -> {"done": Event, "answer"}
+
+
+def _attempt(environ: dict[str, Any]) -> tuple[str | None, int]:
+    inv = environ.get("HTTP_AMZ_SDK_INVOCATION_ID")
+    req = environ.get("HTTP_AMZ_SDK_REQUEST", "")
+    for part in req.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "attempt" and value.isdigit():
+            return inv, int(value)
+    return inv, 1
+
+
+def _answer_once(app: Callable[..., Any], environ: dict[str, Any], start_response: Any,
+                 inv: str, attempt: int) -> list[bytes]:
+    with _LOCK:
+        seen = _attempts.get(inv)
+        first = seen is None
+        if first:
+            seen = _attempts[inv] = {"done": threading.Event(), "answer": None}
+            while len(_attempts) > RETRY_MEMORY:
+                del _attempts[next(iter(_attempts))]
+    if not first and attempt > 1:
+        seen["done"].wait(120)
+        answer = seen["answer"]
+        if answer is not None:
+            print(f"retry: attempt {attempt} of call {inv} answered as the first", flush=True)
+            start_response(*answer[:2])
+            return [answer[2]]
+    got: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers, *exc: got.append((status, headers))))
+    status, headers = got[0]
+    if first:
+        # A 5xx may mean nothing was done: a retry of it runs again.
+        seen["answer"] = None if status.startswith("5") else (status, headers, body)
+        seen["done"].set()
+    start_response(status, headers)
+    return [body]
+
 
 # Snapshots: name -> deep copies of every moto backend's attributes and of the state above.
 _snapshots: dict[str, dict[str, Any]] = {}
@@ -1942,6 +1993,9 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
             delay = _take_fault(action)
             if delay is not None:
                 return _delayed(app, environ, start_response, str(action), delay)
+            inv, attempt = _attempt(environ)
+            if inv:
+                return _answer_once(app, environ, start_response, inv, attempt)
             return app(environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
         try:
@@ -2194,6 +2248,7 @@ def install() -> None:
             _eic_keys.clear()
             _start_times.clear()
             _snapshots.clear()
+            _attempts.clear()
 
     MotoAPIBackend.reset = reset
     reset_quotas()

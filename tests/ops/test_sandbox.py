@@ -383,6 +383,31 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     assert [i["InstanceId"] for i in _instances(asg, name)] == member
 
 
+def test_a_retried_attempt_gets_the_first_answer_and_creates_nothing_more(sandbox_client):
+    ec2 = sandbox_client("ec2")
+    lt_id, ami = _launch_template(ec2, versions=("t3.micro",))
+    sent: list[dict] = []
+
+    def same_call(request, **kw):  # both sends are attempts of one call, the second a retry
+        request.headers["amz-sdk-invocation-id"] = f"fixed-{lt_id}"
+        request.headers["amz-sdk-request"] = f"attempt={len(sent) + 1}; max=3"
+        sent.append(dict(request.headers))
+
+    ec2.meta.events.register("before-send.ec2.CreateLaunchTemplateVersion", same_call)
+    data = {"ImageId": ami, "InstanceType": "t3.small"}
+    first = ec2.create_launch_template_version(LaunchTemplateId=lt_id, LaunchTemplateData=data)
+    again = ec2.create_launch_template_version(LaunchTemplateId=lt_id, LaunchTemplateData=data)
+    assert len(sent) == 2
+    assert first["LaunchTemplateVersion"]["VersionNumber"] == 2
+    assert again["LaunchTemplateVersion"]["VersionNumber"] == 2  # the first answer, again
+    versions = ec2.describe_launch_template_versions(LaunchTemplateId=lt_id)
+    assert sorted(v["VersionNumber"] for v in versions["LaunchTemplateVersions"]) == [1, 2]
+    # A new call (its own invocation id) is performed as usual.
+    ec2.meta.events.unregister("before-send.ec2.CreateLaunchTemplateVersion", same_call)
+    third = ec2.create_launch_template_version(LaunchTemplateId=lt_id, LaunchTemplateData=data)
+    assert third["LaunchTemplateVersion"]["VersionNumber"] == 3
+
+
 def test_restore_of_an_unknown_snapshot_is_404_and_a_reset_drops_them(sandbox_reset):
     sandbox_admin(sandbox_reset, "POST", "/_poolctl/snapshots", {"name": "t2"})
     with pytest.raises(urllib.error.HTTPError) as err:
