@@ -1824,8 +1824,9 @@ _holding: list[str] = []
 # client may give up on an answer moto is still writing and send the call again; for a call
 # that creates something (a launch template version, a rule, an alias) moto would then do it
 # twice. A later attempt of a call moto already answered (or is answering) gets that answer,
-# as a lost answer's retry is meant to. Bounded: the newest RETRY_MEMORY calls.
-RETRY_MEMORY = 2000
+# as a lost answer's retry is meant to. Bounded: the newest RETRY_MEMORY calls (every answer is
+# kept, DescribeImages ones too, and a retry follows its first attempt within seconds).
+RETRY_MEMORY = 256
 _attempts: dict[str, dict[str, Any]] = {}  # invocation id -> {"done": Event, "answer"}
 
 
