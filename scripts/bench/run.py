@@ -69,7 +69,7 @@ def cases(out: str) -> dict[str, tuple[list[str], float | None, float | None]]:
     synth_all = (
         "import sys\n"
         "from poolctl.config import load_config\n"
-        "from poolctl.stacks.app import synth\n"
+        "from poolctl_stacks.app import synth\n"
         "cloud, out, files = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
         "cfgs = [load_config(f) for f in files]\n"
         "synth([(c, c.targets(None, cloud)) for c in cfgs], out)\n"

@@ -6,7 +6,7 @@ CPU is user + system of Terraform and its provider processes (waited children).
 
     source scripts/env.sh && python scripts/bench/terraform_gogc.py [--repeat 3]
 
-Why: poolctl runs Terraform with GOGC=400 (cli/terraform.py) unless GOGC is set. Numbers,
+Why: poolctl runs Terraform with GOGC=400 (poolctl/terraform.py) unless GOGC is set. Numbers,
 not assertions; the sandbox listens on loopback only and is stopped at the end.
 """
 

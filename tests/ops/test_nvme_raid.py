@@ -1,4 +1,4 @@
-"""The NVMe cache script (scripts/boot/nvme-raid.sh.j2, rendered standalone) run for real, as
+"""The NVMe cache script (cli/poolctl/boot/nvme-raid.sh.j2, rendered standalone) run for real, as
 root, on loop devices over sparse files in tmp_path, mounted under tmp_path (never the real
 cache mount point).
 

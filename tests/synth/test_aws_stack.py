@@ -39,7 +39,7 @@ ALWAYS_SKIPPED = ["CKV_AWS_150"]
 
 
 def _synth(configs, outdir):
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     return synth(configs, outdir)
 
@@ -260,7 +260,7 @@ def test_cdktf_testing_assertions():
     from cdktf import Testing
 
     from poolctl.bootscript import render_boot_script
-    from poolctl.stacks.aws.stack import AwsPoolStack
+    from poolctl_stacks.aws.stack import AwsPoolStack
 
     cfg = load_config(AWS_EXAMPLES["acme-chat-70b-aws"])
     pool = cfg.pools[0]

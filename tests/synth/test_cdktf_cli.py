@@ -25,7 +25,7 @@ def _cdktf() -> str | None:
 
 def test_cdktf_synth_at_the_root_writes_a_stack_per_example_placement(tmp_path):
     from poolctl import naming
-    from poolctl.stacks.app import example_configs
+    from poolctl_stacks.app import example_configs
 
     exe = _cdktf()
     if exe is None:

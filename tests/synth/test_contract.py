@@ -130,7 +130,7 @@ def _config(label: str, text: str):
 def synthesized(tmp_path_factory) -> dict[str, dict]:
     """label -> {"cfg", "stacks": {stack name: (pool, cloud, doc)}} for examples and edges."""
     from poolctl import naming
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     configs = {f.parent.name: load_config(f) for f in sorted(ROOT.glob("examples/*/poolctl.yaml"))}
     assert len(configs) >= 3
@@ -176,7 +176,7 @@ def test_edges_cover_both_clouds_and_the_options():
 def test_a_file_the_rules_refuse_never_reaches_the_stacks():
     """The stacks check nothing: synthesis runs the rules first (one validation source)."""
     from poolctl.errors import OperationFailed
-    from poolctl.stacks.app import add_stacks
+    from poolctl_stacks.app import add_stacks
 
     cfg = parse_config(pool_yaml(tp=3))
     with pytest.raises(OperationFailed, match=r"\[tensor-parallel\].*nothing was synthesized"):
@@ -249,7 +249,7 @@ def test_every_runtime_variable_is_declared_in_every_stack(synthesized):
 
 def test_no_tf_var_is_spelled_outside_the_contract(synthesized):
     """A TF_VAR_ spelled as a literal anywhere in the runtime (outside poolctl.contract, e.g.
-    the sandbox AMI of cli/deploy.py) must still name a variable some stack declares."""
+    the sandbox AMI of poolctl/deploy.py) must still name a variable some stack declares."""
     declared = {n for e in synthesized.values() for _, _, d in e["stacks"].values()
                 for n in d.get("variable", {})}
     for path in sorted((ROOT / "cli").rglob("*.py")):
@@ -298,8 +298,8 @@ def test_escape_hatches_match_the_provider_schema(synthesized, schemas):
 
 
 OVERRIDE_TYPOS = {  # what each escape hatch of the stacks becomes, misspelled
-    "count": "cuont",  # stacks/aws/pool.py: the SSM lookup only without an AMI
-    "default_labels": "default_lables",  # stacks/gcp/stack.py: labels on every resource
+    "count": "cuont",  # poolctl_stacks/aws/pool.py: the SSM lookup only without an AMI
+    "default_labels": "default_lables",  # poolctl_stacks/gcp/stack.py: labels on every resource
     "terraform.backend.s3.use_lockfile": "terraform.backend.s3.use_lock_file",  # aws/stack.py
     "terraform.required_providers.aws": "terraform.required_providers.amazon",  # base.py
 }
@@ -310,7 +310,7 @@ def test_a_misspelled_override_fails_in_either_stack(schemas, tmp_path, monkeypa
     each one. (The bindings themselves accept any override path.)"""
     import cdktf
 
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     providers, backend = schemas
     for cls in (cdktf.TerraformElement, cdktf.TerraformStack):

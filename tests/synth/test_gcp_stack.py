@@ -68,7 +68,7 @@ pools:
 
 
 def _synth(configs, outdir):
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     return synth(configs, outdir)
 
@@ -239,7 +239,7 @@ def test_boot_script_variant_is_chosen_from_the_image_not_from_build_records(
     ("a/b/c", {"project": "mine", "name": "a/b/c"}),  # no such image: the plan says so
 ])
 def test_image_lookup_reads_every_source_image_form(ref, args):
-    from poolctl.stacks.gcp.pool import image_lookup
+    from poolctl_stacks.gcp.pool import image_lookup
 
     assert image_lookup(ref, "mine") == args
 
@@ -456,7 +456,7 @@ def test_cdktf_testing_assertions():
     from cdktf import Testing
 
     from poolctl.bootscript import render_boot_script
-    from poolctl.stacks.gcp.stack import GcpPoolStack
+    from poolctl_stacks.gcp.stack import GcpPoolStack
 
     cfg = load_config(GCP_EXAMPLES["acme-mistral-24b-gcp"])
     pool = cfg.pools[0]
@@ -583,7 +583,7 @@ def test_pool_without_warm_pool_keeps_an_empty_standby_pool():
     from cdktf import Testing
 
     from poolctl.bootscript import render_boot_script
-    from poolctl.stacks.gcp.stack import GcpPoolStack
+    from poolctl_stacks.gcp.stack import GcpPoolStack
 
     cfg = load_config(GCP_EXAMPLES["acme-chat-70b-gcp"])
     pool = cfg.pools[0]
@@ -693,7 +693,7 @@ def test_mig_sizes_by_hand():
 
 
 def test_boot_disk_type_per_series():
-    from poolctl.stacks.gcp.pool import boot_disk_type
+    from poolctl_stacks.gcp.pool import boot_disk_type
 
     assert boot_disk_type("a3-highgpu-8g") == "pd-ssd"
     assert boot_disk_type("a2-ultragpu-8g") == "pd-ssd"
@@ -704,7 +704,7 @@ def test_boot_disk_type_per_series():
 def test_account_id_fits_gcp_rules():
     import re
 
-    from poolctl.stacks.gcp.iam import account_id
+    from poolctl_stacks.gcp.iam import account_id
 
     ok = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
     for name in ("acme-chat-70b", "9lives-x", "a-very-long-project-name-with-a-long-pool-name",
@@ -731,7 +731,7 @@ def test_zones_missing_from_catalog_is_one_clear_line():
 
 
 def test_bad_subnetwork_path_is_one_clear_line():
-    from poolctl.stacks.gcp.network import subnet_ref
+    from poolctl_stacks.gcp.network import subnet_ref
 
     # A subnetwork of another region is refused when the file loads (validate == synth).
     with pytest.raises(UsageError) as e:
@@ -744,7 +744,7 @@ def test_bad_subnetwork_path_is_one_clear_line():
 
 
 def test_certificate_name_or_self_link():
-    from poolctl.stacks.gcp.pool import certificate_link
+    from poolctl_stacks.gcp.pool import certificate_link
 
     link = "projects/p/regions/r/sslCertificates/c"
     assert certificate_link("c", "p", "r") == link

@@ -18,7 +18,7 @@ EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> dict:
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     text = EXAMPLE.read_text()
     assert "    aws:\n" in text
@@ -63,7 +63,7 @@ def test_checkov_passes_with_the_endpoint(stack):
 
 @pytest.fixture(scope="module")
 def gcp_stack(tmp_path_factory) -> dict:
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     text = EXAMPLE.read_text()
     assert "    gcp:\n" in text

@@ -34,7 +34,7 @@ def _config():
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     cfg = _config()
     out = tmp_path_factory.mktemp("identity")

@@ -23,7 +23,7 @@ def _cfg(text: str | None = None, tmp: Path | None = None):
 
 
 def test_key_follows_config_targets_and_code(tmp_path, monkeypatch):
-    import poolctl.boot
+    import poolctl
 
     cfg = _cfg()
     targets = cfg.targets(None, None)
@@ -34,11 +34,11 @@ def test_key_follows_config_targets_and_code(tmp_path, monkeypatch):
     assert synth_key(changed, changed.targets(None, None)) != key
     assert synth_key(cfg, []) != key
     # A boot template edited (as in a poolctl upgrade) changes every key.
-    boot = tmp_path / "boot"
-    shutil.copytree(poolctl.boot.__path__[0], boot)
-    with (boot / "node.sh.j2").open("a") as f:
+    copy = tmp_path / "poolctl"
+    shutil.copytree(poolctl.__path__[0], copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "boot" / "node.sh.j2").open("a") as f:
         f.write("# changed\n")
-    monkeypatch.setattr(poolctl.boot, "__path__", [str(boot)])
+    monkeypatch.setattr(poolctl, "__path__", [str(copy)])
     assert synth_key(cfg, targets) != key
 
 

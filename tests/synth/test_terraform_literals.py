@@ -118,7 +118,7 @@ def synthesized(tmp_path_factory):
     """label -> (cfg, cloud, field, value, stack JSON or the UsageError that refused it)."""
     from cdktf import App
 
-    from poolctl.stacks.app import add_stacks
+    from poolctl_stacks.app import add_stacks
 
     root = tmp_path_factory.mktemp("literals")
     out = {}
@@ -355,7 +355,7 @@ def test_only_poolctls_own_expressions_are_left_unescaped(synthesized):
 
 
 def test_literal_view_escapes_every_string_and_recomputes_derived_values():
-    from poolctl.stacks.literal import literal_view
+    from poolctl_stacks.literal import literal_view
 
     cfg = load_config(ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml")
     cfg = hostile(cfg, "serving.extra_args", ["a${b}", "%{c}$${d}"])

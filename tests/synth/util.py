@@ -88,7 +88,7 @@ def provider_modules_after_synth(config: Path, cloud: str, out: Path, cwd: Path)
     code = (
         "import sys, json\n"
         "from poolctl.config import load_config\n"
-        "from poolctl.stacks.app import synth\n"
+        "from poolctl_stacks.app import synth\n"
         f"cfg = load_config({str(config)!r})\n"
         f"synth([(cfg, cfg.targets(None, {cloud!r}))], {str(out)!r})\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktf_cdktf'))))\n"
@@ -108,7 +108,7 @@ def synth_without_and_with_record(config: Path, cloud: str, image: str, tmp_path
     not follow a record that only this machine has)."""
     from poolctl import bootscript, images
     from poolctl.config import load_config
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     cfg = load_config(config)

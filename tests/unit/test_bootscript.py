@@ -1,4 +1,4 @@
-"""The rendered node start-up script (poolctl.bootscript + scripts/boot/*.sh.j2).
+"""The rendered node start-up script (poolctl.bootscript + cli/poolctl/boot/*.sh.j2).
 
 Golden files live in tests/golden/boot/. After an intended template change, regenerate them
 and review the diff:

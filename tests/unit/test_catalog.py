@@ -1,4 +1,4 @@
-"""The instance-type catalog (cli/data/instance_types.yaml) loads, is complete, and agrees
+"""The instance-type catalog (cli/poolctl/data/instance_types.yaml) loads, is complete, and agrees
 with EC2's own data.
 
 The AWS rows are checked against the DescribeInstanceTypes data that moto ships (read straight

@@ -271,7 +271,7 @@ def test_ipv4_cidrs(text, ok):
 
 
 def test_cel_literals_are_escaped():
-    from poolctl.stacks.gcp.iam import cel_string, weights_condition
+    from poolctl_stacks.gcp.iam import cel_string, weights_condition
 
     assert cel_string('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
     # Even an ObjectPrefix built around the parser cannot break out of the literal.

@@ -372,7 +372,7 @@ def test_longest_accepted_names_fit_every_cloud_name(tmp_path):
 
     from poolctl.config import parse_config
     from poolctl.naming import MAX_BASE_AWS
-    from poolctl.stacks.app import synth
+    from poolctl_stacks.app import synth
 
     project = "p" + "r" * 39
     pool = "x" * (MAX_BASE_AWS - len(project) - 1)

@@ -96,7 +96,7 @@ def test_production_template_reaches_builder_privately():
     assert "encrypt_boot                = true" in aws
     assert '"tag:poolctl:tier" = "private"' in aws
     assert '"poolctl:serving-image" = "vllm/vllm-openai:v0.11.0"' in aws
-    # The tag the stack's plan reads to choose the boot script variant (stacks/aws/pool.py).
+    # The tag the stack's plan reads to choose the boot script variant (poolctl_stacks/aws/pool.py).
     from poolctl.bootscript import boot_library
 
     assert f'"poolctl:boot-library" = "{boot_library("aws")["version"]}"' in aws

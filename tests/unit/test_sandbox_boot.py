@@ -2,7 +2,7 @@
 the README's list of the sandbox's admin endpoints.
 
 No sandbox runs here (tests/ops/test_sandbox.py drives the server); the figures are worked
-out by hand from cli/sizing.py's constants and the catalog's p5.48xlarge row.
+out by hand from poolctl/sizing.py's constants and the catalog's p5.48xlarge row.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def test_warm_nodes_start_faster_than_cold(pool):
 
 
 def test_scale_in_policy_matches_the_aws_stack():
-    text = (ROOT / "stacks" / "aws" / "scaling.py").read_text()
+    text = (ROOT / "stacks" / "poolctl_stacks" / "aws" / "scaling.py").read_text()
     assert re.search(r"^SCALE_IN_COOLDOWN_S = (\d+)", text, re.M).group(1) == str(
         AWS_SCALE_IN_COOLDOWN_S)
     assert "period=60" in text and METRIC_PERIOD_S == 60

@@ -1,0 +1,105 @@
+"""poolctl image build / list / prune: pre-pulled node images built with Packer."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+
+from poolctl.commands.common import (
+    CloudOpt,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    console,
+    emit_json,
+    load,
+    one_target,
+)
+
+app = typer.Typer(help="Pre-pulled node images built with Packer (see images/README.md).",
+                  no_args_is_help=True)
+
+
+@app.command("build")
+def build(
+    cloud: CloudOpt = None,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the rendered files and the command only.")
+    ] = False,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Build the pool's node image (base image + serving image pulled) and record it in the
+    placement (`aws.ami_id` / `gcp.image`) and under $POOLCTL_HOME/images."""
+    from poolctl import images
+    from poolctl.config import find_config
+
+    path = find_config(file)
+    cfg = load(path)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    res = images.build(cfg, path, p, c, sandbox=sandbox, dry_run=dry_run)
+    if json_out:
+        emit_json(res.to_json())
+    elif dry_run:
+        for name, text in (res.files or {}).items():
+            sys.stdout.write(f"# ---- {name}\n{text}")
+        # Plain write: a command line must not be wrapped at the terminal's width.
+        sys.stdout.write(f"# would run in {res.build_dir}: {shlex.join(res.command)}\n")
+    else:
+        console().print(f"{p.name}: built {res.image_id} ({res.serving_image}"
+                        f"{', ' + res.digest if res.digest else ''}) in {res.seconds:g} s")
+
+
+@app.command("list")
+def list_(
+    cloud: CloudOpt = None,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The pool's images, newest first, and what uses each."""
+    from dataclasses import asdict
+
+    from poolctl import images
+
+    cfg = load(file)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    rows = images.list_images(cfg, p, c, sandbox)
+    if json_out:
+        emit_json({"pool": p.name, "cloud": c, "images": [asdict(r) for r in rows]})
+        return
+    out = console()
+    if not rows:
+        out.print(f"{p.name}: no images built by poolctl in {c}")
+    for r in rows:
+        use = "; ".join(r.in_use) or "unused"
+        out.print(f"{r.id}  {r.created}  {r.serving_image or '?'}  [{use}]")
+
+
+@app.command("prune")
+def prune(
+    keep: Annotated[int, typer.Option("--keep", min=0, help="Unused images to keep.")],
+    cloud: CloudOpt = None,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Deregister all but the KEEP newest unused images (with their snapshots); images in use
+    (the file, launch template versions, instances) are never deleted."""
+    from poolctl import images
+
+    cfg = load(file)
+    p, c = one_target(cfg, pool, cloud, sandbox)
+    out = images.prune(cfg, p, c, sandbox, keep)
+    if json_out:
+        emit_json(out)
+    else:
+        console().print(f"{p.name}: deleted {len(out['deleted'])}, kept {len(out['kept'])}")

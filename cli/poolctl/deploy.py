@@ -1,0 +1,282 @@
+"""Synthesize, then drive Terraform for each (pool, cloud) stack: deploy and destroy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from poolctl import naming
+from poolctl.clouds import Cloud
+from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract_aws
+from poolctl.errors import NotConfirmed, OperationFailed, UsageError
+from poolctl.home import private_dir, write_private
+from poolctl.progress import log
+from poolctl.terraform import (
+    PlanSummary,
+    Terraform,
+    cli_config,
+    find_binary,
+    log_path,
+    sandbox_override,
+)
+
+# Import blocks for resources an interrupted apply created but did not record (see adopt).
+ADOPT_FILE = "poolctl_adopt.tf.json"
+
+
+@dataclass
+class StackResult:
+    stack: str
+    workdir: str
+    summary: dict = field(default_factory=dict)
+    applied: bool = False
+    outputs: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    adopted: list = field(default_factory=list)  # addresses imported by `adopt`
+    kept: list = field(default_factory=list)  # runtime sizes the apply keeps, and why
+    sizes: list = field(default_factory=list)  # the plan's size changes (SizeChange.to_json)
+    cost_per_hour_usd: dict = field(default_factory=dict)  # pool_cost
+    log: str = ""  # Terraform's output
+
+
+def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict:
+    """The pool's cost per hour at the catalog's price per node: at the group's minimum and
+    maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
+    destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
+    from poolctl.sizing import plan_pool
+
+    plan = plan_pool(pool, cloud)
+    nodes = {"min": plan.nodes["min"], "max": plan.nodes["max"]}
+    warm_running = plan.nodes["warm"] if plan.warm_state == "running" else 0
+    sized = summary.size_values
+    for key in ("min", "max"):
+        for f in (f"{key}_size", f"autoscaling_policy.{key}_replicas"):
+            if isinstance(sized.get(f), int):
+                nodes[key] = sized[f]
+    if sized.get("warm_pool.pool_state") == "Running" and isinstance(
+            sized.get("warm_pool.min_size"), int):
+        warm_running = sized["warm_pool.min_size"]
+    price = plan.price_per_node_hour_usd
+    return {"instance_type": plan.instance_type, "price_per_node_hour_usd": price,
+            "replicas_per_node": plan.replicas_per_node, "nodes": nodes,
+            "warm_running_nodes": warm_running,
+            "min": round((nodes["min"] + warm_running) * price, 2),
+            "max": round((nodes["max"] + warm_running) * price, 2)}
+
+
+SYNTH_KEY_FILE = ".poolctl-synth-key"
+
+
+def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
+    """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
+    code and data (stacks, boot templates, catalog) and the generator's versions."""
+    from importlib import metadata
+
+    import poolctl
+    import poolctl_stacks
+
+    h = hashlib.sha256(cfg.model_dump_json().encode())
+    h.update(repr([(p.name, c) for p, c in targets]).encode())
+    for pkg in (poolctl, poolctl_stacks):
+        for root in pkg.__path__:
+            for f in sorted(Path(root).rglob("*")):
+                if f.suffix in {".py", ".j2", ".yaml", ".json"} and f.is_file():
+                    h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes())
+    for dist in ("cdktf", "cdktf-cdktf-provider-aws", "cdktf-cdktf-provider-google"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            pass
+    return h.hexdigest()
+
+
+def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
+    """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
+    5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
+    pay again."""
+    key = synth_key(cfg, targets)
+    dirs = [Path(outdir) / "stacks" / naming.stack_name(cfg, p, c) for p, c in targets]
+    marks = [d / SYNTH_KEY_FILE for d in dirs]
+    if all((d / "cdk.tf.json").is_file() and m.is_file() and m.read_text() == key
+           for d, m in zip(dirs, marks, strict=True)):
+        log(f"stacks unchanged since the last synth in {outdir}/stacks: reusing them")
+        return dirs
+    from poolctl_stacks.app import synth  # the only road to cdktf
+
+    log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
+    dirs = synth([(cfg, targets)], outdir)
+    for d in dirs:
+        (d / SYNTH_KEY_FILE).write_text(key)
+    return dirs
+
+
+def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]:
+    """Copy the synthesized stack beside the sandbox, add the override, pick an AMI."""
+    from poolctl.sandbox import manager
+
+    endpoint = manager.require_running()
+    home = manager.state_dir()
+    work = private_dir(home / "deploy" / stack_dir.name)
+    write_private(work / "cdk.tf.json", (stack_dir / "cdk.tf.json").read_bytes())
+    state = private_dir(home / "state") / f"{stack_dir.name}.tfstate"
+    write_private(work / "sandbox_override.tf.json",
+                  json.dumps(sandbox_override(region, endpoint, state), indent=2))
+    ec2 = manager.client("ec2", region)
+    images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
+    if not images:
+        raise OperationFailed("sandbox: the emulator offers no AMI; restart it with "
+                              "`poolctl sandbox stop && poolctl sandbox start`")
+    env = contract_aws.sandbox_env(sorted(i["ImageId"] for i in images)[0])
+    # AWS_ENDPOINT_URL as well as the override's per-service endpoints: a service the stack
+    # starts to use before SANDBOX_SERVICES lists it still reaches the emulator, never AWS.
+    env.update(manager.subprocess_env(region))
+    return work, env
+
+
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool
+          ) -> list:
+    """Import blocks for what an earlier, interrupted apply created but did not record.
+
+    Only resources the state lacks are looked up, so a deploy of a complete stack makes no
+    cloud call here. Adopted: those whose contract tags prove poolctl created them for this
+    pool (`poolctl.clouds.aws_adopt`). GCP: not looked up yet."""
+    imports = work / ADOPT_FILE
+    imports.unlink(missing_ok=True)  # last run's imports are in the state by now
+    if cloud != Cloud.aws:
+        return []
+    config = json.loads((work / "cdk.tf.json").read_text())
+    state = tf.state_resources()
+    if all(f"{kind}.{name}" in state for kind, blocks in config.get("resource", {}).items()
+           for name in blocks):
+        return []
+    from poolctl import naming
+    from poolctl.clouds import aws, aws_adopt
+
+    ops = aws.make_ops(sandbox=sandbox)
+    tags = naming.aws_tags(cfg, pool)
+    contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
+    stack = naming.stack_name(cfg, pool, cloud)
+    found = aws_adopt.find(
+        lambda svc: ops.client(svc, pool.aws.region), config, state, contract,
+        on_denied=lambda address, code: log(
+            f"== {stack}: not looking for {address} left by an interrupted apply ({code}); "
+            "if it exists, Terraform reports it"))
+    if found:
+        write_private(imports, json.dumps(
+            {"import": [{"to": f.address, "id": f.id} for f in found]}, indent=2))
+    for f in found:
+        log(f"== {stack}: adopting {f.what} ({f.id}): created "
+            f"by an earlier apply that did not record it (its poolctl tags match); imported "
+            f"as {f.address}, not created again")
+    return found
+
+
+def run_stacks(
+    cfg: Config,
+    targets: list[tuple[Pool, str]],
+    *,
+    outdir: Path,
+    sandbox: bool,
+    destroy: bool,
+    plan_only: bool,
+    confirm: Callable[[str], bool],
+    mirror: str | None,
+    render_summary: Callable[[str, PlanSummary], None],
+    extra_env: dict[str, str] | None = None,
+    verbose: bool = False,
+    before_apply: Callable[[Terraform], bool] | None = None,
+    preflight: Callable[[list[tuple[Pool, str]]], list[tuple[dict[str, str], list[str]]]]
+    | None = None,
+) -> list[StackResult]:
+    """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
+    `before_apply(tf)`: runs after a plan with changes, before the confirmation; True means
+    it changed the state (GCP rollouts forget the template they keep), so plan again.
+    `preflight(targets)`: cloud checks of every target before anything is synthesized or
+    applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
+    Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
+    if sandbox and any(c != Cloud.aws for _, c in targets):
+        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    # Missing prerequisites fail before the synth (seconds of work), not after it.
+    if sandbox:
+        from poolctl.sandbox import manager
+
+        manager.require_running()
+    find_binary()
+    cli_config(mirror)
+    checked = preflight(targets) if preflight else [({}, []) for _ in targets]
+    t0 = time.monotonic()
+    dirs = synth_targets(cfg, targets, outdir)
+    synth_s = time.monotonic() - t0
+    results = []
+    for (pool, cloud), stack_dir, (kept_env, kept) in zip(targets, dirs, checked, strict=True):
+        name = naming.stack_name(cfg, pool, cloud)
+        env: dict[str, str] = {}
+        work = stack_dir
+        if sandbox:
+            work, env = sandbox_workdir(stack_dir, pool.aws.region)
+            # Before the apply launches nodes: they boot by themselves in the plan's time.
+            manager.register_start_times(cfg, pool)
+            if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
+                env.pop(contract_aws.NODE_AMI_ID.env, None)
+        env.update(kept_env)
+        env.update(extra_env or {})
+        tf = Terraform(work, mirror=mirror, extra_env=env, label=name, verbose=verbose,
+                       log=log_path(name, "destroy" if destroy else "deploy"))
+        res = StackResult(stack=name, workdir=str(work), kept=kept, log=str(tf.log))
+        log(f"\n== {name}: Terraform's output goes to {tf.log}"
+            + (" (and here)" if verbose else ""))
+        for line in kept:
+            log(f"== {name}: {line}")
+        if tf.init_current():
+            log(f"== {name}: {Path(tf.bin).name} init skipped: providers, lock file and "
+                "backend unchanged since the last init")
+        else:
+            log(f"== {name}: {Path(tf.bin).name} init")
+            tf.init()
+        if destroy:
+            (work / ADOPT_FILE).unlink(missing_ok=True)
+        else:
+            res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, sandbox)]
+        log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
+        summary = tf.plan(destroy=destroy)
+        res.summary = summary.to_json()
+        res.sizes = [c.to_json() for c in summary.sizes]
+        summary.cost = res.cost_per_hour_usd = pool_cost(pool, cloud, summary)
+        render_summary(name, summary)
+        if summary.empty:
+            log(f"== {name}: no changes")
+        elif plan_only:
+            log(f"== {name}: --plan-only, nothing applied (plan saved in {work}/tfplan)")
+        else:
+            add, change, gone = summary.totals()
+            verb = "destroy" if destroy else "apply"
+            adopting = sum(summary.imports.values())
+            if not confirm(f"{verb} {name}: {add} to add, {change} to change, "
+                           f"{gone} to destroy" + (f", {adopting} to import (adopt)"
+                                                   if adopting else "") + "?"):
+                raise NotConfirmed(f"{name}: not confirmed; nothing was applied")
+            # After the answer: a state change (GCP keeps the template a rollout replaces)
+            # then a plan again, which only drops what the change took out of Terraform's
+            # hands (it destroys less than the plan shown).
+            if before_apply is not None and not destroy and before_apply(tf):
+                log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
+                summary = tf.plan()
+                res.summary = summary.to_json()
+            log(f"== {name}: {Path(tf.bin).name} apply")
+            tf.apply(phase="destroy" if destroy else "apply")
+            res.applied = True
+        if not destroy:
+            res.outputs = tf.outputs()
+        res.timings = {"synth": round(synth_s, 1),
+                       **{k: round(v, 1) for k, v in tf.timings.items()}}
+        log(f"== {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings.items()))
+        if destroy and res.applied and sandbox:
+            shutil.rmtree(work, ignore_errors=True)
+        results.append(res)
+    return results

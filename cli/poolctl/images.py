@@ -1,0 +1,642 @@
+"""Pre-pulled node images: Packer templates from `cli/poolctl/packer/`,
+rendered with jinja2, built with Packer, recorded in the file and under $POOLCTL_HOME.
+
+A node image is the pool's GPU base image plus its serving image pulled onto the root volume,
+so a cold node skips the pull (it reads the layers once instead: `phase=hydrate`). The build
+record (`$POOLCTL_HOME/images/<cloud>-<image>.json`) says which serving image and digest an
+image carries; `plan` reads it to tell whether a placement's image is pre-pulled.
+
+No cloud SDK at import: boto3 / google-cloud-compute load in the functions that call them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from poolctl import naming
+from poolctl.clouds import Cloud
+from poolctl.config import Config, Pool
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.progress import log
+
+if TYPE_CHECKING:  # jinja2 loads only to render (plan reads records, never templates)
+    import jinja2
+
+PACKER_ENV = "POOLCTL_PACKER"
+# Sandbox only: seconds the simulated provisioning takes (tests interrupt a build there).
+HOLD_ENV = "POOLCTL_IMAGE_SANDBOX_HOLD_S"
+FAIL_ENV = "POOLCTL_IMAGE_SANDBOX_FAIL"  # sandbox only: the simulated provisioning fails
+# Packer 1.7 introduced `packer { required_plugins }` (and split the builders out); 1.6.6,
+# Debian's MPL-licensed release, rejects the block.
+PLUGINS_FROM = (1, 7, 0)
+# After SIGINT Packer terminates the builder and deletes its temporary key pair and security
+# group; give it that long before giving up on it.
+CLEANUP_TIMEOUT_S = 600
+TAG_SERVING_IMAGE = "poolctl:serving-image"
+LABEL_SERVING_IMAGE = "poolctl-serving-image"
+DEFAULT_BUILDER = {"aws": "m6i.xlarge", "gcp": "n2-standard-4"}
+_FAMILY = re.compile(r"^(?:projects/(?P<project>[a-z][-a-z0-9.:]*)/global/images/)?"
+                     r"family/(?P<family>[a-z][-a-z0-9]*)$")
+_IMAGE = re.compile(r"^(?:projects/(?P<project>[a-z][-a-z0-9.:]*)/global/images/)?"
+                    r"(?P<name>[a-z][-a-z0-9]*)$")
+
+
+def hcl_string(value: Any) -> str:
+    """`value` as an HCL string literal that Packer reads literally: JSON escapes (HCL's are
+    the same) plus template sequences doubled, so `${...}`/`%{...}` are never evaluated."""
+    return json.dumps(str(value)).replace("${", "$${").replace("%{", "%%{")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader([jinja2.PackageLoader("poolctl", "packer"),
+                                    jinja2.PackageLoader("poolctl", "boot")]),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+        lstrip_blocks=True, comment_start_string="{##", comment_end_string="##}",
+        autoescape=False,
+    )
+    env.filters["hcl"] = hcl_string
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+# ---------------------------------------------------------------------------------------
+# Packer
+
+
+def find_packer() -> str:
+    named = os.environ.get(PACKER_ENV)
+    path = shutil.which(named or "packer")
+    if path:
+        return path
+    if named:
+        raise UsageError(f"{PACKER_ENV}={named}: not found; give the path of a packer binary "
+                         "or unset it")
+    raise UsageError("packer: not found on PATH; install it (`scripts/setup` installs Debian's "
+                     "packer, or `apt-get install packer`) or set POOLCTL_PACKER")
+
+
+def packer_version(binary: str) -> tuple[int, int, int]:
+    try:
+        out = subprocess.run([binary, "version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"packer: {binary} does not run ({e}); reinstall it") from None
+    m = re.search(r"v?(\d+)\.(\d+)\.(\d+)", out.stdout + out.stderr)
+    if out.returncode != 0 or m is None:
+        raise UsageError(f"packer: `{binary} version` said {out.stdout.strip()!r} (exit "
+                         f"{out.returncode}); reinstall Packer")
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+def needs_plugin_block(version: tuple[int, int, int]) -> bool:
+    return version >= PLUGINS_FROM
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+
+
+@dataclass
+class Rendered:
+    cloud: str
+    image_name: str
+    base_image: str
+    serving_image: str
+    files: dict[str, str]
+    packer_version: str
+    context: dict = field(default_factory=dict)
+
+
+def _pool_key(cfg: Config, pool: Pool, cloud: Cloud) -> str:
+    idx = [p.name for p in cfg.pools].index(pool.name)
+    return f"pools[{idx}].{cloud}"
+
+
+def _stamp(now: datetime) -> str:
+    return now.strftime("%Y%m%d-%H%M%S")
+
+
+def gcp_label_value(text: str) -> str:
+    """GCE label values: lowercase letters, digits, '-' and '_', at most 63."""
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:63]
+
+
+def gcp_base(cfg: Config, pool: Pool) -> dict[str, str]:
+    """The GCE base image as Packer takes it: a family (or an image name) and its project."""
+    p = pool.gcp
+    key = _pool_key(cfg, pool, "gcp")
+    ref = p.base_image or p.image
+    if p.base_image is None and (rec := find_record("gcp", p.image)) is not None:
+        ref = rec["base_image"]  # gcp.image is a built image: build on what it was built on
+    if m := _FAMILY.match(ref):
+        return {"base_family": m["family"], "base_name": "",
+                "base_project": m["project"] or p.project, "base": ref}
+    if p.base_image is not None and (m := _IMAGE.match(ref)):
+        return {"base_family": "", "base_name": m["name"],
+                "base_project": m["project"] or p.project, "base": ref}
+    raise UsageError(
+        f"{key}.base_image: no base image to build on: gcp.image {p.image!r} is not an image "
+        "family and no build record names its base; set gcp.base_image to the GPU base "
+        "(e.g. projects/deeplearning-platform-release/global/images/family/"
+        "common-cu124-ubuntu-2204-nvidia-550)")
+
+
+def aws_base(cfg: Config, pool: Pool, sandbox: bool) -> str:
+    """The Deep Learning Base AMI that `aws.ami_ssm_parameter` names, resolved now (Packer
+    1.6.6 cannot read SSM). The sandbox has no such parameter: it uses the emulator's first
+    image, as `deploy --sandbox` does."""
+    p = pool.aws
+    ssm = aws_client("ssm", p.region, sandbox)
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return ssm.get_parameter(Name=p.ami_ssm_parameter)["Parameter"]["Value"]
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code != "ParameterNotFound":
+            raise OperationFailed(f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: "
+                                  f"{e}") from None
+    except BotoCoreError as e:
+        raise OperationFailed(f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {e}") from None
+    if sandbox:
+        images = aws_client("ec2", p.region, sandbox).describe_images(
+            Owners=["amazon"]).get("Images", [])
+        if images:
+            return sorted(i["ImageId"] for i in images)[0]
+    raise UsageError(
+        f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no "
+        f"image in {p.region}, so the image build has no base; set it to the Deep Learning "
+        "Base AMI's parameter")
+
+
+def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
+           sandbox: bool, base_image: str, serving_image: str | None = None,
+           now: datetime | None = None, endpoint: str = "") -> Rendered:
+    """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
+    from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
+
+    placement = pool.placement(cloud)
+    if placement is None:
+        raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
+                         f"add one or use --cloud {' / '.join(pool.clouds)}")
+    now = now or datetime.now(UTC)
+    image = serving_image or pool.serving.image
+    base = naming.base(cfg, pool)
+    stack = naming.stack_name(cfg, pool, cloud)
+    modern = needs_plugin_block(version)
+    hold = _hold_s() if sandbox else 0
+    gbase = gcp_base(cfg, pool) if cloud == Cloud.gcp else {}
+    lib = boot_library(cloud)  # installed by provision.sh, inside a quoted heredoc
+    assert "\nPOOLCTL_BOOT_LIB\n" not in lib["text"], "the heredoc would end early"
+    base_image = gbase.pop("base", base_image)
+    ctx: dict[str, Any] = {
+        "cloud": cloud, "stack": stack, "image": image, "modern": modern,
+        "sandbox": sandbox, "hold_s": hold,
+        "fail": sandbox and os.environ.get(FAIL_ENV, "") not in ("", "0"),
+        "builder_type": placement.image_builder_type or DEFAULT_BUILDER[cloud],
+        "description": f"poolctl {stack}: {base_image.rsplit('/', 1)[-1]} + {image}",
+        "boot_lib": {k: lib[k] for k in ("path", "version", "text")},
+    }
+    if cloud == Cloud.aws:
+        tags = naming.aws_tags(cfg, pool)
+        name = f"{base}-{_stamp(now)}"
+        ctx |= {
+            "region": placement.region, "base_image": base_image, "image_name": name,
+            "subnet_id": (placement.network.subnet_ids or [""])[0],
+            "subnet_tags": {**tags, "poolctl:tier": "private"},
+            "root_volume_gb": placement.root_volume_gb,
+            # The stack picks the user data variant from this tag at plan time.
+            "image_tags": {**tags, TAG_SERVING_IMAGE: image, "Name": name,
+                           LIB_IMAGE_TAG["aws"]: lib["version"]},
+            "builder_tags": {**tags, "Name": f"{base}-image-builder"},
+            "endpoint": endpoint, "test_key": "testing",
+        }
+    else:
+        labels = naming.gcp_labels(cfg, pool)
+        name = f"{naming.short(base, 63 - 16)}-{_stamp(now)}"
+        ctx |= gbase | {
+            "project_id": placement.project, "image_name": name,
+            "image_family": naming.short(base, 63),
+            "zone": _gcp_zone(pool), "disk_gb": placement.boot_disk_gb,
+            "network": placement.network, "subnetwork": placement.subnetwork or "",
+            "image_labels": {**labels, LABEL_SERVING_IMAGE: gcp_label_value(image),
+                             LIB_IMAGE_TAG["gcp"]: lib["version"]},  # as the AWS tag
+            "builder_labels": {**labels, "poolctl-image-builder": "true"},
+        }
+    env = environment()
+    files = {
+        f"{cloud}.pkr.hcl": env.get_template(f"{cloud}.pkr.hcl.j2").render(ctx),
+        "provision.sh": env.get_template("provision.sh.j2").render(ctx),
+    }
+    return Rendered(cloud=cloud, image_name=ctx["image_name"], base_image=base_image,
+                    serving_image=image, files=files,
+                    packer_version=".".join(map(str, version)), context=ctx)
+
+
+def _gcp_zone(pool: Pool) -> str:
+    from poolctl.sizing import gcp_zones, instance_row
+
+    zones = gcp_zones(pool, instance_row(pool, "gcp"))
+    return zones[0] if zones else f"{pool.gcp.region}-a"
+
+
+def _hold_s() -> int:
+    raw = os.environ.get(HOLD_ENV) or "0"
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise UsageError(f"{HOLD_ENV}={raw}: not a whole number of seconds; unset it") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Records: $POOLCTL_HOME/images/<cloud>-<image>.json, one per built image
+
+
+def images_dir() -> Path:
+    from poolctl.home import poolctl_home
+
+    return poolctl_home() / "images"
+
+
+def _record_file(cloud: Cloud, image_id: str) -> Path:
+    return images_dir() / f"{cloud}-{re.sub(r'[^A-Za-z0-9._-]+', '_', image_id)}.json"
+
+
+def find_record(cloud: Cloud, image_id: str | None) -> dict | None:
+    if not image_id:
+        return None
+    try:
+        return json.loads(_record_file(cloud, image_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_record(rec: dict) -> Path:
+    from poolctl.home import write_private
+
+    path = _record_file(rec["cloud"], rec["image_id"])
+    write_private(path, json.dumps(rec, indent=2) + "\n")
+    return path
+
+
+def placement_image(pool: Pool, cloud: Cloud) -> str | None:
+    """The node image a placement names in the file (None: the base image at deploy)."""
+    if cloud == Cloud.aws:
+        return pool.aws.ami_id
+    return pool.gcp.image
+
+
+def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict:
+    """Which image a placement uses and whether it carries the serving image: a build record
+    says so for images poolctl built, `serving.image_prepulled` for the user's own.
+    `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
+    same on every machine, build records or not)."""
+    image = placement_image(pool, cloud)
+    rec = find_record(cloud, image) if records else None
+    if rec is not None:
+        same = rec.get("serving_image") == pool.serving.image
+        return {"id": image, "prepulled": same, "source": "build record",
+                "carries": rec.get("serving_image"), "digest": rec.get("digest")}
+    shown = image or (pool.aws.ami_ssm_parameter if cloud == Cloud.aws else None)
+    return {"id": shown, "prepulled": pool.serving.image_prepulled,
+            "source": "serving.image_prepulled", "carries": None, "digest": None}
+
+
+# ---------------------------------------------------------------------------------------
+# Build
+
+
+def file_key(cloud: Cloud) -> tuple[str, ...]:
+    return ("aws", "ami_id") if cloud == Cloud.aws else ("gcp", "image")
+
+
+def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str]) -> None:
+    """Run Packer with its output streamed to stderr. On Ctrl-C it gets one SIGINT and the
+    time to clean up (builder instance, temporary key pair and security group); then the
+    interrupt goes on. Its own process group: the terminal's SIGINT reaches poolctl only,
+    and poolctl forwards exactly one."""
+    cmd = [binary, *args]
+    log(f"$ {shlex.join(cmd)}  (in {workdir})")
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.write(f"  {line}")
+            sys.stderr.flush()
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        log("interrupted: Packer is cleaning up (builder instance, key pair, security group)")
+        # To its group: Packer's wrapper process ignores SIGINT and leaves the build to
+        # its child, which a terminal's Ctrl-C reaches through the group.
+        os.killpg(proc.pid, signal.SIGINT)
+        _drain(proc)
+        raise
+    if rc != 0:
+        raise OperationFailed(f"packer {args[0]} failed (exit {rc}); its output is above; "
+                              f"Packer removed its builder; nothing was recorded")
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + CLEANUP_TIMEOUT_S
+    while True:
+        try:
+            if proc.stdout is not None:
+                for line in proc.stdout:
+                    sys.stderr.write(f"  {line}")
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return
+        except KeyboardInterrupt:
+            log("still cleaning up; wait for Packer (a second Ctrl-C is ignored)")
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            log("packer did not finish its cleanup in time; check for leftover "
+                "`packer_*` security groups and key pairs")
+            return
+
+
+@dataclass
+class BuildResult:
+    pool: str
+    cloud: str
+    image_id: str | None
+    image_name: str
+    base_image: str
+    serving_image: str
+    digest: str | None
+    build_dir: str
+    packer_version: str
+    command: list[str]
+    file: str | None = None
+    line: int | None = None
+    seconds: float | None = None
+    record: str | None = None
+    dry_run: bool = False
+    files: dict[str, str] | None = None  # the rendered files, with --dry-run
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bool,
+          dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
+          now: datetime | None = None) -> BuildResult:
+    from poolctl.runtime import set_scalar, write_atomic
+
+    if sandbox and cloud != Cloud.aws:
+        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    if pool.placement(cloud) is None:
+        raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
+                         f"add one or use --cloud {' / '.join(pool.clouds)}")
+    binary = find_packer()
+    version = packer_version(binary)
+    idx = [p.name for p in cfg.pools].index(pool.name)
+    key_path = ("pools", idx, *file_key(cloud))
+    # The file must take the result before anything is built (exit 2, nothing made).
+    set_scalar(file_path.read_text(), key_path, "placeholder-0", source=str(file_path))
+    endpoint = ""
+    if sandbox:
+        from poolctl.sandbox import manager
+
+        endpoint = manager.require_running()
+    base = aws_base(cfg, pool, sandbox) if cloud == Cloud.aws else ""
+    r = render(cfg, pool, cloud, version=version, sandbox=sandbox, base_image=base,
+               serving_image=serving_image, now=now, endpoint=endpoint)
+    workdir = images_dir() / "builds" / r.image_name
+    template = f"{cloud}.pkr.hcl"
+    cmd = [binary, "build", "-color=false", "-on-error=cleanup", template]
+    res = BuildResult(pool=pool.name, cloud=cloud, image_id=None, image_name=r.image_name,
+                      base_image=r.base_image, serving_image=r.serving_image, digest=None,
+                      build_dir=str(workdir), packer_version=r.packer_version, command=cmd,
+                      dry_run=dry_run)
+    if dry_run:
+        res.files = r.files
+        return res
+    from poolctl.home import private_dir, write_private
+
+    private_dir(workdir)
+    for name, text in r.files.items():
+        write_private(workdir / name, text)
+    env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
+    if sandbox:
+        from poolctl.sandbox import manager
+
+        env |= manager.credentials_env(pool.aws.region)
+    t0 = time.monotonic()
+    if needs_plugin_block(version):
+        run_packer(binary, workdir, ["init", template], env)
+    run_packer(binary, workdir, cmd[1:], env)
+    res.seconds = round(time.monotonic() - t0, 1)
+    res.image_id = _artifact(workdir, cloud, pool)
+    try:
+        res.digest = json.loads((workdir / "node-image.json").read_text()).get("digest")
+    except (OSError, ValueError):
+        res.digest = None  # the sandbox runs no provisioner
+    rec = {
+        "cloud": cloud, "image_id": res.image_id, "image_name": r.image_name,
+        "pool": pool.name, "project": cfg.project, "stack": naming.stack_name(cfg, pool, cloud),
+        "region": pool.placement(cloud).region, "base_image": r.base_image,
+        "serving_image": r.serving_image, "digest": res.digest,
+        "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "packer_version": r.packer_version, "sandbox": sandbox, "seconds": res.seconds,
+        # The start-up script sources the library from the image only for this version.
+        "boot_lib_version": r.context["boot_lib"]["version"],
+    }
+    res.record = str(save_record(rec))
+    if record_in_file:
+        text = file_path.read_text()
+        new_text, old, line = set_scalar(text, key_path, res.image_id, source=str(file_path))
+        if new_text != text:
+            write_atomic(file_path, new_text)
+        res.file, res.line = str(file_path), line
+        log(f"{file_path}:{line}: {cloud}.{file_key(cloud)[1]}: {old or '(unset)'} -> "
+            f"{res.image_id} (recorded)")
+    return res
+
+
+def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
+    try:
+        builds = json.loads((workdir / "packer-manifest.json").read_text())["builds"]
+        artifact = builds[-1]["artifact_id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        raise OperationFailed(f"packer: no artifact in {workdir}/packer-manifest.json; "
+                              "nothing was recorded") from None
+    if cloud == Cloud.aws:  # "us-east-1:ami-0123"
+        return artifact.split(",")[0].split(":", 1)[-1]
+    return f"projects/{pool.gcp.project}/global/images/{artifact}"
+
+
+# ---------------------------------------------------------------------------------------
+# List and prune (the cloud's view; the file and the deployed pool say what is in use)
+
+
+def aws_client(service: str, region: str, sandbox: bool) -> Any:
+    from poolctl.clouds.aws import make_ops
+
+    return make_ops(sandbox=sandbox).client(service, region)
+
+
+@dataclass
+class ImageRow:
+    id: str
+    name: str
+    created: str
+    serving_image: str | None
+    in_use: list[str]
+    snapshots: list[str] = field(default_factory=list)
+
+
+def list_images(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> list[ImageRow]:
+    rows = _aws_images(cfg, pool, sandbox) if cloud == Cloud.aws else _gcp_images(cfg, pool)
+    return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
+
+
+def _aws_images(cfg: Config, pool: Pool, sandbox: bool) -> list[ImageRow]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    region = pool.aws.region
+    ec2 = aws_client("ec2", region, sandbox)
+    tags = naming.aws_tags(cfg, pool)
+    try:
+        images = ec2.describe_images(Owners=["self"], Filters=[
+            {"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()])["Images"]
+        used = _aws_in_use(ec2, cfg, pool)
+    except (ClientError, BotoCoreError) as e:
+        raise OperationFailed(f"image list --cloud aws: {e}") from None
+    rows = []
+    for im in images:
+        t = {x["Key"]: x["Value"] for x in im.get("Tags", [])}
+        rows.append(ImageRow(
+            id=im["ImageId"], name=im.get("Name", ""), created=im.get("CreationDate", ""),
+            serving_image=t.get(TAG_SERVING_IMAGE), in_use=used.get(im["ImageId"], []),
+            snapshots=[b["Ebs"]["SnapshotId"] for b in im.get("BlockDeviceMappings", [])
+                       if b.get("Ebs", {}).get("SnapshotId")]))
+    return rows
+
+
+def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
+    """Image id -> what uses it: the file's placement, the pool's launch template versions
+    (a rollback returns to the previous one), instances that are not terminated."""
+    used: dict[str, list[str]] = {}
+    if pool.aws.ami_id:
+        used.setdefault(pool.aws.ami_id, []).append("aws.ami_id in the file")
+    tags = naming.aws_tags(cfg, pool)
+    filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
+    for lt in ec2.describe_launch_templates(Filters=filters).get("LaunchTemplates", []):
+        versions = ec2.describe_launch_template_versions(
+            LaunchTemplateId=lt["LaunchTemplateId"]).get("LaunchTemplateVersions", [])
+        for v in versions:
+            ami = v.get("LaunchTemplateData", {}).get("ImageId")
+            if ami:
+                used.setdefault(ami, []).append(
+                    f"launch template {lt['LaunchTemplateName']} v{v['VersionNumber']}")
+    states = ["pending", "running", "stopping", "stopped"]
+    for page in ec2.get_paginator("describe_instances").paginate(
+            Filters=[*filters, {"Name": "instance-state-name", "Values": states}]):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                used.setdefault(i["ImageId"], []).append(f"instance {i['InstanceId']}")
+    return used
+
+
+def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
+    from poolctl.clouds.gcp import _last, make_ops
+
+    ops = make_ops()
+    compute_v1 = ops._compute()
+    labels = naming.gcp_labels(cfg, pool)
+    project = pool.gcp.project
+    # Label values are [a-z0-9_-] (naming.gcp_labels): nothing to escape in the quotes.
+    flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in sorted(labels.items()))
+    images = ops._call(f"list images of {project}", ops._client("ImagesClient").list,
+                       request=compute_v1.ListImagesRequest(project=project, filter=flt))
+    used: dict[str, list[str]] = {}
+    if pool.gcp.image:
+        used.setdefault(_last(pool.gcp.image), []).append("gcp.image in the file")
+    # The pool's instance templates: the MIG's current one and the one a rollback returns to
+    # (rollout cleanup keeps those and what VMs still run).
+    for tpl in ops._labelled_templates(project, labels):
+        for d in tpl.properties.disks:
+            if src := d.initialize_params.source_image:
+                used.setdefault(_last(src), []).append(f"instance template {tpl.name}")
+    return [ImageRow(id=f"projects/{project}/global/images/{im.name}", name=im.name,
+                     created=im.creation_timestamp,
+                     serving_image=dict(im.labels).get(LABEL_SERVING_IMAGE),
+                     in_use=used.get(im.name, []))
+            for im in images]
+
+
+def latest_image(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> str:
+    """`--node-image latest`: the newest image built for the pool that carries its serving
+    image."""
+    want = pool.serving.image if cloud == Cloud.aws else gcp_label_value(pool.serving.image)
+    for row in list_images(cfg, pool, cloud, sandbox):
+        if row.serving_image == want:
+            return row.id
+    raise UsageError(f"--node-image latest: no image built for pool {pool.name!r} carries "
+                     f"{pool.serving.image}; build one with `poolctl image build --cloud "
+                     f"{cloud}`")
+
+
+def prune(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool, keep: int) -> dict:
+    """Deregister all but the `keep` newest images (and their snapshots); an image in use is
+    never deleted and does not count against `keep`."""
+    if keep < 0:
+        raise UsageError(f"--keep {keep}: give 0 or more images to keep")
+    rows = list_images(cfg, pool, cloud, sandbox)
+    spare = [r for r in rows if not r.in_use]
+    gone, kept = spare[keep:], [r.id for r in rows if r.in_use] + [r.id for r in spare[:keep]]
+    deleted = []
+    for r in gone:
+        if cloud == Cloud.aws:
+            _aws_delete(pool, sandbox, r)
+        else:
+            _gcp_delete(pool, r)
+        deleted.append({"id": r.id, "name": r.name, "snapshots": r.snapshots})
+        log(f"{pool.name}: deleted {r.id} ({r.name}){' and ' if r.snapshots else ''}"
+            f"{', '.join(r.snapshots)}")
+    return {"pool": pool.name, "cloud": cloud, "kept": kept, "deleted": deleted}
+
+
+def _gcp_delete(pool: Pool, row: ImageRow) -> None:
+    import uuid
+
+    from poolctl.clouds.gcp import make_ops
+
+    ops = make_ops()
+    what = f"delete image {row.name}"
+    # A request id: a retried delete is not applied twice.
+    op = ops._call(what, ops._client("ImagesClient").delete_unary,
+                   request=ops._compute().DeleteImageRequest(
+                       project=pool.gcp.project, image=row.name, request_id=str(uuid.uuid4())))
+    ops._wait(op, pool.gcp.project, None, what)
+
+
+def _aws_delete(pool: Pool, sandbox: bool, row: ImageRow) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ec2 = aws_client("ec2", pool.aws.region, sandbox)
+    try:
+        ec2.deregister_image(ImageId=row.id)
+        for snap in row.snapshots:
+            ec2.delete_snapshot(SnapshotId=snap)
+    except (ClientError, BotoCoreError) as e:
+        raise OperationFailed(f"image prune: {row.id}: {e}") from None

@@ -1,0 +1,646 @@
+"""A discrete-event simulator of a pool: replicas behind a least-outstanding-requests balancer,
+each a vLLM-style continuous-batching engine, optionally under the pool's own autoscaling.
+
+Speed comes from advancing time analytically: while a replica's batch only decodes, its
+steps differ only by the KV cache growing one token per sequence per step, so the time of n
+steps has a closed form (`DecodeRun.time`) and the replica wakes only when something changes
+(a sequence finishes, the KV cache fills, a request arrives). Steps that prefill are taken one
+at a time. Per-sequence token counts are kept relative to a per-replica step counter, so a
+decode run costs O(log n) however many sequences it carries.
+
+A replica is an `Engine` (submit, next event, handle event, outstanding); the balancer and the
+autoscaler see only that interface, so a second kind of replica (disaggregated prefill and
+decode) can be added beside `Engine` later.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from poolctl.servingmodel import ReplicaModel
+from poolctl.traces import Trace
+
+INF = math.inf
+
+# The autoscaling policy as the stacks configure it (poolctl_stacks/aws/scaling.py,
+# poolctl_stacks/gcp/scaling.py): one metric sample per period; scale out at once to
+# ceil(nodes x waiting-per-replica / queue_target); scale in one node when the queue stayed
+# below half the target for the whole stabilization window, then wait a cooldown.
+METRIC_PERIOD_S = 60
+AWS_SCALE_IN_COOLDOWN_S = 300  # = SCALE_IN_COOLDOWN_S in poolctl_stacks/aws/scaling.py (tested)
+
+
+@dataclass
+class Requests:
+    """Per-request results, indexed like the trace."""
+
+    arrival: list[float]
+    inputs: list[int]
+    outputs: list[int]
+    replica: list[int | None]
+    admitted: list[float]
+    first: list[float]
+    finish: list[float]
+    refused: list[bool]
+    # Early exit for searches: count first tokens later than `slo_s`; past `miss_limit` the
+    # p90 cannot meet the SLO and the run stops (SimResult.aborted).
+    slo_s: float = math.inf
+    misses: int = 0
+
+
+class DecodeRun:
+    """n decode-only steps of b sequences whose KV grows by b tokens per step.
+
+    Step k takes F + max(C, M0 + Ms k): fixed part (overhead, all-reduce), compute, memory."""
+
+    __slots__ = ("F", "C", "M0", "Ms")
+
+    def __init__(self, m: ReplicaModel, b: int, kv: int) -> None:
+        self.F = m.overhead_s + m.per_seq_s * b + m.comm_s(b)
+        self.C = m.compute_s(b)
+        self.M0 = m.memory_s(kv)
+        self.Ms = b * m.kv_bytes_per_token_per_gpu / (m.hbm_bytes_per_s * m.decode_mbu)
+
+    def time(self, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        C, M0, Ms = self.C, self.M0, self.Ms
+        if M0 >= C:
+            kc = 0
+        elif Ms <= 0:
+            kc = n
+        else:
+            kc = min(n, math.ceil((C - M0) / Ms))
+        m = n - kc  # steps where memory dominates: k = kc .. n-1
+        mem = m * M0 + Ms * (n * (n - 1) - kc * (kc - 1)) / 2
+        return n * self.F + kc * C + mem
+
+    def steps_within(self, x: float, n_max: int) -> int:
+        """Largest n <= n_max whose n steps end by time x."""
+        lo, hi = 0, n_max
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.time(mid) <= x:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+class Engine:
+    """One replica: vLLM V1-style scheduling per step. Running sequences decode one token
+    each; prefills continue in chunks within `max_num_batched_tokens`; waiting requests are
+    admitted first-come first-served while fewer than `max_num_seqs` run and the KV cache has
+    room for the whole prompt; when decoding would overflow the KV cache the newest sequence
+    is preempted and recomputed later."""
+
+    def __init__(self, idx: int, m: ReplicaModel, req: Requests) -> None:
+        self.idx, self.m, self.req = idx, m, req
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []  # admission order
+        self.prefill: dict[int, list[int]] = {}  # rid -> [tokens left, tokens done]
+        self.gen: dict[int, int] = {}  # tokens generated, relative to `steps` (see below)
+        self.join: dict[int, int] = {}  # step counter when the sequence began to decode
+        self.alloc: dict[int, int] = {}  # KV tokens at `join`
+        self.fin: list[tuple[int, int]] = []  # (step counter at finish, rid), lazy deletion
+        self.steps = 0  # decode steps taken: a decoding sequence gains one token per step
+        self.kv = 0
+        self.n_dec = 0
+        self.busy_s = 0.0
+        self.occupied_s = 0.0  # busy time weighted by the share of capacity in use
+        self.max_kv = 0
+        self.max_running = 0
+        self.preemptions = 0
+        self.draining = False
+        # the step (or decode run) in flight
+        self.t0 = 0.0
+        self.end = INF
+        self.version = 0
+        self.run: DecodeRun | None = None
+        self.run_n = 0
+        self.chunks: list[tuple[int, int]] = []
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def generated(self, rid: int) -> int:
+        return self.gen[rid] + self.steps - self.join[rid]
+
+    def _live(self, f: int, rid: int) -> bool:
+        """A finish entry still holds: not preempted since (nor readmitted with a new one)."""
+        j = self.join.get(rid)
+        return j is not None and j + self.req.outputs[rid] - self.gen[rid] == f
+
+    # ---- scheduling
+    def submit(self, rid: int, now: float) -> bool:
+        """Queue a request; True when the replica's next event time changed."""
+        self.waiting.append(rid)
+        if self.end == INF:
+            self._start(now)
+            return True
+        if self.run is not None and self.run_n > 1:
+            # Cut the decode run at the end of the step in flight: the request joins the next.
+            n = self.run.steps_within(now - self.t0, self.run_n) + 1
+            if n < self.run_n:
+                self.run_n = n
+                self.end = self.t0 + self.run.time(n)
+                self.version += 1
+                return True
+        return False
+
+    def _preempt(self, rid: int) -> None:
+        self.running.remove(rid)
+        self.preemptions += 1
+        if rid in self.prefill:
+            left, done = self.prefill.pop(rid)
+            self.kv -= left + done + 1
+            gen = self.gen.pop(rid, 0)
+        else:
+            gen = self.generated(rid)
+            self.kv -= self.alloc.pop(rid) + self.steps - self.join.pop(rid)
+            del self.gen[rid]
+            self.n_dec -= 1
+        self.gen[rid] = gen  # kept for the recompute; `join` absent marks it waiting
+        self.waiting.appendleft(rid)
+
+    def _start(self, now: float) -> None:
+        m, req = self.m, self.req
+        self.version += 1
+        self.t0 = now
+        # Decoding sequences need one KV slot each this step; make room by preemption.
+        while self.n_dec and self.kv + self.n_dec > m.kv_tokens:
+            self._preempt(self.running[-1])
+        budget = m.max_num_batched_tokens - self.n_dec
+        chunks: list[tuple[int, int]] = []
+        attn = 0.0
+        for rid, st in self.prefill.items():
+            if budget <= 0:
+                break
+            c = min(st[0], budget)
+            chunks.append((rid, c))
+            attn += m.attn_flops(c, st[1])
+            budget -= c
+        while self.waiting and budget > 0 and len(self.running) < m.max_num_seqs:
+            rid = self.waiting[0]
+            prompt = req.inputs[rid] + self.gen.get(rid, 0)
+            # Room for the prompt, the token its prefill emits and this step's decode tokens.
+            if self.kv + self.n_dec + prompt + 1 > m.kv_tokens:
+                break
+            self.waiting.popleft()
+            if req.admitted[rid] != req.admitted[rid]:  # NaN: first admission
+                req.admitted[rid] = now
+            self.running.append(rid)
+            self.kv += prompt + 1
+            self.prefill[rid] = [prompt, 0]
+            c = min(prompt, budget)
+            chunks.append((rid, c))
+            attn += m.attn_flops(c, 0)
+            budget -= c
+        if len(self.running) > self.max_running:
+            self.max_running = len(self.running)
+        if self.kv > self.max_kv:
+            self.max_kv = self.kv
+        if not chunks and not self.n_dec:
+            self.end, self.run = INF, None
+            return
+        if chunks:
+            tokens = self.n_dec + sum(c for _, c in chunks)
+            self.chunks, self.run, self.run_n = chunks, None, 1
+            self.end = now + m.step_s(tokens, self.kv, attn, self.n_dec)
+            return
+        # Decode only: run until the first sequence finishes or the KV cache is full.
+        while not self._live(*self.fin[0]):
+            heapq.heappop(self.fin)
+        n_fin = self.fin[0][0] - self.steps
+        n_kv = (m.kv_tokens - self.kv) // self.n_dec
+        self.chunks = []
+        self.run = DecodeRun(m, self.n_dec, self.kv)
+        self.run_n = max(1, min(n_fin, n_kv))
+        self.end = now + self.run.time(self.run_n)
+
+    def handle(self, now: float, on_finish) -> None:
+        """The step or run in flight ended at `now`: account for it and start the next."""
+        n = self.run_n
+        m = self.m
+        dt = now - self.t0
+        self.busy_s += dt
+        # Capacity in use: the binding one of the KV cache and the sequence slots (equal to
+        # the busy fraction when max_num_seqs is 1); the KV grows through a decode run.
+        kv_mean = self.kv + self.n_dec * (n - 1) / 2
+        self.occupied_s += dt * max(kv_mean / m.kv_tokens, len(self.running) / m.max_num_seqs)
+        self.steps += n if self.n_dec else 0
+        self.kv += n * self.n_dec
+        if self.kv > self.max_kv:
+            self.max_kv = self.kv
+        req = self.req
+        for rid, c in self.chunks:
+            st = self.prefill[rid]
+            st[0] -= c
+            st[1] += c
+            if st[0] == 0:  # the last chunk emits a token
+                del self.prefill[rid]
+                if req.first[rid] != req.first[rid]:
+                    req.first[rid] = now
+                    if now - req.arrival[rid] > req.slo_s:
+                        req.misses += 1
+                gen = self.gen.get(rid, 0) + 1
+                self.alloc[rid] = st[1] + 1
+                self.gen[rid] = gen
+                self.join[rid] = self.steps
+                self.n_dec += 1
+                heapq.heappush(self.fin, (self.steps + req.outputs[rid] - gen, rid))
+        while self.fin and self.fin[0][0] <= self.steps:
+            f, rid = heapq.heappop(self.fin)
+            if not self._live(f, rid):
+                continue  # preempted since
+            self.kv -= self.alloc.pop(rid) + self.steps - self.join.pop(rid)
+            del self.gen[rid]
+            self.running.remove(rid)
+            self.n_dec -= 1
+            req.finish[rid] = now
+            on_finish(rid, now)
+        self._start(now)
+
+
+@dataclass
+class Autoscale:
+    """The pool's node group: bounds, queue target, warm pool and start times (seconds)."""
+
+    replicas_per_node: int
+    min_nodes: int
+    max_nodes: int
+    warm_nodes: int
+    warm_start_s: float
+    cold_start_s: float
+    queue_target: float
+    scale_down_stabilization_s: float
+    scale_in_cooldown_s: float
+    warm_running: bool
+
+
+@dataclass
+class SimResult:
+    req: Requests
+    horizon_s: float
+    in_system_integral: float
+    busy_s: float
+    occupied_s: float
+    replica_s: float
+    node_s: float
+    fixed_node_s: float
+    price_per_node_hour: float
+    max_kv_tokens: int
+    max_running: int
+    preemptions: int
+    timeline: list[tuple[float, int, int]]  # (t, serving nodes, starting nodes)
+    cold_window: list[tuple[float, float]] = field(default_factory=list)
+    replicas_fixed: int | None = None
+    replicas_per_node: int = 1
+    aborted: bool = False
+
+
+BALANCERS = ("lor", "queue")
+
+
+def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
+             scale: Autoscale | None = None, price_per_node_hour: float = 0.0,
+             replicas_per_node: int = 1, balancer: str = "lor",
+             stop_if_p90_over: float | None = None) -> SimResult:
+    """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
+
+    balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
+    route (requests then queue inside the replica). "queue": a central queue dispatching to
+    a replica with a free sequence slot (a gateway with flow control); with max_num_seqs 1
+    this is the M/M/c system of queueing theory."""
+    if balancer not in BALANCERS:
+        raise ValueError(f"balancer must be one of {BALANCERS}")
+    central: deque[int] = deque()
+    n_req = len(trace)
+    nan = math.nan
+    req = Requests(
+        arrival=trace.arrivals, inputs=[max(1, x) for x in trace.inputs],
+        outputs=[max(1, x) for x in trace.outputs], replica=[None] * n_req,
+        admitted=[nan] * n_req, first=[nan] * n_req, finish=[nan] * n_req,
+        refused=[False] * n_req,
+    )
+    aborted = False
+    miss_limit = n_req + 1
+    if stop_if_p90_over is not None:
+        # More than 10 % of all requests late: the p90 of the completed ones is late too.
+        req.slo_s, miss_limit = stop_if_p90_over, math.ceil(0.1 * n_req) + 1
+    engines: list[Engine] = []
+    serving: list[Engine] = []
+    heap: list[tuple[float, int, int, int]] = []  # (time, kind, id, version)
+    EV_ENGINE, EV_TICK, EV_READY, EV_WARM = 0, 1, 2, 3
+    state = {"in": 0, "integral": 0.0, "last": 0.0}
+
+    def on_finish(rid: int, now: float) -> None:
+        state["integral"] += state["in"] * (now - state["last"])
+        state["last"] = now
+        state["in"] -= 1
+        freed.append(engines[req.replica[rid]])
+
+    def dispatch(e: Engine, rid: int, now: float) -> None:
+        req.replica[rid] = e.idx
+        if e.submit(rid, now):
+            heapq.heappush(heap, (e.end, EV_ENGINE, e.idx, e.version))
+
+    def drain_central(now: float) -> None:
+        for e in serving:
+            while central and e.outstanding < m.max_num_seqs:
+                dispatch(e, central.popleft(), now)
+            if not central:
+                return
+
+    freed: list[Engine] = []
+
+    def add_node() -> None:
+        for _ in range(rpn):
+            e = Engine(len(engines), m, req)
+            engines.append(e)
+            serving.append(e)
+            nodes_of[e.idx] = node_id[0]
+        node_id[0] += 1
+
+    rpn = scale.replicas_per_node if scale else replicas_per_node
+    nodes_of: dict[int, int] = {}
+    node_id = [0]
+    if scale is None:
+        if not replicas or replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        for _ in range(replicas):
+            e = Engine(len(engines), m, req)
+            engines.append(e)
+            serving.append(e)
+        fixed_nodes = math.ceil(replicas / rpn)
+    else:
+        for _ in range(scale.min_nodes):
+            add_node()
+        heapq.heappush(heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
+        fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
+
+    # Autoscaling state
+    starting: list[float] = []  # ready times of nodes being started
+    warm_free = scale.warm_nodes if scale else 0
+    low_since: float | None = None
+    last_scale_in = -INF
+    node_s = 0.0
+    last_t = 0.0
+    timeline: list[tuple[float, int, int]] = []
+    cold_window: list[tuple[float, float]] = []
+    draining: list[Engine] = []
+
+    def serving_nodes() -> int:
+        return len(serving) // rpn
+
+    def bill(now: float) -> None:
+        nonlocal node_s, last_t
+        if scale is not None:
+            live = serving_nodes() + len(starting) + len({nodes_of[e.idx] for e in draining})
+            warm_billed = warm_free if scale.warm_running else 0
+            node_s += (live + warm_billed) * (now - last_t)
+        last_t = now
+
+    def record(now: float) -> None:
+        if scale is not None:
+            timeline.append((now, serving_nodes(), len(starting)))
+
+    record(0.0)
+    i = 0
+    rr = 0
+    while True:
+        t_arr = trace.arrivals[i] if i < n_req else INF
+        t_ev = heap[0][0] if heap else INF
+        if t_arr == INF and t_ev == INF:
+            break
+        if t_arr <= t_ev:
+            now = t_arr
+            rid = i
+            i += 1
+            if req.inputs[rid] + req.outputs[rid] > m.max_model_len:
+                req.refused[rid] = True
+                continue
+            state["integral"] += state["in"] * (now - state["last"])
+            state["last"] = now
+            state["in"] += 1
+            if balancer == "queue":
+                central.append(rid)
+                drain_central(now)
+                continue
+            # Least outstanding requests; ties go round-robin (as a balancer spreads them).
+            n = len(serving)
+            if n == 0:
+                raise ValueError("no replica in service")
+            best, best_o = None, None
+            for k in range(n):
+                e = serving[(rr + k) % n]
+                o = len(e.waiting) + len(e.running)
+                if best_o is None or o < best_o:
+                    best, best_o = e, o
+                    if o == 0:
+                        break
+            rr += 1
+            dispatch(best, rid, now)
+            continue
+        now, kind, ident, version = heapq.heappop(heap)
+        if kind == EV_ENGINE:
+            e = engines[ident]
+            if version != e.version:
+                continue
+            e.handle(now, on_finish)
+            if req.misses > miss_limit:
+                aborted = True
+                break
+            if e.end != INF:
+                heapq.heappush(heap, (e.end, EV_ENGINE, e.idx, e.version))
+            if freed:
+                freed.clear()
+                if central:
+                    drain_central(now)
+            if e.end == INF and e.draining and not e.outstanding:
+                bill(now)
+                draining.remove(e)
+            continue
+        if kind == EV_READY:
+            bill(now)
+            starting.remove(now)
+            add_node()
+            if central:
+                drain_central(now)
+            record(now)
+            continue
+        if kind == EV_WARM:
+            bill(now)
+            warm_free += 1
+            continue
+        # EV_TICK: the metric sample and the policy.
+        assert scale is not None
+        bill(now)
+        n_srv = max(1, len(serving))
+        metric = (sum(len(e.waiting) for e in serving) + len(central)) / n_srv
+        cur = serving_nodes() + len(starting)
+        want = min(scale.max_nodes, math.ceil(serving_nodes() * metric / scale.queue_target))
+        if want > cur:
+            for _ in range(want - cur):
+                if warm_free:
+                    warm_free -= 1
+                    ready = now + scale.warm_start_s
+                    # The warm pool refills itself: a replacement is prepared from cold.
+                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+                else:
+                    ready = now + scale.cold_start_s
+                starting.append(ready)
+                heapq.heappush(heap, (ready, EV_READY, 0, 0))
+            cold_window.append((now, max(starting)))
+            record(now)
+        if metric < scale.queue_target / 2:
+            low_since = now if low_since is None else low_since
+            if (now - low_since >= scale.scale_down_stabilization_s
+                    and now - last_scale_in >= scale.scale_in_cooldown_s
+                    and serving_nodes() > scale.min_nodes and not starting):
+                # The newest node leaves the balancer and drains its requests.
+                leaving = serving[-rpn:]
+                del serving[-rpn:]
+                for e in leaving:
+                    e.draining = True
+                    if e.outstanding:
+                        draining.append(e)
+                last_scale_in = now
+                record(now)
+        else:
+            low_since = None
+        if i < n_req or any(e.outstanding for e in engines):
+            heapq.heappush(heap, (now + METRIC_PERIOD_S, EV_TICK, 0, 0))
+    horizon = max(last_t, max((f for f in req.finish if f == f), default=0.0),
+                  trace.arrivals[-1] if n_req else 0.0)
+    bill(horizon)
+    if scale is None:
+        node_s = fixed_nodes * horizon
+    record(horizon)
+    return SimResult(
+        req=req, horizon_s=horizon, in_system_integral=state["integral"],
+        busy_s=sum(e.busy_s for e in engines),
+        occupied_s=sum(e.occupied_s for e in engines),
+        replica_s=_replica_seconds(timeline, rpn, horizon) if scale else len(engines) * horizon,
+        node_s=node_s, fixed_node_s=fixed_nodes * horizon,
+        price_per_node_hour=price_per_node_hour,
+        max_kv_tokens=max(e.max_kv for e in engines),
+        max_running=max(e.max_running for e in engines),
+        preemptions=sum(e.preemptions for e in engines),
+        timeline=timeline, cold_window=cold_window,
+        replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
+    )
+
+
+def _replica_seconds(timeline: list[tuple[float, int, int]], rpn: int, horizon: float) -> float:
+    total = 0.0
+    for (t, n, _), (t2, _, _) in zip(timeline, timeline[1:] + [(horizon, 0, 0)], strict=True):
+        total += n * rpn * (t2 - t)
+    return total
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def percentile(sorted_xs: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_xs:
+        return None
+    pos = (len(sorted_xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def summary(r: SimResult, ttft_slo_s: float) -> dict:
+    """The contract's `simulate --json` object."""
+    q = r.req
+    done = [i for i, f in enumerate(q.finish) if f == f]
+    ttft = sorted(q.first[i] - q.arrival[i] for i in done)
+    e2e = [q.finish[i] - q.arrival[i] for i in done]
+    tpot = sorted((q.finish[i] - q.first[i]) / (q.outputs[i] - 1) for i in done
+                  if q.outputs[i] > 1)
+    wait = [q.admitted[i] - q.arrival[i] for i in done]
+    out_tokens = sum(q.outputs[i] for i in done)
+    in_tokens = sum(q.inputs[i] for i in done)
+    h = r.horizon_s or 1.0
+    span = q.arrival[-1] - q.arrival[0] if q.arrival else 0.0
+    met = sum(1 for x in ttft if x <= ttft_slo_s)
+    usd = r.node_s / 3600 * r.price_per_node_hour
+    fixed_usd = min(r.fixed_node_s, r.node_s) / 3600 * r.price_per_node_hour
+    p90 = percentile(ttft, 0.9)
+    rnd = lambda x, d=4: None if x is None else round(x, d)  # noqa: E731
+    out = {
+        "requests": len(q.arrival),
+        "completed": len(done),
+        "rejected": sum(q.refused),
+        "duration_s": rnd(span, 3),
+        "horizon_s": rnd(h, 3),
+        "arrival_rate_per_s": rnd(len(q.arrival) / span if span else 0.0),
+        "ttft_s": {"p50": rnd(percentile(ttft, 0.5)), "p90": rnd(p90),
+                   "p99": rnd(percentile(ttft, 0.99))},
+        "tpot_s": {"p50": rnd(percentile(tpot, 0.5), 5), "p90": rnd(percentile(tpot, 0.9), 5)},
+        "e2e_s": {"p50": rnd(percentile(sorted(e2e), 0.5)),
+                  "p90": rnd(percentile(sorted(e2e), 0.9))},
+        "queue_wait_s": {"mean": rnd(sum(wait) / len(wait) if wait else 0.0)},
+        "mean_in_system": rnd(r.in_system_integral / h),
+        "mean_time_in_system_s": rnd(sum(e2e) / len(e2e) if e2e else 0.0),
+        "utilization": rnd(r.occupied_s / r.replica_s if r.replica_s else 0.0),
+        "busy_fraction": rnd(r.busy_s / r.replica_s if r.replica_s else 0.0),
+        "tokens_per_s": {"input": rnd(in_tokens / h, 1), "output": rnd(out_tokens / h, 1)},
+        "slo": {"ttft_p90_s": ttft_slo_s, "met": p90 is not None and p90 <= ttft_slo_s,
+                "goodput": rnd(met / len(q.arrival) if q.arrival else 0.0)},
+        "cost": {
+            "node_hours": rnd(r.node_s / 3600, 3),
+            "usd": rnd(usd, 2),
+            "fixed_usd": rnd(fixed_usd, 2),
+            "marginal_usd": rnd(usd - fixed_usd, 2),
+            "usd_per_1m_output_tokens": rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
+            "usd_per_request": rnd(usd / len(done) if done else None, 5),
+        },
+        "replicas": _replica_stats(r),
+        "kv_tokens_max": r.max_kv_tokens,
+        "running_max": r.max_running,
+        "preemptions": r.preemptions,
+    }
+    if r.replicas_fixed is None:
+        windows = r.cold_window
+        missed = [i for i in done if q.first[i] - q.arrival[i] > ttft_slo_s]
+        cold = [i for i in missed
+                if any(a <= q.arrival[i] <= b for a, b in windows)]
+        out["autoscale"] = {
+            "slo_misses": len(missed),
+            "slo_misses_during_cold_starts": len(cold),
+            "scale_outs": len(windows),
+            "nodes_over_time": [{"t": round(t, 1), "serving": s, "starting": p}
+                                for t, s, p in r.timeline],
+        }
+    return out
+
+
+def _replica_stats(r: SimResult) -> dict:
+    if r.replicas_fixed is not None:
+        n = r.replicas_fixed
+        return {"min": n, "max": n, "mean": float(n)}
+    counts = [s * r.replicas_per_node for _, s, _ in r.timeline]
+    mean = _replica_seconds(r.timeline, r.replicas_per_node, r.horizon_s) / (r.horizon_s or 1)
+    return {"min": min(counts), "max": max(counts), "mean": round(mean, 2)}
+
+
+def write_requests_csv(r: SimResult, path) -> None:
+    import csv
+
+    q = r.req
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["arrival_s", "replica", "input_tokens", "output_tokens", "first_token_s",
+                    "finish_s"])
+        f = lambda x: "" if x != x else f"{x:.6f}"  # noqa: E731
+        for i in range(len(q.arrival)):
+            w.writerow([f"{q.arrival[i]:.6f}", "" if q.refused[i] else q.replica[i],
+                        q.inputs[i], q.outputs[i], f(q.first[i]), f(q.finish[i])])
+

@@ -1,0 +1,295 @@
+"""Sizing: memory, nodes, quota, cost and start-up estimates per pool and cloud.
+
+Pure arithmetic over the parsed config and the catalog; no cloud calls, no cloud SDKs.
+Every figure here is what `poolctl plan` prints, and what the rules judge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from poolctl.catalog import InstanceType, load_catalog
+from poolctl.clouds import Cloud
+from poolctl.config import DTYPE_BYTES, Pool
+from poolctl.errors import UsageError
+from poolctl.images import prepulled
+
+GB = 1e9
+
+# Start-up model. Each constant is an assumption with its reason; plan prints the phases so a
+# user can see which one dominates and override by measuring (the boot script logs
+# `phase=<name> seconds=<n>` for each).
+BOOT_COLD_S = 120  # launch + OS + GPU driver/fabric manager init on an 8-GPU node
+BOOT_FROM_STOPPED_S = 60  # start of a stopped warm node: no placement, no first-boot work
+IMAGE_PULL_GBPS = 0.1  # GB/s registry pull + layer extraction (extraction is single-threaded)
+# Weights come over one ENA/gVNIC interface (inference nodes carry no EFA/GPUDirect NICs),
+# capped near 100 Gbit/s, and S3/GCS reach roughly a quarter of line rate per node in practice.
+FETCH_NIC_CAP_GBIT = 100
+FETCH_EFFICIENCY = 0.25
+NVME_READ_GBPS_PER_DEVICE = 2.0  # sequential read of one local NVMe device, GB/s
+LOAD_GBPS_PER_GPU = 2.0  # safetensors -> HBM per worker process, GB/s
+ENGINE_INIT_S = 90  # vLLM KV-cache profiling + CUDA graph capture (vllm#44881: up to ~210 s)
+REGISTER_S = 30  # load balancer health checks: 2 x 15 s before traffic
+NVME_HEADROOM = 1.2  # the cache holds the weights plus room for the next version's files
+# A pre-pulled image skips the pull but its layers sit on a volume restored from a snapshot:
+# the boot script reads them once (`phase=hydrate`) at the volume's first-read rate.
+IMAGE_UNPACKED_RATIO = 2.0  # layers on disk vs. the compressed pull (~12 GB -> ~25 GB vLLM)
+EBS_LAZY_READ_BPS = 135e6  # gp3 from a snapshot, no provisioned init rate: ~130-140 MB/s
+GCE_BOOT_DISK_READ_BPS = 240 * 2**20  # pd-ssd per-disk read baseline (poolctl_stacks/gcp/pool.py)
+
+
+@dataclass(frozen=True)
+class QuotaNeed:
+    name: str
+    unit: str
+    needed: int
+    scope: str  # the region, or "global"
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    pool: str
+    cloud: str
+    region: str
+    instance_type: str
+    gpu: str
+    gpus_per_node: int
+    tensor_parallel: int
+    replicas_per_node: int
+    weights_bytes: int
+    weights_bytes_per_gpu: int
+    hbm_bytes_per_gpu: int
+    usable_hbm_bytes_per_gpu: int
+    kv_cache_bytes_per_token: int
+    kv_cache_bytes_per_token_per_gpu: int
+    kv_cache_bytes_per_gpu: int
+    kv_cache_tokens_per_replica: int
+    max_concurrent_sequences_per_replica: int
+    decode_step_floor_ms: float
+    replicas: dict[str, int]
+    nodes: dict[str, int]
+    warm_state: str
+    quota: dict
+    quotas: list[dict]
+    price_per_node_hour_usd: float
+    cost_per_hour_usd: dict[str, float]
+    start_seconds: dict[str, float]
+    start_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    node_image: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def kv_bytes(pool: Pool) -> float:
+    """Bytes per KV element: `auto` keeps 8/4-bit models' KV in bfloat16, as vLLM does."""
+    kv = pool.serving.kv_cache_dtype
+    if kv == "auto":
+        return 2 if DTYPE_BYTES[pool.model.dtype] < 2 else DTYPE_BYTES[pool.model.dtype]
+    return DTYPE_BYTES[kv]
+
+
+def kv_bytes_per_token(pool: Pool) -> int:
+    """Whole model, all layers, K and V."""
+    m = pool.model
+    return int(2 * m.layers * m.kv_heads * m.head_dim * kv_bytes(pool))
+
+
+def kv_bytes_per_token_per_gpu(pool: Pool) -> int:
+    # Tensor parallel splits KV heads across GPUs; with fewer KV heads than GPUs each GPU
+    # holds a replicated head, so the per-GPU share never drops below one head.
+    m, tp = pool.model, pool.serving.tensor_parallel
+    heads_per_gpu = max(1, math.ceil(m.kv_heads / tp))
+    return int(2 * m.layers * heads_per_gpu * m.head_dim * kv_bytes(pool))
+
+
+def weights_bytes(pool: Pool) -> int:
+    return int(round(pool.model.params_b * GB * DTYPE_BYTES[pool.model.dtype]))
+
+
+def replicas_per_node(pool: Pool, row: InstanceType) -> int:
+    return max(1, row.gpus // pool.serving.tensor_parallel)
+
+
+def nodes_for(replicas: int, per_node: int) -> int:
+    return math.ceil(replicas / per_node)
+
+
+def instance_row(pool: Pool, cloud: Cloud) -> InstanceType:
+    placement = pool.placement(cloud)
+    if placement is None:
+        raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement")
+    name = placement.type_name
+    row = load_catalog().get(cloud, name)
+    if row is None:
+        raise UsageError(f"pools.{pool.name}.{cloud}.{placement.TYPE_KEY}: {name!r} is not in "
+                         "the catalog")
+    return row
+
+
+def gcp_zones(pool: Pool, row: InstanceType) -> list[str]:
+    """The regional MIG's zones: the file's, else the catalog's for the region."""
+    return list(pool.gcp.zones) or list(row.regions.get(pool.gcp.region, []))
+
+
+def fetch_bytes_per_s(row: InstanceType) -> float:
+    return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
+
+
+def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
+    """First read of a pre-pulled image's layers; on AWS at the provisioned volume
+    initialization rate when the placement sets one."""
+    layers = pool.serving.image_size_gb * IMAGE_UNPACKED_RATIO * GB
+    if cloud == Cloud.aws:
+        rate = pool.aws.volume_initialization_rate_mib_s
+        return layers / (rate * 2**20 if rate else EBS_LAZY_READ_BPS)
+    return layers / GCE_BOOT_DISK_READ_BPS
+
+
+def start_phases(pool: Pool, row: InstanceType, records: bool = True
+                 ) -> dict[str, dict[str, float]]:
+    """`records`: let a local image build record say the image is pre-pulled (`plan`); the
+    stacks pass False (see `images.prepulled`)."""
+    w = weights_bytes(pool)
+    per_gpu = w / pool.serving.tensor_parallel
+    # Cold from a pre-pulled image: no pull, one read of the layers instead.
+    image = ({"hydrate": hydrate_seconds(pool, row.cloud)}
+             if prepulled(pool, row.cloud, records)["prepulled"]
+             else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
+    fetch = w / fetch_bytes_per_s(row)
+    nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
+    load = max(w / nvme_rate, per_gpu / (LOAD_GBPS_PER_GPU * GB))
+    cold = {
+        "boot": BOOT_COLD_S,
+        **image,
+        "weights_to_nvme": fetch,
+        "load_to_gpu": load,
+        "engine_init": ENGINE_INIT_S,
+        "register": REGISTER_S,
+    }
+    # A stopped warm node keeps its EBS/boot disk (image pulled or read already) but its NVMe
+    # comes back empty: the weights are fetched again on every start.
+    warm_stopped = {
+        "boot": BOOT_FROM_STOPPED_S,
+        "image": 0.0,
+        "weights_to_nvme": fetch,
+        "load_to_gpu": load,
+        "engine_init": ENGINE_INIT_S,
+        "register": REGISTER_S,
+    }
+    warm_running = {"register": REGISTER_S}
+    r = lambda d: {k: round(v, 1) for k, v in d.items()}  # noqa: E731
+    return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
+
+
+def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
+    row = instance_row(pool, cloud)
+    placement = pool.placement(cloud)
+    tp = pool.serving.tensor_parallel
+    rpn = replicas_per_node(pool, row)
+    w = weights_bytes(pool)
+    w_gpu = w // tp
+    hbm = row.hbm_bytes_per_gpu
+    usable = int(hbm * pool.serving.gpu_memory_utilization)
+    reserved = int(pool.serving.reserved_gib_per_gpu * 2**30)
+    kv_gpu = max(0, usable - w_gpu - reserved)
+    per_tok_gpu = kv_bytes_per_token_per_gpu(pool)
+    kv_tokens = kv_gpu // per_tok_gpu
+    seqs = kv_tokens // pool.serving.max_model_len
+
+    s, wp = pool.scaling, pool.warm_pool
+    surge = nodes_for(pool.rollout.max_surge_replicas, rpn)
+    if cloud == Cloud.gcp and surge:
+        # A regional MIG takes a fixed surge of 0 or at least one VM per zone.
+        surge = max(surge, len(gcp_zones(pool, row)))
+    nodes = {
+        "min": nodes_for(s.min_replicas, rpn),
+        "max": nodes_for(s.max_replicas, rpn),
+        "warm": nodes_for(wp.replicas, rpn),
+        "surge": surge,
+    }
+    replicas = {k: v * rpn for k, v in nodes.items()}
+    warm_running = nodes["warm"] if wp.state == "running" else 0
+    # Running-instance quotas count what can run at once: the pool at max, warm nodes kept
+    # running, and the rollout's surge. Stopped warm nodes do not count.
+    peak_nodes = nodes["max"] + nodes["surge"] + warm_running
+    quotas = [
+        QuotaNeed(row.quota.name, row.quota.unit, peak_nodes * row.quota_per_node, placement.region)
+    ]
+    if cloud == Cloud.gcp:
+        quotas += [
+            QuotaNeed("CPUS", "vCPU", peak_nodes * row.vcpus, placement.region),
+            QuotaNeed(
+                "LOCAL_SSD_TOTAL_GB",
+                "GB",
+                int(peak_nodes * row.local_nvme.count * row.local_nvme.size_gb),
+                placement.region,
+            ),
+            QuotaNeed("GPUS_ALL_REGIONS", "GPU", peak_nodes * row.gpus, "global"),
+        ]
+    price = placement.price_per_hour_usd or row.price.usd_per_hour
+    phases = start_phases(pool, row, records)
+    totals = {k: round(sum(v.values()), 1) for k, v in phases.items()}
+    warm_key = "warm_running" if wp.state == "running" else "warm_stopped"
+    return PoolPlan(
+        pool=pool.name,
+        cloud=cloud,
+        region=placement.region,
+        instance_type=row.name,
+        gpu=row.gpu,
+        gpus_per_node=row.gpus,
+        tensor_parallel=tp,
+        replicas_per_node=rpn,
+        weights_bytes=w,
+        weights_bytes_per_gpu=w_gpu,
+        hbm_bytes_per_gpu=hbm,
+        usable_hbm_bytes_per_gpu=usable,
+        kv_cache_bytes_per_token=kv_bytes_per_token(pool),
+        kv_cache_bytes_per_token_per_gpu=per_tok_gpu,
+        kv_cache_bytes_per_gpu=kv_gpu,
+        kv_cache_tokens_per_replica=kv_tokens,
+        max_concurrent_sequences_per_replica=seqs,
+        # Each decode step streams the GPU's weight shard from HBM at least once.
+        decode_step_floor_ms=round(w_gpu / (row.hbm_tbps_per_gpu * 1e12) * 1000, 2),
+        replicas=replicas,
+        nodes=nodes,
+        warm_state=wp.state,
+        quota={
+            "name": quotas[0].name,
+            "unit": quotas[0].unit,
+            "needed": quotas[0].needed,
+            "region": quotas[0].scope,
+        },
+        quotas=[asdict(q) for q in quotas],
+        price_per_node_hour_usd=price,
+        cost_per_hour_usd={
+            "min": round((nodes["min"] + warm_running) * price, 2),
+            "max": round((nodes["max"] + warm_running) * price, 2),
+        },
+        start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
+        start_phases=phases,
+        node_image=prepulled(pool, cloud, records),
+    )
+
+
+def quota_key(pool: Pool, cloud: Cloud, need: dict) -> tuple[str, str, str, str]:
+    """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
+    AWS pools of one file are taken to be one account's), scope and quota name."""
+    project = pool.gcp.project if cloud == Cloud.gcp else ""
+    return cloud, project, need["scope"], need["name"]
+
+
+def quota_totals(targets: list[tuple[Pool, str]]) -> list[dict]:
+    """The peak needs of `targets` summed per quota they share, in the order first needed."""
+    totals: dict[tuple, dict] = {}
+    for pool, cloud in targets:
+        for q in plan_pool(pool, cloud).quotas:
+            cloud_, project, scope, name = quota_key(pool, cloud, q)
+            t = totals.setdefault((cloud_, project, scope, name), {
+                "cloud": cloud, "project": project or None, "region": scope, "name": name,
+                "unit": q["unit"], "needed": 0, "pools": [], "needed_by_pool": {}})
+            t["needed"] += q["needed"]
+            t["pools"].append(pool.name)
+            t["needed_by_pool"][pool.name] = q["needed"]
+    return list(totals.values())

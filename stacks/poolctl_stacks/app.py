@@ -1,0 +1,101 @@
+"""Synthesis: one stack per (pool, cloud). Entry point of `cdktf synth` (see cdktf.json).
+
+This module and `poolctl_stacks.*` are the only places that import cdktf, so the generator
+can be replaced without touching the rest of poolctl.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from poolctl import naming
+from poolctl.clouds import Cloud
+from poolctl.config import Config, Pool, load_config
+
+
+def stack_class(cloud: Cloud):
+    # Import per cloud: synthesizing AWS never loads the Google provider and vice versa.
+    if cloud == Cloud.aws:
+        from poolctl_stacks.aws.stack import AwsPoolStack
+
+        return AwsPoolStack
+    from poolctl_stacks.gcp.stack import GcpPoolStack
+
+    return GcpPoolStack
+
+
+def add_stacks(app, cfg: Config, targets: list[tuple[Pool, str]]) -> list[str]:
+    from poolctl.bootscript import render_boot_script
+    from poolctl.rules import refuse_invalid
+
+    refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
+    names = []
+    for pool, cloud in targets:
+        name = naming.stack_name(cfg, pool, cloud)
+        stack_class(cloud)(app, name, cfg=cfg, pool=pool,
+                           user_data=render_boot_script(cfg, pool, cloud))
+        names.append(name)
+    return names
+
+
+def synth(configs: list[tuple[Config, list[tuple[Pool, str]]]], outdir: str | Path) -> list[Path]:
+    """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
+    from cdktf import App
+
+    app = App(outdir=str(outdir), skip_validation=False)
+    names: list[str] = []
+    for cfg, targets in configs:
+        names += add_stacks(app, cfg, targets)
+    app.synth()
+    return [Path(outdir) / "stacks" / n for n in names]
+
+
+def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, str]]]]:
+    out = []
+    for f in sorted(root.glob("examples/*/poolctl.yaml")):
+        cfg = load_config(f)
+        out.append((cfg, cfg.targets(None, None)))
+    return out
+
+
+def user_config() -> tuple[Config, list[tuple[Pool, str]]] | None:
+    """In a user's repository (`poolctl init`): $POOLCTL_FILE or ./poolctl.yaml, every
+    placement, refused on a failed rule as `poolctl synth` refuses it. None in this one."""
+    if os.environ.get("POOLCTL_EXAMPLES_ROOT"):
+        return None
+    path = os.environ.get("POOLCTL_FILE") or "poolctl.yaml"
+    if not os.environ.get("POOLCTL_FILE") and not Path(path).is_file():
+        return None
+    from poolctl.rules import refuse_invalid
+
+    cfg = load_config(path)
+    targets = cfg.targets(None, None)
+    refuse_invalid(cfg, targets)  # here too, before App() creates the out dir
+    return cfg, targets
+
+
+def main() -> None:
+    """`cdktf synth`: the user's poolctl.yaml (see user_config), else, at this repository's
+    root, every example, every placement."""
+    import sys
+
+    from cdktf import App
+
+    from poolctl.errors import PoolctlError
+
+    try:
+        mine = user_config()
+        configs = [mine] if mine else example_configs(
+            Path(os.environ.get("POOLCTL_EXAMPLES_ROOT", ".")))
+    except PoolctlError as e:  # one line per problem, as the poolctl command prints them
+        sys.stderr.write("".join(f"poolctl: {line}\n" for line in str(e).splitlines()))
+        sys.exit(e.exit_code)
+    app = App()  # after the checks: it creates the out dir (CDKTF_OUTDIR, from the cdktf CLI)
+    for cfg, targets in configs:
+        add_stacks(app, cfg, targets)
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

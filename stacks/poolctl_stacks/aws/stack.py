@@ -1,0 +1,80 @@
+"""One AWS pool stack: network, node role, load balancer, node group, queue scaling."""
+
+from __future__ import annotations
+
+from cdktf import S3Backend
+
+from poolctl import naming
+from poolctl.bootscript import render_boot_script
+from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract
+from poolctl.sizing import instance_row, plan_pool
+from poolctl_stacks._providers import aws
+from poolctl_stacks.aws.iam import LogsKey, NodeRole
+from poolctl_stacks.aws.network import Network
+from poolctl_stacks.aws.pool import LoadBalancer, NodeGroup
+from poolctl_stacks.aws.scaling import QueueScaling
+from poolctl_stacks.base import PoolStack
+
+
+class AwsPoolStack(PoolStack):
+    cloud = "aws"
+
+    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
+        placement = pool.aws
+        row = instance_row(pool, "aws")
+        # The file alone, never a local build record: the JSON is the same on every machine.
+        plan = plan_pool(pool, "aws", records=False)
+        name = naming.base(cfg, pool)
+        tags = naming.aws_tags(cfg, pool)
+
+        aws("provider").AwsProvider(
+            self, "aws", region=placement.region,
+            default_tags=[aws("provider").AwsProviderDefaultTags(tags=tags)],
+        )
+        if b := self.raw_cfg.backend.aws:  # backend settings are literal-only: raw values
+            S3Backend(self, bucket=b.bucket, region=b.region, encrypt=True,
+                      key=f"{b.key_prefix}/{self.node.id}/terraform.tfstate",
+                      dynamodb_table=b.dynamodb_table)
+            if not b.dynamodb_table:
+                self.add_override("terraform.backend.s3.use_lockfile", True)
+        else:
+            self.local_backend()
+
+        net = Network(self, "network", net=placement.network, name=name, tags=tags,
+                      region=placement.region)
+        key = LogsKey(self, "kms", name=name, region=placement.region, tags=tags)
+        logs = aws("cloudwatch_log_group").CloudwatchLogGroup(
+            self, "logs", name=contract.log_group_name(cfg, pool), retention_in_days=365,
+            kms_key_id=key.key.arn, tags=tags,
+        )
+        if net.created:
+            net.flow_logs(name=name, kms_key_arn=key.key.arn, tags=tags)
+        role = NodeRole(self, "iam", name=name, weights=placement.weights,
+                        asg_name=name, log_group_arn=logs.arn, tags=tags,
+                        ssm_access=placement.ssm_access,
+                        api_key_secret=pool.api_key_secret("aws"))
+        lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
+                          client_cidrs=placement.network.client_cidrs,
+                          port=pool.serving.port, health_path=pool.serving.health_path,
+                          certificate_arn=placement.certificate_arn,
+                          access_logs_bucket=placement.access_logs_bucket,
+                          access_logs_prefix=placement.access_logs_prefix, tags=tags)
+        nodes = NodeGroup(self, "nodes", cfg=cfg, pool=pool, row=row, plan=plan, name=name,
+                          vpc_id=net.vpc_id, subnet_ids=net.subnet_ids, lb=lb,
+                          instance_profile_arn=role.profile.arn, user_data=user_data,
+                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, "aws",
+                                                             from_image=True),
+                          ami_id=self.raw_pool.aws.ami_id, tags=tags)
+        QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
+
+        self.output("autoscaling_group_name", nodes.asg.name, "The pool's Auto Scaling group")
+        self.output("autoscaling_group_arn", nodes.asg.arn, "ARN of the Auto Scaling group")
+        self.output("launch_template_id", nodes.lt.id, "Launch template of the nodes")
+        self.output("launch_template_latest_version", nodes.lt.latest_version,
+                    "Version instance refresh rolls to")
+        self.output("lb_dns_name", lb.lb.dns_name, "Internal endpoint of the pool")
+        self.output("lb_target_group_arn", lb.tg.arn, "Target group of the nodes")
+        self.output("security_group_id", nodes.sg.id, "Security group of the nodes")
+        self.output("vpc_id", net.vpc_id, "VPC of the pool")
+        self.output("iam_role_name", role.role.name, "Role of the nodes")

@@ -1,0 +1,53 @@
+"""What every pool stack shares: the Terraform block, the backend, names and tags."""
+
+from __future__ import annotations
+
+from cdktf import LocalBackend, TerraformOutput, TerraformStack
+from constructs import Construct
+
+from poolctl.config import Config, Pool
+from poolctl_stacks.literal import literal_view
+
+# Version ranges admit the provider the machines mirror offline (aws 5.100) and the 6.x line
+# the prebuilt bindings were generated from (aws 6.25, google 6.50); stacks use only
+# arguments both know. `hashicorp/...` (not cdktf's bare `aws`) so OpenTofu resolves the same
+# provider (opentofu#2402).
+PROVIDER_REQUIREMENTS = {
+    "aws": {"source": "hashicorp/aws", "version": ">= 5.100.0, < 7.0.0"},
+    # google 6.16 is the first with GA `standby_policy` / `target_stopped_size` on MIGs.
+    "google": {"source": "hashicorp/google", "version": ">= 6.16.0, < 7.0.0"},
+}
+# poolctl's cloud name -> the Terraform provider's local name.
+PROVIDER_NAMES = {"aws": "aws", "gcp": "google"}
+
+
+class PoolStack(TerraformStack):
+    """One pool on one cloud: its own state, so pools deploy and fail independently.
+
+    Subclasses build in `build()`, which sees only the Terraform-literal view of the config
+    (`poolctl_stacks.literal`): no construct can pass a config string to Terraform as an
+    expression. `raw_cfg`/`raw_pool` are for Terraform's literal-only places (variable
+    defaults, backend settings); `user_data` is the rendered script as is.
+    """
+
+    cloud: str
+
+    def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
+                 user_data: str) -> None:
+        super().__init__(scope, id)
+        self.raw_cfg, self.raw_pool = cfg, pool
+        self.cfg, self.pool = literal_view(cfg), literal_view(pool)
+        provider = PROVIDER_NAMES[self.cloud]
+        self.add_override(
+            f"terraform.required_providers.{provider}", PROVIDER_REQUIREMENTS[provider]
+        )
+        self.build(self.cfg, self.pool, user_data)
+
+    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
+        raise NotImplementedError
+
+    def local_backend(self) -> None:
+        LocalBackend(self, path="terraform.tfstate")
+
+    def output(self, name: str, value, description: str) -> None:
+        TerraformOutput(self, name, value=value, description=description)
