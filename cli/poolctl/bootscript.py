@@ -34,13 +34,14 @@ import re
 import shlex
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
 from poolctl import formats, naming
 from poolctl.catalog import load_catalog
 from poolctl.clouds import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import Config, GcpPlacement, Pool
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
 # Compute Engine caps one metadata value, the startup-script, at 256 KB (GCE docs, "About VM
@@ -83,7 +84,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "_"
 
 
-def _registry(image: str, cloud: Cloud) -> dict:
+def _registry(image: str, cloud: Cloud | str) -> dict[str, str]:
     """How the node logs in to the image's registry with its own identity (never a stored
     password): ECR on AWS, Artifact Registry on GCP; public registries need nothing."""
     if cloud == Cloud.aws and (m := _ECR.match(image)):
@@ -94,7 +95,7 @@ def _registry(image: str, cloud: Cloud) -> dict:
 
 
 @cache
-def boot_library(cloud: Cloud) -> dict:
+def boot_library(cloud: Cloud | str) -> dict[str, str]:
     """The boot library for `cloud` as a node image carries it: its file's text (a header
     naming its version, the sha256 of its body), the version, where it goes."""
     body = environment().get_template("_node_lib.sh.j2").render(cloud=cloud)
@@ -109,7 +110,8 @@ def boot_library(cloud: Cloud) -> dict:
             "version": version, "text": text}
 
 
-def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> dict:
+def context(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: bool = False
+            ) -> dict[str, Any]:
     """Every value the templates need for this pool and cloud, and nothing they do not use
     (a test removes each key in turn and expects the render to fail). `from_image`: source
     the boot library from the node image (the image variant) instead of holding it.
@@ -118,11 +120,13 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> 
     and `poolctl_stacks.app` before it synthesizes) refuse a type outside the catalog and a
     tensor_parallel that does not divide its GPUs."""
     placement = pool.placement(cloud)
+    assert placement is not None  # see above: the callers pass a placement that exists
     type_name = placement.type_name
     row = load_catalog().get(cloud, type_name)
+    assert row is not None  # see above: the rules refuse a type outside the catalog
     s = pool.serving
     secret = pool.api_key_secret(cloud)
-    ctx = {
+    ctx: dict[str, Any] = {
         "cloud": cloud,
         "project": cfg.project,
         "pool_name": pool.name,
@@ -163,6 +167,7 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> 
             "metric_name": naming.METRIC_NAME,
         }
     else:
+        assert isinstance(placement, GcpPlacement)  # the placement of a cloud not aws
         ctx |= {"gcp_project": placement.project, "metric_type": naming.GCP_METRIC_TYPE}
     if from_image:
         lib = boot_library(cloud)
@@ -170,14 +175,15 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> 
     return ctx
 
 
-def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False) -> str:
+def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: bool = False
+                       ) -> str:
     """The boot script, whatever its size; by default the whole one, the worst case, which
     the `boot-script-size` rule measures."""
     return environment().get_template("node.sh.j2").render(
         context(cfg, pool, cloud, from_image))
 
 
-def size_problem(size: int, cloud: Cloud) -> str | None:
+def size_problem(size: int, cloud: Cloud | str) -> str | None:
     limit = BOOT_SCRIPT_LIMITS[cloud]
     if size <= limit:
         return None
@@ -185,7 +191,7 @@ def size_problem(size: int, cloud: Cloud) -> str | None:
 
 
 def render_nvme_script(
-    cloud: Cloud, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
+    cloud: Cloud | str, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
 ) -> str:
     """The NVMe cache step on its own (for `nodes check`, repairs and tests)."""
     return environment().get_template("nvme-raid.sh.j2").render(
@@ -193,10 +199,10 @@ def render_nvme_script(
     )
 
 
-def build_manifest(folder: str | Path) -> dict:
+def build_manifest(folder: str | Path) -> dict[str, Any]:
     """The manifest.json for a weights folder (every file but the manifest itself)."""
     root = Path(folder)
-    files = {}
+    files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if rel == "manifest.json" or path.name.startswith(".poolctl-"):

@@ -4,6 +4,8 @@ of a pool on a trace, and the replica counts `plan --traffic` recommends."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from poolctl.clouds import Cloud
 from poolctl.simulate import (
@@ -15,8 +17,13 @@ from poolctl.simulate import (
 )
 from poolctl.traces import Trace
 
+if TYPE_CHECKING:
+    from poolctl.config import Pool
+    from poolctl.sizing import PoolPlan
 
-def autoscale_for(pool, cloud: Cloud, plan, warm_replicas: int | None = None) -> Autoscale:
+
+def autoscale_for(pool: Pool, cloud: Cloud | str, plan: PoolPlan,
+                  warm_replicas: int | None = None) -> Autoscale:
     """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
     rpn = plan.replicas_per_node
     s, wp = pool.scaling, pool.warm_pool
@@ -39,7 +46,7 @@ def autoscale_for(pool, cloud: Cloud, plan, warm_replicas: int | None = None) ->
     )
 
 
-def run_pool(pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
+def run_pool(pool: Pool, cloud: Cloud | str, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
@@ -76,7 +83,7 @@ def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
 PEAK_WINDOW_S = 600  # the stretch of traffic max_replicas is sized for
 
 
-def recommend(pool, cloud: Cloud, trace: Trace) -> dict:
+def recommend(pool: Pool, cloud: Cloud | str, trace: Trace) -> dict[str, Any]:
     """Smallest replica count meeting the TTFT SLO at or below the utilization target; a
     max for the busiest window; the smallest warm pool keeping the SLO under autoscaling."""
     from poolctl.sizing import nodes_for, plan_pool
@@ -85,16 +92,19 @@ def recommend(pool, cloud: Cloud, trace: Trace) -> dict:
     rpn = plan.replicas_per_node
     slo = pool.slo
 
-    def fixed(n: int, tr: Trace) -> dict:
+    def fixed(n: int, tr: Trace) -> dict[str, Any]:
         res = run_pool(pool, cloud, tr, replicas=n, stop_if_p90_over=slo.ttft_p90_s)
         if res.aborted:
             return {"slo": {"met": False}, "utilization": math.inf}
         return summary(res, slo.ttft_p90_s)
 
-    def ok_min(s: dict) -> bool:
-        return s["slo"]["met"] and s["utilization"] <= slo.target_utilization
+    def ok_min(s: dict[str, Any]) -> bool:
+        met: bool = s["slo"]["met"]
+        utilization: float = s["utilization"]
+        return met and utilization <= slo.target_utilization
 
-    def smallest(pred, tr: Trace) -> tuple[int, dict]:
+    def smallest(pred: Callable[[dict[str, Any]], bool], tr: Trace
+                 ) -> tuple[int, dict[str, Any]]:
         # Doubling, then bisection: the test of n replicas is monotone in n.
         hi, s_hi = 1, fixed(1, tr)
         while not pred(s_hi):
@@ -118,13 +128,15 @@ def recommend(pool, cloud: Cloud, trace: Trace) -> dict:
     need_peak, _ = smallest(lambda s: s["slo"]["met"], peak) if len(peak) else (need_min, None)
     min_r = nodes_for(need_min, rpn) * rpn
     max_r = max(min_r, nodes_for(need_peak, rpn) * rpn)
-    warm_r, s_auto = 0, None
+    warm_r = 0
+    s_auto: dict[str, Any] | None = None
     for warm_nodes in range(0, (max_r - min_r) // rpn + 1):
         warm_r = warm_nodes * rpn
         s_auto = summary(run_pool(pool, cloud, trace, autoscale=True, warm_replicas=warm_r,
                                   min_replicas=min_r, max_replicas=max_r), slo.ttft_p90_s)
         if s_auto["slo"]["met"]:
             break
+    assert s_auto is not None  # max_r >= min_r: the loop above runs at least once
     return {
         "min_replicas": min_r,
         "max_replicas": max_r,

@@ -11,7 +11,7 @@ import re
 import typing
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
     Strict,
     ValidationError,
@@ -26,7 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from poolctl import formats
 from poolctl.clouds import Cloud
@@ -45,45 +46,59 @@ Ipv4Cidr = Annotated[str, AfterValidator(formats.ipv4_cidr)]
 UrlPath = Annotated[str, AfterValidator(formats.url_path)]
 
 
-def _shaped(pattern: str, what: str):
-    return Annotated[str, AfterValidator(formats.matches(pattern, what))]
-
-
-AwsRegion = _shaped(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", "an AWS region like us-east-1")
-GcpRegion = _shaped(r"[a-z]+-[a-z]+\d{1,2}", "a GCP region like us-central1")
-GcpZone = _shaped(r"[a-z]+-[a-z]+\d{1,2}-[a-z]", "a GCP zone like us-central1-a")
-GcpProject = _shaped(r"[a-z][a-z0-9-]{4,28}[a-z0-9]",
-                     "a GCP project id (6-30 lowercase letters, digits, '-')")
-VpcId = _shaped(r"vpc-[0-9a-f]{1,17}", "a VPC id like vpc-0123456789abcdef0")
-SubnetId = _shaped(r"subnet-[0-9a-f]{1,17}", "a subnet id like subnet-0123456789abcdef0")
-AmiId = _shaped(r"ami-[0-9a-f]{8,17}", "an AMI id like ami-0123456789abcdef0")
-SsmName = _shaped(r"/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*",
-                  "an SSM parameter name like /aws/service/.../ami-id")
-ModelId = _shaped(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
-                  "a model id like org/name (letters, digits, '.', '_', '-')")
+# Identifiers of a fixed shape: Annotated[str, AfterValidator(formats.matches(PATTERN, WHAT))],
+# written out (not built by a function) so that type checkers read them as types.
+AwsRegion = Annotated[str, AfterValidator(formats.matches(
+    r"[a-z]{2}(-[a-z]+)+-\d{1,2}", "an AWS region like us-east-1"))]
+GcpRegion = Annotated[str, AfterValidator(formats.matches(
+    r"[a-z]+-[a-z]+\d{1,2}", "a GCP region like us-central1"))]
+GcpZone = Annotated[str, AfterValidator(formats.matches(
+    r"[a-z]+-[a-z]+\d{1,2}-[a-z]", "a GCP zone like us-central1-a"))]
+GcpProject = Annotated[str, AfterValidator(formats.matches(
+    r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a GCP project id (6-30 lowercase letters, digits, '-')"))]
+VpcId = Annotated[str, AfterValidator(formats.matches(
+    r"vpc-[0-9a-f]{1,17}", "a VPC id like vpc-0123456789abcdef0"))]
+SubnetId = Annotated[str, AfterValidator(formats.matches(
+    r"subnet-[0-9a-f]{1,17}", "a subnet id like subnet-0123456789abcdef0"))]
+AmiId = Annotated[str, AfterValidator(formats.matches(
+    r"ami-[0-9a-f]{8,17}", "an AMI id like ami-0123456789abcdef0"))]
+SsmName = Annotated[str, AfterValidator(formats.matches(
+    r"/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*",
+    "an SSM parameter name like /aws/service/.../ami-id"))]
+ModelId = Annotated[str, AfterValidator(formats.matches(
+    r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
+    "a model id like org/name (letters, digits, '.', '_', '-')"))]
 _GCE_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 _GCE_API = r"(https://(www|compute)\.googleapis\.com/compute/v1/)?"
-GcpNetwork = _shaped(rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
-                     rf"/global/networks/{_GCE_NAME}",
-                     "a network: NAME or projects/PROJECT/global/networks/NAME")
-GcpSubnetwork = _shaped(rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
-                        rf"/regions/[a-z]+-[a-z]+\d{{1,2}}/subnetworks/{_GCE_NAME}",
-                        "a subnetwork: NAME or projects/PROJECT/regions/REGION/subnetworks/NAME")
+GcpNetwork = Annotated[str, AfterValidator(formats.matches(
+    rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
+    rf"/global/networks/{_GCE_NAME}",
+    "a network: NAME or projects/PROJECT/global/networks/NAME"))]
+GcpSubnetwork = Annotated[str, AfterValidator(formats.matches(
+    rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
+    rf"/regions/[a-z]+-[a-z]+\d{{1,2}}/subnetworks/{_GCE_NAME}",
+    "a subnetwork: NAME or projects/PROJECT/regions/REGION/subnetworks/NAME"))]
 VpcCidr = Annotated[str, AfterValidator(lambda v: formats.ipv4_cidr(v, 16, 24))]
 S3Uri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "s3") and v)]
 GsUri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "gs") and v)]
-AzId = _shaped(r"[a-z]{2,5}\d{1,2}-az\d{1,2}", "an availability zone ID like use1-az4")
+AzId = Annotated[str, AfterValidator(formats.matches(
+    r"[a-z]{2,5}\d{1,2}-az\d{1,2}", "an availability zone ID like use1-az4"))]
 S3Bucket = Annotated[str, AfterValidator(
     lambda v: formats.parse_object_prefix(f"s3://{v}/", "s3") and v)]
-KeyPrefix = _shaped(r"[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*",
-                    "a key prefix like pools/chat (no '/' at either end)")
-GcpCertificate = _shaped(
+KeyPrefix = Annotated[str, AfterValidator(formats.matches(
+    r"[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*",
+    "a key prefix like pools/chat (no '/' at either end)"))]
+GcpCertificate = Annotated[str, AfterValidator(formats.matches(
     r"((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
     r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
-    "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME")
+    "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME"))]
 
 
-def invalid(title: str, loc: tuple, message: str, value) -> ValidationError:
+# A key path in the file: keys and list indexes, as pydantic's error locations.
+Loc = tuple[int | str, ...]
+
+
+def invalid(title: str, loc: Loc, message: str, value: object) -> ValidationError:
     """A validation error at `loc` (relative to the model raising it), so a check that needs
     several fields still names the one key to fix."""
     err = PydanticCustomError("invalid", "{message}", {"message": message})
@@ -151,13 +166,15 @@ class Model(CoreModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _fill(cls, data, handler, info: ValidationInfo) -> Model:
+    def _fill(
+        cls, data: Any, handler: ModelWrapValidatorHandler[Model], info: ValidationInfo
+    ) -> Model:
         if not isinstance(data, dict):
             return handler(data)
         from poolctl import models
 
         # lowest precedence first: the preset, then config.json, then the file's own keys
-        tiers: list[tuple[str, dict]] = []
+        tiers: list[tuple[str, dict[str, Any]]] = []
         mid = data.get("id")
         row = models.preset(mid) if isinstance(mid, str) else None
         if row is not None:
@@ -357,7 +374,8 @@ class Perf(CoreModel):
     def _pairs(self) -> Perf:
         if (self.decode_ms_batch1 is None) != (self.decode_ms_batch64 is None):
             raise ValueError("give decode_ms_batch1 and decode_ms_batch64 together (or neither)")
-        if self.decode_ms_batch1 is not None and self.decode_ms_batch64 <= self.decode_ms_batch1:
+        if (self.decode_ms_batch1 is not None and self.decode_ms_batch64 is not None
+                and self.decode_ms_batch64 <= self.decode_ms_batch1):
             raise ValueError("decode_ms_batch64 must be larger than decode_ms_batch1")
         return self
 
@@ -587,7 +605,7 @@ class Pool(CoreModel):
             self.api_key_secret(cloud)
         return self
 
-    def api_key_secret(self, cloud: Cloud) -> str | None:
+    def api_key_secret(self, cloud: Cloud | str) -> str | None:
         """The API-key secret the `cloud` nodes read: the ARN (aws) or
         projects/P/secrets/NAME (gcp); None without one."""
         ref = self.serving.api_key_secret
@@ -606,11 +624,13 @@ class Pool(CoreModel):
             if cloud == Cloud.aws:
                 formats.aws_secret_arn(raw)
                 return raw
+            # asked only for a cloud the pool has a placement on (the gcp one here)
+            assert self.gcp is not None
             return formats.gcp_secret_name(raw, self.gcp.project)
         except ValueError as e:
             raise invalid("Pool", loc, str(e), raw) from None
 
-    def placement(self, cloud: Cloud) -> AwsPlacement | GcpPlacement | None:
+    def placement(self, cloud: Cloud | str) -> AwsPlacement | GcpPlacement | None:
         return self.aws if cloud == Cloud.aws else self.gcp
 
     @property
@@ -668,7 +688,7 @@ class Config(CoreModel):
     # Set by parse_config: the file's name and the line of every key path, so that rule
     # findings point at a line as schema errors do.
     _source: str = PrivateAttr(default="")
-    _lines: dict = PrivateAttr(default_factory=dict)
+    _lines: dict[Loc, int] = PrivateAttr(default_factory=dict)
 
     def where(self, key: str) -> str:
         """'FILE:LINE' of a key path like pools[0].serving.tensor_parallel ('' if unknown)."""
@@ -685,10 +705,10 @@ class Config(CoreModel):
         names = ", ".join(p.name for p in self.pools)
         raise UsageError(f"--pool: no pool named {pool!r} in the file; pools are: {names}")
 
-    def targets(self, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, str]]:
+    def targets(self, pool: str | None, cloud: Cloud | str | None) -> list[tuple[Pool, str]]:
         """(pool, cloud) pairs a command acts on: `--cloud` picks the placement; pools
         without it are passed over, unless `--pool` named one explicitly."""
-        out = []
+        out: list[tuple[Pool, str]] = []
         for p in self.select(pool):
             clouds = [cloud] if cloud else p.clouds
             for c in clouds:
@@ -722,7 +742,8 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader whose integers too long for int() (over 4,300 digits) stay text, so the
     schema refuses them naming their key instead of the parser failing without one."""
 
-    def construct_yaml_int(self, node):
+    # Any: an int, or the text of one too long for int() (the base class promises an int)
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
         try:
             return super().construct_yaml_int(node)
         except ValueError:
@@ -769,12 +790,12 @@ def _check_expansion(root: yaml.Node, source: str) -> None:
         stack.extend((c, False) for c in _children(node))
 
 
-def _walk_lines(root: yaml.Node, source: str) -> dict[tuple, int]:
+def _walk_lines(root: yaml.Node, source: str) -> dict[Loc, int]:
     """The line of every key path; refuses a key given twice in one mapping (YAML would keep
     the last silently)."""
-    lines: dict[tuple, int] = {}
+    lines: dict[Loc, int] = {}
 
-    def walk(node, path: tuple) -> None:
+    def walk(node: yaml.Node, path: Loc) -> None:
         if isinstance(node, yaml.MappingNode):
             first: dict[str, int] = {}
             for k, v in node.value:
@@ -807,7 +828,7 @@ def _yaml_error(e: yaml.YAMLError, source: str, text: str) -> UsageError:
     return UsageError(f"{source}{where}: not valid YAML ({problem}); fix the syntax")
 
 
-def _read_yaml(text: str, source: str) -> tuple[object, dict[tuple, int]]:
+def _read_yaml(text: str, source: str) -> tuple[object, dict[Loc, int]]:
     """The data and the line of every key path, or one UsageError line."""
     try:
         loader = _Loader(text)  # refuses control characters already
@@ -826,7 +847,7 @@ def _read_yaml(text: str, source: str) -> tuple[object, dict[tuple, int]]:
         raise UsageError(f"{source}: nested too deeply to be a pool config; flatten it") from None
 
 
-def format_loc(loc: tuple) -> str:
+def format_loc(loc: Loc) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -836,12 +857,12 @@ def format_loc(loc: tuple) -> str:
     return out
 
 
-def _clean_loc(loc: tuple) -> tuple:
+def _clean_loc(loc: Loc) -> Loc:
     # pydantic inserts union-member tags (e.g. 'AwsPlacement') into locations; drop them.
     return tuple(p for p in loc if isinstance(p, int) or not str(p)[:1].isupper())
 
 
-def find_config(path: str | os.PathLike | None) -> Path:
+def find_config(path: str | os.PathLike[str] | None) -> Path:
     if path is None:
         path = os.environ.get("POOLCTL_FILE") or "poolctl.yaml"
     p = Path(path)
@@ -872,7 +893,7 @@ def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
     return cfg
 
 
-def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
+def _line_of(lines: dict[Loc, int], loc: Loc) -> int | None:
     """The line of `loc`, or of its nearest parent written in the file."""
     for n in range(len(loc), 0, -1):
         if loc[:n] in lines:
@@ -880,7 +901,7 @@ def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
     return None
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     """A value as error messages quote it: repr, cut short (it may be huge or hostile)."""
     if isinstance(value, bool):
         return str(value).lower()  # as YAML writes it
@@ -914,7 +935,7 @@ _PLAIN = {
 }
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: Loc) -> type[BaseModel] | None:
     """The config model class that holds the key at `loc` (for the keys it allows)."""
     cls: type[BaseModel] | None = Config
     for part in loc[:-1]:
@@ -933,7 +954,7 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return cls
 
 
-def _hint(err: dict) -> str:
+def _hint(err: ErrorDetails) -> str:
     from poolctl.models import did_you_mean
 
     kind, value = err["type"], err.get("input")
@@ -962,7 +983,7 @@ def _hint(err: dict) -> str:
     return msg + got
 
 
-def load_config(path: str | os.PathLike | None = None) -> Config:
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     p = find_config(path)
     source = str(path or p)
     try:
@@ -983,7 +1004,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     return parse_config(text, source=source)
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     schema = Config.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "poolctl.yaml"

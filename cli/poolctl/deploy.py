@@ -9,21 +9,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
-from poolctl.errors import NotConfirmed, OperationFailed, UsageError
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
+from poolctl.errors import NotConfirmed, OperationFailed
 from poolctl.home import private_dir, write_private
 from poolctl.progress import log
 from poolctl.terraform import (
     PlanSummary,
     Terraform,
     cli_config,
+    endpoint_override,
     find_binary,
     log_path,
-    sandbox_override,
 )
 
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
@@ -116,31 +118,38 @@ def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) ->
     return dirs
 
 
-def sandbox_workdir(stack_dir: Path, region: str) -> tuple[Path, dict[str, str]]:
-    """Copy the synthesized stack beside the sandbox, add the override, pick an AMI."""
-    from poolctl.sandbox import manager
-
-    endpoint = manager.require_running()
-    home = manager.state_dir()
+def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
+                     ) -> tuple[Path, dict[str, str]]:
+    """The stack's Terraform folder when its calls go to one AWS endpoint (the sandbox): a copy
+    of the synthesized stack in `endpoints.terraform_home` with an override aiming the provider
+    there (state in a local file beside it) and, where the endpoint has no SSM AMI parameter,
+    its first Amazon image as the node image."""
+    assert endpoints.aws is not None and endpoints.terraform_home is not None
+    home = endpoints.terraform_home
     work = private_dir(home / "deploy" / stack_dir.name)
     write_private(work / "cdk.tf.json", (stack_dir / "cdk.tf.json").read_bytes())
     state = private_dir(home / "state") / f"{stack_dir.name}.tfstate"
-    write_private(work / "sandbox_override.tf.json",
-                  json.dumps(sandbox_override(region, endpoint, state), indent=2))
-    ec2 = manager.client("ec2", region)
-    images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
-    if not images:
-        raise OperationFailed("sandbox: the emulator offers no AMI; restart it with "
-                              "`poolctl sandbox stop && poolctl sandbox start`")
-    env = contract_aws.sandbox_env(sorted(i["ImageId"] for i in images)[0])
+    write_private(work / "endpoint_override.tf.json",
+                  json.dumps(endpoint_override(region, endpoints.aws, state), indent=2))
+    env: dict[str, str] = {}
+    if endpoints.stand_in_images:
+        from poolctl.clouds import aws
+
+        ec2 = aws.make_ops(endpoints).client("ec2", region)
+        images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
+        if not images:
+            raise OperationFailed(f"{endpoints.aws.url}: the endpoint offers no AMI to stand "
+                                  "in for the node image; restart the sandbox with "
+                                  "`poolctl sandbox stop && poolctl sandbox start`")
+        env = contract_aws.sandbox_env(sorted(i["ImageId"] for i in images)[0])
     # AWS_ENDPOINT_URL as well as the override's per-service endpoints: a service the stack
-    # starts to use before SANDBOX_SERVICES lists it still reaches the emulator, never AWS.
-    env.update(manager.subprocess_env(region))
+    # starts to use before ENDPOINT_SERVICES lists it still reaches the endpoint, never AWS.
+    env.update(endpoints.aws.env(region))
     return work, env
 
 
-def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool
-          ) -> list:
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
+          endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Any]:
     """Import blocks for what an earlier, interrupted apply created but did not record.
 
     Only resources the state lacks are looked up, so a deploy of a complete stack makes no
@@ -158,7 +167,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud, sand
     from poolctl import naming
     from poolctl.clouds import aws, aws_adopt
 
-    ops = aws.make_ops(sandbox=sandbox)
+    ops = aws.make_ops(endpoints)
     tags = naming.aws_tags(cfg, pool)
     contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
     stack = naming.stack_name(cfg, pool, cloud)
@@ -182,7 +191,7 @@ def run_stacks(
     targets: list[tuple[Pool, str]],
     *,
     outdir: Path,
-    sandbox: bool,
+    endpoints: CloudEndpoints = REAL_CLOUDS,
     destroy: bool,
     plan_only: bool,
     confirm: Callable[[str], bool],
@@ -200,13 +209,9 @@ def run_stacks(
     `preflight(targets)`: cloud checks of every target before anything is synthesized or
     applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
     Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
-    if sandbox and any(c != Cloud.aws for _, c in targets):
-        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    for _, cloud in targets:
+        endpoints.require(cloud)
     # Missing prerequisites fail before the synth (seconds of work), not after it.
-    if sandbox:
-        from poolctl.sandbox import manager
-
-        manager.require_running()
     find_binary()
     cli_config(mirror)
     checked = preflight(targets) if preflight else [({}, []) for _ in targets]
@@ -218,12 +223,13 @@ def run_stacks(
         name = naming.stack_name(cfg, pool, cloud)
         env: dict[str, str] = {}
         work = stack_dir
-        if sandbox:
-            work, env = sandbox_workdir(stack_dir, pool.aws.region)
-            # Before the apply launches nodes: they boot by themselves in the plan's time.
-            manager.register_start_times(cfg, pool)
+        if cloud == Cloud.aws and endpoints.aws is not None:
+            work, env = endpoint_workdir(stack_dir, pool.aws.region, endpoints)
             if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
                 env.pop(contract_aws.NODE_AMI_ID.env, None)
+        if endpoints.before_deploy is not None:
+            # Before the apply launches nodes: the sandbox boots them in the plan's time.
+            endpoints.before_deploy(cfg, pool)
         env.update(kept_env)
         env.update(extra_env or {})
         tf = Terraform(work, mirror=mirror, extra_env=env, label=name, verbose=verbose,
@@ -242,7 +248,7 @@ def run_stacks(
         if destroy:
             (work / ADOPT_FILE).unlink(missing_ok=True)
         else:
-            res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, sandbox)]
+            res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, endpoints)]
         log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
         summary = tf.plan(destroy=destroy)
         res.summary = summary.to_json()
@@ -276,7 +282,7 @@ def run_stacks(
         res.timings = {"synth": round(synth_s, 1),
                        **{k: round(v, 1) for k, v in tf.timings.items()}}
         log(f"== {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings.items()))
-        if destroy and res.applied and sandbox:
-            shutil.rmtree(work, ignore_errors=True)
+        if destroy and res.applied and work != stack_dir:
+            shutil.rmtree(work, ignore_errors=True)  # the endpoint's copy, now empty
         results.append(res)
     return results

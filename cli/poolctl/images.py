@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from poolctl import naming
 from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import log
 
@@ -36,9 +37,6 @@ if TYPE_CHECKING:  # jinja2 loads only to render (plan reads records, never temp
     import jinja2
 
 PACKER_ENV = "POOLCTL_PACKER"
-# Sandbox only: seconds the simulated provisioning takes (tests interrupt a build there).
-HOLD_ENV = "POOLCTL_IMAGE_SANDBOX_HOLD_S"
-FAIL_ENV = "POOLCTL_IMAGE_SANDBOX_FAIL"  # sandbox only: the simulated provisioning fails
 # Packer 1.7 introduced `packer { required_plugins }` (and split the builders out); 1.6.6,
 # Debian's MPL-licensed release, rejects the block.
 PLUGINS_FROM = (1, 7, 0)
@@ -157,12 +155,12 @@ def gcp_base(cfg: Config, pool: Pool) -> dict[str, str]:
         "common-cu124-ubuntu-2204-nvidia-550)")
 
 
-def aws_base(cfg: Config, pool: Pool, sandbox: bool) -> str:
+def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
     """The Deep Learning Base AMI that `aws.ami_ssm_parameter` names, resolved now (Packer
-    1.6.6 cannot read SSM). The sandbox has no such parameter: it uses the emulator's first
-    image, as `deploy --sandbox` does."""
+    1.6.6 cannot read SSM). An endpoint with stand-in images (the sandbox) has no such
+    parameter: its first Amazon image is used, as `deploy --sandbox` does."""
     p = pool.aws
-    ssm = aws_client("ssm", p.region, sandbox)
+    ssm = aws_client("ssm", p.region, endpoints)
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -174,8 +172,8 @@ def aws_base(cfg: Config, pool: Pool, sandbox: bool) -> str:
                                   f"{e}") from None
     except BotoCoreError as e:
         raise OperationFailed(f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {e}") from None
-    if sandbox:
-        images = aws_client("ec2", p.region, sandbox).describe_images(
+    if endpoints.stand_in_images:
+        images = aws_client("ec2", p.region, endpoints).describe_images(
             Owners=["amazon"]).get("Images", [])
         if images:
             return sorted(i["ImageId"] for i in images)[0]
@@ -186,8 +184,8 @@ def aws_base(cfg: Config, pool: Pool, sandbox: bool) -> str:
 
 
 def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
-           sandbox: bool, base_image: str, serving_image: str | None = None,
-           now: datetime | None = None, endpoint: str = "") -> Rendered:
+           base_image: str, endpoints: CloudEndpoints = REAL_CLOUDS,
+           serving_image: str | None = None, now: datetime | None = None) -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
     from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 
@@ -200,15 +198,16 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
     base = naming.base(cfg, pool)
     stack = naming.stack_name(cfg, pool, cloud)
     modern = needs_plugin_block(version)
-    hold = _hold_s() if sandbox else 0
     gbase = gcp_base(cfg, pool) if cloud == Cloud.gcp else {}
     lib = boot_library(cloud)  # installed by provision.sh, inside a quoted heredoc
     assert "\nPOOLCTL_BOOT_LIB\n" not in lib["text"], "the heredoc would end early"
     base_image = gbase.pop("base", base_image)
     ctx: dict[str, Any] = {
         "cloud": cloud, "stack": stack, "image": image, "modern": modern,
-        "sandbox": sandbox, "hold_s": hold,
-        "fail": sandbox and os.environ.get(FAIL_ENV, "") not in ("", "0"),
+        # An emulator runs no instance: no communicator, no provisioner (a hold or a failure
+        # where they would run, for tests).
+        "sandbox": endpoints.stand_in_images, "hold_s": endpoints.image_build_hold_s,
+        "fail": endpoints.image_build_fails,
         "builder_type": placement.image_builder_type or DEFAULT_BUILDER[cloud],
         "description": f"poolctl {stack}: {base_image.rsplit('/', 1)[-1]} + {image}",
         "boot_lib": {k: lib[k] for k in ("path", "version", "text")},
@@ -225,7 +224,8 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
             "image_tags": {**tags, TAG_SERVING_IMAGE: image, "Name": name,
                            LIB_IMAGE_TAG["aws"]: lib["version"]},
             "builder_tags": {**tags, "Name": f"{base}-image-builder"},
-            "endpoint": endpoint, "test_key": "testing",
+            "endpoint": endpoints.aws.url if endpoints.aws else "",
+            "credentials": dict(endpoints.aws.credentials) if endpoints.aws else {},
         }
     else:
         labels = naming.gcp_labels(cfg, pool)
@@ -254,14 +254,6 @@ def _gcp_zone(pool: Pool) -> str:
 
     zones = gcp_zones(pool, instance_row(pool, "gcp"))
     return zones[0] if zones else f"{pool.gcp.region}-a"
-
-
-def _hold_s() -> int:
-    raw = os.environ.get(HOLD_ENV) or "0"
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        raise UsageError(f"{HOLD_ENV}={raw}: not a whole number of seconds; unset it") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -396,13 +388,13 @@ class BuildResult:
         return asdict(self)
 
 
-def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bool,
+def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
+          endpoints: CloudEndpoints = REAL_CLOUDS,
           dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
           now: datetime | None = None) -> BuildResult:
     from poolctl.runtime import set_scalar, write_atomic
 
-    if sandbox and cloud != Cloud.aws:
-        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
+    endpoints.require(cloud)
     if pool.placement(cloud) is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
                          f"add one or use --cloud {' / '.join(pool.clouds)}")
@@ -412,14 +404,9 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bo
     key_path = ("pools", idx, *file_key(cloud))
     # The file must take the result before anything is built (exit 2, nothing made).
     set_scalar(file_path.read_text(), key_path, "placeholder-0", source=str(file_path))
-    endpoint = ""
-    if sandbox:
-        from poolctl.sandbox import manager
-
-        endpoint = manager.require_running()
-    base = aws_base(cfg, pool, sandbox) if cloud == Cloud.aws else ""
-    r = render(cfg, pool, cloud, version=version, sandbox=sandbox, base_image=base,
-               serving_image=serving_image, now=now, endpoint=endpoint)
+    base = aws_base(cfg, pool, endpoints) if cloud == Cloud.aws else ""
+    r = render(cfg, pool, cloud, version=version, base_image=base, endpoints=endpoints,
+               serving_image=serving_image, now=now)
     workdir = images_dir() / "builds" / r.image_name
     template = f"{cloud}.pkr.hcl"
     cmd = [binary, "build", "-color=false", "-on-error=cleanup", template]
@@ -436,10 +423,8 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bo
     for name, text in r.files.items():
         write_private(workdir / name, text)
     env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
-    if sandbox:
-        from poolctl.sandbox import manager
-
-        env |= manager.credentials_env(pool.aws.region)
+    if cloud == Cloud.aws and endpoints.aws is not None:
+        env |= endpoints.aws.env(pool.aws.region)
     t0 = time.monotonic()
     if needs_plugin_block(version):
         run_packer(binary, workdir, ["init", template], env)
@@ -456,7 +441,8 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *, sandbox: bo
         "region": pool.placement(cloud).region, "base_image": r.base_image,
         "serving_image": r.serving_image, "digest": res.digest,
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "packer_version": r.packer_version, "sandbox": sandbox, "seconds": res.seconds,
+        "packer_version": r.packer_version,
+        "endpoint": endpoints.aws.url if endpoints.aws else None, "seconds": res.seconds,
         # The start-up script sources the library from the image only for this version.
         "boot_lib_version": r.context["boot_lib"]["version"],
     }
@@ -488,10 +474,10 @@ def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
 # List and prune (the cloud's view; the file and the deployed pool say what is in use)
 
 
-def aws_client(service: str, region: str, sandbox: bool) -> Any:
+def aws_client(service: str, region: str, endpoints: CloudEndpoints = REAL_CLOUDS) -> Any:
     from poolctl.clouds.aws import make_ops
 
-    return make_ops(sandbox=sandbox).client(service, region)
+    return make_ops(endpoints).client(service, region)
 
 
 @dataclass
@@ -504,16 +490,17 @@ class ImageRow:
     snapshots: list[str] = field(default_factory=list)
 
 
-def list_images(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> list[ImageRow]:
-    rows = _aws_images(cfg, pool, sandbox) if cloud == Cloud.aws else _gcp_images(cfg, pool)
+def list_images(cfg: Config, pool: Pool, cloud: Cloud,
+                endpoints: CloudEndpoints = REAL_CLOUDS) -> list[ImageRow]:
+    rows = _aws_images(cfg, pool, endpoints) if cloud == Cloud.aws else _gcp_images(cfg, pool)
     return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
 
 
-def _aws_images(cfg: Config, pool: Pool, sandbox: bool) -> list[ImageRow]:
+def _aws_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
     from botocore.exceptions import BotoCoreError, ClientError
 
     region = pool.aws.region
-    ec2 = aws_client("ec2", region, sandbox)
+    ec2 = aws_client("ec2", region, endpoints)
     tags = naming.aws_tags(cfg, pool)
     try:
         images = ec2.describe_images(Owners=["self"], Filters=[
@@ -584,11 +571,12 @@ def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
             for im in images]
 
 
-def latest_image(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> str:
+def latest_image(cfg: Config, pool: Pool, cloud: Cloud,
+                 endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
     """`--node-image latest`: the newest image built for the pool that carries its serving
     image."""
     want = pool.serving.image if cloud == Cloud.aws else gcp_label_value(pool.serving.image)
-    for row in list_images(cfg, pool, cloud, sandbox):
+    for row in list_images(cfg, pool, cloud, endpoints):
         if row.serving_image == want:
             return row.id
     raise UsageError(f"--node-image latest: no image built for pool {pool.name!r} carries "
@@ -596,18 +584,19 @@ def latest_image(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> str:
                      f"{cloud}`")
 
 
-def prune(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool, keep: int) -> dict:
+def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep: int
+          ) -> dict[str, Any]:
     """Deregister all but the `keep` newest images (and their snapshots); an image in use is
     never deleted and does not count against `keep`."""
     if keep < 0:
         raise UsageError(f"--keep {keep}: give 0 or more images to keep")
-    rows = list_images(cfg, pool, cloud, sandbox)
+    rows = list_images(cfg, pool, cloud, endpoints)
     spare = [r for r in rows if not r.in_use]
     gone, kept = spare[keep:], [r.id for r in rows if r.in_use] + [r.id for r in spare[:keep]]
     deleted = []
     for r in gone:
         if cloud == Cloud.aws:
-            _aws_delete(pool, sandbox, r)
+            _aws_delete(pool, endpoints, r)
         else:
             _gcp_delete(pool, r)
         deleted.append({"id": r.id, "name": r.name, "snapshots": r.snapshots})
@@ -630,10 +619,10 @@ def _gcp_delete(pool: Pool, row: ImageRow) -> None:
     ops._wait(op, pool.gcp.project, None, what)
 
 
-def _aws_delete(pool: Pool, sandbox: bool, row: ImageRow) -> None:
+def _aws_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    ec2 = aws_client("ec2", pool.aws.region, sandbox)
+    ec2 = aws_client("ec2", pool.aws.region, endpoints)
     try:
         ec2.deregister_image(ImageId=row.id)
         for snap in row.snapshots:

@@ -13,6 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
 
 from poolctl.clouds import Cloud
 from poolctl.errors import UsageError
@@ -45,7 +47,7 @@ class Endpoint:
             parts += ["-H", f'"Authorization: Bearer ${API_KEY_VAR}"']
         return " ".join([*parts, shlex.quote(f"{self.url}/v1/models")])
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "url": self.url, "api_key": self.api_key_secret is not None,
                 "curl": self.curl()}
 
@@ -63,7 +65,7 @@ class PoolRow:
     model: str | None = None
     image: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -78,7 +80,7 @@ class LogEvent:
         return printable(f"{rfc3339_ms(self.timestamp_ms)} {self.source} "
                          f"{self.message.rstrip()}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -112,13 +114,14 @@ def since_seconds(text: str) -> int:
     return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
-def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int, emit: Callable,
-           interval_s: float, once: bool) -> None:
+def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int,
+                  emit: Callable[[LogEvent], object], interval_s: float, once: bool) -> None:
     """Emit the events from `start_ms` on, then (unless `once`) poll for new ones every
     `interval_s` until Ctrl-C, which ends it with a line saying so (exit 0). `fetch(ms)`
     returns the events at or after `ms`, oldest first; events already emitted at the newest
     timestamp come again and are dropped."""
-    last, seen = start_ms, set()
+    last = start_ms
+    seen: set[tuple[str, str, int, str]] = set()
     try:
         while True:
             for ev in fetch(last):
@@ -137,7 +140,7 @@ def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int, emi
 
 
 
-def cloud_module(cloud: Cloud):
+def cloud_module(cloud: Cloud | str) -> ModuleType:
     """The cloud's inventory module (imports its SDK only when called)."""
     if cloud == Cloud.aws:
         from poolctl.clouds import aws_inventory

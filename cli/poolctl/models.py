@@ -9,6 +9,7 @@ import math
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,12 +81,12 @@ _TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float
 _QUANT_DTYPES = {"fp8": "fp8", "mxfp4": "mxfp4"}
 
 
-def _int(cfg: dict, key: str) -> int | None:
+def _int(cfg: dict[str, Any], key: str) -> int | None:
     v = cfg.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def estimate_params(cfg: dict) -> float | None:
+def estimate_params(cfg: dict[str, Any]) -> float | None:
     """Parameters (billions) of a decoder-only transformer with a gated MLP (Llama, Qwen,
     Mistral; Mixtral/Qwen-MoE experts), from config.json; None if a needed key is missing.
     Biases and q/k norms are left out (under 0.1 %); embeddings count twice unless
@@ -93,9 +94,9 @@ def estimate_params(cfg: dict) -> float | None:
     h, layers, vocab = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers"), \
         _int(cfg, "vocab_size")
     heads = _int(cfg, "num_attention_heads")
-    kv = _int(cfg, "num_key_value_heads") or heads
     if not (h and layers and vocab and heads):
         return None
+    kv = _int(cfg, "num_key_value_heads") or heads
     hd = _int(cfg, "head_dim") or h // heads
     experts = _int(cfg, "num_experts") or _int(cfg, "num_local_experts")
     # Qwen-MoE names its expert width moe_intermediate_size; Mixtral uses intermediate_size
@@ -108,7 +109,7 @@ def estimate_params(cfg: dict) -> float | None:
     return round((layers * (attn + mlp + 2 * h) + embed + h) / 1e9, 2)
 
 
-def read_hf_config(path: Path, shown: str | None = None) -> dict:
+def read_hf_config(path: Path, shown: str | None = None) -> dict[str, Any]:
     """The `model:` fields a Hugging Face config.json gives, or ValueError with the reason
     (naming the file as `shown`, the path as the user wrote it). params_b is estimated from
     the shapes (see estimate_params) unless it cannot be."""
@@ -128,18 +129,20 @@ def read_hf_config(path: Path, shown: str | None = None) -> dict:
         raise ValueError(f"{name} is not JSON; point it at the model's config.json") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{name} is not a JSON object; point it at the model's config.json")
-    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text_config = cfg.get("text_config")
+    if isinstance(text_config, dict):
+        cfg = text_config
     if "kv_lora_rank" in cfg:
         # multi-head latent attention caches a compressed latent, not kv_heads x head_dim
         raise ValueError(f"{name} is a multi-head latent attention model (DeepSeek-V2/V3 "
                          "style), whose KV cache poolctl does not model; not supported")
     heads = _int(cfg, "num_attention_heads")
-    out: dict = {
+    hidden = _int(cfg, "hidden_size")
+    out: dict[str, Any] = {
         "layers": _int(cfg, "num_hidden_layers"),
         "attention_heads": heads,
         "kv_heads": _int(cfg, "num_key_value_heads") or heads,
-        "head_dim": _int(cfg, "head_dim") or (
-            _int(cfg, "hidden_size") // heads if heads and _int(cfg, "hidden_size") else None),
+        "head_dim": _int(cfg, "head_dim") or (hidden // heads if heads and hidden else None),
         "params_b": estimate_params(cfg),
     }
     quant = cfg.get("quantization_config")

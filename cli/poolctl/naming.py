@@ -47,7 +47,7 @@ def base(cfg: Config, pool: Pool) -> str:
     return f"{cfg.project}-{pool.name}"
 
 
-def stack_name(cfg: Config, pool: Pool, cloud: Cloud) -> str:
+def stack_name(cfg: Config, pool: Pool, cloud: Cloud | str) -> str:
     return f"{cfg.project}-{pool.name}-{cloud}"
 
 

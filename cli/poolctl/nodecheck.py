@@ -18,7 +18,6 @@ import base64
 import hashlib
 import ipaddress
 import logging
-import os
 import re
 import shlex
 import socket
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 from poolctl import naming, sizing
 from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 
 DEFAULT_USER = "ubuntu"
@@ -596,7 +596,7 @@ class SshOptions:
     def __init__(self, user: str | None = None, identity: Path | None = None,
                  known_hosts: Path | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  access: str = "ssh", proxy_command: str | None = None,
-                 sandbox: bool = False):
+                 endpoints: CloudEndpoints = REAL_CLOUDS):
         if access not in ACCESS_MODES:
             raise UsageError(f"--access {access}: use one of {', '.join(ACCESS_MODES)}")
         if access == "iap" and user is not None:
@@ -618,15 +618,15 @@ class SshOptions:
             except ValueError as e:
                 raise UsageError(f"--proxy-command: cannot split it into arguments ({e}); "
                                  "quote it as for a shell") from None
-        elif sandbox and access in DEFAULT_TUNNELS:
+        elif endpoints.loopback_only and access in DEFAULT_TUNNELS:
             # The default tunnels talk to the cloud's endpoints: not from the sandbox.
-            raise UsageError(f"--access {access} with --sandbox needs --proxy-command: the "
+            raise UsageError(f"--access {access} with {endpoints.flag} needs --proxy-command: the "
                              f"default tunnel ({DEFAULT_TUNNELS[access].split(' %')[0]}) would "
                              "leave this machine; give a local command reaching the node's sshd")
         self.access = access
         self.proxy_command = proxy_command or DEFAULT_TUNNELS.get(access)
         self.os_login: OsLogin | None = OsLogin() if access == "iap" else None
-        self.sandbox = sandbox
+        self.endpoints = endpoints  # where key pushes and OS Login calls go
         if timeout <= 0:
             raise UsageError(f"--timeout {timeout}: give a number of seconds above 0")
         self.user = user
@@ -959,11 +959,11 @@ class OsLogin:
         self.ops: Any = None
         self.account: str | None = None
 
-    def prepare(self, sandbox: bool = False) -> str:
+    def prepare(self, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
         from poolctl.clouds.gcp import make_ops
 
         if self.ops is None:
-            ops = make_ops(sandbox=sandbox)
+            ops = make_ops(endpoints)
             self.account = ops.caller_account()
             self.ops = ops
         return self.account
@@ -1005,14 +1005,9 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
                          "let poolctl find the nodes through the cloud (no --host), or use "
                          "--access ssh")
     key = _fresh_key()
-    if opts.sandbox:
-        from poolctl.sandbox import manager
+    from poolctl.clouds.aws import make_ops
 
-        eic = manager.client("ec2-instance-connect", host.region)
-    else:
-        import boto3
-
-        eic = boto3.client("ec2-instance-connect", region_name=host.region)
+    eic = make_ops(opts.endpoints).client("ec2-instance-connect", host.region)
     try:
         eic.send_ssh_public_key(InstanceId=host.instance_id, InstanceOSUser=opts.user,
                                 SSHPublicKey=f"{key.get_name()} {key.get_base64()}")
@@ -1128,13 +1123,14 @@ def plan_work(
     targets: Sequence[tuple[Pool, str]],
     hosts: Sequence[str] | None,
     default_port: int = DEFAULT_PORT,
-    sandbox: bool = False,
-    discover: Callable[[Config, Pool, str, bool], list] | None = None,
+    endpoints: CloudEndpoints = REAL_CLOUDS,
+    discover: Callable[[Config, Pool, str, CloudEndpoints], list[Any]] | None = None,
     direct: bool = True,
 ) -> list[tuple[Host, NodeSpec]]:
     """Which hosts to check against which pool's expectations. `discover` gives addresses,
     or (address, instance id) pairs. `direct`: poolctl connects to the addresses itself (no
-    proxy command), so in the sandbox they must be loopback ones."""
+    proxy command), so where the endpoints allow only loopback (the sandbox) they must be
+    loopback ones."""
     if hosts:
         if len(targets) > 1:
             names = ", ".join(f"{p.name}/{c}" for p, c in targets)
@@ -1145,27 +1141,23 @@ def plan_work(
         unique: dict[Host, None] = {}  # the order given, each host once
         for h in hosts:
             unique.setdefault(parse_host(h, default_port))
-        if sandbox and direct:
+        if endpoints.loopback_only and direct:
             outside = [h.host for h in unique if not is_loopback(h.host)]
             if outside:
                 raise UsageError(
-                    f"--host {outside[0]}: with --sandbox poolctl connects only to loopback "
+                    f"--host {outside[0]}: with {endpoints.flag} poolctl connects only to loopback "
                     "addresses (127.0.0.0/8, ::1, localhost); name the local sshd standing "
                     "for the node, e.g. --host 127.0.0.1:2222")
         return [(h, spec) for h in unique]
-    if sandbox and any(c != Cloud.aws for _, c in targets):
-        from poolctl.clouds.gcp import ENDPOINT_ENV
-
-        # GCP "in the sandbox" is the Compute Engine fake of the tests, as for make_ops.
-        if not os.environ.get(ENDPOINT_ENV):
-            raise UsageError("--sandbox: the sandbox emulates AWS only; add --cloud aws")
+    for _, cloud in targets:
+        endpoints.require(cloud)
     discover = discover or _discover
     work = []
     for pool, cloud in targets:
         spec = spec_for(pool, cloud)
         # An address, or (address, instance id or name[, zone]).
         found = [(*(f if isinstance(f, tuple) else (f,)), None, None)[:3]
-                 for f in discover(cfg, pool, cloud, sandbox)]
+                 for f in discover(cfg, pool, cloud, endpoints)]
         ips = [ip for ip, _, _ in found]
         if not ips:
             where = pool.aws.region if cloud == Cloud.aws and pool.aws else (
@@ -1177,13 +1169,13 @@ def plan_work(
                 f"no running node of pool {pool.name} on {cloud} in {where} (by {tag}); "
                 "deploy it or scale it up, or pass --host H to check a node directly")
         outside = [ip for ip in ips if not is_loopback(ip)]
-        if sandbox and direct and outside:
+        if endpoints.loopback_only and direct and outside:
             # Sandbox instances carry made-up private addresses: somebody else's, if any.
             raise UsageError(
-                f"--sandbox: node address {outside[0]} of pool {pool.name} is a fake private "
-                "address of the emulator, and poolctl never connects outside 127.0.0.0/8 in "
-                "the sandbox; pass --host with the loopback address of a local sshd standing "
-                "for the node, e.g. --host 127.0.0.1:2222")
+                f"{endpoints.flag}: node address {outside[0]} of pool {pool.name} is a fake "
+                "private address of the emulator, and poolctl never connects outside "
+                "127.0.0.0/8 in the sandbox; pass --host with the loopback address of a local "
+                "sshd standing for the node, e.g. --host 127.0.0.1:2222")
         if cloud == Cloud.aws:
             where_kw = {"region": pool.aws.region if pool.aws else None}
         else:
@@ -1204,11 +1196,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _discover(cfg: Config, pool: Pool, cloud: Cloud, sandbox: bool) -> list:
+def _discover(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
+              ) -> list[Any]:
     """The pool's running nodes, through the cloud's operations (its endpoint, credentials
     and retries, as every other command)."""
     from poolctl.runtime import get_ops
 
-    # GCP "in the sandbox" is the Compute Engine fake at POOLCTL_GCE_ENDPOINT (plan_work
-    # refuses --sandbox for GCP without it), reached as any GCE endpoint.
-    return get_ops(cloud, sandbox and cloud == Cloud.aws).node_addresses(cfg, pool)
+    return get_ops(cloud, endpoints).node_addresses(cfg, pool)

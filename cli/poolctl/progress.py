@@ -12,7 +12,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as Bar
+    from rich.progress import TaskID
 
 
 def log(msg: str) -> None:
@@ -29,8 +33,8 @@ class Progress:
         self.t0 = time.monotonic()
         self.last: str | None = None
         self._lock = threading.Lock()  # Terraform's output is read on two threads
-        self._bar = None
-        self._task = None
+        self._bar: Bar | None = None
+        self._task: TaskID | None = None
 
     @property
     def elapsed(self) -> float:
@@ -62,7 +66,7 @@ class Progress:
     def __enter__(self) -> Progress:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def update(self, state: str, *, quiet: bool = False) -> None:
@@ -71,6 +75,7 @@ class Progress:
         only)."""
         with self._lock:
             if self._bar is not None:
+                assert self._task is not None  # start() adds the task with the bar
                 self._bar.update(self._task, description=state)
             elif state != self.last and not quiet:
                 self.stream.write(f"{state} ({self.elapsed:.0f} s)\n")

@@ -8,14 +8,17 @@ nothing; `warning` and `info` are printed and do not block.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from poolctl import sizing
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.clouds import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool
+
+if TYPE_CHECKING:
+    from poolctl.models import Preset
 
 Severity = Literal["error", "warning", "info"]
 
@@ -36,7 +39,7 @@ class Finding:
         text = f"{self.severity}: [{self.check}] {target}: {self.key}: {self.message}; {self.hint}"
         return f"{self.where}: {text}" if self.where else text
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -82,7 +85,8 @@ class Check:
 CHECKS: list[Check] = []
 
 
-def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"):
+def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
+          ) -> Callable[[CheckFn], CheckFn]:
     def register(fn: CheckFn) -> CheckFn:
         CHECKS.append(Check(id, title, scope, fn))
         return fn
@@ -90,16 +94,29 @@ def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
     return register
 
 
-def _type_key(cloud: Cloud) -> str:
+def _type_key(cloud: Cloud | str) -> str:
     return "aws.instance_type" if cloud == Cloud.aws else "gcp.machine_type"
+
+
+# The placement a placement check on that cloud looks at: run_checks runs them only for the
+# clouds the pool has a placement on.
+def _aws(c: Ctx) -> AwsPlacement:
+    assert c.pool.aws is not None
+    return c.pool.aws
+
+
+def _gcp(c: Ctx) -> GcpPlacement:
+    assert c.pool.gcp is not None
+    return c.pool.gcp
 
 
 # --------------------------------------------------------------------------- pool checks
 
 
 @check("tensor-parallel", "tensor_parallel divides the node's 8 GPUs and the KV heads", "pool")
-def _tp(c: Ctx):
+def _tp(c: Ctx) -> Iterator[Finding]:
     tp, kvh = c.pool.serving.tensor_parallel, c.pool.model.kv_heads
+    assert kvh is not None  # validation fills it (config.Model) or refuses the file
     if tp not in (1, 2, 4, 8):
         yield c.find(
             "tensor-parallel", "error", "serving.tensor_parallel",
@@ -122,10 +139,12 @@ KV_PRESET_FACTOR = 2.0
 
 @check("model-shape", "the model's heads and KV figures are consistent (and match its preset)",
        "pool")
-def _model_shape(c: Ctx):
+def _model_shape(c: Ctx) -> Iterator[Finding]:
     from poolctl.models import preset
 
     m = c.pool.model
+    # validation fills these (config.Model) or refuses the file
+    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
     if m.attention_heads and (m.kv_heads > m.attention_heads or m.attention_heads % m.kv_heads):
         yield c.find(
             "model-shape", "error", "model.kv_heads",
@@ -161,15 +180,15 @@ def _model_shape(c: Ctx):
         )
 
 
-def _kv_culprit(m, row) -> str:
+def _kv_culprit(m: Model, row: Preset) -> str:
     """The KV field furthest from the preset, to name it as the key to fix."""
     diffs = {f: max(getattr(m, f), getattr(row, f)) / min(getattr(m, f), getattr(row, f))
              for f in ("kv_heads", "head_dim", "layers")}
-    return max(diffs, key=diffs.get)
+    return max(diffs, key=lambda f: diffs[f])
 
 
 @check("replica-bounds", "min_replicas <= max_replicas", "pool")
-def _bounds(c: Ctx):
+def _bounds(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
     if s.min_replicas > s.max_replicas:
         yield c.find(
@@ -180,7 +199,7 @@ def _bounds(c: Ctx):
 
 
 @check("scale-down-slower", "scale in more slowly than out", "pool")
-def _slow_down(c: Ctx):
+def _slow_down(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
     if s.scale_down_stabilization_s <= s.scale_up_stabilization_s:
         yield c.find(
@@ -192,7 +211,7 @@ def _slow_down(c: Ctx):
 
 
 @check("utilization-target", "sized near 60 % utilization", "pool")
-def _util(c: Ctx):
+def _util(c: Ctx) -> Iterator[Finding]:
     u = c.pool.slo.target_utilization
     if u > 0.75:
         # M/M/1: waiting grows as rho/(1-rho): 1.5 at 0.6, 3 at 0.75, 9 at 0.9.
@@ -204,7 +223,7 @@ def _util(c: Ctx):
 
 
 @check("rollout-checkpoints", "checkpoints rise and end at 100 %", "pool")
-def _checkpoints(c: Ctx):
+def _checkpoints(c: Ctx) -> Iterator[Finding]:
     cps = c.pool.rollout.checkpoints
     if not cps or any(not 1 <= p <= 100 for p in cps) or cps != sorted(set(cps)) or cps[-1] != 100:
         yield c.find(
@@ -218,8 +237,11 @@ def _checkpoints(c: Ctx):
 
 
 @check("nvlink-8gpu", "an 8-GPU NVLink type from the catalog")
-def _nvlink(c: Ctx):
-    name = c.pool.placement(c.cloud).type_name
+def _nvlink(c: Ctx) -> Iterator[Finding]:
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
+    placement = c.pool.placement(c.cloud)
+    assert placement is not None  # ... one the pool has a placement on
+    name = placement.type_name
     if c.row is None:
         from poolctl.models import did_you_mean
 
@@ -231,24 +253,24 @@ def _nvlink(c: Ctx):
         )
         return
     if not c.row.nvlink or c.row.gpus != 8:
-        known = ", ".join(load_catalog().names(c.cloud))
+        nvlink_types = ", ".join(load_catalog().names(c.cloud))
         yield c.find(
             "nvlink-8gpu", "error", _type_key(c.cloud),
             f"{name} has {c.row.gpus}x {c.row.gpu} without NVLink: tensor-parallel all-reduce "
             "over PCIe throttles every decode step",
-            f"use an NVLink 8-GPU type: {known}",
+            f"use an NVLink 8-GPU type: {nvlink_types}",
         )
 
 
 @check("no-rdma-nics", "no EFA / GPUDirect NICs on inference nodes")
-def _rdma(c: Ctx):
-    if c.cloud == Cloud.aws and c.pool.aws.efa_interfaces:
+def _rdma(c: Ctx) -> Iterator[Finding]:
+    if c.cloud == Cloud.aws and _aws(c).efa_interfaces:
         yield c.find(
             "no-rdma-nics", "error", "aws.efa_interfaces",
-            f"{c.pool.aws.efa_interfaces} EFA interfaces asked for; replicas never span nodes",
+            f"{_aws(c).efa_interfaces} EFA interfaces asked for; replicas never span nodes",
             "set efa_interfaces: 0 (EFA is for multi-node training)",
         )
-    if c.cloud == Cloud.gcp and c.pool.gcp.gpudirect:
+    if c.cloud == Cloud.gcp and _gcp(c).gpudirect:
         yield c.find(
             "no-rdma-nics", "error", "gcp.gpudirect",
             "GPUDirect-TCPX/RDMA networks asked for; replicas never span nodes",
@@ -257,8 +279,8 @@ def _rdma(c: Ctx):
 
 
 @check("no-cluster-placement", "no cluster placement group")
-def _placement(c: Ctx):
-    if c.cloud == Cloud.aws and c.pool.aws.placement_group_strategy == "cluster":
+def _placement(c: Ctx) -> Iterator[Finding]:
+    if c.cloud == Cloud.aws and _aws(c).placement_group_strategy == "cluster":
         yield c.find(
             "no-cluster-placement", "error", "aws.placement_group_strategy",
             "a cluster placement group packs nodes for training fabrics and caps capacity",
@@ -267,10 +289,12 @@ def _placement(c: Ctx):
 
 
 @check("region-offered", "the type is offered in the region (and zones)")
-def _region(c: Ctx):
+def _region(c: Ctx) -> Iterator[Finding]:
     if c.row is None:
         return
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     p = c.pool.placement(c.cloud)
+    assert p is not None  # ... one the pool has a placement on
     if p.region not in c.row.regions:
         yield c.find(
             "region-offered", "error", f"{c.cloud}.region",
@@ -279,6 +303,7 @@ def _region(c: Ctx):
         )
         return
     if c.cloud == Cloud.gcp:
+        assert isinstance(p, GcpPlacement)  # the pool's gcp placement
         offered = c.row.regions[p.region]
         if not offered and not p.zones:  # the stack needs zones to spread the MIG over
             yield c.find(
@@ -304,7 +329,7 @@ _SECRET_TOKENS = re.compile(
 
 
 @check("no-secrets-in-args", "no API keys or tokens in serving.extra_args", "pool")
-def _secret_args(c: Ctx):
+def _secret_args(c: Ctx) -> Iterator[Finding]:
     for i, arg in enumerate(c.pool.serving.extra_args):
         flag = _SECRET_FLAGS.match(arg)
         if flag or _SECRET_TOKENS.search(arg):
@@ -320,9 +345,10 @@ def _secret_args(c: Ctx):
 
 
 @check("boot-script-size", "the boot script fits the cloud's user-data/metadata limit")
-def _boot_size(c: Ctx):
+def _boot_size(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     from poolctl import bootscript
 
     size = len(bootscript.render_boot_script(c.cfg, c.pool, c.cloud).encode())
@@ -335,7 +361,7 @@ def _boot_size(c: Ctx):
 
 
 @check("fits-hbm", "weights per GPU + KV of one max_model_len sequence fit in usable HBM")
-def _fits(c: Ctx):
+def _fits(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
     pool = c.pool
@@ -356,9 +382,10 @@ def _fits(c: Ctx):
 
 
 @check("kv-concurrency", "the KV cache holds several max_model_len sequences")
-def _concurrency(c: Ctx):
+def _concurrency(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     plan = sizing.plan_pool(c.pool, c.cloud)
     seqs = plan.max_concurrent_sequences_per_replica
     if 0 < seqs < 4:
@@ -371,9 +398,10 @@ def _concurrency(c: Ctx):
 
 
 @check("nvme-holds-weights", "the local NVMe cache holds the weights with headroom")
-def _nvme(c: Ctx):
+def _nvme(c: Ctx) -> Iterator[Finding]:
     if c.row is None:
         return
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     need = sizing.weights_bytes(c.pool) * sizing.NVME_HEADROOM
     have = c.row.local_nvme.total_bytes
     if have < need:
@@ -386,7 +414,7 @@ def _nvme(c: Ctx):
 
 
 @check("warm-state", "the warm pool's state is possible for the type")
-def _warm(c: Ctx):
+def _warm(c: Ctx) -> Iterator[Finding]:
     if c.row is None:
         return
     wp = c.pool.warm_pool
@@ -397,7 +425,7 @@ def _warm(c: Ctx):
             + ("" if c.cloud == Cloud.aws else " and GCP does not hibernate GPU VMs"),
             "use stopped (cheap, refills the NVMe cache on start) or running",
         )
-    if c.cloud == Cloud.gcp and c.pool.gcp.standby_suspended:
+    if c.cloud == Cloud.gcp and _gcp(c).standby_suspended:
         yield c.find(
             "warm-state", "error", "gcp.standby_suspended",
             "suspending GPU VMs is not supported", "use a stopped standby pool",
@@ -414,7 +442,7 @@ def _warm(c: Ctx):
 
 
 @check("whole-nodes", "replica counts are whole nodes")
-def _whole(c: Ctx):
+def _whole(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
     rpn = sizing.replicas_per_node(c.pool, c.row)
@@ -443,7 +471,8 @@ TLS_KEYS = {
 
 
 @check("tls", "clients reach the pool over HTTPS")
-def _tls(c: Ctx):
+def _tls(c: Ctx) -> Iterator[Finding]:
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     field, what = TLS_KEYS[c.cloud]
     if not getattr(c.pool.placement(c.cloud), field):
         yield c.find(
@@ -454,7 +483,7 @@ def _tls(c: Ctx):
 
 
 @check("traffic-peak", "max_replicas carries the given trace's peak")
-def _traffic_peak(c: Ctx):
+def _traffic_peak(c: Ctx) -> Iterator[Finding]:
     if c.traffic is None:
         return
     s = c.pool.scaling
@@ -488,6 +517,7 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, str]],
                 if chk.scope == "pool":
                     findings += chk.fn(base)
         p = pool.placement(cl)
+        assert p is not None  # targets pair a pool with a cloud it has a placement on
         name = p.type_name
         need = (traffic or {}).get((pool.name, cl))
         ctx = Ctx(cfg, pool, index, cl, catalog.get(cl, name), need)

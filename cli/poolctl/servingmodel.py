@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from poolctl.catalog import load_catalog
 from poolctl.clouds import Cloud
@@ -120,7 +121,7 @@ class ReplicaModel:
         return self.step_s(batch, batch * context, decode_seqs=batch)
 
 
-def figures(rm: ReplicaModel) -> dict:
+def figures(rm: ReplicaModel) -> dict[str, Any]:
     """The numbers to compare with a measured replica (and to calibrate `perf:` from)."""
     return {
         "prefill_tokens_per_s": round(rm.prefill_tokens_per_s(2048), 1),
@@ -136,23 +137,32 @@ def figures(rm: ReplicaModel) -> dict:
 
 def hidden_size(pool: Pool) -> float:
     m = pool.model
-    heads = getattr(m, "attention_heads", None)
+    heads: int | None = getattr(m, "attention_heads", None)
+    # validation fills these (config.Model) or refuses the file
+    assert m.head_dim is not None and m.params_b is not None and m.layers is not None
     if heads:
         return heads * m.head_dim
     return math.sqrt(m.params_b * 1e9 / (PARAMS_PER_LAYER_D2 * m.layers))
 
 
-def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
+def replica_model(pool: Pool, cloud: Cloud | str) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
     from poolctl.sizing import instance_row, plan_pool
 
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
     plan = plan_pool(pool, cloud)
-    fp8 = pool.model.dtype == "fp8" and spec.fp8_tflops
+    # FP8 peak for an fp8 model on a GPU with FP8 tensor cores, else the BF16 one
+    peak_tflops = (spec.fp8_tflops if pool.model.dtype == "fp8" and spec.fp8_tflops
+                   else spec.bf16_tflops)
     link = spec.nvlink_gbytes_s if row.nvlink and spec.nvlink_gbytes_s else spec.pcie_gbytes_s
     s, perf = pool.serving, pool.perf
-    pick = lambda v, d: d if v is None else v  # noqa: E731
+    # validation fills these (config.Model) or refuses the file
+    assert pool.model.params_b is not None and pool.model.layers is not None
+
+    def pick(v: float | None, d: float) -> float:
+        return d if v is None else v
+
     rm = ReplicaModel(
         role="mixed",
         tp=s.tensor_parallel,
@@ -165,7 +175,7 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_model_len=s.max_model_len,
-        peak_flops_per_gpu=(spec.fp8_tflops if fp8 else spec.bf16_tflops) * 1e12,
+        peak_flops_per_gpu=peak_tflops * 1e12,
         hbm_bytes_per_s=row.hbm_tbps_per_gpu * 1e12,
         link_bytes_per_s=link * 1e9 / 2,  # the catalog's figure is bidirectional
         prefill_mfu=pick(perf.prefill_mfu, PREFILL_MFU),
@@ -188,6 +198,7 @@ def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
     """
     perf, key = pool.perf, f"pools.{pool.name}.perf"
     if perf.decode_ms_batch1 is not None:
+        assert perf.decode_ms_batch64 is not None  # config.Perf takes the two together
         c = perf.measured_context_tokens
         d1, d64 = perf.decode_ms_batch1 / 1000, perf.decode_ms_batch64 / 1000
         bw = rm.hbm_bytes_per_s

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from poolctl.servingmodel import ReplicaModel
 from poolctl.traces import Trace
@@ -222,7 +225,7 @@ class Engine:
         self.run_n = max(1, min(n_fin, n_kv))
         self.end = now + self.run.time(self.run_n)
 
-    def handle(self, now: float, on_finish) -> None:
+    def handle(self, now: float, on_finish: Callable[[int, float], None]) -> None:
         """The step or run in flight ended at `now`: account for it and start the next."""
         n = self.run_n
         m = self.m
@@ -342,7 +345,9 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         state["integral"] += state["in"] * (now - state["last"])
         state["last"] = now
         state["in"] -= 1
-        freed.append(engines[req.replica[rid]])
+        replica = req.replica[rid]
+        assert replica is not None  # a request that finishes was dispatched to a replica
+        freed.append(engines[replica])
 
     def dispatch(e: Engine, rid: int, now: float) -> None:
         req.replica[rid] = e.idx
@@ -444,6 +449,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
                     if o == 0:
                         break
             rr += 1
+            assert best is not None  # n > 0: the first replica looked at is taken
             dispatch(best, rid, now)
             continue
         now, kind, ident, version = heapq.heappop(heap)
@@ -556,7 +562,7 @@ def percentile(sorted_xs: list[float], q: float) -> float | None:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def summary(r: SimResult, ttft_slo_s: float) -> dict:
+def summary(r: SimResult, ttft_slo_s: float) -> dict[str, Any]:
     """The contract's `simulate --json` object."""
     q = r.req
     done = [i for i, f in enumerate(q.finish) if f == f]
@@ -573,8 +579,11 @@ def summary(r: SimResult, ttft_slo_s: float) -> dict:
     usd = r.node_s / 3600 * r.price_per_node_hour
     fixed_usd = min(r.fixed_node_s, r.node_s) / 3600 * r.price_per_node_hour
     p90 = percentile(ttft, 0.9)
-    rnd = lambda x, d=4: None if x is None else round(x, d)  # noqa: E731
-    out = {
+
+    def rnd(x: float | None, d: int = 4) -> float | None:
+        return None if x is None else round(x, d)
+
+    out: dict[str, Any] = {
         "requests": len(q.arrival),
         "completed": len(done),
         "rejected": sum(q.refused),
@@ -622,7 +631,7 @@ def summary(r: SimResult, ttft_slo_s: float) -> dict:
     return out
 
 
-def _replica_stats(r: SimResult) -> dict:
+def _replica_stats(r: SimResult) -> dict[str, float]:
     if r.replicas_fixed is not None:
         n = r.replicas_fixed
         return {"min": n, "max": n, "mean": float(n)}
@@ -631,7 +640,7 @@ def _replica_stats(r: SimResult) -> dict:
     return {"min": min(counts), "max": max(counts), "mean": round(mean, 2)}
 
 
-def write_requests_csv(r: SimResult, path) -> None:
+def write_requests_csv(r: SimResult, path: str | os.PathLike[str]) -> None:
     import csv
 
     q = r.req
@@ -639,7 +648,10 @@ def write_requests_csv(r: SimResult, path) -> None:
         w = csv.writer(fh)
         w.writerow(["arrival_s", "replica", "input_tokens", "output_tokens", "first_token_s",
                     "finish_s"])
-        f = lambda x: "" if x != x else f"{x:.6f}"  # noqa: E731
+
+        def f(x: float) -> str:
+            return "" if x != x else f"{x:.6f}"
+
         for i in range(len(q.arrival)):
             w.writerow([f"{q.arrival[i]:.6f}", "" if q.refused[i] else q.replica[i],
                         q.inputs[i], q.outputs[i], f(q.first[i]), f(q.finish[i])])

@@ -7,7 +7,9 @@ Every figure here is what `poolctl plan` prints, and what the rules judge.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.clouds import Cloud
@@ -70,15 +72,15 @@ class PoolPlan:
     replicas: dict[str, int]
     nodes: dict[str, int]
     warm_state: str
-    quota: dict
-    quotas: list[dict]
+    quota: dict[str, Any]
+    quotas: list[dict[str, Any]]
     price_per_node_hour_usd: float
     cost_per_hour_usd: dict[str, float]
     start_seconds: dict[str, float]
     start_phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    node_image: dict = field(default_factory=dict)
+    node_image: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -86,13 +88,17 @@ def kv_bytes(pool: Pool) -> float:
     """Bytes per KV element: `auto` keeps 8/4-bit models' KV in bfloat16, as vLLM does."""
     kv = pool.serving.kv_cache_dtype
     if kv == "auto":
-        return 2 if DTYPE_BYTES[pool.model.dtype] < 2 else DTYPE_BYTES[pool.model.dtype]
+        dtype = pool.model.dtype
+        assert dtype is not None  # validation fills it (config.Model) or refuses the file
+        return 2 if DTYPE_BYTES[dtype] < 2 else DTYPE_BYTES[dtype]
     return DTYPE_BYTES[kv]
 
 
 def kv_bytes_per_token(pool: Pool) -> int:
     """Whole model, all layers, K and V."""
     m = pool.model
+    # validation fills these (config.Model) or refuses the file
+    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
     return int(2 * m.layers * m.kv_heads * m.head_dim * kv_bytes(pool))
 
 
@@ -100,12 +106,17 @@ def kv_bytes_per_token_per_gpu(pool: Pool) -> int:
     # Tensor parallel splits KV heads across GPUs; with fewer KV heads than GPUs each GPU
     # holds a replicated head, so the per-GPU share never drops below one head.
     m, tp = pool.model, pool.serving.tensor_parallel
+    # validation fills these (config.Model) or refuses the file
+    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
     heads_per_gpu = max(1, math.ceil(m.kv_heads / tp))
     return int(2 * m.layers * heads_per_gpu * m.head_dim * kv_bytes(pool))
 
 
 def weights_bytes(pool: Pool) -> int:
-    return int(round(pool.model.params_b * GB * DTYPE_BYTES[pool.model.dtype]))
+    m = pool.model
+    # validation fills these (config.Model) or refuses the file
+    assert m.params_b is not None and m.dtype is not None
+    return int(round(m.params_b * GB * DTYPE_BYTES[m.dtype]))
 
 
 def replicas_per_node(pool: Pool, row: InstanceType) -> int:
@@ -116,7 +127,7 @@ def nodes_for(replicas: int, per_node: int) -> int:
     return math.ceil(replicas / per_node)
 
 
-def instance_row(pool: Pool, cloud: Cloud) -> InstanceType:
+def instance_row(pool: Pool, cloud: Cloud | str) -> InstanceType:
     placement = pool.placement(cloud)
     if placement is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement")
@@ -130,6 +141,7 @@ def instance_row(pool: Pool, cloud: Cloud) -> InstanceType:
 
 def gcp_zones(pool: Pool, row: InstanceType) -> list[str]:
     """The regional MIG's zones: the file's, else the catalog's for the region."""
+    assert pool.gcp is not None  # asked only of a pool with a gcp placement
     return list(pool.gcp.zones) or list(row.regions.get(pool.gcp.region, []))
 
 
@@ -137,11 +149,12 @@ def fetch_bytes_per_s(row: InstanceType) -> float:
     return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
 
 
-def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
+def hydrate_seconds(pool: Pool, cloud: Cloud | str) -> float:
     """First read of a pre-pulled image's layers; on AWS at the provisioned volume
     initialization rate when the placement sets one."""
     layers = pool.serving.image_size_gb * IMAGE_UNPACKED_RATIO * GB
     if cloud == Cloud.aws:
+        assert pool.aws is not None  # asked only for a cloud the pool has a placement on
         rate = pool.aws.volume_initialization_rate_mib_s
         return layers / (rate * 2**20 if rate else EBS_LAZY_READ_BPS)
     return layers / GCE_BOOT_DISK_READ_BPS
@@ -155,7 +168,7 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
     per_gpu = w / pool.serving.tensor_parallel
     # Cold from a pre-pulled image: no pull, one read of the layers instead.
     image = ({"hydrate": hydrate_seconds(pool, row.cloud)}
-             if prepulled(pool, row.cloud, records)["prepulled"]
+             if prepulled(pool, Cloud(row.cloud), records)["prepulled"]
              else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
     fetch = w / fetch_bytes_per_s(row)
     nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
@@ -179,13 +192,16 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
         "register": REGISTER_S,
     }
     warm_running = {"register": REGISTER_S}
-    r = lambda d: {k: round(v, 1) for k, v in d.items()}  # noqa: E731
+    def r(d: Mapping[str, float]) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in d.items()}
+
     return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
 
 
-def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
+def plan_pool(pool: Pool, cloud: Cloud | str, records: bool = True) -> PoolPlan:
     row = instance_row(pool, cloud)
     placement = pool.placement(cloud)
+    assert placement is not None  # instance_row refuses a pool without one
     tp = pool.serving.tensor_parallel
     rpn = replicas_per_node(pool, row)
     w = weights_bytes(pool)
@@ -269,20 +285,25 @@ def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
-        node_image=prepulled(pool, cloud, records),
+        node_image=prepulled(pool, Cloud(cloud), records),
     )
 
 
-def quota_key(pool: Pool, cloud: Cloud, need: dict) -> tuple[str, str, str, str]:
+def quota_key(pool: Pool, cloud: Cloud | str, need: dict[str, Any]
+              ) -> tuple[str, str, str, str]:
     """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
     AWS pools of one file are taken to be one account's), scope and quota name."""
-    project = pool.gcp.project if cloud == Cloud.gcp else ""
+    if cloud == Cloud.gcp:
+        assert pool.gcp is not None  # asked only for a cloud the pool has a placement on
+        project = pool.gcp.project
+    else:
+        project = ""
     return cloud, project, need["scope"], need["name"]
 
 
-def quota_totals(targets: list[tuple[Pool, str]]) -> list[dict]:
+def quota_totals(targets: list[tuple[Pool, str]]) -> list[dict[str, Any]]:
     """The peak needs of `targets` summed per quota they share, in the order first needed."""
-    totals: dict[tuple, dict] = {}
+    totals: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for pool, cloud in targets:
         for q in plan_pool(pool, cloud).quotas:
             cloud_, project, scope, name = quota_key(pool, cloud, q)

@@ -30,7 +30,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from poolctl.endpoints import AwsEndpoint
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import (
     PRIVATE_UMASK,
@@ -44,7 +46,7 @@ from poolctl.home import (
 from poolctl.progress import Progress
 
 # Services the AWS stack and runtime commands call; the sandbox answers them all.
-SANDBOX_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
+ENDPOINT_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
                     "ssm", "sts", "servicequotas")
 
 
@@ -546,20 +548,22 @@ class Terraform:
         return {k: v.get("value") for k, v in json.loads(res.stdout or "{}").items()}
 
 
-def sandbox_override(region: str, endpoint: str, state_path: Path) -> dict:
-    """Terraform override file for `--sandbox`: the synthesized JSON stays as is; this file
-    points the provider at the emulator and keeps state next to the sandbox."""
+def endpoint_override(region: str, endpoint: AwsEndpoint, state_path: Path) -> dict[str, Any]:
+    """Terraform override file for one AWS endpoint (the sandbox): the synthesized JSON stays
+    as is; this file points the provider at the endpoint, with its credentials, and keeps the
+    state in a local file beside it."""
+    creds = endpoint.credentials
     return {
         "provider": {
             "aws": [{
                 "region": region,
-                "access_key": "testing",
-                "secret_key": "testing",
+                "access_key": creds.get("aws_access_key_id", ""),
+                "secret_key": creds.get("aws_secret_access_key", ""),
                 "skip_credentials_validation": True,
                 "skip_metadata_api_check": True,
                 "skip_region_validation": True,
                 "s3_use_path_style": True,
-                "endpoints": [{svc: endpoint for svc in SANDBOX_SERVICES}],
+                "endpoints": [{svc: endpoint.url for svc in ENDPOINT_SERVICES}],
             }]
         },
         "terraform": {"backend": {"local": {"path": str(state_path)}}},

@@ -54,7 +54,7 @@ def _bad(path: str, line: int, field: str, msg: str) -> UsageError:
     return UsageError(f"{path}:{line}: {field}: {msg}")
 
 
-def _tokens(path: str, line: int, field: str, raw) -> int:
+def _tokens(path: str, line: int, field: str, raw: object) -> int:
     if isinstance(raw, bool):
         raw = "true"
     try:
@@ -113,7 +113,10 @@ def _mooncake(path: str, text: str) -> tuple[list[float], list[int], list[int], 
         try:
             obj = json.loads(raw)
         except ValueError as e:
-            raise _bad(path, line, "line", f"not JSON ({e.msg}); one object per line") from None
+            # JSONDecodeError says where; a plain ValueError (an integer of over 4,300 digits)
+            # has no .msg
+            why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+            raise _bad(path, line, "line", f"not JSON ({why}); one object per line") from None
         if not isinstance(obj, dict):
             raise _bad(path, line, "line", "not a JSON object; one object per line")
         for k in obj:

@@ -51,11 +51,13 @@ def main() -> int:
             poolctl(env, "deploy", "--cloud", "aws", "--sandbox", "--auto-approve",
                     "-f", str(EXAMPLE), "--out", str(out))
             os.environ.update(POOLCTL_HOME=home)  # what the sandbox manager reads
-            from poolctl.deploy import sandbox_workdir
+            from poolctl.deploy import endpoint_workdir
+            from poolctl.sandbox import manager
             from poolctl.terraform import Terraform
 
             # The working folder and environment `deploy --sandbox` gave Terraform.
-            workdir, tf_env = sandbox_workdir(out / "stacks" / STACK, "us-east-1")
+            workdir, tf_env = endpoint_workdir(out / "stacks" / STACK, "us-east-1",
+                                               manager.endpoints())
             tf = Terraform(workdir, extra_env=tf_env)
             print(f"{'GOGC':>6} {'GOMAXPROCS':>10} {'cpu s (median)':>15} {'runs':>30}")
             for gogc in args.gogc:

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poolctl import naming
 from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool, load_config
 
+if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack is built
+    from cdktf import App
 
-def stack_class(cloud: Cloud):
+    from poolctl_stacks.base import PoolStack
+
+
+def stack_class(cloud: Cloud) -> type[PoolStack]:
     # Import per cloud: synthesizing AWS never loads the Google provider and vice versa.
     if cloud == Cloud.aws:
         from poolctl_stacks.aws.stack import AwsPoolStack
@@ -25,13 +31,14 @@ def stack_class(cloud: Cloud):
     return GcpPoolStack
 
 
-def add_stacks(app, cfg: Config, targets: list[tuple[Pool, str]]) -> list[str]:
+def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, str]]) -> list[str]:
     from poolctl.bootscript import render_boot_script
     from poolctl.rules import refuse_invalid
 
     refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
     names = []
-    for pool, cloud in targets:
+    for pool, target_cloud in targets:
+        cloud = Cloud(target_cloud)  # Config.targets gives the placement's name as a str
         name = naming.stack_name(cfg, pool, cloud)
         stack_class(cloud)(app, name, cfg=cfg, pool=pool,
                            user_data=render_boot_script(cfg, pool, cloud))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cdktf import LocalBackend, TerraformOutput, TerraformStack
 from constructs import Construct
 
@@ -49,5 +51,5 @@ class PoolStack(TerraformStack):
     def local_backend(self) -> None:
         LocalBackend(self, path="terraform.tfstate")
 
-    def output(self, name: str, value, description: str) -> None:
+    def output(self, name: str, value: Any, description: str) -> None:
         TerraformOutput(self, name, value=value, description=description)

@@ -11,7 +11,7 @@ one of poolctl's own expressions goes in as `hcl_quoted(view_value)`.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -31,7 +31,7 @@ def literal_view(value: T) -> T:
     strings) comes along: derived values are computed again from the escaped fields.
     """
     if isinstance(value, str):
-        return escape(value)
+        return cast(T, escape(value))
     if isinstance(value, BaseModel):
         view = type(value).model_construct(
             _fields_set=value.model_fields_set,
@@ -42,7 +42,7 @@ def literal_view(value: T) -> T:
     if isinstance(value, list | tuple):
         return type(value)(literal_view(v) for v in value)
     if isinstance(value, dict):
-        return {literal_view(k): literal_view(v) for k, v in value.items()}
+        return cast(T, {literal_view(k): literal_view(v) for k, v in value.items()})
     return value
 
 

@@ -216,7 +216,7 @@ def test_terraform_files_under_poolctl_home_are_private(first_deploy):
 
     sandbox_dir = first_deploy["home"] / "sandbox"
     written = [sandbox_dir / "deploy" / STACK / name for name in (
-        "tfplan", ".terraform.lock.hcl", "cdk.tf.json", "sandbox_override.tf.json")]
+        "tfplan", ".terraform.lock.hcl", "cdk.tf.json", "endpoint_override.tf.json")]
     assert all(p.is_file() for p in written)
     assert (sandbox_dir / "state" / f"{STACK}.tfstate").is_file()
     assert not_private(sandbox_dir) == []
@@ -487,14 +487,15 @@ def test_sandbox_flag_without_a_running_sandbox_is_exit_2(tmp_path):
 
 
 def test_sandbox_workdir_points_every_service_at_the_emulator(sandbox, sandbox_home, tmp_path):
-    from poolctl.deploy import sandbox_workdir
+    from poolctl.deploy import endpoint_workdir
+    from poolctl.sandbox import manager
 
     stack = tmp_path / "stacks" / "probe-stack-aws"
     stack.mkdir(parents=True)
     (stack / "cdk.tf.json").write_text("{}")
-    work, env = sandbox_workdir(stack, "us-east-1")
+    work, env = endpoint_workdir(stack, "us-east-1", manager.endpoints(sandbox_home))
     try:
-        override = json.loads((work / "sandbox_override.tf.json").read_text())
+        override = json.loads((work / "endpoint_override.tf.json").read_text())
         [provider] = override["provider"]["aws"]
         [endpoints] = provider["endpoints"]
         assert set(endpoints.values()) == {sandbox} and "kms" in endpoints

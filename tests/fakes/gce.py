@@ -1574,7 +1574,7 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
 
     deploy.run_stacks = apply  # this process only: the stand-in for Terraform's apply
     runtime.rollout_start(cfg, path, pool, "gcp", make_ops(), image=image,
-                          confirm=lambda q: True, sandbox=False, outdir=None)
+                          confirm=lambda q: True, outdir=None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -255,7 +255,7 @@ def test_provision_script_pulls_records_and_cleans(tmp_path, image_root):
     root, loop = image_root
     sys.stderr.write(f"\nprovision.sh root: {'loop device ' + loop if loop else 'plain dir'}\n")
     cfg = load_config(EXAMPLE)
-    r = images.render(cfg, cfg.pools[0], "aws", version=(1, 6, 6), sandbox=False,
+    r = images.render(cfg, cfg.pools[0], "aws", version=(1, 6, 6),
                       base_image="ami-0123456789abcdef0")
     script = tmp_path / "provision.sh"
     script.write_text(r.files["provision.sh"])

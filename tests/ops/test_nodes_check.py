@@ -316,7 +316,9 @@ def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, t
     _run_tagged(ec2, subnet, ami, "127.77.1.62", f"{project}x", "chat-70b")
 
     # Page size 1: every node comes from its own page.
-    found = AwsOps(sandbox=True).node_addresses(cfg, cfg.pools[0], page_size=1)
+    from poolctl.sandbox import manager
+
+    found = AwsOps(manager.endpoints()).node_addresses(cfg, cfg.pools[0], page_size=1)
     assert [ip for ip, _, _ in found] == list(NODE_IPS)
 
     r = subprocess.run(
@@ -655,7 +657,9 @@ def test_gcp_discovery_honours_the_endpoint_and_gives_name_and_zone(gce, tmp_pat
 
 def _iap_check(node, gce, tmp_path, cfg_file, *extra, env=None):
     script, log = _relay(tmp_path)
-    argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
+    # No --sandbox (it emulates AWS only): the Compute Engine fake is reached as any GCE
+    # endpoint, and the proxy command stands in for the tunnel, so nothing leaves loopback.
+    argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
             "--cloud", "gcp", "--timeout", "20", "--known-hosts", str(tmp_path / "known_hosts"),
             "--json", "--proxy-command",
             f"{sys.executable} {script} {log} 127.0.0.1 {node.port} %i %z %P", *extra]
@@ -767,14 +771,29 @@ def test_iap_login_refused_when_the_node_does_not_take_the_key(node, gce, tmp_pa
     (["--cloud", "gcp", "--access", "iap", "--user", "ubuntu"],
      "--user: with --access iap poolctl logs in as your OS Login user"),
     (["--cloud", "gcp", "--access", "iap", "--identity", "/k"], "--identity: iap logs in"),
-    (["--cloud", "gcp", "--access", "iap", "--sandbox"],
-     "--access iap with --sandbox needs --proxy-command: the default tunnel (gcloud compute "
-     "start-iap-tunnel) would leave this machine"),
 ])
 def test_access_refusals_are_one_line_exit_2(args, needle):
     env = {**os.environ, "POOLCTL_GCE_ENDPOINT": "http://127.0.0.1:9"}
     r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
                         *args], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert needle in line
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--cloud", "aws", "--access", "instance-connect"],
+     "--access instance-connect with --sandbox needs --proxy-command: the default tunnel (aws "
+     "ec2-instance-connect open-tunnel) would leave this machine"),
+    (["--cloud", "gcp", "--access", "iap"],
+     "--sandbox: the sandbox emulates AWS only; use --cloud aws"),
+])
+def test_sandbox_access_refusals_are_one_line_exit_2(sandbox, args, needle):
+    """With --sandbox nothing may leave this machine: no default tunnel, and no GCP (the
+    sandbox emulates AWS only)."""
+    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+                        "--sandbox", *args], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert needle in line

@@ -37,7 +37,10 @@ pytest.importorskip("google.cloud.cloudquotas_v1",
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from poolctl import naming  # noqa: E402
-from poolctl.clouds import gcp  # noqa: E402
+from poolctl.clouds import (
+    Cloud,  # noqa: E402
+    gcp,  # noqa: E402
+)
 from poolctl.clouds.base import Group  # noqa: E402
 from poolctl.clouds.gcp import (  # noqa: E402
     GcpOps,
@@ -47,6 +50,7 @@ from poolctl.clouds.gcp import (  # noqa: E402
     replaced_templates,
 )
 from poolctl.config import parse_config  # noqa: E402
+from poolctl.endpoints import CloudEndpoints  # noqa: E402
 from poolctl.errors import OperationFailed, UsageError  # noqa: E402
 from poolctl.sizing import plan_pool  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
@@ -962,7 +966,7 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
     monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
 
     res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, image="vllm/vllm-openai:v0.12.0",
-                                confirm=lambda q: True, sandbox=False, outdir=tmp_path / "out")
+                                confirm=lambda q: True, outdir=tmp_path / "out")
 
     # The apply keeps what `warm` set (3 standby VMs) and the file's autoscaler bounds.
     assert seen["env"] == {"TF_VAR_min_nodes": "1", "TF_VAR_max_nodes": "6",
@@ -981,7 +985,7 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
     # Mid-rollout rollback: the MIG goes back to V1, which still exists.
     fake.step_rollout(PROJECT, REGION, MIG, 1)
     out = runtime.rollout_rollback(cfg, cfg_file, pool, "gcp", ops, confirm=lambda q: True,
-                                   sandbox=False, outdir=tmp_path / "out")
+                                   outdir=tmp_path / "out")
     assert out["how"] == "cloud_rollback"
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
     assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
@@ -1008,7 +1012,7 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
         return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
 
     monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
-    start = dict(image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True, sandbox=False,
+    start = dict(image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True,
                  outdir=tmp_path / "out")
     res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, **start)
     assert (res.rollout.step, len(applies)) == (25, 1)
@@ -1054,7 +1058,7 @@ def test_rollout_start_counts_the_pools_sharing_the_quota(fake, ops, cfg, pool, 
     with pytest.raises(OperationFailed) as e:
         runtime.rollout_start(cfg2, cfg_file, cfg2.pools[0], "gcp", ops,
                               image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True,
-                              sandbox=False, outdir=tmp_path / "out")
+                              outdir=tmp_path / "out")
     msg = str(e.value)
     # 32 + 72 = 104 needed beside 0 of others (8 in use are the pool's own): short by 40.
     assert "quota NVIDIA_H100_GPUS in us-central1: short by 40 GPU" in msg
@@ -1195,7 +1199,7 @@ def test_endpoint_from_env_gets_anonymous_credentials(fake, cfg, pool, monkeypat
     assert make_ops().find_group(cfg, pool).name == MIG
     monkeypatch.delenv("POOLCTL_GCE_ENDPOINT")
     with pytest.raises(UsageError, match="^--sandbox: the sandbox emulates AWS only"):
-        make_ops(sandbox=True)
+        make_ops(CloudEndpoints(flag="--sandbox", clouds=frozenset({Cloud.aws})))
 
 
 def test_missing_credentials_is_a_usage_error(cfg, pool, monkeypatch, tmp_path):

@@ -174,17 +174,35 @@ def test_status_reports_pool_groups_instances_and_load_balancers(sandbox_reset, 
     assert [lb["name"] for lb in holds["load_balancers"]] == ["chat-lb"]
 
 
-def test_boto3_session_and_client_kwargs_reach_the_sandbox(sandbox, sandbox_home):
+def test_sandbox_endpoints_reach_it_and_say_what_it_changes(sandbox, sandbox_home):
+    """`--sandbox` resolved once (what commands hand the library): the running sandbox's URL,
+    its test credentials and region, and what an emulator changes, as data."""
+    from poolctl.clouds import Cloud
+    from poolctl.clouds.aws import AwsOps
     from poolctl.sandbox import manager
 
-    kwargs = manager.client_kwargs("eu-west-1", home=sandbox_home)
+    e = manager.endpoints(home=sandbox_home)
+    assert e.flag == "--sandbox" and e.clouds == {Cloud.aws}
+    assert e.loopback_only and e.stand_in_images and e.poll_s == 1.0
+    assert e.terraform_home == sandbox_home / "sandbox"
+    kwargs = e.aws.client_kwargs("eu-west-1")
     assert kwargs["endpoint_url"] == sandbox and kwargs["region_name"] == "eu-west-1"
     assert kwargs["aws_access_key_id"] == "testing"
-    session = manager.boto3_session("eu-west-1", home=sandbox_home)
-    sts = session.client("sts")
+    env = e.aws.env("eu-west-1")
+    assert env["AWS_ENDPOINT_URL"] == sandbox and env["AWS_DEFAULT_REGION"] == "eu-west-1"
+    assert env["AWS_SECRET_ACCESS_KEY"] == "testing"
+    sts = AwsOps(e).client("sts", "eu-west-1")
     assert sts.meta.endpoint_url == sandbox
     assert sts.get_caller_identity()["Account"] == "123456789012"  # moto's account
-    assert manager.subprocess_env(home=sandbox_home)["AWS_ENDPOINT_URL"] == sandbox
+
+
+def test_sandbox_endpoints_refuse_when_none_runs(tmp_path):
+    from poolctl.errors import UsageError
+    from poolctl.sandbox import manager
+
+    with pytest.raises(UsageError, match=r"^--sandbox: the sandbox is not running; start it "
+                                         r"with `poolctl sandbox start`$"):
+        manager.endpoints(home=tmp_path)
 
 
 def test_server_refuses_a_non_loopback_host(capsys):

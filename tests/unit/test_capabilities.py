@@ -9,6 +9,7 @@ from poolctl import runtime
 from poolctl.clouds import base
 from poolctl.clouds.aws import AwsOps
 from poolctl.config import parse_config
+from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed, UsageError
 from tests.configs import pool_yaml
 
@@ -37,7 +38,7 @@ class Bare:
     """A cloud with none of the capabilities: every call the runtime makes fails the test."""
 
     cloud = "aws"
-    sandbox = False
+    endpoints = REAL_CLOUDS
 
     def __getattr__(self, name):
         raise AssertionError(f"the runtime called {name} on a cloud that cannot")

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from poolctl import images
+from poolctl.clouds import Cloud
 from poolctl.clouds.base import RolloutStatus, RollsBackRollouts
 from poolctl.config import load_config, parse_config
+from poolctl.endpoints import REAL_CLOUDS, AwsEndpoint, CloudEndpoints
 from poolctl.runtime import set_scalar
 from poolctl.sizing import plan_pool
 
@@ -43,12 +45,20 @@ def _targets():
                 yield pytest.param(ex, pool.name, cloud, id=f"{ex.parent.name}-{cloud}")
 
 
+# What --sandbox resolves to, as far as rendering looks (no sandbox needed).
+EMULATOR = CloudEndpoints(
+    flag="--sandbox", clouds=frozenset({Cloud.aws}), stand_in_images=True,
+    aws=AwsEndpoint("http://127.0.0.1:1", "us-east-1",
+                    {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+                     "aws_session_token": "testing"}))
+
+
 def _render(ex: Path, pool_name: str, cloud: str, version, sandbox=False):
     cfg = load_config(ex)
     pool = cfg.select(pool_name)[0]
     base = "ami-0123456789abcdef0" if cloud == "aws" else ""
-    return images.render(cfg, pool, cloud, version=version, sandbox=sandbox, base_image=base,
-                         endpoint="http://127.0.0.1:1")
+    return images.render(cfg, pool, cloud, version=version, base_image=base,
+                         endpoints=EMULATOR if sandbox else REAL_CLOUDS)
 
 
 def _validate(folder: Path, name: str) -> subprocess.CompletedProcess:
@@ -130,7 +140,7 @@ def test_hostile_value_stays_literal_in_packer(tmp_path):
     cfg = parse_config(text)
     pool = cfg.pools[0]
     hostile = '${file("/etc/hostname")}'
-    r = images.render(cfg, pool, "aws", version=OLD, sandbox=False, base_image=hostile)
+    r = images.render(cfg, pool, "aws", version=OLD, base_image=hostile)
     (tmp_path / "aws.pkr.hcl").write_text(r.files["aws.pkr.hcl"])
     out = subprocess.run([PACKER, "inspect", "aws.pkr.hcl"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
@@ -342,7 +352,7 @@ class RollOps(RollsBackRollouts):
     `state` says (None: none yet). Stand-in for AwsOps; the Terraform run is stubbed too."""
 
     cloud = "aws"
-    sandbox = False
+    endpoints = REAL_CLOUDS
 
     def __init__(self, state=None):
         self.state, self.begun, self.rolled_back = state, [], 0
@@ -401,7 +411,7 @@ def rolled(tmp_path, monkeypatch):
     cfg = load_config(f)
     ops = RollOps()
     res = runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
-                                confirm=lambda q: True, sandbox=True, outdir=tmp_path / "out")
+                                confirm=lambda q: True, outdir=tmp_path / "out")
     assert (res.key, res.from_value, res.to_value) == ("aws.ami_id", None, AMI)
     assert f.read_text() != original and f"      ami_id: {AMI}\n" in f.read_text()
     return f, original, ops, applied
@@ -412,7 +422,7 @@ def _rollback(f, ops, tmp_path):
 
     cfg = load_config(f)
     return runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", ops, confirm=lambda q: True,
-                                    sandbox=True, outdir=tmp_path / "out")
+                                    outdir=tmp_path / "out")
 
 
 def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_path):
@@ -456,7 +466,7 @@ def test_rollback_before_the_rollout_began_removes_the_added_line(tmp_path, monk
     cfg = load_config(f)
     with pytest.raises(OperationFailed, match="the apply did not finish"):
         runtime.rollout_start(cfg, f, cfg.pools[0], "aws", RollOps(), node_image=AMI,
-                              confirm=lambda q: True, sandbox=True, outdir=tmp_path / "out")
+                              confirm=lambda q: True, outdir=tmp_path / "out")
     assert f.read_text() != original
     out = _rollback(f, RollOps(), tmp_path)
     assert out["how"] == "file" and f.read_text() == original
@@ -516,7 +526,7 @@ def test_a_no_after_the_plan_summary_puts_the_file_and_record_back(tmp_path, mon
     with pytest.raises(OperationFailed, match="^acme-chat-70b-aws: not confirmed; nothing was "
                                               "changed$"):
         runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
-                              confirm=confirm, sandbox=True, outdir=tmp_path / "out")
+                              confirm=confirm, outdir=tmp_path / "out")
     assert planned == [(AMI, True)]
     [question] = asked
     assert question.startswith(f"start rollout of acme-chat-70b-aws: aws.ami_id None -> {AMI} "

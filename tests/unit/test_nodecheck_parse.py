@@ -16,9 +16,15 @@ from pathlib import Path
 import pytest
 
 from poolctl import nodecheck as nc
+from poolctl.clouds import Cloud
 from poolctl.config import load_config, parse_config
+from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from tests.configs import pool_yaml
+
+# What --sandbox resolves to, as far as plan_work looks (no sandbox needed).
+SANDBOX_LIKE = CloudEndpoints(flag="--sandbox", clouds=frozenset({Cloud.aws}), loopback_only=True)
+LOOPBACK_ONLY = CloudEndpoints(flag="--sandbox", loopback_only=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
@@ -382,8 +388,8 @@ def test_plan_work_discovery(cfg, monkeypatch):
     monkeypatch.delenv("POOLCTL_GCE_ENDPOINT", raising=False)
     seen = []
 
-    def discover(c, pool, cloud, sandbox):
-        seen.append((pool.name, cloud, sandbox))
+    def discover(c, pool, cloud, endpoints):
+        seen.append((pool.name, cloud, endpoints))
         return ["10.40.1.7", "10.40.1.12"] if cloud == "aws" else []
 
     work = nc.plan_work(cfg, cfg.targets(None, "aws"), None, default_port=2222,
@@ -394,23 +400,25 @@ def test_plan_work_discovery(cfg, monkeypatch):
                                               "us-central1"):
         nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
     with pytest.raises(UsageError, match="--sandbox: the sandbox emulates AWS only"):
-        nc.plan_work(cfg, cfg.targets(None, None), None, sandbox=True, discover=discover)
+        nc.plan_work(cfg, cfg.targets(None, None), None, endpoints=SANDBOX_LIKE,
+                     discover=discover)
 
 
 def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
-    def discover(c, pool, cloud, sandbox):
+    def discover(c, pool, cloud, endpoints):
         return [("10.128.0.9", "acme-chat-70b-0a1b", "us-central1-b")]
 
     [(host, spec)] = nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
     assert host == nc.Host("10.128.0.9", 22, "acme-chat-70b-0a1b", region="us-central1",
                            zone="us-central1-b", project="acme-prod")
     assert spec.cloud == "gcp"
-    # GCP "in the sandbox" is the Compute Engine fake named by POOLCTL_GCE_ENDPOINT, and
-    # its fake private addresses are not connected to directly either.
-    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", "http://127.0.0.1:9")
+    # Endpoints whose node addresses are not real (loopback only), on any cloud: a fake
+    # private address is not connected to directly, only through a proxy command.
+    fake_addresses = CloudEndpoints(flag="--sandbox", loopback_only=True)
     with pytest.raises(UsageError, match="node address 10.128.0.9 of pool chat-70b is a fake"):
-        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, sandbox=True, discover=discover)
-    assert len(nc.plan_work(cfg, cfg.targets(None, "gcp"), None, sandbox=True,
+        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, endpoints=fake_addresses,
+                     discover=discover)
+    assert len(nc.plan_work(cfg, cfg.targets(None, "gcp"), None, endpoints=fake_addresses,
                             discover=discover, direct=False)) == 1
 
 
@@ -557,10 +565,11 @@ def test_proxy_command_needs_what_only_discovery_knows():
     ({"access": "telnet"}, "--access telnet: use one of ssh, instance-connect, iap"),
     ({"access": "iap", "identity": Path("/k")}, "--identity: iap logs in with a key made"),
     ({"access": "iap", "user": "ubuntu"}, "--user: with --access iap poolctl logs in as your"),
-    ({"access": "iap", "sandbox": True}, "--access iap with --sandbox needs --proxy-command"),
+    ({"access": "iap", "endpoints": LOOPBACK_ONLY},
+     "--access iap with --sandbox needs --proxy-command"),
     ({"access": "instance-connect", "identity": Path("/k")}, "--identity: instance-connect"),
     ({"proxy_command": "relay 'unclosed"}, "--proxy-command: cannot split it"),
-    ({"access": "instance-connect", "sandbox": True}, "needs --proxy-command"),
+    ({"access": "instance-connect", "endpoints": SANDBOX_LIKE}, "needs --proxy-command"),
 ])
 def test_access_options_are_checked_before_any_connection(kwargs, needle):
     with pytest.raises(UsageError, match=re.escape(needle)):

@@ -11,6 +11,7 @@ import pytest
 from poolctl import runtime
 from poolctl.clouds.base import Group, QuotaLine
 from poolctl.config import parse_config
+from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed
 from tests.configs import pool_yaml
 
@@ -22,7 +23,7 @@ class ApplyOps:
     """The cloud as a rollout that has not started sees it: a group, room in the quota."""
 
     cloud = "aws"
-    sandbox = False
+    endpoints = REAL_CLOUDS
 
     def find_group(self, cfg, pool):
         return Group(cloud="aws", name="acme-chat-70b", region="us-east-1", min_nodes=1,
@@ -60,14 +61,14 @@ def test_rollback_from_another_directory_restores_the_recorded_file(tmp_path, mo
     with pytest.raises(OperationFailed, match="the apply did not finish"):
         runtime.rollout_start(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
                               ApplyOps(), image=NEW, confirm=lambda q: True,
-                              sandbox=True, outdir=Path("cdktf.out"))
+                                       outdir=Path("cdktf.out"))
     assert NEW in (team / "poolctl.yaml").read_text()
     record = runtime.load_record(cfg, cfg.pools[0], "aws")
     assert record["file"] == str((team / "poolctl.yaml").resolve())
 
     monkeypatch.chdir(other)
     out = runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
-                                   ApplyOps(), confirm=_no, sandbox=True,
+                                   ApplyOps(), confirm=_no,
                                    outdir=Path("cdktf.out"))
     assert out["how"] == "file"
     assert (team / "poolctl.yaml").read_text() == FILE  # restored
@@ -86,6 +87,6 @@ def test_a_record_with_a_relative_path_is_not_guessed(tmp_path, monkeypatch, cap
         "from": "vllm/vllm-openai:v0.11.0", "to": NEW, "status": "applied",
         "rollout_id": None, "action": "start"}, new=True)
     runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws", ApplyOps(),
-                             confirm=_no, sandbox=True, outdir=Path("cdktf.out"))
+                             confirm=_no, outdir=Path("cdktf.out"))
     assert NEW in (tmp_path / "poolctl.yaml").read_text()
     assert "set serving.image=vllm/vllm-openai:v0.11.0 in it by hand" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from poolctl.clouds.aws import quota_code
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RequestsQuota
 from poolctl.config import parse_config
 from poolctl.contract.aws import refresh_api_preferences, refresh_percentages
+from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import plan_pool
 from tests.configs import pool_yaml
@@ -142,7 +143,7 @@ class FakeOps(RequestsQuota):
     requests (the capability), as both clouds do."""
 
     cloud = "aws"
-    sandbox = False
+    endpoints = REAL_CLOUDS
 
     def __init__(self, group: Group, granted: float, others: float = 0) -> None:
         self.group, self.granted, self.others = group, granted, others
@@ -430,7 +431,7 @@ def _no(q):
 def test_rollback_before_the_rollout_started_only_restores_the_file(tmp_path, monkeypatch):
     f, cfg = _recorded(tmp_path, monkeypatch, "applied", None)
     out = runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(None), confirm=_no,
-                                   sandbox=True, outdir=tmp_path / "out")
+                                   outdir=tmp_path / "out")
     assert (out["how"], out["to"]) == ("file", "vllm/vllm-openai:v0.11.0")
     assert changed_lines(FILE, f.read_text()) == []  # back to the original, comment kept
     assert runtime.load_record(cfg, cfg.pools[0], "aws")["status"] == "rolled_back"
@@ -442,7 +443,7 @@ def test_rollback_after_an_automatic_rollback_only_restores_the_file(tmp_path, m
     f, cfg = _recorded(tmp_path, monkeypatch, "started", "r-1")
     done = RolloutState("r-1", "rolled_back", True, 0.0)
     out = runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
-                                   sandbox=True, outdir=tmp_path / "out")
+                                   outdir=tmp_path / "out")
     assert out["how"] == "already_rolled_back"
     assert changed_lines(FILE, f.read_text()) == []
 
@@ -454,7 +455,7 @@ def test_rollback_refuses_a_file_edited_since(tmp_path, monkeypatch, capsys):
     f.write_text(FILE.replace("v0.11.0", "v0.13.0"))  # someone moved on by hand
     done = RolloutState("r-1", "rolled_back", True, 0.0)
     runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
-                             sandbox=True, outdir=tmp_path / "out")
+                             outdir=tmp_path / "out")
     assert "v0.13.0" in f.read_text()
     assert "neither vllm/vllm-openai:v0.12.0 nor vllm/vllm-openai:v0.11.0; left as is" in (
         capsys.readouterr().err)

@@ -2,8 +2,9 @@
 
 Every client retries throttling and 5xx with adaptive backoff (10 attempts); every list call
 goes through its paginator. The pool's group is found by the contract's tags only
-(`poolctl:project`, `poolctl:pool`, `poolctl:role`), never by its name. With `sandbox=True`
-the clients talk to `poolctl sandbox` with its test credentials.
+(`poolctl:project`, `poolctl:pool`, `poolctl:role`), never by its name. Its clients go where
+the `CloudEndpoints` it is made with say: AWS itself, or one endpoint (the sandbox) with that
+endpoint's credentials.
 
 Capabilities (poolctl.clouds.base): quota requests, cancel, rollback, the queue metric, the
 warm sizes a deploy keeps, and the group maximum a rollout's surge raises. Not
@@ -28,6 +29,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.catalog import load_catalog
+from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
     CancelsRollouts,
@@ -46,6 +48,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
@@ -89,16 +92,17 @@ def retry_config() -> Any:
     return BotoConfig(retries={"mode": "adaptive", "max_attempts": 10})
 
 
-def make_ops(sandbox: bool = False) -> AwsOps:
-    return AwsOps(sandbox=sandbox)
+def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
+    return AwsOps(endpoints)
 
 
 class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
              KeepsWarmSizes, BoundsGroupMaximum):
     cloud = "aws"
 
-    def __init__(self, sandbox: bool = False) -> None:
-        self.sandbox = sandbox
+    def __init__(self, endpoints: CloudEndpoints = REAL_CLOUDS) -> None:
+        endpoints.require(Cloud.aws)
+        self.endpoints = endpoints
         self._clients: dict[tuple[str, str], Any] = {}
         self._session = None
 
@@ -109,11 +113,9 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
         if key not in self._clients:
             import boto3
 
-            if self.sandbox:
-                from poolctl.sandbox import manager
-
+            if self.endpoints.aws is not None:
                 self._clients[key] = boto3.client(
-                    service, config=retry_config(), **manager.client_kwargs(region))
+                    service, config=retry_config(), **self.endpoints.aws.client_kwargs(region))
             else:
                 if self._session is None:
                     self._session = boto3.session.Session()
@@ -150,8 +152,8 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
                 fix = "see the message; nothing else was changed by this call"
             raise OperationFailed(f"aws {what}: {code}: {msg} ({fix})") from None
         except EndpointConnectionError as e:
-            fix = ("is the sandbox running? `poolctl sandbox start`" if self.sandbox
-                   else "check the network, the region and any proxy settings")
+            fix = (self.endpoints.unreachable_fix
+                   or "check the network, the region and any proxy settings")
             raise OperationFailed(f"aws {what}: cannot reach {e.kwargs.get('endpoint_url')} "
                                   f"({fix})") from None
         except NoCredentialsError:

@@ -53,19 +53,21 @@ def _absent(e: Exception) -> bool:
 
 # Lookups: (client factory, the resource's block with references resolved) -> [(id, tags)].
 Client = Callable[[str], Any]
-Lookup = Callable[[Client, dict], list[tuple[str, dict[str, str]]]]
+# (id, tags) of each resource a lookup finds.
+Candidates = list[tuple[str, dict[str, str]]]
+Lookup = Callable[[Client, dict[str, Any]], Candidates]
 _REF = re.compile(r"\$\{(aws_\w+\.[\w-]+)\.(\w+)\}")
 
 
-def _resolve(value: Any, known: dict[str, dict]) -> Any:
+def _resolve(value: Any, known: dict[str, dict[str, Any]]) -> Any:
     """`${aws_lb.x.arn}` -> the attribute of a resource in the state (or adopted already)."""
     m = _REF.fullmatch(value) if isinstance(value, str) else None
     return (known.get(m[1]) or {}).get(m[2]) if m else value
 
 
-def _by_name(fn: Callable[[Client, str], list[tuple[str, dict[str, str]]]],
+def _by_name(fn: Callable[[Client, str], Candidates],
              attr: str = "name") -> Lookup:
-    def lookup(client: Client, block: dict) -> list[tuple[str, dict[str, str]]]:
+    def lookup(client: Client, block: dict[str, Any]) -> Candidates:
         name = _literal(block.get(attr))
         if name is None:
             return []
@@ -78,36 +80,36 @@ def _by_name(fn: Callable[[Client, str], list[tuple[str, dict[str, str]]]],
     return lookup
 
 
-def _launch_template(c: Client, name: str):
+def _launch_template(c: Client, name: str) -> Candidates:
     lts = c("ec2").describe_launch_templates(LaunchTemplateNames=[name])["LaunchTemplates"]
     return [(t["LaunchTemplateId"], _tags(t.get("Tags"))) for t in lts]
 
 
-def _group(c: Client, name: str):
+def _group(c: Client, name: str) -> Candidates:
     groups = c("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=[name])["AutoScalingGroups"]
     return [(g["AutoScalingGroupName"], _tags(g.get("Tags"))) for g in groups]
 
 
-def _role(c: Client, name: str):
+def _role(c: Client, name: str) -> Candidates:
     role = c("iam").get_role(RoleName=name)["Role"]
     return [(role["RoleName"], _tags(role.get("Tags")))]
 
 
-def _profile(c: Client, name: str):
+def _profile(c: Client, name: str) -> Candidates:
     p = c("iam").get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
     return [(p["InstanceProfileName"], _tags(p.get("Tags")))]
 
 
-def _log_group(c: Client, name: str):
+def _log_group(c: Client, name: str) -> Candidates:
     logs = c("logs")
     groups = logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"]
     return [(g["logGroupName"], _tags(logs.list_tags_log_group(logGroupName=name)["tags"]))
             for g in groups if g["logGroupName"] == name]
 
 
-def _elb(kind: str) -> Callable[[Client, str], list]:
-    def lookup(c: Client, name: str):
+def _elb(kind: str) -> Callable[[Client, str], Candidates]:
+    def lookup(c: Client, name: str) -> Candidates:
         elbv2 = c("elbv2")
         if kind == "lb":
             arns = [x["LoadBalancerArn"]
@@ -123,7 +125,7 @@ def _elb(kind: str) -> Callable[[Client, str], list]:
     return lookup
 
 
-def _listener(c: Client, block: dict):
+def _listener(c: Client, block: dict[str, Any]) -> Candidates:
     lb_arn, port = _literal(block.get("load_balancer_arn")), block.get("port")
     if lb_arn is None or port is None:
         return []
@@ -137,7 +139,7 @@ def _listener(c: Client, block: dict):
     return [(a, tags.get(a, {})) for a in arns]
 
 
-def _kms_key_of_alias(c: Client, alias: str):
+def _kms_key_of_alias(c: Client, alias: str) -> Candidates:
     kms = c("kms")
     key = kms.describe_key(KeyId=alias)["KeyMetadata"]
     if key.get("KeyState") in ("PendingDeletion", "PendingReplicaDeletion"):
@@ -146,7 +148,7 @@ def _kms_key_of_alias(c: Client, alias: str):
     return [(key["KeyId"], tags)]
 
 
-def _alias(c: Client, alias: str):
+def _alias(c: Client, alias: str) -> Candidates:
     return [(alias, tags) for _, tags in _kms_key_of_alias(c, alias)]
 
 
@@ -168,7 +170,7 @@ _GONE = {"deleted", "deleting", "failed", "rejected", "expired"}
 def _ec2(kind: str, contract: dict[str, str]) -> Lookup:
     call, key, id_key = _EC2[kind]
 
-    def lookup(c: Client, block: dict):
+    def lookup(c: Client, block: dict[str, Any]) -> Candidates:
         if kind == "aws_security_group":
             name = _literal(block.get("name"))
             flt = [{"Name": "group-name", "Values": [name]}] if name else None
@@ -189,7 +191,7 @@ def _sg_rule(egress: bool) -> Lookup:
     or referenced group); its own tags (Terraform sets them in the Authorize call) prove it
     poolctl's. Interrupts land between Authorize and the state write as easily as elsewhere,
     and a re-run then fails with InvalidPermission.Duplicate."""
-    def lookup(c: Client, block: dict):
+    def lookup(c: Client, block: dict[str, Any]) -> Candidates:
         group = _literal(block.get("security_group_id"))
         if group is None:
             return []
@@ -223,7 +225,7 @@ def lookups(contract: dict[str, str]) -> dict[str, Lookup]:
     }
 
 
-def _key_alias(config: dict, key_name: str) -> str | None:
+def _key_alias(config: dict[str, Any], key_name: str) -> str | None:
     """The literal alias name of the key `aws_kms_key.<key_name>`: how its key is found."""
     ref = f"${{aws_kms_key.{key_name}."
     for block in (config.get("resource", {}).get("aws_kms_alias") or {}).values():
@@ -237,7 +239,8 @@ def _denied(e: Exception) -> str | None:
     return code if "AccessDenied" in code or "Unauthorized" in code else None
 
 
-def find(client: Client, config: dict, state: dict[str, dict], contract: dict[str, str],
+def find(client: Client, config: dict[str, Any], state: dict[str, dict[str, Any]],
+         contract: dict[str, str],
          on_denied: Callable[[str, str], None] = lambda address, code: None) -> list[Found]:
     """Resources of `config` (cdk.tf.json) missing from `state` (address -> attributes) that
     exist in AWS with the `contract` tags and are not in the state under another address.

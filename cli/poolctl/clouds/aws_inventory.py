@@ -4,7 +4,10 @@ clients, retries and one-line errors of `AwsOps`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from poolctl import naming
+from poolctl.clouds import Cloud
 from poolctl.clouds.aws import AwsOps
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
@@ -12,7 +15,7 @@ from poolctl.errors import OperationFailed
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
 
 
-def _tag_filters(cfg: Config, pool: Pool) -> list[dict]:
+def _tag_filters(cfg: Config, pool: Pool) -> list[dict[str, Any]]:
     return [{"Key": k, "Values": [v]} for k, v in naming.aws_tags(cfg, pool).items()]
 
 
@@ -20,6 +23,7 @@ def endpoint(ops: AwsOps, cfg: Config, pool: Pool) -> Endpoint | None:
     """The pool's load balancer (tagged like everything poolctl creates) and the listener
     clients use: HTTPS when there is one (a certificate is set), else HTTP. None when no
     load balancer carries the pool's tags."""
+    assert pool.aws is not None  # called for the pool's aws placement
     region = pool.aws.region
     tagging = ops.client("resourcegroupstaggingapi", region)
     arns = [m["ResourceARN"]
@@ -47,7 +51,7 @@ def endpoint(ops: AwsOps, cfg: Config, pool: Pool) -> Endpoint | None:
     proto, port = min(listeners, key=lambda lp: (lp[0] != "HTTPS", lp[1]))
     return Endpoint(scheme=proto.lower(), host=lb["DNSName"], port=int(port),
                     internal=lb.get("Scheme") == "internal",
-                    api_key_secret=pool.api_key_secret("aws"))
+                    api_key_secret=pool.api_key_secret(Cloud.aws))
 
 
 def list_pools(ops: AwsOps, region: str, project: str | None = None) -> list[PoolRow]:
@@ -74,6 +78,7 @@ def log_events(ops: AwsOps, cfg: Config, pool: Pool, start_ms: int) -> list[LogE
     """The events of the pool's log group from `start_ms` on, oldest first."""
     from botocore.exceptions import ClientError
 
+    assert pool.aws is not None  # called for the pool's aws placement
     region, group = pool.aws.region, contract.log_group_name(cfg, pool)
     logs = ops.client("logs", region)
     out = []

@@ -9,8 +9,8 @@ the model): a cloud's class inherits the ones it offers, and the runtime asks
 `isinstance(ops, Capability)` before using one, never a string set or a `getattr` probe.
 
 Each cloud module (`poolctl.clouds.aws`, `poolctl.clouds.gcp`) exposes
-`make_ops(sandbox: bool) -> CloudOps`; `poolctl.runtime.get_ops` imports it lazily, so
-`--help` never loads a cloud SDK.
+`make_ops(endpoints: CloudEndpoints) -> CloudOps` (where its calls go, resolved at the CLI
+edge); `poolctl.runtime.get_ops` imports it lazily, so `--help` never loads a cloud SDK.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from poolctl.config import Config, Pool
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.sizing import PoolPlan
 
 
@@ -205,8 +206,9 @@ class CloudOps(ABC):
     classes below, inherited by the clouds that have them."""
 
     cloud: ClassVar[str]
-    # Talking to `poolctl sandbox` (progress polls faster there).
-    sandbox: bool = False
+    # Where the calls go (the real cloud, or the sandbox's endpoint and credentials); waits
+    # poll at its pace.
+    endpoints: CloudEndpoints = REAL_CLOUDS
 
     @abstractmethod
     def find_group(self, cfg: Config, pool: Pool) -> Group:

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
+from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
     CancelsRollouts,
     CloudOps,
@@ -83,7 +84,6 @@ from poolctl.clouds.base import (
 )
 from poolctl.clouds.gcp_api import (
     _MIG_REF,
-    ENDPOINT_ENV,
     GceApi,
     _created,
     _last,
@@ -92,6 +92,7 @@ from poolctl.clouds.gcp_api import (
 )
 from poolctl.config import Config, Pool
 from poolctl.contract import gcp as contract
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
@@ -1036,12 +1037,11 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         return sum(newest) / len(newest)
 
 
-def make_ops(sandbox: bool = False, contact_email: str | None = None) -> GcpOps:
-    """The GCP runtime for commands. The sandbox emulates AWS only; a GCP endpoint other than
-    Google's (a local fake in tests) comes from POOLCTL_GCE_ENDPOINT. `contact_email`: for
-    Cloud Quotas increase requests (`quota request --contact-email`, else the
-    POOLCTL_QUOTA_CONTACT_EMAIL environment variable)."""
-    if sandbox and not os.environ.get(ENDPOINT_ENV):
-        raise UsageError(f"--sandbox: the sandbox emulates AWS only; drop --sandbox for GCP, "
-                         f"or set {ENDPOINT_ENV} to a Compute Engine endpoint")
+def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS, contact_email: str | None = None
+             ) -> GcpOps:
+    """The GCP runtime for commands. The sandbox emulates AWS only (refused here); a GCP
+    endpoint other than Google's (a local fake in tests) comes from POOLCTL_GCE_ENDPOINT.
+    `contact_email`: for Cloud Quotas increase requests (`quota request --contact-email`,
+    else the POOLCTL_QUOTA_CONTACT_EMAIL environment variable)."""
+    endpoints.require(Cloud.gcp)
     return GcpOps(contact_email=contact_email)

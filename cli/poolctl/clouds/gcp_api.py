@@ -9,13 +9,18 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from poolctl.clouds.base import (
     Group,
 )
 from poolctl.errors import OperationFailed, UsageError
+
+if TYPE_CHECKING:
+    from google.api_core.retry import Retry
 
 ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
 OSLOGIN_API = "https://oslogin.googleapis.com"
@@ -51,10 +56,12 @@ def _email_of(creds: Any) -> str | None:
 
 def _error_message(r: Any) -> str:
     """The message of a Google REST error answer (`{"error": {"message": ...}}`)."""
+    message: str
     try:
-        return r.json()["error"]["message"]
+        message = r.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        return r.text[:200]
+        message = r.text[:200]
+    return message
 
 
 def _created(t: Any) -> datetime:
@@ -68,7 +75,8 @@ def _created(t: Any) -> datetime:
 class GceApi:
     """The calls `GcpOps` makes, each with its retries and its one-line failure."""
 
-    def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
+    def __init__(self, *, client_options: dict[str, Any] | Any | None = None,
+                 credentials: Any = None,
                  retry_initial_s: float = 1.0, retry_deadline_s: float = 300.0,
                  call_timeout_s: float = 60.0, operation_timeout_s: float = 900.0) -> None:
         if client_options is None and os.environ.get(ENDPOINT_ENV):
@@ -81,7 +89,7 @@ class GceApi:
         if credentials is None and endpoint.startswith("http://"):
             from google.auth.credentials import AnonymousCredentials
 
-            credentials = AnonymousCredentials()
+            credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth: __init__ unannotated
         self._client_options = client_options
         self._credentials = credentials
         self._retry_initial_s = retry_initial_s
@@ -91,12 +99,12 @@ class GceApi:
         self._clients: dict[str, Any] = {}
         self._rest_session: tuple[Any, str] | None = None
         self._endpoint = endpoint.rstrip("/")
-        self._retry_obj = None
+        self._retry_obj: Retry | None = None
 
     # ------------------------------------------------------------------ plumbing
 
     @staticmethod
-    def _compute():
+    def _compute() -> ModuleType:
         try:
             from google.cloud import compute_v1
         except ImportError:
@@ -104,12 +112,12 @@ class GceApi:
                              "pip install 'poolctl[gcp]'") from None
         return compute_v1
 
-    def _client(self, name: str):
+    def _client(self, name: str) -> Any:
         if name not in self._clients:
             self._clients[name] = self._build(name)
         return self._clients[name]
 
-    def _build(self, name: str):
+    def _build(self, name: str) -> Any:
         from google.auth import exceptions as auth_exc
 
         try:
@@ -130,7 +138,7 @@ class GceApi:
                 "or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file"
             ) from None
 
-    def _retry(self):
+    def _retry(self) -> Retry:
         if self._retry_obj is None:
             import requests
             from google.api_core import exceptions as gexc
@@ -149,8 +157,8 @@ class GceApi:
             )
         return self._retry_obj
 
-    def _call(self, what: str, fn, *, not_found_ok: bool = False,
-              timeout: float | None = None, **kw):
+    def _call(self, what: str, fn: Callable[..., Any], *, not_found_ok: bool = False,
+              timeout: float | None = None, **kw: Any) -> Any:
         """One API call (lists: the whole pager) with retries; failures become one line.
         NotFound is raised as is when the caller has its own words for it."""
         import requests
@@ -175,14 +183,15 @@ class GceApi:
         except requests.exceptions.RequestException as e:
             raise OperationFailed(f"GCP {what}: {_one_line(e)}") from None
 
-    def _lookup(self, what: str, fn, **kw):
+    def _lookup(self, what: str, fn: Callable[..., Any], **kw: Any) -> Any:
         """`_call` for callers that turn NotFound into words of their own."""
         return self._call(what, fn, not_found_ok=True, **kw)
 
-    def _wait(self, op, project: str, region: str | None, what: str) -> None:
+    def _wait(self, op: Any, project: str, region: str | None, what: str) -> None:
         """Wait for a region operation (a global one with `region` None) through the
         injected operations client."""
         compute_v1 = self._compute()
+        where: dict[str, Any]
         if region is None:
             ops, where, scope = self._client("GlobalOperationsClient"), {}, "--global"
         else:
@@ -211,7 +220,7 @@ class GceApi:
                                   "MIG link; find the group with find_group first")
         return m.group(1), m.group(2), m.group(3)
 
-    def _get_mig(self, project: str, region: str, name: str):
+    def _get_mig(self, project: str, region: str, name: str) -> Any:
         from google.api_core import exceptions as gexc
 
         try:
@@ -228,12 +237,12 @@ class GceApi:
         """instances.aggregatedList under `filter`: (zone key, InstancesScopedList) of every
         page, through the endpoint override like every other call."""
         compute_v1 = self._compute()
-        return self._call(f"list instances of {project}",
-                          self._client("InstancesClient").aggregated_list,
-                          request=compute_v1.AggregatedListInstancesRequest(
-                              project=project, filter=filter))
+        scoped: list[tuple[str, Any]] = self._call(
+            f"list instances of {project}", self._client("InstancesClient").aggregated_list,
+            request=compute_v1.AggregatedListInstancesRequest(project=project, filter=filter))
+        return scoped
 
-    def _rest(self):
+    def _rest(self) -> tuple[Any, str]:
         """(AuthorizedSession, base URL) for OS Login, which has no client library here:
         the endpoint override (anonymous, as above) or Google's."""
         if self._rest_session is None:
@@ -250,7 +259,7 @@ class GceApi:
                     raise UsageError(
                         "GCP credentials: none found; run `gcloud auth application-default "
                         "login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
-            self._rest_session = (AuthorizedSession(creds), base)
+            self._rest_session = (AuthorizedSession(creds), base)  # type: ignore[no-untyped-call]  # google-auth: __init__ unannotated
         return self._rest_session
 
     def caller_account(self) -> str:
@@ -265,6 +274,7 @@ class GceApi:
         fix = ("use a service account key (GOOGLE_APPLICATION_CREDENTIALS) or `gcloud auth "
                "application-default login` (its token carries the email scope)")
         session, base = self._rest()
+        email: str | None
         try:
             if base.startswith("http://"):
                 path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
@@ -275,7 +285,7 @@ class GceApi:
                 from google.oauth2 import service_account
 
                 try:
-                    email = service_account.Credentials.from_service_account_file(
+                    email = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth: unannotated
                         path).service_account_email
                 except (OSError, ValueError, KeyError) as e:
                     raise UsageError(f"GOOGLE_APPLICATION_CREDENTIALS={path}: not a service "
@@ -303,7 +313,7 @@ class GceApi:
                              f"as; {fix}")
         return email
 
-    def _oslogin(self, method: str, path: str, what: str, **kw) -> dict:
+    def _oslogin(self, method: str, path: str, what: str, **kw: Any) -> dict[str, Any]:
         """One OS Login call; an error becomes one line (403: the role that is missing)."""
         import requests
 
@@ -313,7 +323,8 @@ class GceApi:
         except requests.exceptions.RequestException as e:
             raise OperationFailed(f"GCP OS Login {what}: {_one_line(e)}") from None
         if r.ok:
-            return r.json() if r.content.strip() else {}
+            answer: dict[str, Any] = r.json() if r.content.strip() else {}
+            return answer
         hint = ("; the caller needs roles/compute.osAdminLogin (or osLogin) on the project"
                 if r.status_code == 403 else "")
         raise OperationFailed(f"GCP OS Login {what}: {r.status_code} "
@@ -354,13 +365,13 @@ class GceApi:
             if " 404 " not in str(e):  # gone already (expired): what was wanted
                 raise
 
-    def _monitoring(self, path: str, params: dict, what: str) -> dict:
+    def _monitoring(self, path: str, params: dict[str, Any], what: str) -> dict[str, Any]:
         """One Cloud Monitoring v3 GET."""
         return self.google_rest("GET", MONITORING_API, f"v3/{path}", what, api="Monitoring",
                                 role="roles/monitoring.viewer", params=params)
 
     def google_rest(self, method: str, base: str, path: str, what: str, *, api: str,
-                    role: str, **kw) -> dict:
+                    role: str, **kw: Any) -> dict[str, Any]:
         """One call to a Google REST API read without a client library (Monitoring, Logging)
         through the session OS Login uses, at the endpoint override or `base`; an error
         becomes one line (403: the `role` the caller lacks)."""
@@ -373,7 +384,8 @@ class GceApi:
         except requests.exceptions.RequestException as e:
             raise OperationFailed(f"GCP {api} {what}: {_one_line(e)}") from None
         if r.ok:
-            return r.json()
+            answer: dict[str, Any] = r.json()
+            return answer
         hint = f"; the caller needs {role} on the project" if r.status_code == 403 else ""
         raise OperationFailed(f"GCP {api} {what}: {r.status_code} "
                               f"{_one_line(_error_message(r))}{hint}")

@@ -16,7 +16,9 @@ import re
 from datetime import UTC, datetime
 
 from poolctl import naming
-from poolctl.clouds.gcp import GcpOps, _last
+from poolctl.clouds import Cloud
+from poolctl.clouds.gcp import GcpOps
+from poolctl.clouds.gcp_api import _last
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed
 from poolctl.inventory import Endpoint, LogEvent, PoolRow, rfc3339_ms
@@ -28,6 +30,7 @@ _DESCRIPTION = re.compile(r"poolctl \S+: (\S+) v\S+")
 
 def endpoint(ops: GcpOps, cfg: Config, pool: Pool) -> Endpoint | None:
     p = pool.gcp
+    assert p is not None  # called for the pool's gcp placement
     labels = naming.gcp_labels(cfg, pool)
     rules = [r for r in ops._call("list forwarding rules",
                                   ops._client("ForwardingRulesClient").list,
@@ -44,11 +47,13 @@ def endpoint(ops: GcpOps, cfg: Config, pool: Pool) -> Endpoint | None:
     return Endpoint(scheme="https" if "/targetHttpsProxies/" in r.target else "http",
                     host=r.I_p_address, port=port,
                     internal=r.load_balancing_scheme.startswith("INTERNAL"),
-                    api_key_secret=pool.api_key_secret("gcp"))
+                    api_key_secret=pool.api_key_secret(Cloud.gcp))
 
 
 def list_pools(ops: GcpOps, region: str, project: str | None) -> list[PoolRow]:
     """The MIGs in `project`/`region` whose template carries `poolctl-role=inference`."""
+    # `project` is optional for the aws module's sake; `ls --cloud gcp` always gives one.
+    assert project is not None
     templates = {t.name: t for t in ops._labelled_templates(
         project, {naming.LABEL_ROLE: naming.ROLE})}
     migs = ops._call("list MIGs", ops._client("RegionInstanceGroupManagersClient").list,

@@ -23,9 +23,11 @@ from poolctl.commands.common import (
     confirm,
     console,
     emit_json,
+    endpoints_of,
     load,
     targets,
 )
+from poolctl.endpoints import CloudEndpoints
 
 
 def check_out(out: Path) -> None:
@@ -107,7 +109,7 @@ def _render_summary(name, summary) -> None:
                   markup=False, soft_wrap=True)
 
 
-def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
+def _deploy_preflight(cfg, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool):
     """Before a deploy synthesizes anything: the quota its peak needs (a shortfall stops it,
     one line each, unless --skip-quota-check; --plan-only only reports), and the sizes
     `poolctl warm` set, which the apply keeps until `warm --reset`."""
@@ -118,7 +120,7 @@ def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
 
         out, short = [], []
         for p, c in tgts:
-            ops = runtime.get_ops(c, sandbox)
+            ops = runtime.get_ops(c, endpoints)
             if not skip_quota:
                 try:
                     short += [f"{p.name}/{c}: {line}"
@@ -138,28 +140,29 @@ def _deploy_preflight(cfg, sandbox: bool, skip_quota: bool, plan_only: bool):
     return check
 
 
-def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out, mirror,
+def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox: bool, out, mirror,
          json_out, skip_quota_check: bool = False, verbose: bool = False) -> None:
     from poolctl.deploy import run_stacks
 
     check_out(out)
     cfg = load(file)
-    tgts = cloud_targets(cfg, pool, cloud, sandbox)
+    endpoints = endpoints_of(sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if not destroy:
         require_valid(cfg, tgts)
     from poolctl.runtime import deploy_before_apply
 
     results = run_stacks(
-        cfg, tgts, outdir=out, sandbox=sandbox, destroy=destroy, plan_only=plan_only,
+        cfg, tgts, outdir=out, endpoints=endpoints, destroy=destroy, plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
         # With --json the summary is in the JSON; stdout carries nothing else.
         render_summary=(lambda name, summary: None) if json_out else _render_summary,
-        preflight=None if destroy else _deploy_preflight(cfg, sandbox, skip_quota_check,
+        preflight=None if destroy else _deploy_preflight(cfg, endpoints, skip_quota_check,
                                                          plan_only),
         verbose=verbose,
         before_apply=None if destroy else deploy_before_apply(tgts),
     )
-    leftovers = _kept_versions(cfg, tgts, results, sandbox) if destroy else {}
+    leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
                    **({"deleted_templates": leftovers} if leftovers else {})})
@@ -170,7 +173,7 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox, out
                 sys.stdout.write(f"{r.stack}: {k} = {v}\n")
 
 
-def _kept_versions(cfg, tgts, results, sandbox: bool) -> dict[str, dict]:
+def _kept_versions(cfg, tgts, results, endpoints: CloudEndpoints) -> dict[str, dict]:
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete
     those too."""
@@ -179,7 +182,7 @@ def _kept_versions(cfg, tgts, results, sandbox: bool) -> dict[str, dict]:
 
     out = {}
     for (p, cl), r in zip(tgts, results, strict=True):
-        if not r.applied or not isinstance(ops := get_ops(cl, sandbox), StepsRollouts):
+        if not r.applied or not isinstance(ops := get_ops(cl, endpoints), StepsRollouts):
             continue
         done = ops.delete_pool_templates(cfg, p)
         for line in done["failed"]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from poolctl.clouds import Cloud
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from poolctl.config import Config, Pool
@@ -59,15 +60,26 @@ def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Po
     return cfg.targets(pool, cloud_value(cloud))
 
 
-def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
-               ) -> Cloud:
-    """--cloud of a command that acts on one cloud: as given; AWS with --sandbox (the sandbox
-    emulates AWS only); else the one placement the selected pools have; else one line naming
-    the choices (exit 2)."""
+def endpoints_of(sandbox: bool) -> CloudEndpoints:
+    """Where this command's cloud calls go, resolved once here at the edge: the real clouds,
+    or with --sandbox the running sandbox (a line saying how to start it when none runs).
+    Outside `poolctl sandbox ...`, this is the only code that loads the sandbox package."""
+    if not sandbox:
+        return REAL_CLOUDS
+    from poolctl.sandbox import manager
+
+    return manager.endpoints()
+
+
+def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
+               endpoints: CloudEndpoints = REAL_CLOUDS) -> Cloud:
+    """--cloud of a command that acts on one cloud: as given; the one cloud the endpoints
+    reach (AWS with --sandbox: the sandbox emulates AWS only); else the one placement the
+    selected pools have; else one line naming the choices (exit 2)."""
     if cloud is not None:
         return cloud
-    if sandbox:
-        return Cloud.aws
+    if len(endpoints.clouds) == 1:
+        return next(iter(endpoints.clouds))
     pools = cfg.select(pool)
     clouds = [c.value for c in Cloud if any(p.placement(c.value) for p in pools)]
     if len(clouds) == 1:
@@ -79,16 +91,19 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool
                      f"{' or '.join(f'--cloud {c}' for c in clouds)}")
 
 
-def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
-                  ) -> list[tuple[Pool, str]]:
-    """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`)."""
-    return targets(cfg, pool, pick_cloud(cfg, pool, cloud, sandbox))
+def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
+                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[tuple[Pool, str]]:
+    """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`), which the
+    endpoints must reach."""
+    picked = pick_cloud(cfg, pool, cloud, endpoints)
+    endpoints.require(picked)
+    return targets(cfg, pool, picked)
 
 
-def one_target(cfg: Config, pool: str | None, cloud: Cloud | None, sandbox: bool = False
-               ) -> tuple[Pool, str]:
+def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
+               endpoints: CloudEndpoints = REAL_CLOUDS) -> tuple[Pool, str]:
     """The single (pool, cloud) a command that changes one pool acts on."""
-    tgts = cloud_targets(cfg, pool, cloud, sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:
         from poolctl.errors import UsageError
 

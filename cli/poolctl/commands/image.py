@@ -16,6 +16,7 @@ from poolctl.commands.common import (
     SandboxOpt,
     console,
     emit_json,
+    endpoints_of,
     load,
     one_target,
 )
@@ -42,8 +43,9 @@ def build(
 
     path = find_config(file)
     cfg = load(path)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    res = images.build(cfg, path, p, c, sandbox=sandbox, dry_run=dry_run)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run)
     if json_out:
         emit_json(res.to_json())
     elif dry_run:
@@ -70,8 +72,9 @@ def list_(
     from poolctl import images
 
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    rows = images.list_images(cfg, p, c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    rows = images.list_images(cfg, p, c, endpoints)
     if json_out:
         emit_json({"pool": p.name, "cloud": c, "images": [asdict(r) for r in rows]})
         return
@@ -97,8 +100,9 @@ def prune(
     from poolctl import images
 
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    out = images.prune(cfg, p, c, sandbox, keep)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    out = images.prune(cfg, p, c, endpoints, keep)
     if json_out:
         emit_json(out)
     else:

@@ -19,6 +19,7 @@ from poolctl.commands.common import (
     cloud_targets,
     console,
     emit_json,
+    endpoints_of,
     load,
 )
 
@@ -91,7 +92,8 @@ def check(
     from poolctl.errors import OperationFailed, UsageError
 
     cfg = load(file)
-    tgts = cloud_targets(cfg, pool, cloud, sandbox)
+    endpoints = endpoints_of(sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if access is None:
         # The pool's own way in, when every target has one (and no --host names nodes).
         own = {"aws": lambda p: p.aws.node_access, "gcp": lambda p: p.gcp.node_access}
@@ -106,12 +108,12 @@ def check(
                          "--cloud gcp, or use --access instance-connect for AWS")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,
                                 timeout=timeout, access=access, proxy_command=proxy_command,
-                                sandbox=sandbox)
-    work = nodecheck.plan_work(cfg, tgts, host, default_port=port, sandbox=sandbox,
+                                endpoints=endpoints)
+    work = nodecheck.plan_work(cfg, tgts, host, default_port=port, endpoints=endpoints,
                                direct=opts.proxy_command is None)
     who = opts.user
     if opts.os_login is not None:
-        who = f"the OS Login user of {opts.os_login.prepare(sandbox)}"
+        who = f"the OS Login user of {opts.os_login.prepare(endpoints)}"
     sys.stderr.write(f"checking {len(work)} node(s) over SSH as {who} ...\n")
 
     def progress(res) -> None:

@@ -16,6 +16,7 @@ from poolctl.commands.common import (
     cloud_targets,
     console,
     emit_json,
+    endpoints_of,
     load,
     one_target,
 )
@@ -55,12 +56,13 @@ def warm(
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
     sys.stderr.write(result.message + "\n")
     if wait and result.mode != "reset":
-        hint = runtime.watch_hint(c, file, p, sandbox)
+        hint = runtime.watch_hint(c, file, p, endpoints)
         result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
     if json_out:
         emit_json(result.to_json())
@@ -80,8 +82,9 @@ def status(
 
     cfg = load(file)
     out, unread, endpoints = [], set(), []
-    for p, c in cloud_targets(cfg, pool, cloud, sandbox):
-        ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    for p, c in cloud_targets(cfg, pool, cloud, endpoints):
+        ops = runtime.get_ops(c, endpoints)
         if not isinstance(ops, PublishesQueueMetric):
             unread.add(c)
         out.append(runtime.status(cfg, p, c, ops))

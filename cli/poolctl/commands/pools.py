@@ -18,28 +18,27 @@ from poolctl.commands.common import (
     PoolOpt,
     SandboxOpt,
     emit_json,
+    endpoints_of,
     load,
     one_target,
 )
+from poolctl.endpoints import CloudEndpoints
 
 
-def _ls_where(cloud: Cloud | None, region: str | None, project: str | None, sandbox: bool
-              ) -> tuple[str, str, str | None]:
+def _ls_where(cloud: Cloud | None, region: str | None, project: str | None,
+              endpoints: CloudEndpoints) -> tuple[str, str, str | None]:
     """(cloud, region, GCP project) of `ls`, which reads no file: flags, then the clouds' own
-    environment variables."""
+    environment variables (and the sandbox's region)."""
     from poolctl.errors import UsageError
 
     if cloud is None:
-        if not sandbox:
+        if len(endpoints.clouds) != 1:
             raise UsageError("--cloud: ls reads no file to take the cloud from; pick one with "
                              "--cloud aws or --cloud gcp")
-        cloud = Cloud.aws
+        cloud = next(iter(endpoints.clouds))
+    endpoints.require(cloud)
     if cloud == Cloud.aws:
-        if sandbox:
-            from poolctl.sandbox import manager
-
-            return "aws", manager.region_or_default(region), None
-        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        region = endpoints.aws_region(region)
         if not region:
             import boto3
 
@@ -48,8 +47,6 @@ def _ls_where(cloud: Cloud | None, region: str | None, project: str | None, sand
             raise UsageError("--region: no AWS region given or configured; add --region, "
                              "e.g. --region us-east-1")
         return "aws", region, None
-    if sandbox:
-        raise UsageError("--sandbox: the sandbox emulates AWS only; use --cloud aws")
     region = region or os.environ.get("CLOUDSDK_COMPUTE_REGION")
     project = (project or os.environ.get("GOOGLE_CLOUD_PROJECT")
                or os.environ.get("CLOUDSDK_CORE_PROJECT"))
@@ -77,8 +74,9 @@ def ls(
     from poolctl import runtime
     from poolctl.inventory import cloud_module, printable
 
-    c, where, gcp_project = _ls_where(cloud, region, project, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    c, where, gcp_project = _ls_where(cloud, region, project, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     rows = cloud_module(c).list_pools(ops, where, gcp_project)
     if json_out:
         emit_json({"cloud": c, "region": where, "pools": [r.to_json() for r in rows]})
@@ -118,8 +116,9 @@ def logs(
 
     start_ms = int((time.time() - since_seconds(since)) * 1000)
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     mod = cloud_module(c)
 
     shown = 0

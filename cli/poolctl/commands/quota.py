@@ -19,6 +19,7 @@ from poolctl.commands.common import (
     confirm,
     console,
     emit_json,
+    endpoints_of,
     load,
 )
 
@@ -35,12 +36,13 @@ ContactOpt = Annotated[
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
-def _lines(file, pool, cloud, sandbox, contact_email: str | None = None):
+def _lines(file, pool, cloud, sandbox: bool, contact_email: str | None = None):
     from poolctl import runtime
 
     cfg = load(file)
-    tgts = cloud_targets(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(tgts[0][1], sandbox, contact_email=contact_email)
+    endpoints = endpoints_of(sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(tgts[0][1], endpoints, contact_email=contact_email)
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
     seen: set[tuple] = set()

@@ -26,6 +26,7 @@ from poolctl.commands.common import (
     confirm,
     console,
     emit_json,
+    endpoints_of,
     load,
     one_target,
 )
@@ -126,17 +127,18 @@ def start(
                          "give --image IMAGE (and no --node-image)")
     path = _config_path(file)
     cfg = load(path)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     with _stdout_to_stderr(json_out):
         if node_image == "latest":
             from poolctl import images
 
-            node_image = images.latest_image(cfg, p, c, sandbox)
+            node_image = images.latest_image(cfg, p, c, endpoints)
         if build_image:
             from poolctl import images
 
-            built = images.build(cfg, path, p, c, sandbox=sandbox, dry_run=False,
+            built = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=False,
                                  serving_image=image)
             sys.stderr.write(f"{p.name}: node image {built.image_id} carries {image}; the next "
                              "apply launches nodes from it\n")
@@ -145,14 +147,14 @@ def start(
         res = runtime.rollout_start(
             cfg, path, p, c, ops, image=image, model_version=model_version,
             node_image=node_image, no_surge=no_surge,
-            confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox, outdir=out,
+            confirm=lambda q: confirm(q, auto_approve), outdir=out,
             mirror=provider_mirror, render_summary=_render_summary, verbose=verbose,
         )
     data = res.to_json()
     final = None
     try:
         if wait and res.rollout is not None:
-            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
             final, res.progress = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
             data = res.to_json()
             data["final"] = asdict(final) if final else None
@@ -176,8 +178,9 @@ def status(
     from poolctl import runtime
 
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    data = runtime.rollout_status(cfg, p, c, runtime.get_ops(c, sandbox))
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    data = runtime.rollout_status(cfg, p, c, runtime.get_ops(c, endpoints))
     if json_out:
         emit_json(data)
         return
@@ -223,18 +226,19 @@ def rollback(
 
     path = _config_path(file)
     cfg = load(path)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
-            cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve), sandbox=sandbox,
+            cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
             outdir=out, mirror=provider_mirror, render_summary=_render_summary,
             verbose=verbose)
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None
     try:
         if wait and data["how"] in ("cloud_rollback", "new_rollout"):
-            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
             final, data["progress"] = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
             data["final"] = asdict(final) if final else None
     finally:
@@ -257,8 +261,9 @@ def cancel(
     from poolctl import runtime
 
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud, sandbox)
-    ops = runtime.get_ops(c, sandbox)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(c, endpoints)
     state = runtime.rollout_cancel(cfg, p, c, ops)
     data = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
     sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
@@ -267,7 +272,7 @@ def cancel(
     final = None
     try:
         if wait and not state.done:
-            hint = runtime.watch_hint(c, file, p, sandbox, "rollout status")
+            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
             final, data["progress"] = runtime.wait_rollout(cfg, p, c, ops, timeout, hint)
             data["final"] = asdict(final) if final else None
     finally:

@@ -230,7 +230,7 @@ def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt
     """
     from poolctl.sandbox import manager
 
-    endpoint = manager.require_running()
+    endpoint = manager.endpoint()
     groups: list[str | None] = [None]
     if pool is not None:
         where = manager.region_or_default(region)
@@ -286,7 +286,7 @@ def approve_quota(
     from poolctl.errors import OperationFailed
     from poolctl.sandbox import manager
 
-    endpoint = manager.require_running()
+    endpoint = manager.endpoint()
     # The id is data: quoted into the path, never able to name another endpoint.
     path = f"/_poolctl/quota-requests/{urllib.parse.quote(request_id, safe='')}"
     try:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poolctl.config import Config, Pool, parse_config
+from poolctl.config import Config, Loc, Pool, parse_config
 from poolctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 # The config file, edited in place (one scalar line; comments and layout kept)
 
 
-def _value_node(text: str, path: tuple) -> yaml.Node | None:
+def _value_node(text: str, path: Loc) -> yaml.Node | None:
     import yaml
 
     from poolctl.config import _LineLoader
@@ -62,7 +63,7 @@ def _render_scalar(value: str, style: str | None) -> str:
     return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
 
 
-def edit_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
+def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
                 ) -> tuple[str, str, int]:
     """Replace the scalar at `path` with `value`: (new text, old value, line number).
 
@@ -90,7 +91,7 @@ def edit_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
     return new_text, node.value, node.start_mark.line + 1
 
 
-def set_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
+def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
                ) -> tuple[str, str | None, int]:
     """`edit_scalar`, or, when the key is not written (its default applies), one new line
     `key: value` at the top of its block-style mapping: (new text, old value or None, line)."""
@@ -114,7 +115,7 @@ def set_scalar(text: str, path: tuple, value: str, source: str = "poolctl.yaml"
     return new_text, None, first.line + 1
 
 
-def unset_scalar(text: str, path: tuple, source: str = "poolctl.yaml"
+def unset_scalar(text: str, path: Loc, source: str = "poolctl.yaml"
                  ) -> tuple[str, str | None, int | None]:
     """The inverse of `set_scalar` adding a line: remove the one line `key: value` at `path`,
     so that the default applies again: (new text, old value or None, line or None). A key
@@ -127,6 +128,7 @@ def unset_scalar(text: str, path: tuple, source: str = "poolctl.yaml"
     if pair is None:
         return text, None, None
     k, v = pair
+    assert isinstance(parent, yaml.MappingNode)  # the pair is one of its own
     start = text.rfind("\n", 0, k.start_mark.index) + 1
     end = text.find("\n", v.end_mark.index)
     end = len(text) if end < 0 else end + 1
@@ -163,11 +165,11 @@ def _rollout_key(label: str) -> str:
     return next(k for k, v in ROLLOUT_LABELS.items() if v == label)
 
 
-def _edit(key: str):
+def _edit(key: str) -> Callable[..., tuple[str, str | None, int]]:
     return set_scalar if key in NODE_IMAGE_KEYS.values() else edit_scalar
 
 
-def _write_key(key: str, text: str, path: tuple, value: str | None, source: str
+def _write_key(key: str, text: str, path: Loc, value: str | None, source: str
                ) -> tuple[str, str | None, int | None]:
     """The file's text with `value` for `key`; None (node images only): the line removed."""
     if value is None:
@@ -176,7 +178,7 @@ def _write_key(key: str, text: str, path: tuple, value: str | None, source: str
 
 
 def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: str | None
-                   ) -> tuple[Config, str, bool, int]:
+                   ) -> tuple[Config, str | None, bool, int | None]:
     """Write `value` for `key` (a ROLLOUT_KEYS key) of `pool` into the file (None: remove a
     node image's line): (re-parsed config, old value, changed?, line)."""
     idx = [p.name for p in cfg.pools].index(pool.name)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
     CloudOps,
@@ -19,7 +21,7 @@ from poolctl.sizing import PoolPlan, plan_pool, quota_key
 # Quota
 
 
-def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict]:
+def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict[str, Any]]:
     """The plan's quota needs for `nodes` nodes running at once instead of its peak."""
     peak = plan.nodes["max"] + plan.nodes["surge"] + (
         plan.nodes["warm"] if plan.warm_state == "running" else 0)
@@ -30,8 +32,8 @@ def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict]:
     return out
 
 
-def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
-                       needs: list[dict]) -> list[QuotaLine]:
+def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps,
+                       needs: list[dict[str, Any]]) -> list[QuotaLine]:
     """`needs` of `pool` against the quotas, each summed with the peak needs of every other
     pool of the file that draws on the same quota (`quota_key`): one grant must hold them
     all, so deciding for one pool alone would promise the others' share twice. Each line
@@ -60,7 +62,7 @@ def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     return lines
 
 
-def quota_check(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[QuotaLine]:
+def quota_check(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> list[QuotaLine]:
     """The peak needs (max nodes + surge + running warm nodes) of the pool and of every pool
     sharing its quotas against those quotas."""
     return shared_quota_lines(cfg, pool, cloud, ops, plan_pool(pool, cloud).quotas)
@@ -77,7 +79,7 @@ def shortfall_line(line: QuotaLine) -> str:
             f"({needs} beside {others:g} in use by others, granted {granted})")
 
 
-def quota_request(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+def quota_request(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps,
                   lines: list[QuotaLine] | None = None) -> list[QuotaRequest]:
     """File an increase to `granted + shortfall` for each short quota; an increase already
     open is returned (already_open=True), never filed twice."""

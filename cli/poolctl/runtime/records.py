@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
@@ -23,11 +24,11 @@ def rollouts_dir() -> Path:
     return poolctl_home() / "rollouts"
 
 
-def record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
+def record_path(cfg: Config, pool: Pool, cloud: Cloud | str) -> Path:
     return rollouts_dir() / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
 
-def load_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict | None:
+def load_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, Any] | None:
     try:
         data = json.loads(record_path(cfg, pool, cloud).read_text())
     except (OSError, ValueError):
@@ -35,7 +36,8 @@ def load_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict | None:
     return data.get("current") if isinstance(data, dict) else None
 
 
-def save_record(cfg: Config, pool: Pool, cloud: Cloud, rec: dict, new: bool = False) -> None:
+def save_record(cfg: Config, pool: Pool, cloud: Cloud | str, rec: dict[str, Any],
+                new: bool = False) -> None:
     from poolctl.home import write_private
 
     p = record_path(cfg, pool, cloud)
@@ -49,10 +51,10 @@ def save_record(cfg: Config, pool: Pool, cloud: Cloud, rec: dict, new: bool = Fa
     write_private(p, json.dumps(data, indent=2) + "\n")
 
 
-def _annotate(state: RolloutState, rec: dict | None) -> None:
+def _annotate(state: RolloutState, rec: dict[str, Any] | None) -> None:
     """Name what rolls (image / model version) when the record matches this rollout."""
     if rec and rec.get("rollout_id") == state.id:
-        def v(x) -> str:  # a launch template version number (AWS), a template name (GCP)
+        def v(x: object) -> str:  # a launch template version number (AWS), a template name (GCP)
             return f"v{x}" if str(x).isdigit() else str(x)
 
         state.from_version = f"{rec['key']}={rec['from']} ({v(rec.get('group_version_from'))})"

@@ -95,7 +95,6 @@ def rollout_start(
     unset_node_image: bool = False,
     no_surge: bool = False,
     confirm: Callable[[str], bool],
-    sandbox: bool,
     outdir: Path,
     mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
@@ -217,7 +216,7 @@ def rollout_start(
         env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
         try:
             res = run_stacks(
-                new_cfg, [(new_pool, cloud)], outdir=outdir, sandbox=sandbox, destroy=False,
+                new_cfg, [(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints, destroy=False,
                 plan_only=False, confirm=confirm_rollout, mirror=mirror,
                 render_summary=render_summary, extra_env=env,
                 before_apply=_keep_previous_version(ops, pool), verbose=verbose,
@@ -365,7 +364,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
     t0 = time.monotonic()
     seen: list[dict] = []
     last = None
-    interval = poll_interval(ops.sandbox)
+    interval = poll_interval(ops.endpoints)
     # Clouds whose rollout cannot pause by itself (GCP canaries) are stepped from here; such
     # a rollout holds at its step while nobody watches.
     advance = ops.rollout_advance if isinstance(ops, StepsRollouts) else None
@@ -500,7 +499,7 @@ def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> Roll
 
 def rollout_rollback(
     cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, ops: CloudOps, *,
-    confirm: Callable[[str], bool], sandbox: bool, outdir: Path, mirror: str | None = None,
+    confirm: Callable[[str], bool], outdir: Path, mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
     verbose: bool = False,
 ) -> dict:
@@ -566,9 +565,9 @@ def rollout_rollback(
         file_path, cfg = recorded, load_config(recorded)
         pool = cfg.select(pool.name)[0]
     res = rollout_start(cfg, file_path, pool, cloud, ops, **back,
-                        no_surge=bool(rec.get("no_surge")), confirm=confirm, sandbox=sandbox,
-                        outdir=outdir, mirror=mirror, render_summary=render_summary,
-                        action="rollback", verbose=verbose)
+                        no_surge=bool(rec.get("no_surge")), confirm=confirm, outdir=outdir,
+                        mirror=mirror, render_summary=render_summary, action="rollback",
+                        verbose=verbose)
     out.update(how="new_rollout", rollout=asdict(res.rollout) if res.rollout else None,
                message=res.message)
     return out

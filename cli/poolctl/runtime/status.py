@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
@@ -36,5 +37,5 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
 
 
 
-def node_json(n: NodeState) -> dict:
+def node_json(n: NodeState) -> dict[str, Any]:
     return asdict(n)

@@ -256,7 +256,7 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
     ready: dict[str, float] = {}
     already: set[str] | None = None
     last = None
-    interval = poll_interval(ops.sandbox)
+    interval = poll_interval(ops.endpoints)
     progress = Progress().start()  # a live line on a terminal, else one line per change
     try:
         while True:

@@ -158,9 +158,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from poolctl import naming
+
+T = TypeVar("T")
 
 EXTENSIONS = (
     "autoscaling.instance-refresh",
@@ -229,11 +231,12 @@ def _group(backend: Any, name: str | None) -> Any:
     return group
 
 
-def _store(obj: Any, name: str, factory: Callable[[], Any]) -> Any:
+def _store(obj: Any, name: str, factory: Callable[[], T]) -> T:
     """Per-object state kept in the object's __dict__, so moto's reset drops it too."""
     if name not in obj.__dict__:
         obj.__dict__[name] = factory()
-    return obj.__dict__[name]
+    value: T = obj.__dict__[name]
+    return value
 
 
 def _warm(group: Any) -> list[Any]:
@@ -257,7 +260,8 @@ def _launch_hooks(backend: Any, group: Any) -> list[Any]:
 
 
 def _ec2_state(instance: Any) -> str:
-    return instance._state.name
+    name: str = instance._state.name
+    return name
 
 
 def _resolve_template(ec2: Any, spec: dict[str, Any]) -> Any:
@@ -822,7 +826,7 @@ class _Refresh:
         return out
 
 
-_PREF_DEFAULTS = {
+_PREF_DEFAULTS: dict[str, Any] = {
     "MinHealthyPercentage": 90,
     "SkipMatching": False,
     "AutoRollback": False,
@@ -948,7 +952,7 @@ def _batch_size(r: _Refresh, group: Any) -> int:
     return max(1, math.floor(desired * maxh / 100) - math.ceil(desired * minh / 100))
 
 
-def _replace(backend: Any, group: Any, old: Any, version: Any | None) -> Any | None:
+def _replace(backend: Any, group: Any, old: Any, version: Any | None) -> Any:
     """Terminate one group instance and launch its replacement; returns the new state."""
     group.instance_states.remove(old)
     _terminate(backend, [old.instance.id])
@@ -1301,7 +1305,8 @@ def _applied_list(backend: Any, service: str) -> list[dict[str, Any]]:
 
 
 def _sq_params(self: Any) -> dict[str, Any]:
-    return json.loads(self.body or "{}")
+    params: dict[str, Any] = json.loads(self.body or "{}")
+    return params
 
 
 def _sq_get_service_quota(self: Any) -> str:
@@ -1845,7 +1850,7 @@ def _answer_once(app: Callable[..., Any], environ: dict[str, Any], start_respons
     with _LOCK:
         seen = _attempts.get(inv)
         first = seen is None
-        if first:
+        if seen is None:
             seen = _attempts[inv] = {"done": threading.Event(), "answer": None}
             while len(_attempts) > RETRY_MEMORY:
                 del _attempts[next(iter(_attempts))]
@@ -1876,7 +1881,7 @@ def _live_backends() -> dict[tuple[str, str, str], Any]:
     from moto.core.base_backend import BackendDict
 
     return {(bd.service_name, account, region): backend
-            for bd in list(BackendDict._instances)
+            for bd in list(BackendDict._instances)  # type: ignore[misc]  # moto: a class-level registry not declared ClassVar
             for account, region, backend in bd.iter_backends()}
 
 
@@ -1887,7 +1892,7 @@ def _backends_kept(live: dict[tuple[str, str, str], Any]) -> dict[int, Any]:
     from moto.core.base_backend import BackendDict
 
     memo: dict[int, Any] = {id(backend): backend for backend in live.values()}
-    for bd in list(BackendDict._instances):
+    for bd in list(BackendDict._instances):  # type: ignore[misc]  # moto: a class-level registry not declared ClassVar
         memo[id(bd)] = bd
         for per_account in bd.values():
             memo[id(per_account)] = per_account
@@ -1933,10 +1938,11 @@ def _api_action(environ: dict[str, Any]) -> str | None:
     import io
     from urllib.parse import parse_qs
 
-    target = environ.get("HTTP_X_AMZ_TARGET")
+    target: str | None = environ.get("HTTP_X_AMZ_TARGET")
     if target:
         return target.rsplit(".", 1)[-1]
-    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
+    query: str = environ.get("QUERY_STRING", "")
+    action = parse_qs(query).get("Action")
     if action:
         return action[0]
     length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -1971,7 +1977,7 @@ def _take_fault(action: str | None) -> float | None:
             return None
         fault["times"] -= 1
         if fault["times"] <= 0:
-            del _faults[action]
+            del _faults[action or ""]
         return float(fault["delay_s"])
 
 
@@ -2114,20 +2120,20 @@ def install() -> None:
             _expire_actions(self.autoscaling_backend)
             return orig_call_action(self)
 
-    AutoScalingResponse.call_action = call_action
-    AutoScalingResponse.create_auto_scaling_group = _wrap_create_group(
+    AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: under the lock
+    AutoScalingResponse.create_auto_scaling_group = _wrap_create_group(  # type: ignore[method-assign]  # moto extension: wrapped
         AutoScalingResponse.create_auto_scaling_group
     )
-    AutoScalingResponse.update_auto_scaling_group = _wrap_update_group(
+    AutoScalingResponse.update_auto_scaling_group = _wrap_update_group(  # type: ignore[method-assign]  # moto extension: wrapped
         AutoScalingResponse.update_auto_scaling_group
     )
-    AutoScalingResponse.put_scaling_policy = _wrap_put_scaling_policy(
+    AutoScalingResponse.put_scaling_policy = _wrap_put_scaling_policy(  # type: ignore[method-assign]  # moto extension: wrapped
         AutoScalingResponse.put_scaling_policy
     )
-    LaunchTemplates.create_launch_template = _wrap_create_launch_template(
+    LaunchTemplates.create_launch_template = _wrap_create_launch_template(  # type: ignore[method-assign]  # moto extension: wrapped
         LaunchTemplates.create_launch_template
     )
-    SecurityGroupRule.description = property(_rule_description)
+    SecurityGroupRule.description = property(_rule_description)  # type: ignore[method-assign,assignment]  # moto extension: a property replaced
     for name, fn in {
         "start_instance_refresh": _start_instance_refresh,
         "describe_instance_refreshes": _describe_instance_refreshes,
@@ -2148,11 +2154,11 @@ def install() -> None:
             for instance in _run_instances(self, remaining, _group_version(self), propagated_tags):
                 self.instance_states.append(_new_group_state(backend, self, instance))
 
-    group_cls.replace_autoscaling_group_instances = replace_instances
-    group_cls.active_instances = lambda self: [
+    group_cls.replace_autoscaling_group_instances = replace_instances  # type: ignore[method-assign]  # moto extension: warm pool first
+    group_cls.active_instances = lambda self: [  # type: ignore[method-assign]  # moto extension: Pending counts
         s for s in self.instance_states if s.lifecycle_state in _CAPACITY_STATES
     ]
-    group_cls.warm_pool_size = property(
+    group_cls.warm_pool_size = property(  # type: ignore[attr-defined]  # moto extension: new attribute
         lambda self: len(_warm(self)) if self.__dict__.get("warm_pool") is not None else None
     )
 
@@ -2164,7 +2170,7 @@ def install() -> None:
             if self.__dict__.get("warm_pool") is not None or _warm(self):
                 _reconcile_warm_pool(self)
 
-    group_cls.set_desired_capacity = set_desired_capacity
+    group_cls.set_desired_capacity = set_desired_capacity  # type: ignore[method-assign]  # moto extension: warm pool kept
 
     def after(method: str, fn: Callable[..., None]) -> None:
         orig = getattr(backend_cls, method)
@@ -2200,23 +2206,25 @@ def install() -> None:
             refreshes = _refreshes(self)
             refreshes[:] = [r for r in refreshes if r.group_name != group_name]
 
-    backend_cls.delete_auto_scaling_group = delete_auto_scaling_group
-    backend_cls.notify_terminate_instances = _locked(backend_cls.notify_terminate_instances)
+    backend_cls.delete_auto_scaling_group = delete_auto_scaling_group  # type: ignore[method-assign]  # moto extension: children too
+    backend_cls.notify_terminate_instances = _locked(  # type: ignore[method-assign]  # moto extension: under the lock
+        backend_cls.notify_terminate_instances)
 
     orig_lt = state_cls.launch_template
 
     def launch_template(self: Any) -> dict[str, Any] | None:
         lt = self.instance.__dict__.get("_poolctl_lt")
         if lt is None:
-            return orig_lt.fget(self)
+            stock: dict[str, Any] | None = orig_lt.fget(self)  # type: ignore[attr-defined]  # moto: launch_template is a property
+            return stock
         return {"LaunchTemplateId": lt[0].id, "LaunchTemplateName": lt[0].name,
                 "Version": str(lt[1])}
 
-    state_cls.launch_template = property(launch_template)
+    state_cls.launch_template = property(launch_template)  # type: ignore[method-assign,assignment]  # moto extension: a property replaced
 
     from moto.ec2.responses.launch_templates import LaunchTemplates
 
-    LaunchTemplates.create_launch_template_version = _wrap_create_launch_template_version(
+    LaunchTemplates.create_launch_template_version = _wrap_create_launch_template_version(  # type: ignore[method-assign]  # moto extension: wrapped
         LaunchTemplates.create_launch_template_version)
 
     # Service Quotas: ec2 next to moto's vpc.
@@ -2226,7 +2234,7 @@ def install() -> None:
         with _LOCK:
             return orig_sq_call(self)
 
-    ServiceQuotasResponse.call_action = sq_call_action
+    ServiceQuotasResponse.call_action = sq_call_action  # type: ignore[method-assign]  # moto extension: under the lock
     for name, fn in {
         "get_service_quota": _sq_get_service_quota,
         "get_aws_default_service_quota": _sq_get_aws_default_service_quota,
@@ -2251,15 +2259,18 @@ def install() -> None:
             _snapshots.clear()
             _attempts.clear()
 
-    MotoAPIBackend.reset = reset
+    MotoAPIBackend.reset = reset  # type: ignore[method-assign]  # moto extension: resets poolctl state too
     reset_quotas()
 
     from moto.ec2instanceconnect.responses import Ec2InstanceConnectResponse
 
-    Ec2InstanceConnectResponse.send_ssh_public_key = _send_ssh_public_key
+    Ec2InstanceConnectResponse.send_ssh_public_key = _send_ssh_public_key  # type: ignore[method-assign]  # moto extension: keys kept
     from moto.ec2.responses import EC2Response
 
-    EC2Response.create_instance_connect_endpoint = _create_instance_connect_endpoint
-    EC2Response.describe_instance_connect_endpoints = _describe_instance_connect_endpoints
-    EC2Response.delete_instance_connect_endpoint = _delete_instance_connect_endpoint
+    for name, fn in {
+        "create_instance_connect_endpoint": _create_instance_connect_endpoint,
+        "describe_instance_connect_endpoints": _describe_instance_connect_endpoints,
+        "delete_instance_connect_endpoint": _delete_instance_connect_endpoint,
+    }.items():
+        setattr(EC2Response, name, fn)
     _installed = True

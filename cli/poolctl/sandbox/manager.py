@@ -3,8 +3,9 @@
 State lives in `$POOLCTL_HOME/sandbox` (default `~/.poolctl/sandbox`): `state.json` (pid,
 port, endpoint, log path) and `server.log`; `deploy/` and `state/` hold the workdirs and
 Terraform state of `deploy --sandbox`, removed when the sandbox stops or a new one starts
-(the emulator keeps its resources in memory only). Other commands reach the running sandbox through
-`endpoint()`, `client_kwargs()`, `client()` and `boto3_session()`, with the test credentials.
+(the emulator keeps its resources in memory only). Other commands reach the running sandbox
+through `endpoints()`, which the CLI edge (`poolctl.commands.common.endpoints_of`) resolves once for
+`--sandbox` and hands to the library as `poolctl.endpoints.CloudEndpoints`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
+from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 
@@ -349,9 +351,39 @@ def endpoint(home: Path | str | None = None) -> str:
     return str(state["endpoint"])
 
 
-def require_running(home: Path | str | None = None) -> str:
-    """Alias of endpoint(): the URL of the running sandbox, or a UsageError."""
-    return endpoint(home)
+# The sandbox's nodes boot in seconds (plan / its boot speedup) and a rollout moves one step
+# per look: a wait against it polls each second.
+POLL_S = 1.0
+# Image builds against the sandbox: hold the (simulated) provisioning this long, or fail it
+# there, so tests can interrupt a build or fail one mid-way.
+IMAGE_HOLD_ENV = "POOLCTL_IMAGE_SANDBOX_HOLD_S"
+IMAGE_FAIL_ENV = "POOLCTL_IMAGE_SANDBOX_FAIL"
+
+
+def endpoints(home: Path | str | None = None) -> CloudEndpoints:
+    """`--sandbox` as the library sees it: the running sandbox's endpoint, test credentials
+    and region, its state folder for Terraform, and what an emulator changes (fake node
+    addresses, stand-in images, fast polls). A UsageError saying how to start it when none
+    runs."""
+    from poolctl.clouds import Cloud
+    from poolctl.endpoints import AwsEndpoint
+
+    url = endpoint(home)
+    raw = os.environ.get(IMAGE_HOLD_ENV) or "0"
+    try:
+        hold = max(0, int(raw))
+    except ValueError:
+        raise UsageError(f"{IMAGE_HOLD_ENV}={raw}: not a whole number of seconds; unset it"
+                         ) from None
+    return CloudEndpoints(
+        flag="--sandbox", clouds=frozenset({Cloud.aws}),
+        aws=AwsEndpoint(url, region_or_default(), dict(TEST_CREDENTIALS)),
+        unreachable_fix="is the sandbox running? `poolctl sandbox start`",
+        poll_s=POLL_S, loopback_only=True, stand_in_images=True,
+        terraform_home=state_dir(home),
+        before_deploy=lambda cfg, pool: register_start_times(cfg, pool, home),
+        image_build_hold_s=hold,
+        image_build_fails=os.environ.get(IMAGE_FAIL_ENV, "") not in ("", "0"))
 
 
 def admin(endpoint_url: str, method: str, path: str, body: dict[str, Any] | None = None,
@@ -422,57 +454,12 @@ def region_or_default(region: str | None = None) -> str:
     )
 
 
-def client_kwargs(region: str | None = None, home: Path | str | None = None) -> dict[str, Any]:
-    """Keyword arguments for `boto3.client(service, **kwargs)` aimed at the sandbox."""
-    return {"endpoint_url": endpoint(home), "region_name": region_or_default(region),
-            **TEST_CREDENTIALS}
-
-
 def client(service: str, region: str | None = None, home: Path | str | None = None) -> Any:
+    """A boto3 client of the running sandbox (`poolctl sandbox status`/`boot-nodes`, tests)."""
     import boto3
 
-    return boto3.client(service, **client_kwargs(region, home))
-
-
-def boto3_session(region: str | None = None, home: Path | str | None = None) -> Any:
-    """A boto3 Session whose clients and resources all talk to the sandbox (test credentials)."""
-    import boto3
-
-    url = endpoint(home)
-
-    class SandboxSession(boto3.Session):
-        # botocore takes a configured endpoint only from AWS_ENDPOINT_URL or a config file,
-        # never from a Session argument, so the default is injected per client.
-        def client(self, *args: Any, **kwargs: Any) -> Any:
-            kwargs.setdefault("endpoint_url", url)
-            return super().client(*args, **kwargs)
-
-        def resource(self, *args: Any, **kwargs: Any) -> Any:
-            kwargs.setdefault("endpoint_url", url)
-            return super().resource(*args, **kwargs)
-
-    return SandboxSession(
-        region_name=region_or_default(region),
-        aws_access_key_id=TEST_CREDENTIALS["aws_access_key_id"],
-        aws_secret_access_key=TEST_CREDENTIALS["aws_secret_access_key"],
-        aws_session_token=TEST_CREDENTIALS["aws_session_token"],
-    )
-
-
-def credentials_env(region: str | None = None) -> dict[str, str]:
-    """The sandbox's test credentials and region as environment variables (no endpoint)."""
-    return {
-        "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["aws_secret_access_key"],
-        "AWS_SESSION_TOKEN": TEST_CREDENTIALS["aws_session_token"],
-        "AWS_REGION": region_or_default(region),
-        "AWS_DEFAULT_REGION": region_or_default(region),
-    }
-
-
-def subprocess_env(region: str | None = None, home: Path | str | None = None) -> dict[str, str]:
-    """Environment for a child process (the AWS CLI, SDKs) aimed at the sandbox."""
-    return {"AWS_ENDPOINT_URL": endpoint(home), **credentials_env(region)}
+    return boto3.client(service, endpoint_url=endpoint(home),
+                        region_name=region_or_default(region), **TEST_CREDENTIALS)
 
 
 def inventory(endpoint_url: str, region: str) -> dict[str, Any]:

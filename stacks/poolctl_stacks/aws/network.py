@@ -22,6 +22,9 @@ class Network(Construct):
     def __init__(self, scope: Construct, id: str, *, net: AwsNetwork, name: str,
                  tags: dict[str, str], region: str) -> None:
         super().__init__(scope, id)
+        self.vpc_id: str
+        self.vpc_cidr: str
+        self.subnet_ids: list[str]
         self.created = not net.vpc_id
         if net.vpc_id:
             self.vpc_id = net.vpc_id

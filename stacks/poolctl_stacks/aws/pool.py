@@ -23,7 +23,7 @@ class LoadBalancer(Construct):
     def __init__(self, scope: Construct, id: str, *, name: str, vpc_id: str,
                  subnet_ids: list[str], client_cidrs: list[str], port: int,
                  health_path: str, certificate_arn: str | None,
-                 access_logs_bucket: str | None, access_logs_prefix: str,
+                 access_logs_bucket: str | None, access_logs_prefix: str | None,
                  tags: dict[str, str]) -> None:
         super().__init__(scope, id)
         self.sg = aws("security_group").SecurityGroup(
@@ -119,6 +119,7 @@ class NodeGroup(Construct):
                  tags: dict[str, str]) -> None:
         super().__init__(scope, id)
         placement = pool.aws
+        assert placement is not None  # an aws stack: the pool has an aws placement
         port = pool.serving.port
         self.sg = aws("security_group").SecurityGroup(
             self, "sg", name=f"{name}-nodes", vpc_id=vpc_id, tags=tags,

@@ -6,6 +6,7 @@ from cdktf import S3Backend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import instance_row, plan_pool
@@ -21,10 +22,12 @@ class AwsPoolStack(PoolStack):
     cloud = "aws"
 
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
-        placement = pool.aws
-        row = instance_row(pool, "aws")
+        placement, raw_placement = pool.aws, self.raw_pool.aws
+        # An aws stack is built for a pool's aws placement only (Config.targets).
+        assert placement is not None and raw_placement is not None
+        row = instance_row(pool, Cloud.aws)
         # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, "aws", records=False)
+        plan = plan_pool(pool, Cloud.aws, records=False)
         name = naming.base(cfg, pool)
         tags = naming.aws_tags(cfg, pool)
 
@@ -53,7 +56,7 @@ class AwsPoolStack(PoolStack):
         role = NodeRole(self, "iam", name=name, weights=placement.weights,
                         asg_name=name, log_group_arn=logs.arn, tags=tags,
                         ssm_access=placement.ssm_access,
-                        api_key_secret=pool.api_key_secret("aws"))
+                        api_key_secret=pool.api_key_secret(Cloud.aws))
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,
@@ -63,9 +66,9 @@ class AwsPoolStack(PoolStack):
         nodes = NodeGroup(self, "nodes", cfg=cfg, pool=pool, row=row, plan=plan, name=name,
                           vpc_id=net.vpc_id, subnet_ids=net.subnet_ids, lb=lb,
                           instance_profile_arn=role.profile.arn, user_data=user_data,
-                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, "aws",
+                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, Cloud.aws,
                                                              from_image=True),
-                          ami_id=self.raw_pool.aws.ami_id, tags=tags)
+                          ami_id=raw_placement.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
 
         self.output("autoscaling_group_name", nodes.asg.name, "The pool's Auto Scaling group")

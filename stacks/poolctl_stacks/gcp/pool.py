@@ -60,6 +60,7 @@ class NodeGroup(Construct):
                  user_data: str, image_user_data: str, labels: dict[str, str]) -> None:
         super().__init__(scope, id)
         p = pool.gcp
+        assert p is not None  # a gcp stack: the pool has a gcp placement
         port = pool.serving.port
         cold = int(plan.start_seconds["cold"])
         zones = gcp_zones(pool, row)  # rule region-offered: never empty
@@ -262,6 +263,7 @@ class LoadBalancer(Construct):
                  nodes: NodeGroup, labels: dict[str, str]) -> None:
         super().__init__(scope, id)
         p = pool.gcp
+        assert p is not None  # a gcp stack: the pool has a gcp placement
         short = naming.short(name, 52)
         bes = google("compute_region_backend_service")
         self.backend = bes.ComputeRegionBackendService(

@@ -30,6 +30,7 @@ class QueueAutoscaler(Construct):
                  nodes: NodeGroup) -> None:
         super().__init__(scope, id)
         p, s = pool.gcp, pool.scaling
+        assert p is not None  # a gcp stack: the pool has a gcp placement
         a = google("compute_region_autoscaler")
         fixed = a.ComputeRegionAutoscalerAutoscalingPolicyScaleInControlMaxScaledInReplicas
         self.autoscaler = a.ComputeRegionAutoscaler(

@@ -12,6 +12,7 @@ from cdktf import GcsBackend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
+from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.sizing import instance_row, plan_pool
 from poolctl_stacks._providers import google
@@ -27,9 +28,10 @@ class GcpPoolStack(PoolStack):
 
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.gcp
-        row = instance_row(pool, "gcp")
+        assert placement is not None  # built for a pool's gcp placement only (Config.targets)
+        row = instance_row(pool, Cloud.gcp)
         # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, "gcp", records=False)
+        plan = plan_pool(pool, Cloud.gcp, records=False)
         name = naming.base(cfg, pool)
         labels = naming.gcp_labels(cfg, pool)
         node_tag = f"{naming.short(name, 58)}-node"
@@ -47,12 +49,12 @@ class GcpPoolStack(PoolStack):
 
         sa = NodeServiceAccount(self, "iam", name=name, project=placement.project,
                                 weights=placement.weights,
-                                api_key_secret=pool.api_key_secret("gcp"))
+                                api_key_secret=pool.api_key_secret(Cloud.gcp))
         net = Network(self, "network", placement=placement, name=name,
                       port=pool.serving.port, node_tag=node_tag)
         nodes = NodeGroup(self, "nodes", pool=pool, row=row, plan=plan, name=name, net=net,
                           node_tag=node_tag, sa_email=sa.sa.email, user_data=user_data,
-                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, "gcp",
+                          image_user_data=render_boot_script(self.raw_cfg, self.raw_pool, Cloud.gcp,
                                                              from_image=True),
                           labels=labels)
         lb = LoadBalancer(self, "lb", pool=pool, name=name, net=net, nodes=nodes,

@@ -1,0 +1,98 @@
+"""Where a command's cloud calls go, resolved once at the CLI edge and handed down as data.
+
+The library never asks whether it runs against the sandbox. It takes `CloudEndpoints`:
+`REAL_CLOUDS` (each SDK's own endpoints and credential chain) unless `--sandbox` chose the
+local emulator, which `poolctl.sandbox.manager.endpoints()` resolves (endpoint, test
+credentials, region, state folder) in `poolctl.commands.common.endpoints_of`. Outside
+`poolctl sandbox ...`, that is the only place that imports the sandbox package. Every
+difference an emulator makes is a field here, named for what it changes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from poolctl.clouds import Cloud
+from poolctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from poolctl.config import Config, Pool
+
+
+@dataclass(frozen=True)
+class AwsEndpoint:
+    """One endpoint for every AWS service, with its own credentials (an emulator's)."""
+
+    url: str
+    region: str  # when neither the command nor the config names one
+    credentials: Mapping[str, str] = field(default_factory=dict)  # boto3 keyword names
+
+    def client_kwargs(self, region: str | None = None) -> dict[str, Any]:
+        """boto3.client(service, **these)."""
+        return {"endpoint_url": self.url, "region_name": region or self.region,
+                **self.credentials}
+
+    def env(self, region: str | None = None) -> dict[str, str]:
+        """A child process's environment (Terraform, Packer, the AWS CLI) aimed here:
+        AWS_ENDPOINT_URL as well, so that a service not configured one by one still comes
+        here, never to AWS."""
+        r = region or self.region
+        names = {"aws_access_key_id": "AWS_ACCESS_KEY_ID",
+                 "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+                 "aws_session_token": "AWS_SESSION_TOKEN"}
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_REGION": r, "AWS_DEFAULT_REGION": r,
+                **{names[k]: v for k, v in self.credentials.items() if k in names}}
+
+
+@dataclass(frozen=True)
+class CloudEndpoints:
+    """The clouds a command reaches and how. The defaults are the real clouds."""
+
+    # The flag that chose them, named in hints ("poolctl warm status --sandbox") and
+    # refusals; "" for the real clouds.
+    flag: str = ""
+    clouds: frozenset[Cloud] = frozenset(Cloud)
+    # None: boto3's own chain (environment, profile, instance role) and AWS's endpoints.
+    aws: AwsEndpoint | None = None
+    # What to say when its endpoint cannot be reached; None: check the network.
+    unreachable_fix: str | None = None
+    # Seconds between status polls when the command sets none; None: the command's default.
+    poll_s: float | None = None
+    # Node addresses it reports are not real: connect only to 127.0.0.0/8 (nodes check).
+    loopback_only: bool = False
+    # It has no SSM AMI parameters and runs no instance: deploys and image builds use its
+    # first Amazon image, and Packer's provisioners do not run.
+    stand_in_images: bool = False
+    # Terraform works and keeps its state in this folder (a local backend beside the
+    # emulator) instead of the synth folder with the stack's own backend.
+    terraform_home: Path | None = None
+    # Called before a deploy's apply may launch the pool's nodes (the sandbox learns how long
+    # they take to boot, and boots them in that time).
+    before_deploy: Callable[[Config, Pool], None] | None = None
+    # Image builds only: hold the build this long, or fail it, where provisioning would run
+    # (tests interrupt and fail builds with these).
+    image_build_hold_s: int = 0
+    image_build_fails: bool = False
+
+    def require(self, cloud: Cloud | str) -> None:
+        """Refuse a cloud these endpoints do not reach (the sandbox emulates AWS only)."""
+        if Cloud(cloud) not in self.clouds:
+            reach = " / ".join(f"--cloud {c}" for c in sorted(self.clouds))
+            raise UsageError(f"{self.flag}: the sandbox emulates {self.reaches()} only; "
+                             f"use {reach}")
+
+    def reaches(self) -> str:
+        return " and ".join(c.upper() for c in sorted(self.clouds))
+
+    def aws_region(self, region: str | None = None) -> str | None:
+        """The region a command without a file works in: as given, the environment's, or
+        the endpoint's own."""
+        return (region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                or (self.aws.region if self.aws else None))
+
+
+REAL_CLOUDS = CloudEndpoints()
