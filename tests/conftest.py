@@ -84,6 +84,7 @@ def _weight(item: pytest.Item) -> int:
 
 def _group_name(item: pytest.Item) -> str:
     mark = item.get_closest_marker("xdist_group")
+    assert mark is not None, item.nodeid  # callers ask only of items that have one
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
@@ -294,19 +295,26 @@ def poolctl_env(home: Path | str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_poolctl(home: Path | str, *args: str, timeout: float = 900, **extra: str
-                ) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess; synthesis goes under POOLCTL_HOME, never into the repo."""
+def run_poolctl(home: Path | str, *args: str, timeout: float = 900, child: bool = False,
+                **extra: str) -> subprocess.CompletedProcess:
+    """The real CLI, in this worker as a child would run it (tests/inproc.py: its imports and
+    the jsii kernel load once per worker), or with `child` in a subprocess (signals, the
+    console script itself); synthesis goes under POOLCTL_HOME, never into the repo."""
+    env = poolctl_env(home, **extra)
+    if not child:
+        from tests import inproc
+
+        return inproc.run(args, env=env, cwd=home, timeout=timeout)
     return subprocess.run(
         [sys.executable, "-m", "poolctl", *args], capture_output=True, text=True,
-        env=poolctl_env(home, **extra), cwd=str(home), timeout=timeout,
+        env=env, cwd=str(home), timeout=timeout,
     )
 
 
 def pool_cli(home: Path | str, pool_file: Path) -> Any:
-    """`run(*args, ok=True)`: `poolctl ARGS -f pool_file --sandbox` in a subprocess (polling
-    fast), asserting its exit code (True: 0, an int: that one, False: any). Commands that
-    synthesize (deploy, rollout start/rollback) write beside the file."""
+    """`run(*args, ok=True)`: `poolctl ARGS -f pool_file --sandbox` (polling fast; in this
+    worker, `run_poolctl`), asserting its exit code (True: 0, an int: that one, False: any).
+    Commands that synthesize (deploy, rollout start/rollback) write beside the file."""
     out = pool_file.parent / "cdktf.out"
 
     def run(*args: str, ok: bool | int = True, timeout: float = 900) -> Any:

@@ -94,9 +94,9 @@ def main() -> None:
         sys.exit(130)
     except Exception as e:
         # Usage errors of click (or typer's vendored click): they print themselves.
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+        if hasattr(e, "show") and isinstance(code := getattr(e, "exit_code", None), int):
             e.show()
-            sys.exit(e.exit_code)
+            sys.exit(code)
         raise
     sys.exit(rv if isinstance(rv, int) else 0)
 

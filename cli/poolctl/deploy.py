@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
@@ -28,6 +28,9 @@ from poolctl.terraform import (
     log_path,
 )
 
+if TYPE_CHECKING:
+    from poolctl.clouds.aws_adopt import Found
+
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
 ADOPT_FILE = "poolctl_adopt.tf.json"
 
@@ -36,18 +39,19 @@ ADOPT_FILE = "poolctl_adopt.tf.json"
 class StackResult:
     stack: str
     workdir: str
-    summary: dict = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     applied: bool = False
-    outputs: dict = field(default_factory=dict)
-    timings: dict = field(default_factory=dict)
-    adopted: list = field(default_factory=list)  # addresses imported by `adopt`
-    kept: list = field(default_factory=list)  # runtime sizes the apply keeps, and why
-    sizes: list = field(default_factory=list)  # the plan's size changes (SizeChange.to_json)
-    cost_per_hour_usd: dict = field(default_factory=dict)  # pool_cost
+    outputs: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    adopted: list[str] = field(default_factory=list)  # addresses imported by `adopt`
+    kept: list[str] = field(default_factory=list)  # runtime sizes the apply keeps, and why
+    # the plan's size changes (SizeChange.to_json)
+    sizes: list[dict[str, Any]] = field(default_factory=list)
+    cost_per_hour_usd: dict[str, Any] = field(default_factory=dict)  # pool_cost
     log: str = ""  # Terraform's output
 
 
-def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict:
+def pool_cost(pool: Pool, cloud: Cloud | str, summary: PlanSummary) -> dict[str, Any]:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
@@ -59,11 +63,11 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict:
     sized = summary.size_values
     for key in ("min", "max"):
         for f in (f"{key}_size", f"autoscaling_policy.{key}_replicas"):
-            if isinstance(sized.get(f), int):
-                nodes[key] = sized[f]
+            if isinstance(size := sized.get(f), int):
+                nodes[key] = size
     if sized.get("warm_pool.pool_state") == "Running" and isinstance(
-            sized.get("warm_pool.min_size"), int):
-        warm_running = sized["warm_pool.min_size"]
+            warm_size := sized.get("warm_pool.min_size"), int):
+        warm_running = warm_size
     price = plan.price_per_node_hour_usd
     return {"instance_type": plan.instance_type, "price_per_node_hour_usd": price,
             "replicas_per_node": plan.replicas_per_node, "nodes": nodes,
@@ -148,8 +152,8 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
     return work, env
 
 
-def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
-          endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Any]:
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str,
+          endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Found]:
     """Import blocks for what an earlier, interrupted apply created but did not record.
 
     Only resources the state lacks are looked up, so a deploy of a complete stack makes no
@@ -171,8 +175,10 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
     tags = naming.aws_tags(cfg, pool)
     contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
     stack = naming.stack_name(cfg, pool, cloud)
+    assert pool.aws is not None  # run_stacks' targets pair a pool with its own placements
+    region = pool.aws.region
     found = aws_adopt.find(
-        lambda svc: ops.client(svc, pool.aws.region), config, state, contract,
+        lambda svc: ops.client(svc, region), config, state, contract,
         on_denied=lambda address, code: log(
             f"== {stack}: not looking for {address} left by an interrupted apply ({code}); "
             "if it exists, Terraform reports it"))
@@ -224,6 +230,7 @@ def run_stacks(
         env: dict[str, str] = {}
         work = stack_dir
         if cloud == Cloud.aws and endpoints.aws is not None:
+            assert pool.aws is not None  # targets pair a pool with its own placements
             work, env = endpoint_workdir(stack_dir, pool.aws.region, endpoints)
             if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
                 env.pop(contract_aws.NODE_AMI_ID.env, None)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import AwsPlacement, Config, GcpPlacement, Loc, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import log
@@ -118,10 +118,10 @@ class Rendered:
     serving_image: str
     files: dict[str, str]
     packer_version: str
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
 
 
-def _pool_key(cfg: Config, pool: Pool, cloud: Cloud) -> str:
+def _pool_key(cfg: Config, pool: Pool, cloud: Cloud | str) -> str:
     idx = [p.name for p in cfg.pools].index(pool.name)
     return f"pools[{idx}].{cloud}"
 
@@ -138,6 +138,7 @@ def gcp_label_value(text: str) -> str:
 def gcp_base(cfg: Config, pool: Pool) -> dict[str, str]:
     """The GCE base image as Packer takes it: a family (or an image name) and its project."""
     p = pool.gcp
+    assert p is not None  # render asks it only for the pool's gcp placement, checked there
     key = _pool_key(cfg, pool, "gcp")
     ref = p.base_image or p.image
     if p.base_image is None and (rec := find_record("gcp", p.image)) is not None:
@@ -160,11 +161,13 @@ def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -
     1.6.6 cannot read SSM). An endpoint with stand-in images (the sandbox) has no such
     parameter: its first Amazon image is used, as `deploy --sandbox` does."""
     p = pool.aws
+    assert p is not None  # build asks it only for the pool's aws placement, checked there
     ssm = aws_client("ssm", p.region, endpoints)
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        return ssm.get_parameter(Name=p.ami_ssm_parameter)["Parameter"]["Value"]
+        value: str = ssm.get_parameter(Name=p.ami_ssm_parameter)["Parameter"]["Value"]
+        return value
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code != "ParameterNotFound":
@@ -176,14 +179,15 @@ def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -
         images = aws_client("ec2", p.region, endpoints).describe_images(
             Owners=["amazon"]).get("Images", [])
         if images:
-            return sorted(i["ImageId"] for i in images)[0]
+            first: str = sorted(i["ImageId"] for i in images)[0]
+            return first
     raise UsageError(
         f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no "
         f"image in {p.region}, so the image build has no base; set it to the Deep Learning "
         "Base AMI's parameter")
 
 
-def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
+def render(cfg: Config, pool: Pool, cloud: Cloud | str, *, version: tuple[int, int, int],
            base_image: str, endpoints: CloudEndpoints = REAL_CLOUDS,
            serving_image: str | None = None, now: datetime | None = None) -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
@@ -213,6 +217,7 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
         "boot_lib": {k: lib[k] for k in ("path", "version", "text")},
     }
     if cloud == Cloud.aws:
+        assert isinstance(placement, AwsPlacement)  # pool.placement(aws) is pool.aws
         tags = naming.aws_tags(cfg, pool)
         name = f"{base}-{_stamp(now)}"
         ctx |= {
@@ -228,6 +233,7 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
             "credentials": dict(endpoints.aws.credentials) if endpoints.aws else {},
         }
     else:
+        assert isinstance(placement, GcpPlacement)  # pool.placement(gcp) is pool.gcp
         labels = naming.gcp_labels(cfg, pool)
         name = f"{naming.short(base, 63 - 16)}-{_stamp(now)}"
         ctx |= gbase | {
@@ -253,6 +259,7 @@ def _gcp_zone(pool: Pool) -> str:
     from poolctl.sizing import gcp_zones, instance_row
 
     zones = gcp_zones(pool, instance_row(pool, "gcp"))
+    assert pool.gcp is not None  # instance_row refuses a pool without a gcp placement
     return zones[0] if zones else f"{pool.gcp.region}-a"
 
 
@@ -266,20 +273,21 @@ def images_dir() -> Path:
     return poolctl_home() / "images"
 
 
-def _record_file(cloud: Cloud, image_id: str) -> Path:
+def _record_file(cloud: Cloud | str, image_id: str) -> Path:
     return images_dir() / f"{cloud}-{re.sub(r'[^A-Za-z0-9._-]+', '_', image_id)}.json"
 
 
-def find_record(cloud: Cloud, image_id: str | None) -> dict | None:
+def find_record(cloud: Cloud | str, image_id: str | None) -> dict[str, Any] | None:
     if not image_id:
         return None
     try:
-        return json.loads(_record_file(cloud, image_id).read_text())
+        rec: dict[str, Any] = json.loads(_record_file(cloud, image_id).read_text())
+        return rec
     except (OSError, ValueError):
         return None
 
 
-def save_record(rec: dict) -> Path:
+def save_record(rec: dict[str, Any]) -> Path:
     from poolctl.home import write_private
 
     path = _record_file(rec["cloud"], rec["image_id"])
@@ -287,14 +295,15 @@ def save_record(rec: dict) -> Path:
     return path
 
 
-def placement_image(pool: Pool, cloud: Cloud) -> str | None:
+def placement_image(pool: Pool, cloud: Cloud | str) -> str | None:
     """The node image a placement names in the file (None: the base image at deploy)."""
-    if cloud == Cloud.aws:
-        return pool.aws.ami_id
-    return pool.gcp.image
+    placement = pool.placement(cloud)
+    # Asked only for a cloud the pool has a placement on (sizing's instance_row checks it).
+    assert placement is not None
+    return placement.ami_id if isinstance(placement, AwsPlacement) else placement.image
 
 
-def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict:
+def prepulled(pool: Pool, cloud: Cloud | str, records: bool = True) -> dict[str, Any]:
     """Which image a placement uses and whether it carries the serving image: a build record
     says so for images poolctl built, `serving.image_prepulled` for the user's own.
     `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
@@ -305,7 +314,8 @@ def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict:
         same = rec.get("serving_image") == pool.serving.image
         return {"id": image, "prepulled": same, "source": "build record",
                 "carries": rec.get("serving_image"), "digest": rec.get("digest")}
-    shown = image or (pool.aws.ami_ssm_parameter if cloud == Cloud.aws else None)
+    aws = pool.aws if cloud == Cloud.aws else None
+    shown = image or (aws.ami_ssm_parameter if aws is not None else None)
     return {"id": shown, "prepulled": pool.serving.image_prepulled,
             "source": "serving.image_prepulled", "carries": None, "digest": None}
 
@@ -314,7 +324,7 @@ def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict:
 # Build
 
 
-def file_key(cloud: Cloud) -> tuple[str, ...]:
+def file_key(cloud: Cloud | str) -> tuple[str, ...]:
     return ("aws", "ami_id") if cloud == Cloud.aws else ("gcp", "image")
 
 
@@ -345,7 +355,7 @@ def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str])
                               f"Packer removed its builder; nothing was recorded")
 
 
-def _drain(proc: subprocess.Popen) -> None:
+def _drain(proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + CLEANUP_TIMEOUT_S
     while True:
         try:
@@ -382,26 +392,27 @@ class BuildResult:
     dry_run: bool = False
     files: dict[str, str] | None = None  # the rendered files, with --dry-run
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return asdict(self)
 
 
-def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
+def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
           endpoints: CloudEndpoints = REAL_CLOUDS,
           dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
           now: datetime | None = None) -> BuildResult:
     from poolctl.runtime import set_scalar, write_atomic
 
     endpoints.require(cloud)
-    if pool.placement(cloud) is None:
+    placement = pool.placement(cloud)
+    if placement is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement; "
                          f"add one or use --cloud {' / '.join(pool.clouds)}")
     binary = find_packer()
     version = packer_version(binary)
     idx = [p.name for p in cfg.pools].index(pool.name)
-    key_path = ("pools", idx, *file_key(cloud))
+    key_path: Loc = ("pools", idx, *file_key(cloud))
     # The file must take the result before anything is built (exit 2, nothing made).
     set_scalar(file_path.read_text(), key_path, "placeholder-0", source=str(file_path))
     base = aws_base(cfg, pool, endpoints) if cloud == Cloud.aws else ""
@@ -424,7 +435,7 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
         write_private(workdir / name, text)
     env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
     if cloud == Cloud.aws and endpoints.aws is not None:
-        env |= endpoints.aws.env(pool.aws.region)
+        env |= endpoints.aws.env(placement.region)
     t0 = time.monotonic()
     if needs_plugin_block(version):
         run_packer(binary, workdir, ["init", template], env)
@@ -438,7 +449,7 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
     rec = {
         "cloud": cloud, "image_id": res.image_id, "image_name": r.image_name,
         "pool": pool.name, "project": cfg.project, "stack": naming.stack_name(cfg, pool, cloud),
-        "region": pool.placement(cloud).region, "base_image": r.base_image,
+        "region": placement.region, "base_image": r.base_image,
         "serving_image": r.serving_image, "digest": res.digest,
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "packer_version": r.packer_version,
@@ -458,15 +469,16 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
     return res
 
 
-def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
+def _artifact(workdir: Path, cloud: Cloud | str, pool: Pool) -> str:
     try:
         builds = json.loads((workdir / "packer-manifest.json").read_text())["builds"]
-        artifact = builds[-1]["artifact_id"]
+        artifact: str = builds[-1]["artifact_id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         raise OperationFailed(f"packer: no artifact in {workdir}/packer-manifest.json; "
                               "nothing was recorded") from None
     if cloud == Cloud.aws:  # "us-east-1:ami-0123"
         return artifact.split(",")[0].split(":", 1)[-1]
+    assert pool.gcp is not None  # build checked the pool's placement on this cloud (gcp)
     return f"projects/{pool.gcp.project}/global/images/{artifact}"
 
 
@@ -490,7 +502,7 @@ class ImageRow:
     snapshots: list[str] = field(default_factory=list)
 
 
-def list_images(cfg: Config, pool: Pool, cloud: Cloud,
+def list_images(cfg: Config, pool: Pool, cloud: Cloud | str,
                 endpoints: CloudEndpoints = REAL_CLOUDS) -> list[ImageRow]:
     rows = _aws_images(cfg, pool, endpoints) if cloud == Cloud.aws else _gcp_images(cfg, pool)
     return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
@@ -499,6 +511,7 @@ def list_images(cfg: Config, pool: Pool, cloud: Cloud,
 def _aws_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    assert pool.aws is not None  # listed for the pool's aws placement (commands' one_target)
     region = pool.aws.region
     ec2 = aws_client("ec2", region, endpoints)
     tags = naming.aws_tags(cfg, pool)
@@ -523,6 +536,7 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
     """Image id -> what uses it: the file's placement, the pool's launch template versions
     (a rollback returns to the previous one), instances that are not terminated."""
     used: dict[str, list[str]] = {}
+    assert pool.aws is not None  # _aws_images: the pool's aws placement
     if pool.aws.ami_id:
         used.setdefault(pool.aws.ami_id, []).append("aws.ami_id in the file")
     tags = naming.aws_tags(cfg, pool)
@@ -545,11 +559,13 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
 
 
 def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
-    from poolctl.clouds.gcp import _last, make_ops
+    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp_api import _last
 
     ops = make_ops()
     compute_v1 = ops._compute()
     labels = naming.gcp_labels(cfg, pool)
+    assert pool.gcp is not None  # listed for the pool's gcp placement (commands' one_target)
     project = pool.gcp.project
     # Label values are [a-z0-9_-] (naming.gcp_labels): nothing to escape in the quotes.
     flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in sorted(labels.items()))
@@ -571,7 +587,7 @@ def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
             for im in images]
 
 
-def latest_image(cfg: Config, pool: Pool, cloud: Cloud,
+def latest_image(cfg: Config, pool: Pool, cloud: Cloud | str,
                  endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
     """`--node-image latest`: the newest image built for the pool that carries its serving
     image."""
@@ -584,7 +600,7 @@ def latest_image(cfg: Config, pool: Pool, cloud: Cloud,
                      f"{cloud}`")
 
 
-def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep: int
+def prune(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints, keep: int
           ) -> dict[str, Any]:
     """Deregister all but the `keep` newest images (and their snapshots); an image in use is
     never deleted and does not count against `keep`."""
@@ -612,6 +628,7 @@ def _gcp_delete(pool: Pool, row: ImageRow) -> None:
 
     ops = make_ops()
     what = f"delete image {row.name}"
+    assert pool.gcp is not None  # prune: the pool's gcp placement, whose images it listed
     # A request id: a retried delete is not applied twice.
     op = ops._call(what, ops._client("ImagesClient").delete_unary,
                    request=ops._compute().DeleteImageRequest(
@@ -622,6 +639,7 @@ def _gcp_delete(pool: Pool, row: ImageRow) -> None:
 def _aws_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    assert pool.aws is not None  # prune: the pool's aws placement, whose images it listed
     ec2 = aws_client("ec2", pool.aws.region, endpoints)
     try:
         ec2.deregister_image(ImageId=row.id)

@@ -25,13 +25,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from poolctl import naming, sizing
 from poolctl.clouds import Cloud
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+
+if TYPE_CHECKING:  # paramiko loads in the functions that connect
+    import paramiko
 
 DEFAULT_USER = "ubuntu"
 DEFAULT_PORT = 22
@@ -90,7 +93,7 @@ class NodeSpec:
         return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
-def spec_for(pool: Pool, cloud: Cloud) -> NodeSpec:
+def spec_for(pool: Pool, cloud: Cloud | str) -> NodeSpec:
     row = sizing.instance_row(pool, cloud)
     return NodeSpec(
         pool=pool.name,
@@ -406,7 +409,7 @@ def check_nvlink(topo: CmdResult, status: CmdResult, spec: NodeSpec) -> Check:
         more = f" and {len(not_nv) - 4} more" if len(not_nv) > 4 else ""
         return _fail("nvlink", f"{len(not_nv)} of {len(pairs)} GPU pairs not over NVLink: "
                                f"{shown}{more}", hint_hw, f"{len(not_nv)} pairs off")
-    kinds = sorted({links[p] for p in pairs}, key=lambda v: int(v[2:]))
+    kinds = sorted({links[(a, b)] for a, b in pairs}, key=lambda v: int(v[2:]))
     observed = f"all {len(pairs)} GPU pairs over NVLink ({'/'.join(kinds)})"
     if status.rc == 0:
         per_gpu = parse_nvlink_status(status.stdout)
@@ -792,13 +795,14 @@ class HostKeyPolicy:
         )
 
 
-def _reject_policy(policy: HostKeyPolicy):
+def _reject_policy(policy: HostKeyPolicy) -> paramiko.RejectPolicy:
     import paramiko
 
     class Reject(paramiko.RejectPolicy):
         """RejectPolicy that says why the key was refused and how to trust it on purpose."""
 
-        def missing_host_key(self, client, hostname, key):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                             key: paramiko.PKey) -> NoReturn:
             raise policy.missing(key)
 
     return Reject()
@@ -818,7 +822,7 @@ def _quiet_paramiko() -> None:
         log.addHandler(logging.NullHandler())
 
 
-def connect(host: Host, opts: SshOptions) -> tuple[Any, str, str | None]:
+def connect(host: Host, opts: SshOptions) -> tuple[paramiko.SSHClient, str, str | None]:
     """(a connected paramiko SSHClient, the user logged in as, a note for the ssh check), or
     SshFailure with the reason and the fix."""
     import paramiko
@@ -839,11 +843,13 @@ def connect(host: Host, opts: SshOptions) -> tuple[Any, str, str | None]:
         pkey = push_instance_connect_key(host, opts)
         key_desc = "a key pushed by EC2 Instance Connect"
     elif opts.access == "iap":
+        assert opts.os_login is not None  # SshOptions makes one for --access iap
         pkey, user, forget = opts.os_login.import_key(host)
         key_desc = "a key imported into your OS Login profile"
         auth_hint = ("OS Login refused you: you need roles/compute.osAdminLogin (or osLogin) "
                      "on the project, and the node `enable-oslogin` with its guest agent "
                      "running")
+    assert user is not None  # SshOptions gives one for every access but iap, set just above
     if pkey is not None:
         # Only the key asked for: no agent, no ~/.ssh guesses, so a wrong key fails plainly.
         kwargs = {"pkey": pkey, "allow_agent": False, "look_for_keys": False}
@@ -966,6 +972,7 @@ class OsLogin:
             ops = make_ops(endpoints)
             self.account = ops.caller_account()
             self.ops = ops
+        assert self.account is not None  # set with self.ops (caller_account gives a str)
         return self.account
 
     def import_key(self, host: Host) -> tuple[Any, str, Callable[[], str | None]]:
@@ -1022,7 +1029,7 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     return key
 
 
-def _runner(client, timeout: float) -> Callable[[str], CmdResult]:
+def _runner(client: paramiko.SSHClient, timeout: float) -> Runner:
     def run(cmd: str) -> CmdResult:
         """One command; once more on a new channel when the SSH channel itself failed (it
         would not open, dropped, or closed without an exit status: the link's trouble, not
@@ -1065,7 +1072,9 @@ def check_node(host: Host, spec: NodeSpec, opts: SshOptions) -> NodeResult:
         result.checks.append(_fail("ssh", f.observed, f.hint, "failed"))
         return result
     try:
-        key = client.get_transport().get_remote_server_key()
+        transport = client.get_transport()
+        assert transport is not None  # connect returned a connected client
+        key = transport.get_remote_server_key()
         observed = f"{user}@{host.label}, host key {key.get_name()} {fingerprint(key)}"
         result.checks.append(Check("ssh", True, f"{observed}; {note}" if note else observed,
                                    None, "ok"))
@@ -1152,7 +1161,7 @@ def plan_work(
     for _, cloud in targets:
         endpoints.require(cloud)
     discover = discover or _discover
-    work = []
+    work: list[tuple[Host, NodeSpec]] = []
     for pool, cloud in targets:
         spec = spec_for(pool, cloud)
         # An address, or (address, instance id or name[, zone]).
@@ -1179,6 +1188,7 @@ def plan_work(
         if cloud == Cloud.aws:
             where_kw = {"region": pool.aws.region if pool.aws else None}
         else:
+            assert pool.gcp is not None  # targets pair a pool with its own placements
             where_kw = {"region": pool.gcp.region, "project": pool.gcp.project}
         work.extend((Host(ip, default_port, iid, zone=zone, **where_kw), spec)
                     for ip, iid, zone in found)
@@ -1196,7 +1206,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _discover(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
+def _discover(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
               ) -> list[Any]:
     """The pool's running nodes, through the cloud's operations (its endpoint, credentials
     and retries, as every other command)."""

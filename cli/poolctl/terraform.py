@@ -26,10 +26,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from poolctl.endpoints import AwsEndpoint
@@ -100,7 +101,7 @@ def cli_config(mirror: str | None) -> Path | None:
 
 # Sizes worth a line of the plan summary: per resource type, the attributes (paths into its
 # values) that set how many nodes the pool runs or keeps warm.
-SIZE_FIELDS: dict[str, tuple[tuple, ...]] = {
+SIZE_FIELDS: dict[str, tuple[tuple[str | int, ...], ...]] = {
     "aws_autoscaling_group": (
         ("min_size",), ("max_size",), ("desired_capacity",), ("warm_pool", 0, "min_size"),
         ("warm_pool", 0, "max_group_prepared_capacity"), ("warm_pool", 0, "pool_state")),
@@ -118,20 +119,20 @@ class SizeChange:
     before: int | str | None  # None: the resource is created (before) / destroyed (after)
     after: int | str | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 @dataclass
 class PlanSummary:
-    add: Counter = field(default_factory=Counter)
-    change: Counter = field(default_factory=Counter)
-    destroy: Counter = field(default_factory=Counter)
-    imports: Counter = field(default_factory=Counter)  # adopted (import blocks)
+    add: Counter[str] = field(default_factory=Counter)
+    change: Counter[str] = field(default_factory=Counter)
+    destroy: Counter[str] = field(default_factory=Counter)
+    imports: Counter[str] = field(default_factory=Counter)  # adopted (import blocks)
     sizes: list[SizeChange] = field(default_factory=list)
     # Every size attribute as the plan leaves it (as it was, for one destroyed), changed or not
     size_values: dict[str, int | str] = field(default_factory=dict)
-    cost: dict = field(default_factory=dict)  # the pool's cost per hour (poolctl.deploy)
+    cost: dict[str, Any] = field(default_factory=dict)  # the pool's cost per hour (deploy)
 
     @property
     def empty(self) -> bool:
@@ -140,13 +141,13 @@ class PlanSummary:
     def totals(self) -> tuple[int, int, int]:
         return sum(self.add.values()), sum(self.change.values()), sum(self.destroy.values())
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, dict[str, int]]:
         types = sorted(set(self.add) | set(self.change) | set(self.destroy))
         return {t: {"add": self.add[t], "change": self.change[t], "destroy": self.destroy[t]}
                 for t in types}
 
 
-def _dig(values, path: tuple):
+def _dig(values: Any, path: tuple[str | int, ...]) -> Any:
     for key in path:
         try:
             values = values[key]
@@ -155,7 +156,7 @@ def _dig(values, path: tuple):
     return values
 
 
-def summarize(plan_json: dict) -> PlanSummary:
+def summarize(plan_json: dict[str, Any]) -> PlanSummary:
     """Counts per resource type, and the size attributes that change, from `terraform show
     -json PLANFILE` (never from Terraform's text)."""
     s = PlanSummary()
@@ -314,15 +315,15 @@ class _Stop:
 
     def __init__(self, phase: str) -> None:
         self.phase = phase
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[str] | None = None
         self.requested = False
 
-    def attach(self, proc: subprocess.Popen) -> None:
+    def attach(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         if self.requested:  # the interrupt came while Terraform was being started
             proc.send_signal(signal.SIGINT)
 
-    def handle(self, signum: int, frame) -> None:
+    def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             sys.stderr.write("== still waiting for Terraform to save its state (a second "
                              "interrupt would make it exit without saving)\n")
@@ -399,8 +400,8 @@ class Terraform:
             out.append("-no-color")
         return out
 
-    def _pump(self, stream, sink, redact: Redactor, watch: _Watch | None,
-              keep: list[str] | None) -> None:
+    def _pump(self, stream: Iterable[str], sink: Callable[[str], None], redact: Redactor,
+              watch: _Watch | None, keep: list[str] | None) -> None:
         for raw in stream:
             line = redact(raw.rstrip("\n"))
             if line is None:
@@ -412,7 +413,7 @@ class Terraform:
                 watch.line(line)
 
     def run(self, phase: str, *args: str, capture: bool = False,
-            ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+            ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
         """`capture`: return the output (JSON for poolctl to read; not logged); else the
         output goes to the log (and to stderr with --verbose), with progress on stderr."""
         start = time.monotonic()
@@ -495,9 +496,9 @@ class Terraform:
                 block = path.name  # unreadable: let init report it
             h.update(f"{path.name}\0{json.dumps(block, sort_keys=True)}\0".encode())
         dot = self.workdir / ".terraform"
-        for path in (Path(rc) if rc else None, self.workdir / ".terraform.lock.hcl",
-                     dot / "terraform.tfstate"):
-            h.update(path.read_bytes() if path and path.is_file() else b"-")
+        for dep in (Path(rc) if rc else None, self.workdir / ".terraform.lock.hcl",
+                    dot / "terraform.tfstate"):
+            h.update(dep.read_bytes() if dep and dep.is_file() else b"-")
         if (dot / "providers").is_dir():
             h.update("\0".join(sorted(str(p.relative_to(dot)) for p in
                                       (dot / "providers").rglob("*"))).encode())
@@ -531,7 +532,7 @@ class Terraform:
     def apply(self, planfile: str = "tfplan", *, phase: str = "apply") -> None:
         self.run(phase, "apply", "-input=false", "-auto-approve", planfile)
 
-    def state_resources(self) -> dict[str, dict]:
+    def state_resources(self) -> dict[str, dict[str, Any]]:
         """Managed resources in the state: address -> attributes of its (first) instance.
         `state pull` reads any backend and needs no provider."""
         raw = self.run("state", "state", "pull", capture=True).stdout
@@ -543,7 +544,7 @@ class Terraform:
                 out[f"{r['type']}.{r['name']}"] = inst.get("attributes") or {}
         return out
 
-    def outputs(self) -> dict:
+    def outputs(self) -> dict[str, Any]:
         res = self.run("output", "output", "-json", capture=True)
         return {k: v.get("value") for k, v in json.loads(res.stdout or "{}").items()}
 

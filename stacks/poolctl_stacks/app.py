@@ -50,7 +50,9 @@ def synth(configs: list[tuple[Config, list[tuple[Pool, str]]]], outdir: str | Pa
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
     from cdktf import App
 
-    app = App(outdir=str(outdir), skip_validation=False)
+    # Absolute: the jsii kernel resolves a relative outdir against its own folder, which is
+    # the one it started in (another, in a process that synthesizes more than once).
+    app = App(outdir=str(Path(outdir).resolve()), skip_validation=False)
     names: list[str] = []
     for cfg, targets in configs:
         names += add_stacks(app, cfg, targets)

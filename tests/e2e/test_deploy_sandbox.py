@@ -58,9 +58,12 @@ def _deploy_args(*extra: str, file: Path = DEPLOYED_EXAMPLE, home: Path) -> list
             "--out", str(home / "cdktf.out"), *extra]
 
 
-def _timed(home: Path, label: str, *args: str) -> subprocess.CompletedProcess:
+def _timed(home: Path, label: str, *args: str, child: bool = False
+           ) -> subprocess.CompletedProcess:
+    """`poolctl ARGS`, timed; `child`: as the console script in its own process (the first
+    deploy runs so, end to end), else in this worker (tests/inproc.py)."""
     start = time.monotonic()
-    res = run_poolctl(home, *args)
+    res = run_poolctl(home, *args, child=child)
     wall = time.monotonic() - start
     split = TIMINGS.search(res.stderr)
     print(f"\n[e2e timing] {label}: wall {wall:.1f} s; {split.group(1) if split else 'no split'}")
@@ -100,7 +103,7 @@ def first_deploy(sandbox, sandbox_home):
     home = Path(sandbox_home)
     if _state_resources(home):
         _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
-    res = _timed(home, "first deploy", "deploy", *_deploy_args(home=home))
+    res = _timed(home, "first deploy", "deploy", *_deploy_args(home=home), child=True)
     synthesized = json.loads(
         (home / "cdktf.out" / "stacks" / STACK / "cdk.tf.json").read_text())
     # Every resource block is one resource (none has a count or for_each).
@@ -331,7 +334,9 @@ def _deploy_interrupted(home: Path, ready: Callable[[str], bool], timeout: float
         cwd=str(home), start_new_session=True,
     )
     err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    stream = proc.stderr
+    assert stream is not None  # stderr=PIPE
+    reader = threading.Thread(target=lambda: err.extend(stream), daemon=True)
     reader.start()
     try:
         deadline = time.monotonic() + timeout
@@ -452,18 +457,22 @@ def _one_poolctl_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_a_failed_rule_refuses_before_terraform(sandbox, tmp_path):
-    home = tmp_path / "home"
+def test_a_failed_rule_refuses_before_terraform(sandbox, sandbox_home, tmp_path):
     bad = tmp_path / "poolctl.yaml"
     # TP 1: 141 GB of weights on one 80 GB GPU, the fits-hbm rule fails.
     bad.write_text(DEPLOYED_EXAMPLE.read_text().replace("tensor_parallel: 2",
-                                                        "tensor_parallel: 1"))
-    res = run_poolctl(tmp_path, "deploy", *_deploy_args(file=bad, home=home), timeout=120,
-                      POOLCTL_HOME=str(home))
+                                                        "tensor_parallel: 1").replace(
+        "project: acme", "project: refused"))
+    res = run_poolctl(sandbox_home, "deploy", *_deploy_args(file=bad, home=tmp_path),
+                      timeout=120)
     assert res.returncode == 1
     assert "fits-hbm" in res.stderr
     assert "nothing was changed" in _one_poolctl_line(res.stderr)
-    assert not home.exists()  # no synthesis, no workdir, no Terraform config
+    # No synthesis, no Terraform folder or state for the stack, no log.
+    assert not (tmp_path / "cdktf.out").exists()
+    sandbox_dir = Path(sandbox_home) / "sandbox"
+    assert not list(sandbox_dir.glob("*/refused-*")) and not list(
+        (Path(sandbox_home) / "logs").glob("refused-*"))
 
 
 def test_missing_terraform_binary_is_one_line_exit_2(sandbox, sandbox_home, tmp_path):
@@ -527,6 +536,7 @@ def test_sandbox_with_cloud_gcp_is_exit_2(sandbox, sandbox_home, tmp_path):
 def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
     group = _group(asg)
+    assert group is not None, name
     assert group["AutoScalingGroupName"] == name
     assert (group["MinSize"], group["MaxSize"]) == (1, 6)
     assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()

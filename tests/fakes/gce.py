@@ -55,6 +55,7 @@ Behaviour worth knowing:
 from __future__ import annotations
 
 import copy
+import importlib
 import itertools
 import json
 import re
@@ -62,6 +63,7 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -148,7 +150,8 @@ class FakeGce:
         self.migs: dict[tuple[str, str, str], dict] = {}
         self.managed: dict[tuple[str, str, str], list[dict]] = {}
         self.autoscalers: dict[tuple[str, str, str], dict] = {}
-        self.operations: dict[tuple[str, str, str], dict] = {}
+        # (project, region or None for a global operation, name)
+        self.operations: dict[tuple[str, str | None, str], dict] = {}
         self.preferences: dict[str, dict] = {}  # full name -> QuotaPreference JSON
         self.ips: dict[str, str] = {}  # instance name -> internal IP (instances.aggregatedList)
         # account email -> {"username": POSIX user, "uid": ..., "keys": {fingerprint: key}}
@@ -159,8 +162,8 @@ class FakeGce:
         self.requests: list[dict] = []
         self.errors: list[str] = []
         self._failures: list[_Failure] = []
-        self._op_failures: list[tuple[re.Pattern, int, str]] = []
-        self._effects: dict[tuple[str, str, str], Any] = {}
+        self._op_failures: list[tuple[re.Pattern, str, str]] = []  # (target, code, message)
+        self._effects: dict[tuple[str, str | None, str], Any] = {}
         self._ids = itertools.count(4_100_000_000_000_000_001)
         self._clock = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
@@ -635,7 +638,7 @@ class FakeGce:
                 quotas = self.projects[project]["quotas"]
             else:
                 quotas = None
-            if quotas is not None:
+            if quotas is not None and metric:  # a metric found: the branches above
                 usage = next((q["usage"] for q in quotas if q["metric"] == metric), 0.0)
                 self._set_quota(quotas, metric, granted, usage)
             return pref
@@ -1380,8 +1383,9 @@ MONITORING_FIELDS: dict[str, set[str]] = {
 
 
 def _check_time_series(out: dict) -> None:
+    monitoring_v3: Any  # google-cloud-monitoring is optional (not a dependency)
     try:
-        from google.cloud import monitoring_v3
+        monitoring_v3 = importlib.import_module("google.cloud.monitoring_v3")
     except ImportError:
         monitoring_v3 = None
     if monitoring_v3 is not None:
@@ -1540,7 +1544,8 @@ def seed_pool(fake: FakeGce, cfg, pool) -> dict:
     sizes = contract.mig_sizes(pool, plan, len(zones))
     name = naming.base(cfg, pool)
     p = pool.gcp
-    quotas = {q["name"]: (2 * q["needed"], 0) for q in plan.quotas if q["scope"] != "global"}
+    quotas: dict[str, tuple[float, float]] = {
+        q["name"]: (2 * q["needed"], 0) for q in plan.quotas if q["scope"] != "global"}
     fake.add_region(p.project, p.region, zones, quotas=quotas)
     for q in plan.quotas:
         if q["scope"] == "global":
@@ -1559,6 +1564,8 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     stood in for (the google provider is not in the offline mirror): the apply's part, a new
     labelled template, is made in the fake; the rest is poolctl's own code (file edit,
     record, quota check, the canary's first step)."""
+    import pytest
+
     from poolctl import deploy, runtime
     from poolctl.clouds.gcp import make_ops
 
@@ -1572,9 +1579,10 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
         return [deploy.StackResult(stack=naming.stack_name(cfg, pool, "gcp"), workdir=".",
                                    applied=True)]
 
-    deploy.run_stacks = apply  # this process only: the stand-in for Terraform's apply
+    # This process only (no undo): the stand-in for Terraform's apply, which takes no outdir.
+    pytest.MonkeyPatch().setattr(deploy, "run_stacks", apply)
     runtime.rollout_start(cfg, path, pool, "gcp", make_ops(), image=image,
-                          confirm=lambda q: True, outdir=None)
+                          confirm=lambda q: True, outdir=Path("cdktf.out"))
 
 
 def main(argv: list[str] | None = None) -> None:

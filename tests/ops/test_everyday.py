@@ -33,7 +33,7 @@ SECRET_VALUE = "sk-everyday-0123456789abcdef"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 
 
-def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+def run(monkeypatch, capsys, *args: str) -> tuple[int | str | None, str, str]:
     from poolctl.app import main
 
     monkeypatch.setattr(sys, "argv", ["poolctl", *args])
@@ -147,7 +147,7 @@ def aws_pools(aws, tmp_path_factory) -> dict[str, Any]:
         "ImageId": ami, "InstanceType": "p5.48xlarge"})["LaunchTemplate"]["LaunchTemplateId"]
     aws("secretsmanager").create_secret(Name="everyday-key", SecretString=SECRET_VALUE)
     now_ms = int(time.time() * 1000)
-    out = {"file": path, "dns": {}, "now_ms": now_ms}
+    out: dict[str, Any] = {"file": path, "dns": {}, "now_ms": now_ms}
     for pool, https in (("chat-70b", False), ("keyed", True)):
         tags = {"poolctl:project": PROJECT, "poolctl:pool": pool, "poolctl:role": "inference"}
         kv = [{"Key": k, "Value": v} for k, v in tags.items()]

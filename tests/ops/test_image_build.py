@@ -101,7 +101,7 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     assert len(after.splitlines()) == len(before.splitlines()) + 1
     [rec] = _records(Path(sandbox_home), "imgok")
     assert rec["image_id"] == ami and rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
-    assert rec["packer_version"] == "1.6.6" and rec["sandbox"] is True
+    assert rec["packer_version"] == "1.6.6" and rec["endpoint"] == sandbox
     lib_version = bootscript.boot_library("aws")["version"]
     assert rec["boot_lib_version"] == lib_version
     assert _leftovers(ec2, "imgok") == {"instances": [], "security_groups": [],

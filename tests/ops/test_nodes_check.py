@@ -14,12 +14,14 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from poolctl.config import parse_config
+from tests import inproc
 from tests.configs import pool_yaml
 from tests.ops.sshd import FakeNode, start_sshd
 
@@ -34,7 +36,7 @@ NODE_IPS = ("127.77.1.50", "127.77.1.51", "127.77.1.52")
 
 
 @pytest.fixture(scope="module")
-def sshd_node(tmp_path_factory) -> FakeNode:
+def sshd_node(tmp_path_factory) -> Iterator[FakeNode]:
     yield from start_sshd(tmp_path_factory.mktemp("sshd"), extra_addresses=NODE_IPS)
 
 
@@ -56,7 +58,7 @@ def nodes_check(node: FakeNode, *extra: str, hosts: list[str] | None = None,
         argv += ["--host", h]
     if json_out:
         argv.append("--json")
-    return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=120,
+    return inproc.run_argv([*argv, *extra], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env={**os.environ, **(env or {})})
 
 
@@ -265,7 +267,7 @@ def test_usage_errors_exit_2(node, args, needle):
     argv = [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
             "--cloud", "aws", "--identity", str(node.identity),
             "--known-hosts", str(node.known_hosts), "--host", node.target, *args]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = inproc.run_argv(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
@@ -321,7 +323,7 @@ def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, t
     found = AwsOps(manager.endpoints()).node_addresses(cfg, cfg.pools[0], page_size=1)
     assert [ip for ip, _, _ in found] == list(NODE_IPS)
 
-    r = subprocess.run(
+    r = inproc.run_argv(
         [sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file), "--sandbox",
          "--cloud", "aws", "--port", str(node.port), "--user", node.user, "--timeout", "20",
          "--known-hosts", str(node.known_hosts), "--identity", str(node.identity), "--json"],
@@ -340,7 +342,7 @@ def test_discovery_finds_nothing(sandbox, tmp_path):
                                              f"project: nc{uuid.uuid4().hex[:8]}")
     cfg_file = tmp_path / "poolctl.yaml"
     cfg_file.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
                         "--sandbox", "--cloud", "aws"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 1
@@ -450,7 +452,7 @@ def test_sandbox_refuses_the_fake_private_addresses_of_its_instances(sandbox, sa
     cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, "us-west-1",
                                                         "10.91", "nc")
     _run_tagged(ec2, subnet, ami, "10.91.1.20", project, "chat-70b")
-    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(cfg_file),
                         "--sandbox", "--cloud", "aws", "--timeout", "2"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2, r.stderr
@@ -510,7 +512,7 @@ def test_instance_connect_pushes_a_key_per_check_through_the_sandbox(
             "--cloud", "aws", "--user", node.user, "--timeout", "20", "--known-hosts", str(kh),
             "--access", "instance-connect", "--json",
             "--proxy-command", f"{sys.executable} {script} {log} 127.0.0.1 {node.port} %i %r"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = inproc.run_argv(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr + r.stdout  # --json: the failed check's details
     [n] = json.loads(r.stdout)["nodes"]
     assert n["host"] == "10.92.1.20:22" and n["ok"] is True
@@ -526,7 +528,7 @@ def test_instance_connect_pushes_a_key_per_check_through_the_sandbox(
 
     # Without Instance Connect the node refuses this machine's other keys.
     (node.root / "eic.json").unlink()
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = inproc.run_argv(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 1
     ssh = json.loads(r.stdout)["nodes"][0]["checks"][0]
     assert "authentication failed" in ssh["observed"]
@@ -545,7 +547,7 @@ def test_send_ssh_public_key_checks_the_instance(sandbox, sandbox_client):
 
 
 def test_instance_connect_in_the_sandbox_needs_a_local_tunnel(sandbox, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
                         "--sandbox", "--cloud", "aws", "--access", "instance-connect"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2
@@ -666,7 +668,7 @@ def _iap_check(node, gce, tmp_path, cfg_file, *extra, env=None):
     run_env = {**os.environ, "POOLCTL_GCE_ENDPOINT": gce.endpoint,
                "GOOGLE_APPLICATION_CREDENTIALS": str(_service_account_file(tmp_path)),
                **(env or {})}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    return inproc.run_argv(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env=run_env), log
 
 
@@ -774,7 +776,7 @@ def test_iap_login_refused_when_the_node_does_not_take_the_key(node, gce, tmp_pa
 ])
 def test_access_refusals_are_one_line_exit_2(args, needle):
     env = {**os.environ, "POOLCTL_GCE_ENDPOINT": "http://127.0.0.1:9"}
-    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
                         *args], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
@@ -784,14 +786,14 @@ def test_access_refusals_are_one_line_exit_2(args, needle):
 @pytest.mark.parametrize(("args", "needle"), [
     (["--cloud", "aws", "--access", "instance-connect"],
      "--access instance-connect with --sandbox needs --proxy-command: the default tunnel (aws "
-     "ec2-instance-connect open-tunnel) would leave this machine"),
+     "ec2-instance-connect open-tunnel --instance-id) would leave this machine"),
     (["--cloud", "gcp", "--access", "iap"],
      "--sandbox: the sandbox emulates AWS only; use --cloud aws"),
 ])
 def test_sandbox_access_refusals_are_one_line_exit_2(sandbox, args, needle):
     """With --sandbox nothing may leave this machine: no default tunnel, and no GCP (the
     sandbox emulates AWS only)."""
-    r = subprocess.run([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "nodes", "check", "-f", str(EXAMPLE),
                         "--sandbox", *args], capture_output=True, text=True, timeout=60,
                        cwd=ROOT)
     assert r.returncode == 2, r.stderr

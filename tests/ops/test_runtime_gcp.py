@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -53,6 +53,7 @@ from poolctl.config import parse_config  # noqa: E402
 from poolctl.endpoints import CloudEndpoints  # noqa: E402
 from poolctl.errors import OperationFailed, UsageError  # noqa: E402
 from poolctl.sizing import plan_pool  # noqa: E402
+from tests import inproc  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
 
@@ -85,9 +86,9 @@ def fake():
 
 
 def deploy(fake: FakeGce, cfg, pool, **kw) -> dict:
-    args = dict(project=PROJECT, region=REGION, name=MIG, labels=naming.gcp_labels(cfg, pool),
-                zones=ZONES, template=V1, running=1, stopped=2, autoscaler=(1, 6),
-                max_surge=3)
+    args: dict[str, Any] = dict(project=PROJECT, region=REGION, name=MIG,
+                                labels=naming.gcp_labels(cfg, pool), zones=ZONES, template=V1,
+                                running=1, stopped=2, autoscaler=(1, 6), max_surge=3)
     args.update(kw)
     return fake.deploy_pool(**args)
 
@@ -1247,8 +1248,7 @@ def cli(fake: FakeGce, home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "POOLCTL_GCE_ENDPOINT": fake.endpoint, "POOLCTL_HOME": str(home),
            "POOLCTL_POLL_S": "0.05"}
     env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
-    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return inproc.run(args, env=env, timeout=120)  # in this worker: tests/inproc.py
 
 
 def after_patch_polls(fake: FakeGce, polls: int, then, deadline_s: float = 60):

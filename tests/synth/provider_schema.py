@@ -66,6 +66,12 @@ class Assembly:
                 self._types[fqn] = self._decoder.raw_decode(self.text, at)[0]
         return self._types[fqn]
 
+    def known(self, fqn: str) -> dict:
+        """A type the assembly has (its fqn found by a lookup that checked)."""
+        t = self.type(fqn)
+        assert t is not None, fqn
+        return t
+
 
 def _tf_name(prop: dict) -> str:
     """A property's Terraform name: the registry anchor in its docs, else its snake case."""
@@ -151,19 +157,19 @@ class ProviderSchema:
         """Attributes of a resource/data source (what `TYPE.NAME.ATTR` may read)."""
         fqn = self.block_fqn(kind, tf_type, suffix="")
         return set() if fqn is None else {snake(p["name"]) for p in
-                                          self.asm.type(fqn).get("properties", [])}
+                                          self.asm.known(fqn).get("properties", [])}
 
     def element_attributes(self, kind: str, tf_type: str, attr: str) -> set[str] | None:
         """Attributes of one element of a list attribute (what `for s in X.ATTR : s.A` may
         read), or None when ATTR is not a list of objects."""
         cls = self.block_fqn(kind, tf_type, suffix="")
-        prop = next((p for p in self.asm.type(cls).get("properties", [])
+        prop = next((p for p in self.asm.known(cls).get("properties", [])
                      if snake(p["name"]) == attr), None) if cls else None
         lst = self.asm.type(prop["type"].get("fqn", "")) if prop else None
         get = next((m for m in (lst or {}).get("methods", []) if m["name"] == "get"), None)
         if get is None:
             return None
-        elem = self.asm.type(get["returns"]["type"]["fqn"])
+        elem = self.asm.known(get["returns"]["type"]["fqn"])
         return {snake(p["name"]) for p in elem.get("properties", [])}
 
 
@@ -230,7 +236,7 @@ def check_stack(doc: dict, schemas: dict[str, ProviderSchema], backend: Assembly
         for tf_type, items in doc.get(kind, {}).items():
             schema = schemas.get(tf_type.split("_", 1)[0])
             fqn = schema.block_fqn(kind, tf_type) if schema else None
-            if fqn is None:
+            if schema is None or fqn is None:
                 problems.append(f"{kind}.{tf_type}: not a type of the provider's bindings")
                 continue
             for name, body in items.items():
@@ -248,7 +254,7 @@ def check_stack(doc: dict, schemas: dict[str, ProviderSchema], backend: Assembly
                 schema = schemas.get(tf_type.split("_", 1)[0])
                 if name not in doc.get(kind, {}).get(tf_type, {}):
                     problems.append(f"{path}: {data}{tf_type}.{name} is not in the stack")
-                elif attr not in schema.attributes(kind, tf_type):
+                elif schema is None or attr not in schema.attributes(kind, tf_type):
                     problems.append(f"{path}: {data}{tf_type}.{name}.{attr} is not an "
                                     f"attribute of {tf_type}")
             if m := _FOR.search(code):

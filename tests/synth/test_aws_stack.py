@@ -318,7 +318,7 @@ def with_options(tmp_path_factory) -> Path:
     text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
         "    aws:\n", f"    aws:\n{OPTIONS}")
     cfg = parse_config(text)
-    assert cfg.pools[0].aws.certificate_arn
+    assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
     (d,) = _synth([(cfg, cfg.targets(None, "aws"))], tmp_path_factory.mktemp("options"))
     return d
 

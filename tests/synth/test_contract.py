@@ -203,16 +203,18 @@ def runtime_env(pool, cloud: str, no_surge: bool) -> dict[str, str]:
         from poolctl.clouds.aws import AwsOps
 
         ops = AwsOps()
-        ops._resolved_version = lambda group: ("7", "8")
+        # The ops object is this call's alone: the stub needs no undo.
+        pytest.MonkeyPatch().setattr(ops, "_resolved_version", lambda group: ("7", "8"))
         env = ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
         return env | aws_contract.sandbox_env("ami-0123456789abcdef0")
     from poolctl.clouds.gcp import GcpOps
 
-    ops = GcpOps(client_options={"api_endpoint": "http://127.0.0.1:9"})
-    ops._mig_ref = lambda group: ("p", "r", "g")
+    gcp_ops = GcpOps(client_options={"api_endpoint": "http://127.0.0.1:9"})
+    stub = pytest.MonkeyPatch()  # the ops object is this call's alone: no undo
+    stub.setattr(gcp_ops, "_mig_ref", lambda group: ("p", "r", "g"))
     zones = SimpleNamespace(distribution_policy=SimpleNamespace(zones=["a", "b", "c"]))
-    ops._get_mig = lambda project, region, name: zones
-    return ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
+    stub.setattr(gcp_ops, "_get_mig", lambda project, region, name: zones)
+    return gcp_ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
 
 
 def undeclared(env: dict[str, str], doc: dict) -> list[str]:

@@ -490,8 +490,8 @@ def _apply_env(pool, *, no_surge: bool, zones: int, **group) -> dict[str, str]:
     from poolctl.sizing import plan_pool
 
     ops = GcpOps()
-    ops._get_mig = lambda *a: SimpleNamespace(
-        distribution_policy=SimpleNamespace(zones=[object()] * zones))
+    pytest.MonkeyPatch().setattr(ops, "_get_mig", lambda *a: SimpleNamespace(  # no undo:
+        distribution_policy=SimpleNamespace(zones=[object()] * zones)))  # ops is local
     sizes = {"min_nodes": 1, "max_nodes": 6, "desired_nodes": 1, "warm_min_nodes": 2,
              "warm_state": "stopped", **group}
     g = Group(cloud="gcp", name="mig", region="r", version="t",

@@ -24,7 +24,7 @@ def stack(tmp_path_factory) -> dict:
     assert "    aws:\n" in text
     text = text.replace("    aws:\n", "    aws:\n      node_access: instance-connect\n", 1)
     cfg = parse_config(text, source="poolctl.yaml")
-    assert cfg.pools[0].aws.node_access == "instance-connect"
+    assert cfg.pools[0].aws and cfg.pools[0].aws.node_access == "instance-connect"
     [d] = synth([(cfg, cfg.targets(None, "aws"))], tmp_path_factory.mktemp("synth-eic"))
     return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
 
@@ -69,7 +69,7 @@ def gcp_stack(tmp_path_factory) -> dict:
     assert "    gcp:\n" in text
     text = text.replace("    gcp:\n", "    gcp:\n      node_access: iap\n", 1)
     cfg = parse_config(text, source="poolctl.yaml")
-    assert cfg.pools[0].gcp.node_access == "iap"
+    assert cfg.pools[0].gcp and cfg.pools[0].gcp.node_access == "iap"
     [d] = synth([(cfg, cfg.targets(None, "gcp"))], tmp_path_factory.mktemp("synth-iap"))
     return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
 

@@ -17,6 +17,7 @@ EXAMPLE = ROOT / "examples" / "qwen-7b-p4d" / "poolctl.yaml"
 def _cfg(text: str | None = None, tmp: Path | None = None):
     if text is None:
         return load_config(EXAMPLE)
+    assert tmp is not None  # a text is written into the test's folder
     f = tmp / "poolctl.yaml"
     f.write_text(text)
     return load_config(f)

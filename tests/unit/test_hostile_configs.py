@@ -186,7 +186,7 @@ CASES = [
 ]
 
 
-def run(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+def run(argv: list[str], monkeypatch, capsys) -> tuple[int | str | None, str, str]:
     """`poolctl ARGV` in this process, as the console script runs it."""
     monkeypatch.setattr(sys, "argv", ["poolctl", *argv])
     with pytest.raises(SystemExit) as e:

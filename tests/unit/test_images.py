@@ -23,6 +23,7 @@ from poolctl.config import load_config, parse_config
 from poolctl.endpoints import REAL_CLOUDS, AwsEndpoint, CloudEndpoints
 from poolctl.runtime import set_scalar
 from poolctl.sizing import plan_pool
+from tests import inproc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(REPO.glob("examples/*/poolctl.yaml"))
@@ -62,6 +63,7 @@ def _render(ex: Path, pool_name: str, cloud: str, version, sandbox=False):
 
 
 def _validate(folder: Path, name: str) -> subprocess.CompletedProcess:
+    assert PACKER is not None  # the tests that validate skip without it (no_packer)
     return subprocess.run([PACKER, "validate", name], cwd=folder, capture_output=True,
                           text=True, timeout=120)
 
@@ -173,8 +175,8 @@ def _cli(tmp_path, *args, env=None):
     import os
 
     e = {**os.environ, "POOLCTL_HOME": str(tmp_path / "home"), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
-                          text=True, env=e, timeout=120)
+    return inproc.run_argv([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                           text=True, env=e, timeout=120)
 
 
 def _one_line(res, code: int, *needles: str) -> None:

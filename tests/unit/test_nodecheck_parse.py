@@ -612,7 +612,8 @@ class _Client:
     entry (an exception to raise at open, or (stdout, exit status))."""
 
     def __init__(self, *script) -> None:
-        self.script, self.calls, self.channels = list(script), 0, []
+        self.script, self.calls = list(script), 0
+        self.channels: list[_Channel] = []
 
     def exec_command(self, cmd, timeout):
         self.calls += 1

@@ -11,11 +11,13 @@ from pathlib import Path
 import yaml
 
 from poolctl.models import estimate_params, load_presets
+from tests import inproc
 
 
 def poolctl(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=120)
+    # In this worker (tests/inproc.py): the synth's jsii kernel loads once.
+    return inproc.run_argv([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                           text=True, cwd=cwd, env=env, timeout=120)
 
 
 def test_every_preset_names_its_source_and_is_consistent():

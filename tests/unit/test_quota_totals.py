@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import inproc
 from tests.configs import pool_yaml, with_second_pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def plan_json(tmp_path: Path, text: str, *args: str) -> dict:
     f = tmp_path / "poolctl.yaml"
     f.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "poolctl", "plan", "-f", str(f), "--json", *args],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "plan", "-f", str(f), "--json",
+                         *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -88,8 +88,8 @@ def test_one_pool_selected_still_counts_the_pools_sharing_its_quota(tmp_path):
 def test_plan_text_shows_the_region_total(tmp_path):
     f = tmp_path / "poolctl.yaml"
     f.write_text(with_second_pool(pool_yaml(with_gcp=False)))
-    r = subprocess.run([sys.executable, "-m", "poolctl", "plan", "-f", str(f)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+    r = inproc.run_argv([sys.executable, "-m", "poolctl", "plan", "-f", str(f)],
+                        capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     [row] = [ln for ln in r.stdout.splitlines() if "L-417A185B" in ln and "2,112" in ln]

@@ -36,6 +36,7 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
+    NodePhase,
     NodeState,
     PublishesQueueMetric,
     QuotaLine,
@@ -104,7 +105,7 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
         endpoints.require(Cloud.aws)
         self.endpoints = endpoints
         self._clients: dict[tuple[str, str], Any] = {}
-        self._session = None
+        self._session: Any = None  # a boto3 Session, made on first use
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -170,7 +171,7 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
                                   f"an AWS response ({first}); check the endpoint and retry"
                                   ) from None
 
-    def pages(self, client: Any, op: str, what: str, **kw: Any) -> Iterator[dict]:
+    def pages(self, client: Any, op: str, what: str, **kw: Any) -> Iterator[dict[str, Any]]:
         with self.call(what):
             yield from client.get_paginator(op).paginate(**kw)
 
@@ -200,17 +201,18 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
 
     # -- the group ------------------------------------------------------------------
 
-    def _describe_group(self, cfg_project: str, pool_name: str, region: str) -> dict:
+    def _describe_group(self, cfg_project: str, pool_name: str, region: str
+                        ) -> dict[str, Any]:
         asg = self.client("autoscaling", region)
         filters = [
             {"Name": f"tag:{naming.TAG_PROJECT}", "Values": [cfg_project]},
             {"Name": f"tag:{naming.TAG_POOL}", "Values": [pool_name]},
             {"Name": f"tag:{naming.TAG_ROLE}", "Values": [naming.ROLE]},
         ]
-        groups = [g for page in self.pages(asg, "describe_auto_scaling_groups",
-                                           "autoscaling:DescribeAutoScalingGroups",
-                                           Filters=filters)
-                  for g in page["AutoScalingGroups"]]
+        groups: list[dict[str, Any]] = [
+            g for page in self.pages(asg, "describe_auto_scaling_groups",
+                                     "autoscaling:DescribeAutoScalingGroups", Filters=filters)
+            for g in page["AutoScalingGroups"]]
         tags = (f"{naming.TAG_PROJECT}={cfg_project}, {naming.TAG_POOL}={pool_name}, "
                 f"{naming.TAG_ROLE}={naming.ROLE}")
         if not groups:
@@ -225,6 +227,7 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
         return groups[0]
 
     def find_group(self, cfg: Config, pool: Pool) -> Group:
+        assert pool.aws is not None  # asked for the pool's aws placement (Config.targets)
         region = pool.aws.region
         g = self._describe_group(cfg.project, pool.name, region)
         wp = g.get("WarmPoolConfiguration") or {}
@@ -261,7 +264,7 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
     # -- nodes ----------------------------------------------------------------------
 
     @staticmethod
-    def phase(state: str, health: str) -> str:
+    def phase(state: str, health: str) -> NodePhase:
         if state.startswith("Warmed:"):
             if state in ("Warmed:Stopped", "Warmed:Running", "Warmed:Hibernated"):
                 return "warm"
@@ -360,10 +363,12 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
             acc[1] += (n or 0) if mine else 0
         return {k: (v[0], v[1]) for k, v in out.items()}
 
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+                    ) -> list[QuotaLine]:
         out = []
         used_by_region: dict[str, dict[str, tuple[int, int]]] = {}
         for need in needs:
+            assert pool.aws is not None  # asked for the pool's aws placement (Config.targets)
             region = need.get("scope") or pool.aws.region
             sq = self.client("service-quotas", region)
             code = need["name"]
@@ -378,25 +383,29 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
             ))
         return out
 
-    def _quota(self, sq: Any, code: str) -> dict:
+    def _quota(self, sq: Any, code: str) -> dict[str, Any]:
         """The applied value; AWS's default where no value was ever applied here."""
         from botocore.exceptions import ClientError
 
+        quota: dict[str, Any]
         with self.call(f"service-quotas:GetServiceQuota ec2/{code}"):
             try:
-                return sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+                quota = sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+                return quota
             except ClientError as e:
                 if e.response.get("Error", {}).get("Code") not in (
                         "NoSuchResourceException", "IllegalArgumentException"):
                     raise
         with self.call(f"service-quotas:GetAWSDefaultServiceQuota ec2/{code}"):
-            return sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+            quota = sq.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+            return quota
 
-    def _open_request(self, sq: Any, code: str) -> dict | None:
+    def _open_request(self, sq: Any, code: str) -> dict[str, Any] | None:
         for page in self.pages(sq, "list_requested_service_quota_change_history_by_quota",
                                "service-quotas:ListRequestedServiceQuotaChangeHistoryByQuota",
                                ServiceCode="ec2", QuotaCode=code):
-            for r in page.get("RequestedQuotas", []):
+            requested: list[dict[str, Any]] = page.get("RequestedQuotas", [])
+            for r in requested:
                 if r.get("Status") in OPEN_REQUEST:
                     return r
         return None
@@ -510,7 +519,7 @@ class AwsOps(CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts, Publis
             from_version=running, to_version=str(latest),
         )
 
-    def _state(self, r: dict, group_version: str = "") -> RolloutState:
+    def _state(self, r: dict[str, Any], group_version: str = "") -> RolloutState:
         prefs = r.get("Preferences") or {}
         cps = list(prefs.get("CheckpointPercentages") or [100])
         live = ((r.get("ProgressDetails") or {}).get("LivePoolProgress") or {})

@@ -27,7 +27,7 @@ from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.sizing import PoolPlan
 
 
-def address_order(address: str) -> tuple:
+def address_order(address: str) -> tuple[int, int, str]:
     """Sort key of node addresses: IPv4 before IPv6, numerically; anything else last."""
     try:
         addr = ipaddress.ip_address(address)
@@ -69,7 +69,7 @@ class QuotaLine:
             return 0
         return max(0, self.needed + self.in_use - self.pool_in_use - self.granted)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(available=self.available, shortfall=self.shortfall, ok=self.shortfall == 0,
                  pools=self.pools)
@@ -85,15 +85,18 @@ class QuotaRequest:
     state: str
     already_open: bool = False  # an earlier open request was found: nothing new was filed
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+NodePhase = Literal["in_service", "warm", "pending", "unhealthy", "terminating"]
 
 
 @dataclass
 class NodeState:
     id: str
     state: str  # cloud's own word: InService, Warmed:Stopped, Pending:Wait, RUNNING, ...
-    phase: Literal["in_service", "warm", "pending", "unhealthy", "terminating"]
+    phase: NodePhase
     version: str = ""  # launch template version / instance template
     zone: str = ""
     since_s: float | None = None  # seconds since launch / last state change, when known
@@ -146,7 +149,7 @@ class RolloutState:
     # heads for, and per version of the group {name, template, target, nodes, healthy,
     # unhealthy} (target: the VMs the version is to have, None for "the rest").
     step: int | None = None
-    versions: list[dict] = field(default_factory=list)
+    versions: list[dict[str, Any]] = field(default_factory=list)
     cloud_status: str = ""  # the cloud's own word (AWS: the instance refresh's Status)
 
     def __post_init__(self) -> None:
@@ -186,7 +189,7 @@ class PoolStatus:
             c[n.phase] += 1
         return c
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         counts = self.counts()
         return {
             "pool": self.pool,
@@ -224,7 +227,8 @@ class CloudOps(ABC):
         """In-service, warm, pending and unhealthy nodes (warm pool / standby included)."""
 
     @abstractmethod
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+                    ) -> list[QuotaLine]:
         """Granted and in-use for each need ({name, unit, needed, scope})."""
 
     @abstractmethod

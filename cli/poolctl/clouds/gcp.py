@@ -63,7 +63,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
@@ -71,6 +71,7 @@ from poolctl.clouds.base import (
     CancelsRollouts,
     CloudOps,
     Group,
+    NodePhase,
     NodeState,
     PublishesQueueMetric,
     QuotaLine,
@@ -95,6 +96,9 @@ from poolctl.contract import gcp as contract
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
+
+if TYPE_CHECKING:
+    from poolctl.terraform import Terraform
 
 QUEUE_WINDOW_S = 600  # how far back `status` looks for the queue metric, as on AWS
 CONTACT_ENV = "POOLCTL_QUOTA_CONTACT_EMAIL"
@@ -134,7 +138,7 @@ def cloud_quota(metric: str, scope: str) -> tuple[str, dict[str, str]] | None:
 TEMPLATE_TYPE = "google_compute_instance_template"
 
 
-def replaced_templates(plan: dict) -> list[dict[str, str]]:
+def replaced_templates(plan: dict[str, Any]) -> list[dict[str, str]]:
     """Instance templates a Terraform plan (`terraform show -json`) replaces:
     [{address, name}]. A replacement plans both a create and a delete of the same address
     (["create", "delete"] with create_before_destroy); a plain create or delete is not one."""
@@ -171,7 +175,7 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 
 def node_phase(instance_status: str, current_action: str, target_status: str,
-               health: list[str]) -> str:
+               health: list[str]) -> NodePhase:
     """A managed instance's phase for `status` and `warm --wait`.
 
     Standby VMs are created, run their first boot for the standby initial delay, then stop:
@@ -207,7 +211,7 @@ class RolloutView:
     target: str  # the template the MIG's target version names
     previous: str  # the template it came from (the rollback target), "" if none
     live: list[Any] = field(default_factory=list)  # managed VMs not being deleted
-    on_old: Counter = field(default_factory=Counter)  # VMs per template other than target
+    on_old: Counter[str] = field(default_factory=Counter)  # VMs per template other than target
     links: dict[str, str] = field(default_factory=dict)  # pool template name -> self link
 
 
@@ -217,8 +221,9 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
     # points the MIG back at the old one instead of rolling the old version out anew.
     cloud = "gcp"
 
-    def __init__(self, *, client_options: dict | Any | None = None, credentials: Any = None,
-                 contact_email: str | None = None, retry_initial_s: float = 1.0,
+    def __init__(self, *, client_options: dict[str, Any] | Any | None = None,
+                 credentials: Any = None, contact_email: str | None = None,
+                 retry_initial_s: float = 1.0,
                  retry_deadline_s: float = 300.0, call_timeout_s: float = 60.0,
                  operation_timeout_s: float = 900.0) -> None:
         super().__init__(client_options=client_options, credentials=credentials,
@@ -234,7 +239,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
 
     # ------------------------------------------------------------------ templates and groups
 
-    def _labelled_templates(self, project: str, labels: dict[str, str]) -> list:
+    def _labelled_templates(self, project: str, labels: dict[str, str]) -> list[Any]:
         """The project's global instance templates carrying `labels`, oldest first."""
         from google.api_core import exceptions as gexc
 
@@ -249,7 +254,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         return sorted(found, key=_created)
 
     @staticmethod
-    def _versions(mig) -> tuple[str, list[str]]:
+    def _versions(mig: Any) -> tuple[str, list[str]]:
         """(target template link, other version links). With two versions (a canary), the
         one with a target size is where the group is heading."""
         versions = list(mig.versions)
@@ -260,11 +265,13 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         others = [v.instance_template for v in versions if v is not target]
         return target.instance_template, others
 
-    def _autoscaler(self, mig):
+    def _autoscaler(self, mig: Any) -> Any:
         """The regional autoscaler targeting the MIG, or None."""
         from google.api_core import exceptions as gexc
 
-        project, region, name = _MIG_REF.search(mig.self_link).groups()
+        ref = _MIG_REF.search(mig.self_link)
+        assert ref is not None  # the self link of a MIG found in a region's list
+        project, region, name = ref.groups()
         client = self._client("RegionAutoscalersClient")
         link = mig.status.autoscaler
         if link:
@@ -324,7 +331,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         self._remember(group, pool)
         return group
 
-    def _group(self, mig, pool: Pool) -> Group:
+    def _group(self, mig: Any, pool: Pool) -> Group:
         """The group's sizes. A stopped warm pool is the standby pool. A running one cannot
         stand aside on GCE: the stack adds it to the autoscaler's minimum, so for a pool
         whose file says `running` the part of that minimum above the file's minimum is
@@ -356,11 +363,12 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
 
     # ------------------------------------------------------------------ nodes
 
-    def _managed(self, project: str, region: str, name: str) -> list:
-        return self._call(f"list instances of {name}",
-                          self._client("RegionInstanceGroupManagersClient")
-                          .list_managed_instances,
-                          project=project, region=region, instance_group_manager=name)
+    def _managed(self, project: str, region: str, name: str) -> list[Any]:
+        managed: list[Any] = self._call(
+            f"list instances of {name}",
+            self._client("RegionInstanceGroupManagersClient").list_managed_instances,
+            project=project, region=region, instance_group_manager=name)
+        return managed
 
     def nodes(self, group: Group) -> list[NodeState]:
         project, region, name = self._mig_ref(group)
@@ -393,11 +401,13 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         return sum(1 for mi in self._managed(project, region, name)
                    if mi.instance_status and mi.instance_status not in _STOPPED)
 
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict]) -> list[QuotaLine]:
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+                    ) -> list[QuotaLine]:
         from google.api_core import exceptions as gexc
 
         from poolctl.sizing import instance_row
 
+        assert pool.gcp is not None  # asked for the pool's gcp placement (Config.targets)
         project = pool.gcp.project
         row = instance_row(pool, "gcp")
         per_node = {row.quota.name: row.quota_per_node, "CPUS": row.vcpus,
@@ -514,7 +524,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         return self._quota_request(line, pref, already_open=False)
 
     @staticmethod
-    def _quota_request(line: QuotaLine, pref, *, already_open: bool) -> QuotaRequest:
+    def _quota_request(line: QuotaLine, pref: Any, *, already_open: bool) -> QuotaRequest:
         cfg = pref.quota_config
         granted = cfg.granted_value
         if pref.reconciling:
@@ -590,7 +600,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
 
     # ------------------------------------------------------------------ rollouts
 
-    def _pool_templates(self, project: str, target_link: str) -> list:
+    def _pool_templates(self, project: str, target_link: str) -> list[Any]:
         """The pool's labelled templates, found through the labels of the target template."""
         from google.api_core import exceptions as gexc
 
@@ -681,7 +691,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
             state.from_version = group.version
         return state
 
-    def rollout_before_apply(self, tf) -> list[dict[str, str]]:
+    def rollout_before_apply(self, tf: Terraform) -> list[dict[str, str]]:
         """Before the apply of `rollout start` (`tf`: poolctl.terraform.Terraform, its plan
         saved as `tfplan`): remove every instance template the plan replaces from the
         state, so that Terraform forgets it rather than deletes it (see the module doc).
@@ -730,6 +740,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         {"deleted": names, "failed": one line each}; a template still in use stays."""
         from google.api_core import exceptions as gexc
 
+        assert pool.gcp is not None  # after destroying the pool's gcp placement
         project = pool.gcp.project
         compute_v1 = self._compute()
         client = self._client("InstanceTemplatesClient")
@@ -764,7 +775,7 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         return contract.canary_steps(pool), pool.rollout.checkpoint_delay_s
 
     @staticmethod
-    def _canary_version(mig):
+    def _canary_version(mig: Any) -> Any:
         """Of two versions, the one with a target size (the canary); else None."""
         versions = list(mig.versions)
         if len(versions) != 2:
@@ -773,15 +784,15 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
                     None)
 
     @classmethod
-    def _stable_version(cls, mig):
+    def _stable_version(cls, mig: Any) -> Any:
         canary = cls._canary_version(mig)
         return next(v for v in mig.versions if v is not canary)
 
-    def _percent(self, pct: int):
+    def _percent(self, pct: int) -> Any:
         return self._compute().FixedOrPercent(percent=pct)
 
     def _set_versions(self, group: Group, stable_link: str, new_link: str | None,
-                      target_size=None, *, name: str | None = None) -> None:
+                      target_size: Any = None, *, name: str | None = None) -> None:
         """Patch the MIG's versions: `stable_link` alone (named `name`), or beside it
         `new_link` at `target_size` (a FixedOrPercent) named `name` or VERSION_CANARY."""
         compute_v1 = self._compute()
@@ -811,7 +822,8 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         self._wait(op, project, region, f"set the versions of MIG {mig}")
 
     @staticmethod
-    def _counts(live: list, template: str, target: int | None, name: str) -> dict:
+    def _counts(live: list[Any], template: str, target: int | None, name: str
+                ) -> dict[str, Any]:
         """One version's VMs: all, healthy (serving), unhealthy; warm (standby) VMs count
         in `nodes` only."""
         mine = [mi for mi in live if _last(mi.version.instance_template) == template]
@@ -1007,7 +1019,10 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
         if not ids:
             return None
         now = datetime.now(UTC)
-        stamp = lambda t: t.isoformat(timespec="seconds").replace("+00:00", "Z")  # noqa: E731
+
+        def stamp(t: datetime) -> str:
+            return t.isoformat(timespec="seconds").replace("+00:00", "Z")
+
         params = {
             "filter": f'metric.type = "{naming.GCP_METRIC_TYPE}" AND '
                       'resource.type = "gce_instance"',

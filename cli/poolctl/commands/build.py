@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +29,15 @@ from poolctl.commands.common import (
     targets,
 )
 from poolctl.endpoints import CloudEndpoints
+
+if TYPE_CHECKING:
+    from poolctl.clouds import Cloud
+    from poolctl.config import Config, Pool
+    from poolctl.deploy import StackResult
+    from poolctl.terraform import PlanSummary
+
+# What a deploy's preflight returns per target: TF_VAR_... to add, and lines saying why.
+Keeps = list[tuple[dict[str, str], list[str]]]
 
 
 def check_out(out: Path) -> None:
@@ -64,14 +74,14 @@ VerboseOpt = Annotated[bool, typer.Option(
     "under $POOLCTL_HOME/logs).")]
 
 
-def _size(value, rpn: int | None) -> str:
+def _size(value: int | str | None, rpn: int | None) -> str:
     if value is None:
         return "(none)"
     return f"{value}" if rpn is None or not isinstance(value, int) else (
         f"{value} ({value * rpn} replicas)")
 
 
-def _render_summary(name, summary) -> None:
+def _render_summary(name: str, summary: PlanSummary) -> None:
     """Before the confirmation: what the plan adds, changes and destroys per resource type,
     the node counts it changes and what the pool costs per hour."""
     from rich.table import Table
@@ -109,16 +119,18 @@ def _render_summary(name, summary) -> None:
                   markup=False, soft_wrap=True)
 
 
-def _deploy_preflight(cfg, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool):
+def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool
+                      ) -> Callable[[list[tuple[Pool, str]]], Keeps]:
     """Before a deploy synthesizes anything: the quota its peak needs (a shortfall stops it,
     one line each, unless --skip-quota-check; --plan-only only reports), and the sizes
     `poolctl warm` set, which the apply keeps until `warm --reset`."""
 
-    def check(tgts):
+    def check(tgts: list[tuple[Pool, str]]) -> Keeps:
         from poolctl import runtime
         from poolctl.errors import OperationFailed
 
-        out, short = [], []
+        out: Keeps = []
+        short: list[str] = []
         for p, c in tgts:
             ops = runtime.get_ops(c, endpoints)
             if not skip_quota:
@@ -140,8 +152,9 @@ def _deploy_preflight(cfg, endpoints: CloudEndpoints, skip_quota: bool, plan_onl
     return check
 
 
-def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox: bool, out, mirror,
-         json_out, skip_quota_check: bool = False, verbose: bool = False) -> None:
+def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
+         auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
+         json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
     from poolctl.deploy import run_stacks
 
     check_out(out)
@@ -173,14 +186,15 @@ def _act(destroy: bool, file, pool, cloud, auto_approve, plan_only, sandbox: boo
                 sys.stdout.write(f"{r.stack}: {k} = {v}\n")
 
 
-def _kept_versions(cfg, tgts, results, endpoints: CloudEndpoints) -> dict[str, dict]:
+def _kept_versions(cfg: Config, tgts: list[tuple[Pool, str]], results: list[StackResult],
+                   endpoints: CloudEndpoints) -> dict[str, dict[str, list[str]]]:
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete
     those too."""
     from poolctl.clouds.base import StepsRollouts
     from poolctl.runtime import get_ops
 
-    out = {}
+    out: dict[str, dict[str, list[str]]] = {}
     for (p, cl), r in zip(tgts, results, strict=True):
         if not r.applied or not isinstance(ops := get_ops(cl, endpoints), StepsRollouts):
             continue

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from poolctl.commands.common import CloudAllOpt, JsonOpt, cloud_value, console, emit_json
+
+if TYPE_CHECKING:
+    from poolctl.catalog import InstanceType
 
 
 def catalog(cloud: CloudAllOpt = None, json_out: JsonOpt = False) -> None:
@@ -47,7 +52,7 @@ def catalog(cloud: CloudAllOpt = None, json_out: JsonOpt = False) -> None:
     out.print(m)
 
 
-def _type_json(r) -> dict:
+def _type_json(r: InstanceType) -> dict[str, Any]:
     return {
         "cloud": r.cloud, "name": r.name, "gpu": r.gpu, "gpus": r.gpus,
         "hbm_mib_per_gpu": r.hbm_mib_per_gpu, "hbm_tbps_per_gpu": r.hbm_tbps_per_gpu,

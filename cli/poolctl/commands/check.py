@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -20,6 +22,13 @@ from poolctl.commands.common import (
     targets,
 )
 from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+
+if TYPE_CHECKING:
+    from poolctl.config import Config, Pool
+    from poolctl.sizing import PoolPlan
+
+# Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
+Recs = dict[tuple[str, str], dict[str, Any]]
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
@@ -43,7 +52,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
-def require_valid(cfg, tgts) -> None:
+def require_valid(cfg: Config, tgts: list[tuple[Pool, str]]) -> None:
     """What plan, synth and deploy run first: print findings, refuse on any error."""
     from poolctl.errors import OperationFailed
     from poolctl.rules import errors, run_checks
@@ -85,7 +94,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         render_recommendations(tgts, plans, recs)
 
 
-def _quota_totals(cfg, tgts) -> list[dict]:
+def _quota_totals(cfg: Config, tgts: list[tuple[Pool, str]]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
     from poolctl.sizing import quota_totals
@@ -97,7 +106,7 @@ def _quota_totals(cfg, tgts) -> list[dict]:
             if any((name, t["cloud"]) in selected for name in t["pools"])]
 
 
-def render_quota_totals(totals: list[dict]) -> None:
+def render_quota_totals(totals: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     t = Table(title="quota totals (every pool of the file sharing the quota, at peak)",
@@ -111,7 +120,8 @@ def render_quota_totals(totals: list[dict]) -> None:
     console().print(t)
 
 
-def _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale) -> dict:
+def _recommendations(cfg: Config, tgts: list[tuple[Pool, str]], traffic: Path | None,
+                     rate: float | None, duration: float, seed: int, time_scale: float) -> Recs:
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
         return {}
@@ -128,7 +138,8 @@ def _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale) -> di
     return recs
 
 
-def render_recommendations(tgts, plans, recs) -> None:
+def render_recommendations(tgts: list[tuple[Pool, str]], plans: list[PoolPlan], recs: Recs
+                           ) -> None:
     from rich.table import Table
 
     from poolctl.sizing import nodes_for
@@ -144,7 +155,10 @@ def render_recommendations(tgts, plans, recs) -> None:
         t.add_column("file")
         t.add_column("recommended")
         rpn = pl.replicas_per_node
-        cost = lambda n, rpn=rpn, price=price: f"{n} (${nodes_for(n, rpn) * price:,.2f}/h)"  # noqa: E731
+
+        def cost(n: int, rpn: int = rpn, price: float = price) -> str:
+            return f"{n} (${nodes_for(n, rpn) * price:,.2f}/h)"
+
         t.add_row("min_replicas", cost(p.scaling.min_replicas), cost(r["min_replicas"]))
         t.add_row("max_replicas", cost(p.scaling.max_replicas), cost(r["max_replicas"]))
         t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
@@ -158,7 +172,7 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB"
 
 
-def render_plans(plans) -> None:
+def render_plans(plans: list[PoolPlan]) -> None:
     from rich.table import Table
 
     out = console()
@@ -198,7 +212,7 @@ def render_plans(plans) -> None:
         out.print(t)
 
 
-def _node_image(img: dict, cloud: Cloud) -> str:
+def _node_image(img: dict[str, Any], cloud: Cloud | str) -> str:
     where = img.get("id") or "the base image"
     if img.get("prepulled"):
         return f"{where}: serving image pre-pulled ({img['source']})"
@@ -207,7 +221,7 @@ def _node_image(img: dict, cloud: Cloud) -> str:
     return f"{where}: serving image pulled at boot (`poolctl image build --cloud {cloud}`)"
 
 
-def _phases(ph: dict) -> str:
+def _phases(ph: dict[str, float]) -> str:
     parts = ", ".join(f"{k} {v:.0f}" for k, v in ph.items() if v)
     return f"{sum(ph.values()):.0f} s ({parts})"
 

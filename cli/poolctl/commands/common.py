@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -13,7 +14,10 @@ from poolctl.clouds import Cloud
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
+    from rich.console import Console
+
     from poolctl.config import Config, Pool
+    from poolctl.rules import Finding
 
 
 
@@ -113,23 +117,17 @@ def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
     return tgts[0]
 
 
-def emit_json(data) -> None:
+def emit_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def console():
+def console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False)
 
 
-def err_console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-def print_findings(findings, stream=None) -> None:
+def print_findings(findings: Iterable[Finding], stream: TextIO | None = None) -> None:
     """Findings go to stderr, one line each, so stdout stays clean for --json."""
     stream = stream or sys.stderr
     for f in findings:

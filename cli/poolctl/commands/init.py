@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from poolctl.clouds import Cloud
+
+if TYPE_CHECKING:
+    from poolctl.catalog import InstanceType
+    from poolctl.models import Preset
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 # The type each cloud starts from (the contract's); others are tried, cheapest first, when
@@ -63,7 +67,8 @@ def _slug(model_id: str) -> str:
     return model_id.split("/")[-1].lower().replace(".", "-")
 
 
-def _pool_yaml(preset, row, region: str, zones: list[str], tp: int) -> str:
+def _pool_yaml(preset: Preset, row: InstanceType, region: str, zones: list[str], tp: int
+               ) -> str:
     rpn = row.gpus // tp
     p = preset
     placement = (
@@ -109,7 +114,7 @@ pools:
 {placement}"""
 
 
-def _fit(preset, cloud: Cloud) -> str:
+def _fit(preset: Preset, cloud: Cloud | str) -> str:
     """The poolctl.yaml text of the first (type, tensor_parallel) that passes every rule
     (the default type first, then the cheapest); avoids a KV cache of few sequences."""
     from poolctl.catalog import load_catalog
@@ -118,7 +123,8 @@ def _fit(preset, cloud: Cloud) -> str:
     from poolctl.rules import errors, run_checks
 
     cat = load_catalog()
-    rows = sorted((cat.get(cloud, n) for n in cat.names(cloud)),
+    # Every name `names` gives has its row: the filter only tells the type checker so.
+    rows = sorted((r for n in cat.names(cloud) if (r := cat.get(cloud, n)) is not None),
                   key=lambda r: (r.name != DEFAULT_TYPE[cloud], r.price.usd_per_hour))
     fallback = None
     for row in rows:

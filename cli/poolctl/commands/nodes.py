@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,9 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
 )
+
+if TYPE_CHECKING:
+    from poolctl.nodecheck import Check, NodeResult
 
 app = typer.Typer(help="Check the nodes of a pool over SSH.", no_args_is_help=True)
 
@@ -116,7 +119,7 @@ def check(
         who = f"the OS Login user of {opts.os_login.prepare(endpoints)}"
     sys.stderr.write(f"checking {len(work)} node(s) over SSH as {who} ...\n")
 
-    def progress(res) -> None:
+    def progress(res: NodeResult) -> None:
         sys.stderr.write(nodecheck.progress_line(res) + "\n")
         sys.stderr.flush()
 
@@ -132,7 +135,7 @@ def check(
         raise OperationFailed(f"{len(bad)} of {len(results)} node(s) failed a check ({names})")
 
 
-def render(results) -> None:
+def render(results: list[NodeResult]) -> None:
     """Node x check matrix when it fits the terminal, else one row per node and check."""
     from rich.markup import escape
     from rich.table import Table
@@ -141,7 +144,7 @@ def render(results) -> None:
 
     out = console()
 
-    def sym(c) -> str:
+    def sym(c: Check) -> str:
         return "[green]✓[/]" if c.ok else "[red]✗[/]"
 
     cells = [{c.name: c for c in r.checks} for r in results]

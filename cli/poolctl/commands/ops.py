@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +20,10 @@ from poolctl.commands.common import (
     load,
     one_target,
 )
+
+if TYPE_CHECKING:
+    from poolctl.clouds.base import PoolStatus
+    from poolctl.inventory import Endpoint
 
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0, help="Seconds --wait waits at most.")
@@ -81,20 +85,23 @@ def status(
     from poolctl.inventory import API_KEY_VAR, cloud_module
 
     cfg = load(file)
-    out, unread, endpoints = [], set(), []
+    out: list[PoolStatus] = []
+    unread: set[str] = set()
+    # Each pool's load balancer (None: none carries its tags/labels).
+    lbs: list[Endpoint | None] = []
     endpoints = endpoints_of(sandbox)
     for p, c in cloud_targets(cfg, pool, cloud, endpoints):
         ops = runtime.get_ops(c, endpoints)
         if not isinstance(ops, PublishesQueueMetric):
             unread.add(c)
         out.append(runtime.status(cfg, p, c, ops))
-        endpoints.append(cloud_module(c).endpoint(ops, cfg, p))
+        lbs.append(cloud_module(c).endpoint(ops, cfg, p))
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
-                             for s, ep in zip(out, endpoints, strict=True)]})
+                             for s, ep in zip(out, lbs, strict=True)]})
         return
     con = console()
-    for s, ep in zip(out, endpoints, strict=True):
+    for s, ep in zip(out, lbs, strict=True):
         n = s.counts()
         rpn = s.replicas_per_node
         g = s.group

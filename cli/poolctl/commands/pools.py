@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
+from poolctl.clouds import Cloud
 from poolctl.commands.common import (
-    Cloud,
     CloudOpt,
     FileOpt,
     JsonOpt,
@@ -85,7 +85,8 @@ def ls(
         sys.stderr.write(f"no poolctl pools in {c} {where}\n")
         return
     # Plain columns, as `kubectl get` prints them: never cut to the terminal's width.
-    table = [("PROJECT", "POOL", "GROUP", "IN SERVICE", "MIN/DESIRED/MAX", "MODEL", "IMAGE")]
+    table: list[tuple[str, ...]] = [
+        ("PROJECT", "POOL", "GROUP", "IN SERVICE", "MIN/DESIRED/MAX", "MODEL", "IMAGE")]
     table += [(r.project, r.pool, r.group, str(r.nodes["in_service"]),
                f"{r.nodes['min']}/{r.nodes['desired']}/{r.nodes['max']}", r.model or "-",
                r.image or "-") for r in rows]
@@ -112,7 +113,7 @@ def logs(
     """The pool's logs: its CloudWatch Logs group (AWS) or its VMs' Cloud Logging entries
     (GCP)."""
     from poolctl import runtime
-    from poolctl.inventory import cloud_module, since_seconds, stream_events
+    from poolctl.inventory import LogEvent, cloud_module, since_seconds, stream_events
 
     start_ms = int((time.time() - since_seconds(since)) * 1000)
     cfg = load(file)
@@ -123,7 +124,7 @@ def logs(
 
     shown = 0
 
-    def emit(ev) -> None:
+    def emit(ev: LogEvent) -> None:
         nonlocal shown
         shown += 1
         sys.stdout.write((json.dumps(ev.to_json()) if json_out else ev.line()) + "\n")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +24,11 @@ from poolctl.commands.common import (
     load,
 )
 
+if TYPE_CHECKING:
+    from poolctl.clouds import Cloud
+    from poolctl.clouds.base import CloudOps, QuotaLine
+    from poolctl.config import Config, Pool
+
 app = typer.Typer(help="Quota needed vs. granted; file an increase.", no_args_is_help=True)
 
 ContactOpt = Annotated[
@@ -36,7 +42,9 @@ ContactOpt = Annotated[
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
-def _lines(file, pool, cloud, sandbox: bool, contact_email: str | None = None):
+def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bool,
+           contact_email: str | None = None
+           ) -> tuple[Config, CloudOps, list[tuple[Pool, str, list[QuotaLine]]]]:
     from poolctl import runtime
 
     cfg = load(file)
@@ -45,10 +53,10 @@ def _lines(file, pool, cloud, sandbox: bool, contact_email: str | None = None):
     ops = runtime.get_ops(tgts[0][1], endpoints, contact_email=contact_email)
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
-    seen: set[tuple] = set()
-    found = []
+    seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
+    found: list[tuple[Pool, str, list[QuotaLine]]] = []
     for p, c in tgts:
-        lines = []
+        lines: list[QuotaLine] = []
         for ln in runtime.quota_check(cfg, p, c, ops):
             key = (c, ln.scope, ln.name, tuple(ln.pools))
             if key not in seen:
@@ -58,7 +66,7 @@ def _lines(file, pool, cloud, sandbox: bool, contact_email: str | None = None):
     return cfg, ops, found
 
 
-def _render(rows) -> None:
+def _render(rows: list[tuple[Pool, str, QuotaLine]]) -> None:
     from rich.table import Table
 
     t = Table(title="quota", title_justify="left")
@@ -130,13 +138,15 @@ def request(
             continue
         shared = {(ln.name, ln.scope): f" (shared by {', '.join(ln.pools)})"
                   if len(ln.pools) > 1 else "" for ln in short}
+        # Every line in `short` has a grant; the repeated test only narrows its type.
         asks = ", ".join(f"{ln.name} in {ln.scope} from {ln.granted:g} to "
                          f"{ln.granted + ln.shortfall:g} {ln.unit}{shared[(ln.name, ln.scope)]}"
-                         for ln in short)
+                         for ln in short if ln.granted is not None)
         if not confirm(f"{p.name}/{c}: request {asks}?", auto_approve):
             sys.stderr.write(f"{p.name}/{c}: not confirmed; nothing requested\n")
             continue
-        wanted = {(ln.name, ln.scope): ln.granted + ln.shortfall for ln in short}
+        wanted = {(ln.name, ln.scope): ln.granted + ln.shortfall for ln in short
+                  if ln.granted is not None}
         for req in runtime.quota_request(cfg, p, c, ops, short):
             out.append({"pool": p.name, "cloud": c, **req.to_json()})
             verb = "already open" if req.already_open else "filed"

@@ -4,12 +4,11 @@ through the pool, checkpoint by checkpoint, with automatic rollback on failed he
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -31,6 +30,9 @@ from poolctl.commands.common import (
     one_target,
 )
 
+if TYPE_CHECKING:
+    from poolctl.clouds.base import RolloutState
+
 app = typer.Typer(help="Roll a new image or model version through the pool.",
                   no_args_is_help=True)
 
@@ -44,28 +46,22 @@ TimeoutOpt = Annotated[
 
 @contextlib.contextmanager
 def _stdout_to_stderr(active: bool) -> Iterator[None]:
-    """The plan summary prints to stdout; with --json stdout carries only the JSON."""
+    """The plan summary prints to stdout; with --json stdout carries only the JSON. Python's
+    stdout is enough: Terraform's output comes through pipes, never this process's fd 1."""
     if not active:
         yield
         return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
+    with contextlib.redirect_stdout(sys.stderr):
         yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
-def _config_path(file):
+def _config_path(file: Path | None) -> Path:
     from poolctl.config import find_config
 
     return find_config(file)
 
 
-def _finish(state, what: str) -> None:
+def _finish(state: RolloutState | None, what: str) -> None:
     """Exit 1 unless the rollout ended as the command intended."""
     from poolctl.clouds.base import RolloutStatus
     from poolctl.errors import OperationFailed
@@ -265,7 +261,7 @@ def cancel(
     p, c = one_target(cfg, pool, cloud, endpoints)
     ops = runtime.get_ops(c, endpoints)
     state = runtime.rollout_cancel(cfg, p, c, ops)
-    data = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
+    data: dict[str, Any] = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
     sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
                      "records the new version: `poolctl rollout start` again resumes it, "
                      "`poolctl rollout rollback` returns to the previous one\n")

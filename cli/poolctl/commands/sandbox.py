@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from poolctl import naming
 from poolctl.commands.common import JsonOpt, console, emit_json
 from poolctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     help="A local AWS emulator (moto + poolctl's extensions) on loopback: the target of "
@@ -151,7 +154,7 @@ def stop(json: JsonOpt = False) -> None:
     _print_removed(out, removed, "the sandbox")
 
 
-def _print_removed(out, removed: list[str], whose: str) -> None:
+def _print_removed(out: Console, removed: list[str], whose: str) -> None:
     if removed:
         out.print(
             f"removed the Terraform workdirs and state of {whose} (its resources are gone): "
@@ -180,7 +183,7 @@ def status(region: RegionOpt = None, json: JsonOpt = False) -> None:
     _render_holdings(out, info.holds)
 
 
-def _render_holdings(out, holds: dict) -> None:
+def _render_holdings(out: Console, holds: dict[str, Any]) -> None:
     from rich.table import Table
 
     region = holds.get("region")

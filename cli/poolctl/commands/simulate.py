@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,10 @@ from poolctl.commands.common import (
     one_target,
 )
 from poolctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from poolctl.simulate import SimResult
+    from poolctl.traces import Trace
 
 TraceOpt = Annotated[Path | None, typer.Option(
     "--trace", help="Azure CSV or Mooncake JSONL request trace (detected by content).")]
@@ -38,7 +42,7 @@ TimeScaleOpt = Annotated[float, typer.Option(
 
 def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
             input_tokens: float, output_tokens: float, lengths: str, time_scale: float,
-            flag: str = "--trace"):
+            flag: str = "--trace") -> Trace:
     from poolctl.traces import load_trace, synthetic
 
     if (trace is None) == (rate is None):
@@ -49,8 +53,11 @@ def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
         raise UsageError(f"--lengths: {lengths!r} is not exponential or fixed")
     if input_tokens < 1 or output_tokens < 1:
         raise UsageError("--input-tokens/--output-tokens: means must be at least 1")
-    tr = (load_trace(trace) if trace is not None
-          else synthetic(rate, duration, seed, input_tokens, output_tokens, lengths))
+    if trace is not None:
+        tr = load_trace(trace)
+    else:
+        assert rate is not None  # exactly one of them is given (checked above)
+        tr = synthetic(rate, duration, seed, input_tokens, output_tokens, lengths)
     return tr.scaled(time_scale) if time_scale != 1 else tr
 
 
@@ -116,7 +123,7 @@ def simulate(
         render(s)
 
 
-def render(s: dict) -> None:
+def render(s: dict[str, Any]) -> None:
     from rich.table import Table
 
     from poolctl.commands.common import console
@@ -126,7 +133,10 @@ def render(s: dict) -> None:
     t.add_column(style="bold")
     t.add_column()
     r, cost = s["replicas"], s["cost"]
-    f = lambda d, *ks: " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)  # noqa: E731
+
+    def f(d: dict[str, float | None], *ks: str) -> str:
+        return " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)
+
     rows = [
         ("requests", f"{s['requests']:,} ({s['rejected']} refused: longer than max_model_len)"),
         ("span, arrival rate", f"{s['duration_s']:,.0f} s, {s['arrival_rate_per_s']:.2f}/s"),
@@ -160,7 +170,7 @@ def render(s: dict) -> None:
     console().print(t)
 
 
-def _usd(x, digits: int = 3) -> str:
+def _usd(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"${x:,.{digits}f}"
 
 
@@ -172,7 +182,7 @@ def _need_matplotlib() -> None:
                          "pip install 'poolctl[plot]' (or drop --plot)") from None
 
 
-def draw(res, s: dict, path: Path) -> None:
+def draw(res: SimResult, s: dict[str, Any], path: Path) -> None:
     """Arrivals per minute, replicas in service and TTFT (p90 per minute) over time."""
     import matplotlib
 

@@ -34,7 +34,7 @@ def poll_interval(endpoints: CloudEndpoints = REAL_CLOUDS) -> float:
     return max(0.0, value)
 
 
-def get_ops(cloud: Cloud, endpoints: CloudEndpoints = REAL_CLOUDS, *,
+def get_ops(cloud: Cloud | str, endpoints: CloudEndpoints = REAL_CLOUDS, *,
             contact_email: str | None = None) -> CloudOps:
     """The cloud's CloudOps; its SDK loads only here. `contact_email`: Cloud Quotas (GCP)
     requires one on increase requests; AWS Service Quotas takes none."""
@@ -50,7 +50,7 @@ def get_ops(cloud: Cloud, endpoints: CloudEndpoints = REAL_CLOUDS, *,
     return gcp.make_ops(endpoints, contact_email=contact_email)
 
 
-def watch_hint(cloud: Cloud, file: str | os.PathLike[str] | None, pool: Pool,
+def watch_hint(cloud: Cloud | str, file: str | os.PathLike[str] | None, pool: Pool,
                endpoints: CloudEndpoints = REAL_CLOUDS, what: str = "status") -> str:
     parts = ["poolctl", *what.split(), "--cloud", cloud]
     if file:

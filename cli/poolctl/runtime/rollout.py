@@ -43,7 +43,7 @@ from poolctl.runtime.quota import scaled_needs, shared_quota_lines, shortfall_li
 from poolctl.runtime.records import _annotate, load_record, record_path, save_record
 from poolctl.runtime.warm import running_nodes
 from poolctl.sizing import PoolPlan, plan_pool
-from poolctl.terraform import forget_dead_synth_kernel
+from poolctl.terraform import Terraform, forget_dead_synth_kernel
 
 # ---------------------------------------------------------------------------------------
 # Rollout
@@ -55,24 +55,24 @@ class RolloutResult:
     cloud: str
     stack: str
     key: str
-    from_value: str
-    to_value: str
+    from_value: str | None  # None: a node image the file did not name (the default image)
+    to_value: str | None  # None: back to the default node image, its line removed
     file: str
     file_changed: bool
     applied: bool
     rollout: RolloutState | None
     message: str = ""
     no_surge: bool = False
-    progress: list[dict] = field(default_factory=list)
-    quota: list[dict] = field(default_factory=list)
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    quota: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["from"], d["to"] = d.pop("from_value"), d.pop("to_value")
         return d
 
 
-def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
+def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, plan: PoolPlan,
                   group: Group, no_surge: bool) -> list[QuotaLine]:
     """Quota for the rollout: the group's running nodes + the surge (0 with --no-surge)."""
     surge = 0 if no_surge else plan.nodes["surge"]
@@ -86,7 +86,7 @@ def rollout_start(
     cfg: Config,
     file_path: Path,
     pool: Pool,
-    cloud: Cloud,
+    cloud: Cloud | str,
     ops: CloudOps,
     *,
     image: str | None = None,
@@ -132,7 +132,7 @@ def rollout_start(
     # A rollout poolctl steps itself (GCP) holds at its step while nobody watches it: the
     # same version again drives it on.
     resume = (active is not None and isinstance(ops, StepsRollouts)
-              and bool(last) and last.get("rollout_id") == active.id
+              and last is not None and bool(last) and last.get("rollout_id") == active.id
               and last.get("to") == value)
     if active is not None and not active.done and not resume:
         raise OperationFailed(
@@ -186,7 +186,7 @@ def rollout_start(
     new_cfg, old, changed, line = record_in_file(file_path, cfg, pool, key, value)
     new_pool = new_cfg.select(pool.name)[0]
     prev = load_record(cfg, pool, cloud) if not changed else None
-    rec = {
+    rec: dict[str, Any] = {
         "stack": stack, "pool": pool.name, "cloud": cloud, "file": str(file_path),
         "key": label, "from": old, "to": value, "line": line,
         "group_version_from": group.version, "group_version_to": None,
@@ -209,6 +209,7 @@ def rollout_start(
     )
     workdir = None
     if resume and not changed:
+        assert active is not None  # resume: the rollout found active above
         # Its apply is done (the rollout started after it): drive it on where it stands.
         log(f"{stack}: rollout {active.id} is {active.status.words} at its {active.step}% step; "
             "driving it on (its apply is done)")
@@ -257,13 +258,13 @@ def rollout_start(
 # previous instance template through the apply of a new one, and delete older ones.
 
 
-def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Any], bool] | None:
+def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Terraform], bool] | None:
     """The `before_apply` step of a rollout's Terraform run, when the cloud has one."""
     if not isinstance(ops, StepsRollouts):
         return None
     step = ops.rollout_before_apply
 
-    def before_apply(tf) -> bool:
+    def before_apply(tf: Terraform) -> bool:
         forgotten = step(tf)
         for t in forgotten:
             log(f"{pool.name}: instance template {t['name'] or t['address']} stays as the "
@@ -273,7 +274,8 @@ def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Any], bool] |
     return before_apply
 
 
-def deploy_before_apply(targets: list[tuple[Pool, str]]) -> Callable[[Any], bool] | None:
+def deploy_before_apply(targets: list[tuple[Pool, str]]
+                        ) -> Callable[[Terraform], bool] | None:
     """`deploy`'s `before_apply` step: on GCP the MIG's versions are poolctl's (a rollout
     steps them), so an apply that replaces the instance template must not delete the one the
     MIG runs (GCE refuses while it is in use): Terraform forgets it, and `rollout start`
@@ -282,7 +284,7 @@ def deploy_before_apply(targets: list[tuple[Pool, str]]) -> Callable[[Any], bool
         return None
     from poolctl.clouds.gcp import GcpOps
 
-    def before_apply(tf) -> bool:
+    def before_apply(tf: Terraform) -> bool:
         forgotten = GcpOps().rollout_before_apply(tf)
         for t in forgotten:
             log(f"instance template {t['name'] or t['address']} stays: the pool's MIG runs it "
@@ -337,7 +339,7 @@ def _final_line(pool: Pool, s: RolloutState) -> str:
     return f"{pool.name}: rollout {s.id} finished: {outcome}"
 
 
-def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Group,
+def return_surge(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, group: Group,
                  state: RolloutState | None) -> None:
     """Outside a rollout the group's maximum is the pool's max nodes: a rollout's start raised
     it by the surge (its apply), its end (finished, rolled back, cancelled) gives that back.
@@ -354,15 +356,15 @@ def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Gr
         group.max_nodes = top
 
 
-def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: float,
+def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, timeout: float,
                  hint: str, sleep: Callable[[float], None] = time.sleep
-                 ) -> tuple[RolloutState | None, list[dict]]:
+                 ) -> tuple[RolloutState | None, list[dict[str, Any]]]:
     """Poll the newest rollout until it ends; one line per change of status, percentage or
     checkpoint. Returns the final state and the progress seen."""
     group = ops.find_group(cfg, pool)
     rec = load_record(cfg, pool, cloud)
     t0 = time.monotonic()
-    seen: list[dict] = []
+    seen: list[dict[str, Any]] = []
     last = None
     interval = poll_interval(ops.endpoints)
     # Clouds whose rollout cannot pause by itself (GCP canaries) are stepped from here; such
@@ -413,7 +415,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
         progress.stop()
 
 
-def _after_end(cfg: Config, pool: Pool, cloud: Cloud, s: RolloutState) -> None:
+def _after_end(cfg: Config, pool: Pool, cloud: Cloud | str, s: RolloutState) -> None:
     """An automatic rollback returned the pool to the old version: record that in the file
     too, so that the next deploy does not roll forward again."""
     rec = load_record(cfg, pool, cloud)
@@ -425,7 +427,7 @@ def _after_end(cfg: Config, pool: Pool, cloud: Cloud, s: RolloutState) -> None:
     save_record(cfg, pool, cloud, rec)
 
 
-def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
+def _restore_file(cfg: Config, pool: Pool, rec: dict[str, Any]) -> None:
     path = Path(rec["file"])
     key = _rollout_key(rec["key"])
     if not path.is_absolute():
@@ -462,7 +464,8 @@ def _restore_file(cfg: Config, pool: Pool, rec: dict) -> None:
     rec["restored"] = True
 
 
-def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> dict:
+def rollout_status(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
+                   ) -> dict[str, Any]:
     group = ops.find_group(cfg, pool)
     s = ops.rollout_state(group)
     return_surge(cfg, pool, cloud, ops, group, s)
@@ -480,7 +483,7 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> dict
             "rollout": asdict(s) if s else None, "checkpoints": checkpoints, "record": rec}
 
 
-def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> RolloutState:
+def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> RolloutState:
     if not isinstance(ops, CancelsRollouts):
         raise OperationFailed(f"rollout cancel: {cloud} cannot stop a rollout where it stands; "
                               f"use `poolctl rollout rollback --cloud {cloud}`")
@@ -498,11 +501,11 @@ def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> Roll
 
 
 def rollout_rollback(
-    cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, ops: CloudOps, *,
+    cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, ops: CloudOps, *,
     confirm: Callable[[str], bool], outdir: Path, mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
     verbose: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Return to the recorded previous version.
 
     A rollout still in progress is rolled back by the cloud (AWS RollbackInstanceRefresh:
@@ -510,7 +513,7 @@ def rollout_rollback(
     out again to the previous version (a new rollout). Either way the file records the
     previous version again, so the next deploy does not roll forward."""
     rec = load_record(cfg, pool, cloud)
-    node_image = rec is not None and rec.get("key") in (
+    node_image = rec is not None and rec.get("key") in tuple(
         ROLLOUT_LABELS[k] for k in NODE_IMAGE_KEYS.values())
     if not rec or not (rec.get("from") or node_image):
         raise OperationFailed(
@@ -528,18 +531,19 @@ def rollout_rollback(
         save_record(cfg, pool, cloud, rec)
         out["how"] = "file"
         return out
-    if (mine and s.done and rec.get("action") == "rollback"
+    if (mine and s is not None and s.done and rec.get("action") == "rollback"
             and s.status == RolloutStatus.successful):
         raise OperationFailed(
             f"{pool.name}: the last rollout was already a rollback (to {rec['key']}="
             f"{rec['to']}); to go to {rec['from']} again, use `poolctl rollout start`")
-    if mine and s.status == RolloutStatus.rolled_back:
+    if mine and s is not None and s.status == RolloutStatus.rolled_back:
         _restore_file(cfg, pool, rec)
         save_record(cfg, pool, cloud, rec)
         out.update(how="already_rolled_back", rollout=asdict(s))
         return out
-    held = mine and s.status == RolloutStatus.cancelled and isinstance(ops, StepsRollouts)
-    if mine and (not s.done or held):
+    held = (mine and s is not None and s.status == RolloutStatus.cancelled
+            and isinstance(ops, StepsRollouts))
+    if mine and s is not None and (not s.done or held):
         if not isinstance(ops, RollsBackRollouts):
             raise OperationFailed(f"rollout rollback: {cloud} cannot reverse a rollout in "
                                   f"progress; cancel it, then roll back once it stopped")

@@ -46,13 +46,13 @@ class WarmResult:
     changed: bool
     message: str
     rounding: str = ""  # how replicas became whole nodes, when they did not divide evenly
-    quota: list[dict] = field(default_factory=list)
+    quota: list[dict[str, Any]] = field(default_factory=list)
     wait: dict[str, Any] | None = None
     # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
     # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
     spare: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -93,7 +93,7 @@ def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bo
     return group.min_nodes, (n if exact else max(n, group.warm_min_nodes)), None, n
 
 
-def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | None,
+def warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, replicas: int | None,
          running: bool = False, reset: bool = False, exact: bool = False) -> WarmResult:
     """Prepare spare capacity: the warm pool's minimum := at least N nodes (default), or the
     group's minimum := at least the file's minimum + N nodes (`running`: in service now);
@@ -189,13 +189,13 @@ def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
 # one), and the live sizes alone cannot tell a `warm` from an edit of the file.
 
 
-def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
+def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud | str) -> Path:
     from poolctl.home import poolctl_home
 
     return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
 
-def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict | None:
+def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, Any] | None:
     try:
         data = json.loads(warm_record_path(cfg, pool, cloud).read_text())
     except (OSError, ValueError):
@@ -203,8 +203,8 @@ def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int, warm_nodes: int,
-                      replicas: int | None, running: bool) -> None:
+def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str, min_nodes: int,
+                      warm_nodes: int, replicas: int | None, running: bool) -> None:
     from poolctl.home import write_private
 
     rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
@@ -213,7 +213,7 @@ def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int, war
     write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
 
 
-def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
+def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
                  ) -> tuple[dict[str, str], list[str]]:
     """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
     lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
@@ -236,13 +236,14 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     return (env, lines) if lines else ({}, [])
 
 
-def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[str]:
+def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> list[str]:
     """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
     return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
 
 
-def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: WarmResult,
-              timeout: float, hint: str, sleep: Callable[[float], None] = time.sleep) -> dict:
+def wait_warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, result: WarmResult,
+              timeout: float, hint: str, sleep: Callable[[float], None] = time.sleep
+              ) -> dict[str, Any]:
     """Poll until the nodes `warm` asked for are ready: warm mode, that many settled warm
     nodes (AWS: Warmed:Stopped / Warmed:Running, launch hook completed); running mode, the
     group's minimum in service. One progress line per change, seconds per node."""

@@ -87,7 +87,8 @@ def _state_file(home: Path | str | None) -> Path:
 def _read_state(home: Path | str | None) -> dict[str, Any] | None:
     path = _state_file(home)
     try:
-        return json.loads(path.read_text())
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
