@@ -74,14 +74,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def _weight(item: pytest.Item) -> int:
-    """Where the work is: Terraform deploys to the sandbox (minutes of waiting on the
-    provider), then synthesis (jsii, checkov), then the rest."""
-    if item.get_closest_marker("e2e") or "deployed_pool" in getattr(item, "fixturenames", ()):
-        return 0
-    return 1 if item.get_closest_marker("synth") or item.path.parent.name == "synth" else 2
-
-
 def _group_name(item: pytest.Item) -> str:
     mark = item.get_closest_marker("xdist_group")
     assert mark is not None, item.nodeid  # callers ask only of items that have one
@@ -105,10 +97,73 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = ("synth" if item.path.parent.name == "synth"
                      else module.removeprefix("tests/")[:-3])
             item.add_marker(pytest.mark.xdist_group(group))
-    rank: dict[str, int] = {}
+    counts: dict[str, int] = {}
     for item in items:
-        rank[_group_name(item)] = min(rank.get(_group_name(item), 2), _weight(item))
+        counts[_group_name(item)] = counts.get(_group_name(item), 0) + 1
+    workers = int(config.workerinput.get("workercount", 4))
+    rank = {g: i for i, g in enumerate(queue_order(counts, workers))}
     items.sort(key=lambda item: rank[_group_name(item)])  # stable: file order within a group
+
+
+# Wall seconds of the long groups in a loaded run on 2 cores and 4 workers (stop 17,
+# `python scripts/bench/suite_cpu.py`); a group not listed counts SHORT_TEST_S per test.
+GROUP_SECONDS = {
+    "ops/test_image_build": 264, "e2e/deployed_pool": 260, "e2e/test_deploy_sandbox": 242,
+    "ops/test_runtime_aws": 213, "e2e/interrupts": 203, "synth": 182,
+    "ops/test_launch_day": 178, "ops/test_sandbox": 133, "ops/test_nodes_check": 114,
+    "ops/test_runtime_gcp": 39, "unit/test_simulate": 37, "unit/test_cli": 29,
+    "ops/test_everyday": 25, "unit/test_hostile_configs": 22,
+}
+SHORT_TEST_S = 0.3
+
+
+def _finish_time(order: list[str], counts: dict[str, int], workers: int) -> float:
+    """When the last worker ends if xdist hands out the groups in `order`: each worker gets
+    one group, then another whenever it has two tests or fewer left (xdist's loadscope rule:
+    a worker runs a test only once it knows the next one)."""
+    queue = list(order)
+    pending: list[list[float]] = [[] for _ in range(workers)]
+    clock = [0.0] * workers
+
+    def give(w: int) -> None:
+        if queue:
+            g = queue.pop(0)
+            n = counts[g]
+            pending[w] += [GROUP_SECONDS.get(g, SHORT_TEST_S * n) / n] * n
+
+    for w in range(workers):
+        give(w)
+    for w in range(workers):
+        if len(pending[w]) <= 2:
+            give(w)
+    while busy := [w for w in range(workers) if pending[w]]:
+        w = min(busy, key=lambda x: clock[x])
+        clock[w] += pending[w].pop(0)
+        if len(pending[w]) <= 2:
+            give(w)
+    return max(clock)
+
+
+def queue_order(counts: dict[str, int], workers: int) -> list[str]:
+    """The order xdist should hand the groups out in (with --no-loadscope-reorder, which
+    pytest_configure sets): the longest first, then pairwise swaps while the simulated finish
+    (`_finish_time`) gets earlier. Longest-first alone is not enough: a long group of one
+    test takes a second group at once, so two long ones can end up on one worker."""
+    order = sorted(counts, key=lambda g: -GROUP_SECONDS.get(g, SHORT_TEST_S * counts[g]))
+    best = _finish_time(order, counts, workers)
+    head = min(len(order), 12)  # the long ones; the short ones fill the gaps in any order
+    improved = True
+    while improved:
+        improved = False
+        for i in range(head):
+            for j in range(i + 1, head):
+                order[i], order[j] = order[j], order[i]
+                t = _finish_time(order, counts, workers)
+                if t < best - 1e-9:
+                    best, improved = t, True
+                else:
+                    order[i], order[j] = order[j], order[i]
+    return order
 
 
 # Where the suite's CPU goes (scripts/bench/suite_cpu.py): with POOLCTL_TEST_CPU_LOG=FILE
