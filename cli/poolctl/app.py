@@ -25,6 +25,7 @@ from poolctl.commands import (
     rollout,
     sandbox,
     simulate,
+    weights,
 )
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ app.add_typer(quota.app, name="quota")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(image.app, name="image")
+app.add_typer(weights.app, name="weights")
 
 
 def _print_version(value: bool) -> None:

@@ -12,7 +12,7 @@ Weights: `weights_uri` holds the files the server loads plus `manifest.json`:
     {"files": {"rel/path": {"sha256": "<hex digest>", "bytes": <size>}}}
 
 Paths are relative to `weights_uri`, `/`-separated; every listed file must match or the boot
-fails (ABANDON on AWS). `build_manifest(folder)` writes that format.
+fails (ABANDON on AWS). `poolctl weights manifest DIR` (`poolctl.weights`) writes it.
 
 The boot library (`_node_lib.sh.j2`: every function that depends on the cloud only) is
 either inline (the whole script) or, on a node image `poolctl image build` made, installed at
@@ -29,11 +29,9 @@ one. Config values enter the script only through the `q` filter (shell quoting).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -197,25 +195,3 @@ def render_nvme_script(
     return environment().get_template("nvme-raid.sh.j2").render(
         cloud=cloud, nvme_expected=nvme_expected, cache_mount=cache_mount, standalone=True
     )
-
-
-def build_manifest(folder: str | Path) -> dict[str, Any]:
-    """The manifest.json for a weights folder (every file but the manifest itself)."""
-    root = Path(folder)
-    files: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel == "manifest.json" or path.name.startswith(".poolctl-"):
-            continue
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-        files[rel] = {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
-    return {"files": files}
-
-
-def write_manifest(folder: str | Path) -> Path:
-    out = Path(folder) / "manifest.json"
-    out.write_text(json.dumps(build_manifest(folder), indent=1, sort_keys=True) + "\n")
-    return out

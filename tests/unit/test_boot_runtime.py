@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from poolctl import bootscript
-from poolctl.bootscript import write_manifest
+from poolctl import bootscript, weights
+from poolctl.errors import UsageError
+from poolctl.weights import write_manifest
 
 from .boot_config import EXTRA_ARGS, load
 
@@ -417,24 +418,34 @@ def test_verify_manifest(node, tmp_path):
                       "6d2fe32dc4249ef7e7359c6d874fffbbf335e832e49a2681236e1b686af78794"},
     }}
     assert node.run(script, "verify", str(folder)).returncode == 0
+    assert weights.verify(folder).ok
 
+    def both_find(*problems: str) -> None:
+        """The node's check and `poolctl weights verify` find the same problems."""
+        r = node.run(script, "verify", str(folder))
+        assert r.returncode == 1
+        found = [ln.removeprefix("poolctl: weights: ") for ln in r.stderr.splitlines()
+                 if ln.startswith("poolctl: weights: ") and " files verified" not in ln]
+        assert found == list(problems)
+        assert weights.verify(folder).problems == list(problems)
+
+    (folder / "a.bin").write_bytes(b"A" + b"a" * 999)
     (folder / "sub" / "b.bin").write_bytes(b"b" * 11)
-    r = node.run(script, "verify", str(folder))
-    assert r.returncode == 1 and "sub/b.bin: 11 bytes, manifest says 10" in r.stderr
+    both_find("a.bin: sha256 mismatch", "sub/b.bin: 11 bytes, manifest says 10")
     (folder / "sub" / "b.bin").unlink()
-    r = node.run(script, "verify", str(folder))
-    assert r.returncode == 1 and "sub/b.bin: missing" in r.stderr
+    both_find("a.bin: sha256 mismatch", "sub/b.bin: missing")
 
     (folder / "manifest.json").write_text(json.dumps(
         {"files": {"../../etc/hostname": {"bytes": 1, "sha256": "00"}}}))
-    r = node.run(script, "verify", str(folder))
-    assert r.returncode == 1 and "outside the weights folder" in r.stderr
-    (folder / "manifest.json").write_text(json.dumps({"files": {}}))
-    assert node.run(script, "verify", str(folder)).returncode == 1
-    (folder / "manifest.json").write_text("not json")
-    r = node.run(script, "verify", str(folder))
-    assert r.returncode == 1 and "manifest.json unusable" in r.stderr
-    assert "Traceback" not in r.stderr
+    both_find("../../etc/hostname: outside the weights folder")
+    # Manifests a node refuses whole: poolctl refuses them too (one line, exit 2).
+    for bad in (json.dumps({"files": {}}), "not json"):
+        (folder / "manifest.json").write_text(bad)
+        r = node.run(script, "verify", str(folder))
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        with pytest.raises(UsageError, match="manifest.json: (lists no files|unusable)"):
+            weights.verify(folder)
+    assert "manifest.json unusable" in r.stderr
 
 
 def test_missing_nvme_fails_when_the_type_has_some(node):

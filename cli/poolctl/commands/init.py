@@ -76,6 +76,7 @@ def _pool_yaml(preset: Preset, row: InstanceType, region: str, zones: list[str],
       region: {region}
       instance_type: {row.name}  # {row.gpus}x {row.gpu}; `poolctl catalog` lists the others
       # CHANGE ME: the bucket/prefix holding the weights (safetensors) and manifest.json
+      # (poolctl weights manifest DIR writes it)
       weights_uri: s3://my-models/{_slug(p.id)}/
 """ if row.cloud == Cloud.aws else f"""    gcp:
       project: my-gcp-project  # CHANGE ME: your project id
@@ -83,6 +84,7 @@ def _pool_yaml(preset: Preset, row: InstanceType, region: str, zones: list[str],
       zones: [{", ".join(zones)}]
       machine_type: {row.name}  # {row.gpus}x {row.gpu}; `poolctl catalog` lists the others
       # CHANGE ME: the bucket/prefix holding the weights (safetensors) and manifest.json
+      # (poolctl weights manifest DIR writes it)
       weights_uri: gs://my-models/{_slug(p.id)}/
 """)
     return f"""\
@@ -182,5 +184,7 @@ def init(
         path.write_text(text)
         sys.stdout.write(f"wrote {path}\n")
     sys.stderr.write(
-        f"next: set weights_uri (and project) in {dir / 'poolctl.yaml'}, then "
-        f"`poolctl validate`, `poolctl plan --cloud {cloud.value}`, `cdktf synth`\n")
+        f"next: set weights_uri (and project) in {dir / 'poolctl.yaml'} (the nodes check the "
+        "weights against a manifest.json: `poolctl weights manifest DIR` writes it before "
+        f"the upload), then `poolctl validate`, `poolctl plan --cloud {cloud.value}`, "
+        "`cdktf synth`\n")

@@ -1,0 +1,168 @@
+"""`poolctl weights manifest / verify` (poolctl.weights): the manifest each node checks its
+copy of the weights against. That the node's own check (the boot script's verify_weights)
+accepts these manifests and finds the same problems is tested beside the boot script, in
+tests/unit/test_boot_runtime.py::test_verify_manifest.
+
+Digests are the published SHA-256 test vectors (FIPS 180-2, appendix B): "abc" and "".
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from poolctl import weights
+from poolctl.errors import UsageError
+from tests import inproc
+
+ABC = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def poolctl(*args: str):
+    return inproc.run_argv([sys.executable, "-m", "poolctl", *args], capture_output=True,
+                           text=True, timeout=60)
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """config.json ("abc"), an empty file in a sub-folder, a node's marker (never listed),
+    and a link to a folder outside (not entered)."""
+    root = tmp_path / "llama"
+    (root / "tokenizer").mkdir(parents=True)
+    (root / "config.json").write_bytes(b"abc")
+    (root / "tokenizer" / "empty.txt").write_bytes(b"")
+    (root / ".poolctl-complete").write_text("s3://x/ 1\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret").write_text("not weights")
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    return root
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(folder):
+    assert weights.build_manifest(folder) == {"files": {
+        "config.json": {"sha256": ABC, "bytes": 3},
+        "tokenizer/empty.txt": {"sha256": EMPTY, "bytes": 0},
+    }}
+
+
+def test_the_cli_writes_it_readable_by_all_and_says_how_to_upload(folder):
+    res = poolctl("weights", "manifest", str(folder))
+    assert res.returncode == 0, res.stderr
+    out = folder / "manifest.json"
+    assert json.loads(out.read_text())["files"]["config.json"] == {"sha256": ABC, "bytes": 3}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    assert f"wrote {out}: 2 files, 3 bytes" in res.stdout
+    assert f"aws s3 sync {folder} s3://" in res.stdout
+    assert f"weights: hashing 2 files, 3 bytes in {folder}" in res.stderr
+    # Written again over itself: the old manifest is not listed in the new one.
+    again = poolctl("weights", "manifest", str(folder), "--json")
+    assert json.loads(again.stdout) == {"manifest": str(out), "files": 2, "bytes": 3}
+    assert set(json.loads(out.read_text())["files"]) == {"config.json", "tokenizer/empty.txt"}
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_verify_passes_then_names_each_problem_and_exits_1(folder):
+    weights.write_manifest(folder)
+    ok = poolctl("weights", "verify", str(folder), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"folder": str(folder), "files": 2, "bytes": 3,
+                                     "verified": 2, "problems": [], "unlisted": []}
+
+    (folder / "config.json").write_bytes(b"abd")  # same size, other digest
+    (folder / "tokenizer" / "empty.txt").unlink()
+    (folder / "added.bin").write_bytes(b"x")
+    res = poolctl("weights", "verify", str(folder))
+    assert res.returncode == 1
+    assert res.stdout.splitlines() == [
+        "  config.json: sha256 mismatch",
+        "  tokenizer/empty.txt: missing",
+        "1 file is not in the manifest (nodes copy them but do not check them): added.bin",
+        "0 of 2 files verified (3 bytes)",
+    ]
+    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("poolctl:")]
+    assert line.startswith(f"poolctl: weights: 2 of 2 files in {folder} do not match")
+
+
+def test_a_size_change_is_found_without_hashing(folder, monkeypatch):
+    weights.write_manifest(folder)
+    (folder / "config.json").write_bytes(b"abcd")
+    hashed: list[int] = []
+    result = weights.verify(folder, hashed.append)
+    assert result.problems == ["config.json: 4 bytes, manifest says 3"]
+    assert hashed == []  # the only other file is empty: nothing to read
+
+
+@pytest.mark.parametrize("manifest, words", [
+    (None, "manifest.json: missing; a node refuses the folder without it"),
+    ("not json", "manifest.json: unusable (JSONDecodeError"),
+    ('{"files": {}}', "manifest.json: lists no files"),
+    ('{"files": {"a": {"bytes": "many"}}}', "manifest.json: unusable (ValueError"),
+    ('{"files": []}', "manifest.json: unusable (AttributeError"),
+])
+def test_a_manifest_a_node_would_refuse_is_one_line_exit_2(folder, manifest, words):
+    if manifest is not None:
+        (folder / "manifest.json").write_text(manifest)
+    res = poolctl("weights", "verify", str(folder))
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    [line] = res.stderr.splitlines()
+    assert words in line and f"poolctl weights manifest {folder}" in line
+
+
+def test_a_path_outside_the_folder_is_a_problem_not_a_read(folder):
+    (folder / "manifest.json").write_text(json.dumps(
+        {"files": {"../elsewhere/secret": {"bytes": 11, "sha256": "00"}}}))
+    assert weights.verify(folder).problems == ["../elsewhere/secret: outside the weights folder"]
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp: tmp / "nope", "does not exist"),
+    (lambda tmp: (tmp / "file").write_text("x") and tmp / "file", "is not a folder"),
+    (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "holds no files to list"),
+])
+def test_a_folder_that_cannot_be_listed_is_one_line_exit_2(tmp_path, make, words):
+    path = make(tmp_path)
+    res = poolctl("weights", "manifest", str(path))
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        f"poolctl: {path}: {words}; give the folder that holds the model's weights"]
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_an_unreadable_file_is_one_line(folder, monkeypatch):
+    # As a file of mode 000 for a user other than root (the tests run as root in CI).
+    real_open = Path.open
+
+    def refuse(self, *args, **kwargs):
+        if self.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(UsageError, match=r"config.json: cannot be read \(Permission denied\); "
+                       "fix its permissions"):
+        weights.build_manifest(folder)
+
+
+def test_many_files_hash_in_parallel_to_the_same_manifest(tmp_path):
+    # More files than threads, one of them over a read chunk: each digest lands on its own
+    # path (hashlib's own answer per file, computed here one by one).
+    import hashlib
+
+    root = tmp_path / "w"
+    root.mkdir()
+    blobs = {f"shard-{i:02d}.bin": bytes([i]) * (i * 100_003 + (weights.CHUNK if i == 1 else 0))
+             for i in range(weights.HASH_THREADS + 3)}
+    for name, data in blobs.items():
+        (root / name).write_bytes(data)
+    seen: list[int] = []
+    got = weights.build_manifest(root, seen.append)["files"]
+    assert got == {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                   for name, data in blobs.items()}
+    assert sum(seen) == sum(len(d) for d in blobs.values())
