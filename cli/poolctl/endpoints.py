@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,9 @@ class CloudEndpoints:
     # (tests interrupt and fail builds with these).
     image_build_hold_s: int = 0
     image_build_fails: bool = False
+    # Compute Engine's base URL, for OS Login, Monitoring, Logging and Cloud Quotas too;
+    # None: Google's. A plain-http one (a local fake) is called without credentials.
+    gce_url: str | None = None
 
     def require(self, cloud: Cloud | str) -> None:
         """Refuse a cloud these endpoints do not reach (the sandbox emulates AWS only)."""
@@ -96,3 +99,13 @@ class CloudEndpoints:
 
 
 REAL_CLOUDS = CloudEndpoints()
+
+# Points the GCP calls elsewhere than Google (tests' Compute Engine fake), as AWS_ENDPOINT_URL
+# does boto3's; read at the edge only (`real_clouds`), checked by poolctl.envcheck.
+GCE_ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
+
+
+def real_clouds(environ: Mapping[str, str] = os.environ) -> CloudEndpoints:
+    """The real clouds, with the GCP endpoint override the environment sets, if any."""
+    url = environ.get(GCE_ENDPOINT_ENV)
+    return replace(REAL_CLOUDS, gce_url=url) if url else REAL_CLOUDS

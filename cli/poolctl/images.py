@@ -504,7 +504,8 @@ class ImageRow:
 
 def list_images(cfg: Config, pool: Pool, cloud: Cloud | str,
                 endpoints: CloudEndpoints = REAL_CLOUDS) -> list[ImageRow]:
-    rows = _aws_images(cfg, pool, endpoints) if cloud == Cloud.aws else _gcp_images(cfg, pool)
+    rows = (_aws_images(cfg, pool, endpoints) if cloud == Cloud.aws
+            else _gcp_images(cfg, pool, endpoints))
     return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
 
 
@@ -558,11 +559,11 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
     return used
 
 
-def _gcp_images(cfg: Config, pool: Pool) -> list[ImageRow]:
+def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
     from poolctl.clouds.gcp import make_ops
     from poolctl.clouds.gcp_api import _last
 
-    ops = make_ops()
+    ops = make_ops(endpoints)
     compute_v1 = ops._compute()
     labels = naming.gcp_labels(cfg, pool)
     assert pool.gcp is not None  # listed for the pool's gcp placement (commands' one_target)
@@ -614,19 +615,19 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
         if cloud == Cloud.aws:
             _aws_delete(pool, endpoints, r)
         else:
-            _gcp_delete(pool, r)
+            _gcp_delete(pool, endpoints, r)
         deleted.append({"id": r.id, "name": r.name, "snapshots": r.snapshots})
         log(f"{pool.name}: deleted {r.id} ({r.name}){' and ' if r.snapshots else ''}"
             f"{', '.join(r.snapshots)}")
     return {"pool": pool.name, "cloud": cloud, "kept": kept, "deleted": deleted}
 
 
-def _gcp_delete(pool: Pool, row: ImageRow) -> None:
+def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     import uuid
 
     from poolctl.clouds.gcp import make_ops
 
-    ops = make_ops()
+    ops = make_ops(endpoints)
     what = f"delete image {row.name}"
     assert pool.gcp is not None  # prune: the pool's gcp placement, whose images it listed
     # A request id: a retried delete is not applied twice.

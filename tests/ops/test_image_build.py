@@ -491,7 +491,7 @@ def _gcp_pool(gce, tmp_path) -> tuple[Path, dict[str, str]]:
     return f, names
 
 
-def test_gcp_list_prune_and_latest(gce, tmp_path, sandbox_home, monkeypatch):
+def test_gcp_list_prune_and_latest(gce, tmp_path, sandbox_home):
     f, names = _gcp_pool(gce, tmp_path)
     env = {"POOLCTL_GCE_ENDPOINT": gce.endpoint}
     ident = {k: f"projects/{GCP_PROJECT}/global/images/{v}" for k, v in names.items()}
@@ -509,10 +509,11 @@ def test_gcp_list_prune_and_latest(gce, tmp_path, sandbox_home, monkeypatch):
     # latest: the newest carrying the pool's serving image (v0.11.0), used or not: D.
     from poolctl import images
     from poolctl.config import load_config
+    from poolctl.endpoints import CloudEndpoints
 
-    monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", gce.endpoint)
+    endpoints = CloudEndpoints(gce_url=gce.endpoint)
     cfg = load_config(f)
-    assert images.latest_image(cfg, cfg.pools[0], "gcp", False) == ident["D"]
+    assert images.latest_image(cfg, cfg.pools[0], "gcp", endpoints) == ident["D"]
 
     # --keep 1: of the unused F, D, G the newest (F) stays; in-use C, B, A are never touched.
     pr = run_poolctl(sandbox_home, "image", "prune", "--keep", "1", "--cloud", "gcp", "-f",
@@ -527,7 +528,7 @@ def test_gcp_list_prune_and_latest(gce, tmp_path, sandbox_home, monkeypatch):
     assert [r["path"].rsplit("/", 1)[1] for r in deletes] == [names["D"], names["G"]]
     assert all(r["query"].get("requestId") for r in deletes)  # a retried delete is one
     # Now the newest image carrying v0.11.0 is B, which the MIG runs.
-    assert images.latest_image(cfg, cfg.pools[0], "gcp", False) == ident["B"]
+    assert images.latest_image(cfg, cfg.pools[0], "gcp", endpoints) == ident["B"]
 
     # No image carries the serving image: `rollout start --node-image latest` says so in one
     # line, before it edits or calls anything else.

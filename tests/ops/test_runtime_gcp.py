@@ -1193,12 +1193,18 @@ def test_queue_without_points_is_none_and_an_error_is_one_line(fake, ops, cfg, p
 
 
 def test_endpoint_from_env_gets_anonymous_credentials(fake, cfg, pool, monkeypatch):
+    from poolctl.commands.common import endpoints_of
+
     deploy(fake, cfg, pool)
+    # Read once, at the CLI's edge; the library is handed it.
     monkeypatch.setenv("POOLCTL_GCE_ENDPOINT", fake.endpoint)
+    endpoints = endpoints_of(False)
+    assert endpoints.gce_url == fake.endpoint
+    monkeypatch.delenv("POOLCTL_GCE_ENDPOINT")
+    assert endpoints_of(False).gce_url is None
     # No credentials given and none in the environment: a plain-http endpoint is anonymous.
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
-    assert make_ops().find_group(cfg, pool).name == MIG
-    monkeypatch.delenv("POOLCTL_GCE_ENDPOINT")
+    assert make_ops(endpoints).find_group(cfg, pool).name == MIG
     with pytest.raises(UsageError, match="^--sandbox: the sandbox emulates AWS only"):
         make_ops(CloudEndpoints(flag="--sandbox", clouds=frozenset({Cloud.aws})))
 

@@ -42,9 +42,10 @@ outside Terraform's state: `destroy` leaves it behind (labelled with the pool).
 
 The calls themselves (clients, retries, operation waits, OS Login, Monitoring) are
 `poolctl.clouds.gcp_api.GceApi`, which `GcpOps` builds on; this module is the policy.
-Endpoints: `client_options` (e.g. {"api_endpoint": "http://127.0.0.1:PORT"}) or the
-POOLCTL_GCE_ENDPOINT environment variable point the APIs (and OS Login's, for `nodes check
---access iap`, and Cloud Monitoring's, for the queue in `status`) elsewhere. Plain-http
+Endpoints: `client_options` (e.g. {"api_endpoint": "http://127.0.0.1:PORT"}; `make_ops`
+passes `CloudEndpoints.gce_url`, which the CLI's edge reads from POOLCTL_GCE_ENDPOINT) point
+the APIs (and OS Login's, for `nodes check --access iap`, and Cloud Monitoring's, for the
+queue in `status`) elsewhere. Plain-http
 endpoints get anonymous credentials: a token must never travel unencrypted, and only a local
 fake speaks plain http. Every mutation waits for its Operation through a
 Region/GlobalOperationsClient built with the same options: the clients' own polling builds a
@@ -1054,9 +1055,10 @@ class GcpOps(GceApi, CloudOps, RequestsQuota, CancelsRollouts, RollsBackRollouts
 
 def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS, contact_email: str | None = None
              ) -> GcpOps:
-    """The GCP runtime for commands. The sandbox emulates AWS only (refused here); a GCP
-    endpoint other than Google's (a local fake in tests) comes from POOLCTL_GCE_ENDPOINT.
-    `contact_email`: for Cloud Quotas increase requests (`quota request --contact-email`,
-    else the POOLCTL_QUOTA_CONTACT_EMAIL environment variable)."""
+    """The GCP runtime for commands, calling `endpoints.gce_url` (Google's when None). The
+    sandbox emulates AWS only (refused here). `contact_email`: for Cloud Quotas increase
+    requests (`quota request --contact-email`, else the POOLCTL_QUOTA_CONTACT_EMAIL
+    environment variable)."""
     endpoints.require(Cloud.gcp)
-    return GcpOps(contact_email=contact_email)
+    return GcpOps(client_options={"api_endpoint": endpoints.gce_url} if endpoints.gce_url
+                  else None, contact_email=contact_email)

@@ -1,5 +1,5 @@
 """Compute Engine, OS Login, Monitoring and Logging plumbing for the GCP runtime: clients at
-the endpoint override (POOLCTL_GCE_ENDPOINT, the tests' fake), retries with backoff, waits on
+the endpoint given (`client_options`; the tests' fake), retries with backoff, waits on
 long-running operations, and every failure turned into one line naming the call. No policy:
 what poolctl does with a pool lives in `poolctl.clouds.gcp` (`GcpOps` builds on `GceApi`).
 """
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from poolctl.clouds.base import (
     Group,
 )
+from poolctl.endpoints import GCE_ENDPOINT_ENV
 from poolctl.errors import OperationFailed, UsageError
 
 if TYPE_CHECKING:
     from google.api_core.retry import Retry
 
-ENDPOINT_ENV = "POOLCTL_GCE_ENDPOINT"
 OSLOGIN_API = "https://oslogin.googleapis.com"
 MONITORING_API = "https://monitoring.googleapis.com"
 TOKENINFO = "https://oauth2.googleapis.com/tokeninfo"
@@ -79,8 +79,6 @@ class GceApi:
                  credentials: Any = None,
                  retry_initial_s: float = 1.0, retry_deadline_s: float = 300.0,
                  call_timeout_s: float = 60.0, operation_timeout_s: float = 900.0) -> None:
-        if client_options is None and os.environ.get(ENDPOINT_ENV):
-            client_options = {"api_endpoint": os.environ[ENDPOINT_ENV]}
         endpoint = ""
         if isinstance(client_options, dict):
             endpoint = client_options.get("api_endpoint") or ""
@@ -280,7 +278,8 @@ class GceApi:
                 path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
                 if not path:
                     raise UsageError(f"--access iap: no Google account to import the key for; "
-                                     f"set GOOGLE_APPLICATION_CREDENTIALS ({ENDPOINT_ENV} is "
+                                     "set GOOGLE_APPLICATION_CREDENTIALS "
+                                     f"({GCE_ENDPOINT_ENV} is "
                                      "plain http: no token is sent there)")
                 from google.oauth2 import service_account
 

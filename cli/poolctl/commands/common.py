@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from poolctl.clouds import Cloud
-from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
@@ -69,7 +69,7 @@ def endpoints_of(sandbox: bool) -> CloudEndpoints:
     or with --sandbox the running sandbox (a line saying how to start it when none runs).
     Outside `poolctl sandbox ...`, this is the only code that loads the sandbox package."""
     if not sandbox:
-        return REAL_CLOUDS
+        return real_clouds()
     from poolctl.sandbox import manager
 
     return manager.endpoints()
