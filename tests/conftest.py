@@ -110,8 +110,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # group on a worker to ask for `deployed_pool` deploys it (~95 s): the groups that use it are
 # listed with that deploy (launch_day ran in 28 s after another group had deployed it).
 GROUP_SECONDS = {
-    "e2e/deployed_pool": 245, "ops/test_image_build": 240, "e2e/test_deploy_sandbox": 225,
-    "ops/test_runtime_aws": 224, "e2e/interrupts": 186, "ops/test_launch_day": 125,
+    "ops/test_image_build": 240, "e2e/test_deploy_sandbox": 225,
+    "ops/test_runtime_aws": 224, "e2e/interrupts": 195, "ops/test_launch_day": 125,
     "ops/test_sandbox": 116, "synth": 106, "ops/test_nodes_check": 71,
     "unit/test_simulate": 29, "ops/test_runtime_gcp": 29, "unit/test_hostile_configs": 24,
     "unit/test_boot_runtime": 14, "ops/test_everyday": 9, "unit/test_images": 8,
@@ -303,7 +303,7 @@ DEPLOYED_REGION = "us-east-1"
 # What the fixture handed out, so a test that needs it again finds it re-created when an
 # earlier test wiped the emulator (moto's reset) or destroyed the stack.
 _deployed: dict[str, Any] = {}
-_deployed_at: list[Any] = []  # [endpoint, POOLCTL_HOME] once the fixture has run
+_deployed_at: list[Any] = []  # [endpoint, POOLCTL_HOME] once the fixture ran or a test adopted
 
 
 @functools.cache
@@ -565,12 +565,24 @@ def deployed_pool(sandbox, sandbox_home) -> Iterator[dict[str, Any]]:
     that wipes the sandbox or destroys the stack does not break later users: the pool is
     re-created before the next test that asks for this fixture. A fresh deployment is
     kept as a sandbox snapshot (with its Terraform state), which the next group of tests
-    on this worker starts from (pytest_runtest_setup).
+    on this worker starts from (pytest_runtest_setup), as from a pool a test deployed and
+    handed over (`adopt_deployed_pool`).
     """
-    _deployed_at[:] = [sandbox, Path(sandbox_home)]
-    # Groups that ran before on this worker may have left instances (quota in use) behind.
-    _fresh_sandbox(sandbox, Path(sandbox_home))
+    if not _deployed_at:  # else a test deployed the pool and handed it over
+        _deployed_at[:] = [sandbox, Path(sandbox_home)]
+        # Groups that ran before on this worker may have left instances (quota in use).
+        _fresh_sandbox(sandbox, Path(sandbox_home))
     yield ensure_deployed_pool(sandbox, Path(sandbox_home))
+
+
+def adopt_deployed_pool(endpoint: str, home: Path, group: str) -> None:
+    """A test of `group` that deployed the example pool on an emptied sandbox and booted its
+    nodes hands it to the `deployed_pool` users on this worker, as if the fixture had
+    deployed it: they start from its snapshot instead of deploying again (~95 s)."""
+    _deployed_at[:] = [endpoint, home]
+    _pool_user[:] = [group]
+    ensure_deployed_pool(endpoint, home)  # finds it; records how it was made
+    _snapshot_pool(endpoint, home)
 
 
 POOL_SNAPSHOT = "deployed-pool"

@@ -381,9 +381,14 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
     the one before left unrecorded (the tags prove poolctl made it), the last one completes,
     and the deploy after it has nothing to do. The other lookups (group, role, VPC ...) are
     tested without Terraform in tests/ops/test_interrupts.py."""
+    from tests.conftest import _fresh_sandbox, adopt_deployed_pool
+
     home = Path(sandbox_home)
     if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
         _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
+    # An empty emulator (groups before on this worker may have left instances, quota in
+    # use): the pool it leaves is then the one `deployed_pool` users expect.
+    _fresh_sandbox(sandbox, home)
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
     assert _group(asg) is None
 
@@ -442,8 +447,9 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
     assert len(vpcs) == 1
     assert [lb["LoadBalancerName"] for lb in elbv2.describe_load_balancers()["LoadBalancers"]
             ].count(ASG) == 1
-    # Leave the pool as `deployed_pool` promises it: nodes booted.
+    # Leave the pool as `deployed_pool` promises it (nodes booted), and hand it over.
     assert run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL).returncode == 0
+    adopt_deployed_pool(sandbox, home, "e2e/interrupts")
 
 
 # -------------------------------------------------------------------------------------
@@ -563,30 +569,31 @@ def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
     assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
 
 
-@pytest.mark.xdist_group("e2e/deployed_pool")
+# In the interrupt chain's group: it leaves the pool deployed, so the fixture finds it there
+# (run alone, the fixture deploys it).
+@pytest.mark.xdist_group("e2e/interrupts")
 def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
     assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
                              "via": "boto3" if MISSING else "terraform"}
     _check_pool_like_the_stack(sandbox_client, ASG)
 
 
-@pytest.mark.xdist_group("e2e/deployed_pool")
-def test_deployed_pool_boto3_fallback_makes_the_same_pool(sandbox, sandbox_client):
-    from tests.conftest import _deploy_with_boto3, sandbox_admin
+def test_deployed_pool_boto3_fallback_makes_the_same_pool(tmp_path):
+    """On a sandbox of its own: wiping the session's would cost its next user a deploy."""
+    import boto3
 
-    sandbox_admin(sandbox, "POST", "/moto-api/reset")
+    from poolctl.sandbox import manager
+    from poolctl.sandbox.manager import TEST_CREDENTIALS
+    from tests.conftest import _deploy_with_boto3
+
+    home = tmp_path / "home"
+    endpoint = str(manager.start(port=0, home=home, parent_pid=os.getpid(),
+                                 boot_speedup=0).endpoint)
     try:
-        _deploy_with_boto3(sandbox)
-        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+        _deploy_with_boto3(endpoint)
+        sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
                       {"AutoScalingGroupName": ASG})
-        _check_pool_like_the_stack(sandbox_client, ASG)
+        _check_pool_like_the_stack(lambda service: boto3.client(
+            service, endpoint_url=endpoint, region_name="us-east-1", **TEST_CREDENTIALS), ASG)
     finally:
-        # No hand-made pool left for Terraform's state to trip over.
-        sandbox_admin(sandbox, "POST", "/moto-api/reset")
-
-
-@pytest.mark.xdist_group("e2e/deployed_pool")
-def test_deployed_pool_comes_back_after_the_sandbox_was_wiped(deployed_pool, sandbox_client):
-    # The test above reset the emulator; the fixture re-created the pool before this test.
-    assert deployed_pool["via"] == ("boto3" if MISSING else "terraform")
-    _check_pool_like_the_stack(sandbox_client, ASG)
+        manager.stop(home=home)
