@@ -134,16 +134,33 @@ def total_bytes(folder: str | Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files.values())
 
 
-def write_manifest(folder: str | Path, progress: Progress | None = None) -> Path:
-    """Write `manifest.json` into the folder (replacing one there), all at once: a reader
-    never sees half of it. Readable by all: it is uploaded with the weights."""
+def manifest_path(folder: str | Path, out: str | Path | None = None) -> Path:
+    """Where `write_manifest` writes: `out`, else `manifest.json` in the folder."""
+    target = Path(out) if out is not None else Path(folder) / MANIFEST
+    if target.is_dir():
+        raise UsageError(f"--out {target}: is a folder; give the file to write, e.g. "
+                         f"{target / MANIFEST}")
+    return target
+
+
+def write_manifest(folder: str | Path, progress: Progress | None = None,
+                   out: str | Path | None = None) -> Path:
+    """Write the manifest to `out` (default: `manifest.json` in the folder, replacing one
+    there), all at once: a reader never sees half of it. Readable by all: it is uploaded
+    with the weights."""
+    target = manifest_path(folder, out)
     manifest = build_manifest(folder, progress)
-    out = Path(folder) / MANIFEST
-    tmp = out.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out)
-    return out
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{target}: cannot be written ({e.strerror}); write it elsewhere "
+                         "with --out FILE and upload it as manifest.json beside the "
+                         "weights") from None
+    return target
 
 
 def _entries(folder: Path) -> Iterator[tuple[str, int, str]]:

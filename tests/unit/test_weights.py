@@ -166,3 +166,30 @@ def test_many_files_hash_in_parallel_to_the_same_manifest(tmp_path):
     assert got == {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                    for name, data in blobs.items()}
     assert sum(seen) == sum(len(d) for d in blobs.values())
+
+
+def test_a_read_only_folder_gets_its_manifest_written_elsewhere(folder, tmp_path, monkeypatch):
+    # As a folder the user may not write to (a mounted dataset; the tests run as root, who
+    # may write anywhere): the rename into it is refused.
+    real_replace = weights.os.replace
+
+    def refuse(src, dst):
+        if Path(dst).parent == folder:
+            raise PermissionError(13, "Permission denied")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(weights.os, "replace", refuse)
+    with pytest.raises(UsageError, match=r"manifest.json: cannot be written \(Permission "
+                       r"denied\); write it elsewhere with --out FILE"):
+        weights.write_manifest(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".poolctl-complete", "config.json", "linked", "tokenizer"]  # no temporary file left
+
+    out = tmp_path / "llama.manifest.json"
+    res = poolctl("weights", "manifest", str(folder), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(out.read_text())["files"]["config.json"] == {"sha256": ABC, "bytes": 3}
+    assert f"aws s3 cp {out} s3://BUCKET/PREFIX/manifest.json" in res.stdout
+    folder_out = poolctl("weights", "manifest", str(folder), "--out", str(tmp_path))
+    assert folder_out.returncode == 2
+    assert folder_out.stderr.startswith(f"poolctl: --out {tmp_path}: is a folder")

@@ -43,25 +43,40 @@ class _Hashed:
         self.progress.update(f"weights: {self.what}: {pct} % of {_gb(self.total)}", quiet=True)
 
 
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", help="Write the manifest here instead (a read-only folder); upload "
+                 "it as manifest.json beside the weights.", show_default=False),
+]
+
+
 @app.command()
-def manifest(folder: FolderArg, json_out: JsonOpt = False) -> None:
+def manifest(folder: FolderArg, out_file: OutOpt = None, json_out: JsonOpt = False) -> None:
     """Write FOLDER/manifest.json: every file's size and SHA-256, which each node checks its
     copy against before it serves. Run it before uploading the folder to weights_uri."""
     from poolctl.progress import Progress
-    from poolctl.weights import total_bytes, write_manifest
+    from poolctl.weights import manifest_path, total_bytes, write_manifest
 
     files, size = total_bytes(folder)
+    out_file = manifest_path(folder, out_file)  # refused before the hashing starts
     with Progress() as progress:
         progress.update(f"weights: hashing {files} files, {_gb(size)} in {folder}")
-        out = write_manifest(folder, _Hashed(progress, "hashing", size))
+        out = write_manifest(folder, _Hashed(progress, "hashing", size), out_file)
     if json_out:
         emit_json({"manifest": str(out), "files": files, "bytes": size})
         return
     typer.echo(f"wrote {out}: {files} files, {_gb(size)}")
-    typer.echo("Upload the folder with it to the pool's weights_uri, e.g.\n"
-               f"  aws s3 sync {folder} s3://BUCKET/PREFIX/\n"
-               f"  gcloud storage rsync -r {folder} gs://BUCKET/PREFIX/\n"
-               "and check a copy with `poolctl weights verify DIR`.")
+    if out.parent.resolve() == folder.resolve():
+        typer.echo("Upload the folder with it to the pool's weights_uri, e.g.\n"
+                   f"  aws s3 sync {folder} s3://BUCKET/PREFIX/\n"
+                   f"  gcloud storage rsync -r {folder} gs://BUCKET/PREFIX/\n"
+                   "and check a copy with `poolctl weights verify DIR`.")
+    else:
+        typer.echo("Upload the folder to the pool's weights_uri and the manifest as "
+                   "manifest.json beside it, e.g.\n"
+                   f"  aws s3 sync {folder} s3://BUCKET/PREFIX/ && "
+                   f"aws s3 cp {out} s3://BUCKET/PREFIX/manifest.json\n"
+                   "and check a copy with `poolctl weights verify DIR`.")
 
 
 @app.command()
