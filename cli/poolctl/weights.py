@@ -33,6 +33,7 @@ CHUNK = 1 << 24  # 16 MiB reads, as the node's check
 HASH_THREADS = max(2, min(16, 2 * (os.cpu_count() or 1)))
 
 Progress = Callable[[int], None]  # bytes hashed since the last call
+Hashing = Callable[[int, int], None]  # (files, bytes) about to be hashed, told once
 
 
 @dataclass
@@ -111,27 +112,20 @@ def _hash_all(paths: list[Path], progress: Progress | None) -> list[str]:
             raise
 
 
-def build_manifest(folder: str | Path, progress: Progress | None = None) -> dict[str, Any]:
-    """The manifest of a folder (see the module's docstring)."""
-    files = _to_list(folder)
-    sizes = {rel: path.stat().st_size for rel, path in files.items()}
-    digests = _hash_all(list(files.values()), progress)
-    return {"files": {rel: {"sha256": digest, "bytes": sizes[rel]}
-                      for rel, digest in zip(files, digests, strict=True)}}
-
-
-def _to_list(folder: str | Path) -> dict[str, Path]:
+def build_manifest(folder: str | Path, progress: Progress | None = None,
+                   hashing: Hashing | None = None) -> dict[str, Any]:
+    """The manifest of a folder (see the module's docstring). `hashing` is told what there
+    is to hash once the folder is listed, before `progress` is told of the first bytes."""
     files = listed_files(folder)
     if not files:
         raise UsageError(f"{folder}: holds no files to list; give the folder that holds the "
                          "model's weights")
-    return files
-
-
-def total_bytes(folder: str | Path) -> tuple[int, int]:
-    """(files, bytes) a manifest of the folder would list: what hashing it reads."""
-    files = _to_list(folder)
-    return len(files), sum(p.stat().st_size for p in files.values())
+    sizes = {rel: path.stat().st_size for rel, path in files.items()}
+    if hashing is not None:
+        hashing(len(files), sum(sizes.values()))
+    digests = _hash_all(list(files.values()), progress)
+    return {"files": {rel: {"sha256": digest, "bytes": sizes[rel]}
+                      for rel, digest in zip(files, digests, strict=True)}}
 
 
 def manifest_path(folder: str | Path, out: str | Path | None = None) -> Path:
@@ -144,12 +138,12 @@ def manifest_path(folder: str | Path, out: str | Path | None = None) -> Path:
 
 
 def write_manifest(folder: str | Path, progress: Progress | None = None,
-                   out: str | Path | None = None) -> Path:
+                   out: str | Path | None = None, hashing: Hashing | None = None) -> Path:
     """Write the manifest to `out` (default: `manifest.json` in the folder, replacing one
     there), all at once: a reader never sees half of it. Readable by all: it is uploaded
     with the weights."""
     target = manifest_path(folder, out)
-    manifest = build_manifest(folder, progress)
+    manifest = build_manifest(folder, progress, hashing)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -184,14 +178,16 @@ def _entries(folder: Path) -> Iterator[tuple[str, int, str]]:
 
 
 def verify(folder: str | Path, progress: Progress | None = None,
-           hashing: Callable[[int], None] | None = None) -> Verified:
+           hashing: Hashing | None = None) -> Verified:
     """Check a folder against its manifest as a node does before serving. `hashing` is told
-    how many bytes there are to hash, before `progress` is told of the first."""
+    what there is to hash (the files of the right size), before `progress` is told of the
+    first bytes."""
     root = _folder(folder)
     items = list(_entries(root))
     out = Verified(root, len(items), sum(size for _, size, _ in items))
     base = os.path.normpath(root)
     to_hash: list[tuple[str, Path, str]] = []
+    to_read = 0  # bytes of the files to hash: their size is right
     for rel, size, digest in items:
         path = os.path.normpath(os.path.join(root, rel))
         if not path.startswith(base + os.sep):
@@ -206,8 +202,9 @@ def verify(folder: str | Path, progress: Progress | None = None,
             out.problems.append(f"{rel}: {got} bytes, manifest says {size}")
             continue
         to_hash.append((rel, Path(path), digest))
+        to_read += size
     if hashing is not None:
-        hashing(sum(p.stat().st_size for _, p, _ in to_hash))
+        hashing(len(to_hash), to_read)
     digests = _hash_all([p for _, p, _ in to_hash], progress)
     out.problems += [f"{rel}: sha256 mismatch" for (rel, _, want), got in
                      zip(to_hash, digests, strict=True) if got != want]

@@ -29,18 +29,23 @@ def _gb(n: int) -> str:
 
 
 class _Hashed:
-    """Bytes hashed so far, as a live percentage (the threads report each chunk)."""
+    """Progress of the hashing: `begin` (the library's `hashing`) says what there is to hash,
+    then each thread reports its chunks (the library's `progress`), shown as a percentage."""
 
-    def __init__(self, progress: Progress, what: str, total: int) -> None:
-        self.progress, self.what, self.total = progress, what, max(total, 1)
-        self.done = 0
+    def __init__(self, progress: Progress, line: str) -> None:
+        self.progress, self.line = progress, line  # line.format(files=, size=)
+        self.files = self.total = self.done = 0
         self._lock = threading.Lock()
+
+    def begin(self, files: int, total: int) -> None:
+        self.files, self.total = files, total
+        self.progress.update(self.line.format(files=files, size=_gb(total)))
 
     def __call__(self, n: int) -> None:
         with self._lock:
             self.done += n
-            pct = min(100, self.done * 100 // self.total)
-        self.progress.update(f"weights: {self.what}: {pct} % of {_gb(self.total)}", quiet=True)
+            pct = min(100, self.done * 100 // max(self.total, 1))
+        self.progress.update(f"weights: {pct} % of {_gb(self.total)}", quiet=True)
 
 
 OutOpt = Annotated[
@@ -55,13 +60,13 @@ def manifest(folder: FolderArg, out_file: OutOpt = None, json_out: JsonOpt = Fal
     """Write FOLDER/manifest.json: every file's size and SHA-256, which each node checks its
     copy against before it serves. Run it before uploading the folder to weights_uri."""
     from poolctl.progress import Progress
-    from poolctl.weights import manifest_path, total_bytes, write_manifest
+    from poolctl.weights import manifest_path, write_manifest
 
-    files, size = total_bytes(folder)
-    out_file = manifest_path(folder, out_file)  # refused before the hashing starts
+    out_file = manifest_path(folder, out_file)  # refused before the folder is read
     with Progress() as progress:
-        progress.update(f"weights: hashing {files} files, {_gb(size)} in {folder}")
-        out = write_manifest(folder, _Hashed(progress, "hashing", size), out_file)
+        hashed = _Hashed(progress, f"weights: hashing {{files}} files, {{size}} in {folder}")
+        out = write_manifest(folder, hashed, out_file, hashed.begin)
+    files, size = hashed.files, hashed.total
     if json_out:
         emit_json({"manifest": str(out), "files": files, "bytes": size})
         return
@@ -88,12 +93,8 @@ def verify(folder: FolderArg, json_out: JsonOpt = False) -> None:
     from poolctl.weights import verify as check
 
     with Progress() as progress:
-        hashed = _Hashed(progress, "checking", 0)
-
-        def hashing(total: int) -> None:  # once the manifest is read and found usable
-            hashed.total = max(total, 1)
-            progress.update(f"weights: checking {folder} against its manifest ({_gb(total)})")
-        result = check(folder, hashed, hashing)
+        hashed = _Hashed(progress, f"weights: checking {folder} against its manifest ({{size}})")
+        result = check(folder, hashed, hashed.begin)
     if json_out:
         emit_json(result.to_json())
     else:
