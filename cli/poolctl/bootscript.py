@@ -55,7 +55,8 @@ LIB_VERSION_TAG = "# poolctl-boot-lib-version: "
 # `image build`. GCE label keys take lowercase letters, digits, '-' and '_' only.
 LIB_IMAGE_TAG = {"aws": "poolctl:boot-library", "gcp": "poolctl-boot-library"}
 # Model load + vLLM's KV-cache profiling + CUDA graph capture; a 70B model is ready in
-# 4-8 min (cloud-facts), so 30 min only catches a node that will never serve.
+# 4-8 min (docs/cloud-facts.md, "Start-up time"), so 30 min only catches a node that will
+# never serve.
 READY_TIMEOUT_S = 1800
 
 _ECR = re.compile(r"^(?P<host>\d{12}\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?)/")

@@ -79,7 +79,8 @@ class InstanceType(_Row):
 
     @property
     def can_hibernate(self) -> bool:
-        # EC2 hibernation needs less than 150 GB of RAM (cloud-facts, "Warm pools").
+        # EC2 hibernation needs less than 150 GB of RAM (EC2 user guide, "Hibernation
+        # prerequisites"; docs/cloud-facts.md, "Warm pools and hibernation").
         return self.cloud == Cloud.aws and self.ram_gib * 2**30 < 150e9
 
     @property

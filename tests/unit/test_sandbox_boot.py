@@ -1,5 +1,5 @@
 """How long a sandbox node boots by itself (the plan's start time over the boot speedup), and
-the README's list of the sandbox's admin endpoints.
+docs/sandbox.md's list of the sandbox's admin endpoints.
 
 No sandbox runs here (tests/ops/test_sandbox.py drives the server); the figures are worked
 out by hand from poolctl/sizing.py's constants and the catalog's p5.48xlarge row.
@@ -67,7 +67,7 @@ def test_conflicting_or_negative_boot_flags_are_one_line_exit_2(argv, tmp_path, 
     assert not (tmp_path / "sandbox" / "state.json").exists()  # nothing started
 
 
-def test_readme_documents_every_admin_endpoint_the_server_answers():
+def test_docs_list_every_admin_endpoint_the_server_answers():
     import re
 
     from poolctl.sandbox import extensions
@@ -76,5 +76,5 @@ def test_readme_documents_every_admin_endpoint_the_server_answers():
     # every path the admin middleware compares against (== or startswith)
     paths = set(re.findall(r'path(?: ==|\.startswith\()\s*"(/_poolctl/[a-z-]+)', source))
     assert {"/_poolctl/boot", "/_poolctl/start-times", "/_poolctl/health"} <= paths
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert [p for p in sorted(paths) if p not in readme] == []
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sandbox.md").read_text()
+    assert [p for p in sorted(paths) if p not in page] == []
