@@ -643,14 +643,14 @@ def _gcp_pool(gce, tmp_path: Path, *, node_access: str = "") -> tuple[Path, list
 
 def test_gcp_discovery_honours_the_endpoint_and_gives_name_and_zone(gce, tmp_path):
     from poolctl.endpoints import CloudEndpoints
-    from poolctl.nodecheck import _discover
+    from poolctl.nodecheck.orchestration import discover_nodes
 
     cfg_file, [vm] = _gcp_pool(gce, tmp_path)
     gce.set_ip(vm["name"], "10.128.7.9")
     cfg = parse_config(cfg_file.read_text())
     zone = vm["instance"].split("/zones/")[1].split("/")[0]
     # The other pool's VM and the stopped standby VM are left out by the filter.
-    assert _discover(cfg, cfg.pools[0], "gcp", CloudEndpoints(gce_url=gce.endpoint)) == [
+    assert discover_nodes(cfg, cfg.pools[0], "gcp", CloudEndpoints(gce_url=gce.endpoint)) == [
         ("10.128.7.9", vm["name"], zone)]
     [call] = [r for r in gce.requests if r["path"].endswith("/aggregated/instances")]
     assert call["query"]["filter"] == ('labels.poolctl-project = "acme" AND '

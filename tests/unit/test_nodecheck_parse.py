@@ -1,6 +1,6 @@
-"""The parsing and judging half of `poolctl nodes check` (poolctl.nodecheck), on output recorded
-from the tools' formats, without SSH. The SSH half runs against a real sshd in
-tests/ops/test_nodes_check.py.
+"""The parsing and judging half of `poolctl nodes check` (poolctl.nodecheck.checks), on output
+recorded from the tools' formats, without SSH; and what needs no connection of the rest (ssh,
+orchestration). The SSH half runs against a real sshd in tests/ops/test_nodes_check.py.
 
 The spec is the contract example on AWS: p5.48xlarge (8x H100, 81920 MiB in the catalog),
 vllm/vllm-openai:v0.11.0 on port 8000, cache need 70.6e9 x 2 B x 1.2 = 169,440,000,000 B.
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from poolctl import nodecheck as nc
 from poolctl.clouds import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.nodecheck import checks, orchestration, ssh
 from tests.configs import pool_yaml
 
 # What --sandbox resolves to, as far as plan_work looks (no sandbox needed).
@@ -37,11 +37,11 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def spec(cfg):
-    return nc.spec_for(cfg.pools[0], "aws")
+    return checks.spec_for(cfg.pools[0], "aws")
 
 
-def ok(stdout: str = "", rc: int = 0, stderr: str = "") -> nc.CmdResult:
-    return nc.CmdResult(rc, stdout, stderr)
+def ok(stdout: str = "", rc: int = 0, stderr: str = "") -> checks.CmdResult:
+    return checks.CmdResult(rc, stdout, stderr)
 
 
 H100 = "NVIDIA H100 80GB HBM3, 81559 MiB\n"
@@ -117,7 +117,7 @@ def test_spec_from_the_example(spec):
 
 
 def test_spec_for_gcp(cfg):
-    s = nc.spec_for(cfg.pools[0], "gcp")
+    s = checks.spec_for(cfg.pools[0], "gcp")
     assert (s.instance_type, s.gpu, s.gpus) == ("a3-highgpu-8g", "H100", 8)
 
 
@@ -125,40 +125,40 @@ def test_spec_for_gcp(cfg):
 
 
 def test_parse_gpus_with_and_without_units():
-    assert nc.parse_gpus(H100 * 2) == [nc.Gpu("NVIDIA H100 80GB HBM3", 81559)] * 2
-    assert nc.parse_gpus("NVIDIA A100-SXM4-40GB, 40960\n") == [
-        nc.Gpu("NVIDIA A100-SXM4-40GB", 40960)]
+    assert checks.parse_gpus(H100 * 2) == [checks.Gpu("NVIDIA H100 80GB HBM3", 81559)] * 2
+    assert checks.parse_gpus("NVIDIA A100-SXM4-40GB, 40960\n") == [
+        checks.Gpu("NVIDIA A100-SXM4-40GB", 40960)]
     with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
-        nc.parse_gpus("No devices were found\n")
+        checks.parse_gpus("No devices were found\n")
 
 
 def test_gpus_pass(spec):
-    c = nc.check_gpus(ok(H100 * 8), spec)
+    c = checks.check_gpus(ok(H100 * 8), spec)
     assert c.ok and c.observed == "8x NVIDIA H100 80GB HBM3 (81559 MiB)" and c.hint is None
 
 
 def test_gpus_seven(spec):
-    c = nc.check_gpus(ok(H100 * 7), spec)
+    c = checks.check_gpus(ok(H100 * 7), spec)
     assert not c.ok and c.observed.startswith("7 GPUs: 7x NVIDIA H100")
     assert c.hint.startswith("expected 8x H100 (p5.48xlarge)")
 
 
 def test_gpus_wrong_model_and_small_hbm(spec, cfg):
-    c = nc.check_gpus(ok("NVIDIA A100-SXM4-80GB, 81920 MiB\n" * 8), spec)
+    c = checks.check_gpus(ok("NVIDIA A100-SXM4-80GB, 81920 MiB\n" * 8), spec)
     assert not c.ok and c.observed.startswith("wrong model")
     # p4de rows are A100 80GB: a 40GB A100 has the right name but half the memory.
-    p4de = nc.spec_for(parse_config(pool_yaml(instance_type="p4de.24xlarge")).pools[0], "aws")
-    c = nc.check_gpus(ok("NVIDIA A100-SXM4-40GB, 40960 MiB\n" * 8), p4de)
+    p4de = checks.spec_for(parse_config(pool_yaml(instance_type="p4de.24xlarge")).pools[0], "aws")
+    c = checks.check_gpus(ok("NVIDIA A100-SXM4-40GB, 40960 MiB\n" * 8), p4de)
     assert not c.ok and c.observed.startswith("too little HBM")
     # 79000 MiB is within 5 % of 81920 (floor 77824): still an H100 80GB.
-    assert nc.check_gpus(ok("NVIDIA H100 80GB HBM3, 79000 MiB\n" * 8), spec).ok
+    assert checks.check_gpus(ok("NVIDIA H100 80GB HBM3, 79000 MiB\n" * 8), spec).ok
 
 
 def test_gpus_driver_missing_or_failing(spec):
-    c = nc.check_gpus(ok(rc=127, stderr="bash: nvidia-smi: command not found"), spec)
+    c = checks.check_gpus(ok(rc=127, stderr="bash: nvidia-smi: command not found"), spec)
     assert not c.ok and c.observed == "nvidia-smi not found"
-    c = nc.check_gpus(ok(rc=9, stdout="NVIDIA-SMI has failed because it couldn't communicate "
-                                      "with the NVIDIA driver."), spec)
+    c = checks.check_gpus(ok(rc=9, stdout="NVIDIA-SMI has failed because it couldn't communicate "
+                                          "with the NVIDIA driver."), spec)
     assert not c.ok and "couldn't communicate" in c.observed
 
 
@@ -166,23 +166,23 @@ def test_gpus_driver_missing_or_failing(spec):
 
 
 def test_parse_topo_p5():
-    links = nc.parse_topo(TOPO_P5)
+    links = checks.parse_topo(TOPO_P5)
     assert len(links) == 8 * 7  # ordered pairs
     assert set(links.values()) == {"NV18"}
 
 
 def test_parse_topo_reads_past_nic_columns():
-    assert nc.parse_topo(TOPO_NIC) == {("GPU0", "GPU1"): "NV18", ("GPU1", "GPU0"): "NV18"}
+    assert checks.parse_topo(TOPO_NIC) == {("GPU0", "GPU1"): "NV18", ("GPU1", "GPU0"): "NV18"}
 
 
 def test_nvlink_pass(spec):
-    c = nc.check_nvlink(ok(TOPO_P5), ok(nvlink_s()), spec)
+    c = checks.check_nvlink(ok(TOPO_P5), ok(nvlink_s()), spec)
     assert c.ok, c.observed
     assert c.observed == "all 28 GPU pairs over NVLink (NV18); 18 active links per GPU"
 
 
 def test_nvlink_pcie_only_fails(spec):
-    c = nc.check_nvlink(ok(TOPO_PCIE), ok(""), spec)
+    c = checks.check_nvlink(ok(TOPO_PCIE), ok(""), spec)
     assert not c.ok
     # 4 GPUs: 6 pairs, none over NVLink; the first four are named.
     assert c.observed == ("6 of 6 GPU pairs not over NVLink: GPU0-GPU1 PHB, GPU0-GPU2 SYS, "
@@ -190,18 +190,18 @@ def test_nvlink_pcie_only_fails(spec):
 
 
 def test_nvlink_inactive_links_fail(spec):
-    c = nc.check_nvlink(ok(TOPO_P5), ok(nvlink_s(inactive={3: 2})), spec)
+    c = checks.check_nvlink(ok(TOPO_P5), ok(nvlink_s(inactive={3: 2})), spec)
     assert not c.ok and c.observed == "links down: GPU3 2 of 18 inactive"
     assert "nvidia-fabricmanager" in c.hint
 
 
 def test_parse_nvlink_status():
-    assert nc.parse_nvlink_status(nvlink_s(gpus=2, links=4, inactive={1: 4})) == {
+    assert checks.parse_nvlink_status(nvlink_s(gpus=2, links=4, inactive={1: 4})) == {
         "GPU0": (4, 0), "GPU1": (0, 4)}
 
 
 def test_nvlink_topo_garbage(spec):
-    c = nc.check_nvlink(ok("NVML: Unknown Error\n"), ok(""), spec)
+    c = checks.check_nvlink(ok("NVML: Unknown Error\n"), ok(""), spec)
     assert not c.ok and "no GPU header row" in c.observed
 
 
@@ -213,27 +213,27 @@ LSPCI_EFA = ("10:1b.0 Ethernet controller [0200]: Amazon.com, Inc. Elastic Fabri
              "(EFA) [1d0f:efa1]\n")
 LSPCI_CX7 = ("c1:00.0 Ethernet controller [0200]: Mellanox Technologies MT2910 Family "
              "[ConnectX-7] [15b3:1021]\n")
-FI_NONE = nc.CmdResult(1, "", "fi_getinfo: -61 (No data available)\n")
+FI_NONE = checks.CmdResult(1, "", "fi_getinfo: -61 (No data available)\n")
 
 
 def test_rdma_pci_devices():
-    assert nc.rdma_pci_devices(LSPCI_ENA) == []
-    assert nc.rdma_pci_devices(LSPCI_ENA + LSPCI_EFA + LSPCI_CX7) == [
+    assert checks.rdma_pci_devices(LSPCI_ENA) == []
+    assert checks.rdma_pci_devices(LSPCI_ENA + LSPCI_EFA + LSPCI_CX7) == [
         LSPCI_EFA.strip(), LSPCI_CX7.strip()]
 
 
 def test_no_efa_pass_and_tools_missing():
-    c = nc.check_no_efa(ok(""), ok(LSPCI_ENA), FI_NONE)
+    c = checks.check_no_efa(ok(""), ok(LSPCI_ENA), FI_NONE)
     assert c.ok and c.observed.startswith("none (no /sys/class/infiniband device")
-    c = nc.check_no_efa(ok(""), ok(rc=127), ok(rc=127))
+    c = checks.check_no_efa(ok(""), ok(rc=127), ok(rc=127))
     assert c.ok and "lspci not installed" in c.observed
 
 
 def test_no_efa_each_source_fails_alone():
-    assert not nc.check_no_efa(ok("rdmap16s27\n"), ok(LSPCI_ENA), FI_NONE).ok
-    assert not nc.check_no_efa(ok(""), ok(LSPCI_CX7), FI_NONE).ok
+    assert not checks.check_no_efa(ok("rdmap16s27\n"), ok(LSPCI_ENA), FI_NONE).ok
+    assert not checks.check_no_efa(ok(""), ok(LSPCI_CX7), FI_NONE).ok
     fi = ok("provider: efa\n    fabric: efa\n    domain: rdmap16s27-rdm\n")
-    c = nc.check_no_efa(ok(""), ok(LSPCI_ENA), fi)
+    c = checks.check_no_efa(ok(""), ok(LSPCI_ENA), fi)
     assert not c.ok and c.observed == "fi_info -p efa lists the efa provider"
 
 
@@ -243,35 +243,35 @@ DF = "Mounted on             1B-blocks           Avail\n"
 
 
 def test_parse_findmnt_and_df():
-    assert nc.parse_findmnt("/dev/md127 xfs\n") == ("/dev/md127", "xfs")
-    assert nc.parse_findmnt("") is None
-    assert nc.parse_df(DF + "/mnt/poolctl-cache 30397335011328 30224942011328\n") == (
+    assert checks.parse_findmnt("/dev/md127 xfs\n") == ("/dev/md127", "xfs")
+    assert checks.parse_findmnt("") is None
+    assert checks.parse_df(DF + "/mnt/poolctl-cache 30397335011328 30224942011328\n") == (
         "/mnt/poolctl-cache", 30397335011328, 30224942011328)
     with pytest.raises(ValueError):
-        nc.parse_df(DF)
+        checks.parse_df(DF)
 
 
 def test_cache_mount(spec):
-    assert nc.check_cache_mount(ok("/dev/md127 xfs\n"), spec).ok
-    assert nc.check_cache_mount(ok("/dev/nvme1n1 ext4\n"), spec).ok
-    c = nc.check_cache_mount(ok(rc=1), spec)
+    assert checks.check_cache_mount(ok("/dev/md127 xfs\n"), spec).ok
+    assert checks.check_cache_mount(ok("/dev/nvme1n1 ext4\n"), spec).ok
+    c = checks.check_cache_mount(ok(rc=1), spec)
     assert not c.ok and c.observed == "nothing mounted at /mnt/poolctl-cache"
     # A tmpfs or the root volume at the mount point is not the NVMe cache.
-    c = nc.check_cache_mount(ok("tmpfs tmpfs\n"), spec)
+    c = checks.check_cache_mount(ok("tmpfs tmpfs\n"), spec)
     assert not c.ok and "not the local NVMe" in c.observed
 
 
 def test_cache_size_boundary(spec):
     need = 169_440_000_000
-    assert nc.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need} {need}\n"), spec).ok
-    c = nc.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need - 1} 0\n"), spec)
+    assert checks.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need} {need}\n"), spec).ok
+    c = checks.check_cache_size(ok(DF + f"/mnt/poolctl-cache {need - 1} 0\n"), spec)
     assert not c.ok
     assert c.observed == ("169.4 GB (169,439,999,999 B), 0.0 GB free; the weights need "
                           "169.4 GB with 20% headroom")
 
 
 def test_cache_size_unmounted(spec):
-    c = nc.check_cache_size(ok(DF + "/ 207929917440 150312738816\n"), spec)
+    c = checks.check_cache_size(ok(DF + "/ 207929917440 150312738816\n"), spec)
     assert not c.ok and c.observed.startswith("not checked: /mnt/poolctl-cache is not mounted")
 
 
@@ -279,37 +279,37 @@ def test_cache_size_unmounted(spec):
 
 
 def test_image(spec):
-    c = nc.check_image(ok("sha256:" + "ab" * 32 + "\n"), spec)
+    c = checks.check_image(ok("sha256:" + "ab" * 32 + "\n"), spec)
     assert c.ok and c.short == "abababababab"
-    c = nc.check_image(ok("\n", 1, "Error: No such image: vllm/vllm-openai:v0.11.0\n"), spec)
+    c = checks.check_image(ok("\n", 1, "Error: No such image: vllm/vllm-openai:v0.11.0\n"), spec)
     assert not c.ok and "docker pull vllm/vllm-openai:v0.11.0" in c.hint
     denied = ("permission denied while trying to connect to the Docker daemon socket at "
               "unix:///var/run/docker.sock\n")
-    c = nc.check_image(ok("", 1, denied), spec)
+    c = checks.check_image(ok("", 1, denied), spec)
     assert not c.ok and "docker group" in c.hint
 
 
 @pytest.mark.parametrize(("res", "good", "observed"), [
-    (nc.CmdResult(0, "200"), True, "200 from http://127.0.0.1:8000/health"),
-    (nc.CmdResult(22, "503", "curl: (22) The requested URL returned error: 503"), False,
+    (checks.CmdResult(0, "200"), True, "200 from http://127.0.0.1:8000/health"),
+    (checks.CmdResult(22, "503", "curl: (22) The requested URL returned error: 503"), False,
      "HTTP 503 from http://127.0.0.1:8000/health"),
-    (nc.CmdResult(7, "000", "curl: (7) Failed to connect"), False,
+    (checks.CmdResult(7, "000", "curl: (7) Failed to connect"), False,
      "http://127.0.0.1:8000/health: connection refused: nothing listens on the port"),
-    (nc.CmdResult(28, "000", "curl: (28) Operation timed out"), False,
+    (checks.CmdResult(28, "000", "curl: (28) Operation timed out"), False,
      "http://127.0.0.1:8000/health: timed out"),
-    (nc.CmdResult(None, error="`curl` did not finish in 10 s"), False,
+    (checks.CmdResult(None, error="`curl` did not finish in 10 s"), False,
      "http://127.0.0.1:8000/health: `curl` did not finish in 10 s"),
 ])
 def test_health(spec, res, good, observed):
-    c = nc.check_health(res, spec)
+    c = checks.check_health(res, spec)
     assert (c.ok, c.observed) == (good, observed)
 
 
 # --- the composition, with a fake runner ------------------------------------------------
 
 
-def healthy_outputs(spec) -> dict[str, nc.CmdResult]:
-    cmd = nc.commands(spec)
+def healthy_outputs(spec) -> dict[str, checks.CmdResult]:
+    cmd = checks.commands(spec)
     return {
         cmd["gpus"]: ok(H100 * 8),
         cmd["topo"]: ok(TOPO_P5),
@@ -332,9 +332,9 @@ def test_run_checks_healthy(spec):
         ran.append(cmd)
         return outputs[cmd]
 
-    checks = nc.run_checks(run, spec)
-    assert [c.name for c in checks] == list(nc.CHECK_NAMES[1:])
-    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    results = checks.run_checks(run, spec)
+    assert [c.name for c in results] == list(checks.CHECK_NAMES[1:])
+    assert all(c.ok for c in results), [c for c in results if not c.ok]
     assert sorted(ran) == sorted(outputs)
 
 
@@ -342,7 +342,7 @@ def test_commands_quote_config_values(spec):
     from dataclasses import replace
 
     odd = replace(spec, image="repo/img:v1;rm -rf /", health_path="/health?x=$(id)")
-    cmd = nc.commands(odd)
+    cmd = checks.commands(odd)
     assert cmd["image"] == "docker image inspect --format '{{.Id}}' 'repo/img:v1;rm -rf /'"
     assert cmd["health"].endswith("'http://127.0.0.1:8000/health?x=$(id)'")
 
@@ -358,29 +358,29 @@ def test_commands_quote_config_values(spec):
     ("fd00::5", "fd00::5", 22, "[fd00::5]:22"),
 ])
 def test_parse_host(text, host, port, label):
-    h = nc.parse_host(text)
+    h = ssh.parse_host(text)
     assert (h.host, h.port, h.label) == (host, port, label)
 
 
 def test_known_hosts_name():
-    assert nc.parse_host("10.0.0.5").known_hosts_name == "10.0.0.5"
-    assert nc.parse_host("10.0.0.5:2222").known_hosts_name == "[10.0.0.5]:2222"
+    assert ssh.parse_host("10.0.0.5").known_hosts_name == "10.0.0.5"
+    assert ssh.parse_host("10.0.0.5:2222").known_hosts_name == "[10.0.0.5]:2222"
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.5:0", "10.0.0.5:x", "10.0.0.5:70000", ":22", "[::1",
                                  "-oProxyCommand=x"])
 def test_parse_host_rejects(bad):
     with pytest.raises(UsageError, match="--host"):
-        nc.parse_host(bad)
+        ssh.parse_host(bad)
 
 
 def test_plan_work_hosts_need_one_target(cfg):
     both = cfg.targets(None, None)
     with pytest.raises(UsageError, match="--host: the nodes could belong to chat-70b/aws, "
                                          "chat-70b/gcp"):
-        nc.plan_work(cfg, both, ["10.0.0.5"])
-    work = nc.plan_work(cfg, cfg.targets(None, "aws"), ["10.0.0.5", "10.0.0.5:22", "10.0.0.6"],
-                        default_port=22)
+        orchestration.plan_work(cfg, both, ["10.0.0.5"])
+    work = orchestration.plan_work(cfg, cfg.targets(None, "aws"),
+                                   ["10.0.0.5", "10.0.0.5:22", "10.0.0.6"], default_port=22)
     assert [h.label for h, _ in work] == ["10.0.0.5:22", "10.0.0.6:22"]
 
 
@@ -392,34 +392,35 @@ def test_plan_work_discovery(cfg, monkeypatch):
         seen.append((pool.name, cloud, endpoints))
         return ["10.40.1.7", "10.40.1.12"] if cloud == "aws" else []
 
-    work = nc.plan_work(cfg, cfg.targets(None, "aws"), None, default_port=2222,
-                        discover=discover)
+    work = orchestration.plan_work(cfg, cfg.targets(None, "aws"), None, default_port=2222,
+                                   discover=discover)
     assert [(h.label, s.cloud) for h, s in work] == [("10.40.1.7:2222", "aws"),
                                                       ("10.40.1.12:2222", "aws")]
     with pytest.raises(OperationFailed, match="no running node of pool chat-70b on gcp in "
                                               "us-central1"):
-        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
+        orchestration.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
     with pytest.raises(UsageError, match="--sandbox: the sandbox emulates AWS only"):
-        nc.plan_work(cfg, cfg.targets(None, None), None, endpoints=SANDBOX_LIKE,
-                     discover=discover)
+        orchestration.plan_work(cfg, cfg.targets(None, None), None, endpoints=SANDBOX_LIKE,
+                                discover=discover)
 
 
 def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
     def discover(c, pool, cloud, endpoints):
         return [("10.128.0.9", "acme-chat-70b-0a1b", "us-central1-b")]
 
-    [(host, spec)] = nc.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
-    assert host == nc.Host("10.128.0.9", 22, "acme-chat-70b-0a1b", region="us-central1",
-                           zone="us-central1-b", project="acme-prod")
+    [(host, spec)] = orchestration.plan_work(cfg, cfg.targets(None, "gcp"), None, discover=discover)
+    assert host == ssh.Host("10.128.0.9", 22, "acme-chat-70b-0a1b", region="us-central1",
+                            zone="us-central1-b", project="acme-prod")
     assert spec.cloud == "gcp"
     # Endpoints whose node addresses are not real (loopback only), on any cloud: a fake
     # private address is not connected to directly, only through a proxy command.
     fake_addresses = CloudEndpoints(flag="--sandbox", loopback_only=True)
     with pytest.raises(UsageError, match="node address 10.128.0.9 of pool chat-70b is a fake"):
-        nc.plan_work(cfg, cfg.targets(None, "gcp"), None, endpoints=fake_addresses,
-                     discover=discover)
-    assert len(nc.plan_work(cfg, cfg.targets(None, "gcp"), None, endpoints=fake_addresses,
-                            discover=discover, direct=False)) == 1
+        orchestration.plan_work(cfg, cfg.targets(None, "gcp"), None, endpoints=fake_addresses,
+                                discover=discover)
+    assert len(orchestration.plan_work(cfg, cfg.targets(None, "gcp"), None,
+                                       endpoints=fake_addresses, discover=discover,
+                                       direct=False)) == 1
 
 
 def test_gcp_running_filter_and_addresses(cfg):
@@ -453,32 +454,32 @@ def test_gcp_running_filter_and_addresses(cfg):
 def test_ssh_options_identity(tmp_path):
     paramiko = pytest.importorskip("paramiko")
     with pytest.raises(UsageError, match="--identity .*: no such file"):
-        nc.SshOptions(identity=tmp_path / "missing")
+        ssh.SshOptions(identity=tmp_path / "missing")
     pub = tmp_path / "id.pub"
     pub.write_text("ssh-ed25519 "
                    "AAAAC3NzaC1lZDI1NTE5AAAAIHH+z+tCcomA5bYMr5J28P8bJeAaq6WX1lYTZ6bSTeg+\n")
     with pytest.raises(UsageError, match="not a private key"):
-        nc.SshOptions(identity=pub)
+        ssh.SshOptions(identity=pub)
     locked = tmp_path / "id_locked"
     paramiko.RSAKey.generate(2048).write_private_key_file(str(locked), password="s3cret")
     with pytest.raises(UsageError, match="passphrase-protected; load it into ssh-agent"):
-        nc.SshOptions(identity=locked)
+        ssh.SshOptions(identity=locked)
     if shutil.which("ssh-keygen"):  # OpenSSH's own format, as users' keys are
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f",
                         str(tmp_path / "id_ed25519")], check=True)
         with pytest.raises(UsageError, match="passphrase-protected"):
-            nc.SshOptions(identity=tmp_path / "id_ed25519")
+            ssh.SshOptions(identity=tmp_path / "id_ed25519")
     plain = tmp_path / "id_plain"
     key = paramiko.RSAKey.generate(2048)
     key.write_private_key_file(str(plain))
-    assert nc.SshOptions(identity=plain).pkey.asbytes() == key.asbytes()
+    assert ssh.SshOptions(identity=plain).pkey.asbytes() == key.asbytes()
 
 
 def test_ssh_options_other_usage(tmp_path):
     with pytest.raises(UsageError, match="--known-hosts .*: no such file"):
-        nc.SshOptions(known_hosts=tmp_path / "nope")
+        ssh.SshOptions(known_hosts=tmp_path / "nope")
     with pytest.raises(UsageError, match="--timeout 0"):
-        nc.SshOptions(timeout=0)
+        ssh.SshOptions(timeout=0)
 
 
 
@@ -502,7 +503,7 @@ def test_ssh_options_other_usage(tmp_path):
     ("a+b.example", "aab.example", False),
 ])
 def test_host_patterns(patterns, name, expected):
-    assert nc.host_matches(patterns, name) is expected
+    assert ssh.host_matches(patterns, name) is expected
 
 
 def test_hashed_host_names():
@@ -513,9 +514,9 @@ def test_hashed_host_names():
     salt = b"0123456789abcdefghij"
     digest = hmac.new(salt, b"[10.0.1.5]:2222", hashlib.sha1).digest()
     field = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
-    assert nc.host_matches(field, "[10.0.1.5]:2222")
-    assert not nc.host_matches(field, "10.0.1.5")
-    assert not nc.host_matches("|1|not-base64|x", "10.0.1.5")
+    assert ssh.host_matches(field, "[10.0.1.5]:2222")
+    assert not ssh.host_matches(field, "10.0.1.5")
+    assert not ssh.host_matches("|1|not-base64|x", "10.0.1.5")
 
 
 def test_read_known_hosts_keeps_markers_and_skips_what_openssh_skips(tmp_path):
@@ -526,10 +527,10 @@ def test_read_known_hosts_keeps_markers_and_skips_what_openssh_skips(tmp_path):
                   "@revoked * ssh-rsa AAAA3\n"
                   "@unknown-marker * ssh-rsa AAAA4\n"
                   "just-two fields\n")
-    assert nc.read_known_hosts(kh) == [
-        nc.KnownHost(3, None, "10.0.*", "ssh-ed25519", "AAAA1"),
-        nc.KnownHost(4, "@cert-authority", "*.internal", "ssh-ed25519", "AAAA2"),
-        nc.KnownHost(5, "@revoked", "*", "ssh-rsa", "AAAA3"),
+    assert ssh.read_known_hosts(kh) == [
+        ssh.KnownHost(3, None, "10.0.*", "ssh-ed25519", "AAAA1"),
+        ssh.KnownHost(4, "@cert-authority", "*.internal", "ssh-ed25519", "AAAA2"),
+        ssh.KnownHost(5, "@revoked", "*", "ssh-rsa", "AAAA3"),
     ]
 
 
@@ -538,27 +539,27 @@ def test_read_known_hosts_keeps_markers_and_skips_what_openssh_skips(tmp_path):
     ("10.0.0.5", False), ("node.internal", False), ("128.0.0.1", False), ("::2", False),
 ])
 def test_is_loopback(host, loopback):
-    assert nc.is_loopback(host) is loopback
+    assert orchestration.is_loopback(host) is loopback
 
 
 def test_proxy_command_words_keep_each_value_one_argument():
-    host = nc.Host("10.0.1.5", 22, instance_id="i-0abc; rm -rf /", region="us-east-1")
-    assert nc.proxy_argv(nc.TUNNEL_COMMAND, host) == [
+    host = ssh.Host("10.0.1.5", 22, instance_id="i-0abc; rm -rf /", region="us-east-1")
+    assert ssh.proxy_argv(ssh.TUNNEL_COMMAND, host) == [
         "aws", "ec2-instance-connect", "open-tunnel", "--instance-id", "i-0abc; rm -rf /",
         "--remote-port", "22", "--region", "us-east-1"]
-    assert nc.proxy_argv("relay '%h port %p' 100%%", host) == [
+    assert ssh.proxy_argv("relay '%h port %p' 100%%", host) == [
         "relay", "10.0.1.5 port 22", "100%"]
-    vm = nc.Host("10.128.0.9", 22, "node-1 $(id)", region="us-central1",
-                 zone="us-central1-a", project="acme-prod")
-    assert nc.proxy_argv(nc.IAP_TUNNEL_COMMAND, vm) == [
+    vm = ssh.Host("10.128.0.9", 22, "node-1 $(id)", region="us-central1",
+                  zone="us-central1-a", project="acme-prod")
+    assert ssh.proxy_argv(ssh.IAP_TUNNEL_COMMAND, vm) == [
         "gcloud", "compute", "start-iap-tunnel", "node-1 $(id)", "22", "--listen-on-stdin",
         "--zone", "us-central1-a", "--project", "acme-prod"]
 
 
 def test_proxy_command_needs_what_only_discovery_knows():
     pytest.importorskip("paramiko")
-    with pytest.raises(nc.SshFailure, match=r"needs %P %i %z .* of 10.0.0.5:22"):
-        nc.proxy_socket(nc.IAP_TUNNEL_COMMAND, nc.parse_host("10.0.0.5"))
+    with pytest.raises(ssh.SshFailure, match=r"needs %P %i %z .* of 10.0.0.5:22"):
+        ssh.proxy_socket(ssh.IAP_TUNNEL_COMMAND, ssh.parse_host("10.0.0.5"))
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
@@ -573,14 +574,14 @@ def test_proxy_command_needs_what_only_discovery_knows():
 ])
 def test_access_options_are_checked_before_any_connection(kwargs, needle):
     with pytest.raises(UsageError, match=re.escape(needle)):
-        nc.SshOptions(**kwargs)
+        ssh.SshOptions(**kwargs)
 
 
 def test_access_defaults():
-    assert nc.SshOptions().user == "ubuntu" and nc.SshOptions().proxy_command is None
-    iap = nc.SshOptions(access="iap")
+    assert ssh.SshOptions().user == "ubuntu" and ssh.SshOptions().proxy_command is None
+    iap = ssh.SshOptions(access="iap")
     assert iap.user is None  # OS Login's POSIX user, learnt per login
-    assert iap.proxy_command == nc.IAP_TUNNEL_COMMAND and iap.os_login is not None
+    assert iap.proxy_command == ssh.IAP_TUNNEL_COMMAND and iap.os_login is not None
 
 
 # --- one command on the node: a failed SSH channel is tried once more, a timeout is not -----
@@ -608,7 +609,7 @@ class _Channel:
 
 
 class _Client:
-    """paramiko's SSHClient as `_runner` uses it: each exec_command answers the next script
+    """paramiko's SSHClient as `command_runner` uses it: each exec_command answers the next script
     entry (an exception to raise at open, or (stdout, exit status))."""
 
     def __init__(self, *script) -> None:
@@ -628,13 +629,13 @@ class _Client:
 
 def test_a_channel_that_would_not_open_is_tried_once_more():
     client = _Client(EOFError("channel open failed"), (b"GPU0\tX\n", 0))
-    res = nc._runner(client, 20)("nvidia-smi topo -m")
+    res = ssh.command_runner(client, 20)("nvidia-smi topo -m")
     assert (res.rc, res.stdout, client.calls) == (0, "GPU0\tX\n", 2)
 
 
 def test_a_missing_exit_status_is_tried_once_more_and_then_said():
     client = _Client((b"", -1), (b"", -1))
-    res = nc._runner(client, 20)("nvidia-smi topo -m")
+    res = ssh.command_runner(client, 20)("nvidia-smi topo -m")
     assert (res.rc, res.error, client.calls) == (None, "no exit status", 2)
     assert all(ch.closed for ch in client.channels)  # both sessions freed (MaxSessions)
 
@@ -649,7 +650,7 @@ def test_a_timeout_is_not_tried_again_and_a_real_exit_status_stands():
         return None, _Stream(TimeoutError(), chan), _Stream(b"", chan)
 
     hung.exec_command = exec_command
-    res = nc._runner(hung, 7)("nvidia-smi topo -m")
+    res = ssh.command_runner(hung, 7)("nvidia-smi topo -m")
     assert (res.rc, res.error, hung.calls) == (None, "`nvidia-smi` did not finish in 7 s", 1)
     failing = _Client((b"", 3))
-    assert (nc._runner(failing, 20)("nvidia-smi topo -m").rc, failing.calls) == (3, 1)
+    assert (ssh.command_runner(failing, 20)("nvidia-smi topo -m").rc, failing.calls) == (3, 1)

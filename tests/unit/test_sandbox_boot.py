@@ -16,7 +16,8 @@ from poolctl.app import main
 from poolctl.config import load_config
 from poolctl.envcheck import environment_problem
 from poolctl.sandbox import manager
-from poolctl.sandbox.extensions import boot_delay_s
+from poolctl.sandbox.extensions import admin
+from poolctl.sandbox.extensions.self_boot import boot_delay_s
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-70b-p5" / "poolctl.yaml"
 
@@ -70,9 +71,7 @@ def test_conflicting_or_negative_boot_flags_are_one_line_exit_2(argv, tmp_path, 
 def test_docs_list_every_admin_endpoint_the_server_answers():
     import re
 
-    from poolctl.sandbox import extensions
-
-    source = Path(extensions.__file__).read_text()
+    source = Path(admin.__file__).read_text()
     # every path the admin middleware compares against (== or startswith)
     paths = set(re.findall(r'path(?: ==|\.startswith\()\s*"(/_poolctl/[a-z-]+)', source))
     assert {"/_poolctl/boot", "/_poolctl/start-times", "/_poolctl/health"} <= paths

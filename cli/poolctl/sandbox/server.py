@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from poolctl.sandbox import extensions
 from poolctl.sandbox.manager import SERVICE
 
 # moto settings the sandbox needs, read when moto builds its backends: without AWS managed
@@ -57,8 +58,6 @@ def _watch_parent(pid: int, server: Any) -> None:
 def build_app(info: dict[str, Any]) -> Any:
     """moto's domain-dispatching WSGI app, extensions loaded, admin endpoints in front."""
     _configure_moto()
-    from poolctl.sandbox import extensions
-
     extensions.install()
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
@@ -95,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     import moto
     from moto.moto_server.werkzeug_app import MotoRequestHandler
     from werkzeug.serving import make_server
-
-    from poolctl.sandbox import extensions
 
     info: dict[str, Any] = {
         "service": SERVICE,

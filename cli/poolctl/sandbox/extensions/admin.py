@@ -1,0 +1,145 @@
+"""The admin endpoints under /_poolctl/ (loopback only, no AWS equivalent), in front of moto.
+
+GET /_poolctl/health: identity card (service, pid, port, moto version, extensions,
+boot_speedup). GET|POST|DELETE /_poolctl/quotas (POST body {"quotas": {"L-417A185B": 384},
+"region": "us-east-1"}, region optional = all regions); POST /_poolctl/quota-requests/<id>
+{"status": "APPROVED"} (APPROVED applies the value). GET /_poolctl/lifecycle-actions (open
+actions with tokens, and the log); POST /_poolctl/lifecycle-actions {"AutoScalingGroupName":
+optional, "LifecycleActionResult": "CONTINUE"} completes every open launch action, standing
+in for the nodes' boot scripts, which never run in the sandbox; it answers {"completed":
+[...]}, each with the instance's LifecycleState afterwards (`poolctl sandbox boot-nodes` calls
+it). GET /_poolctl/instance-connect?instance_id=I&user=U: the Instance Connect keys still
+valid, one a line (the node side of Instance Connect). GET|POST|DELETE /_poolctl/faults
+(faults.py). GET /_poolctl/boot: how nodes boot (self_boot.py): the speedup, the registered
+start times, the nodes booting and their seconds left; POST {"speedup": 100} changes it (0:
+nodes boot only when told). POST /_poolctl/start-times {"region", "project", "pool",
+"start_seconds": {"cold": 440.5, "warm_stopped": 260.5, "warm_running": 30}} registers a
+pool's start times (`deploy --sandbox` sends its plan's). GET|POST /_poolctl/snapshots and
+POST /_poolctl/snapshots/<name>/restore (snapshots.py). moto's own POST /moto-api/reset also
+resets all of this (the speedup stays).
+
+Every other request goes to moto, through faults.py (held back answers) and retries.py
+(a retried attempt answered once).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from poolctl.sandbox.extensions import faults, quotas, retries
+from poolctl.sandbox.extensions.common import LOCK
+from poolctl.sandbox.extensions.instance_connect import instance_connect_keys
+from poolctl.sandbox.extensions.lifecycle import complete_open_actions, lifecycle_report
+from poolctl.sandbox.extensions.self_boot import (
+    boot_report,
+    boot_speedup,
+    register_start_times,
+    set_boot_speedup,
+)
+from poolctl.sandbox.extensions.snapshots import restore_snapshot, snapshot_names, take_snapshot
+
+NAMES = ("admin-endpoints",)
+
+
+def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[..., Any]:
+    """WSGI wrapper answering /_poolctl/... and passing everything else to moto."""
+
+    def respond(start_response: Any, status: int, body: Any) -> list[bytes]:
+        data = json.dumps(body, default=str).encode()
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+        start_response(
+            f"{status} {reason.get(status, 'OK')}",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+        )
+        return [data]
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith("/_poolctl/"):
+            late = faults.answer_late(app, environ, start_response)
+            if late is not None:
+                return late
+            return retries.answer(app, environ, start_response)
+        method = environ.get("REQUEST_METHOD", "GET")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            raw = environ["wsgi.input"].read(length) if length else b""
+            body = json.loads(raw or b"{}")
+        except (ValueError, json.JSONDecodeError):
+            return respond(start_response, 400, {"error": "the body must be a JSON object"})
+        try:
+            if path == "/_poolctl/health":
+                return respond(start_response, 200, {**info, "boot_speedup": boot_speedup()})
+            if path == "/_poolctl/boot":
+                if method == "POST":
+                    set_boot_speedup(body.get("speedup"))
+                elif method != "GET":
+                    return respond(start_response, 405, {"error": "GET or POST"})
+                return respond(start_response, 200, boot_report())
+            if path == "/_poolctl/start-times" and method == "POST":
+                missing = [k for k in ("region", "project", "pool", "start_seconds")
+                           if k not in body]
+                if missing:
+                    raise ValueError(f"the body needs {', '.join(missing)}")
+                register_start_times(body["region"], body["project"], body["pool"],
+                                     dict(body["start_seconds"]))
+                return respond(start_response, 200, boot_report())
+            if path == "/_poolctl/quotas":
+                with LOCK:
+                    if method == "POST":
+                        quotas.set_quotas(dict(body.get("quotas") or {}), body.get("region"))
+                    elif method == "DELETE":
+                        quotas.reset()
+                    elif method != "GET":
+                        return respond(start_response, 405, {"error": "GET, POST or DELETE"})
+                    return respond(start_response, 200, {"quotas": quotas.applied_values})
+            if path.startswith("/_poolctl/quota-requests/") and method == "POST":
+                with LOCK:
+                    request = quotas.set_request_status(path.rsplit("/", 1)[1],
+                                                        str(body.get("status")))
+                return respond(start_response, 200, {"RequestedQuota": request})
+            if path == "/_poolctl/instance-connect":
+                q = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+                keys = instance_connect_keys(q.get("instance_id", ""), q.get("user", ""))
+                return respond(start_response, 200, {"keys": keys})
+            if path == "/_poolctl/faults":
+                with LOCK:
+                    if method == "POST":
+                        faults.add_fault(body)
+                    elif method == "DELETE":
+                        faults.reset()
+                    return respond(start_response, 200, faults.report())
+            if path == "/_poolctl/snapshots":
+                if method == "POST":
+                    return respond(start_response, 200, take_snapshot(str(body.get("name", ""))))
+                return respond(start_response, 200, {"snapshots": snapshot_names()})
+            if (path.startswith("/_poolctl/snapshots/") and path.endswith("/restore")
+                    and method == "POST"):
+                name = path.removeprefix("/_poolctl/snapshots/").removesuffix("/restore")
+                return respond(start_response, 200, restore_snapshot(name))
+            if path == "/_poolctl/lifecycle-actions":
+                if method == "POST":
+                    done = complete_open_actions(
+                        body.get("AutoScalingGroupName"),
+                        str(body.get("LifecycleActionResult") or "CONTINUE").upper(),
+                    )
+                    return respond(start_response, 200, {"completed": done})
+                return respond(start_response, 200, lifecycle_report())
+        except KeyError as exc:
+            return respond(start_response, 404, {"error": f"not found: {exc}"})
+        except (ValueError, TypeError, AttributeError) as exc:
+            return respond(start_response, 400, {"error": str(exc)})
+        return respond(start_response, 404, {"error": f"no admin endpoint {method} {path}"})
+
+    return wsgi
+
+
+def install() -> None:
+    """Nothing to patch: the server puts `admin_middleware` in front of moto's app."""
+
+
+def reset() -> None:
+    """Nothing kept here: each endpoint's state is its own module's."""
