@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -223,7 +224,7 @@ def render(cfg: Config, pool: Pool, cloud: Cloud | str, *, version: tuple[int, i
         ctx |= {
             "region": placement.region, "base_image": base_image, "image_name": name,
             "subnet_id": (placement.network.subnet_ids or [""])[0],
-            "subnet_tags": {**tags, "poolctl:tier": "private"},
+            "subnet_tags": builder_subnet_tags(cfg, pool),
             "root_volume_gb": placement.root_volume_gb,
             # The stack picks the user data variant from this tag at plan time.
             "image_tags": {**tags, TAG_SERVING_IMAGE: image, "Name": name,
@@ -328,40 +329,75 @@ def file_key(cloud: Cloud | str) -> tuple[str, ...]:
     return ("aws", "ami_id") if cloud == Cloud.aws else ("gcp", "image")
 
 
-def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str]) -> None:
-    """Run Packer with its output streamed to stderr. On Ctrl-C it gets one SIGINT and the
-    time to clean up (builder instance, temporary key pair and security group); then the
-    interrupt goes on. Its own process group: the terminal's SIGINT reaches poolctl only,
-    and poolctl forwards exactly one."""
+def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str], *,
+               log_file: Path, verbose: bool = False) -> None:
+    """Run Packer with its output appended to `log_file` (private; `verbose`: to stderr
+    too). On failure: one line naming Packer's last error and the log. On Ctrl-C it gets one
+    SIGINT and the time to clean up (builder instance, temporary key pair and security
+    group); then the interrupt goes on. Its own process group: the terminal's SIGINT reaches
+    poolctl only, and poolctl forwards exactly one."""
+    from poolctl.home import open_private
+
     cmd = [binary, *args]
-    log(f"$ {shlex.join(cmd)}  (in {workdir})")
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stderr.write(f"  {line}")
-            sys.stderr.flush()
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        log("interrupted: Packer is cleaning up (builder instance, key pair, security group)")
-        # To its group: Packer's wrapper process ignores SIGINT and leaves the build to
-        # its child, which a terminal's Ctrl-C reaches through the group.
-        os.killpg(proc.pid, signal.SIGINT)
-        _drain(proc)
-        raise
+    lines: list[str] = []
+    with os.fdopen(open_private(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "w",
+                   buffering=1) as out:
+        out.write(f"\n# poolctl {datetime.now(UTC).isoformat(timespec='seconds')}: "
+                  f"{shlex.join(cmd)} (in {workdir})\n")
+
+        def sink(line: str) -> None:
+            out.write(line)
+            lines.append(line)
+            if verbose:
+                sys.stderr.write(f"  {line}")
+                sys.stderr.flush()
+
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sink(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            log("interrupted: Packer is cleaning up (builder instance, key pair, security "
+                f"group); its output goes to {log_file}")
+            # To its group: Packer's wrapper process ignores SIGINT and leaves the build to
+            # its child, which a terminal's Ctrl-C reaches through the group.
+            os.killpg(proc.pid, signal.SIGINT)
+            _drain(proc, sink)
+            raise
     if rc != 0:
-        raise OperationFailed(f"packer {args[0]} failed (exit {rc}); its output is above; "
-                              f"Packer removed its builder; nothing was recorded")
+        cleaned = "Packer removed its builder; " if args[0] == "build" else ""
+        raise OperationFailed(f"packer {args[0]} failed (exit {rc}): {last_error(lines)}; "
+                              f"{cleaned}nothing was recorded; its whole output: {log_file}")
 
 
-def _drain(proc: subprocess.Popen[str]) -> None:
+# Packer's error lines, most telling first: its closing summary per build ("--> source:
+# message"), a build's "errored" line, an HCL "Error:" heading, any line saying error.
+_ERROR_LINES = (re.compile(r"^--> (.+)$"), re.compile(r"^Build '[^']*' errored[^:]*: (.+)$"),
+                re.compile(r"^Error: (.+)$"), re.compile(r"^(.*\berror.*)$", re.I))
+
+
+def last_error(lines: list[str]) -> str:
+    """Packer's last error line, short: what the one line of a failed build quotes."""
+    text = [ln.strip() for ln in lines if ln.strip()]
+    for pattern in _ERROR_LINES:
+        for line in reversed(text):
+            if m := pattern.match(line):
+                # A message that opens a structure ("matching filters: {") ends there.
+                found = re.sub(r"[\s:{\[]+$", "", m[1])
+                return found if len(found) <= 300 else found[:297] + "..."
+    return text[-1][:300] if text else "it printed nothing"
+
+
+def _drain(proc: subprocess.Popen[str], sink: Callable[[str], None]) -> None:
     deadline = time.monotonic() + CLEANUP_TIMEOUT_S
     while True:
         try:
             if proc.stdout is not None:
                 for line in proc.stdout:
-                    sys.stderr.write(f"  {line}")
+                    sink(line)
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             return
         except KeyboardInterrupt:
@@ -401,7 +437,10 @@ class BuildResult:
 def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
           endpoints: CloudEndpoints = REAL_CLOUDS,
           dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
-          now: datetime | None = None) -> BuildResult:
+          now: datetime | None = None, verbose: bool = False) -> BuildResult:
+    """Render, check the builder's place, run Packer (its output to a private log; with
+    `verbose` to stderr too), record the image. `dry_run`: render only, with no cloud call
+    (what the build would look up is named instead)."""
     from poolctl.runtime import set_scalar, write_atomic
 
     endpoints.require(cloud)
@@ -415,7 +454,16 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
     key_path: Loc = ("pools", idx, *file_key(cloud))
     # The file must take the result before anything is built (exit 2, nothing made).
     set_scalar(file_path.read_text(), key_path, "placeholder-0", source=str(file_path))
-    base = aws_base(cfg, pool, endpoints) if cloud == Cloud.aws else ""
+    base = ""
+    if isinstance(placement, AwsPlacement):
+        if dry_run:
+            base = f"ssm:{placement.ami_ssm_parameter}"
+            log(f"dry run: no cloud call; at build time the base AMI comes from SSM "
+                f"parameter {placement.ami_ssm_parameter} in {placement.region} (`{base}` "
+                "below) and the builder's subnet is checked")
+        else:
+            _aws_builder_subnet(cfg, pool, endpoints)
+            base = aws_base(cfg, pool, endpoints)
     r = render(cfg, pool, cloud, version=version, base_image=base, endpoints=endpoints,
                serving_image=serving_image, now=now)
     workdir = images_dir() / "builds" / r.image_name
@@ -436,10 +484,17 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
     env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
     if cloud == Cloud.aws and endpoints.aws is not None:
         env |= endpoints.aws.env(placement.region)
+    from poolctl.terraform import log_path
+
+    stack = naming.stack_name(cfg, pool, cloud)
+    packer_log = log_path(stack, "image-build")
+    log(f"{stack}: building {r.image_name} in {workdir}; Packer's output goes to "
+        f"{packer_log}" + (" (and here)" if verbose else ""))
     t0 = time.monotonic()
     if needs_plugin_block(version):
-        run_packer(binary, workdir, ["init", template], env)
-    run_packer(binary, workdir, cmd[1:], env)
+        run_packer(binary, workdir, ["init", template], env, log_file=packer_log,
+                   verbose=verbose)
+    run_packer(binary, workdir, cmd[1:], env, log_file=packer_log, verbose=verbose)
     res.seconds = round(time.monotonic() - t0, 1)
     res.image_id = _artifact(workdir, cloud, pool)
     try:
@@ -467,6 +522,23 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
         log(f"{file_path}:{line}: {cloud}.{file_key(cloud)[1]}: {old or '(unset)'} -> "
             f"{res.image_id} (recorded)")
     return res
+
+
+def _aws_builder_subnet(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> None:
+    """Before Packer runs: the subnet its builder launches in exists (the file's, or one of
+    the pool's private subnets, which its first deploy creates)."""
+    from poolctl.aws_preflight import check_builder_subnet
+
+    p = pool.aws
+    assert p is not None  # build checked the pool's placement on this cloud (aws)
+    check_builder_subnet(f"{_pool_key(cfg, pool, 'aws')}.network", p.region,
+                         builder_subnet_tags(cfg, pool), list(p.network.subnet_ids),
+                         has_vpc=bool(p.network.vpc_id), endpoints=endpoints)
+
+
+def builder_subnet_tags(cfg: Config, pool: Pool) -> dict[str, str]:
+    """The tags of the pool's private subnets: what the builder's subnet filter matches."""
+    return {**naming.aws_tags(cfg, pool), "poolctl:tier": "private"}
 
 
 def _artifact(workdir: Path, cloud: Cloud | str, pool: Pool) -> str:

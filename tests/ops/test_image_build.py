@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,6 +87,12 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     out = json.loads(res.stdout)
     ami = out["image_id"]
     sys.stderr.write(f"\nimage build --sandbox wall time: {wall:.1f} s\n")
+    # Packer's output is in its private log, not on the terminal (issue 23).
+    [log] = re.findall(r"Packer's output goes to (\S+)$", res.stderr, re.M)
+    assert Path(log).stat().st_mode & 0o777 == 0o600
+    assert "==> Builds finished. The artifacts of successful builds are:" in Path(
+        log).read_text()
+    assert "==>" not in res.stderr and "amazon-ebs.node:" not in res.stderr
     assert ami.startswith("ami-")
     image = ec2.describe_images(ImageIds=[ami])["Images"][0]
     tags = {t["Key"]: t["Value"] for t in image["Tags"]}
@@ -197,12 +204,63 @@ def test_failed_build_leaves_nothing(sandbox, sandbox_home, sandbox_client, tmp_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err
-    assert err.strip().splitlines()[-1].startswith("poolctl: packer build failed"), err
-    assert "simulated provisioning failure" in err and "Traceback" not in err
+    # One line: Packer's last error and its log, which holds the rest of its output.
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"poolctl: packer build failed \(exit 1\): amazon-ebs.node: Script "
+                     r"exited with non-zero exit status: 1\.Allowed exit codes are: \[0\]; "
+                     r"Packer removed its builder; nothing was recorded; its whole output: "
+                     r"(\S+/logs/imgfail-chat-70b-aws/\S+-image-build-\d+\.log)", last)
+    assert m, err
+    assert "simulated provisioning failure" in Path(m[1]).read_text()
+    assert "simulated provisioning failure" not in err and "Traceback" not in err
     assert _leftovers(ec2, "imgfail") == {"instances": [], "security_groups": [],
                                           "key_pairs": []}
     assert f.read_text() == before
     assert _records(Path(sandbox_home), "imgfail") == []
+
+
+@needs_packer
+def test_build_before_the_first_deploy_is_one_line(sandbox, sandbox_home, sandbox_client,
+                                                   tmp_path):
+    """Image first, then the pool (issue 23): the pool's private subnets do not exist yet,
+    so the build stops before Packer runs, in one line naming the two ways forward; a
+    subnet the file names that does not exist, likewise."""
+    ec2 = sandbox_client("ec2")
+    f = _config(tmp_path, "imgfirst")
+    before = f.read_text()
+    t0 = time.monotonic()
+    res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
+                      str(f), timeout=300)
+    sys.stderr.write(f"\nimage build before the first deploy: {time.monotonic() - t0:.1f} s\n")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines() == [
+        "poolctl: pools[0].aws.network: no subnet to build the image in: the pool's private "
+        "subnets (poolctl:project=imgfirst, poolctl:pool=chat-70b, poolctl:role=inference, "
+        "poolctl:tier=private) do not exist in us-east-1 before its first deploy; deploy the "
+        "pool first (`poolctl deploy --cloud aws --sandbox`, then build again), or set "
+        "aws.network.vpc_id and subnet_ids to a private subnet with NAT egress; Packer did "
+        "not run"]
+    assert f.read_text() == before
+    assert not list(Path(sandbox_home).glob("logs/imgfirst-*/*-image-build-*.log"))
+    assert _leftovers(ec2, "imgfirst") == {"instances": [], "security_groups": [],
+                                           "key_pairs": []}
+    assert _records(Path(sandbox_home), "imgfirst") == []
+    # The file names a subnet that is not there.
+    vpc = ec2.create_vpc(CidrBlock="10.78.0.0/16")["Vpc"]["VpcId"]
+    f.write_text(before.replace("      instance_type: p5.48xlarge\n",
+                                "      instance_type: p5.48xlarge\n      network:\n"
+                                f"        vpc_id: {vpc}\n"
+                                "        subnet_ids: [subnet-0123456789abcdef0]\n"))
+    named = f.read_text()
+    res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
+                      str(f), timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines() == [
+        "poolctl: pools[0].aws.network.subnet_ids: subnet-0123456789abcdef0 does not exist in "
+        "us-east-1, so the image builder has nowhere to run; name a private subnet of "
+        "aws.network.vpc_id there (with NAT egress); Packer did not run"]
+    assert f.read_text() == named
+    assert _leftovers(ec2, "imgfirst")["key_pairs"] == []
 
 
 # ---------------------------------------------------------------------------------------

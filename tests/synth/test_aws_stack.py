@@ -337,6 +337,17 @@ def test_options_tls_access_logs_zone_ids(with_options):
     assert not any("availability_zone" in v for v in subnets.values())
 
 
+def test_port_80_redirects_only_once_https_exists(with_options):
+    """Terraform changes port 80 to the redirect only after the HTTPS listener is created:
+    an apply that fails on the certificate leaves port 80 forwarding to the nodes (issue
+    23), and a pool without a certificate orders nothing."""
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
+    names = {v["protocol"]: k for k, v in doc["resource"]["aws_lb_listener"].items()}
+    http = doc["resource"]["aws_lb_listener"][names["HTTP"]]
+    assert http["depends_on"] == [f"aws_lb_listener.{names['HTTPS']}"]
+    assert http["default_action"][0]["type"] == "redirect"
+
+
 def test_zones_pinned_by_name_without_ids(stacks):
     """No zone list from the account (it grows when AWS adds a zone; CKV_AWS_394): the
     region's first zone names, one per `availability_zones` (2 by default)."""

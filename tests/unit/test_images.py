@@ -218,22 +218,167 @@ def test_placement_without_base_image(tmp_path):
     assert f.read_text() == text
 
 
-def test_packer_failure_records_nothing(tmp_path):
+def _fake_packer(tmp_path: Path, build: str = "echo 'Build errored: boom'; exit 1") -> Path:
+    """A stand-in `packer`: `version` says 1.6.6; anything else runs `build`."""
     fake = tmp_path / "packer"
     fake.write_text("#!/bin/sh\n[ \"$1\" = version ] && { echo 'Packer v1.6.6'; exit 0; }\n"
-                    "echo 'Build errored: boom'; exit 1\n")
+                    f"echo 'packer output line'\n{build}\n")
     fake.chmod(0o755)
+    return fake
+
+
+def _packer_logs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "home" / "logs").glob("*/*-image-build-*.log"))
+
+
+def test_packer_failure_records_nothing(tmp_path):
+    """Packer's output goes to a private log, not the terminal; its failure is one line
+    naming its last error and the log (issue 23)."""
+    fake = _fake_packer(tmp_path)
     f = tmp_path / "p.yaml"
     f.write_text(EXAMPLES[0].read_text())
     res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f),
                env={"POOLCTL_PACKER": str(fake)})
+    [log] = _packer_logs(tmp_path)
+    assert log.parent.name == "acme-chat-70b-gcp" and log.stat().st_mode & 0o777 == 0o600
     assert res.returncode == 1, res.stderr
-    assert res.stderr.strip().splitlines()[-1] == (
-        "poolctl: packer build failed (exit 1); its output is above; Packer removed its "
-        "builder; nothing was recorded")
-    assert "Build errored: boom" in res.stderr and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "poolctl: packer build failed (exit 1): Build errored: boom; Packer removed its "
+        f"builder; nothing was recorded; its whole output: {log}")
+    # Before it: where Packer's output goes, and nothing of that output.
+    assert lines[:-1] == [f"acme-chat-70b-gcp: building {lines[0].split()[2]} in "
+                          f"{tmp_path / 'home' / 'images' / 'builds' / lines[0].split()[2]}; "
+                          f"Packer's output goes to {log}"]
+    assert "packer output line" not in res.stderr and "Traceback" not in res.stderr
+    text = log.read_text()
+    assert "packer output line\nBuild errored: boom\n" in text
+    assert re.search(r"^# poolctl \S+: \S*packer build -color=false -on-error=cleanup "
+                     r"gcp.pkr.hcl \(in ", text, re.M)
     assert f.read_text() == EXAMPLES[0].read_text()
     assert not list((tmp_path / "home" / "images").glob("*.json"))
+
+
+def test_packer_verbose_shows_its_output_too(tmp_path):
+    fake = _fake_packer(tmp_path)
+    f = tmp_path / "p.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    res = _cli(tmp_path, "image", "build", "--cloud", "gcp", "-f", str(f), "--verbose",
+               env={"POOLCTL_PACKER": str(fake)})
+    assert res.returncode == 1, res.stderr
+    [log] = _packer_logs(tmp_path)
+    assert f"Packer's output goes to {log} (and here)" in res.stderr
+    assert "  packer output line\n  Build errored: boom\n" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        "poolctl: packer build failed (exit 1): Build errored: boom;")
+    assert "Build errored: boom" in log.read_text()
+
+
+# Packer 1.6.6's own words, as it prints them with -color=false.
+NO_SUBNET = """\
+==> amazon-ebs.node: Prevalidating any provided VPC information
+Build 'amazon-ebs.node' errored after 22 milliseconds 863 microseconds: No Subnets was \
+found matching filters: {
+  Filters: [{
+      Name: "tag:poolctl:tier",
+      Values: ["private"]
+    }]
+}
+
+==> Wait completed after 22 milliseconds 863 microseconds
+
+==> Some builds didn't complete successfully and had errors:
+--> amazon-ebs.node: No Subnets was found matching filters: {
+  Filters: [{
+      Name: "tag:poolctl:tier",
+      Values: ["private"]
+    }]
+}
+
+==> Builds finished but no artifacts were created.
+"""
+HCL_ERROR = """\
+Error: Unsupported argument
+
+  on aws.pkr.hcl line 3:
+   3:   nope = 1
+
+An argument named "nope" is not expected here.
+
+"""
+PROVISIONER = """\
+==> amazon-ebs.node: Running local shell script: /tmp/packer-shell2514541857
+    amazon-ebs.node: simulated provisioning failure
+==> amazon-ebs.node: Provisioning step had errors: Running the cleanup provisioner, if present...
+==> amazon-ebs.node: Terminating the source AWS instance...
+Build 'amazon-ebs.node' errored after 1 second 764 milliseconds: Script exited with non-zero \
+exit status: 1.Allowed exit codes are: [0]
+
+==> Wait completed after 1 second 764 milliseconds
+
+==> Some builds didn't complete successfully and had errors:
+--> amazon-ebs.node: Script exited with non-zero exit status: 1.Allowed exit codes are: [0]
+
+==> Builds finished but no artifacts were created."""
+
+
+def test_last_error_picks_packers_own_error_line():
+    def last(text: str) -> str:
+        return images.last_error(text.splitlines(keepends=True))
+
+    assert last(NO_SUBNET) == "amazon-ebs.node: No Subnets was found matching filters"
+    assert last(HCL_ERROR) == "Unsupported argument"
+    assert last(PROVISIONER) == ("amazon-ebs.node: Script exited with non-zero exit status: "
+                                 "1.Allowed exit codes are: [0]")
+    # Without the closing summary: the build's own "errored" line.
+    assert last(PROVISIONER.split("\n\n")[0]) == (
+        "Script exited with non-zero exit status: 1.Allowed exit codes are: [0]")
+    assert last("just this\n\n") == "just this"
+    assert last("") == "it printed nothing"
+    assert len(last("--> " + "x" * 1000)) == 300
+
+
+def _no_aws_credentials(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a machine with no AWS credentials at all: no variables, no
+    files, no instance metadata; should a call go out anyway, it stays on loopback."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "HOME": str(tmp_path), "POOLCTL_HOME": str(tmp_path / "home"),
+            "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+            **extra}
+
+
+def test_aws_dry_run_needs_no_credentials(tmp_path):
+    """It builds nothing, so it calls nothing: it names the SSM parameter the build reads
+    instead of reading it (issue 23)."""
+    fake = _fake_packer(tmp_path, build="echo 'packer build ran'; exit 1")
+    f = tmp_path / "p.yaml"
+    f.write_text(EXAMPLES[0].read_text())
+    param = load_config(f).pools[0].aws.ami_ssm_parameter
+    res = inproc.run_argv([sys.executable, "-m", "poolctl", "image", "build", "--cloud", "aws",
+                           "-f", str(f), "--dry-run"], capture_output=True, text=True,
+                          env=_no_aws_credentials(tmp_path, POOLCTL_PACKER=str(fake)),
+                          timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        f"dry run: no cloud call; at build time the base AMI comes from SSM parameter {param} "
+        f"in us-east-1 (`ssm:{param}` below) and the builder's subnet is checked"]
+    assert f'  source_ami      = "ssm:{param}"\n' in res.stdout
+    assert "# ---- provision.sh\n" in res.stdout
+    assert re.search(r"# would run in \S+/images/builds/acme-chat-70b-\d{8}-\d{6}: \S*packer "
+                     r"build -color=false -on-error=cleanup aws.pkr.hcl", res.stdout)
+    assert f.read_text() == EXAMPLES[0].read_text()
+    assert not (tmp_path / "home").exists()
+    # The build itself does need them: one line, before Packer runs.
+    res = inproc.run_argv([sys.executable, "-m", "poolctl", "image", "build", "--cloud", "aws",
+                           "-f", str(f)], capture_output=True, text=True,
+                          env=_no_aws_credentials(tmp_path, POOLCTL_PACKER=str(fake)),
+                          timeout=120)
+    _one_line(res, 2, "no AWS credentials")
+    assert not _packer_logs(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------

@@ -121,14 +121,25 @@ def _render_summary(name: str, summary: PlanSummary) -> None:
 
 def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool
                       ) -> Callable[[list[tuple[Pool, str]]], Keeps]:
-    """Before a deploy synthesizes anything: the quota its peak needs (a shortfall stops it,
-    one line each, unless --skip-quota-check; --plan-only only reports), and the sizes
-    `poolctl warm` set, which the apply keeps until `warm --reset`."""
+    """Before a deploy synthesizes anything: the certificate an HTTPS listener names (a
+    missing, unissued or other region's one stops it; --plan-only only reports), the quota
+    its peak needs (a shortfall stops it, one line each, unless --skip-quota-check;
+    --plan-only only reports), and the sizes `poolctl warm` set, which the apply keeps
+    until `warm --reset`."""
 
     def check(tgts: list[tuple[Pool, str]]) -> Keeps:
         from poolctl import runtime
-        from poolctl.errors import OperationFailed
+        from poolctl.errors import OperationFailed, PoolctlError
 
+        for p, c in tgts:
+            try:
+                note = _certificate(cfg, p, c, endpoints)
+            except PoolctlError as e:
+                if not plan_only:
+                    raise
+                note = str(e)
+            if note:
+                sys.stderr.write(f"poolctl: {note}\n")
         out: Keeps = []
         short: list[str] = []
         for p, c in tgts:
@@ -150,6 +161,22 @@ def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, 
         return out
 
     return check
+
+
+def _certificate(cfg: Config, pool: Pool, cloud: str, endpoints: CloudEndpoints
+                 ) -> str | None:
+    """The AWS placement's certificate exists, is issued and is in its region; else the
+    apply would point port 80 at an HTTPS listener that never comes."""
+    from poolctl.clouds import Cloud
+
+    placement = pool.aws
+    if cloud != Cloud.aws or placement is None or not placement.certificate_arn:
+        return None
+    from poolctl.aws_preflight import check_certificate
+
+    idx = [p.name for p in cfg.pools].index(pool.name)
+    return check_certificate(f"pools[{idx}].aws.certificate_arn", placement.certificate_arn,
+                             placement.region, endpoints)
 
 
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,

@@ -35,9 +35,15 @@ def build(
     ] = False,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Show Packer's own output too (it always goes to a log file "
+        "under $POOLCTL_HOME/logs).")] = False,
 ) -> None:
     """Build the pool's node image (base image + serving image pulled) and record it in the
-    placement (`aws.ami_id` / `gcp.image`) and under $POOLCTL_HOME/images."""
+    placement (`aws.ami_id` / `gcp.image`) and under $POOLCTL_HOME/images.
+
+    On AWS the builder runs in the file's subnet or one of the pool's private subnets (its
+    first deploy creates them): where there is none, the build stops before Packer runs."""
     from poolctl import images
     from poolctl.config import find_config
 
@@ -45,7 +51,8 @@ def build(
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
     p, c = one_target(cfg, pool, cloud, endpoints)
-    res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run)
+    res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run,
+                       verbose=verbose)
     if json_out:
         emit_json(res.to_json())
     elif dry_run:

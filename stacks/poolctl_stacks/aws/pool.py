@@ -68,13 +68,16 @@ class LoadBalancer(Construct):
                 ssl_policy="ELBSecurityPolicy-TLS13-1-2-2021-06",
                 certificate_arn=certificate_arn, default_action=[forward], tags=tags,
             )
+            # Port 80 turns into the redirect only once the HTTPS listener exists: an
+            # apply that fails on the certificate leaves it forwarding, not redirecting to
+            # nothing (a new pool gets neither listener until HTTPS works).
             listener.LbListener(
                 self, "http", load_balancer_arn=self.lb.arn, port=80, protocol="HTTP",
                 default_action=[listener.LbListenerDefaultAction(
                     type="redirect",
                     redirect={"port": "443", "protocol": "HTTPS", "status_code": "HTTP_301"},
                 )],
-                tags=tags,
+                tags=tags, depends_on=[self.listener],
             )
         else:
             self.listener = listener.LbListener(
