@@ -29,7 +29,7 @@ from poolctl.terraform import (
 )
 
 if TYPE_CHECKING:
-    from poolctl.clouds.aws_adopt import Found
+    from poolctl.clouds.aws.adopt import Found
 
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
 ADOPT_FILE = "poolctl_adopt.tf.json"
@@ -137,7 +137,7 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
                   json.dumps(endpoint_override(region, endpoints.aws, state), indent=2))
     env: dict[str, str] = {}
     if endpoints.stand_in_images:
-        from poolctl.clouds import aws
+        from poolctl.clouds.aws import ops as aws
 
         ec2 = aws.make_ops(endpoints).client("ec2", region)
         images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
@@ -158,7 +158,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str
 
     Only resources the state lacks are looked up, so a deploy of a complete stack makes no
     cloud call here. Adopted: those whose contract tags prove poolctl created them for this
-    pool (`poolctl.clouds.aws_adopt`). GCP: not looked up yet."""
+    pool (`poolctl.clouds.aws.adopt`). GCP: not looked up yet."""
     imports = work / ADOPT_FILE
     imports.unlink(missing_ok=True)  # last run's imports are in the state by now
     if cloud != Cloud.aws:
@@ -169,7 +169,8 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str
            for name in blocks):
         return []
     from poolctl import naming
-    from poolctl.clouds import aws, aws_adopt
+    from poolctl.clouds.aws import adopt as aws_adopt
+    from poolctl.clouds.aws import ops as aws
 
     ops = aws.make_ops(endpoints)
     tags = naming.aws_tags(cfg, pool)

@@ -487,7 +487,7 @@ def _artifact(workdir: Path, cloud: Cloud | str, pool: Pool) -> str:
 
 
 def aws_client(service: str, region: str, endpoints: CloudEndpoints = REAL_CLOUDS) -> Any:
-    from poolctl.clouds.aws import make_ops
+    from poolctl.clouds.aws.ops import make_ops
 
     return make_ops(endpoints).client(service, region)
 
@@ -560,8 +560,8 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
 
 
 def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-    from poolctl.clouds.gcp import make_ops
-    from poolctl.clouds.gcp_api import _last
+    from poolctl.clouds.gcp.api import _last
+    from poolctl.clouds.gcp.rollout import make_ops
 
     ops = make_ops(endpoints)
     compute_v1 = ops._compute()
@@ -625,7 +625,7 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
 def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     import uuid
 
-    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp.rollout import make_ops
 
     ops = make_ops(endpoints)
     what = f"delete image {row.name}"

@@ -1,6 +1,6 @@
 """What `status` (endpoint), `ls` and `logs` report, cloud-neutral.
 
-The cloud modules (`poolctl.clouds.aws_inventory`, `.gcp_inventory`) find the resources by
+The cloud modules (`poolctl.clouds.aws.inventory`, `.gcp_inventory`) find the resources by
 the contract's tags/labels and fill these records; this module never imports a cloud SDK.
 Everything a cloud answers (DNS names, tags, log lines) is data: printed commands quote it.
 """
@@ -143,9 +143,9 @@ def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int,
 def cloud_module(cloud: Cloud | str) -> ModuleType:
     """The cloud's inventory module (imports its SDK only when called)."""
     if cloud == Cloud.aws:
-        from poolctl.clouds import aws_inventory
+        from poolctl.clouds.aws import inventory as aws_inventory
 
         return aws_inventory
-    from poolctl.clouds import gcp_inventory
+    from poolctl.clouds.gcp import inventory as gcp_inventory
 
     return gcp_inventory

@@ -966,7 +966,7 @@ class OsLogin:
         self.account: str | None = None
 
     def prepare(self, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
-        from poolctl.clouds.gcp import make_ops
+        from poolctl.clouds.gcp.rollout import make_ops
 
         if self.ops is None:
             ops = make_ops(endpoints)
@@ -1012,7 +1012,7 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
                          "let poolctl find the nodes through the cloud (no --host), or use "
                          "--access ssh")
     key = _fresh_key()
-    from poolctl.clouds.aws import make_ops
+    from poolctl.clouds.aws.ops import make_ops
 
     eic = make_ops(opts.endpoints).client("ec2-instance-connect", host.region)
     try:

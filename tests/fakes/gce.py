@@ -1567,7 +1567,7 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     import pytest
 
     from poolctl import deploy, runtime
-    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp.rollout import make_ops
 
     def apply(new_cfg, targets, **kw):
         with fake.lock:

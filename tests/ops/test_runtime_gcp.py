@@ -37,12 +37,10 @@ pytest.importorskip("google.cloud.cloudquotas_v1",
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from poolctl import naming  # noqa: E402
-from poolctl.clouds import (
-    Cloud,  # noqa: E402
-    gcp,  # noqa: E402
-)
+from poolctl.clouds import Cloud  # noqa: E402
 from poolctl.clouds.base import Group  # noqa: E402
-from poolctl.clouds.gcp import (  # noqa: E402
+from poolctl.clouds.gcp import rollout as gcp  # noqa: E402
+from poolctl.clouds.gcp.rollout import (  # noqa: E402
     GcpOps,
     cloud_quota,
     make_ops,

@@ -200,14 +200,14 @@ def runtime_env(pool, cloud: str, no_surge: bool) -> dict[str, str]:
 
     plan = plan_pool(pool, cloud)
     if cloud == "aws":
-        from poolctl.clouds.aws import AwsOps
+        from poolctl.clouds.aws.ops import AwsOps
 
         ops = AwsOps()
         # The ops object is this call's alone: the stub needs no undo.
         pytest.MonkeyPatch().setattr(ops, "_resolved_version", lambda group: ("7", "8"))
         env = ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
         return env | aws_contract.sandbox_env("ami-0123456789abcdef0")
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.rollout import GcpOps
 
     gcp_ops = GcpOps(client_options={"api_endpoint": "http://127.0.0.1:9"})
     stub = pytest.MonkeyPatch()  # the ops object is this call's alone: no undo

@@ -486,7 +486,7 @@ def _apply_env(pool, *, no_surge: bool, zones: int, **group) -> dict[str, str]:
     """What `rollout start --cloud gcp` passes to Terraform for a group of these sizes
     (the MIG lookup `--no-surge` makes for the zone count answered locally)."""
     from poolctl.clouds.base import Group
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.rollout import GcpOps
     from poolctl.sizing import plan_pool
 
     ops = GcpOps()

@@ -7,7 +7,7 @@ import pytest
 
 from poolctl import runtime
 from poolctl.clouds import base
-from poolctl.clouds.aws import AwsOps
+from poolctl.clouds.aws.ops import AwsOps
 from poolctl.config import parse_config
 from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed, UsageError
@@ -26,7 +26,7 @@ def test_aws_declares_its_capabilities():
 
 
 def test_gcp_declares_its_capabilities():
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.rollout import GcpOps
 
     has = {c.__name__ for c in EVERY if issubclass(GcpOps, c)}
     assert has == {"RequestsQuota", "CancelsRollouts", "RollsBackRollouts",

@@ -425,7 +425,7 @@ def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
 def test_gcp_running_filter_and_addresses(cfg):
     compute_v1 = pytest.importorskip("google.cloud.compute_v1",
                                      reason="google-cloud-compute not installed")
-    from poolctl.clouds.gcp import running_filter, running_nodes
+    from poolctl.clouds.gcp.rollout import running_filter, running_nodes
 
     pool = cfg.pools[0]
     assert running_filter(cfg, pool) == ('labels.poolctl-project = "acme" AND '

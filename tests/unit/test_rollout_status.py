@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from poolctl.clouds.aws import AwsOps
+from poolctl.clouds.aws.ops import AwsOps
 from poolctl.clouds.base import RolloutState, RolloutStatus
 
 

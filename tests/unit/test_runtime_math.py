@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from poolctl import runtime
-from poolctl.clouds.aws import quota_code
+from poolctl.clouds.aws.ops import quota_code
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RequestsQuota
 from poolctl.config import parse_config
 from poolctl.contract.aws import refresh_api_preferences, refresh_percentages

@@ -42,10 +42,10 @@ def get_ops(cloud: Cloud | str, endpoints: CloudEndpoints = REAL_CLOUDS, *,
         raise UsageError(f"--cloud {cloud}: unknown cloud; use aws or gcp")
     # Each cloud's make_ops refuses endpoints that do not reach it (AwsOps, gcp.make_ops).
     if cloud == Cloud.aws:
-        from poolctl.clouds import aws
+        from poolctl.clouds.aws import ops as aws
 
         return aws.make_ops(endpoints)
-    from poolctl.clouds import gcp
+    from poolctl.clouds.gcp import rollout as gcp
 
     return gcp.make_ops(endpoints, contact_email=contact_email)
 

@@ -282,7 +282,7 @@ def deploy_before_apply(targets: list[tuple[Pool, str]]
     rolls the new one checkpoint by checkpoint."""
     if not any(c == Cloud.gcp for _, c in targets):
         return None
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.rollout import GcpOps
 
     def before_apply(tf: Terraform) -> bool:
         forgotten = GcpOps().rollout_before_apply(tf)

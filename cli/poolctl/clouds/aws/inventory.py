@@ -8,7 +8,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.clouds import Cloud
-from poolctl.clouds.aws import AwsOps
+from poolctl.clouds.aws.ops import AwsOps
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.errors import OperationFailed

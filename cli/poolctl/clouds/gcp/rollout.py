@@ -41,7 +41,7 @@ update ends. A plain `deploy` keeps Terraform's replace-and-delete. The kept tem
 outside Terraform's state: `destroy` leaves it behind (labelled with the pool).
 
 The calls themselves (clients, retries, operation waits, OS Login, Monitoring) are
-`poolctl.clouds.gcp_api.GceApi`, which `GcpOps` builds on; this module is the policy.
+`poolctl.clouds.gcp.api.GceApi`, which `GcpOps` builds on; this module is the policy.
 Endpoints: `client_options` (e.g. {"api_endpoint": "http://127.0.0.1:PORT"}; `make_ops`
 passes `CloudEndpoints.gce_url`, which the CLI's edge reads from POOLCTL_GCE_ENDPOINT) point
 the APIs (and OS Login's, for `nodes check --access iap`, and Cloud Monitoring's, for the
@@ -84,7 +84,7 @@ from poolctl.clouds.base import (
     StepsRollouts,
     address_order,
 )
-from poolctl.clouds.gcp_api import (
+from poolctl.clouds.gcp.api import (
     _MIG_REF,
     GceApi,
     _created,

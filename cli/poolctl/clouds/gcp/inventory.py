@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 
 from poolctl import naming
 from poolctl.clouds import Cloud
-from poolctl.clouds.gcp import GcpOps
-from poolctl.clouds.gcp_api import _last
+from poolctl.clouds.gcp.api import _last
+from poolctl.clouds.gcp.rollout import GcpOps
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed
 from poolctl.inventory import Endpoint, LogEvent, PoolRow, rfc3339_ms

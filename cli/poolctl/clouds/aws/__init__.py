@@ -1,0 +1,1 @@
+"""poolctl on AWS."""
