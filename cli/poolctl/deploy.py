@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
@@ -51,7 +51,7 @@ class StackResult:
     log: str = ""  # Terraform's output
 
 
-def pool_cost(pool: Pool, cloud: Cloud | str, summary: PlanSummary) -> dict[str, Any]:
+def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
@@ -79,7 +79,7 @@ def pool_cost(pool: Pool, cloud: Cloud | str, summary: PlanSummary) -> dict[str,
 SYNTH_KEY_FILE = ".poolctl-synth-key"
 
 
-def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
+def synth_key(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> str:
     """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
     code and data (stacks, boot templates, catalog) and the generator's versions."""
     from importlib import metadata
@@ -102,7 +102,7 @@ def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
     return h.hexdigest()
 
 
-def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
+def synth_targets(cfg: Config, targets: list[tuple[Pool, Cloud]], outdir: Path) -> list[Path]:
     """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
     5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
     pay again."""
@@ -152,7 +152,7 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
     return work, env
 
 
-def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str,
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
           endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Found]:
     """Import blocks for what an earlier, interrupted apply created but did not record.
 
@@ -195,7 +195,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str
 
 def run_stacks(
     cfg: Config,
-    targets: list[tuple[Pool, str]],
+    targets: list[tuple[Pool, Cloud]],
     *,
     outdir: Path,
     endpoints: CloudEndpoints = REAL_CLOUDS,
@@ -207,7 +207,7 @@ def run_stacks(
     extra_env: dict[str, str] | None = None,
     verbose: bool = False,
     before_apply: Callable[[Terraform], bool] | None = None,
-    preflight: Callable[[list[tuple[Pool, str]]], list[tuple[dict[str, str], list[str]]]]
+    preflight: Callable[[list[tuple[Pool, Cloud]]], list[tuple[dict[str, str], list[str]]]]
     | None = None,
 ) -> list[StackResult]:
     """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).

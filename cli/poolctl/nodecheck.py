@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from poolctl import naming, sizing
-from poolctl.clouds import Cloud
+from poolctl.adaptors.aws import botocore_exceptions
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
@@ -93,7 +94,7 @@ class NodeSpec:
         return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
-def spec_for(pool: Pool, cloud: Cloud | str) -> NodeSpec:
+def spec_for(pool: Pool, cloud: Cloud) -> NodeSpec:
     row = sizing.instance_row(pool, cloud)
     return NodeSpec(
         pool=pool.name,
@@ -966,7 +967,7 @@ class OsLogin:
         self.account: str | None = None
 
     def prepare(self, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
-        from poolctl.clouds.gcp.rollout import make_ops
+        from poolctl.clouds.gcp.ops import make_ops
 
         if self.ops is None:
             ops = make_ops(endpoints)
@@ -1005,8 +1006,6 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     """A new ed25519 key, its public half pushed to the instance for `opts.user` through
     EC2 Instance Connect (the node's sshd accepts it for 60 s). The private half never leaves
     this process."""
-    import botocore.exceptions
-
     if not host.instance_id or not host.region:
         raise SshFailure(f"instance-connect needs the instance id of {host.label}",
                          "let poolctl find the nodes through the cloud (no --host), or use "
@@ -1018,10 +1017,10 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     try:
         eic.send_ssh_public_key(InstanceId=host.instance_id, InstanceOSUser=opts.user,
                                 SSHPublicKey=f"{key.get_name()} {key.get_base64()}")
-    except botocore.exceptions.NoCredentialsError:
+    except botocore_exceptions.NoCredentialsError:
         raise SshFailure("no AWS credentials to push the key with",
                          "configure them (AWS_PROFILE, aws sso login ...)") from None
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
         raise SshFailure(f"ec2-instance-connect SendSSHPublicKey to {host.instance_id} "
                          f"failed: {e}",
                          "the caller needs ec2-instance-connect:SendSSHPublicKey on the "
@@ -1129,11 +1128,11 @@ def progress_line(res: NodeResult) -> str:
 
 def plan_work(
     cfg: Config,
-    targets: Sequence[tuple[Pool, str]],
+    targets: Sequence[tuple[Pool, Cloud]],
     hosts: Sequence[str] | None,
     default_port: int = DEFAULT_PORT,
     endpoints: CloudEndpoints = REAL_CLOUDS,
-    discover: Callable[[Config, Pool, str, CloudEndpoints], list[Any]] | None = None,
+    discover: Callable[[Config, Pool, Cloud, CloudEndpoints], list[Any]] | None = None,
     direct: bool = True,
 ) -> list[tuple[Host, NodeSpec]]:
     """Which hosts to check against which pool's expectations. `discover` gives addresses,
@@ -1206,7 +1205,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _discover(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
+def _discover(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
               ) -> list[Any]:
     """The pool's running nodes, through the cloud's operations (its endpoint, credentials
     and retries, as every other command)."""

@@ -717,7 +717,7 @@ def test_iap_key_expires_soon(gce, tmp_path, monkeypatch):
     """The key's expiry: OS_LOGIN_KEY_TTL_S (300 s) after the import, in microseconds."""
     import time
 
-    from poolctl.clouds.gcp.rollout import GcpOps
+    from poolctl.clouds.gcp.ops import GcpOps
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(_service_account_file(tmp_path)))
     gce.add_project(GCP_PROJECT)
