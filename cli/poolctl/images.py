@@ -114,7 +114,7 @@ def needs_plugin_block(version: tuple[int, int, int]) -> bool:
 
 @dataclass
 class Rendered:
-    cloud: str
+    cloud: Cloud
     image_name: str
     base_image: str
     serving_image: str
@@ -376,7 +376,7 @@ def _drain(proc: subprocess.Popen[str]) -> None:
 @dataclass
 class BuildResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     image_id: str | None
     image_name: str
     base_image: str

@@ -77,7 +77,7 @@ OS_LOGIN_KEY_TTL_S = 300
 @dataclass(frozen=True)
 class NodeSpec:
     pool: str
-    cloud: str
+    cloud: Cloud
     instance_type: str
     gpu: str
     gpus: int
@@ -134,7 +134,7 @@ class Check:
 class NodeResult:
     host: str
     pool: str
-    cloud: str
+    cloud: Cloud
     checks: list[Check] = field(default_factory=list)
 
     @property

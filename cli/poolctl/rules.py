@@ -28,7 +28,7 @@ class Finding:
     check: str
     severity: Severity
     pool: str
-    cloud: str | None
+    cloud: Cloud | None
     key: str
     message: str
     hint: str

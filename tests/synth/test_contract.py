@@ -212,10 +212,11 @@ def runtime_env(pool, cloud: Cloud, no_surge: bool) -> dict[str, str]:
 
     gcp_ops = GcpOps(client_options={"api_endpoint": "http://127.0.0.1:9"})
     stub = pytest.MonkeyPatch()  # the ops object is this call's alone: no undo
-    stub.setattr(gcp_ops, "_mig_ref", lambda group: ("p", "r", "g"))
     zones = SimpleNamespace(distribution_policy=SimpleNamespace(zones=["a", "b", "c"]))
-    stub.setattr(gcp_ops, "_get_mig", lambda project, region, name: zones)
-    return gcp_ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
+    stub.setattr(gcp_ops, "get_mig", lambda project, region, name: zones)
+    group = _group(cloud, plan)
+    group.raw_id = "projects/p/regions/r/instanceGroupManagers/g"
+    return gcp_ops.rollout_apply_env(group, plan, no_surge=no_surge)
 
 
 def undeclared(env: dict[str, str], doc: dict) -> list[str]:

@@ -491,7 +491,7 @@ def _apply_env(pool, *, no_surge: bool, zones: int, **group) -> dict[str, str]:
     from poolctl.sizing import plan_pool
 
     ops = GcpOps()
-    pytest.MonkeyPatch().setattr(ops, "_get_mig", lambda *a: SimpleNamespace(  # no undo:
+    pytest.MonkeyPatch().setattr(ops, "get_mig", lambda *a: SimpleNamespace(  # no undo:
         distribution_policy=SimpleNamespace(zones=[object()] * zones)))  # ops is local
     sizes = {"min_nodes": 1, "max_nodes": 6, "desired_nodes": 1, "warm_min_nodes": 2,
              "warm_state": "stopped", **group}

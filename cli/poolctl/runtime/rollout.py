@@ -53,7 +53,7 @@ from poolctl.terraform import Terraform, forget_dead_synth_kernel
 @dataclass
 class RolloutResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     stack: str
     key: str
     from_value: str | None  # None: a node image the file did not name (the default image)

@@ -33,7 +33,7 @@ from poolctl.sizing import PoolPlan, nodes_for, plan_pool
 @dataclass
 class WarmResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     mode: str  # warm | running | reset
     replicas_requested: int | None
     replicas_per_node: int

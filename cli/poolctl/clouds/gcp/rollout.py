@@ -217,23 +217,7 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
         keep = {target, previous, link_name(mig.instance_template)}
         keep |= {link_name(v.instance_template) for v in mig.versions}
         keep |= {link_name(mi.version.instance_template) for mi in live}
-        client = self.client("InstanceTemplatesClient")
-        out: dict[str, list[str]] = {"deleted": [], "failed": []}
-        for tname in sorted(set(links) - keep - {""}):
-            what = f"delete instance template {tname}"
-            try:
-                op = self.lookup(what, client.delete_unary,
-                                 request=compute_v1.DeleteInstanceTemplateRequest(
-                                     project=project, instance_template=tname,
-                                     request_id=str(uuid.uuid4())))
-                self.wait(op, project, None, what)
-            except api_exceptions.NotFound:
-                continue  # already gone
-            except OperationFailed as e:
-                out["failed"].append(f"{e}; delete it by hand once unused")
-                continue
-            out["deleted"].append(tname)
-        return out
+        return self._delete_templates(project, sorted(set(links) - keep - {""}))
 
     def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
         """After `destroy`: delete the pool's labelled instance templates that Terraform no
@@ -241,22 +225,28 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
         {"deleted": names, "failed": one line each}; a template still in use stays."""
         assert pool.gcp is not None  # after destroying the pool's gcp placement
         project = pool.gcp.project
+        templates = self.labelled_templates(project, naming.gcp_labels(cfg, pool))
+        return self._delete_templates(project, [t.name for t in templates])
+
+    def _delete_templates(self, project: str, names: list[str]) -> dict[str, list[str]]:
+        """{"deleted": names, "failed": one line each}: a template already gone is neither;
+        a refused delete (in use) is reported, not raised."""
         client = self.client("InstanceTemplatesClient")
         out: dict[str, list[str]] = {"deleted": [], "failed": []}
-        for t in self.labelled_templates(project, naming.gcp_labels(cfg, pool)):
-            what = f"delete instance template {t.name}"
+        for name in names:
+            what = f"delete instance template {name}"
             try:
                 op = self.lookup(what, client.delete_unary,
                                  request=compute_v1.DeleteInstanceTemplateRequest(
-                                     project=project, instance_template=t.name,
+                                     project=project, instance_template=name,
                                      request_id=str(uuid.uuid4())))
                 self.wait(op, project, None, what)
             except api_exceptions.NotFound:
-                continue
+                continue  # already gone
             except OperationFailed as e:
                 out["failed"].append(f"{e}; delete it by hand once unused")
                 continue
-            out["deleted"].append(t.name)
+            out["deleted"].append(name)
         return out
 
     # The rollout's state lives in the MIG (its versions: contract.VERSION_*) so that any
