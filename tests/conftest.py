@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from poolctl.cloud import Cloud
+
 
 @pytest.fixture(scope="session")
 def sandbox_home(tmp_path_factory: pytest.TempPathFactory):
@@ -427,7 +429,7 @@ def _deploy_with_terraform(endpoint: str, home: Path) -> None:
     from poolctl import naming
 
     cfg, pool = _example_pool()
-    _forget_stale_state(endpoint, home, naming.stack_name(cfg, pool, "aws"),
+    _forget_stale_state(endpoint, home, naming.stack_name(cfg, pool, Cloud.aws),
                         naming.short(naming.base(cfg, pool), 32))
     res = run_poolctl(home, "deploy", "--cloud", "aws", "--sandbox", "--auto-approve",
                       "-f", str(DEPLOYED_EXAMPLE), "--out", str(home / "cdktf.out"))
@@ -447,7 +449,7 @@ def _deploy_with_boto3(endpoint: str) -> None:
     from poolctl.sizing import plan_pool
 
     cfg, pool = _example_pool()
-    plan = plan_pool(pool, "aws")
+    plan = plan_pool(pool, Cloud.aws)
     name = naming.base(cfg, pool)
     tags = naming.aws_tags(cfg, pool)
     kv = [{"Key": k, "Value": v} for k, v in tags.items()]
@@ -549,7 +551,7 @@ def ensure_deployed_pool(endpoint: str, home: Path) -> dict[str, Any]:
                       {"AutoScalingGroupName": name, "LifecycleActionResult": "CONTINUE"})
         _snapshot_pool(endpoint, home)
     elif out["via"] is None:  # deployed before this fixture ran (e.g. by the e2e test)
-        state = home / "sandbox" / "state" / f"{naming.stack_name(cfg, pool, 'aws')}.tfstate"
+        state = home / "sandbox" / "state" / f"{naming.stack_name(cfg, pool, Cloud.aws)}.tfstate"
         out["via"] = "terraform" if state.exists() else "boto3"
     _deployed.update(out)
     return _deployed

@@ -38,7 +38,7 @@ import jinja2
 
 from poolctl import formats, naming
 from poolctl.catalog import load_catalog
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, GcpPlacement, Pool
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
@@ -83,7 +83,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "_"
 
 
-def _registry(image: str, cloud: Cloud | str) -> dict[str, str]:
+def _registry(image: str, cloud: Cloud) -> dict[str, str]:
     """How the node logs in to the image's registry with its own identity (never a stored
     password): ECR on AWS, Artifact Registry on GCP; public registries need nothing."""
     if cloud == Cloud.aws and (m := _ECR.match(image)):
@@ -94,7 +94,7 @@ def _registry(image: str, cloud: Cloud | str) -> dict[str, str]:
 
 
 @cache
-def boot_library(cloud: Cloud | str) -> dict[str, str]:
+def boot_library(cloud: Cloud) -> dict[str, str]:
     """The boot library for `cloud` as a node image carries it: its file's text (a header
     naming its version, the sha256 of its body), the version, where it goes."""
     body = environment().get_template("_node_lib.sh.j2").render(cloud=cloud)
@@ -109,7 +109,7 @@ def boot_library(cloud: Cloud | str) -> dict[str, str]:
             "version": version, "text": text}
 
 
-def context(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: bool = False
+def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
             ) -> dict[str, Any]:
     """Every value the templates need for this pool and cloud, and nothing they do not use
     (a test removes each key in turn and expects the render to fail). `from_image`: source
@@ -174,7 +174,7 @@ def context(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: bool = Fals
     return ctx
 
 
-def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: bool = False
+def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
                        ) -> str:
     """The boot script, whatever its size; by default the whole one, the worst case, which
     the `boot-script-size` rule measures."""
@@ -182,7 +182,7 @@ def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud | str, from_image: 
         context(cfg, pool, cloud, from_image))
 
 
-def size_problem(size: int, cloud: Cloud | str) -> str | None:
+def size_problem(size: int, cloud: Cloud) -> str | None:
     limit = BOOT_SCRIPT_LIMITS[cloud]
     if size <= limit:
         return None
@@ -190,7 +190,7 @@ def size_problem(size: int, cloud: Cloud | str) -> str | None:
 
 
 def render_nvme_script(
-    cloud: Cloud | str, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
+    cloud: Cloud, nvme_expected: int, cache_mount: str = naming.CACHE_MOUNT
 ) -> str:
     """The NVMe cache step on its own (for `nodes check`, repairs and tests)."""
     return environment().get_template("nvme-raid.sh.j2").render(

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from poolctl.sizing import PoolPlan
 
 
-def autoscale_for(pool: Pool, cloud: Cloud | str, plan: PoolPlan,
+def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
                   warm_replicas: int | None = None) -> Autoscale:
     """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
     rpn = plan.replicas_per_node
@@ -46,7 +46,7 @@ def autoscale_for(pool: Pool, cloud: Cloud | str, plan: PoolPlan,
     )
 
 
-def run_pool(pool: Pool, cloud: Cloud | str, trace: Trace, *, replicas: int | None = None,
+def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
@@ -83,7 +83,7 @@ def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
 PEAK_WINDOW_S = 600  # the stretch of traffic max_replicas is sized for
 
 
-def recommend(pool: Pool, cloud: Cloud | str, trace: Trace) -> dict[str, Any]:
+def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
     """Smallest replica count meeting the TTFT SLO at or below the utilization target; a
     max for the busiest window; the smallest warm pool keeping the SLO under autoscaling."""
     from poolctl.sizing import nodes_for, plan_pool

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 
 
 class _Row(BaseModel):
@@ -109,13 +109,13 @@ class Catalog(_Row):
     def gpu_spec(self, row: InstanceType) -> GpuSpec:
         return self.gpu_specs[row.gpu]
 
-    def get(self, cloud: Cloud | str, name: str) -> InstanceType | None:
+    def get(self, cloud: Cloud, name: str) -> InstanceType | None:
         for row in self.instance_types:
             if row.cloud == cloud and row.name == name:
                 return row
         return None
 
-    def names(self, cloud: Cloud | str, nvlink_8gpu_only: bool = True) -> list[str]:
+    def names(self, cloud: Cloud, nvlink_8gpu_only: bool = True) -> list[str]:
         return [
             r.name
             for r in self.instance_types

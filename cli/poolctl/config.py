@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from poolctl import formats
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -605,7 +605,7 @@ class Pool(CoreModel):
             self.api_key_secret(cloud)
         return self
 
-    def api_key_secret(self, cloud: Cloud | str) -> str | None:
+    def api_key_secret(self, cloud: Cloud) -> str | None:
         """The API-key secret the `cloud` nodes read: the ARN (aws) or
         projects/P/secrets/NAME (gcp); None without one."""
         ref = self.serving.api_key_secret
@@ -630,12 +630,12 @@ class Pool(CoreModel):
         except ValueError as e:
             raise invalid("Pool", loc, str(e), raw) from None
 
-    def placement(self, cloud: Cloud | str) -> AwsPlacement | GcpPlacement | None:
+    def placement(self, cloud: Cloud) -> AwsPlacement | GcpPlacement | None:
         return self.aws if cloud == Cloud.aws else self.gcp
 
     @property
-    def clouds(self) -> list[str]:
-        return [c for c in ("aws", "gcp") if self.placement(c) is not None]
+    def clouds(self) -> list[Cloud]:
+        return [c for c in Cloud if self.placement(c) is not None]
 
 
 class AwsBackend(CoreModel):
@@ -705,10 +705,10 @@ class Config(CoreModel):
         names = ", ".join(p.name for p in self.pools)
         raise UsageError(f"--pool: no pool named {pool!r} in the file; pools are: {names}")
 
-    def targets(self, pool: str | None, cloud: Cloud | str | None) -> list[tuple[Pool, str]]:
+    def targets(self, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:
         """(pool, cloud) pairs a command acts on: `--cloud` picks the placement; pools
         without it are passed over, unless `--pool` named one explicitly."""
-        out: list[tuple[Pool, str]] = []
+        out: list[tuple[Pool, Cloud]] = []
         for p in self.select(pool):
             clouds = [cloud] if cloud else p.clouds
             for c in clouds:

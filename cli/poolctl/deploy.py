@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
@@ -29,7 +29,7 @@ from poolctl.terraform import (
 )
 
 if TYPE_CHECKING:
-    from poolctl.clouds.aws_adopt import Found
+    from poolctl.clouds.aws.adopt import Found
 
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
 ADOPT_FILE = "poolctl_adopt.tf.json"
@@ -51,7 +51,7 @@ class StackResult:
     log: str = ""  # Terraform's output
 
 
-def pool_cost(pool: Pool, cloud: Cloud | str, summary: PlanSummary) -> dict[str, Any]:
+def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
@@ -79,7 +79,7 @@ def pool_cost(pool: Pool, cloud: Cloud | str, summary: PlanSummary) -> dict[str,
 SYNTH_KEY_FILE = ".poolctl-synth-key"
 
 
-def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
+def synth_key(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> str:
     """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
     code and data (stacks, boot templates, catalog) and the generator's versions."""
     from importlib import metadata
@@ -102,7 +102,7 @@ def synth_key(cfg: Config, targets: list[tuple[Pool, str]]) -> str:
     return h.hexdigest()
 
 
-def synth_targets(cfg: Config, targets: list[tuple[Pool, str]], outdir: Path) -> list[Path]:
+def synth_targets(cfg: Config, targets: list[tuple[Pool, Cloud]], outdir: Path) -> list[Path]:
     """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
     5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
     pay again."""
@@ -137,7 +137,7 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
                   json.dumps(endpoint_override(region, endpoints.aws, state), indent=2))
     env: dict[str, str] = {}
     if endpoints.stand_in_images:
-        from poolctl.clouds import aws
+        from poolctl.clouds.aws import ops as aws
 
         ec2 = aws.make_ops(endpoints).client("ec2", region)
         images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
@@ -152,13 +152,13 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
     return work, env
 
 
-def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str,
+def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
           endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Found]:
     """Import blocks for what an earlier, interrupted apply created but did not record.
 
     Only resources the state lacks are looked up, so a deploy of a complete stack makes no
     cloud call here. Adopted: those whose contract tags prove poolctl created them for this
-    pool (`poolctl.clouds.aws_adopt`). GCP: not looked up yet."""
+    pool (`poolctl.clouds.aws.adopt`). GCP: not looked up yet."""
     imports = work / ADOPT_FILE
     imports.unlink(missing_ok=True)  # last run's imports are in the state by now
     if cloud != Cloud.aws:
@@ -169,7 +169,8 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str
            for name in blocks):
         return []
     from poolctl import naming
-    from poolctl.clouds import aws, aws_adopt
+    from poolctl.clouds.aws import adopt as aws_adopt
+    from poolctl.clouds.aws import ops as aws
 
     ops = aws.make_ops(endpoints)
     tags = naming.aws_tags(cfg, pool)
@@ -194,7 +195,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud | str
 
 def run_stacks(
     cfg: Config,
-    targets: list[tuple[Pool, str]],
+    targets: list[tuple[Pool, Cloud]],
     *,
     outdir: Path,
     endpoints: CloudEndpoints = REAL_CLOUDS,
@@ -206,7 +207,7 @@ def run_stacks(
     extra_env: dict[str, str] | None = None,
     verbose: bool = False,
     before_apply: Callable[[Terraform], bool] | None = None,
-    preflight: Callable[[list[tuple[Pool, str]]], list[tuple[dict[str, str], list[str]]]]
+    preflight: Callable[[list[tuple[Pool, Cloud]]], list[tuple[dict[str, str], list[str]]]]
     | None = None,
 ) -> list[StackResult]:
     """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class CloudEndpoints:
     # None: Google's. A plain-http one (a local fake) is called without credentials.
     gce_url: str | None = None
 
-    def require(self, cloud: Cloud | str) -> None:
+    def require(self, cloud: Cloud) -> None:
         """Refuse a cloud these endpoints do not reach (the sandbox emulates AWS only)."""
         if Cloud(cloud) not in self.clouds:
             reach = " / ".join(f"--cloud {c}" for c in sorted(self.clouds))

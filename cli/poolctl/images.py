@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.adaptors.aws import botocore_exceptions
+from poolctl.adaptors.gcp import compute_v1
+from poolctl.cloud import Cloud
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Loc, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
@@ -113,7 +115,7 @@ def needs_plugin_block(version: tuple[int, int, int]) -> bool:
 
 @dataclass
 class Rendered:
-    cloud: str
+    cloud: Cloud
     image_name: str
     base_image: str
     serving_image: str
@@ -122,7 +124,7 @@ class Rendered:
     context: dict[str, Any] = field(default_factory=dict)
 
 
-def _pool_key(cfg: Config, pool: Pool, cloud: Cloud | str) -> str:
+def _pool_key(cfg: Config, pool: Pool, cloud: Cloud) -> str:
     idx = [p.name for p in cfg.pools].index(pool.name)
     return f"pools[{idx}].{cloud}"
 
@@ -140,9 +142,9 @@ def gcp_base(cfg: Config, pool: Pool) -> dict[str, str]:
     """The GCE base image as Packer takes it: a family (or an image name) and its project."""
     p = pool.gcp
     assert p is not None  # render asks it only for the pool's gcp placement, checked there
-    key = _pool_key(cfg, pool, "gcp")
+    key = _pool_key(cfg, pool, Cloud.gcp)
     ref = p.base_image or p.image
-    if p.base_image is None and (rec := find_record("gcp", p.image)) is not None:
+    if p.base_image is None and (rec := find_record(Cloud.gcp, p.image)) is not None:
         ref = rec["base_image"]  # gcp.image is a built image: build on what it was built on
     if m := _FAMILY.match(ref):
         return {"base_family": m["family"], "base_name": "",
@@ -164,18 +166,16 @@ def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -
     p = pool.aws
     assert p is not None  # build asks it only for the pool's aws placement, checked there
     ssm = aws_client("ssm", p.region, endpoints)
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         value: str = ssm.get_parameter(Name=p.ami_ssm_parameter)["Parameter"]["Value"]
         return value
-    except ClientError as e:
+    except botocore_exceptions.ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code != "ParameterNotFound":
-            raise OperationFailed(f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: "
+            raise OperationFailed(f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: "
                                   f"{e}") from None
-    except BotoCoreError as e:
-        raise OperationFailed(f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {e}") from None
+    except botocore_exceptions.BotoCoreError as e:
+        raise OperationFailed(f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: {e}") from None
     if endpoints.stand_in_images:
         images = aws_client("ec2", p.region, endpoints).describe_images(
             Owners=["amazon"]).get("Images", [])
@@ -183,12 +183,12 @@ def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -
             first: str = sorted(i["ImageId"] for i in images)[0]
             return first
     raise UsageError(
-        f"{_pool_key(cfg, pool, 'aws')}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no "
+        f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no "
         f"image in {p.region}, so the image build has no base; set it to the Deep Learning "
         "Base AMI's parameter")
 
 
-def render(cfg: Config, pool: Pool, cloud: Cloud | str, *, version: tuple[int, int, int],
+def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
            base_image: str, endpoints: CloudEndpoints = REAL_CLOUDS,
            serving_image: str | None = None, now: datetime | None = None) -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
@@ -259,7 +259,7 @@ def render(cfg: Config, pool: Pool, cloud: Cloud | str, *, version: tuple[int, i
 def _gcp_zone(pool: Pool) -> str:
     from poolctl.sizing import gcp_zones, instance_row
 
-    zones = gcp_zones(pool, instance_row(pool, "gcp"))
+    zones = gcp_zones(pool, instance_row(pool, Cloud.gcp))
     assert pool.gcp is not None  # instance_row refuses a pool without a gcp placement
     return zones[0] if zones else f"{pool.gcp.region}-a"
 
@@ -274,11 +274,11 @@ def images_dir() -> Path:
     return poolctl_home() / "images"
 
 
-def _record_file(cloud: Cloud | str, image_id: str) -> Path:
+def _record_file(cloud: Cloud, image_id: str) -> Path:
     return images_dir() / f"{cloud}-{re.sub(r'[^A-Za-z0-9._-]+', '_', image_id)}.json"
 
 
-def find_record(cloud: Cloud | str, image_id: str | None) -> dict[str, Any] | None:
+def find_record(cloud: Cloud, image_id: str | None) -> dict[str, Any] | None:
     if not image_id:
         return None
     try:
@@ -296,7 +296,7 @@ def save_record(rec: dict[str, Any]) -> Path:
     return path
 
 
-def placement_image(pool: Pool, cloud: Cloud | str) -> str | None:
+def placement_image(pool: Pool, cloud: Cloud) -> str | None:
     """The node image a placement names in the file (None: the base image at deploy)."""
     placement = pool.placement(cloud)
     # Asked only for a cloud the pool has a placement on (sizing's instance_row checks it).
@@ -304,7 +304,7 @@ def placement_image(pool: Pool, cloud: Cloud | str) -> str | None:
     return placement.ami_id if isinstance(placement, AwsPlacement) else placement.image
 
 
-def prepulled(pool: Pool, cloud: Cloud | str, records: bool = True) -> dict[str, Any]:
+def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict[str, Any]:
     """Which image a placement uses and whether it carries the serving image: a build record
     says so for images poolctl built, `serving.image_prepulled` for the user's own.
     `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
@@ -325,7 +325,7 @@ def prepulled(pool: Pool, cloud: Cloud | str, records: bool = True) -> dict[str,
 # Build
 
 
-def file_key(cloud: Cloud | str) -> tuple[str, ...]:
+def file_key(cloud: Cloud) -> tuple[str, ...]:
     return ("aws", "ami_id") if cloud == Cloud.aws else ("gcp", "image")
 
 
@@ -412,7 +412,7 @@ def _drain(proc: subprocess.Popen[str], sink: Callable[[str], None]) -> None:
 @dataclass
 class BuildResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     image_id: str | None
     image_name: str
     base_image: str
@@ -434,7 +434,7 @@ class BuildResult:
         return asdict(self)
 
 
-def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
+def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
           endpoints: CloudEndpoints = REAL_CLOUDS,
           dry_run: bool, serving_image: str | None = None, record_in_file: bool = True,
           now: datetime | None = None, verbose: bool = False) -> BuildResult:
@@ -527,11 +527,11 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, *,
 def _aws_builder_subnet(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> None:
     """Before Packer runs: the subnet its builder launches in exists (the file's, or one of
     the pool's private subnets, which its first deploy creates)."""
-    from poolctl.aws_preflight import check_builder_subnet
+    from poolctl.clouds.aws.preflight import check_builder_subnet
 
     p = pool.aws
     assert p is not None  # build checked the pool's placement on this cloud (aws)
-    check_builder_subnet(f"{_pool_key(cfg, pool, 'aws')}.network", p.region,
+    check_builder_subnet(f"{_pool_key(cfg, pool, Cloud.aws)}.network", p.region,
                          builder_subnet_tags(cfg, pool), list(p.network.subnet_ids),
                          has_vpc=bool(p.network.vpc_id), endpoints=endpoints)
 
@@ -541,7 +541,7 @@ def builder_subnet_tags(cfg: Config, pool: Pool) -> dict[str, str]:
     return {**naming.aws_tags(cfg, pool), "poolctl:tier": "private"}
 
 
-def _artifact(workdir: Path, cloud: Cloud | str, pool: Pool) -> str:
+def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
     try:
         builds = json.loads((workdir / "packer-manifest.json").read_text())["builds"]
         artifact: str = builds[-1]["artifact_id"]
@@ -559,7 +559,7 @@ def _artifact(workdir: Path, cloud: Cloud | str, pool: Pool) -> str:
 
 
 def aws_client(service: str, region: str, endpoints: CloudEndpoints = REAL_CLOUDS) -> Any:
-    from poolctl.clouds.aws import make_ops
+    from poolctl.clouds.aws.ops import make_ops
 
     return make_ops(endpoints).client(service, region)
 
@@ -574,7 +574,7 @@ class ImageRow:
     snapshots: list[str] = field(default_factory=list)
 
 
-def list_images(cfg: Config, pool: Pool, cloud: Cloud | str,
+def list_images(cfg: Config, pool: Pool, cloud: Cloud,
                 endpoints: CloudEndpoints = REAL_CLOUDS) -> list[ImageRow]:
     rows = (_aws_images(cfg, pool, endpoints) if cloud == Cloud.aws
             else _gcp_images(cfg, pool, endpoints))
@@ -582,8 +582,6 @@ def list_images(cfg: Config, pool: Pool, cloud: Cloud | str,
 
 
 def _aws_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-    from botocore.exceptions import BotoCoreError, ClientError
-
     assert pool.aws is not None  # listed for the pool's aws placement (commands' one_target)
     region = pool.aws.region
     ec2 = aws_client("ec2", region, endpoints)
@@ -592,7 +590,7 @@ def _aws_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[Imag
         images = ec2.describe_images(Owners=["self"], Filters=[
             {"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()])["Images"]
         used = _aws_in_use(ec2, cfg, pool)
-    except (ClientError, BotoCoreError) as e:
+    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
         raise OperationFailed(f"image list --cloud aws: {e}") from None
     rows = []
     for im in images:
@@ -632,27 +630,26 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
 
 
 def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-    from poolctl.clouds.gcp import make_ops
-    from poolctl.clouds.gcp_api import _last
+    from poolctl.clouds.gcp.api import link_name
+    from poolctl.clouds.gcp.ops import make_ops
 
     ops = make_ops(endpoints)
-    compute_v1 = ops._compute()
     labels = naming.gcp_labels(cfg, pool)
     assert pool.gcp is not None  # listed for the pool's gcp placement (commands' one_target)
     project = pool.gcp.project
     # Label values are [a-z0-9_-] (naming.gcp_labels): nothing to escape in the quotes.
     flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in sorted(labels.items()))
-    images = ops._call(f"list images of {project}", ops._client("ImagesClient").list,
-                       request=compute_v1.ListImagesRequest(project=project, filter=flt))
+    images = ops.call(f"list images of {project}", ops.client("ImagesClient").list,
+                      request=compute_v1.ListImagesRequest(project=project, filter=flt))
     used: dict[str, list[str]] = {}
     if pool.gcp.image:
-        used.setdefault(_last(pool.gcp.image), []).append("gcp.image in the file")
+        used.setdefault(link_name(pool.gcp.image), []).append("gcp.image in the file")
     # The pool's instance templates: the MIG's current one and the one a rollback returns to
     # (rollout cleanup keeps those and what VMs still run).
-    for tpl in ops._labelled_templates(project, labels):
+    for tpl in ops.labelled_templates(project, labels):
         for d in tpl.properties.disks:
             if src := d.initialize_params.source_image:
-                used.setdefault(_last(src), []).append(f"instance template {tpl.name}")
+                used.setdefault(link_name(src), []).append(f"instance template {tpl.name}")
     return [ImageRow(id=f"projects/{project}/global/images/{im.name}", name=im.name,
                      created=im.creation_timestamp,
                      serving_image=dict(im.labels).get(LABEL_SERVING_IMAGE),
@@ -660,7 +657,7 @@ def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[Imag
             for im in images]
 
 
-def latest_image(cfg: Config, pool: Pool, cloud: Cloud | str,
+def latest_image(cfg: Config, pool: Pool, cloud: Cloud,
                  endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
     """`--node-image latest`: the newest image built for the pool that carries its serving
     image."""
@@ -673,7 +670,7 @@ def latest_image(cfg: Config, pool: Pool, cloud: Cloud | str,
                      f"{cloud}`")
 
 
-def prune(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints, keep: int
+def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep: int
           ) -> dict[str, Any]:
     """Deregister all but the `keep` newest images (and their snapshots); an image in use is
     never deleted and does not count against `keep`."""
@@ -697,26 +694,24 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
 def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     import uuid
 
-    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp.ops import make_ops
 
     ops = make_ops(endpoints)
     what = f"delete image {row.name}"
     assert pool.gcp is not None  # prune: the pool's gcp placement, whose images it listed
     # A request id: a retried delete is not applied twice.
-    op = ops._call(what, ops._client("ImagesClient").delete_unary,
-                   request=ops._compute().DeleteImageRequest(
-                       project=pool.gcp.project, image=row.name, request_id=str(uuid.uuid4())))
-    ops._wait(op, pool.gcp.project, None, what)
+    op = ops.call(what, ops.client("ImagesClient").delete_unary,
+                  request=compute_v1.DeleteImageRequest(
+                      project=pool.gcp.project, image=row.name, request_id=str(uuid.uuid4())))
+    ops.wait(op, pool.gcp.project, None, what)
 
 
 def _aws_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
     assert pool.aws is not None  # prune: the pool's aws placement, whose images it listed
     ec2 = aws_client("ec2", pool.aws.region, endpoints)
     try:
         ec2.deregister_image(ImageId=row.id)
         for snap in row.snapshots:
             ec2.delete_snapshot(SnapshotId=snap)
-    except (ClientError, BotoCoreError) as e:
+    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
         raise OperationFailed(f"image prune: {row.id}: {e}") from None

@@ -1,7 +1,8 @@
 """What `status` (endpoint), `ls` and `logs` report, cloud-neutral.
 
-The cloud modules (`poolctl.clouds.aws_inventory`, `.gcp_inventory`) find the resources by
-the contract's tags/labels and fill these records; this module never imports a cloud SDK.
+Each cloud's operations (`CloudOps.endpoint`, `.list_pools`, `.log_events`, in the
+`inventory` module of `poolctl.clouds.aws` and `.gcp`) find the resources by the contract's
+tags/labels and fill these records; this module reaches no cloud.
 Everything a cloud answers (DNS names, tags, log lines) is data: printed commands quote it.
 """
 
@@ -13,10 +14,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
+from datetime import UTC, datetime
 from typing import Any
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
 
 # The header vLLM checks with --api-key / VLLM_API_KEY; the curl line names a shell variable
@@ -58,7 +59,7 @@ class PoolRow:
 
     project: str
     pool: str
-    cloud: str
+    cloud: Cloud
     region: str
     group: str
     nodes: dict[str, int] = field(default_factory=dict)  # min, desired, max, in_service
@@ -95,8 +96,6 @@ def printable(text: str) -> str:
 
 def rfc3339_ms(ms: int) -> str:
     """UTC with milliseconds and Z, as the clouds write times."""
-    from datetime import UTC, datetime
-
     t = datetime.fromtimestamp(ms / 1000, UTC)
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -137,15 +136,3 @@ def stream_events(fetch: Callable[[int], Iterable[LogEvent]], start_ms: int,
             time.sleep(interval_s)
     except KeyboardInterrupt:
         sys.stderr.write("poolctl: stopped following the logs (Ctrl-C)\n")
-
-
-
-def cloud_module(cloud: Cloud | str) -> ModuleType:
-    """The cloud's inventory module (imports its SDK only when called)."""
-    if cloud == Cloud.aws:
-        from poolctl.clouds import aws_inventory
-
-        return aws_inventory
-    from poolctl.clouds import gcp_inventory
-
-    return gcp_inventory

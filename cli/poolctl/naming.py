@@ -10,7 +10,7 @@ import hashlib
 import re
 from typing import TYPE_CHECKING
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 
 if TYPE_CHECKING:  # config validates names with name_problems below
     from poolctl.config import Config, Pool
@@ -47,7 +47,7 @@ def base(cfg: Config, pool: Pool) -> str:
     return f"{cfg.project}-{pool.name}"
 
 
-def stack_name(cfg: Config, pool: Pool, cloud: Cloud | str) -> str:
+def stack_name(cfg: Config, pool: Pool, cloud: Cloud) -> str:
     return f"{cfg.project}-{pool.name}-{cloud}"
 
 
@@ -71,7 +71,7 @@ MAX_BASE_AWS = min(limit - len(suffix) for _, suffix, limit in AWS_VERBATIM_NAME
 _RFC1035_START = re.compile(r"^[a-z]")
 
 
-def name_problems(project: str, pool: str, clouds: list[str]) -> list[tuple[str, str]]:
+def name_problems(project: str, pool: str, clouds: list[Cloud]) -> list[tuple[str, str]]:
     """(field, problem) for names the clouds would reject; field is "project" or "name"."""
     out: list[tuple[str, str]] = []
     name = f"{project}-{pool}"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from poolctl import sizing
 from poolctl.catalog import InstanceType, load_catalog
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class Finding:
     check: str
     severity: Severity
     pool: str
-    cloud: str | None
+    cloud: Cloud | None
     key: str
     message: str
     hint: str
@@ -58,7 +58,7 @@ class Ctx:
     cfg: Config
     pool: Pool
     index: int
-    cloud: str | None = None
+    cloud: Cloud | None = None
     row: InstanceType | None = None
     traffic: TrafficNeed | None = None  # only when a command was given a trace
 
@@ -94,7 +94,7 @@ def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
     return register
 
 
-def _type_key(cloud: Cloud | str) -> str:
+def _type_key(cloud: Cloud) -> str:
     return "aws.instance_type" if cloud == Cloud.aws else "gcp.machine_type"
 
 
@@ -500,8 +500,8 @@ def _traffic_peak(c: Ctx) -> Iterator[Finding]:
 # ---------------------------------------------------------------------------- running
 
 
-def run_checks(cfg: Config, targets: list[tuple[Pool, str]],
-               traffic: dict[tuple[str, str], TrafficNeed] | None = None) -> list[Finding]:
+def run_checks(cfg: Config, targets: list[tuple[Pool, Cloud]],
+               traffic: dict[tuple[str, Cloud], TrafficNeed] | None = None) -> list[Finding]:
     """All findings for the chosen (pool, cloud) targets; pool checks run once per pool.
     `traffic` (per pool name and cloud) is what a given trace needs; checks of it run only
     then."""
@@ -531,7 +531,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-def refuse_invalid(cfg: Config, targets: list[tuple[Pool, str]]) -> None:
+def refuse_invalid(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> None:
     """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
     nothing, so what the rules accept synthesizes and what they refuse never gets there."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from poolctl.catalog import load_catalog
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
 
@@ -145,7 +145,7 @@ def hidden_size(pool: Pool) -> float:
     return math.sqrt(m.params_b * 1e9 / (PARAMS_PER_LAYER_D2 * m.layers))
 
 
-def replica_model(pool: Pool, cloud: Cloud | str) -> ReplicaModel:
+def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
     from poolctl.sizing import instance_row, plan_pool
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from poolctl.catalog import InstanceType, load_catalog
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import DTYPE_BYTES, Pool
 from poolctl.errors import UsageError
 from poolctl.images import prepulled
@@ -52,7 +52,7 @@ class QuotaNeed:
 @dataclass(frozen=True)
 class PoolPlan:
     pool: str
-    cloud: str
+    cloud: Cloud
     region: str
     instance_type: str
     gpu: str
@@ -127,7 +127,7 @@ def nodes_for(replicas: int, per_node: int) -> int:
     return math.ceil(replicas / per_node)
 
 
-def instance_row(pool: Pool, cloud: Cloud | str) -> InstanceType:
+def instance_row(pool: Pool, cloud: Cloud) -> InstanceType:
     placement = pool.placement(cloud)
     if placement is None:
         raise UsageError(f"--cloud {cloud}: pool {pool.name!r} has no `{cloud}:` placement")
@@ -149,7 +149,7 @@ def fetch_bytes_per_s(row: InstanceType) -> float:
     return min(row.network_gbps, FETCH_NIC_CAP_GBIT) * GB / 8 * FETCH_EFFICIENCY
 
 
-def hydrate_seconds(pool: Pool, cloud: Cloud | str) -> float:
+def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
     """First read of a pre-pulled image's layers; on AWS at the provisioned volume
     initialization rate when the placement sets one."""
     layers = pool.serving.image_size_gb * IMAGE_UNPACKED_RATIO * GB
@@ -167,7 +167,7 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
     w = weights_bytes(pool)
     per_gpu = w / pool.serving.tensor_parallel
     # Cold from a pre-pulled image: no pull, one read of the layers instead.
-    image = ({"hydrate": hydrate_seconds(pool, row.cloud)}
+    image = ({"hydrate": hydrate_seconds(pool, Cloud(row.cloud))}
              if prepulled(pool, Cloud(row.cloud), records)["prepulled"]
              else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
     fetch = w / fetch_bytes_per_s(row)
@@ -198,7 +198,7 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
     return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
 
 
-def plan_pool(pool: Pool, cloud: Cloud | str, records: bool = True) -> PoolPlan:
+def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
     row = instance_row(pool, cloud)
     placement = pool.placement(cloud)
     assert placement is not None  # instance_row refuses a pool without one
@@ -289,7 +289,7 @@ def plan_pool(pool: Pool, cloud: Cloud | str, records: bool = True) -> PoolPlan:
     )
 
 
-def quota_key(pool: Pool, cloud: Cloud | str, need: dict[str, Any]
+def quota_key(pool: Pool, cloud: Cloud, need: dict[str, Any]
               ) -> tuple[str, str, str, str]:
     """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
     AWS pools of one file are taken to be one account's), scope and quota name."""
@@ -301,7 +301,7 @@ def quota_key(pool: Pool, cloud: Cloud | str, need: dict[str, Any]
     return cloud, project, need["scope"], need["name"]
 
 
-def quota_totals(targets: list[tuple[Pool, str]]) -> list[dict[str, Any]]:
+def quota_totals(targets: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
     """The peak needs of `targets` summed per quota they share, in the order first needed."""
     totals: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for pool, cloud in targets:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool, load_config
 
 if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack is built
@@ -31,7 +31,7 @@ def stack_class(cloud: Cloud) -> type[PoolStack]:
     return GcpPoolStack
 
 
-def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, str]]) -> list[str]:
+def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, Cloud]]) -> list[str]:
     from poolctl.bootscript import render_boot_script
     from poolctl.rules import refuse_invalid
 
@@ -46,7 +46,7 @@ def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, str]]) -> list[s
     return names
 
 
-def synth(configs: list[tuple[Config, list[tuple[Pool, str]]]], outdir: str | Path) -> list[Path]:
+def synth(configs: list[tuple[Config, list[tuple[Pool, Cloud]]]], outdir: str | Path) -> list[Path]:
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
     from cdktf import App
 
@@ -60,7 +60,7 @@ def synth(configs: list[tuple[Config, list[tuple[Pool, str]]]], outdir: str | Pa
     return [Path(outdir) / "stacks" / n for n in names]
 
 
-def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, str]]]]:
+def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, Cloud]]]]:
     out = []
     for f in sorted(root.glob("examples/*/poolctl.yaml")):
         cfg = load_config(f)
@@ -68,7 +68,7 @@ def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, str]]]]:
     return out
 
 
-def user_config() -> tuple[Config, list[tuple[Pool, str]]] | None:
+def user_config() -> tuple[Config, list[tuple[Pool, Cloud]]] | None:
     """In a user's repository (`poolctl init`): $POOLCTL_FILE or ./poolctl.yaml, every
     placement, refused on a failed rule as `poolctl synth` refuses it. None in this one."""
     if os.environ.get("POOLCTL_EXAMPLES_ROOT"):

@@ -68,6 +68,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from poolctl import naming
+from poolctl.cloud import Cloud
 
 API = "https://www.googleapis.com/compute/v1"
 BASE_TIME = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -1538,8 +1539,8 @@ def seed_pool(fake: FakeGce, cfg, pool) -> dict:
     from poolctl.contract import gcp as contract
     from poolctl.sizing import gcp_zones, instance_row, plan_pool
 
-    row = instance_row(pool, "gcp")
-    plan = plan_pool(pool, "gcp")
+    row = instance_row(pool, Cloud.gcp)
+    plan = plan_pool(pool, Cloud.gcp)
     zones = gcp_zones(pool, row)
     sizes = contract.mig_sizes(pool, plan, len(zones))
     name = naming.base(cfg, pool)
@@ -1567,7 +1568,7 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     import pytest
 
     from poolctl import deploy, runtime
-    from poolctl.clouds.gcp import make_ops
+    from poolctl.clouds.gcp.ops import make_ops
 
     def apply(new_cfg, targets, **kw):
         with fake.lock:
@@ -1581,7 +1582,7 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
 
     # This process only (no undo): the stand-in for Terraform's apply, which takes no outdir.
     pytest.MonkeyPatch().setattr(deploy, "run_stacks", apply)
-    runtime.rollout_start(cfg, path, pool, "gcp", make_ops(), image=image,
+    runtime.rollout_start(cfg, path, pool, Cloud.gcp, make_ops(), image=image,
                           confirm=lambda q: True, outdir=Path("cdktf.out"))
 
 

@@ -424,7 +424,7 @@ def test_gcp_logs_of_the_pools_vms(monkeypatch, capsys, tmp_path, gce):
                   now - timedelta(minutes=3))
     gce.write_log(GCP_PROJECT, vms[0]["id"], "too old", now - timedelta(hours=3))
     gce.write_log(GCP_PROJECT, "999", "another VM's line", now - timedelta(minutes=2))
-    from poolctl.clouds import gcp_inventory
+    from poolctl.clouds.gcp import inventory as gcp_inventory
 
     monkeypatch.setattr(gcp_inventory, "LOG_PAGE_SIZE", 1)  # one entry a page: two pages
     code, out, err = run(monkeypatch, capsys, "logs", "-f", str(f), "--since", "1h")

@@ -4,7 +4,7 @@
   group of its own, poolctl forwards the first Ctrl-C as one SIGINT and waits until Terraform
   has saved its state (a second SIGINT makes Terraform exit at once, state unsaved). A fake
   `terraform` (a script that records the signals it gets) stands in, so this takes a second.
-- `poolctl.clouds.aws_adopt.find` against the sandbox over HTTP: resources made the way an
+- `poolctl.clouds.aws.adopt.find` against the sandbox over HTTP: resources made the way an
   interrupted apply leaves them (in AWS, not in the state) are found by name or Name tag and
   adopted only when the contract tags name this project and pool.
 The whole cycle through real Terraform (interrupts during the plan, early and late in the
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from poolctl.clouds import aws_adopt
+from poolctl.clouds.aws import adopt as aws_adopt
 
 FAKE_TERRAFORM = """\
 #!{python}

@@ -304,7 +304,7 @@ def _sandbox_pool(sandbox_client, tmp_path: Path, region: str, net: str, prefix:
 
 
 def test_discovery_through_the_sandbox_then_ssh(node, sandbox, sandbox_client, tmp_path):
-    from poolctl.clouds.aws import AwsOps
+    from poolctl.clouds.aws.ops import AwsOps
 
     # us-west-2: away from the other sandbox tests' us-east-1
     cfg_file, ec2, subnet, ami, project = _sandbox_pool(sandbox_client, tmp_path, "us-west-2",
@@ -717,7 +717,7 @@ def test_iap_key_expires_soon(gce, tmp_path, monkeypatch):
     """The key's expiry: OS_LOGIN_KEY_TTL_S (300 s) after the import, in microseconds."""
     import time
 
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.ops import GcpOps
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(_service_account_file(tmp_path)))
     gce.add_project(GCP_PROJECT)

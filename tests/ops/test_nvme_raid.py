@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from poolctl.bootscript import render_nvme_script
+from poolctl.cloud import Cloud
 
 DEVICE_BYTES = 512 * 2**20  # mkfs.xfs wants at least 300 MB per filesystem
 
@@ -124,7 +125,7 @@ def disks(tmp_path):
 
 def run_nvme(tmp_path: Path, disks: Disks, expected: int) -> subprocess.CompletedProcess:
     script = tmp_path / "nvme-raid.sh"
-    script.write_text(render_nvme_script("aws", expected))
+    script.write_text(render_nvme_script(Cloud.aws, expected))
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "POOLCTL_NVME_DEVICES": " ".join(disks.devs),
            "POOLCTL_CACHE_MOUNT": str(disks.mnt)}

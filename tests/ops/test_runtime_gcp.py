@@ -1,4 +1,4 @@
-"""GCP runtime operations (`poolctl.clouds.gcp.GcpOps`) against a local fake of the Compute
+"""GCP runtime operations (`poolctl.clouds.gcp.ops.GcpOps`) against a local fake of the Compute
 Engine REST API (tests/fakes/gce.py), with the real google-cloud-compute and
 google-cloud-quotas clients over HTTP.
 
@@ -35,20 +35,16 @@ pytest.importorskip("google.cloud.cloudquotas_v1",
                     reason="google-cloud-quotas is not installed (pip install -e .[gcp])")
 
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
+from google.cloud import compute_v1  # noqa: E402
 
 from poolctl import naming  # noqa: E402
-from poolctl.clouds import (
-    Cloud,  # noqa: E402
-    gcp,  # noqa: E402
-)
+from poolctl.cloud import Cloud  # noqa: E402
 from poolctl.clouds.base import Group  # noqa: E402
-from poolctl.clouds.gcp import (  # noqa: E402
-    GcpOps,
-    cloud_quota,
-    make_ops,
-    node_phase,
-    replaced_templates,
-)
+from poolctl.clouds.gcp import rollout as gcp  # noqa: E402
+from poolctl.clouds.gcp.mig import node_phase  # noqa: E402
+from poolctl.clouds.gcp.ops import GcpOps, make_ops  # noqa: E402
+from poolctl.clouds.gcp.quota import cloud_quota  # noqa: E402
+from poolctl.clouds.gcp.rollout import replaced_templates  # noqa: E402
 from poolctl.config import parse_config  # noqa: E402
 from poolctl.endpoints import CloudEndpoints  # noqa: E402
 from poolctl.errors import OperationFailed, UsageError  # noqa: E402
@@ -431,7 +427,7 @@ def test_minimum_above_the_maximum_raises_the_maximum(fake, ops, cfg, pool):
     deploy(fake, cfg, pool)
     g = ops.find_group(cfg, pool)
     # The API refuses an autoscaler whose minimum exceeds its maximum (6)...
-    client = ops._client("RegionAutoscalersClient")
+    client = ops.client("RegionAutoscalersClient")
     with pytest.raises(gexc.BadRequest, match="minNumReplicas"):
         client.patch_unary(request=compute_v1.PatchRegionAutoscalerRequest(
             project=PROJECT, region=REGION, autoscaler=MIG,
@@ -540,7 +536,7 @@ def _row(name, template, target, nodes, healthy, unhealthy=0, pending=0) -> dict
 def _to_step(fake, ops, g, cfg, step: int):
     """Begin, and drive the canary to `step` (25, 50 or 100) with every VM healthy."""
     pool = cfg.pools[0]
-    s = ops.rollout_begin(g, cfg, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
+    s = ops.rollout_begin(g, cfg, pool, plan_pool(pool, Cloud.gcp), no_surge=False, stack_dir=None)
     while s.step < step:
         fake.step_rollout(PROJECT, REGION, MIG, 6)
         s = ops.rollout_state(g)
@@ -716,7 +712,7 @@ def test_unhealthy_canary_rolls_back(fake, ops, cfg0):
 def test_fake_refuses_versions_gce_refuses(fake, ops, cfg0):
     g = _canary_pool(fake, ops, cfg0)
     with pytest.raises(OperationFailed, match="400 .*exactly one without a targetSize"):
-        ops._set_versions(g, V1_LINK, V2_LINK, ops._compute().FixedOrPercent(percent=25),
+        ops._set_versions(g, V1_LINK, V2_LINK, compute_v1.FixedOrPercent(percent=25),
                           name="stable")  # two versions named alike
     assert _versions(fake) == [{"name": "primary", "template": V1}]
 
@@ -754,7 +750,7 @@ def test_rollout_apply_env_keeps_runtime_sizes(fake, ops, cfg, pool):
 
 
 # -------------------------------------------------------------------------------------
-# The previous template survives the apply (see poolctl.clouds.gcp's module doc)
+# The previous template survives the apply (see poolctl.clouds.gcp.rollout's module doc)
 
 
 def _plan_change(address: str, rtype: str, actions: list[str], name: str = "") -> dict:
@@ -1137,8 +1133,8 @@ def test_what_gcp_declares_it_can_do(ops):
     for can in (base.RequestsQuota, base.CancelsRollouts, base.RollsBackRollouts,
                 base.PublishesQueueMetric, base.StepsRollouts):
         assert isinstance(ops, can), can.__name__
-    # the update's surge sits outside the autoscaler's maximum; GPU VMs cannot be suspended
-    for cannot in (base.KeepsWarmSizes, base.BoundsGroupMaximum, base.HibernatesWarmNodes):
+    # the update's surge sits outside the autoscaler's maximum
+    for cannot in (base.KeepsWarmSizes, base.BoundsGroupMaximum):
         assert not isinstance(ops, cannot), cannot.__name__
 
 

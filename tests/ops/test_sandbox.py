@@ -177,8 +177,8 @@ def test_status_reports_pool_groups_instances_and_load_balancers(sandbox_reset, 
 def test_sandbox_endpoints_reach_it_and_say_what_it_changes(sandbox, sandbox_home):
     """`--sandbox` resolved once (what commands hand the library): the running sandbox's URL,
     its test credentials and region, and what an emulator changes, as data."""
-    from poolctl.clouds import Cloud
-    from poolctl.clouds.aws import AwsOps
+    from poolctl.cloud import Cloud
+    from poolctl.clouds.aws.ops import AwsOps
     from poolctl.sandbox import manager
 
     e = manager.endpoints(home=sandbox_home)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
 from tests.synth.util import (
@@ -50,7 +51,7 @@ def stacks(tmp_path_factory) -> dict[str, dict]:
     configs = []
     for path in AWS_EXAMPLES.values():
         cfg = load_config(path)
-        configs.append((cfg, cfg.targets(None, "aws")))
+        configs.append((cfg, cfg.targets(None, Cloud.aws)))
     dirs = _synth(configs, out)
     return {d.name: {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
             for d in dirs}
@@ -319,7 +320,7 @@ def with_options(tmp_path_factory) -> Path:
         "    aws:\n", f"    aws:\n{OPTIONS}")
     cfg = parse_config(text)
     assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
-    (d,) = _synth([(cfg, cfg.targets(None, "aws"))], tmp_path_factory.mktemp("options"))
+    (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("options"))
     return d
 
 

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import Group
 from poolctl.config import load_config, parse_config
 from poolctl.rules import errors, run_checks
@@ -186,35 +187,36 @@ def test_a_file_the_rules_refuse_never_reaches_the_stacks():
 # -- 9.1: every TF_VAR_ the runtime sets is declared --------------------------------------
 
 
-def _group(cloud: str, plan) -> Group:
+def _group(cloud: Cloud, plan) -> Group:
     n = plan.nodes
     return Group(cloud=cloud, name="g", region="r", min_nodes=n["min"] + 1,
                  max_nodes=n["max"] + 2, desired_nodes=n["min"] + 3, warm_min_nodes=n["warm"],
                  warm_state="stopped", version="7")
 
 
-def runtime_env(pool, cloud: str, no_surge: bool) -> dict[str, str]:
+def runtime_env(pool, cloud: Cloud, no_surge: bool) -> dict[str, str]:
     """What the runtime itself passes to the apply of `rollout start` (its own code, the
     cloud lookups it makes replaced by fixed answers), and `deploy --sandbox`'s image."""
     from poolctl.contract import aws as aws_contract
 
     plan = plan_pool(pool, cloud)
     if cloud == "aws":
-        from poolctl.clouds.aws import AwsOps
+        from poolctl.clouds.aws.ops import AwsOps
 
         ops = AwsOps()
         # The ops object is this call's alone: the stub needs no undo.
         pytest.MonkeyPatch().setattr(ops, "_resolved_version", lambda group: ("7", "8"))
         env = ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
         return env | aws_contract.sandbox_env("ami-0123456789abcdef0")
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.ops import GcpOps
 
     gcp_ops = GcpOps(client_options={"api_endpoint": "http://127.0.0.1:9"})
     stub = pytest.MonkeyPatch()  # the ops object is this call's alone: no undo
-    stub.setattr(gcp_ops, "_mig_ref", lambda group: ("p", "r", "g"))
     zones = SimpleNamespace(distribution_policy=SimpleNamespace(zones=["a", "b", "c"]))
-    stub.setattr(gcp_ops, "_get_mig", lambda project, region, name: zones)
-    return gcp_ops.rollout_apply_env(_group(cloud, plan), plan, no_surge=no_surge)
+    stub.setattr(gcp_ops, "get_mig", lambda project, region, name: zones)
+    group = _group(cloud, plan)
+    group.raw_id = "projects/p/regions/r/instanceGroupManagers/g"
+    return gcp_ops.rollout_apply_env(group, plan, no_surge=no_surge)
 
 
 def undeclared(env: dict[str, str], doc: dict) -> list[str]:

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
 from tests.synth.util import (
@@ -79,9 +80,9 @@ def stacks(tmp_path_factory) -> dict[str, dict]:
     configs = []
     for path in GCP_EXAMPLES.values():
         cfg = load_config(path)
-        configs.append((cfg, cfg.targets(None, "gcp")))
+        configs.append((cfg, cfg.targets(None, Cloud.gcp)))
     variant = parse_config(VARIANT)
-    configs.append((variant, variant.targets(None, "gcp")))
+    configs.append((variant, variant.targets(None, Cloud.gcp)))
     dirs = _synth(configs, out)
     return {d.name: {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text()),
                      "text": (d / "cdk.tf.json").read_text()}
@@ -486,17 +487,17 @@ def _apply_env(pool, *, no_surge: bool, zones: int, **group) -> dict[str, str]:
     """What `rollout start --cloud gcp` passes to Terraform for a group of these sizes
     (the MIG lookup `--no-surge` makes for the zone count answered locally)."""
     from poolctl.clouds.base import Group
-    from poolctl.clouds.gcp import GcpOps
+    from poolctl.clouds.gcp.ops import GcpOps
     from poolctl.sizing import plan_pool
 
     ops = GcpOps()
-    pytest.MonkeyPatch().setattr(ops, "_get_mig", lambda *a: SimpleNamespace(  # no undo:
+    pytest.MonkeyPatch().setattr(ops, "get_mig", lambda *a: SimpleNamespace(  # no undo:
         distribution_policy=SimpleNamespace(zones=[object()] * zones)))  # ops is local
     sizes = {"min_nodes": 1, "max_nodes": 6, "desired_nodes": 1, "warm_min_nodes": 2,
              "warm_state": "stopped", **group}
-    g = Group(cloud="gcp", name="mig", region="r", version="t",
+    g = Group(cloud=Cloud.gcp, name="mig", region="r", version="t",
               raw_id="projects/p/regions/r/instanceGroupManagers/mig", **sizes)
-    return ops.rollout_apply_env(g, plan_pool(pool, "gcp"), no_surge=no_surge)
+    return ops.rollout_apply_env(g, plan_pool(pool, Cloud.gcp), no_surge=no_surge)
 
 
 def test_runtime_sizes_are_variables(stacks):

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from tests.synth.util import ROOT, run_checkov
 
@@ -25,7 +26,7 @@ def stack(tmp_path_factory) -> dict:
     text = text.replace("    aws:\n", "    aws:\n      node_access: instance-connect\n", 1)
     cfg = parse_config(text, source="poolctl.yaml")
     assert cfg.pools[0].aws and cfg.pools[0].aws.node_access == "instance-connect"
-    [d] = synth([(cfg, cfg.targets(None, "aws"))], tmp_path_factory.mktemp("synth-eic"))
+    [d] = synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("synth-eic"))
     return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
 
 
@@ -70,7 +71,7 @@ def gcp_stack(tmp_path_factory) -> dict:
     text = text.replace("    gcp:\n", "    gcp:\n      node_access: iap\n", 1)
     cfg = parse_config(text, source="poolctl.yaml")
     assert cfg.pools[0].gcp and cfg.pools[0].gcp.node_access == "iap"
-    [d] = synth([(cfg, cfg.targets(None, "gcp"))], tmp_path_factory.mktemp("synth-iap"))
+    [d] = synth([(cfg, cfg.targets(None, Cloud.gcp))], tmp_path_factory.mktemp("synth-iap"))
     return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
 
 

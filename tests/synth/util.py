@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from poolctl.cloud import Cloud
+
 ROOT = Path(__file__).resolve().parents[2]
 # The project's checkov configuration, what a user's CI reads scanning cdktf.out.
 CHECKOV_CONFIG = ROOT / ".checkov.yaml"
@@ -111,7 +113,7 @@ def terraform_validate(stack_dir: Path, work: Path, provider: str) -> None:
     assert json.loads(proc.stdout)["valid"] is True
 
 
-def provider_modules_after_synth(config: Path, cloud: str, out: Path, cwd: Path) -> list[str]:
+def provider_modules_after_synth(config: Path, cloud: Cloud, out: Path, cwd: Path) -> list[str]:
     """The cdktf provider modules a fresh process has loaded after synthesizing `cloud`."""
     code = (
         "import sys, json\n"
@@ -127,7 +129,7 @@ def provider_modules_after_synth(config: Path, cloud: str, out: Path, cwd: Path)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def synth_without_and_with_record(config: Path, cloud: str, image: str, tmp_path: Path,
+def synth_without_and_with_record(config: Path, cloud: Cloud, image: str, tmp_path: Path,
                                   monkeypatch) -> tuple[str, str]:
     """The stack JSON (text) of `config`'s first pool on `cloud` with its node image set to
     `image`, synthesized with an empty POOLCTL_HOME, then with a build record for `image`

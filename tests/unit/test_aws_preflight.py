@@ -1,4 +1,4 @@
-"""poolctl.aws_preflight's certificate check, every answer ACM gives, through botocore's
+"""poolctl.clouds.aws.preflight's certificate check, every answer ACM gives, through botocore's
 Stubber (no endpoint is reached: a stubbed client answers from its queue). The sandbox
 versions of these (moto's ACM, a deployed pool) are in tests/e2e/test_certificate.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from poolctl import aws_preflight
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
+from poolctl.clouds.aws import preflight as aws_preflight
 from poolctl.endpoints import AwsEndpoint, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 
@@ -24,7 +24,7 @@ def acm(monkeypatch):
     """The ACM client the check uses, stubbed; yields the Stubber to queue answers on."""
     from botocore.stub import Stubber
 
-    from poolctl.clouds.aws import make_ops
+    from poolctl.clouds.aws.ops import make_ops
 
     ops = make_ops(NOWHERE)
     stub = Stubber(ops.client("acm", "us-east-1"))

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import bootscript, weights
+from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
 from poolctl.weights import write_manifest
 
@@ -219,7 +220,7 @@ def node(tmp_path):
     n.server.server_close()
 
 
-def _script(node: Node, pool_idx: int, cloud: str, secret: str | None = None,
+def _script(node: Node, pool_idx: int, cloud: Cloud, secret: str | None = None,
             from_image: bool = False) -> str:
     cfg = load(aws_port=node.port, gcp_port=node.port, api_key_secret=secret)
     # No local NVMe on this stand-in node: the cache is a folder (see module docstring).
@@ -501,7 +502,7 @@ def test_api_key_secret_that_spans_lines_fails_the_boot(node):
 # --- the image variant: the boot library sourced from the node image -------------------------
 
 
-def _install_lib(node: Node, cloud: str, text: str | None = None) -> dict[str, str]:
+def _install_lib(node: Node, cloud: Cloud, text: str | None = None) -> dict[str, str]:
     """The library where `poolctl image build` puts it, under a temporary root."""
     lib = bootscript.boot_library(cloud)
     folder = node.root / "image-root" / lib["dir"].lstrip("/")

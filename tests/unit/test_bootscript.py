@@ -25,6 +25,7 @@ import pytest
 
 from poolctl import bootscript, naming
 from poolctl.bootscript import render_boot_script, render_nvme_script
+from poolctl.cloud import Cloud
 from poolctl.config import parse_config
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.rules import refuse_invalid
@@ -48,25 +49,25 @@ def aws_script(cfg):
 
 @pytest.fixture(scope="module")
 def gcp_script(cfg):
-    return render_boot_script(cfg, cfg.pools[1], "gcp")
+    return render_boot_script(cfg, cfg.pools[1], Cloud.gcp)
 
 
 def _all_scripts(cfg) -> dict[str, str]:
     ecr = load(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/serving/vllm:v0.11.0")
     aws_key, gcp_key = load(api_key_secret=AWS_SECRET_ARN), load(api_key_secret=GCP_SECRET)
     return {
-        "aws-chat-70b.sh": render_boot_script(cfg, cfg.pools[0], "aws"),
-        "gcp-llama-405b.sh": render_boot_script(cfg, cfg.pools[1], "gcp"),
-        "aws-chat-70b-ecr.sh": render_boot_script(ecr, ecr.pools[0], "aws"),
-        "aws-chat-70b-api-key.sh": render_boot_script(aws_key, aws_key.pools[0], "aws"),
-        "gcp-llama-405b-api-key.sh": render_boot_script(gcp_key, gcp_key.pools[1], "gcp"),
-        "nvme-raid-aws.sh": render_nvme_script("aws", 8),
-        "nvme-raid-gcp.sh": render_nvme_script("gcp", 16),
+        "aws-chat-70b.sh": render_boot_script(cfg, cfg.pools[0], Cloud.aws),
+        "gcp-llama-405b.sh": render_boot_script(cfg, cfg.pools[1], Cloud.gcp),
+        "aws-chat-70b-ecr.sh": render_boot_script(ecr, ecr.pools[0], Cloud.aws),
+        "aws-chat-70b-api-key.sh": render_boot_script(aws_key, aws_key.pools[0], Cloud.aws),
+        "gcp-llama-405b-api-key.sh": render_boot_script(gcp_key, gcp_key.pools[1], Cloud.gcp),
+        "nvme-raid-aws.sh": render_nvme_script(Cloud.aws, 8),
+        "nvme-raid-gcp.sh": render_nvme_script(Cloud.gcp, 16),
         # On a node image that carries the boot library: the pool's parts only.
-        "aws-chat-70b-image.sh": render_boot_script(cfg, cfg.pools[0], "aws", from_image=True),
-        "gcp-llama-405b-image.sh": render_boot_script(cfg, cfg.pools[1], "gcp",
+        "aws-chat-70b-image.sh": render_boot_script(cfg, cfg.pools[0], Cloud.aws, from_image=True),
+        "gcp-llama-405b-image.sh": render_boot_script(cfg, cfg.pools[1], Cloud.gcp,
                                                       from_image=True),
-        "gcp-llama-405b-api-key-image.sh": render_boot_script(gcp_key, gcp_key.pools[1], "gcp",
+        "gcp-llama-405b-api-key-image.sh": render_boot_script(gcp_key, gcp_key.pools[1], Cloud.gcp,
                                                               from_image=True),
         "boot-lib-aws.sh": bootscript.boot_library("aws")["text"],
         "boot-lib-gcp.sh": bootscript.boot_library("gcp")["text"],

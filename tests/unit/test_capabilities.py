@@ -6,32 +6,43 @@ from __future__ import annotations
 import pytest
 
 from poolctl import runtime
-from poolctl.clouds import base
-from poolctl.clouds.aws import AwsOps
+from poolctl.cloud import Cloud
+from poolctl.clouds import base, registry
 from poolctl.config import parse_config
-from poolctl.endpoints import REAL_CLOUDS
+from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from tests.configs import pool_yaml
 
-EVERY = (base.RequestsQuota, base.CancelsRollouts, base.RollsBackRollouts,
-         base.PublishesQueueMetric, base.HibernatesWarmNodes, base.KeepsWarmSizes,
-         base.BoundsGroupMaximum, base.StepsRollouts)
+
+def test_every_capability_is_listed():
+    # A capability is an abstract class of base.py other than CloudOps itself.
+    declared = {c for c in vars(base).values() if isinstance(c, type)
+                and c.__module__ == base.__name__ and issubclass(c, base.ABC)}
+    assert set(base.CAPABILITIES) == declared - {base.CloudOps}
 
 
 def test_aws_declares_its_capabilities():
-    has = {c.__name__ for c in EVERY if issubclass(AwsOps, c)}
-    assert has == {"RequestsQuota", "CancelsRollouts", "RollsBackRollouts",
-                   "PublishesQueueMetric", "KeepsWarmSizes", "BoundsGroupMaximum"}
-    assert issubclass(AwsOps, base.CloudOps) and AwsOps.cloud == "aws"
+    aws = registry.driver(Cloud.aws)
+    assert [c.__name__ for c in aws.capabilities] == [
+        "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
+        "KeepsWarmSizes", "BoundsGroupMaximum"]
+    assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 
 
 def test_gcp_declares_its_capabilities():
-    from poolctl.clouds.gcp import GcpOps
+    gcp = registry.driver(Cloud.gcp)
+    assert [c.__name__ for c in gcp.capabilities] == [
+        "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
+        "StepsRollouts"]
+    assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 
-    has = {c.__name__ for c in EVERY if issubclass(GcpOps, c)}
-    assert has == {"RequestsQuota", "CancelsRollouts", "RollsBackRollouts",
-                   "PublishesQueueMetric", "StepsRollouts"}
-    assert issubclass(GcpOps, base.CloudOps) and GcpOps.cloud == "gcp"
+
+def test_the_registry_makes_each_clouds_ops_and_refuses_endpoints_that_miss_it():
+    assert type(registry.get_ops(Cloud.aws)) is registry.driver(Cloud.aws).ops_class
+    assert type(registry.get_ops(Cloud.gcp)) is registry.driver(Cloud.gcp).ops_class
+    aws_only = CloudEndpoints(flag="--sandbox", clouds=frozenset({Cloud.aws}))
+    with pytest.raises(UsageError):
+        registry.get_ops(Cloud.gcp, aws_only)
 
 
 class Bare:
@@ -54,14 +65,6 @@ def test_quota_request_is_refused_without_the_capability(pool):
     cfg, p = pool
     with pytest.raises(OperationFailed, match="offers no API to request increases"):
         runtime.quota_request(cfg, p, "aws", Bare())
-
-
-def test_hibernated_warm_nodes_are_refused_without_the_capability(pool):
-    cfg, p = pool
-    hibernated = p.model_copy(update={"warm_pool": p.warm_pool.model_copy(
-        update={"state": "hibernated"})})
-    with pytest.raises(UsageError, match="hibernated is not supported"):
-        runtime.warm(cfg, hibernated, "aws", Bare(), replicas=4)
 
 
 def test_cancel_is_refused_without_the_capability(pool):

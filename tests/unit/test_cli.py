@@ -117,6 +117,44 @@ def test_no_heavy_imports(argv):
     assert "HEAVY []" in r.stderr, r.stderr[-500:]
 
 
+# The cloud SDKs poolctl.adaptors stands for; nothing else may import them.
+SDKS = ("boto3", "botocore", "google")
+
+
+def test_importing_any_module_loads_no_cloud_sdk():
+    """Every module of poolctl imports without loading an SDK: they load on first use, through
+    poolctl.adaptors (a command that calls no cloud never pays for them)."""
+    code = (
+        "import importlib, pkgutil, sys, poolctl\n"
+        "for m in pkgutil.walk_packages(poolctl.__path__, 'poolctl.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        f"heavy = sorted({{m for m in sys.modules if m.split('.')[0] in {SDKS!r}}})\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in r.stderr, r.stderr[-500:]
+
+
+def test_the_sdks_are_imported_by_the_adaptors_only():
+    """No `import boto3` / `from google...` outside poolctl/adaptors, at module top or in a
+    function: the adaptors are the one place an SDK loads (and says which extra is missing)."""
+    import ast
+
+    package = ROOT / "cli" / "poolctl"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.parent.name == "adaptors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in SDKS]
+    assert found == []
+
+
 def test_schema_command():
     r = poolctl("schema")
     assert r.returncode == 0 and json.loads(r.stdout)["title"] == "poolctl.yaml"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import images
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import RolloutStatus, RollsBackRollouts
 from poolctl.config import load_config, parse_config
 from poolctl.endpoints import REAL_CLOUDS, AwsEndpoint, CloudEndpoints
@@ -54,7 +54,7 @@ EMULATOR = CloudEndpoints(
                      "aws_session_token": "testing"}))
 
 
-def _render(ex: Path, pool_name: str, cloud: str, version, sandbox=False):
+def _render(ex: Path, pool_name: str, cloud: Cloud, version, sandbox=False):
     cfg = load_config(ex)
     pool = cfg.select(pool_name)[0]
     base = "ami-0123456789abcdef0" if cloud == "aws" else ""
@@ -385,7 +385,7 @@ def test_aws_dry_run_needs_no_credentials(tmp_path):
 # plan: cold start from a pre-pulled image vs. a pull, worked out by hand
 
 
-def _record(image_id: str, serving_image: str, cloud: str = "aws") -> None:
+def _record(image_id: str, serving_image: str, cloud: Cloud = Cloud.aws) -> None:
     images.save_record({"cloud": cloud, "image_id": image_id, "serving_image": serving_image,
                         "base_image": "ami-0aaaaaaaaaaaaaaaa", "digest": "sha256:" + "a" * 64})
 

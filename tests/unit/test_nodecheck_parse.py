@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
@@ -426,7 +426,7 @@ def test_plan_work_gcp_hosts_carry_name_zone_and_project(cfg, monkeypatch):
 def test_gcp_running_filter_and_addresses(cfg):
     compute_v1 = pytest.importorskip("google.cloud.compute_v1",
                                      reason="google-cloud-compute not installed")
-    from poolctl.clouds.gcp import running_filter, running_nodes
+    from poolctl.clouds.gcp.ops import running_filter, running_nodes
 
     pool = cfg.pools[0]
     assert running_filter(cfg, pool) == ('labels.poolctl-project = "acme" AND '

@@ -188,23 +188,3 @@ def test_catalog_and_init_load_no_cloud_sdk(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert "HEAVY []" in r.stderr, r.stderr[-500:]
-
-
-def test_the_old_cdktf_app_name_still_synthesizes_and_says_the_new_one(tmp_path):
-    """cdktf.json files written before the stacks became `poolctl_stacks` name
-    `python -m poolctl.stacks.app`: it runs the same app (here refusing the same bad file)
-    after one line naming the new name."""
-    assert poolctl("init", "--dir", str(tmp_path)).returncode == 0
-    text = (tmp_path / "poolctl.yaml").read_text()
-    (tmp_path / "bad.yaml").write_text(text.replace("tensor_parallel: 4", "tensor_parallel: 3"))
-    env = {**os.environ, "POOLCTL_FILE": "bad.yaml", "CDKTF_OUTDIR": str(tmp_path / "out")}
-    env.pop("POOLCTL_EXAMPLES_ROOT", None)
-    r = subprocess.run([sys.executable, "-m", "poolctl.stacks.app"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
-    first, second = r.stderr.splitlines()[:2]
-    assert first == ("poolctl: cdktf.json: app `python -m poolctl.stacks.app` is the old name; "
-                     "change it to `python -m poolctl_stacks.app`")
-    assert second.startswith("poolctl: bad.yaml:"), r.stderr
-    assert "[tensor-parallel]" in second
-    assert not (tmp_path / "out").exists()

@@ -8,12 +8,13 @@ from dataclasses import asdict
 
 import pytest
 
-from poolctl.clouds.aws import AwsOps
+from poolctl.clouds.aws.rollout import refresh_state
 from poolctl.clouds.base import RolloutState, RolloutStatus
 
 
 def refresh(status: str, pct: float = 40.0) -> dict:
-    """An instance refresh as DescribeInstanceRefreshes returns it (the fields _state reads)."""
+    """An instance refresh as DescribeInstanceRefreshes returns it (the fields refresh_state
+    reads)."""
     return {"InstanceRefreshId": "r-1", "Status": status, "PercentageComplete": pct,
             "Preferences": {"CheckpointPercentages": [25, 50, 100]},
             "DesiredConfiguration": {"LaunchTemplate": {"Version": "3"}}}
@@ -33,7 +34,7 @@ def refresh(status: str, pct: float = 40.0) -> dict:
     ("RollbackFailed", "rollback_failed", True),
 ])
 def test_aws_refresh_words_map_onto_poolctls(aws, ours, done):
-    s = AwsOps()._state(refresh(aws), group_version="2")
+    s = refresh_state(refresh(aws), group_version="2")
     assert (s.status, s.cloud_status, s.done) == (ours, aws, done)
     assert isinstance(s.status, RolloutStatus)
     d = json.loads(json.dumps(asdict(s)))
@@ -41,7 +42,7 @@ def test_aws_refresh_words_map_onto_poolctls(aws, ours, done):
 
 
 def test_a_word_aws_adds_later_reads_as_in_progress_not_done():
-    s = AwsOps()._state(refresh("Resizing"), group_version="2")
+    s = refresh_state(refresh("Resizing"), group_version="2")
     assert (s.status, s.cloud_status, s.done) == ("in_progress", "Resizing", False)
 
 

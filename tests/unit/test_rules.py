@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from poolctl.cloud import Cloud
 from poolctl.config import parse_config
 from poolctl.rules import CHECKS, errors, run_checks
 from tests.configs import pool_yaml
 
 
-def findings(text: str, cloud: str | None = "aws"):
+def findings(text: str, cloud: Cloud | None = Cloud.aws):
     cfg = parse_config(text)
     return run_checks(cfg, cfg.targets(None, cloud))
 

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from poolctl import runtime
-from poolctl.clouds.aws import quota_code
+from poolctl.cloud import Cloud
+from poolctl.clouds.aws.quota import quota_code
 from poolctl.clouds.base import Group, NodeState, QuotaLine, QuotaRequest, RequestsQuota
 from poolctl.config import parse_config
 from poolctl.contract.aws import refresh_api_preferences, refresh_percentages
@@ -416,7 +417,7 @@ def _recorded(tmp_path, monkeypatch, status: str, rollout_id: str | None):
     f = tmp_path / "poolctl.yaml"
     f.write_text(FILE.replace("v0.11.0", "v0.12.0"))  # the file records the new version
     cfg = parse_config(f.read_text())
-    runtime.save_record(cfg, cfg.pools[0], "aws", {
+    runtime.save_record(cfg, cfg.pools[0], Cloud.aws, {
         "stack": "acme-chat-70b-aws", "file": str(f), "key": "serving.image",
         "from": "vllm/vllm-openai:v0.11.0", "to": "vllm/vllm-openai:v0.12.0",
         "status": status, "rollout_id": rollout_id, "action": "start",

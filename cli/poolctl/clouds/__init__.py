@@ -1,14 +1,6 @@
-"""The clouds poolctl places pools on, and (in the modules below) their runtime operations.
+"""What poolctl does on each cloud at runtime, one package per cloud (`aws/`, `gcp/`: api,
+ops, quota, rollout, inventory), behind the cloud-neutral interface of `base.py`.
 
-`Cloud` is what the library compares and passes; it is a `str` (StrEnum), so records, JSON
-and Terraform see "aws" / "gcp". Importing this package loads no cloud SDK.
+The rest of poolctl reaches a cloud through `registry.py` and `base.py` only. Importing any
+module here loads no cloud SDK: the SDKs load on first use through `poolctl.adaptors`.
 """
-
-from __future__ import annotations
-
-from enum import StrEnum
-
-
-class Cloud(StrEnum):
-    aws = "aws"
-    gcp = "gcp"

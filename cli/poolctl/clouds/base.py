@@ -8,9 +8,9 @@ cloud. What only some clouds do is a capability class below (dstack's `Compute` 
 the model): a cloud's class inherits the ones it offers, and the runtime asks
 `isinstance(ops, Capability)` before using one, never a string set or a `getattr` probe.
 
-Each cloud module (`poolctl.clouds.aws`, `poolctl.clouds.gcp`) exposes
-`make_ops(endpoints: CloudEndpoints) -> CloudOps` (where its calls go, resolved at the CLI
-edge); `poolctl.runtime.get_ops` imports it lazily, so `--help` never loads a cloud SDK.
+Each cloud's class (`poolctl.clouds.aws.ops.AwsOps`, `poolctl.clouds.gcp.ops.GcpOps`) is
+made by its `make_ops(endpoints)` (where its calls go, resolved at the CLI edge), which
+`poolctl.clouds.registry` maps each `Cloud` to.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
+from poolctl.inventory import Endpoint, LogEvent, PoolRow
 from poolctl.sizing import PoolPlan
+from poolctl.terraform import Terraform
 
 
 def address_order(address: str) -> tuple[int, int, str]:
@@ -160,7 +163,7 @@ class RolloutState:
 class Group:
     """The pool's node group as found by tags/labels."""
 
-    cloud: str
+    cloud: Cloud
     name: str
     region: str
     min_nodes: int
@@ -176,7 +179,7 @@ class Group:
 @dataclass
 class PoolStatus:
     pool: str
-    cloud: str
+    cloud: Cloud
     group: Group
     replicas_per_node: int
     nodes: list[NodeState]
@@ -208,7 +211,7 @@ class CloudOps(ABC):
     """What every cloud does for the runtime commands. Capabilities beyond these are the
     classes below, inherited by the clouds that have them."""
 
-    cloud: ClassVar[str]
+    cloud: ClassVar[Cloud]
     # Where the calls go (the real cloud, or the sandbox's endpoint and credentials); waits
     # poll at its pace.
     endpoints: CloudEndpoints = REAL_CLOUDS
@@ -261,6 +264,22 @@ class CloudOps(ABC):
     def rollout_state(self, group: Group) -> RolloutState | None:
         """The newest rollout (instance refresh / MIG update), or None."""
 
+    # What `status` (the endpoint), `ls` and `logs` read: poolctl.inventory's records.
+
+    @abstractmethod
+    def endpoint(self, cfg: Config, pool: Pool) -> Endpoint | None:
+        """The pool's load balancer as clients reach it; None when none carries the pool's
+        tags/labels."""
+
+    @abstractmethod
+    def list_pools(self, region: str, project: str | None) -> list[PoolRow]:
+        """The pools deployed in `region` (GCP: of `project`), by the contract's tags/labels
+        alone (`ls` reads no file)."""
+
+    @abstractmethod
+    def log_events(self, cfg: Config, pool: Pool, start_ms: int) -> list[LogEvent]:
+        """The pool's log lines from `start_ms` (epoch ms) on, oldest first."""
+
 
 # -- capabilities -------------------------------------------------------------------------
 
@@ -297,11 +316,6 @@ class PublishesQueueMetric(ABC):
         """Latest queue metric (waiting requests per replica), None when not published."""
 
 
-class HibernatesWarmNodes:
-    """Keeps warm nodes hibernated. No cloud here: 8-GPU nodes have far more memory than
-    EC2 hibernation allows, and GCE cannot suspend GPU VMs; `warm` refuses the state."""
-
-
 class KeepsWarmSizes(ABC):
     """Runtime sizes (`warm`) live in the group and a `deploy` must pass them on: the
     TF_VAR_... that keep them (AWS)."""
@@ -324,7 +338,7 @@ class StepsRollouts(ABC):
     its split (a rollback reverses it), and the versions are poolctl's to keep and delete."""
 
     @abstractmethod
-    def rollout_before_apply(self, tf: Any) -> list[dict[str, str]]:
+    def rollout_before_apply(self, tf: Terraform) -> list[dict[str, str]]:
         """Before the apply that writes a new version: keep the running one (Terraform
         forgets it rather than deleting it); returns what it forgot."""
 
@@ -340,3 +354,9 @@ class StepsRollouts(ABC):
     def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
         """After `destroy`: delete the versions kept outside Terraform's state (rollback
         targets): {"deleted", "failed"}."""
+
+
+# Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
+CAPABILITIES: tuple[type[ABC], ...] = (
+    RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
+    BoundsGroupMaximum, StepsRollouts)

@@ -31,7 +31,7 @@ from poolctl.commands.common import (
 from poolctl.endpoints import CloudEndpoints
 
 if TYPE_CHECKING:
-    from poolctl.clouds import Cloud
+    from poolctl.cloud import Cloud
     from poolctl.config import Config, Pool
     from poolctl.deploy import StackResult
     from poolctl.terraform import PlanSummary
@@ -120,14 +120,14 @@ def _render_summary(name: str, summary: PlanSummary) -> None:
 
 
 def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool
-                      ) -> Callable[[list[tuple[Pool, str]]], Keeps]:
+                      ) -> Callable[[list[tuple[Pool, Cloud]]], Keeps]:
     """Before a deploy synthesizes anything: the certificate an HTTPS listener names (a
     missing, unissued or other region's one stops it; --plan-only only reports), the quota
     its peak needs (a shortfall stops it, one line each, unless --skip-quota-check;
     --plan-only only reports), and the sizes `poolctl warm` set, which the apply keeps
     until `warm --reset`."""
 
-    def check(tgts: list[tuple[Pool, str]]) -> Keeps:
+    def check(tgts: list[tuple[Pool, Cloud]]) -> Keeps:
         from poolctl import runtime
         from poolctl.errors import OperationFailed, PoolctlError
 
@@ -167,12 +167,12 @@ def _certificate(cfg: Config, pool: Pool, cloud: str, endpoints: CloudEndpoints
                  ) -> str | None:
     """The AWS placement's certificate exists, is issued and is in its region; else the
     apply would point port 80 at an HTTPS listener that never comes."""
-    from poolctl.clouds import Cloud
+    from poolctl.cloud import Cloud
 
     placement = pool.aws
     if cloud != Cloud.aws or placement is None or not placement.certificate_arn:
         return None
-    from poolctl.aws_preflight import check_certificate
+    from poolctl.clouds.aws.preflight import check_certificate
 
     idx = [p.name for p in cfg.pools].index(pool.name)
     return check_certificate(f"pools[{idx}].aws.certificate_arn", placement.certificate_arn,
@@ -213,7 +213,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
                 sys.stdout.write(f"{r.stack}: {k} = {v}\n")
 
 
-def _kept_versions(cfg: Config, tgts: list[tuple[Pool, str]], results: list[StackResult],
+def _kept_versions(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[StackResult],
                    endpoints: CloudEndpoints) -> dict[str, dict[str, list[str]]]:
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete

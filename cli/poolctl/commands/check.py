@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudAllOpt,
     FileOpt,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
-Recs = dict[tuple[str, str], dict[str, Any]]
+Recs = dict[tuple[str, Cloud], dict[str, Any]]
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
@@ -52,7 +52,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
-def require_valid(cfg: Config, tgts: list[tuple[Pool, str]]) -> None:
+def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
     """What plan, synth and deploy run first: print findings, refuse on any error."""
     from poolctl.errors import OperationFailed
     from poolctl.rules import errors, run_checks
@@ -94,7 +94,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         render_recommendations(tgts, plans, recs)
 
 
-def _quota_totals(cfg: Config, tgts: list[tuple[Pool, str]]) -> list[dict[str, Any]]:
+def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
     from poolctl.sizing import quota_totals
@@ -120,7 +120,7 @@ def render_quota_totals(totals: list[dict[str, Any]]) -> None:
     console().print(t)
 
 
-def _recommendations(cfg: Config, tgts: list[tuple[Pool, str]], traffic: Path | None,
+def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path | None,
                      rate: float | None, duration: float, seed: int, time_scale: float) -> Recs:
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
@@ -138,7 +138,7 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, str]], traffic: Path | 
     return recs
 
 
-def render_recommendations(tgts: list[tuple[Pool, str]], plans: list[PoolPlan], recs: Recs
+def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan], recs: Recs
                            ) -> None:
     from rich.table import Table
 
@@ -212,7 +212,7 @@ def render_plans(plans: list[PoolPlan]) -> None:
         out.print(t)
 
 
-def _node_image(img: dict[str, Any], cloud: Cloud | str) -> str:
+def _node_image(img: dict[str, Any], cloud: Cloud) -> str:
     where = img.get("id") or "the base image"
     if img.get("prepulled"):
         return f"{where}: serving image pre-pulled ({img['source']})"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
@@ -60,8 +60,8 @@ def load(file: Path | None) -> Config:
     return load_config(file)
 
 
-def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, str]]:
-    return cfg.targets(pool, cloud_value(cloud))
+def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:
+    return cfg.targets(pool, cloud)
 
 
 def endpoints_of(sandbox: bool) -> CloudEndpoints:
@@ -85,9 +85,9 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
     if len(endpoints.clouds) == 1:
         return next(iter(endpoints.clouds))
     pools = cfg.select(pool)
-    clouds = [c.value for c in Cloud if any(p.placement(c.value) for p in pools)]
+    clouds = [c for c in Cloud if any(p.placement(c) for p in pools)]
     if len(clouds) == 1:
-        return Cloud(clouds[0])
+        return clouds[0]
     from poolctl.errors import UsageError
 
     what = f"pool {pools[0].name!r} has" if len(pools) == 1 else "the selected pools have"
@@ -96,7 +96,7 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
-                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[tuple[Pool, str]]:
+                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[tuple[Pool, Cloud]]:
     """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`), which the
     endpoints must reach."""
     picked = pick_cloud(cfg, pool, cloud, endpoints)
@@ -105,7 +105,7 @@ def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
-               endpoints: CloudEndpoints = REAL_CLOUDS) -> tuple[Pool, str]:
+               endpoints: CloudEndpoints = REAL_CLOUDS) -> tuple[Pool, Cloud]:
     """The single (pool, cloud) a command that changes one pool acts on."""
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 
 if TYPE_CHECKING:
     from poolctl.catalog import InstanceType
@@ -116,7 +116,7 @@ pools:
 {placement}"""
 
 
-def _fit(preset: Preset, cloud: Cloud | str) -> str:
+def _fit(preset: Preset, cloud: Cloud) -> str:
     """The poolctl.yaml text of the first (type, tensor_parallel) that passes every rule
     (the default type first, then the cheapest); avoids a KV cache of few sequences."""
     from poolctl.catalog import load_catalog
@@ -165,7 +165,7 @@ def init(
         raise UsageError(f"--model: no preset for {model!r}{suggest_model(model)}; see "
                          "`poolctl catalog`, or write the model's fields in poolctl.yaml")
     files = {
-        dir / "poolctl.yaml": _fit(row, cloud.value),
+        dir / "poolctl.yaml": _fit(row, cloud),
         dir / "cdktf.json": json.dumps(CDKTF_JSON, indent=2) + "\n",
         dir / ".github" / "workflows" / "poolctl.yml": WORKFLOW.format(cloud=cloud.value),
     }

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,

@@ -82,7 +82,7 @@ def status(
     """Nodes in service / warm / pending, rollout progress, queue."""
     from poolctl import runtime
     from poolctl.clouds.base import PublishesQueueMetric
-    from poolctl.inventory import API_KEY_VAR, cloud_module
+    from poolctl.inventory import API_KEY_VAR
 
     cfg = load(file)
     out: list[PoolStatus] = []
@@ -95,7 +95,7 @@ def status(
         if not isinstance(ops, PublishesQueueMetric):
             unread.add(c)
         out.append(runtime.status(cfg, p, c, ops))
-        lbs.append(cloud_module(c).endpoint(ops, cfg, p))
+        lbs.append(ops.endpoint(cfg, p))
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
                              for s, ep in zip(out, lbs, strict=True)]})

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from poolctl.clouds import Cloud
+from poolctl.adaptors import aws as aws_sdk
+from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -26,7 +27,7 @@ from poolctl.endpoints import CloudEndpoints
 
 
 def _ls_where(cloud: Cloud | None, region: str | None, project: str | None,
-              endpoints: CloudEndpoints) -> tuple[str, str, str | None]:
+              endpoints: CloudEndpoints) -> tuple[Cloud, str, str | None]:
     """(cloud, region, GCP project) of `ls`, which reads no file: flags, then the clouds' own
     environment variables (and the sandbox's region)."""
     from poolctl.errors import UsageError
@@ -40,13 +41,11 @@ def _ls_where(cloud: Cloud | None, region: str | None, project: str | None,
     if cloud == Cloud.aws:
         region = endpoints.aws_region(region)
         if not region:
-            import boto3
-
-            region = boto3.session.Session().region_name
+            region = aws_sdk.default_region()
         if not region:
             raise UsageError("--region: no AWS region given or configured; add --region, "
                              "e.g. --region us-east-1")
-        return "aws", region, None
+        return Cloud.aws, region, None
     region = region or os.environ.get("CLOUDSDK_COMPUTE_REGION")
     project = (project or os.environ.get("GOOGLE_CLOUD_PROJECT")
                or os.environ.get("CLOUDSDK_CORE_PROJECT"))
@@ -54,7 +53,7 @@ def _ls_where(cloud: Cloud | None, region: str | None, project: str | None,
         flag = "--region" if not region else "--project"
         raise UsageError(f"{flag}: ls --cloud gcp needs the project and region to list; add "
                          "--project P --region R")
-    return "gcp", region, project
+    return Cloud.gcp, region, project
 
 
 def ls(
@@ -72,12 +71,12 @@ def ls(
 ) -> None:
     """Pools deployed in a region, found by their poolctl tags/labels (no file needed)."""
     from poolctl import runtime
-    from poolctl.inventory import cloud_module, printable
+    from poolctl.inventory import printable
 
     endpoints = endpoints_of(sandbox)
     c, where, gcp_project = _ls_where(cloud, region, project, endpoints)
     ops = runtime.get_ops(c, endpoints)
-    rows = cloud_module(c).list_pools(ops, where, gcp_project)
+    rows = ops.list_pools(where, gcp_project)
     if json_out:
         emit_json({"cloud": c, "region": where, "pools": [r.to_json() for r in rows]})
         return
@@ -113,14 +112,13 @@ def logs(
     """The pool's logs: its CloudWatch Logs group (AWS) or its VMs' Cloud Logging entries
     (GCP)."""
     from poolctl import runtime
-    from poolctl.inventory import LogEvent, cloud_module, since_seconds, stream_events
+    from poolctl.inventory import LogEvent, since_seconds, stream_events
 
     start_ms = int((time.time() - since_seconds(since)) * 1000)
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     p, c = one_target(cfg, pool, cloud, endpoints)
     ops = runtime.get_ops(c, endpoints)
-    mod = cloud_module(c)
 
     shown = 0
 
@@ -131,7 +129,7 @@ def logs(
         sys.stdout.flush()
 
     # New lines show within 2 s; POOLCTL_POLL_S (tests) polls faster.
-    stream_events(lambda ms: mod.log_events(ops, cfg, p, ms), start_ms, emit,
+    stream_events(lambda ms: ops.log_events(cfg, p, ms), start_ms, emit,
                   min(runtime.poll_interval(), 2.0), once=not follow)
     if not follow and not shown:
         sys.stderr.write(f"{p.name}/{c}: no log lines in the last {since}\n")

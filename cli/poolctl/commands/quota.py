@@ -25,7 +25,7 @@ from poolctl.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from poolctl.clouds import Cloud
+    from poolctl.cloud import Cloud
     from poolctl.clouds.base import CloudOps, QuotaLine
     from poolctl.config import Config, Pool
 
@@ -44,7 +44,7 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bool,
            contact_email: str | None = None
-           ) -> tuple[Config, CloudOps, list[tuple[Pool, str, list[QuotaLine]]]]:
+           ) -> tuple[Config, CloudOps, list[tuple[Pool, Cloud, list[QuotaLine]]]]:
     from poolctl import runtime
 
     cfg = load(file)
@@ -54,7 +54,7 @@ def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bo
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
     seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
-    found: list[tuple[Pool, str, list[QuotaLine]]] = []
+    found: list[tuple[Pool, Cloud, list[QuotaLine]]] = []
     for p, c in tgts:
         lines: list[QuotaLine] = []
         for ln in runtime.quota_check(cfg, p, c, ops):
@@ -66,7 +66,7 @@ def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bo
     return cfg, ops, found
 
 
-def _render(rows: list[tuple[Pool, str, QuotaLine]]) -> None:
+def _render(rows: list[tuple[Pool, Cloud, QuotaLine]]) -> None:
     from rich.table import Table
 
     t = Table(title="quota", title_justify="left")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from poolctl import naming, sizing
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Pool
 
 # nvidia-smi reports a little less HBM than the marketing size the catalog copies
@@ -32,7 +32,7 @@ BOOT_HINT = "see `sudo journalctl -u poolctl-node` (the boot unit runs on every 
 @dataclass(frozen=True)
 class NodeSpec:
     pool: str
-    cloud: str
+    cloud: Cloud
     instance_type: str
     gpu: str
     gpus: int
@@ -49,7 +49,7 @@ class NodeSpec:
         return f"http://127.0.0.1:{self.port}{self.health_path}"
 
 
-def spec_for(pool: Pool, cloud: Cloud | str) -> NodeSpec:
+def spec_for(pool: Pool, cloud: Cloud) -> NodeSpec:
     row = sizing.instance_row(pool, cloud)
     return NodeSpec(
         pool=pool.name,
@@ -89,7 +89,7 @@ class Check:
 class NodeResult:
     host: str
     pool: str
-    cloud: str
+    cloud: Cloud
     checks: list[Check] = field(default_factory=list)
 
     @property

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
@@ -98,11 +98,11 @@ def progress_line(res: NodeResult) -> str:
 
 def plan_work(
     cfg: Config,
-    targets: Sequence[tuple[Pool, str]],
+    targets: Sequence[tuple[Pool, Cloud]],
     hosts: Sequence[str] | None,
     default_port: int = DEFAULT_PORT,
     endpoints: CloudEndpoints = REAL_CLOUDS,
-    discover: Callable[[Config, Pool, str, CloudEndpoints], list[Any]] | None = None,
+    discover: Callable[[Config, Pool, Cloud, CloudEndpoints], list[Any]] | None = None,
     direct: bool = True,
 ) -> list[tuple[Host, NodeSpec]]:
     """Which hosts to check against which pool's expectations. `discover` gives addresses,
@@ -175,7 +175,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def discover_nodes(cfg: Config, pool: Pool, cloud: Cloud | str, endpoints: CloudEndpoints
+def discover_nodes(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
                    ) -> list[Any]:
     """The pool's running nodes, through the cloud's operations (its endpoint, credentials
     and retries, as every other command)."""

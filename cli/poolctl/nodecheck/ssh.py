@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from poolctl.clouds import aws, gcp
+from poolctl.adaptors.aws import botocore_exceptions
+from poolctl.clouds.aws import ops as aws
+from poolctl.clouds.gcp import ops as gcp
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.nodecheck.checks import CmdResult, Runner
@@ -508,8 +510,6 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     """A new ed25519 key, its public half pushed to the instance for `opts.user` through
     EC2 Instance Connect (the node's sshd accepts it for 60 s). The private half never leaves
     this process."""
-    import botocore.exceptions
-
     if not host.instance_id or not host.region:
         raise SshFailure(f"instance-connect needs the instance id of {host.label}",
                          "let poolctl find the nodes through the cloud (no --host), or use "
@@ -519,10 +519,10 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
     try:
         eic.send_ssh_public_key(InstanceId=host.instance_id, InstanceOSUser=opts.user,
                                 SSHPublicKey=f"{key.get_name()} {key.get_base64()}")
-    except botocore.exceptions.NoCredentialsError:
+    except botocore_exceptions.NoCredentialsError:
         raise SshFailure("no AWS credentials to push the key with",
                          "configure them (AWS_PROFILE, aws sso login ...)") from None
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
         raise SshFailure(f"ec2-instance-connect SendSSHPublicKey to {host.instance_id} "
                          f"failed: {e}",
                          "the caller needs ec2-instance-connect:SendSSHPublicKey on the "

@@ -3,8 +3,9 @@ module each (`common`, `quota`, `warm`, `status`, `fileedit` for the config file
 edits, `records` for the rollout records, `rollout`); this package re-exports what commands
 and tests use.
 
-What differs per cloud sits behind `poolctl.clouds.base.CloudOps`; this package never imports
-a cloud SDK (`get_ops` loads the cloud's module lazily). Every operation returns a record
+What differs per cloud sits behind `poolctl.clouds.base.CloudOps`, reached through
+`poolctl.clouds.registry` (`get_ops`) only; no cloud SDK loads before a cloud is called.
+Every operation returns a record
 whose `to_json()` is what the command prints with `--json`; progress goes to stderr.
 
 Arithmetic in one place:
@@ -16,11 +17,11 @@ Arithmetic in one place:
 
 from __future__ import annotations
 
+from poolctl.clouds.registry import get_ops
 from poolctl.runtime.common import (
     DEFAULT_POLL_S,
     POLL_ENV,
     ROLLOUT_DONE_OK,
-    get_ops,
     poll_interval,
     watch_hint,
 )

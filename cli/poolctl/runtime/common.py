@@ -1,16 +1,13 @@
-"""What every runtime operation shares: how often to poll, which cloud's operations to load
-(lazily: `--help` never loads a cloud SDK), and the hint a long wait ends with.
+"""What every runtime operation shares: how often to poll and the hint a long wait ends
+with.
 """
 
 from __future__ import annotations
 
 import os
 
-from poolctl.clouds import Cloud
-from poolctl.clouds.base import (
-    CloudOps,
-    RolloutStatus,
-)
+from poolctl.cloud import Cloud
+from poolctl.clouds.base import RolloutStatus
 from poolctl.config import Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import UsageError
@@ -34,23 +31,7 @@ def poll_interval(endpoints: CloudEndpoints = REAL_CLOUDS) -> float:
     return max(0.0, value)
 
 
-def get_ops(cloud: Cloud | str, endpoints: CloudEndpoints = REAL_CLOUDS, *,
-            contact_email: str | None = None) -> CloudOps:
-    """The cloud's CloudOps; its SDK loads only here. `contact_email`: Cloud Quotas (GCP)
-    requires one on increase requests; AWS Service Quotas takes none."""
-    if cloud not in (Cloud.aws, Cloud.gcp):
-        raise UsageError(f"--cloud {cloud}: unknown cloud; use aws or gcp")
-    # Each cloud's make_ops refuses endpoints that do not reach it (AwsOps, gcp.make_ops).
-    if cloud == Cloud.aws:
-        from poolctl.clouds import aws
-
-        return aws.make_ops(endpoints)
-    from poolctl.clouds import gcp
-
-    return gcp.make_ops(endpoints, contact_email=contact_email)
-
-
-def watch_hint(cloud: Cloud | str, file: str | os.PathLike[str] | None, pool: Pool,
+def watch_hint(cloud: Cloud, file: str | os.PathLike[str] | None, pool: Pool,
                endpoints: CloudEndpoints = REAL_CLOUDS, what: str = "status") -> str:
     parts = ["poolctl", *what.split(), "--cloud", cloud]
     if file:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
     QuotaLine,
@@ -32,7 +32,7 @@ def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict[str, Any]]:
     return out
 
 
-def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps,
+def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                        needs: list[dict[str, Any]]) -> list[QuotaLine]:
     """`needs` of `pool` against the quotas, each summed with the peak needs of every other
     pool of the file that draws on the same quota (`quota_key`): one grant must hold them
@@ -62,7 +62,7 @@ def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOp
     return lines
 
 
-def quota_check(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> list[QuotaLine]:
+def quota_check(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[QuotaLine]:
     """The peak needs (max nodes + surge + running warm nodes) of the pool and of every pool
     sharing its quotas against those quotas."""
     return shared_quota_lines(cfg, pool, cloud, ops, plan_pool(pool, cloud).quotas)
@@ -79,7 +79,7 @@ def shortfall_line(line: QuotaLine) -> str:
             f"({needs} beside {others:g} in use by others, granted {granted})")
 
 
-def quota_request(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps,
+def quota_request(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                   lines: list[QuotaLine] | None = None) -> list[QuotaRequest]:
     """File an increase to `granted + shortfall` for each short quota; an increase already
     open is returned (already_open=True), never filed twice."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     RolloutState,
 )
@@ -24,11 +24,11 @@ def rollouts_dir() -> Path:
     return poolctl_home() / "rollouts"
 
 
-def record_path(cfg: Config, pool: Pool, cloud: Cloud | str) -> Path:
+def record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
     return rollouts_dir() / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
 
-def load_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, Any] | None:
+def load_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | None:
     try:
         data = json.loads(record_path(cfg, pool, cloud).read_text())
     except (OSError, ValueError):
@@ -36,7 +36,7 @@ def load_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, Any] |
     return data.get("current") if isinstance(data, dict) else None
 
 
-def save_record(cfg: Config, pool: Pool, cloud: Cloud | str, rec: dict[str, Any],
+def save_record(cfg: Config, pool: Pool, cloud: Cloud, rec: dict[str, Any],
                 new: bool = False) -> None:
     from poolctl.home import write_private
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
     CancelsRollouts,
@@ -25,6 +25,7 @@ from poolctl.clouds.base import (
     RollsBackRollouts,
     StepsRollouts,
 )
+from poolctl.clouds.registry import get_ops
 from poolctl.config import Config, Pool, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
 from poolctl.progress import Progress, log
@@ -52,7 +53,7 @@ from poolctl.terraform import Terraform, forget_dead_synth_kernel
 @dataclass
 class RolloutResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     stack: str
     key: str
     from_value: str | None  # None: a node image the file did not name (the default image)
@@ -72,7 +73,7 @@ class RolloutResult:
         return d
 
 
-def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, plan: PoolPlan,
+def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                   group: Group, no_surge: bool) -> list[QuotaLine]:
     """Quota for the rollout: the group's running nodes + the surge (0 with --no-surge)."""
     surge = 0 if no_surge else plan.nodes["surge"]
@@ -86,7 +87,7 @@ def rollout_start(
     cfg: Config,
     file_path: Path,
     pool: Pool,
-    cloud: Cloud | str,
+    cloud: Cloud,
     ops: CloudOps,
     *,
     image: str | None = None,
@@ -274,7 +275,7 @@ def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Terraform], b
     return before_apply
 
 
-def deploy_before_apply(targets: list[tuple[Pool, str]]
+def deploy_before_apply(targets: list[tuple[Pool, Cloud]]
                         ) -> Callable[[Terraform], bool] | None:
     """`deploy`'s `before_apply` step: on GCP the MIG's versions are poolctl's (a rollout
     steps them), so an apply that replaces the instance template must not delete the one the
@@ -282,10 +283,11 @@ def deploy_before_apply(targets: list[tuple[Pool, str]]
     rolls the new one checkpoint by checkpoint."""
     if not any(c == Cloud.gcp for _, c in targets):
         return None
-    from poolctl.clouds.gcp import GcpOps
+    ops = get_ops(Cloud.gcp)
+    assert isinstance(ops, StepsRollouts)  # GCP canaries: the versions are poolctl's
 
     def before_apply(tf: Terraform) -> bool:
-        forgotten = GcpOps().rollout_before_apply(tf)
+        forgotten = ops.rollout_before_apply(tf)
         for t in forgotten:
             log(f"instance template {t['name'] or t['address']} stays: the pool's MIG runs it "
                 "until `poolctl rollout start --cloud gcp` rolls the new one (deploy does not "
@@ -339,7 +341,7 @@ def _final_line(pool: Pool, s: RolloutState) -> str:
     return f"{pool.name}: rollout {s.id} finished: {outcome}"
 
 
-def return_surge(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, group: Group,
+def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Group,
                  state: RolloutState | None) -> None:
     """Outside a rollout the group's maximum is the pool's max nodes: a rollout's start raised
     it by the surge (its apply), its end (finished, rolled back, cancelled) gives that back.
@@ -356,7 +358,7 @@ def return_surge(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, gro
         group.max_nodes = top
 
 
-def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, timeout: float,
+def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: float,
                  hint: str, sleep: Callable[[float], None] = time.sleep
                  ) -> tuple[RolloutState | None, list[dict[str, Any]]]:
     """Poll the newest rollout until it ends; one line per change of status, percentage or
@@ -415,7 +417,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, tim
         progress.stop()
 
 
-def _after_end(cfg: Config, pool: Pool, cloud: Cloud | str, s: RolloutState) -> None:
+def _after_end(cfg: Config, pool: Pool, cloud: Cloud, s: RolloutState) -> None:
     """An automatic rollback returned the pool to the old version: record that in the file
     too, so that the next deploy does not roll forward again."""
     rec = load_record(cfg, pool, cloud)
@@ -464,7 +466,7 @@ def _restore_file(cfg: Config, pool: Pool, rec: dict[str, Any]) -> None:
     rec["restored"] = True
 
 
-def rollout_status(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
+def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
                    ) -> dict[str, Any]:
     group = ops.find_group(cfg, pool)
     s = ops.rollout_state(group)
@@ -483,7 +485,7 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
             "rollout": asdict(s) if s else None, "checkpoints": checkpoints, "record": rec}
 
 
-def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> RolloutState:
+def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> RolloutState:
     if not isinstance(ops, CancelsRollouts):
         raise OperationFailed(f"rollout cancel: {cloud} cannot stop a rollout where it stands; "
                               f"use `poolctl rollout rollback --cloud {cloud}`")
@@ -501,7 +503,7 @@ def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -
 
 
 def rollout_rollback(
-    cfg: Config, file_path: Path, pool: Pool, cloud: Cloud | str, ops: CloudOps, *,
+    cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, ops: CloudOps, *,
     confirm: Callable[[str], bool], outdir: Path, mirror: str | None = None,
     render_summary: Callable[[str, Any], None] = lambda name, summary: None,
     verbose: bool = False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
     NodeState,
@@ -22,7 +22,7 @@ from poolctl.sizing import plan_pool
 # Status
 
 
-def status(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> PoolStatus:
+def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     nodes = ops.nodes(group)

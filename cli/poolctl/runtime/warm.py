@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
     Group,
-    HibernatesWarmNodes,
     KeepsWarmSizes,
 )
 from poolctl.config import Config, Pool
@@ -34,7 +33,7 @@ from poolctl.sizing import PoolPlan, nodes_for, plan_pool
 @dataclass
 class WarmResult:
     pool: str
-    cloud: str
+    cloud: Cloud
     mode: str  # warm | running | reset
     replicas_requested: int | None
     replicas_per_node: int
@@ -93,7 +92,7 @@ def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bo
     return group.min_nodes, (n if exact else max(n, group.warm_min_nodes)), None, n
 
 
-def warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, replicas: int | None,
+def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | None,
          running: bool = False, reset: bool = False, exact: bool = False) -> WarmResult:
     """Prepare spare capacity: the warm pool's minimum := at least N nodes (default), or the
     group's minimum := at least the file's minimum + N nodes (`running`: in service now);
@@ -103,9 +102,6 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, replicas: i
     if reset and (running or replicas is not None or exact):
         raise UsageError("--reset: give it alone (it returns to the file's sizes), "
                          "without --replicas, --running or --exact")
-    if pool.warm_pool.state == "hibernated" and not isinstance(ops, HibernatesWarmNodes):
-        raise UsageError(f"pools.{pool.name}.warm_pool.state: hibernated is not supported for "
-                         f"{cloud} GPU nodes; use stopped or running")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
@@ -189,13 +185,13 @@ def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
 # one), and the live sizes alone cannot tell a `warm` from an edit of the file.
 
 
-def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud | str) -> Path:
+def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
     from poolctl.home import poolctl_home
 
     return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
 
-def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, Any] | None:
+def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | None:
     try:
         data = json.loads(warm_record_path(cfg, pool, cloud).read_text())
     except (OSError, ValueError):
@@ -203,7 +199,7 @@ def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str) -> dict[str, A
     return data if isinstance(data, dict) else None
 
 
-def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str, min_nodes: int,
+def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int,
                       warm_nodes: int, replicas: int | None, running: bool) -> None:
     from poolctl.home import write_private
 
@@ -213,7 +209,7 @@ def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud | str, min_nodes: in
     write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
 
 
-def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
+def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
                  ) -> tuple[dict[str, str], list[str]]:
     """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
     lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
@@ -236,12 +232,12 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps
     return (env, lines) if lines else ({}, [])
 
 
-def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps) -> list[str]:
+def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[str]:
     """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
     return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
 
 
-def wait_warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, result: WarmResult,
+def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: WarmResult,
               timeout: float, hint: str, sleep: Callable[[float], None] = time.sleep
               ) -> dict[str, Any]:
     """Poll until the nodes `warm` asked for are ready: warm mode, that many settled warm

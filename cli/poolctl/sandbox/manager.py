@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
+from poolctl.adaptors.aws import boto3
+from poolctl.cloud import Cloud
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
@@ -366,7 +368,6 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
     and region, its state folder for Terraform, and what an emulator changes (fake node
     addresses, stand-in images, fast polls). A UsageError saying how to start it when none
     runs."""
-    from poolctl.clouds import Cloud
     from poolctl.endpoints import AwsEndpoint
 
     url = endpoint(home)
@@ -429,7 +430,7 @@ def start_times(pool: Any) -> dict[str, float]:
     (a new instance), warm_stopped / warm_running (taken from the warm pool)."""
     from poolctl.sizing import instance_row, start_phases
 
-    phases = start_phases(pool, instance_row(pool, "aws"))
+    phases = start_phases(pool, instance_row(pool, Cloud.aws))
     return {kind: round(sum(p.values()), 1) for kind, p in phases.items()}
 
 
@@ -457,16 +458,12 @@ def region_or_default(region: str | None = None) -> str:
 
 def client(service: str, region: str | None = None, home: Path | str | None = None) -> Any:
     """A boto3 client of the running sandbox (`poolctl sandbox status`/`boot-nodes`, tests)."""
-    import boto3
-
     return boto3.client(service, endpoint_url=endpoint(home),
                         region_name=region_or_default(region), **TEST_CREDENTIALS)
 
 
 def inventory(endpoint_url: str, region: str) -> dict[str, Any]:
     """What the sandbox holds in `region`: poolctl's groups, instances by state, load balancers."""
-    import boto3
-
     kw = {"endpoint_url": endpoint_url, "region_name": region, **TEST_CREDENTIALS}
     asg, ec2, elbv2 = (boto3.client(s, **kw) for s in ("autoscaling", "ec2", "elbv2"))
     groups = []

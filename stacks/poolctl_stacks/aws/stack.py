@@ -6,7 +6,7 @@ from cdktf import S3Backend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import instance_row, plan_pool

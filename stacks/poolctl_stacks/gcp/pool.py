@@ -132,7 +132,7 @@ class NodeGroup(Construct):
             # rollback target: `rollout start` and `deploy` keep it by removing it from the
             # state before the apply (Terraform forgets it instead of deleting it), and
             # templates that are neither current nor previous are deleted after a rollout's
-            # apply and after its end (poolctl.clouds.gcp: rollout_before_apply,
+            # apply and after its end (poolctl.clouds.gcp.rollout: rollout_before_apply,
             # rollout_cleanup).
             lifecycle=TerraformResourceLifecycle(
                 create_before_destroy=True, precondition=[net.pga_precondition],

@@ -12,7 +12,7 @@ from cdktf import GcsBackend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
-from poolctl.clouds import Cloud
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.sizing import instance_row, plan_pool
 from poolctl_stacks._providers import google

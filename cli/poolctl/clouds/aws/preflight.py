@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from poolctl.adaptors.aws import botocore_exceptions
+from poolctl.clouds.aws.ops import make_ops
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 
@@ -31,8 +33,6 @@ DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
 
 
 def _ops(endpoints: CloudEndpoints) -> Any:
-    from poolctl.clouds.aws import make_ops
-
     return make_ops(endpoints)
 
 
@@ -54,14 +54,12 @@ def check_certificate(key: str, arn: str, region: str,
             f"{key}: the certificate is in {m['region']}, the pool's load balancer in {region}; "
             f"a load balancer takes a certificate of its own region only: import or request it "
             f"in {region} and name that ARN")
-    from botocore.exceptions import ClientError
-
     ops = _ops(endpoints)
     acm = ops.client("acm", region)
     with ops.call(f"acm DescribeCertificate in {region}"):
         try:
             cert = acm.describe_certificate(CertificateArn=arn)["Certificate"]
-        except ClientError as e:
+        except botocore_exceptions.ClientError as e:
             code = _code(e)
             if code == "ResourceNotFoundException":
                 raise OperationFailed(
@@ -89,13 +87,11 @@ def check_builder_subnet(key: str, region: str, tags: Mapping[str, str],
     them at the first deploy). Returns the subnet found; raises before Packer would run."""
     ops = _ops(endpoints)
     ec2 = ops.client("ec2", region)
-    from botocore.exceptions import ClientError
-
     with ops.call(f"ec2 DescribeSubnets in {region}"):
         if subnet_ids:
             try:
                 found = ec2.describe_subnets(SubnetIds=subnet_ids[:1])["Subnets"]
-            except ClientError as e:
+            except botocore_exceptions.ClientError as e:
                 if not _code(e).startswith("InvalidSubnetID"):
                     raise
                 found = []
