@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import sandbox_admin
+from tests.plugins.sandbox import sandbox_admin
+
+# Each test makes what it checks (or starts a sandbox of its own): any worker may run it.
+pytestmark = pytest.mark.standalone
 
 POOL_TAG = "poolctl:pool"
 
@@ -1087,7 +1090,8 @@ def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
     completing a launch hook."""
     from poolctl.config import load_config
     from poolctl.sandbox import manager
-    from tests.conftest import DEPLOYED_EXAMPLE, _deploy_with_boto3, run_poolctl
+    from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE, deploy_with_boto3
+    from tests.plugins.sandbox import run_poolctl
 
     home = tmp_path / "home"
     pool_file = tmp_path / "poolctl.yaml"
@@ -1106,7 +1110,7 @@ def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
     try:
         cfg = load_config(pool_file)
         manager.register_start_times(cfg, cfg.pools[0], home=home)  # what deploy sends
-        _deploy_with_boto3(endpoint)  # 1 node in service + 2 warm, all launching now
+        deploy_with_boto3(endpoint)  # 1 node in service + 2 warm, all launching now
         # 12 replicas / 4 per node = 3 warm nodes: the deploy's 2 and one more, all cold
         w = poolctl("warm", "--replicas", "12", "--wait", "--timeout", "60")
         assert (w["after"]["warm_nodes"], w["wait"]["ready"], w["wait"]["target"]) == (3, 3, 3)
