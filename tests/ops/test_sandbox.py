@@ -374,6 +374,9 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     warm = sorted(i["InstanceId"] for i in
                   asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"])
     sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 384}})
+    # SSM too (Packer looks AMIs up there): its parameter store is a dict moto builds oddly.
+    ssm = sandbox_client("ssm")
+    ssm.put_parameter(Name=f"/{name}/image", Value="v1", Type="String")
     taken = sandbox_admin(sandbox, "POST", "/_poolctl/snapshots", {"name": "t1"})
     assert taken["name"] == "t1" and taken["backends"] >= 2  # ec2 and autoscaling at least
     assert "t1" in sandbox_admin(sandbox, "GET", "/_poolctl/snapshots")["snapshots"]
@@ -382,6 +385,7 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
     ec2.delete_launch_template(LaunchTemplateId=lt_id)
     sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 0}})
+    ssm.put_parameter(Name=f"/{name}/image", Value="v2", Type="String", Overwrite=True)
     other = _name("snap-later")
     _group(asg, other, _launch_template(ec2)[0], desired=1, max_size=1)
 
@@ -394,6 +398,8 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
         "AutoScalingGroups"]
     quotas = sandbox_admin(sandbox, "GET", "/_poolctl/quotas")["quotas"]
     assert quotas["*"]["L-417A185B"] == 384
+    param = ssm.get_parameter(Name=f"/{name}/image")["Parameter"]
+    assert (param["Value"], param["Version"]) == ("v1", 1)
     # The restored group still launches into the live EC2 backend: a copy that had copied
     # the backends too would launch instances that DescribeInstances never shows.
     asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
