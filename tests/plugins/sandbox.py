@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,8 +99,12 @@ def sandbox_admin(endpoint: str, method: str, path: str, body: dict | None = Non
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"{endpoint}{path}", data=data, method=method)
     req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        raw = resp.read()
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:  # the sandbox's one-line reason, in the failure
+        exc.msg = f"{exc.msg}: {exc.read().decode(errors='replace')[:2000]}"
+        raise
     try:
         return json.loads(raw or b"{}")
     except ValueError:
