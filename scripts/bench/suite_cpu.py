@@ -41,12 +41,17 @@ def main(argv: list[str]) -> int:
               f"{r['total']:7.1f} {r['cpu_s']:6.1f} {r['children_cpu_s']:8.1f} "
               f"{r['sandbox_cpu_s']:7.1f}")
     per_worker: dict[str, float] = {}
+    ends: dict[str, float] = {}
     for r in rows:
         per_worker[r["worker"]] = per_worker.get(r["worker"], 0.0) + r["wall_s"]
+        ends[r["worker"]] = max(ends.get(r["worker"], 0.0), r["end"])
     total = sum(r["total"] for r in rows)
+    t0 = min((r["start"] for r in rows), default=0.0)
     print(f"\nwhole run {wall:.0f} s wall (set-up included), {total:.0f} s CPU in tests; "
           "busy seconds per worker: "
-          + ", ".join(f"{w} {s:.0f}" for w, s in sorted(per_worker.items())))
+          + ", ".join(f"{w} {s:.0f}" for w, s in sorted(per_worker.items()))
+          + "; each worker's last test ended at: "
+          + ", ".join(f"{w} {e - t0:.0f} s" for w, e in sorted(ends.items())))
     return rc
 
 

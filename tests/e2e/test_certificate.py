@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEPLOYED_EXAMPLE, run_poolctl, terraform_missing
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE
+from tests.plugins.sandbox import run_poolctl, terraform_missing
 
 STACK = "acme-chat-70b-aws"
 LB = "acme-chat-70b"

@@ -30,13 +30,8 @@ from typing import NamedTuple
 
 import pytest
 
-from tests.conftest import (
-    DEPLOYED_EXAMPLE,
-    poolctl_env,
-    run_poolctl,
-    sandbox_admin,
-    terraform_missing,
-)
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE, deploy_with_boto3, empty_sandbox
+from tests.plugins.sandbox import poolctl_env, run_poolctl, sandbox_admin, terraform_missing
 
 STACK = "acme-chat-70b-aws"
 ASG = "acme-chat-70b"
@@ -372,7 +367,8 @@ def _state_types(home: Path) -> set[str]:
 # checks each take minutes of Terraform waits and need nothing of the first-deploy chain.
 @needs_terraform
 @pytest.mark.xdist_group("e2e/interrupts")
-def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, sandbox_client):
+def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, sandbox_client,
+                                                     pool_keeper):
     """Ctrl-C during the plan, early in the apply and late in the apply, each on the re-run of
     the one before, on one stack. The two apply interrupts land while a create call is in
     flight whose answer the sandbox holds back (a fault): the resource exists in the cloud but
@@ -381,14 +377,12 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
     the one before left unrecorded (the tags prove poolctl made it), the last one completes,
     and the deploy after it has nothing to do. The other lookups (group, role, VPC ...) are
     tested without Terraform in tests/ops/test_interrupts.py."""
-    from tests.conftest import _fresh_sandbox, adopt_deployed_pool
-
     home = Path(sandbox_home)
     if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
         _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
     # An empty emulator (groups before on this worker may have left instances, quota in
     # use): the pool it leaves is then the one `deployed_pool` users expect.
-    _fresh_sandbox(sandbox, home)
+    empty_sandbox(sandbox, home)
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
     assert _group(asg) is None
 
@@ -449,7 +443,7 @@ def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, san
             ].count(ASG) == 1
     # Leave the pool as `deployed_pool` promises it (nodes booted), and hand it over.
     assert run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL).returncode == 0
-    adopt_deployed_pool(sandbox, home, "e2e/interrupts")
+    pool_keeper.adopt(sandbox, home)
 
 
 # -------------------------------------------------------------------------------------
@@ -536,7 +530,7 @@ def test_sandbox_with_cloud_gcp_is_exit_2(sandbox, sandbox_home, tmp_path):
 
 
 # -------------------------------------------------------------------------------------
-# The `deployed_pool` fixture (tests/conftest.py) that runtime-command tests build on
+# The `deployed_pool` fixture (tests/plugins/deployed_pool.py) that runtime-command tests build on
 
 
 def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
@@ -584,13 +578,12 @@ def test_deployed_pool_boto3_fallback_makes_the_same_pool(tmp_path):
 
     from poolctl.sandbox import manager
     from poolctl.sandbox.manager import TEST_CREDENTIALS
-    from tests.conftest import _deploy_with_boto3
 
     home = tmp_path / "home"
     endpoint = str(manager.start(port=0, home=home, parent_pid=os.getpid(),
                                  boot_speedup=0).endpoint)
     try:
-        _deploy_with_boto3(endpoint)
+        deploy_with_boto3(endpoint)
         sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
                       {"AutoScalingGroupName": ASG})
         _check_pool_like_the_stack(lambda service: boto3.client(

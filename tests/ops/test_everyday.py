@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.configs import pool_yaml, with_second_pool
-from tests.conftest import poolctl_env
+from tests.plugins.sandbox import poolctl_env
 
 REGION = "us-west-2"
 PROJECT = "everyday"

@@ -22,13 +22,15 @@ from pathlib import Path
 import pytest
 
 from poolctl import bootscript
-from tests.conftest import REPO, poolctl_env, run_poolctl, terraform_missing
+from tests.plugins.sandbox import REPO, poolctl_env, run_poolctl, terraform_missing
 
 EXAMPLE = REPO / "examples" / "llama-70b-p5" / "poolctl.yaml"
 PACKER = shutil.which("packer")
 # Per test: the provisioning script and GCP's list/prune need no Packer.
 needs_packer = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
                                   "installs Debian's packer 1.6.6)")
+# Each test builds its own project's images: none builds on another, any worker may run it.
+pytestmark = pytest.mark.standalone
 
 
 def _config(tmp_path: Path, project: str) -> Path:
@@ -423,8 +425,8 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     """`image build` for the deployed example, then `rollout start --node-image latest` on a
     file that does not name an AMI yet: the line is added, the refresh rolls every node to
     the new launch template version, which launches from the built AMI."""
-    from tests.conftest import sandbox_admin
     from tests.ops.test_runtime_aws import booting
+    from tests.plugins.sandbox import sandbox_admin
 
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
     if not ec2.describe_subnets(Filters=[{"Name": "tag:poolctl:project", "Values": ["acme"]},

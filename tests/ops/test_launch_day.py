@@ -17,13 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
-    DEPLOYED_EXAMPLE,
-    pool_cli,
-    run_poolctl,
-    sandbox_admin,
-    terraform_missing,
-)
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE
+from tests.plugins.sandbox import pool_cli, run_poolctl, sandbox_admin, terraform_missing
 
 ASG = "acme-chat-70b"
 REGION = "us-east-1"

@@ -518,7 +518,7 @@ def test_instance_connect_pushes_a_key_per_check_through_the_sandbox(
     assert n["host"] == "10.92.1.20:22" and n["ok"] is True
     assert log.read_text().splitlines() == [f"127.0.0.1 {node.port} {instance} {region}"]
     # The pushed key is one made for the check: not any key of this machine's.
-    from tests.conftest import sandbox_admin
+    from tests.plugins.sandbox import sandbox_admin
 
     [pushed] = sandbox_admin(
         sandbox, "GET", f"/_poolctl/instance-connect?instance_id={instance}&user={node.user}"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.configs import pool_yaml, with_second_pool
-from tests.conftest import run_poolctl, sandbox_admin
+from tests.plugins.sandbox import run_poolctl, sandbox_admin
 
 QUOTA, REGION = "L-417A185B", "us-east-1"
 

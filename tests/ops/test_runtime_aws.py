@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
-    DEPLOYED_EXAMPLE,
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE
+from tests.plugins.sandbox import (
     pool_cli,
     poolctl_env,
     run_poolctl,

@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import sandbox_admin
+from tests.plugins.sandbox import sandbox_admin
+
+# Each test makes what it checks (or starts a sandbox of its own): any worker may run it.
+pytestmark = pytest.mark.standalone
 
 POOL_TAG = "poolctl:pool"
 
@@ -371,6 +374,9 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     warm = sorted(i["InstanceId"] for i in
                   asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"])
     sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 384}})
+    # SSM too (Packer looks AMIs up there): its parameter store is a dict moto builds oddly.
+    ssm = sandbox_client("ssm")
+    ssm.put_parameter(Name=f"/{name}/image", Value="v1", Type="String")
     taken = sandbox_admin(sandbox, "POST", "/_poolctl/snapshots", {"name": "t1"})
     assert taken["name"] == "t1" and taken["backends"] >= 2  # ec2 and autoscaling at least
     assert "t1" in sandbox_admin(sandbox, "GET", "/_poolctl/snapshots")["snapshots"]
@@ -379,6 +385,7 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
     ec2.delete_launch_template(LaunchTemplateId=lt_id)
     sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 0}})
+    ssm.put_parameter(Name=f"/{name}/image", Value="v2", Type="String", Overwrite=True)
     other = _name("snap-later")
     _group(asg, other, _launch_template(ec2)[0], desired=1, max_size=1)
 
@@ -391,6 +398,8 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
         "AutoScalingGroups"]
     quotas = sandbox_admin(sandbox, "GET", "/_poolctl/quotas")["quotas"]
     assert quotas["*"]["L-417A185B"] == 384
+    param = ssm.get_parameter(Name=f"/{name}/image")["Parameter"]
+    assert (param["Value"], param["Version"]) == ("v1", 1)
     # The restored group still launches into the live EC2 backend: a copy that had copied
     # the backends too would launch instances that DescribeInstances never shows.
     asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
@@ -1087,7 +1096,8 @@ def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
     completing a launch hook."""
     from poolctl.config import load_config
     from poolctl.sandbox import manager
-    from tests.conftest import DEPLOYED_EXAMPLE, _deploy_with_boto3, run_poolctl
+    from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE, deploy_with_boto3
+    from tests.plugins.sandbox import run_poolctl
 
     home = tmp_path / "home"
     pool_file = tmp_path / "poolctl.yaml"
@@ -1106,7 +1116,7 @@ def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
     try:
         cfg = load_config(pool_file)
         manager.register_start_times(cfg, cfg.pools[0], home=home)  # what deploy sends
-        _deploy_with_boto3(endpoint)  # 1 node in service + 2 warm, all launching now
+        deploy_with_boto3(endpoint)  # 1 node in service + 2 warm, all launching now
         # 12 replicas / 4 per node = 3 warm nodes: the deploy's 2 and one more, all cold
         w = poolctl("warm", "--replicas", "12", "--wait", "--timeout", "60")
         assert (w["after"]["warm_nodes"], w["wait"]["ready"], w["wait"]["target"]) == (3, 3, 3)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
+from tests.plugins.golden import assert_golden
 from tests.synth.util import (
     checkov_config_skips,
     provider_modules_after_synth,
@@ -280,12 +280,7 @@ def test_cdktf_testing_assertions():
 @pytest.mark.parametrize("stack", sorted(AWS_EXAMPLES))
 def test_golden(stacks, stack):
     got = json.dumps(stacks[stack]["json"], indent=2, sort_keys=True) + "\n"
-    path = GOLDEN / f"{stack}.json"
-    if os.environ.get("POOLCTL_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-    assert path.exists(), f"{path} missing: run with POOLCTL_UPDATE_GOLDEN=1"
-    assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
+    assert_golden(GOLDEN / f"{stack}.json", got)
 
 
 @pytest.mark.parametrize("stack", sorted(AWS_EXAMPLES))

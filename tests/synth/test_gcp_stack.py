@@ -22,6 +22,7 @@ import pytest
 from poolctl.cloud import Cloud
 from poolctl.config import load_config, parse_config
 from poolctl.errors import UsageError
+from tests.plugins.golden import assert_golden
 from tests.synth.util import (
     provider_modules_after_synth,
     run_checkov,
@@ -602,12 +603,7 @@ def test_pool_without_warm_pool_keeps_an_empty_standby_pool():
 @pytest.mark.parametrize("stack", sorted(GCP_EXAMPLES))
 def test_golden(stacks, stack):
     got = json.dumps(stacks[stack]["json"], indent=2, sort_keys=True) + "\n"
-    path = GOLDEN / f"{stack}.json"
-    if os.environ.get("POOLCTL_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(got)
-    assert path.exists(), f"{path} missing: run with POOLCTL_UPDATE_GOLDEN=1"
-    assert got == path.read_text(), f"{stack} differs from {path}; review, then regenerate"
+    assert_golden(GOLDEN / f"{stack}.json", got)
 
 
 @pytest.mark.parametrize("stack", [*sorted(GCP_EXAMPLES), "beta-small-gcp"])

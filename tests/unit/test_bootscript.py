@@ -13,7 +13,6 @@ test_boot_runtime.py; the NVMe step on real loop devices in tests/ops/test_nvme_
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import parse_config
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.rules import refuse_invalid
+from tests.plugins.golden import assert_golden
 
 from .boot_config import EXTRA_ARGS, config_yaml, load
 
@@ -80,15 +80,7 @@ def _all_scripts(cfg) -> dict[str, str]:
                                   "aws-chat-70b-image.sh", "gcp-llama-405b-image.sh"])
 def test_matches_golden(cfg, name):
     text = _all_scripts(cfg)[name]
-    path = GOLDEN / name
-    if os.environ.get("POOLCTL_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with POOLCTL_UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(), (
-        f"{name} differs from {path}; if the change is intended, regenerate with "
-        "POOLCTL_UPDATE_GOLDEN=1 and review the diff"
-    )
+    assert_golden(GOLDEN / name, text)
 
 
 # --- key content ----------------------------------------------------------------------------

@@ -45,9 +45,25 @@ def _backends_kept(live: dict[tuple[str, str, str], Any]) -> dict[int, Any]:
     return memo
 
 
+def _copyable_ssm_parameters() -> None:
+    """moto's SSM ParameterDict is a defaultdict whose __init__ takes (account, region): the
+    copy module rebuilds a defaultdict as cls(default_factory) and fails, so a snapshot after
+    any SSM call (Packer's AMI lookup) was refused. Tell it how to rebuild one."""
+    import copyreg
+
+    from moto.ssm.models import ParameterDict
+
+    def rebuild(d: ParameterDict) -> tuple[Any, ...]:
+        state = {k: v for k, v in vars(d).items() if k not in ("account_id", "region_name")}
+        return ParameterDict, (d.account_id, d.region_name), state, None, iter(d.items())
+
+    copyreg.pickle(ParameterDict, rebuild)
+
+
 def take_snapshot(name: str) -> dict[str, Any]:
     if not name:
         raise ValueError("the body needs a snapshot name: {\"name\": \"...\"}")
+    _copyable_ssm_parameters()
     with LOCK:
         live = _live_backends()
         _snapshots[name] = {
@@ -60,6 +76,7 @@ def take_snapshot(name: str) -> dict[str, Any]:
 
 
 def restore_snapshot(name: str) -> dict[str, Any]:
+    _copyable_ssm_parameters()
     with LOCK:
         snap = _snapshots[name]  # KeyError: 404
         live = _live_backends()
