@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -153,6 +154,65 @@ def matches(pattern: str, what: str) -> Callable[[str], str]:
         return text
 
     return check
+
+
+# ---------------------------------------------------------------------------- free text
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of `text` a reader cannot see as written: control characters (a
+    NUL is dropped by bash, an escape sequence repaints a terminal), format characters
+    (U+202E and the other bidi controls reorder what a reviewer reads, zero-width ones
+    hide), separators other than the space, private-use code points. Unassigned code points
+    pass: a newer Unicode may assign them."""
+    if text.isprintable():
+        return None
+    return next((ch for ch in text if not ch.isprintable()
+                 and unicodedata.category(ch) != "Cn"), None)
+
+
+def plain_text(text: str) -> str:
+    """`text` if every character prints as itself (see hidden_character), else ValueError."""
+    if (ch := hidden_character(text)) is not None:
+        name = unicodedata.name(ch, "a control character")
+        raise ValueError(f"holds U+{ord(ch):04X} ({name}), which does not print as itself; "
+                         "remove it (the value reaches boot scripts, tags and logs)")
+    return text
+
+
+# Terraform evaluates nothing in a backend block: `terraform init` refuses `${...}`, `%{...}`
+# and function calls there, so the file must hold the values themselves.
+_TF_EXPRESSION = re.compile(r"\$\{|%\{|\b[a-z][a-z0-9_]*\(")
+
+
+def terraform_literal(text: str) -> str:
+    if _TF_EXPRESSION.search(text):
+        raise ValueError("Terraform takes no expressions in a backend block (`${...}`, "
+                         "`%{...}`, functions like file()) and refuses them at init; write the "
+                         "value itself")
+    return text
+
+
+# ---------------------------------------------------------------------------- AWS shapes
+
+# Region names of every AWS partition (botocore's partitions.json: aws, aws-cn, aws-us-gov,
+# the ISO partitions and the European Sovereign Cloud), as AREA[-SUB]-DIRECTION-N.
+AWS_REGION = (r"(?:us|eu|ap|sa|ca|me|af|il|mx|cn|eusc)(?:-gov|-iso[bef]?|-de)?"
+              r"-(?:east|west|north|south|central|northeast|northwest|southeast|southwest)"
+              r"-\d{1,2}")
+_AWS_PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[bef])?|-eusc)?"
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_ACM_ARN = re.compile(
+    rf"arn:{_AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}")
+
+
+def acm_certificate_arn(text: str) -> str:
+    """The region of an ACM certificate ARN, else ValueError."""
+    m = _ACM_ARN.fullmatch(text)
+    if not m:
+        raise ValueError("not an ACM certificate ARN; give the whole ARN, e.g. arn:aws:acm:"
+                         "us-east-1:123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+    return m["region"]
 
 
 # ------------------------------------------------------------------------------- secrets

@@ -10,7 +10,7 @@ from poolctl.clouds import base
 from poolctl.clouds.aws import AwsOps
 from poolctl.config import parse_config
 from poolctl.endpoints import REAL_CLOUDS
-from poolctl.errors import OperationFailed, UsageError
+from poolctl.errors import OperationFailed
 from tests.configs import pool_yaml
 
 EVERY = (base.RequestsQuota, base.CancelsRollouts, base.RollsBackRollouts,
@@ -54,14 +54,6 @@ def test_quota_request_is_refused_without_the_capability(pool):
     cfg, p = pool
     with pytest.raises(OperationFailed, match="offers no API to request increases"):
         runtime.quota_request(cfg, p, "aws", Bare())
-
-
-def test_hibernated_warm_nodes_are_refused_without_the_capability(pool):
-    cfg, p = pool
-    hibernated = p.model_copy(update={"warm_pool": p.warm_pool.model_copy(
-        update={"state": "hibernated"})})
-    with pytest.raises(UsageError, match="hibernated is not supported"):
-        runtime.warm(cfg, hibernated, "aws", Bare(), replicas=4)
 
 
 def test_cancel_is_refused_without_the_capability(pool):

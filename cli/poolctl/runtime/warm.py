@@ -17,7 +17,6 @@ from poolctl.clouds import Cloud
 from poolctl.clouds.base import (
     CloudOps,
     Group,
-    HibernatesWarmNodes,
     KeepsWarmSizes,
 )
 from poolctl.config import Config, Pool
@@ -103,9 +102,6 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud | str, ops: CloudOps, replicas: i
     if reset and (running or replicas is not None or exact):
         raise UsageError("--reset: give it alone (it returns to the file's sizes), "
                          "without --replicas, --running or --exact")
-    if pool.warm_pool.state == "hibernated" and not isinstance(ops, HibernatesWarmNodes):
-        raise UsageError(f"pools.{pool.name}.warm_pool.state: hibernated is not supported for "
-                         f"{cloud} GPU nodes; use stopped or running")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
