@@ -10,7 +10,7 @@ import os
 import re
 import stat
 import typing
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -1049,9 +1049,25 @@ def format_loc(loc: Loc) -> str:
     return out
 
 
-def _clean_loc(loc: Loc) -> Loc:
-    # pydantic inserts union-member tags (e.g. 'AwsPlacement') into locations; drop them.
-    return tuple(p for p in loc if isinstance(p, int) or not str(p)[:1].isupper())
+@cache
+def _union_tags() -> frozenset[str]:
+    """What pydantic inserts into error locations for a member of a union: the model's
+    class name, or the tag of a discriminated one (Serving.api_key_secret)."""
+    names, todo = {"SecretName"}, [CoreModel]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return frozenset(names)
+
+
+def _clean_loc(err: ErrorDetails) -> Loc:
+    """The key path of an error, without pydantic's union tags. The last part of an unknown
+    key's path is the key itself, whatever it is called."""
+    loc = err["loc"]
+    keep = len(loc) - 1 if err["type"] == "extra_forbidden" else len(loc)
+    return tuple(p for i, p in enumerate(loc)
+                 if isinstance(p, int) or i >= keep or p not in _union_tags())
 
 
 def _file_flag(path: str | os.PathLike[str] | None) -> str:
@@ -1115,7 +1131,7 @@ def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
     except ValidationError as e:
         msgs = []
         for err in e.errors():
-            loc = _clean_loc(err["loc"])
+            loc = _clean_loc(err)
             line = _line_of(lines, loc)
             where = f"{source}:{line}" if line else source
             msgs.append(f"{where}: {format_loc(loc) or '(top)'}: {_hint(err)}")
@@ -1191,7 +1207,7 @@ def _hint(err: ErrorDetails) -> str:
     kind, value = err["type"], err.get("input")
     got = f"; got {_shown(value)}" if "input" in err else ""
     if kind == "extra_forbidden":
-        loc = _clean_loc(err["loc"])
+        loc = _clean_loc(err)
         cls = _model_at(loc)
         maybe = did_you_mean(str(loc[-1]), list(cls.model_fields)) if cls else ""
         return f"unknown key{maybe}; remove it or fix its spelling (keys: `poolctl schema`)"

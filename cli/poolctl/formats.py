@@ -160,21 +160,20 @@ def matches(pattern: str, what: str) -> Callable[[str], str]:
 
 
 def hidden_character(text: str) -> str | None:
-    """The first character of `text` a reader cannot see as written: control characters (a
-    NUL is dropped by bash, an escape sequence repaints a terminal), format characters
-    (U+202E and the other bidi controls reorder what a reviewer reads, zero-width ones
-    hide), separators other than the space, private-use code points. Unassigned code points
-    pass: a newer Unicode may assign them."""
+    """The first character of `text` a reader cannot see as written (Python's
+    str.isprintable): control characters (a NUL is dropped by bash, an escape sequence
+    repaints a terminal), format characters (U+202E and the other bidi controls reorder what
+    a reviewer reads, zero-width ones hide), separators other than the space, private-use
+    and unassigned code points."""
     if text.isprintable():
         return None
-    return next((ch for ch in text if not ch.isprintable()
-                 and unicodedata.category(ch) != "Cn"), None)
+    return next(ch for ch in text if not ch.isprintable())
 
 
 def plain_text(text: str) -> str:
     """`text` if every character prints as itself (see hidden_character), else ValueError."""
     if (ch := hidden_character(text)) is not None:
-        name = unicodedata.name(ch, "a control character")
+        name = unicodedata.name(ch, "a control or unassigned character")
         raise ValueError(f"holds U+{ord(ch):04X} ({name}), which does not print as itself; "
                          "remove it (the value reaches boot scripts, tags and logs)")
     return text
