@@ -22,7 +22,7 @@ _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-_IPV4ISH = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+_IPV4ISH = re.compile(r"^\d+\.\d+\.\d+\.\d+$", re.ASCII)
 # A plain prefix: folder-like segments of safe characters. No wildcards (`*`, `?` widen IAM
 # resources), quotes or backslashes (CEL literals), `$`/`%`/`{` (IAM policy variables,
 # Terraform templates), whitespace or control characters.
@@ -146,7 +146,7 @@ def url_path(text: str) -> str:
 
 def matches(pattern: str, what: str) -> Callable[[str], str]:
     """A validator for a plain identifier: `what` says how it is written."""
-    rx = re.compile(pattern)
+    rx = re.compile(pattern, re.ASCII)  # \d is 0-9 only, not every script's digits
 
     def check(text: str) -> str:
         if not rx.fullmatch(text):
@@ -181,7 +181,7 @@ def plain_text(text: str) -> str:
 
 # Terraform evaluates nothing in a backend block: `terraform init` refuses `${...}`, `%{...}`
 # and function calls there, so the file must hold the values themselves.
-_TF_EXPRESSION = re.compile(r"\$\{|%\{|\b[a-z][a-z0-9_]*\(")
+_TF_EXPRESSION = re.compile(r"\$\{|%\{|\b[a-z][a-z0-9_]*\(", re.ASCII)
 
 
 def terraform_literal(text: str) -> str:
@@ -202,7 +202,7 @@ AWS_REGION = (r"(?:us|eu|ap|sa|ca|me|af|il|mx|cn|eusc)(?:-gov|-iso[bef]?|-de)?"
 _AWS_PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[bef])?|-eusc)?"
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _ACM_ARN = re.compile(
-    rf"arn:{_AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}")
+    rf"arn:{_AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}", re.ASCII)
 
 
 def acm_certificate_arn(text: str) -> str:
@@ -218,11 +218,11 @@ def acm_certificate_arn(text: str) -> str:
 
 _SM_ARN = re.compile(
     r"^arn:aws(?:-cn|-us-gov)?:secretsmanager:(?P<region>[a-z]{2}(?:-[a-z]+)+-\d):"
-    r"\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}$"
+    r"\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}$", re.ASCII
 )
 _GSM_NAME = re.compile(
     r"^(?:projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9]|\d{1,19})/secrets/)?"
-    r"(?P<name>[A-Za-z0-9_-]{1,255})$"
+    r"(?P<name>[A-Za-z0-9_-]{1,255})$", re.ASCII
 )
 
 

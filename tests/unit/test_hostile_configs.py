@@ -282,6 +282,10 @@ CASES = [
      "pools[0].rollout.checkpoints[2]: must be 100 or less"),
     ("warm-hibernated", sub("state: stopped", "state: hibernated"),
      "pools[0].warm_pool.state: GPU nodes cannot hibernate"),
+    ("aws-region-other-digits", sub("region: us-east-1", "region: us-east-\u0661"),
+     "pools[0].aws.region: not an AWS region"),
+    ("gcp-region-other-digits", sub("region: us-central1", "region: us-central\u0661"),
+     "pools[0].gcp.region: not a GCP region"),
     ("unknown-key-newline", serving('      "po\\nrt": 1\n'),
      "pools[0].serving['po\\nrt']: unknown key"),
 ]
