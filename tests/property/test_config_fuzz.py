@@ -118,7 +118,8 @@ def _jsonschema_on_this_hypothesis() -> None:
             self.__exit__(None)
             return False
 
-    _from_schema.cu = types.SimpleNamespace(**{**vars(cu), "many": Many})
+    _from_schema.cu = types.SimpleNamespace(  # type: ignore[attr-defined,assignment]
+        **{**vars(cu), "many": Many})
 
 
 _jsonschema_on_this_hypothesis()
@@ -440,11 +441,11 @@ def _audit(name: str, args: tuple[Any, ...]) -> None:
     if name == "open":
         path, _mode, flags = args
         if flags and flags & _WRITE_FLAGS and not watch.path_ok(path):
-            watch.found.append(f"open for writing: {path}")
+            watch.found.append(f"open for writing: {path!r}")
     elif name in _PATH_EVENTS:
         for path in args[:2]:
             if isinstance(path, str | bytes | os.PathLike) and not watch.path_ok(path):
-                watch.found.append(f"{name}: {path}")
+                watch.found.append(f"{name}: {path!r}")
     elif name in _PROCESS_EVENTS:
         watch.found.append(f"{name}: {args[:2]!r}")
 
