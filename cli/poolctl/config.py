@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import typing
-from functools import cached_property
+from dataclasses import dataclass
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -18,16 +20,20 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     ModelWrapValidatorHandler,
     PrivateAttr,
     Strict,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError, core_schema
 
 from poolctl import formats
 from poolctl.cloud import Cloud
@@ -42,56 +48,114 @@ Bool = Annotated[bool, Strict()]
 MAX_REPLICAS = 10_000
 MAX_SECONDS = 86_400
 ImageRef = Annotated[str, AfterValidator(formats.image_reference)]
+# Free text that reaches boot scripts, tags, labels or logs: every character prints as itself.
+Text = Annotated[str, AfterValidator(formats.plain_text)]
 Ipv4Cidr = Annotated[str, AfterValidator(formats.ipv4_cidr)]
 UrlPath = Annotated[str, AfterValidator(formats.url_path)]
 
 
-# Identifiers of a fixed shape: Annotated[str, AfterValidator(formats.matches(PATTERN, WHAT))],
-# written out (not built by a function) so that type checkers read them as types.
-AwsRegion = Annotated[str, AfterValidator(formats.matches(
-    r"[a-z]{2}(-[a-z]+)+-\d{1,2}", "an AWS region like us-east-1"))]
-GcpRegion = Annotated[str, AfterValidator(formats.matches(
-    r"[a-z]+-[a-z]+\d{1,2}", "a GCP region like us-central1"))]
-GcpZone = Annotated[str, AfterValidator(formats.matches(
-    r"[a-z]+-[a-z]+\d{1,2}-[a-z]", "a GCP zone like us-central1-a"))]
-GcpProject = Annotated[str, AfterValidator(formats.matches(
-    r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a GCP project id (6-30 lowercase letters, digits, '-')"))]
-VpcId = Annotated[str, AfterValidator(formats.matches(
-    r"vpc-[0-9a-f]{1,17}", "a VPC id like vpc-0123456789abcdef0"))]
-SubnetId = Annotated[str, AfterValidator(formats.matches(
-    r"subnet-[0-9a-f]{1,17}", "a subnet id like subnet-0123456789abcdef0"))]
-AmiId = Annotated[str, AfterValidator(formats.matches(
-    r"ami-[0-9a-f]{8,17}", "an AMI id like ami-0123456789abcdef0"))]
-SsmName = Annotated[str, AfterValidator(formats.matches(
+@dataclass(frozen=True)
+class Shape:
+    """The shape of an identifier: `formats.matches(pattern, what)` checks it (one line
+    saying how it is written), and the JSON Schema carries the pattern, for editors and for
+    the configs the property tests draw from it."""
+
+    pattern: str
+    what: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler
+                                     ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            formats.matches(self.pattern, self.what), handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        out = handler(schema)
+        # JSON Schema patterns search (anchors make them whole), and `\d` is 0-9 in both
+        out["pattern"] = "^(?:" + self.pattern.replace("\\d", "[0-9]") + ")$"
+        return dict(out)
+
+
+# Identifiers of a fixed shape: Annotated[str, Shape(PATTERN, WHAT)], written out (not built
+# by a function) so that type checkers read them as types.
+_AWS_REGION = Shape(formats.AWS_REGION, "an AWS region like us-east-1")
+AwsRegion = Annotated[str, _AWS_REGION]
+# Instance and machine types as the clouds name them (p5.48xlarge, m6i.xlarge; a3-highgpu-8g,
+# n2-standard-4); whether poolctl knows the type is the catalog's rule.
+AwsInstanceType = Annotated[str, Shape(
+    r"[a-z][a-z0-9-]{0,30}\.[a-z0-9]{1,20}", "an EC2 instance type like p5.48xlarge")]
+GcpMachineType = Annotated[str, Shape(
+    r"[a-z][a-z0-9-]{0,61}[a-z0-9]", "a machine type like a3-highgpu-8g")]
+GcpRegion = Annotated[str, Shape(
+    r"[a-z]+-[a-z]+\d{1,2}", "a GCP region like us-central1")]
+GcpZone = Annotated[str, Shape(
+    r"[a-z]+-[a-z]+\d{1,2}-[a-z]", "a GCP zone like us-central1-a")]
+GcpProject = Annotated[str, Shape(
+    r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a GCP project id (6-30 lowercase letters, digits, '-')")]
+VpcId = Annotated[str, Shape(
+    r"vpc-[0-9a-f]{1,17}", "a VPC id like vpc-0123456789abcdef0")]
+SubnetId = Annotated[str, Shape(
+    r"subnet-[0-9a-f]{1,17}", "a subnet id like subnet-0123456789abcdef0")]
+AmiId = Annotated[str, Shape(
+    r"ami-[0-9a-f]{8,17}", "an AMI id like ami-0123456789abcdef0")]
+SsmName = Annotated[str, Shape(
     r"/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*",
-    "an SSM parameter name like /aws/service/.../ami-id"))]
-ModelId = Annotated[str, AfterValidator(formats.matches(
+    "an SSM parameter name like /aws/service/.../ami-id")]
+ModelId = Annotated[str, Shape(
     r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?",
-    "a model id like org/name (letters, digits, '.', '_', '-')"))]
+    "a model id like org/name (letters, digits, '.', '_', '-')")]
 _GCE_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 _GCE_API = r"(https://(www|compute)\.googleapis\.com/compute/v1/)?"
-GcpNetwork = Annotated[str, AfterValidator(formats.matches(
+# Image projects: project ids, and the older domain-scoped ones (example.com:project).
+_GCE_PROJECT = r"([a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]"
+# What an instance template's source image takes: an image or a family (`family/F`), bare,
+# under [projects/P/]global/images/ (URLs too), or as P/NAME.
+GcpImage = Annotated[str, Shape(
+    rf"({_GCE_API}projects/{_GCE_PROJECT}/global/images/|global/images/)?(family/)?{_GCE_NAME}"
+    rf"|{_GCE_PROJECT}/{_GCE_NAME}",
+    "a Compute Engine image: NAME, family/FAMILY, or projects/PROJECT/global/images/NAME "
+    "(or .../images/family/FAMILY)")]
+# What `image build` starts from (poolctl.images.gcp_base): a family or an image, bare or
+# under projects/P/global/images/.
+GcpBaseImage = Annotated[str, Shape(
+    rf"(projects/{_GCE_PROJECT}/global/images/)?(family/)?{_GCE_NAME}",
+    "a Compute Engine image: family/FAMILY or NAME, optionally under "
+    "projects/PROJECT/global/images/")]
+GcpNetwork = Annotated[str, Shape(
     rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
     rf"/global/networks/{_GCE_NAME}",
-    "a network: NAME or projects/PROJECT/global/networks/NAME"))]
-GcpSubnetwork = Annotated[str, AfterValidator(formats.matches(
+    "a network: NAME or projects/PROJECT/global/networks/NAME")]
+GcpSubnetwork = Annotated[str, Shape(
     rf"{_GCE_NAME}|{_GCE_API}projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]"
     rf"/regions/[a-z]+-[a-z]+\d{{1,2}}/subnetworks/{_GCE_NAME}",
-    "a subnetwork: NAME or projects/PROJECT/regions/REGION/subnetworks/NAME"))]
+    "a subnetwork: NAME or projects/PROJECT/regions/REGION/subnetworks/NAME")]
 VpcCidr = Annotated[str, AfterValidator(lambda v: formats.ipv4_cidr(v, 16, 24))]
 S3Uri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "s3") and v)]
 GsUri = Annotated[str, AfterValidator(lambda v: formats.parse_object_prefix(v, "gs") and v)]
-AzId = Annotated[str, AfterValidator(formats.matches(
-    r"[a-z]{2,5}\d{1,2}-az\d{1,2}", "an availability zone ID like use1-az4"))]
-S3Bucket = Annotated[str, AfterValidator(
-    lambda v: formats.parse_object_prefix(f"s3://{v}/", "s3") and v)]
-KeyPrefix = Annotated[str, AfterValidator(formats.matches(
+AzId = Annotated[str, Shape(
+    r"[a-z]{2,5}\d{1,2}-az\d{1,2}", "an availability zone ID like use1-az4")]
+_S3_BUCKET = AfterValidator(lambda v: formats.parse_object_prefix(f"s3://{v}/", "s3") and v)
+_GCS_BUCKET = AfterValidator(lambda v: formats.parse_object_prefix(f"gs://{v}/", "gs") and v)
+S3Bucket = Annotated[str, _S3_BUCKET]
+_KEY_PREFIX = Shape(
     r"[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*",
-    "a key prefix like pools/chat (no '/' at either end)"))]
-GcpCertificate = Annotated[str, AfterValidator(formats.matches(
+    "a key prefix like pools/chat (no '/' at either end)")
+KeyPrefix = Annotated[str, _KEY_PREFIX]
+AcmCertificateArn = Annotated[str, AfterValidator(
+    lambda v: formats.acm_certificate_arn(v) and v)]
+# Backend settings: literal values (Terraform refuses expressions there, naming none of
+# them), then each its shape.
+_TF_LITERAL = AfterValidator(formats.terraform_literal)
+BackendS3Bucket = Annotated[str, _TF_LITERAL, _S3_BUCKET]
+BackendGcsBucket = Annotated[str, _TF_LITERAL, _GCS_BUCKET]
+BackendAwsRegion = Annotated[str, _TF_LITERAL, _AWS_REGION]
+BackendKeyPrefix = Annotated[str, _TF_LITERAL, _KEY_PREFIX]
+BackendDynamoDbTable = Annotated[str, _TF_LITERAL, Shape(
+    r"[A-Za-z0-9_.-]{3,255}", "a DynamoDB table name (3-255 letters, digits, '_', '-', '.')")]
+GcpCertificate = Annotated[str, Shape(
     r"((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
     r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
-    "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME"))]
+    "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME")]
 
 
 # A key path in the file: keys and list indexes, as pydantic's error locations.
@@ -124,6 +188,9 @@ class CoreModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+CONFIG_JSON_MAX_CHARS = 4096  # PATH_MAX on Linux
+
+
 class Model(CoreModel):
     """The served model. A preset (`poolctl catalog`) or `config_json` fills the
     architecture fields; fields written here override both."""
@@ -132,12 +199,14 @@ class Model(CoreModel):
         description="Model id as the serving image loads it (Hugging Face style); a preset id "
         "(see `poolctl catalog`) fills the fields below."
     )
-    version: str = Field(
-        default="1",
-        description="Version label of the weights; `rollout start --model-version` changes it.",
+    version: Text = Field(
+        default="1", min_length=1, max_length=128,
+        description="Version label of the weights; `rollout start --model-version` changes it. "
+        "It reaches the boot script and the nodes' logs, so it prints as written (no control "
+        "or bidi characters).",
     )
-    config_json: str | None = Field(
-        default=None, max_length=4096,
+    config_json: Text | None = Field(
+        default=None, max_length=CONFIG_JSON_MAX_CHARS,
         description="Path (relative to this file) of the model's Hugging Face config.json: "
         "layers, heads, head_dim and dtype are read from it, params_b estimated from its "
         "shapes unless given here.",
@@ -181,9 +250,14 @@ class Model(CoreModel):
             tiers.append(("preset", row.model_dump(include=set(models.ARCH_FIELDS))))
         path = data.get("config_json")
         if isinstance(path, str) and path:
+            # read here, before the field's own checks: its text is checked first
             base = Path((info.context or {}).get("base_dir", "."))
+            shown = path if len(path) <= 100 else path[:97] + "..."
             try:
-                tiers.append(("config.json", models.read_hf_config(base / path, path)))
+                formats.plain_text(path)
+                if len(path) > CONFIG_JSON_MAX_CHARS:
+                    raise ValueError(f"is over {CONFIG_JSON_MAX_CHARS} characters, not a path")
+                tiers.append(("config.json", models.read_hf_config(base / path, shown)))
             except ValueError as e:
                 raise invalid("Model", ("config_json",), str(e), path) from None
         tiers.append(("file", {k: data[k] for k in models.ARCH_FIELDS if k in data}))
@@ -217,6 +291,13 @@ class ApiKeySecrets(CoreModel):
     )
 
 
+def _secret_form(v: object) -> str | None:
+    """Which form of api_key_secret `v` is written in (None: neither)."""
+    if isinstance(v, str):
+        return "SecretName"
+    return "ApiKeySecrets" if isinstance(v, dict | ApiKeySecrets) else None
+
+
 class Serving(CoreModel):
     image: ImageRef = Field(
         description="Serving container image, e.g. vllm/vllm-openai:v0.11.0."
@@ -229,7 +310,11 @@ class Serving(CoreModel):
         default=False,
         description="The node image already carries the serving container (no pull at boot).",
     )
-    tensor_parallel: Int = Field(description="GPUs per replica: 1, 2, 4 or 8.")
+    tensor_parallel: Int = Field(
+        ge=1, le=8,
+        description="GPUs per replica: 1, 2, 4 or 8 (a divisor of the node's 8 GPUs; a replica "
+        "never spans nodes).",
+    )
     max_model_len: Int = Field(
         gt=0, le=100_000_000,
         description="Longest sequence (prompt + output) in tokens.",
@@ -242,10 +327,11 @@ class Serving(CoreModel):
         description="Token budget of one scheduler step (chunked prefill)."
     )
     max_num_seqs: Int = Field(
-        default=256, gt=0,
+        default=256, gt=0, le=65_536,
         # vLLM's long-standing default; V1 raises it on large GPUs, so poolctl always passes
         # it: the simulator and the engine must agree on the batch limit.
-        description="Most sequences one replica runs at once (vLLM --max-num-seqs).",
+        description="Most sequences one replica runs at once (vLLM --max-num-seqs); at most "
+        "65,536, far past any batch a GPU decodes (vLLM's defaults are 256 to 1,024).",
     )
     kv_cache_dtype: Literal["auto", "fp8", "bfloat16", "float16"] = Field(
         default="auto",
@@ -261,10 +347,18 @@ class Serving(CoreModel):
     health_path: UrlPath = Field(
         default="/health", description="HTTP path of the readiness check (starts with /)."
     )
-    extra_args: list[str] = Field(
-        default_factory=list, description="Further vLLM arguments, passed through as given."
+    extra_args: list[Text] = Field(
+        default_factory=list,
+        description="Further vLLM arguments, passed through as given (each prints as written: "
+        "no control or bidi characters).",
     )
-    api_key_secret: str | ApiKeySecrets | None = Field(
+    api_key_secret: Annotated[
+        Annotated[str, Tag("SecretName")] | Annotated[ApiKeySecrets, Tag("ApiKeySecrets")],
+        # One error for a value of neither form, not one per form.
+        Discriminator(_secret_form, custom_error_type="secret_form",
+                      custom_error_message="must be a secret (an ARN or a name) or "
+                      "{aws: ARN, gcp: NAME}"),
+    ] | None = Field(
         default=None,
         description="The API key clients must send, read at boot by the nodes' own identity "
         "(never in user data or metadata): a Secrets Manager secret ARN (AWS), a Secret Manager "
@@ -273,7 +367,19 @@ class Serving(CoreModel):
 
 
 class Scaling(CoreModel):
-    min_replicas: Int = Field(ge=0, le=MAX_REPLICAS, description="Replicas always in service.")
+    min_replicas: Int = Field(
+        ge=1, le=MAX_REPLICAS,
+        description="Replicas always in service; at least 1: the nodes publish the queue metric "
+        "the autoscaler scales on, so a pool at zero could never scale out.",
+    )
+
+    @field_validator("min_replicas", mode="before")
+    @classmethod
+    def _not_zero(cls, v: object) -> object:
+        if v == 0 and type(v) is int:
+            raise ValueError("0 leaves no node to publish the queue metric the autoscaler "
+                             "scales on, so the pool could never scale out; use 1 or more")
+        return v
     max_replicas: Int = Field(
         gt=0, le=MAX_REPLICAS,
         description="Upper bound on replicas in service.",
@@ -296,10 +402,20 @@ class WarmPool(CoreModel):
     replicas: Int = Field(
         default=0, ge=0, le=MAX_REPLICAS, description="Spare replicas kept prepared."
     )
-    state: Literal["stopped", "running", "hibernated"] = Field(
+    state: Literal["stopped", "running"] = Field(
         default="stopped",
-        description="State of warm nodes; GPU nodes cannot hibernate (checked by a rule).",
+        description="State of warm nodes: `stopped` (cheap; the local NVMe cache refills on "
+        "start) or `running` (ready at full price). GPU nodes cannot hibernate.",
     )
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _no_hibernation(cls, v: object) -> object:
+        if v == "hibernated":
+            raise ValueError("GPU nodes cannot hibernate (EC2 hibernates under 150 GB of RAM, "
+                             "an 8-GPU node has over 1 TB; GCE does not suspend GPU VMs); use "
+                             "stopped or running")
+        return v
 
 
 class Rollout(CoreModel):
@@ -307,8 +423,8 @@ class Rollout(CoreModel):
         default=0, ge=0, le=MAX_REPLICAS,
         description="Extra replicas allowed above the pool during a rollout."
     )
-    checkpoints: list[Int] = Field(
-        default_factory=lambda: [100],
+    checkpoints: list[Annotated[Int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [100], min_length=1, max_length=100,
         description="Percentages of the pool replaced before each pause and health check.",
     )
     checkpoint_delay_s: Int = Field(
@@ -323,7 +439,9 @@ class Slo(CoreModel):
         description="Target p90 time to first token.",
     )
     target_utilization: Num = Field(
-        default=0.6, gt=0, le=1, description="Share of capacity in use the pool is sized for."
+        default=0.6, gt=0, lt=1,
+        description="Share of capacity in use the pool is sized for; below 1 (queueing delay "
+        "grows as u/(1-u), without bound at 1).",
     )
 
 
@@ -343,31 +461,39 @@ class Perf(CoreModel):
         description="Share of NVLink/PCIe bandwidth the tensor-parallel all-reduce reaches.",
     )
     step_overhead_ms: Num | None = Field(
-        default=None, ge=0, description="Fixed CPU/launch time of every engine step, ms."
+        default=None, ge=0, le=1000,
+        description="Fixed CPU/launch time of every engine step, ms (at most 1 s: engines "
+        "spend well under 10 ms).",
     )
     decode_us_per_seq: Num | None = Field(
-        default=None, ge=0,
+        default=None, ge=0, le=100_000,
         description="Time per decoding sequence per step beyond reading its KV cache "
-        "(sampling, attention kernels), microseconds.",
+        "(sampling, attention kernels), microseconds (at most 0.1 s: measured values are "
+        "tens of microseconds).",
     )
     prefill_tokens_per_s: Num | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=100_000_000,
         description="Measured prefill throughput of one replica (prompts of "
-        "`measured_prompt_tokens`); calibrates prefill_mfu.",
+        "`measured_prompt_tokens`); calibrates prefill_mfu. At most 10^8 tokens/s, some 100 "
+        "times what an 8-GPU node reaches.",
     )
     decode_ms_batch1: Num | None = Field(
-        default=None, gt=0, description="Measured decode step at batch 1, ms (with "
-        "decode_ms_batch64, calibrates decode_mbu and decode_us_per_seq).",
+        default=None, gt=0, le=60_000,
+        description="Measured decode step at batch 1, ms (with decode_ms_batch64, calibrates "
+        "decode_mbu and decode_us_per_seq); at most a minute.",
     )
     decode_ms_batch64: Num | None = Field(
-        default=None, gt=0, description="Measured decode step at batch 64, ms.",
+        default=None, gt=0, le=60_000,
+        description="Measured decode step at batch 64, ms; at most a minute.",
     )
     measured_prompt_tokens: Int = Field(
-        default=2048, gt=0, description="Prompt length the prefill measurement used."
+        default=2048, gt=0, le=100_000_000,
+        description="Prompt length the prefill measurement used (at most max_model_len's bound).",
     )
     measured_context_tokens: Int = Field(
-        default=1024, gt=0,
-        description="Context (tokens per sequence) the decode measurements ran at.",
+        default=1024, gt=0, le=100_000_000,
+        description="Context (tokens per sequence) the decode measurements ran at (at most "
+        "max_model_len's bound).",
     )
 
     @model_validator(mode="after")
@@ -381,9 +507,13 @@ class Perf(CoreModel):
 
 
 class AwsNetwork(CoreModel):
-    vpc_id: VpcId | None = Field(default=None, description="Existing VPC; omit to create one.")
+    vpc_id: VpcId | None = Field(
+        default=None, description="Existing VPC (with subnet_ids); omit to create one."
+    )
     subnet_ids: list[SubnetId] = Field(
-        default_factory=list, description="Existing private subnets (with vpc_id)."
+        default_factory=list, max_length=64,
+        description="Existing private subnets of vpc_id, in 2 or more zones (the load balancer "
+        "spans them); only with vpc_id.",
     )
     vpc_cidr: VpcCidr = Field(
         default="10.40.0.0/16",
@@ -403,6 +533,38 @@ class AwsNetwork(CoreModel):
         description="Who may reach the (internal) load balancer (IPv4 CIDRs).",
     )
 
+    # What shapes the VPC poolctl creates: meaningless with an existing one.
+    _CREATED_VPC_ONLY: ClassVar[tuple[str, ...]] = (
+        "vpc_cidr", "availability_zones", "availability_zone_ids")
+
+    @model_validator(mode="after")
+    def _existing_vpc(self) -> AwsNetwork:
+        """The stack uses subnet_ids only with vpc_id (and needs them then): neither may be
+        ignored silently."""
+        subnets = self.subnet_ids
+        if subnets and self.vpc_id is None:
+            raise invalid("AwsNetwork", ("subnet_ids",),
+                          "given without aws.network.vpc_id, so they would be ignored and a new "
+                          "VPC created; add vpc_id (the subnets' VPC) or remove subnet_ids",
+                          subnets)
+        if self.vpc_id is None:
+            return self
+        if len(set(subnets)) < 2:
+            raise invalid("AwsNetwork", ("subnet_ids",),
+                          f"aws.network.vpc_id {self.vpc_id} needs subnet_ids: 2 or more "
+                          "different private subnets of it, in different zones (the load "
+                          "balancer spans them)", subnets)
+        if len(set(subnets)) < len(subnets):
+            raise invalid("AwsNetwork", ("subnet_ids",), "names a subnet twice; list each once",
+                          subnets)
+        for key in self._CREATED_VPC_ONLY:
+            if key in self.model_fields_set:
+                raise invalid("AwsNetwork", (key,),
+                              "shapes the VPC poolctl creates, but aws.network.vpc_id names an "
+                              "existing one; remove it (or remove vpc_id and subnet_ids)",
+                              getattr(self, key))
+        return self
+
     @model_validator(mode="after")
     def _zone_ids(self) -> AwsNetwork:
         ids = self.availability_zone_ids
@@ -419,7 +581,9 @@ class AwsNetwork(CoreModel):
 
 class AwsPlacement(CoreModel):
     region: AwsRegion = Field(description="AWS region.")
-    instance_type: str = Field(description="8-GPU NVLink instance type from the catalog.")
+    instance_type: AwsInstanceType = Field(
+        description="8-GPU NVLink instance type from the catalog."
+    )
     weights_uri: S3Uri = Field(
         description="s3://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
@@ -441,16 +605,16 @@ class AwsPlacement(CoreModel):
         description="EBS provisioned rate for volume initialization (100-300 MiB/s) of the root "
         "volume: a pre-pulled image's layers arrive at this rate instead of lazily; billed.",
     )
-    image_builder_type: str | None = Field(
+    image_builder_type: AwsInstanceType | None = Field(
         default=None,
         description="Instance type of the `image build` builder (a cheap CPU type: the base "
         "image carries the GPU driver); default m6i.xlarge.",
     )
     network: AwsNetwork = Field(default_factory=AwsNetwork, description="Where the pool runs.")
-    certificate_arn: str | None = Field(
+    certificate_arn: AcmCertificateArn | None = Field(
         default=None,
-        description="ACM certificate for an HTTPS listener (HTTP redirects to it); omit for "
-        "plain HTTP inside the VPC.",
+        description="ACM certificate (its whole ARN, in the placement's region) for an HTTPS "
+        "listener (HTTP redirects to it); omit for plain HTTP inside the VPC.",
     )
     access_logs_bucket: S3Bucket | None = Field(
         default=None,
@@ -491,6 +655,17 @@ class AwsPlacement(CoreModel):
     def type_name(self) -> str:
         return self.instance_type
 
+    @model_validator(mode="after")
+    def _certificate_in_region(self) -> AwsPlacement:
+        arn = self.certificate_arn
+        if arn is not None and (region := formats.acm_certificate_arn(arn)) != self.region:
+            # A load balancer takes certificates of its own region only.
+            raise invalid("AwsPlacement", ("certificate_arn",),
+                          f"is in {region}, the pool in {self.region}; a load balancer takes "
+                          f"a certificate of its own region: import or request one in "
+                          f"{self.region}", arn)
+        return self
+
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)
@@ -499,7 +674,9 @@ class AwsPlacement(CoreModel):
 class GcpPlacement(CoreModel):
     project: GcpProject = Field(description="GCP project id.")
     region: GcpRegion = Field(description="GCP region.")
-    machine_type: str = Field(description="8-GPU NVLink machine type from the catalog.")
+    machine_type: GcpMachineType = Field(
+        description="8-GPU NVLink machine type from the catalog."
+    )
     weights_uri: GsUri = Field(
         description="gs://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
@@ -507,16 +684,17 @@ class GcpPlacement(CoreModel):
     zones: list[GcpZone] = Field(
         default_factory=list, description="Zones of the regional MIG; omit for the catalog's."
     )
-    image: str = Field(
+    image: GcpImage = Field(
         default="projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-nvidia-550",
-        description="Boot image (with GPU drivers) of the nodes.",
+        description="Boot image (with GPU drivers) of the nodes: NAME, family/FAMILY, "
+        "PROJECT/NAME or projects/PROJECT/global/images/[family/]NAME.",
     )
-    base_image: str | None = Field(
+    base_image: GcpBaseImage | None = Field(
         default=None,
         description="GPU base image `image build` starts from; default: `image` when it is a "
         "family, else the base its build record names.",
     )
-    image_builder_type: str | None = Field(
+    image_builder_type: GcpMachineType | None = Field(
         default=None,
         description="Machine type of the `image build` builder; default n2-standard-4.",
     )
@@ -639,17 +817,28 @@ class Pool(CoreModel):
 
 
 class AwsBackend(CoreModel):
-    bucket: str = Field(description="S3 bucket holding Terraform state.")
-    region: str = Field(description="Region of the state bucket.")
-    key_prefix: str = Field(default="poolctl", description="Key prefix of state objects.")
-    dynamodb_table: str | None = Field(
+    """Terraform's S3 backend. Terraform evaluates nothing in a backend block: every value
+    is the literal itself, of the shape S3 and DynamoDB name things."""
+
+    bucket: BackendS3Bucket = Field(description="S3 bucket holding Terraform state.")
+    region: BackendAwsRegion = Field(description="Region of the state bucket.")
+    key_prefix: BackendKeyPrefix = Field(
+        default="poolctl", description="Key prefix of state objects (no '/' at either end)."
+    )
+    dynamodb_table: BackendDynamoDbTable | None = Field(
         default=None, description="Lock table; omit to lock with S3 lock files (use_lockfile)."
     )
 
 
 class GcpBackend(CoreModel):
-    bucket: str = Field(description="GCS bucket holding Terraform state (locks natively).")
-    prefix: str = Field(default="poolctl", description="Object prefix of state.")
+    """Terraform's GCS backend: literal values, as for AwsBackend."""
+
+    bucket: BackendGcsBucket = Field(
+        description="GCS bucket holding Terraform state (locks natively)."
+    )
+    prefix: BackendKeyPrefix = Field(
+        default="poolctl", description="Object prefix of state (no '/' at either end)."
+    )
 
 
 class Backend(CoreModel):
@@ -736,6 +925,7 @@ MAX_FILE_BYTES = 4 * 2**20
 # walk over the data (validation included) would then visit.
 MAX_EXPANDED_NODES = 100_000
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 class _Loader(yaml.SafeLoader):
@@ -791,16 +981,36 @@ def _check_expansion(root: yaml.Node, source: str) -> None:
 
 
 def _walk_lines(root: yaml.Node, source: str) -> dict[Loc, int]:
-    """The line of every key path; refuses a key given twice in one mapping (YAML would keep
-    the last silently)."""
+    """The line of every key path; refuses what YAML would resolve silently or not at all:
+    a key given twice in one mapping (YAML keeps the last), two `<<` merge keys in one
+    mapping (the second overrides the first), and a list or mapping as a key."""
     lines: dict[Loc, int] = {}
 
     def walk(node: yaml.Node, path: Loc) -> None:
         if isinstance(node, yaml.MappingNode):
             first: dict[str, int] = {}
+            merge_line = 0
             for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
-                    line = k.start_mark.line + 1
+                line = k.start_mark.line + 1
+                if not isinstance(k, yaml.ScalarNode):
+                    what = "a list" if isinstance(k, yaml.SequenceNode) else "a mapping"
+                    raise UsageError(
+                        f"{source}:{line}: {format_loc(path) or '(top)'}: a key is {what} "
+                        "(YAML's `? ` complex key); keys are plain names, write `name: value`")
+                if k.tag not in (_MERGE_TAG, _STR_TAG):
+                    kind = k.tag.rsplit(":", 1)[-1]
+                    raise UsageError(
+                        f"{source}:{line}: {format_loc(path) or '(top)'}: the key "
+                        f"{_shown(k.value)} reads as a YAML {kind}, not a name; keys are names "
+                        "like `port`")
+                if k.tag == _MERGE_TAG:
+                    if merge_line:
+                        raise UsageError(
+                            f"{source}:{line}: {format_loc((*path, '<<'))}: merge key given "
+                            f"twice (first on line {merge_line}), the second would override "
+                            "the first; merge both in one: `<<: [*first, *second]`")
+                    merge_line = line
+                else:
                     if k.value in first:
                         where = format_loc((*path, k.value))
                         raise UsageError(
@@ -847,30 +1057,92 @@ def _read_yaml(text: str, source: str) -> tuple[object, dict[Loc, int]]:
         raise UsageError(f"{source}: nested too deeply to be a pool config; flatten it") from None
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_<-]{1,64}")
+
+
 def format_loc(loc: Loc) -> str:
+    """A key path as messages write it: pools[0].serving.port; a key that is not a plain
+    name is quoted (['a\\nb']), so a message stays one line whatever the file holds."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(part):
+            out += f"[{_shown(part)}]"
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{part}" if out else part
     return out
 
 
-def _clean_loc(loc: Loc) -> Loc:
-    # pydantic inserts union-member tags (e.g. 'AwsPlacement') into locations; drop them.
-    return tuple(p for p in loc if isinstance(p, int) or not str(p)[:1].isupper())
+@cache
+def _union_tags() -> frozenset[str]:
+    """What pydantic inserts into error locations for a member of a union: the model's
+    class name, or the tag of a discriminated one (Serving.api_key_secret)."""
+    names, todo = {"SecretName"}, [CoreModel]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return frozenset(names)
+
+
+def _clean_loc(err: ErrorDetails) -> Loc:
+    """The key path of an error, without pydantic's union tags. The last part of an unknown
+    key's path is the key itself, whatever it is called."""
+    loc = err["loc"]
+    keep = len(loc) - 1 if err["type"] == "extra_forbidden" else len(loc)
+    return tuple(p for i, p in enumerate(loc)
+                 if isinstance(p, int) or i >= keep or p not in _union_tags())
+
+
+def _file_flag(path: str | os.PathLike[str] | None) -> str:
+    """What named the config file, for messages."""
+    return "POOLCTL_FILE" if path is None and os.environ.get("POOLCTL_FILE") else "-f/--file"
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """A path as a message shows it: as written, or quoted when it holds a character that
+    does not print as itself (a newline in a name must not split the message)."""
+    text = os.fspath(path)
+    text = text if isinstance(text, str) else os.fsdecode(text)
+    return text if formats.hidden_character(text) is None else repr(text)
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of this mode is not a config file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder; pass the config file in it (-f FOLDER/poolctl.yaml)"
+    kind = next((what for test, what in _KINDS if test(mode)), "a special file")
+    return f"is not a regular file ({kind}); pass the config file itself"
 
 
 def find_config(path: str | os.PathLike[str] | None) -> Path:
+    """The config file: `path`, else $POOLCTL_FILE, else ./poolctl.yaml; a regular file
+    (a folder, a FIFO or a device is refused here, before anything reads it)."""
+    flag = _file_flag(path)
     if path is None:
         path = os.environ.get("POOLCTL_FILE") or "poolctl.yaml"
     p = Path(path)
-    if not p.is_file():
+    try:
+        mode = p.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
         raise UsageError(
-            f"-f/--file: {p} not found; run in a folder with poolctl.yaml, "
+            f"{flag}: {shown_path(p)} not found; run in a folder with poolctl.yaml, "
             "or pass -f PATH (or set POOLCTL_FILE)"
-        )
+        ) from None
+    except OSError as e:
+        raise UsageError(f"{flag}: {shown_path(p)} cannot be read ({e.strerror}); check the "
+                         "path and its permissions") from None
+    except ValueError:  # a NUL byte: only an environment or a caller can pass one
+        raise UsageError(f"{flag}: {shown_path(p)} is not a usable path; check it") from None
+    if problem := _not_regular(mode):
+        raise UsageError(f"{flag}: {shown_path(p)} {problem}")
     return p
 
 
@@ -884,7 +1156,7 @@ def parse_config(text: str, source: str = "poolctl.yaml") -> Config:
     except ValidationError as e:
         msgs = []
         for err in e.errors():
-            loc = _clean_loc(err["loc"])
+            loc = _clean_loc(err)
             line = _line_of(lines, loc)
             where = f"{source}:{line}" if line else source
             msgs.append(f"{where}: {format_loc(loc) or '(top)'}: {_hint(err)}")
@@ -960,7 +1232,7 @@ def _hint(err: ErrorDetails) -> str:
     kind, value = err["type"], err.get("input")
     got = f"; got {_shown(value)}" if "input" in err else ""
     if kind == "extra_forbidden":
-        loc = _clean_loc(err["loc"])
+        loc = _clean_loc(err)
         cls = _model_at(loc)
         maybe = did_you_mean(str(loc[-1]), list(cls.model_fields)) if cls else ""
         return f"unknown key{maybe}; remove it or fix its spelling (keys: `poolctl schema`)"
@@ -976,7 +1248,10 @@ def _hint(err: ErrorDetails) -> str:
     if kind in ("int_type", "float_type") and isinstance(value, bool):
         return f"must be a number, not true/false{got}"
     if kind in _PLAIN:
-        return _PLAIN[kind].format(**err.get("ctx", {})) + got
+        # a float field's bound reads as written in the model (1000, not 1000.0)
+        ctx = {k: int(v) if isinstance(v, float) and v.is_integer() else v
+               for k, v in err.get("ctx", {}).items()}
+        return _PLAIN[kind].format(**ctx) + got
     msg = re.sub(r"^(Value|Assertion) error, ", "", err["msg"])
     if kind == "invalid" and (_shown(value) in msg or str(value) in msg):
         return msg  # the message quotes the value already
@@ -984,14 +1259,24 @@ def _hint(err: ErrorDetails) -> str:
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    flag = _file_flag(path)
     p = find_config(path)
-    source = str(path or p)
+    source = shown_path(path or p)
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+        # O_NONBLOCK: were the file swapped for a FIFO since find_config, the open would wait
+        # for a writer; fstat then says what was opened, and only a regular file is read.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise UsageError(f"-f/--file: {source} cannot be read ({e.strerror}); check the path "
+        raise UsageError(f"{flag}: {source} cannot be read ({e.strerror}); check the path "
                          "and its permissions") from None
+    with os.fdopen(fd, "rb") as fh:
+        if problem := _not_regular(os.fstat(fd).st_mode):
+            raise UsageError(f"{flag}: {source} {problem}")
+        try:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"{flag}: {source} cannot be read ({e.strerror}); check the "
+                             "file") from None
     if len(raw) > MAX_FILE_BYTES:
         raise UsageError(f"{source}: over {MAX_FILE_BYTES // 2**20} MiB, too large for a pool "
                          "config; check that -f names the right file")

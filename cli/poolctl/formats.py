@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
-_IPV4ISH = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+_IPV4ISH = re.compile(r"^\d+\.\d+\.\d+\.\d+$", re.ASCII)
 # A plain prefix: folder-like segments of safe characters. No wildcards (`*`, `?` widen IAM
 # resources), quotes or backslashes (CEL literals), `$`/`%`/`{` (IAM policy variables,
 # Terraform templates), whitespace or control characters.
@@ -145,7 +146,7 @@ def url_path(text: str) -> str:
 
 def matches(pattern: str, what: str) -> Callable[[str], str]:
     """A validator for a plain identifier: `what` says how it is written."""
-    rx = re.compile(pattern)
+    rx = re.compile(pattern, re.ASCII)  # \d is 0-9 only, not every script's digits
 
     def check(text: str) -> str:
         if not rx.fullmatch(text):
@@ -155,15 +156,73 @@ def matches(pattern: str, what: str) -> Callable[[str], str]:
     return check
 
 
+# ---------------------------------------------------------------------------- free text
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of `text` a reader cannot see as written (Python's
+    str.isprintable): control characters (a NUL is dropped by bash, an escape sequence
+    repaints a terminal), format characters (U+202E and the other bidi controls reorder what
+    a reviewer reads, zero-width ones hide), separators other than the space, private-use
+    and unassigned code points."""
+    if text.isprintable():
+        return None
+    return next(ch for ch in text if not ch.isprintable())
+
+
+def plain_text(text: str) -> str:
+    """`text` if every character prints as itself (see hidden_character), else ValueError."""
+    if (ch := hidden_character(text)) is not None:
+        name = unicodedata.name(ch, "a control or unassigned character")
+        raise ValueError(f"holds U+{ord(ch):04X} ({name}), which does not print as itself; "
+                         "remove it (the value reaches boot scripts, tags and logs)")
+    return text
+
+
+# Terraform evaluates nothing in a backend block: `terraform init` refuses `${...}`, `%{...}`
+# and function calls there, so the file must hold the values themselves.
+_TF_EXPRESSION = re.compile(r"\$\{|%\{|\b[a-z][a-z0-9_]*\(", re.ASCII)
+
+
+def terraform_literal(text: str) -> str:
+    if _TF_EXPRESSION.search(text):
+        raise ValueError("Terraform takes no expressions in a backend block (`${...}`, "
+                         "`%{...}`, functions like file()) and refuses them at init; write the "
+                         "value itself")
+    return text
+
+
+# ---------------------------------------------------------------------------- AWS shapes
+
+# Region names of every AWS partition (botocore's partitions.json: aws, aws-cn, aws-us-gov,
+# the ISO partitions and the European Sovereign Cloud), as AREA[-SUB]-DIRECTION-N.
+AWS_REGION = (r"(?:us|eu|ap|sa|ca|me|af|il|mx|cn|eusc)(?:-gov|-iso[bef]?|-de)?"
+              r"-(?:east|west|north|south|central|northeast|northwest|southeast|southwest)"
+              r"-\d{1,2}")
+_AWS_PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[bef])?|-eusc)?"
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_ACM_ARN = re.compile(
+    rf"arn:{_AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}", re.ASCII)
+
+
+def acm_certificate_arn(text: str) -> str:
+    """The region of an ACM certificate ARN, else ValueError."""
+    m = _ACM_ARN.fullmatch(text)
+    if not m:
+        raise ValueError("not an ACM certificate ARN; give the whole ARN, e.g. arn:aws:acm:"
+                         "us-east-1:123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+    return m["region"]
+
+
 # ------------------------------------------------------------------------------- secrets
 
 _SM_ARN = re.compile(
     r"^arn:aws(?:-cn|-us-gov)?:secretsmanager:(?P<region>[a-z]{2}(?:-[a-z]+)+-\d):"
-    r"\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}$"
+    r"\d{12}:secret:[A-Za-z0-9/_+=.@-]{1,512}$", re.ASCII
 )
 _GSM_NAME = re.compile(
     r"^(?:projects/(?P<project>[a-z][a-z0-9-]{4,28}[a-z0-9]|\d{1,19})/secrets/)?"
-    r"(?P<name>[A-Za-z0-9_-]{1,255})$"
+    r"(?P<name>[A-Za-z0-9_-]{1,255})$", re.ASCII
 )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import stat
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -18,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 ARCH_FIELDS = ("params_b", "dtype", "layers", "attention_heads", "kv_heads", "head_dim")
 # Refuse anything larger: a config.json is a few KB, and this one is read during validation.
 MAX_CONFIG_JSON_BYTES = 1 * 2**20
+# No width, count or vocabulary of a real model comes near this; a larger integer is not a
+# model's (and would overflow the float arithmetic of estimate_params).
+MAX_CONFIG_INT = 2**31
 
 
 class Preset(BaseModel):
@@ -82,8 +87,16 @@ _QUANT_DTYPES = {"fp8": "fp8", "mxfp4": "mxfp4"}
 
 
 def _int(cfg: dict[str, Any], key: str) -> int | None:
+    """A positive integer of config.json (read_hf_config refuses larger ones than
+    MAX_CONFIG_INT first)."""
     v = cfg.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+# The integers estimate_params and read_hf_config read.
+_INT_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "num_experts", "num_local_experts",
+             "moe_intermediate_size", "intermediate_size")
 
 
 def estimate_params(cfg: dict[str, Any]) -> float | None:
@@ -114,13 +127,19 @@ def read_hf_config(path: Path, shown: str | None = None) -> dict[str, Any]:
     (naming the file as `shown`, the path as the user wrote it). params_b is estimated from
     the shapes (see estimate_params) unless it cannot be."""
     name = shown or str(path)
-    if path.exists() and not path.is_file():  # a FIFO or /dev/stdin would block validation
-        raise ValueError(f"{name} is not a regular file; point it at the model's config.json")
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_JSON_BYTES + 1)
+        # O_NONBLOCK: a FIFO swapped in after a check would block the open; fstat then says
+        # what was opened, and only a regular file is read (not /dev/stdin, not a FIFO).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ValueError(f"{name} cannot be read ({e.strerror}); check the path") from None
+    except ValueError:  # a NUL in the path (the config refuses those first)
+        raise ValueError(f"{name} is not a usable path; check it") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{name} is not a regular file; point it at the model's "
+                             "config.json")
+        raw = fh.read(MAX_CONFIG_JSON_BYTES + 1)
     if len(raw) > MAX_CONFIG_JSON_BYTES:
         raise ValueError(f"{name} is over 1 MiB, not a model config.json")
     try:
@@ -132,6 +151,12 @@ def read_hf_config(path: Path, shown: str | None = None) -> dict[str, Any]:
     text_config = cfg.get("text_config")
     if isinstance(text_config, dict):
         cfg = text_config
+    for key in _INT_KEYS:
+        v = cfg.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_CONFIG_INT:
+            shown_v = f"{v}" if abs(v) < 10**30 else "an integer of over 30 digits"
+            raise ValueError(f"{name}: {key} is {shown_v}, past any model's; point it at the "
+                             "model's config.json")
     if "kv_lora_rank" in cfg:
         # multi-head latent attention caches a compressed latent, not kv_heads x head_dim
         raise ValueError(f"{name} is a multi-head latent attention model (DeepSeek-V2/V3 "

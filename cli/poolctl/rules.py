@@ -198,6 +198,38 @@ def _bounds(c: Ctx) -> Iterator[Finding]:
         )
 
 
+@check("warm-within-max", "the warm pool is no larger than the pool can ever take in", "pool")
+def _warm_within_max(c: Ctx) -> Iterator[Finding]:
+    s, wp = c.pool.scaling, c.pool.warm_pool
+    if wp.replicas > s.max_replicas:
+        # Warm nodes serve only by joining the pool, which never grows past max_replicas.
+        yield c.find(
+            "warm-within-max", "error", "warm_pool.replicas",
+            f"{wp.replicas} warm replicas is more than scaling.max_replicas {s.max_replicas}: "
+            "warm nodes serve only by joining the pool, which never grows past its max",
+            f"lower warm_pool.replicas to at most {s.max_replicas} (at most max_replicas - "
+            f"min_replicas = {max(0, s.max_replicas - s.min_replicas)} can join by scaling "
+            "out), or raise scaling.max_replicas",
+        )
+
+
+@check("batch-budget", "max_num_batched_tokens holds max_num_seqs (vLLM checks it at start)",
+       "pool")
+def _batch_budget(c: Ctx) -> Iterator[Finding]:
+    sv = c.pool.serving
+    if sv.max_num_batched_tokens < sv.max_num_seqs:
+        # vLLM's SchedulerConfig refuses to start: "max_num_batched_tokens (...) must be
+        # greater than or equal to max_num_seqs (...)" (each running sequence takes at least
+        # one token of every step's budget).
+        yield c.find(
+            "batch-budget", "error", "serving.max_num_batched_tokens",
+            f"{sv.max_num_batched_tokens} is below serving.max_num_seqs {sv.max_num_seqs}: "
+            "vLLM refuses to start (every running sequence needs a token of each step's budget)",
+            f"raise max_num_batched_tokens to at least {sv.max_num_seqs} (8192 is usual), or "
+            "lower max_num_seqs",
+        )
+
+
 @check("scale-down-slower", "scale in more slowly than out", "pool")
 def _slow_down(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
@@ -418,13 +450,6 @@ def _warm(c: Ctx) -> Iterator[Finding]:
     if c.row is None:
         return
     wp = c.pool.warm_pool
-    if wp.state == "hibernated" and not c.row.can_hibernate:
-        yield c.find(
-            "warm-state", "error", "warm_pool.state",
-            f"{c.row.name} has {c.row.ram_gib:.0f} GiB of RAM; hibernation needs under 150 GB"
-            + ("" if c.cloud == Cloud.aws else " and GCP does not hibernate GPU VMs"),
-            "use stopped (cheap, refills the NVMe cache on start) or running",
-        )
     if c.cloud == Cloud.gcp and _gcp(c).standby_suspended:
         yield c.find(
             "warm-state", "error", "gcp.standby_suspended",

@@ -300,8 +300,9 @@ def test_checkov_skips_are_each_needed(stacks):
     assert len(lines) == len(failed) and all("#" in x for x in lines)
 
 
-OPTIONS = """\
-      certificate_arn: arn:aws:acm:us-west-2:111122223333:certificate/x
+CERTIFICATE = "arn:aws:acm:us-west-2:111122223333:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+OPTIONS = f"""\
+      certificate_arn: {CERTIFICATE}
       access_logs_bucket: acme-lb-logs
       access_logs_prefix: pools/qwen
       network:

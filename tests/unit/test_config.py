@@ -360,3 +360,94 @@ def test_gcp_network_forms_accepted():
     extra = ("      network: projects/host-proj/global/networks/shared\n"
              "      subnetwork: projects/host-proj/regions/us-central1/subnetworks/nodes\n")
     assert parse_config(pool_yaml(extra_gcp=extra)).pools[0].gcp.network.endswith("/shared")
+
+
+# --- issue 23: real shapes at load -------------------------------------------------------
+
+
+def test_every_catalog_region_is_a_region():
+    """The region shape (every AWS partition's naming) admits each region the catalog
+    offers a type in, and the GCP one each GCP region."""
+    from poolctl.catalog import load_catalog
+
+    cat = load_catalog()
+    for cloud, key in (("aws", "region: us-east-1"), ("gcp", "region: us-central1")):
+        for name in cat.names(cloud):
+            for region in cat.get(cloud, name).regions:
+                assert parse_config(pool_yaml().replace(key, f"region: {region}")), region
+
+
+@pytest.mark.parametrize("region", ["us-gov-west-1", "cn-northwest-1", "eu-isoe-west-1",
+                                    "us-isob-east-1", "eusc-de-east-1", "ap-southeast-5",
+                                    "mx-central-1", "il-central-1"])
+def test_aws_regions_of_every_partition(region):
+    text = "backend:\n  aws: {bucket: acme-state, region: " + region + "}\n" + pool_yaml()
+    assert parse_config(text).backend.aws.region == region
+
+
+@pytest.mark.parametrize(("arn", "ok"), [
+    ("arn:aws:acm:us-east-1:123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789", True),
+    ("arn:aws-us-gov:acm:us-gov-west-1:123456789012:certificate/"
+     "0a1b2c3d-4e5f-6789-abcd-ef0123456789", True),
+    ("arn:aws:acm:us-east-1:123456789012:certificate/x", False),  # not an id ACM issues
+    ("arn:aws:acm:us-east-1:1234:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789", False),
+    ("arn:aws:iam::123456789012:server-certificate/x", False),  # IAM, not ACM
+    ("arn:aws:acm:us-east-1:123456789012:certificate/0A1B2C3D-4E5F-6789-ABCD-EF0123456789",
+     False),
+])
+def test_acm_certificate_arn(arn, ok):
+    if ok:
+        assert formats.acm_certificate_arn(arn) == arn.split(":")[3]
+    else:
+        with pytest.raises(ValueError, match="not an ACM certificate ARN"):
+            formats.acm_certificate_arn(arn)
+
+
+@pytest.mark.parametrize("image", [
+    "common-cu124", "family/common-cu124", "debian-cloud/debian-12",
+    "global/images/family/x", "projects/acme-prod/global/images/mine-1",
+    "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204",
+    "https://www.googleapis.com/compute/v1/projects/acme-prod/global/images/family/x",
+])
+def test_gcp_image_forms_accepted(image):
+    """What an instance template's source image takes (poolctl_stacks.gcp.pool.image_lookup
+    reads each)."""
+    assert parse_config(pool_yaml(extra_gcp=f"      image: {image}\n")).pools[0].gcp.image == image
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ("      image: 'projects/acme-prod/global/images/${var.x}'\n", "pools[0].gcp.image"),
+    ("      image: Ubuntu\n", "pools[0].gcp.image"),
+    ("      image: 'a b'\n", "pools[0].gcp.image"),
+    ("      base_image: 'https://www.googleapis.com/compute/v1/projects/p-1234/global/images/x'\n",
+     "pools[0].gcp.base_image"),
+    ("      image_builder_type: 'n2 standard'\n", "pools[0].gcp.image_builder_type"),
+])
+def test_gcp_image_shapes_refused(extra, key):
+    assert f": {key}: " in error_of(pool_yaml(extra_gcp=extra))
+
+
+def test_backend_values_are_literals_of_their_shape():
+    ok = ("backend:\n  aws: {bucket: acme.tf-state, region: eu-west-1, key_prefix: a/b, "
+          "dynamodb_table: tf_locks.v2}\n  gcp: {bucket: acme_tf.state, prefix: pools}\n")
+    cfg = parse_config(ok + pool_yaml())
+    assert cfg.backend.aws.dynamodb_table == "tf_locks.v2" and cfg.backend.gcp.prefix == "pools"
+    msg = error_of("backend:\n  gcp: {bucket: acme, prefix: '${path.module}'}\n" + pool_yaml())
+    assert msg.count("\n") == 0 and "backend.gcp.prefix: Terraform takes no expressions" in msg
+
+
+@pytest.mark.parametrize(("text", "hidden"), [
+    ("v1", None), ("ünï©ødé ✓", None), ("a b", None), ("a\u00a0b", "\u00a0"),
+    ("a\x00b", "\x00"), ("\x1b[0m", "\x1b"), ("ab\u202e", "\u202e"), ("\u200b", "\u200b"),
+    ("a\u2028b", "\u2028"), ("\ue000", "\ue000"),
+])
+def test_hidden_characters(text, hidden):
+    assert formats.hidden_character(text) == hidden
+
+
+def test_the_merge_key_once_still_merges():
+    """One `<<` per mapping keeps YAML's meaning: the block's keys, the mapping's own win."""
+    text = pool_yaml().replace("    serving:\n", "    serving:\n      <<: {max_num_seqs: 64, "
+                               "port: 9000}\n")
+    serving = parse_config(text).pools[0].serving
+    assert (serving.max_num_seqs, serving.port) == (64, 8000)

@@ -282,7 +282,7 @@ def schema_sections() -> dict[str, set[str]]:
     def refs(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if "$ref" in node:
             yield defs[node["$ref"].rsplit("/", 1)[-1]]
-        for sub in node.get("anyOf", []) + node.get("allOf", []):
+        for sub in node.get("anyOf", []) + node.get("allOf", []) + node.get("oneOf", []):
             yield from refs(sub)
         if "items" in node:
             yield from refs(node["items"])

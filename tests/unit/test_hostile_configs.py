@@ -183,6 +183,111 @@ CASES = [
     ("latin1", BASE.replace("Instruct", "Instruct ©").encode("latin-1"), "not UTF-8"),
     ("python-tag", BASE + "x: !!python/object/apply:os.system ['id']\n", "not valid YAML"),
     ("nul-byte", BASE + "x: \x00\n", "not valid YAML"),
+    # --- issue 23: never a traceback, nothing accepted that the cloud or the engine refuses
+    ("tp-zero", sub("tensor_parallel: 2", "tensor_parallel: 0"),
+     "pools[0].serving.tensor_parallel: must be 1 or more; got 0"),
+    ("tp-negative", sub("tensor_parallel: 2", "tensor_parallel: -2"),
+     "pools[0].serving.tensor_parallel"),
+    ("tp-past-the-node", sub("tensor_parallel: 2", "tensor_parallel: 16"),
+     "pools[0].serving.tensor_parallel: must be 8 or less"),
+    ("complex-key-top", BASE + "? [a, b]\n: c\n", "(top): a key is a list"),
+    ("complex-key-inside", sub("    slo:\n", "    slo:\n      ? [a, b]\n      : c\n"),
+     "pools[0].slo: a key is a list"),
+    ("complex-key-mapping", sub("    slo:\n", "    slo:\n      ? {a: 1}\n      : c\n"),
+     "pools[0].slo: a key is a mapping"),
+    ("complex-key-flow", sub("    slo:\n", "    slo: {[a]: 1}\n    x:\n"),
+     "pools[0].slo: a key is a list"),
+    ("merge-key-twice", sub("    serving:\n", "    serving:\n      <<: {max_num_seqs: 64}\n"
+                                              "      <<: {max_num_seqs: 128}\n"),
+     "pools[0].serving.<<: merge key given twice"),
+    ("config-json-name-too-long", sub("      params_b: 70.6\n", "      config_json: "
+                                      + "a" * 300 + ".json\n"),
+     "pools[0].model.config_json: " + "a" * 97 + "... cannot be read (File name too long)"),
+    ("config-json-nul", sub("      params_b: 70.6\n", '      config_json: "c\\0.json"\n'),
+     "pools[0].model.config_json: holds U+0000"),
+    ("backend-s3-expression", BASE + "backend:\n  aws: {bucket: '${var.x}', region: us-east-1}\n",
+     "backend.aws.bucket: Terraform takes no expressions in a backend block"),
+    ("backend-s3-file", BASE + "backend:\n  aws: {bucket: acme-state, region: 'file(\"r\")'}\n",
+     "backend.aws.region: Terraform takes no expressions"),
+    ("backend-s3-quote", BASE + "backend:\n  aws: {bucket: 'acme\"state', region: us-east-1}\n",
+     "backend.aws.bucket"),
+    ("backend-s3-no-region", BASE + "backend:\n  aws: {bucket: acme-state, region: xx-east-1}\n",
+     "backend.aws.region: not an AWS region"),
+    ("backend-s3-key-quote",
+     BASE + "backend:\n  aws: {bucket: acme-state, region: us-east-1, key_prefix: 'a\"b'}\n",
+     "backend.aws.key_prefix"),
+    ("backend-dynamodb-expression", BASE + "backend:\n  aws: {bucket: acme-state, region: "
+     "us-east-1, dynamodb_table: '${var.t}'}\n", "backend.aws.dynamodb_table: Terraform"),
+    ("backend-gcs-expression", BASE + "backend:\n  gcp: {bucket: '${var.b}'}\n",
+     "backend.gcp.bucket: Terraform takes no expressions"),
+    ("backend-gcs-google", BASE + "backend:\n  gcp: {bucket: google-state}\n",
+     "backend.gcp.bucket"),
+    ("backend-gcs-prefix", BASE + "backend:\n  gcp: {bucket: acme-state, prefix: '/x/'}\n",
+     "backend.gcp.prefix"),
+    ("certificate-arn-template", aws("      certificate_arn: 'arn:aws:acm:us-east-1:1:${x}'\n"),
+     "pools[0].aws.certificate_arn: not an ACM certificate ARN"),
+    ("certificate-arn-quote", aws("      certificate_arn: 'arn:aws:acm:us-east-1:123456789012:"
+                                  "certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789\"'\n"),
+     "pools[0].aws.certificate_arn: not an ACM certificate ARN"),
+    ("certificate-arn-other-region",
+     aws("      certificate_arn: arn:aws:acm:eu-west-1:123456789012:certificate/"
+         "0a1b2c3d-4e5f-6789-abcd-ef0123456789\n"),
+     "pools[0].aws.certificate_arn: is in eu-west-1, the pool in us-east-1"),
+    ("gcp-image-template", gcp("      image: 'projects/x/${var.i}'\n"),
+     "pools[0].gcp.image: not a Compute Engine image"),
+    ("gcp-image-space", gcp("      image: 'my image'\n"), "pools[0].gcp.image"),
+    ("gcp-base-image-quote", gcp("      base_image: 'family/x\"'\n"), "pools[0].gcp.base_image"),
+    ("gcp-base-image-other-form", gcp("      base_image: debian-cloud/debian-12\n"),
+     "pools[0].gcp.base_image"),
+    ("aws-builder-type-quote", aws("      image_builder_type: 'm6i.xlarge\"'\n"),
+     "pools[0].aws.image_builder_type: not an EC2 instance type"),
+    ("gcp-builder-type-template", gcp("      image_builder_type: '${var.t}'\n"),
+     "pools[0].gcp.image_builder_type: not a machine type"),
+    ("instance-type-space", sub("instance_type: p5.48xlarge", "instance_type: 'p5 48xlarge'"),
+     "pools[0].aws.instance_type"),
+    ("version-nul", sub("      params_b: 70.6\n", '      version: "v1\\0"\n      params_b: 70.6\n'),
+     "pools[0].model.version: holds U+0000"),
+    ("version-ansi", sub("      params_b: 70.6\n",
+                         '      version: "\\e[31mv1\\e[0m"\n      params_b: 70.6\n'),
+     "pools[0].model.version: holds U+001B"),
+    ("version-bidi", sub("      params_b: 70.6\n",
+                         '      version: "v1\\u202e2v"\n      params_b: 70.6\n'),
+     "pools[0].model.version: holds U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ("version-newline",
+     sub("      params_b: 70.6\n", '      version: "v1\\nv2"\n      params_b: 70.6\n'),
+     "pools[0].model.version: holds U+000A"),
+    ("extra-arg-bidi", serving('      extra_args: ["--served-model-name", "chat\\u2066x"]\n'),
+     "pools[0].serving.extra_args[1]: holds U+2066"),
+    ("min-replicas-zero", sub("min_replicas: 4", "min_replicas: 0"),
+     "pools[0].scaling.min_replicas: 0 leaves no node to publish the queue metric"),
+    ("subnets-without-vpc", aws("      network: {subnet_ids: [subnet-0abc, subnet-0def]}\n"),
+     "pools[0].aws.network.subnet_ids: given without aws.network.vpc_id"),
+    ("vpc-without-subnets", aws("      network: {vpc_id: vpc-0abc}\n"),
+     "pools[0].aws.network.subnet_ids: aws.network.vpc_id vpc-0abc needs subnet_ids"),
+    ("vpc-with-created-vpc-keys", aws("      network: {vpc_id: vpc-0abc, subnet_ids: "
+                                      "[subnet-0abc, subnet-0def], vpc_cidr: 10.1.0.0/16}\n"),
+     "pools[0].aws.network.vpc_cidr: shapes the VPC poolctl creates"),
+    ("max-num-seqs-huge", serving("      max_num_seqs: 1000000000000000000000\n"),
+     "pools[0].serving.max_num_seqs: must be 65536 or less"),
+    ("step-overhead-huge", BASE.replace("    slo:\n", "    perf:\n      step_overhead_ms: "
+                                        "1.0e+308\n    slo:\n"),
+     "pools[0].perf.step_overhead_ms: must be 1000 or less"),
+    ("decode-ms-inf", BASE.replace("    slo:\n", "    perf:\n      decode_ms_batch1: 20.0\n"
+                                   "      decode_ms_batch64: .inf\n    slo:\n"),
+     "pools[0].perf.decode_ms_batch64: must be a finite number"),
+    ("utilization-one", sub("target_utilization: 0.6", "target_utilization: 1.0"),
+     "pools[0].slo.target_utilization: must be less than 1"),
+    ("checkpoint-huge",
+     sub("checkpoints: [25, 50, 100]", "checkpoints: [25, 50, 1" + "0" * 40 + "]"),
+     "pools[0].rollout.checkpoints[2]: must be 100 or less"),
+    ("warm-hibernated", sub("state: stopped", "state: hibernated"),
+     "pools[0].warm_pool.state: GPU nodes cannot hibernate"),
+    ("aws-region-other-digits", sub("region: us-east-1", "region: us-east-\u0661"),
+     "pools[0].aws.region: not an AWS region"),
+    ("gcp-region-other-digits", sub("region: us-central1", "region: us-central\u0661"),
+     "pools[0].gcp.region: not a GCP region"),
+    ("unknown-key-newline", serving('      "po\\nrt": 1\n'),
+     "pools[0].serving['po\\nrt']: unknown key"),
 ]
 
 
@@ -273,6 +378,10 @@ RULE_CASES = [  # (id, text, cloud, key)
      "pools[0].serving.extra_args[1]"),
     ("aws-key-value", serving('      extra_args: ["--creds=AKIA' + "ABCDEFGHIJKLMNOP" + '"]\n'),
      "aws", "pools[0].serving.extra_args[0]"),
+    ("warm-beyond-max", sub("      replicas: 8\n", "      replicas: 10000\n")
+     .replace("max_replicas: 24", "max_replicas: 32"), "aws", "pools[0].warm_pool.replicas"),
+    ("batched-tokens-below-seqs", sub("max_num_batched_tokens: 8192", "max_num_batched_tokens: 1"),
+     "gcp", "pools[0].serving.max_num_batched_tokens"),
     ("gcp-startup-script-over-256k",
      serving('      extra_args: ["--x=' + "y" * 270_000 + '"]\n'), "gcp",
      "pools[0].serving.extra_args"),
@@ -406,3 +515,65 @@ def test_longest_accepted_names_fit_every_cloud_name(tmp_path):
                 if rtype.startswith("google_compute_") and isinstance(prefix, str):
                     assert len(prefix) <= 37 and rfc1035.match(prefix + "x"), prefix
     assert checked >= 15, docs.keys()
+
+
+# ------------------------------------------------ -f naming what is not a config file (23)
+
+@pytest.mark.parametrize(("kind", "expect"), [
+    ("folder", "is a folder; pass the config file in it"),
+    ("fifo", "is not a regular file (a FIFO)"),
+    ("dev-zero", "is not a regular file (a character device)"),
+    ("missing", "not found"),
+])
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_file_that_is_not_a_regular_file(kind, expect, how, workdir, monkeypatch, capsys):
+    """Said as what it is, never read: a FIFO would block and /dev/zero never ends."""
+    import os
+
+    target = {"folder": workdir / "conf", "fifo": workdir / "pipe",
+              "dev-zero": Path("/dev/zero"), "missing": workdir / "nope.yaml"}[kind]
+    if kind == "folder":
+        target.mkdir()
+    if kind == "fifo":
+        os.mkfifo(target)
+    if how == "env":
+        monkeypatch.setenv("POOLCTL_FILE", str(target))
+        argv = ["validate"]
+    else:
+        argv = ["validate", "-f", str(target)]
+    code, out, err = run(argv, monkeypatch, capsys)
+    assert code == 2, err
+    flag = "POOLCTL_FILE" if how == "env" else "-f/--file"
+    assert _one_line(err).startswith(f"poolctl: {flag}: {target} {expect}"), err
+    assert out == ""
+
+
+def test_file_name_with_a_newline_stays_one_line(workdir, monkeypatch, capsys):
+    code, _, err = run(["validate", "-f", str(workdir / "a\nb.yaml")], monkeypatch, capsys)
+    assert code == 2 and "not found" in _one_line(err) and "\\n" in err
+
+
+def test_file_over_the_size_cap(workdir, monkeypatch, capsys):
+    from poolctl.config import MAX_FILE_BYTES
+
+    f = _write(workdir, BASE + "#" * MAX_FILE_BYTES + "\n")
+    code, _, err = run(["validate", "-f", str(f)], monkeypatch, capsys)
+    assert code == 2 and "over 4 MiB, too large for a pool config" in _one_line(err)
+
+
+@pytest.mark.parametrize(("body", "expect"), [
+    ('{"num_hidden_layers": 1' + "0" * 200 + ', "hidden_size": 4096, "vocab_size": 1000, '
+     '"num_attention_heads": 32, "intermediate_size": 100}',
+     "c.json: num_hidden_layers is an integer of over 30 digits, past any model's"),
+    ('{"num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 3' + "0" * 199 + ', '
+     '"num_attention_heads": 32, "intermediate_size": 100}', "c.json: vocab_size is"),
+    ('{"num_hidden_layers": 4294967296}', "c.json: num_hidden_layers is 4294967296, past any"),
+])
+def test_config_json_with_huge_integers(body, expect, workdir, monkeypatch, capsys):
+    """Integers of 200 digits overflowed the params_b estimate (OverflowError)."""
+    (workdir / "c.json").write_text(body)
+    text = sub("      params_b: 70.6\n", "      config_json: c.json\n").replace(
+        "meta-llama/Llama-3.1-70B-Instruct", "acme/own")
+    code, _, err = run(["validate", "-f", str(_write(workdir, text))], monkeypatch, capsys)
+    assert code == 2, err
+    assert f"pools[0].model.config_json: {expect}" in _one_line(err)

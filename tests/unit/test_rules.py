@@ -34,8 +34,7 @@ def test_the_contract_example_has_no_errors():
          "pools[0].aws.placement_group_strategy"),
         ({"tp": 3}, "tensor-parallel", "pools[0].serving.tensor_parallel"),
         ({"tp": 1}, "fits-hbm", "pools[0].serving.tensor_parallel"),
-        ({"instance_type": "p4d.24xlarge", "tp": 1, "params_b": 7.0, "max_model_len": 4096,
-          "warm_state": "hibernated"}, "warm-state", "pools[0].warm_pool.state"),
+        ({"warm": 25}, "warm-within-max", "pools[0].warm_pool.replicas"),
         ({"min_replicas": 30}, "replica-bounds", "pools[0].scaling.min_replicas"),
         ({"down_s": 60, "up_s": 60}, "scale-down-slower",
          "pools[0].scaling.scale_down_stabilization_s"),
@@ -155,7 +154,7 @@ def test_every_check_has_a_test_above():
               "tensor-parallel", "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
-              "boot-script-size", "tls", "traffic-peak"}
+              "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget"}
     assert {c.id for c in CHECKS} <= tested
 
 
@@ -221,7 +220,7 @@ def test_plain_http_warns_until_a_certificate_is_set():
         ("gcp", "warning", "pools[0].gcp.certificate")}
     assert all("HTTPS" in f.hint for f in plain)
     tls = pool_yaml(extra_aws="      certificate_arn: arn:aws:acm:us-east-1:111122223333:"
-                              "certificate/x\n",
+                              "certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789\n",
                     extra_gcp="      certificate: chat-tls\n")
     assert by_check(findings(tls, cloud=None), "tls") == []
 
@@ -238,3 +237,24 @@ def test_gcp_region_without_catalog_zones_needs_zones():
     (f,) = _region(Ctx(cfg, cfg.pools[0], 0, "gcp", bare))
     assert (f.severity, f.key) == ("error", "pools[0].gcp.zones")
     assert list(_region(Ctx(cfg, cfg.pools[0], 0, "gcp", row))) == []
+
+
+def test_warm_pool_beyond_max_names_both_keys():
+    """Issue 23: 10,000 warm replicas for a pool of at most 32 can never serve."""
+    fs = findings(pool_yaml(warm=10_000, max_replicas=32, min_replicas=8))
+    (f,) = by_check(fs, "warm-within-max", "error")
+    assert f.key == "pools[0].warm_pool.replicas"
+    assert "scaling.max_replicas 32" in f.message
+    # 32 - 8 replicas can join by scaling out
+    assert "at most 32" in f.hint and "= 24" in f.hint and "raise scaling.max_replicas" in f.hint
+    assert by_check(findings(pool_yaml(warm=24, max_replicas=24)), "warm-within-max") == []
+
+
+def test_batch_budget_below_max_num_seqs_is_what_vllm_refuses():
+    """vLLM's SchedulerConfig: max_num_batched_tokens >= max_num_seqs, or no start."""
+    low = pool_yaml().replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 1")
+    (f,) = by_check(findings(low), "batch-budget", "error")
+    assert f.key == "pools[0].serving.max_num_batched_tokens"
+    assert "serving.max_num_seqs 256" in f.message and "at least 256" in f.hint
+    equal = pool_yaml().replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 256")
+    assert by_check(findings(equal), "batch-budget") == []
