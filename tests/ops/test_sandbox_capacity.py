@@ -423,6 +423,36 @@ def test_launch_template_reservation_preference_reaches_the_launch(sandbox_capac
     assert _described(ec2, cr)["AvailableInstanceCount"] == 1
 
 
+def test_a_resource_group_of_reservations_is_a_launch_target(sandbox_capacity, clients):
+    import boto3
+
+    from poolctl.sandbox.manager import TEST_CREDENTIALS
+
+    ec2, asg = clients
+    rg = boto3.client("resource-groups", endpoint_url=sandbox_capacity, region_name="us-east-1",
+                      **TEST_CREDENTIALS)
+    limit(sandbox_capacity, P5_B=0)
+    cr = _reservation(ec2, B, 1)
+    arn = _described(ec2, cr)["CapacityReservationArn"]
+    group = rg.create_group(Name=_name("crg"), Configuration=[
+        {"Type": "AWS::EC2::CapacityReservationPool"},
+        {"Type": "AWS::ResourceGroups::Generic", "Parameters": [
+            {"Name": "allowed-resource-types", "Values": ["AWS::EC2::CapacityReservation"]}]}],
+    )["Group"]
+    assert rg.group_resources(Group=group["GroupArn"], ResourceArns=[arn])["Succeeded"] == [arn]
+    listed = rg.list_group_resources(Group=group["Name"])["ResourceIdentifiers"]
+    assert listed == [{"ResourceArn": arn, "ResourceType": "AWS::EC2::CapacityReservation"}]
+    spec = {"CapacityReservationPreference": "capacity-reservations-only",
+            "CapacityReservationTarget": {
+                "CapacityReservationResourceGroupArns": [group["GroupArn"]]}}
+    name = _group(asg, _template(ec2), desired=1, zones=(B,),
+                  CapacityReservationSpecification=spec)
+    assert _zones(asg, name) == Counter({B: 1})
+    assert _described(ec2, cr)["AvailableInstanceCount"] == 0
+    rg.ungroup_resources(Group=group["GroupArn"], ResourceArns=[arn])
+    assert rg.list_group_resources(Group=group["Name"])["ResourceIdentifiers"] == []
+
+
 def test_capacity_block_from_the_admin_endpoint_is_targeted_only(sandbox_capacity, clients):
     ec2, _ = clients
     limit(sandbox_capacity, P5_A=0)

@@ -36,10 +36,12 @@ zone, active; `targeted` reservations and Capacity Blocks only by target. Termin
 stopping gives the slot back. Capacity Blocks (ReservationType capacity-block, targeted,
 ending at their EndDate) are made by the admin endpoint, since they are bought, not created.
 DescribeInstances reports CapacityReservationId and CapacityReservationSpecification.
+Capacity Reservation groups: a target may name a resource group (CreateGroup, moto's) whose
+members GroupResources / UngroupResources / ListGroupResources keep (moto has none of them).
 
 Not emulated: a reservation taking capacity from its zone (creating one never fails for
-capacity, and the zone limit counts On-Demand use only), Capacity Reservation resource groups
-(a group ARN target matches nothing), instance platform and tenancy matching (every
+capacity, and the zone limit counts On-Demand use only), a resource group's configuration
+and query (membership only), instance platform and tenancy matching (every
 reservation is treated as the instance's), the market type Capacity Blocks require, and what
 happens to instances when a Capacity Block ends (they keep running, as On-Demand).
 """
@@ -58,7 +60,8 @@ from werkzeug.exceptions import HTTPException
 
 from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored
 
-NAMES = ("ec2.capacity-limits", "ec2.capacity-reservations")
+NAMES = ("ec2.capacity-limits", "ec2.capacity-reservations",
+         "resource-groups.capacity-reservation-groups")
 
 # What holds capacity: an instance that runs, or is about to or still does.
 HOLDING = ("pending", "running", "stopping", "shutting-down")
@@ -329,7 +332,8 @@ def eligible(ec2: Any, instance_type: str, zone: str | None, spec: CapacitySpec
         return []
     mine = reservations(ec2)
     if spec.ids or spec.groups:
-        pool = [mine[i] for i in spec.ids if i in mine]
+        named = list(spec.ids) + [i for arn in spec.groups for i in group_members(arn)]
+        pool = [mine[i] for i in dict.fromkeys(named) if i in mine]
     else:
         pool = [r for r in mine.values()
                 if r.match_criteria == "open" and r.reservation_type == "default"]
@@ -467,6 +471,83 @@ def _wrap_stop_instances(orig: Callable[..., Any]) -> Callable[..., Any]:
             return out
 
     return stop_instances
+
+
+# ------------------------------------------------------------------ reservation groups
+
+_CR_TYPE = "AWS::EC2::CapacityReservation"
+
+
+def _members(group: Any) -> list[str]:
+    return stored(group, "_poolctl_members", list)
+
+
+def group_members(arn: str) -> list[str]:
+    """The Capacity Reservation ids in a resource group (GroupResources put them there)."""
+    from moto.resourcegroups.models import resourcegroups_backends
+
+    parts = arn.split(":")
+    if len(parts) < 6:
+        return []
+    groups = resourcegroups_backends[parts[4]][parts[3]].groups
+    if arn not in groups:
+        return []
+    return [m.rsplit("/", 1)[1] for m in _members(groups[arn]) if ":capacity-reservation/" in m]
+
+
+def _rg_group(self: Any) -> Any:
+    from moto.core.exceptions import JsonRESTError
+
+    name = self._get_param("Group") or self._get_param("GroupName")
+    groups = self.resourcegroups_backend.groups
+    if not name or name not in groups:
+        raise JsonRESTError("NotFoundException", f"Cannot find group {name}.")
+    return groups[name]
+
+
+def _rg_type(arn: str) -> str:
+    return _CR_TYPE if ":capacity-reservation/" in arn else "AWS::Unknown"
+
+
+def _rg_group_resources(self: Any) -> str:
+    import json
+
+    members = _members(_rg_group(self))
+    arns = list(self._get_param("ResourceArns") or [])
+    members.extend(a for a in arns if a not in members)
+    return json.dumps({"Succeeded": arns, "Failed": [], "Pending": []})
+
+
+def _rg_ungroup_resources(self: Any) -> str:
+    import json
+
+    members = _members(_rg_group(self))
+    arns = list(self._get_param("ResourceArns") or [])
+    members[:] = [m for m in members if m not in arns]
+    return json.dumps({"Succeeded": arns, "Failed": [], "Pending": []})
+
+
+def _rg_list_group_resources(self: Any) -> str:
+    import json
+
+    ids = [{"ResourceArn": a, "ResourceType": _rg_type(a)} for a in _members(_rg_group(self))]
+    return json.dumps({"Resources": [{"Identifier": i} for i in ids],
+                       "ResourceIdentifiers": ids, "QueryErrors": []})
+
+
+def _install_reservation_groups() -> None:
+    """GroupResources, UngroupResources, ListGroupResources (moto has none): membership only,
+    what a Capacity Reservation group (a resource group with an
+    AWS::EC2::CapacityReservationPool configuration) needs to be a launch target."""
+    from moto.resourcegroups import urls
+    from moto.resourcegroups.responses import ResourceGroupsResponse
+
+    for path in ("group-resources", "ungroup-resources", "list-group-resources"):
+        urls.url_paths[f"{{0}}/{path}$"] = ResourceGroupsResponse.dispatch
+    for name, fn in {"group_resources": _rg_group_resources,
+                     "ungroup_resources": _rg_ungroup_resources,
+                     "list_group_resources": _rg_list_group_resources}.items():
+        setattr(ResourceGroupsResponse, name, _locked(fn))
 
 
 # ------------------------------------------------------------------ the API actions
@@ -864,6 +945,7 @@ def install() -> None:
         "modify_capacity_reservation": _modify_capacity_reservation,
     }.items():
         setattr(EC2Response, name, _locked(fn))
+    _install_reservation_groups()
     Instance.capacity_reservation_id = property(  # type: ignore[attr-defined]  # moto extension: new attribute
         _instance_reservation_id)
     Instance.capacity_reservation_specification = property(  # type: ignore[attr-defined]  # moto extension: new attribute
