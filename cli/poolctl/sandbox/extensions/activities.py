@@ -62,6 +62,11 @@ def launch_cause(current: int, wanted: int, warm: bool = False) -> str:
             f"desired and actual {what}, increasing the {what} from {current} to {wanted}.")
 
 
+def warm_state_cause() -> str:
+    return (f"At {_stamp(now())} a warm pool instance was started in response to the warm "
+            "pool's state, Running.")
+
+
 def refresh_cause() -> str:
     return f"At {_stamp(now())} an instance was started in response to an instance refresh."
 

@@ -410,7 +410,7 @@ def _wrap_run_instances(orig: Callable[..., Any]) -> Callable[..., Any]:
                 # No zone asked for: EC2 picks one that fits (moto's default zone first,
                 # so nothing changes where nothing is limited or reserved).
                 default = self.region_name + "a"
-                zones = sorted(offered_zones(self, itype), key=lambda z: z != default)
+                zones = [default] + [z for z in offered_zones(self, itype) if z != default]
                 slots, error = [], None
                 for candidate in zones:
                     try:

@@ -74,10 +74,15 @@ def settle_warm(backend: Any, group: Any, state: Any) -> None:
 
 
 def _start_failed(group: Any, state: Any, exc: Any, warm: str) -> None:
-    zone = state.instance.placement.zone
-    subnet = state.instance.subnet_id
-    activities.record_failure(group, zone, subnet, exc.message,
-                              activities.launch_cause(0, 1, warm == "into"), warm)
+    """A stopped warm instance could not start: `warm` "from" (taken for scale-out) or
+    "into" (a Running pool); recorded, and the group tries again later."""
+    if warm == "from":
+        cause = activities.launch_cause(len(group.active_instances()),
+                                        group.desired_capacity or 0)
+    else:
+        cause = activities.warm_state_cause()
+    activities.record_failure(group, state.instance.placement.zone, state.instance.subnet_id,
+                              exc.message, cause, warm)
     activities.note_shortfall(group)
 
 
