@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 
 compute_v1 = pytest.importorskip(
-    "google.cloud.compute_v1", reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+    "google.cloud.compute_v1",
+    reason="google-cloud-compute is not installed (pip install -e .[gcp])")
 
 from google.api_core import exceptions as gexc  # noqa: E402
 from google.auth.credentials import AnonymousCredentials  # noqa: E402

@@ -10,9 +10,10 @@ StartInstances is a new launch that can fail. Unlimited where no limit is set. S
 (`poolctl sandbox start --capacity TYPE@ZONE=N`, the server's --capacity) or at run time
 (POST /_poolctl/capacity, admin.py); moto's reset returns to the start-up limits.
 
-Beyond a limit a launch fails as AWS fails it (the EC2 API error codes page; the message as
-RunInstances returns it, e.g. in github.com/ubicloud/ubicloud#4617 and
-commonwarexyz/monorepo#2859): HTTP 500 `InsufficientInstanceCapacity`, "We currently do not
+Beyond a limit a launch fails as AWS fails it (the EC2 API error codes page lists it as a
+server error; the message as RunInstances returns it, quoted in github.com
+commonwarexyz/monorepo#2859 and red-hat-storage/ocs-ci#9263, "status code: 500" in
+sourcegraph's #46617): HTTP 500 `InsufficientInstanceCapacity`, "We currently do not
 have sufficient p5.48xlarge capacity in the Availability Zone you requested (us-east-1a). Our
 system will be working on provisioning additional capacity. You can currently get
 p5.48xlarge capacity by not specifying an Availability Zone in your request or choosing
@@ -30,14 +31,20 @@ RunInstances, else its launch template's; a group's own specification, see launc
 `open` (the default) fills matching open reservations first, then On-Demand; `none` never;
 a target (CapacityReservationId) or `capacity-reservations-only` uses reservations only,
 else fails with HTTP 400 `ReservationCapacityExceeded` "The requested reservation does not
-have sufficient compatible and available capacity for this request." (as the AWS provider's
-tests and scylladb/scylla-cluster-tests#8839 quote it). Matching: same instance type, same
-zone, active; `targeted` reservations and Capacity Blocks only by target. Terminating or
+have sufficient compatible and available capacity for this request." (as
+hashicorp/terraform-provider-aws#35745 and scylladb/scylla-cluster-tests#8839 quote it).
+Matching: same instance type, same zone, active; `targeted` reservations and Capacity Blocks
+only by target. Terminating or
 stopping gives the slot back. Capacity Blocks (ReservationType capacity-block, targeted,
 ending at their EndDate) are made by the admin endpoint, since they are bought, not created.
 DescribeInstances reports CapacityReservationId and CapacityReservationSpecification.
 Capacity Reservation groups: a target may name a resource group (CreateGroup, moto's) whose
 members GroupResources / UngroupResources / ListGroupResources keep (moto has none of them).
+Auto Scaling groups: Create/UpdateAutoScalingGroup keep CapacityReservationSpecification
+(capacity-reservations-only | -first | none | default, target ids or resource group ARNs) and
+AvailabilityZoneDistribution, checked as the API reference says, and DescribeAutoScalingGroups
+returns them as given (moto drops both). Validation messages are the sandbox's wording, but
+for InstanceCount's (boto/boto3#2962).
 
 Not emulated: a reservation taking capacity from its zone (creating one never fails for
 capacity, and the zone limit counts On-Demand use only), a resource group's configuration
