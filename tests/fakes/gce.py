@@ -50,6 +50,31 @@ Behaviour worth knowing:
   versions reference, as GCE does; one only VMs run can be deleted.
 - `fail_next()` answers the next matching requests with an HTTP error (429/5xx to test
   retries); `fail_next_operation()` makes the next matching mutation end DONE with an error.
+- Capacity: `set_capacity(zone, machine_type, n)` caps the VMs of a machine type a zone runs
+  On-Demand (running, or being created or started: a stopped VM holds none, so starting a
+  standby VM takes capacity again). A VM that finds no room stays in its action (CREATING,
+  without an instanceStatus: it does not exist yet; or STARTING), its `lastAttempt.errors`
+  and the MIG's `listErrors` (regionInstanceGroupManagers.listErrors, newest first) carrying
+  `ZONE_RESOURCE_POOL_EXHAUSTED`, "The zone 'projects/P/zones/Z' does not have enough
+  resources available to fulfill the request.  Try a different zone, or try again later."
+  (the message as GCE writes it, quoted e.g. by skypilot and kubernetes/autoscaler); it
+  tries again on `settle()`. Once capacity is limited or reserved anywhere, a new VM's zone
+  follows the MIG's distributionPolicy.targetShape (the compute docs' regional MIG target
+  distribution shape): EVEN keeps zones even and waits for a stocked-out zone; BALANCED
+  creates where there is room, fewest VMs first, and a held-back VM moves there on retry;
+  ANY fills unused reservations first, then any zone with room; ANY_SINGLE_ZONE puts every
+  VM in one zone (reservations, then room, decide which). Unconstrained, zones are taken in
+  turn as before.
+- Reservations: compute reservations.list/get/insert/delete (zonal; operations on
+  zoneOperations.get/wait) and reservations.aggregatedList; `add_reservation` seeds one. A
+  VM consumes one per its template's reservationAffinity (ANY_RESERVATION by default: any
+  READY matching reservation not specificReservationRequired, else On-Demand;
+  SPECIFIC_RESERVATION: the named one in its zone or the creation fails, code
+  CONDITION_NOT_MET with the messages kubernetes/autoscaler matches, the code itself not
+  documented; NO_RESERVATION), matching machine type, and GPUs and local SSD count where the
+  reservation names them. inUseCount counts the VMs running in it; they do not count against
+  the zone's limit. Not emulated: a reservation taking capacity from its zone (insert never
+  fails for capacity), shared and aggregate reservations, reservations.resize/update.
 """
 
 from __future__ import annotations
@@ -160,6 +185,12 @@ class FakeGce:
         self.time_series: list[dict] = []  # Cloud Monitoring TimeSeries JSON, points newest first
         self.forwarding_rules: dict[tuple[str, str, str], dict] = {}
         self.log_entries: list[dict] = []  # Cloud Logging LogEntry JSON (`write_log`)
+        # (zone, machine type) -> how many VMs of the type the zone runs On-Demand
+        self.capacity: dict[tuple[str, str], int] = {}
+        self.reservations: dict[tuple[str, str, str], dict] = {}  # (project, zone, name)
+        self.mig_errors: dict[tuple[str, str, str], list[dict]] = {}  # listErrors, oldest first
+        self._consumes: dict[str, tuple[str, str, str] | None] = {}  # VM -> its reservation
+        self._waiting: dict[str, str] = {}  # VM -> the action (CREATING, STARTING) held back
         self.requests: list[dict] = []
         self.errors: list[str] = []
         self._failures: list[_Failure] = []
@@ -455,20 +486,20 @@ class FakeGce:
         mig = self.migs[key]
         zones = [_last(z["zone"]) for z in mig["distributionPolicy"]["zones"]]
         n = next(self._clock)
-        zone = zones[n % len(zones)]
         iname = f"{mig['baseInstanceName']}-{n:04x}"
+        tpl = template or self._target_template(key)
+        zone = self._pick_zone(key, zones[n % len(zones)], tpl)
         mi = {
             "instance": f"{API}/projects/{project}/zones/{zone}/instances/{iname}",
             "id": self._id(), "name": iname,
             "instanceStatus": "PROVISIONING", "currentAction": "CREATING",
             "targetStatus": target,
-            "version": {"name": "primary",
-                        "instanceTemplate": template or self._target_template(key)},
+            "version": {"name": "primary", "instanceTemplate": tpl},
             "instanceHealth": [], "lastAttempt": {},
         }
-        if settled:
-            self._finish(key, mi)
         self.managed[key].append(mi)
+        if self._acquire(key, mi, "CREATING") and settled:
+            self._finish(key, mi)
         return mi
 
     def _finish(self, key, mi: dict) -> None:
@@ -478,6 +509,207 @@ class FakeGce:
                       instanceHealth=[{"healthCheck": heal, "detailedHealthState": "HEALTHY"}])
         else:  # GCE reports a stopped VM as TERMINATED.
             mi.update(instanceStatus="TERMINATED", currentAction="NONE", instanceHealth=[])
+
+    # ------------------------------------------------------------------ capacity
+
+    def set_capacity(self, zone: str, machine_type: str, n: int | None) -> None:
+        """The zone runs at most `n` VMs of the machine type On-Demand (None: no limit).
+        VMs held back for capacity try again on `settle()`."""
+        with self.lock:
+            if n is None:
+                self.capacity.pop((zone, machine_type), None)
+            else:
+                self.capacity[(zone, machine_type)] = int(n)
+
+    def add_reservation(self, project: str, zone: str, name: str, *, machine_type: str,
+                        count: int, specific: bool = False,
+                        accelerators: list[dict] | None = None,
+                        local_ssds: list[dict] | None = None) -> dict:
+        """A READY zonal reservation, as `gcloud compute reservations create` leaves it."""
+        with self.lock:
+            body = {"name": name, "specificReservationRequired": specific,
+                    "specificReservation": {"count": str(count), "instanceProperties": {
+                        "machineType": machine_type}}}
+            props = body["specificReservation"]["instanceProperties"]
+            if accelerators:
+                props["guestAccelerators"] = accelerators
+            if local_ssds:
+                props["localSsds"] = local_ssds
+            return self._new_reservation(project, zone, body)
+
+    def _new_reservation(self, project: str, zone: str, body: dict) -> dict:
+        self.add_project(project)
+        r = copy.deepcopy(body)
+        r.update(kind="compute#reservation", id=self._id(), zone=f"{API}/projects/{project}/"
+                 f"zones/{zone}", creationTimestamp=_ts(self._now()), status="READY",
+                 selfLink=f"{API}/projects/{project}/zones/{zone}/reservations/{body['name']}",
+                 satisfiesPzs=False)
+        r.setdefault("specificReservationRequired", False)
+        r["specificReservation"].setdefault("inUseCount", "0")
+        self.reservations[(project, zone, body["name"])] = r
+        return r
+
+    def render_reservation(self, key) -> dict:
+        r = copy.deepcopy(self.reservations[key])
+        r["specificReservation"]["inUseCount"] = str(self._in_use(key))
+        return r
+
+    @staticmethod
+    def _zone_of(mi: dict) -> str:
+        return mi["instance"].split("/zones/")[1].split("/")[0]
+
+    @staticmethod
+    def _holds(mi: dict) -> bool:
+        """A VM that exists and runs (or is about to, or still does) holds capacity; a
+        stopped one (TERMINATED) gives it back."""
+        return mi.get("instanceStatus") in ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")
+
+    def _props(self, project: str, template_link: str) -> dict:
+        t = self.templates.get((project, _last(template_link)))
+        return t["properties"] if t else {}
+
+    def _in_use(self, rkey) -> int:
+        return sum(1 for lst in self.managed.values() for mi in lst
+                   if self._holds(mi) and self._consumes.get(mi["name"]) == rkey)
+
+    def _open_use(self, zone: str, machine_type: str) -> int:
+        return sum(1 for (p, _r, _m), lst in self.managed.items() for mi in lst
+                   if self._holds(mi) and self._zone_of(mi) == zone
+                   and self._consumes.get(mi["name"]) not in self.reservations
+                   and self._props(p, mi["version"]["instanceTemplate"]).get(
+                       "machineType") == machine_type)
+
+    @staticmethod
+    def _matches(r: dict, props: dict) -> bool:
+        """Whether a reservation's instance properties are the VM's (machine type, GPUs,
+        local SSD count and size, as the reservation states them)."""
+        want = r["specificReservation"].get("instanceProperties", {})
+        if _last(want.get("machineType", "")) != _last(props.get("machineType", "")):
+            return False
+        gpus = want.get("guestAccelerators")
+        if gpus is not None and sorted(
+                (_last(g["acceleratorType"]), int(g["acceleratorCount"])) for g in gpus) != \
+                sorted((_last(g["acceleratorType"]), int(g["acceleratorCount"]))
+                       for g in props.get("guestAccelerators", [])):
+            return False
+        ssds = want.get("localSsds")
+        if ssds is not None:
+            scratch = [d for d in props.get("disks", []) if d.get("type") == "SCRATCH"]
+            if len(scratch) != len(ssds):
+                return False
+        return True
+
+    def _reservation_for(self, project: str, zone: str, props: dict
+                         ) -> tuple[tuple | None, tuple[str, str] | None]:
+        """(reservation to consume, None) or (None, the error when the VM must not run
+        On-Demand), per the template's reservationAffinity (default ANY_RESERVATION)."""
+        affinity = props.get("reservationAffinity") or {}
+        kind = affinity.get("consumeReservationType", "ANY_RESERVATION")
+        if kind == "NO_RESERVATION":
+            return None, None
+        if kind == "SPECIFIC_RESERVATION":
+            for value in affinity.get("values", []):
+                rkey = (project, zone, _last(value))
+                r = self.reservations.get(rkey)
+                if r is None:
+                    continue
+                count = int(r["specificReservation"]["count"])
+                if r["status"] == "READY" and self._matches(r, props) and \
+                        self._in_use(rkey) < count:
+                    return rkey, None
+                return None, ("CONDITION_NOT_MET", f"Reservation {_last(value)} does not have "
+                              "sufficient capacity for the requested resources.")
+            names = ", ".join(_last(v) for v in affinity.get("values", []))
+            return None, ("CONDITION_NOT_MET", "Could not find the given reservation with the "
+                          f"following name: {names}")
+        for rkey, r in sorted(self.reservations.items()):
+            if rkey[:2] == (project, zone) and r["status"] == "READY" and \
+                    not r.get("specificReservationRequired") and self._matches(r, props) and \
+                    self._in_use(rkey) < int(r["specificReservation"]["count"]):
+                return rkey, None
+        return None, None
+
+    def _fits(self, project: str, zone: str, props: dict) -> bool:
+        rkey, error = self._reservation_for(project, zone, props)
+        if rkey is not None:
+            return True
+        if error is not None:
+            return False
+        cap = self.capacity.get((zone, props.get("machineType", "")))
+        return cap is None or self._open_use(zone, props.get("machineType", "")) < cap
+
+    def _pick_zone(self, key, preferred: str, template_link: str,
+                   exclude: dict | None = None) -> str:
+        """The zone the MIG creates a VM in: per its distribution policy's targetShape
+        (compute docs, regional MIG target distribution shape) once capacity is limited or
+        reserved anywhere; else `preferred`, the zones in turn, as before."""
+        if not self.capacity and not self.reservations:
+            return preferred
+        project = key[0]
+        mig = self.migs[key]
+        zones = [_last(z["zone"]) for z in mig["distributionPolicy"]["zones"]]
+        shape = mig["distributionPolicy"].get("targetShape", "EVEN")
+        props = self._props(project, template_link)
+        live = [self._zone_of(mi) for mi in self.managed[key] if mi is not exclude
+                and mi["currentAction"] not in ("DELETING", "ABANDONING")]
+        count = {z: live.count(z) for z in zones}
+        index = {z: i for i, z in enumerate(zones)}
+        if shape == "ANY_SINGLE_ZONE" and live:
+            return max(zones, key=lambda z: (count[z], -index[z]))
+        if shape == "EVEN":  # even counts, capacity or not: a stocked-out zone stays asked
+            return min(zones, key=lambda z: (count[z], index[z]))
+        fits = {z: self._fits(project, z, props) for z in zones}
+        if shape == "BALANCED":
+            return min(zones, key=lambda z: (not fits[z], count[z], index[z]))
+        reserved = {z: self._reservation_for(project, z, props)[0] is not None for z in zones}
+        # ANY and ANY_SINGLE_ZONE: unused reservations first, then where there is room.
+        return min(zones, key=lambda z: (not reserved[z], not fits[z], index[z]))
+
+    def _acquire(self, key, mi: dict, action: str) -> bool:
+        """Take capacity for a VM being created or started in its zone: a reservation per
+        its template's affinity, else the zone's On-Demand capacity. Without room the VM
+        stays in its action, the error in its lastAttempt and in the MIG's listErrors."""
+        project = key[0]
+        zone = self._zone_of(mi)
+        props = self._props(project, mi["version"]["instanceTemplate"])
+        rkey, error = self._reservation_for(project, zone, props)
+        if rkey is None and error is None:
+            machine_type = props.get("machineType", "")
+            cap = self.capacity.get((zone, machine_type))
+            if cap is not None and self._open_use(zone, machine_type) >= cap:
+                error = ("ZONE_RESOURCE_POOL_EXHAUSTED",
+                         f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+                         "resources available to fulfill the request.  Try a different zone, "
+                         "or try again later.")
+        if error is not None:
+            code, message = error
+            if action == "CREATING":
+                mi.pop("instanceStatus", None)  # the VM does not exist yet
+            mi["lastAttempt"] = {"errors": {"errors": [{"code": code, "message": message}]}}
+            self._waiting[mi["name"]] = action
+            self.mig_errors.setdefault(key, []).append({
+                "error": {"code": code, "message": message},
+                "instanceActionDetails": {"action": action, "instance": mi["instance"],
+                                          "version": dict(mi["version"])},
+                "timestamp": _ts(self._now())})
+            return False
+        self._waiting.pop(mi["name"], None)
+        self._consumes[mi["name"]] = rkey
+        mi["lastAttempt"] = {}
+        mi["instanceStatus"] = "PROVISIONING" if action == "CREATING" else "STAGING"
+        return True
+
+    def _retry(self, key, mi: dict) -> bool:
+        """A VM held back for capacity tries again (a VM not yet created may go to another
+        zone, as its target shape allows)."""
+        action = self._waiting[mi["name"]]
+        mig = self.migs[key]
+        shape = mig["distributionPolicy"].get("targetShape", "EVEN")
+        if action == "CREATING" and shape in ("BALANCED", "ANY"):
+            zone = self._pick_zone(key, self._zone_of(mi), mi["version"]["instanceTemplate"],
+                                   exclude=mi)
+            mi["instance"] = f"{API}/projects/{key[0]}/zones/{zone}/instances/{mi['name']}"
+        return self._acquire(key, mi, action)
 
     def instances(self, project: str, region: str, mig: str) -> list[dict]:
         """The MIG's managed instances, as dicts the test may edit in place."""
@@ -498,7 +730,8 @@ class FakeGce:
 
     def settle(self, project: str | None = None, region: str | None = None,
                mig: str | None = None) -> None:
-        """Let every scheduled action finish: VMs created, started, stopped or deleted."""
+        """Let every scheduled action finish: VMs created, started, stopped or deleted; a VM
+        held back for capacity tries again and finishes only if it finds room."""
         with self.lock:
             for key, lst in self.managed.items():
                 if (project, region, mig) != (None, None, None) and key != (project, region, mig):
@@ -506,7 +739,10 @@ class FakeGce:
                 for mi in list(lst):
                     if mi["currentAction"] in ("DELETING", "ABANDONING"):
                         lst.remove(mi)
+                        self._waiting.pop(mi["name"], None)
                     elif mi["currentAction"] not in ("NONE", "RECREATING"):
+                        if mi["name"] in self._waiting and not self._retry(key, mi):
+                            continue  # still no capacity: it keeps trying
                         self._finish(key, mi)
 
     def _reconcile(self, key) -> None:
@@ -520,6 +756,8 @@ class FakeGce:
             if standby and mig.get("standbyPolicy", {}).get("mode") == "SCALE_OUT_POOL":
                 mi = standby.pop(0)
                 mi.update(targetStatus="RUNNING", currentAction="STARTING")
+                if mi.get("instanceStatus") == "TERMINATED":  # a stopped VM: starting is a launch
+                    self._acquire(key, mi, "STARTING")
             else:
                 mi = self._new_instance(key, "RUNNING")
             running.append(mi)
@@ -588,6 +826,8 @@ class FakeGce:
             if p != project:
                 continue
             for mi in lst:
+                if "instanceStatus" not in mi:
+                    continue  # held back for capacity: the VM does not exist
                 zone = mi["instance"].split("/zones/")[1].split("/")[0]
                 tpl = self.templates.get((project, _last(mi["version"]["instanceTemplate"])))
                 props = tpl["properties"] if tpl else {}
@@ -716,11 +956,15 @@ class FakeGce:
     # ------------------------------------------------------------------ operations
 
     def _operation(self, project: str, region: str | None, op_type: str, target: dict,
-                   effect) -> dict:
-        """A region operation, or a global one with `region` None."""
+                   effect, zone: str | None = None) -> dict:
+        """A region operation, a zone one with `zone` (kept under region "zones/ZONE"), or a
+        global one with neither."""
         name = f"operation-{next(self._clock):013d}-{self._id()[-8:]}"
         now = _ts(self._now())
-        where = "global" if region is None else f"regions/{region}"
+        if zone is not None:
+            region = f"zones/{zone}"
+        where = "global" if region is None else (
+            region if region.startswith("zones/") else f"regions/{region}")
         op = {
             "kind": "compute#operation", "id": self._id(), "name": name,
             "operationType": op_type, "targetLink": target["selfLink"],
@@ -729,7 +973,9 @@ class FakeGce:
             "insertTime": now,
             "selfLink": f"{API}/projects/{project}/{where}/operations/{name}",
         }
-        if region is not None:
+        if zone is not None:
+            op["zone"] = f"{API}/projects/{project}/zones/{zone}"
+        elif region is not None:
             op["region"] = f"{API}/projects/{project}/regions/{region}"
         for pat, code, message in self._op_failures:
             if pat.search(target["selfLink"]):
@@ -769,7 +1015,7 @@ class FakeGce:
                 v["targetSize"]["calculated"] = self._calculated(v["targetSize"],
                                                                  mig["targetSize"])
         stable = counts["none"] == len(self.managed[key]) and all(
-            (mi["instanceStatus"] == "RUNNING") == (mi["targetStatus"] == "RUNNING")
+            (mi.get("instanceStatus") == "RUNNING") == (mi["targetStatus"] == "RUNNING")
             for mi in self.managed[key])
         mig["currentActions"] = counts
         mig["status"] = {"isStable": stable, "versionTarget": {"isReached": reached},
@@ -790,6 +1036,7 @@ class FakeGce:
 
 _C = "/compute/v1/projects/(?P<project>[^/]+)"
 _R = _C + "/regions/(?P<region>[^/]+)"
+_Z = _C + "/zones/(?P<zone>[^/]+)"
 _Q = "/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/quotaPreferences"
 ROUTES: list[tuple[str, re.Pattern, str]] = [
     (m, re.compile(f"^{p}$"), h) for m, p, h in [
@@ -800,6 +1047,14 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("PATCH", _R + "/instanceGroupManagers/(?P<mig>[^/]+)", "mig_patch"),
         ("POST", _R + "/instanceGroupManagers/(?P<mig>[^/]+)/listManagedInstances", "mig_mis"),
         ("POST", _R + "/instanceGroupManagers/(?P<mig>[^/]+)/resize", "mig_resize"),
+        ("GET", _R + "/instanceGroupManagers/(?P<mig>[^/]+)/listErrors", "mig_errors"),
+        ("GET", _Z + "/reservations", "res_list"),
+        ("POST", _Z + "/reservations", "res_insert"),
+        ("GET", _Z + "/reservations/(?P<name>[^/]+)", "res_get"),
+        ("DELETE", _Z + "/reservations/(?P<name>[^/]+)", "res_delete"),
+        ("GET", _C + "/aggregated/reservations", "res_aggregated"),
+        ("GET", _Z + "/operations/(?P<op>[^/]+)", "zop_get"),
+        ("POST", _Z + "/operations/(?P<op>[^/]+)/wait", "zop_get"),
         ("GET", _R + "/autoscalers", "as_list"),
         ("GET", _R + "/autoscalers/(?P<name>[^/]+)", "as_get"),
         ("PATCH", _R + "/autoscalers", "as_patch"),
@@ -1129,6 +1384,98 @@ class _Handler(BaseHTTPRequestHandler):
 
         return fake._operation(project, region, "compute.instanceGroupManagers.resize",
                                fake.migs[key], effect), "Operation"
+
+    def mig_errors(self, *, project, region, mig, query, **_):
+        """regionInstanceGroupManagers.listErrors: newest first (filter and orderBy are not
+        supported, as the reference says)."""
+        key = self._mig_key(project, region, mig)
+        items = list(reversed(self.fake.mig_errors.get(key, [])))
+        return self._page(items, query), "RegionInstanceGroupManagersListErrorsResponse"
+
+    # -- reservations (zonal)
+
+    def _zone(self, project, zone) -> None:
+        link = f"{API}/projects/{project}/zones/{zone}"
+        if not any(link in r["zones"] for (p, _r), r in self.fake.regions.items()
+                   if p == project):
+            raise _not_found(f"projects/{project}/zones/{zone}")
+
+    def res_list(self, *, project, zone, query, **_):
+        self._zone(project, zone)
+        if query.get("filter"):
+            raise HttpError(400, "fake: filters are not implemented")
+        items = [self.fake.render_reservation(k) for k in sorted(self.fake.reservations)
+                 if k[:2] == (project, zone)]
+        out = self._page(items, query)
+        out.update(kind="compute#reservationList",
+                   id=f"projects/{project}/zones/{zone}/reservations",
+                   selfLink=f"{API}/projects/{project}/zones/{zone}/reservations")
+        return out, "ReservationList"
+
+    def res_aggregated(self, *, project, query, **_):
+        if project not in self.fake.projects:
+            raise _not_found(f"projects/{project}")
+        by_zone: dict[str, list] = {}
+        for k in sorted(self.fake.reservations):
+            if k[0] == project:
+                by_zone.setdefault(f"zones/{k[1]}", []).append(
+                    self.fake.render_reservation(k))
+        return {"kind": "compute#reservationAggregatedList",
+                "id": f"projects/{project}/aggregated/reservations",
+                "items": {z: {"reservations": rs} for z, rs in by_zone.items()},
+                "selfLink": f"{API}/projects/{project}/aggregated/reservations"}, \
+            "ReservationAggregatedList"
+
+    def res_get(self, *, project, zone, name, **_):
+        key = (project, zone, name)
+        if key not in self.fake.reservations:
+            raise _not_found(f"projects/{project}/zones/{zone}/reservations/{name}")
+        return self.fake.render_reservation(key), "Reservation"
+
+    def res_insert(self, *, project, zone, body, **_):
+        self._zone(project, zone)
+        self._check_body(body, "Reservation")
+        name = body.get("name", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            raise HttpError(400, f"Invalid value for field 'resource.name': '{name}'. Must be a "
+                                 "match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
+        sku = body.get("specificReservation") or {}
+        if int(sku.get("count") or 0) <= 0:
+            raise HttpError(400, "Invalid value for field 'resource.specificReservation.count'"
+                                 f": '{sku.get('count')}'. Must be greater than 0.")
+        if not (sku.get("instanceProperties") or {}).get("machineType"):
+            raise HttpError(400, "Required field 'resource.specificReservation."
+                                 "instanceProperties.machineType' not specified")
+        if (project, zone, name) in self.fake.reservations:
+            raise HttpError(409, f"The resource 'projects/{project}/zones/{zone}/reservations/"
+                                 f"{name}' already exists", "alreadyExists", "ALREADY_EXISTS")
+        fake = self.fake
+        target = {"selfLink": f"{API}/projects/{project}/zones/{zone}/reservations/{name}",
+                  "id": fake._id()}
+
+        def effect():
+            r = fake._new_reservation(project, zone, body)
+            r["id"] = target["id"]
+
+        return fake._operation(project, None, "insert", target, effect, zone=zone), "Operation"
+
+    def res_delete(self, *, project, zone, name, **_):
+        key = (project, zone, name)
+        if key not in self.fake.reservations:
+            raise _not_found(f"projects/{project}/zones/{zone}/reservations/{name}")
+        fake = self.fake
+
+        def effect():  # VMs consuming it keep running, On-Demand from now on
+            fake.reservations.pop(key, None)
+
+        return fake._operation(project, None, "delete", fake.reservations[key], effect,
+                               zone=zone), "Operation"
+
+    def zop_get(self, *, project, zone, op, **_):
+        key = (project, f"zones/{zone}", op)
+        if key not in self.fake.operations:
+            raise _not_found(f"projects/{project}/zones/{zone}/operations/{op}")
+        return self.fake._advance(key), "Operation"
 
     def as_list(self, *, project, region, query, **_):
         self._region(project, region)
@@ -1601,6 +1948,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("file", type=Path, help="poolctl.yaml whose gcp: pools to deploy")
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
     ap.add_argument("--tick", type=float, default=0, help="seconds between GCE's steps")
+    ap.add_argument("--capacity", action="append", default=[], metavar="MACHINE@ZONE=N",
+                    help="the zone runs at most N VMs of the machine type (repeatable)")
     ap.add_argument("--rollout-image", metavar="IMAGE",
                     help="then play `poolctl rollout start --image IMAGE --no-wait` with "
                          "Terraform's apply stood in for (it edits the file)")
@@ -1609,6 +1958,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(path)
     pools = [p for p in cfg.pools if p.gcp is not None]
     fake = FakeGce()
+    for item in args.capacity:
+        m = re.fullmatch(r"([a-z0-9-]+)@([a-z0-9-]+)=(\d+)", item)
+        if m is None:
+            ap.error(f"--capacity {item}: write MACHINE@ZONE=N, e.g. a3-highgpu-8g@us-central1-a=1")
+        fake.set_capacity(m[2], m[1], int(m[3]))
     handler = type("Handler", (_Handler,), {"fake": fake})
     fake._server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     fake._server.daemon_threads = True

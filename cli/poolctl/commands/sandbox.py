@@ -37,6 +37,16 @@ QuotaOpt = Annotated[
         show_default=False,
     ),
 ]
+CapacityOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--capacity",
+        help="The zone launches at most N instances of the type On-Demand, TYPE@ZONE=N "
+        "(repeatable), e.g. --capacity p5.48xlarge@us-east-1a=1; beyond it launches fail "
+        "with InsufficientInstanceCapacity. On a running sandbox: sets it.",
+        show_default=False,
+    ),
+]
 SpeedupOpt = Annotated[
     float | None,
     typer.Option(
@@ -105,21 +115,29 @@ def _boot_words(speedup: float | None) -> str:
 
 
 @app.command()
-def start(port: PortOpt = None, quota: QuotaOpt = None, boot_speedup: SpeedupOpt = None,
-          manual_boot: ManualOpt = False, json: JsonOpt = False) -> None:
+def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = None,
+          boot_speedup: SpeedupOpt = None, manual_boot: ManualOpt = False,
+          json: JsonOpt = False) -> None:
     """Start the sandbox in the background (a running one is reported, not restarted)."""
     from poolctl.sandbox import manager
 
     quotas = _parse_quotas(quota)
+    try:
+        limits = manager.parse_capacity(capacity)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     speedup, named = _boot_speedup(boot_speedup, manual_boot)
-    info = manager.start(port=port, quotas=quotas or None, boot_speedup=speedup)
+    info = manager.start(port=port, quotas=quotas or None, boot_speedup=speedup,
+                         capacity=limits or None)
     if info.already_running:
-        # How nodes boot is the one setting a running sandbox can change.
+        # How nodes boot, and the capacity limits, are what a running sandbox can change.
         info.boot_speedup = (manager.set_boot_speedup(str(info.endpoint), speedup)["speedup"]
                              if named else (manager.health(str(info.endpoint)) or {}
                                             ).get("boot_speedup"))
+        if limits:
+            manager.set_capacity(str(info.endpoint), limits)
     if json:
-        emit_json(info.to_dict())
+        emit_json({**info.to_dict(), "capacity": limits})
         return
     out = console()
     if info.already_running:
@@ -132,6 +150,9 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, boot_speedup: SpeedupOpt
         out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
         _print_removed(out, info.removed_state, "a previous sandbox")
     out.print(_boot_words(info.boot_speedup))
+    if limits:
+        out.print("capacity limits (On-Demand instances per zone): "
+                  + ", ".join(f"{k}={v}" for k, v in limits.items()), soft_wrap=True)
     out.print(f"log: {info.log}")
     out.print("use it with --sandbox; stop it with `poolctl sandbox stop`")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -202,10 +203,12 @@ def start(
     timeout: float = START_TIMEOUT_S,
     parent_pid: int | None = None,
     boot_speedup: float = 0.0,
+    capacity: dict[str, int] | None = None,
 ) -> SandboxInfo:
     """Start the sandbox in the background; a running one is reported, not restarted.
 
-    `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with.
+    `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with;
+    `capacity` its launch limits, {"TYPE@ZONE": N} (moto's reset returns to them).
     `parent_pid`: the server exits by itself once that process is gone (test sessions).
     `boot_speedup`: nodes finish booting by themselves after their plan's start time
     divided by it; 0 (the default): only when told (`boot-nodes`).
@@ -233,6 +236,8 @@ def start(
             "--boot-speedup", repr(float(boot_speedup))]
     if parent_pid:
         argv += ["--parent-pid", str(parent_pid)]
+    for key, limit in (capacity or {}).items():
+        argv += ["--capacity", f"{key}={limit}"]
     log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, home_dir(home))
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
@@ -282,6 +287,29 @@ def start(
     # rebooted without `sandbox stop`) describes nothing that exists.
     info.removed_state = remove_terraform_state(home)
     return info
+
+
+_CAPACITY_ITEM = re.compile(
+    r"(?P<type>[a-z0-9][a-z0-9-]*\.[a-z0-9-]+)@(?P<zone>[a-z]{2}(?:-[a-z0-9]+)+[a-z])"
+    r"=(?P<n>\d{1,6})")
+
+
+def parse_capacity(items: list[str] | None) -> dict[str, int]:
+    """`--capacity TYPE@ZONE=N` items as {"TYPE@ZONE": N}; ValueError names a bad one."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        m = _CAPACITY_ITEM.fullmatch(item.strip())
+        if m is None:
+            raise ValueError(f"--capacity {item}: write TYPE@ZONE=N, e.g. "
+                             "--capacity p5.48xlarge@us-east-1a=1 (N instances, 0 or more)")
+        out[f"{m['type']}@{m['zone']}"] = int(m["n"])
+    return out
+
+
+def set_capacity(endpoint_url: str, limits: dict[str, int]) -> dict[str, Any]:
+    """Set launch limits on a running sandbox (POST /_poolctl/capacity)."""
+    return admin(endpoint_url, "POST", "/_poolctl/capacity", {"limits": limits},
+                 "set the capacity limits")
 
 
 def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:

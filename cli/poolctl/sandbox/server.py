@@ -1,7 +1,7 @@
 """The sandbox server: moto's server app with poolctl's emulator extensions, on loopback.
 
     python -m poolctl.sandbox.server --host 127.0.0.1 --port 4600 [--port-file FILE]
-                                     [--boot-speedup S]
+                                     [--boot-speedup S] [--capacity TYPE@ZONE=N ...]
 
 `--port 0` binds a free port; `--port-file` receives the bound port once the server
 listens (the manager and the test fixture use it, so nobody races for a port).
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.sandbox import extensions
-from poolctl.sandbox.manager import SERVICE
+from poolctl.sandbox.manager import SERVICE, parse_capacity
 
 # moto settings the sandbox needs, read when moto builds its backends: without AWS managed
 # policies, attaching arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore to the node role
@@ -78,7 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         help="nodes finish booting by themselves after their plan's start time divided by "
         "this (0: only when told, by `poolctl sandbox boot-nodes`)",
     )
+    parser.add_argument(
+        "--capacity", action="append", default=[], metavar="TYPE@ZONE=N",
+        help="the zone launches at most N instances of the type On-Demand (repeatable)",
+    )
     args = parser.parse_args(argv)
+    try:
+        limits = parse_capacity(args.capacity)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     if not math.isfinite(args.boot_speedup) or args.boot_speedup < 0:
         print(f"--boot-speedup {args.boot_speedup:g}: give a number >= 0 (0: manual boot)",
               file=sys.stderr)
@@ -103,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.time(),
     }
     app = build_app(info)
+    from poolctl.sandbox.extensions import capacity
+
+    capacity.set_startup_limits(dict(limits))
     try:
         server = make_server(
             args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler

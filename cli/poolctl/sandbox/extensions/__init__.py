@@ -10,6 +10,9 @@ Features (FEATURES, in the order they are installed):
   lifecycle         launch lifecycle actions and hooks given at group creation
   warm_pool         real warm pool instances, taken first on scale-out
   refresh           instance refresh, one step per DescribeInstanceRefreshes (the clock)
+  capacity          per (type, zone) launch limits, Capacity Reservations, a group's
+                    reservation preference
+  activities        scaling activities of every launch, launches retried after a failure
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
   self_boot         nodes that finish booting by themselves after their plan's start time
@@ -18,7 +21,7 @@ Features (FEATURES, in the order they are installed):
   snapshots         everything the sandbox holds, kept and restored
   admin             the /_poolctl/ endpoints in front of moto
 Shared by them: common (the lock, moto lookups, errors) and launches (instances launched for
-a group, and the launch actions that hold them).
+a group, zone by zone within capacity, and the launch actions that hold them).
 
 To add a feature (capacity reservations, say): write a module here whose docstring says what
 it emulates, why, and what it does not; give it NAMES (what /_poolctl/health lists),
@@ -34,7 +37,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from poolctl.sandbox.extensions import (
+    activities,
     admin,
+    capacity,
     faults,
     fixes,
     instance_connect,
@@ -67,9 +72,10 @@ class Feature(Protocol):
 
 
 # fixes first: lifecycle wraps the CreateAutoScalingGroup that fixes corrected.
+# capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
-    fixes, lifecycle, warm_pool, refresh, quotas, instance_connect, self_boot, retries, faults,
-    snapshots, admin,
+    fixes, lifecycle, warm_pool, refresh, capacity, activities, quotas, instance_connect,
+    self_boot, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
 

@@ -15,8 +15,13 @@ start times, the nodes booting and their seconds left; POST {"speedup": 100} cha
 nodes boot only when told). POST /_poolctl/start-times {"region", "project", "pool",
 "start_seconds": {"cold": 440.5, "warm_stopped": 260.5, "warm_running": 30}} registers a
 pool's start times (`deploy --sandbox` sends its plan's). GET|POST /_poolctl/snapshots and
-POST /_poolctl/snapshots/<name>/restore (snapshots.py). moto's own POST /moto-api/reset also
-resets all of this (the speedup stays).
+POST /_poolctl/snapshots/<name>/restore (snapshots.py). GET|POST|DELETE /_poolctl/capacity
+(capacity.py): the launch limits with their use and the Capacity Reservations; POST
+{"limits": {"p5.48xlarge@us-east-1a": 1, "p5.48xlarge@us-east-1b": null}} sets limits (null
+removes one), {"capacity_blocks": [{"instance_type", "zone", "count", "hours"}]} adds Capacity
+Blocks (their ids under "created"); groups short of capacity retry at once; DELETE returns to
+the start-up limits. moto's own POST /moto-api/reset also resets all of this (the speedup
+stays).
 
 Every other request goes to moto, through faults.py (held back answers) and retries.py
 (a retried attempt answered once).
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from poolctl.sandbox.extensions import faults, quotas, retries
+from poolctl.sandbox.extensions import capacity, faults, quotas, retries
 from poolctl.sandbox.extensions.common import LOCK
 from poolctl.sandbox.extensions.instance_connect import instance_connect_keys
 from poolctl.sandbox.extensions.lifecycle import complete_open_actions, lifecycle_report
@@ -96,6 +101,19 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                     elif method != "GET":
                         return respond(start_response, 405, {"error": "GET, POST or DELETE"})
                     return respond(start_response, 200, {"quotas": quotas.applied_values})
+            if path == "/_poolctl/capacity":
+                created: list[str] = []
+                if method == "POST":
+                    if not isinstance(body.get("limits", {}), dict):
+                        raise ValueError('"limits" is an object: {"p5.48xlarge@us-east-1a": 1}')
+                    created = [capacity.add_capacity_block(dict(b)).id
+                               for b in body.get("capacity_blocks") or []]
+                    capacity.set_limits(dict(body.get("limits") or {}))
+                elif method == "DELETE":
+                    capacity.reset_limits()
+                elif method != "GET":
+                    return respond(start_response, 405, {"error": "GET, POST or DELETE"})
+                return respond(start_response, 200, {**capacity.report(), "created": created})
             if path.startswith("/_poolctl/quota-requests/") and method == "POST":
                 with LOCK:
                     request = quotas.set_request_status(path.rsplit("/", 1)[1],

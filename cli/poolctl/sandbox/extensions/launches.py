@@ -1,8 +1,10 @@
 """Instances launched for an Auto Scaling group, and the launch actions that hold them.
 
 moto launches a group's instances from the version its launch template resolves but tags
-them with the template's default version; `run_instances` launches from the version given
-and remembers it on the instance (fixes.py reports it back). With an
+them with the template's default version, all in one random zone; `run_instances` launches
+from the version given and remembers it on the instance (fixes.py reports it back), one
+instance at a time in the zone Auto Scaling would pick, within the sandbox's capacity
+(capacity.py), recording each launch as a scaling activity (activities.py). With an
 autoscaling:EC2_INSTANCE_LAUNCHING hook on the group, a new instance waits (Pending:Wait, or
 Warmed:Pending:Wait in the warm pool) with one open launch action per hook, and its boot
 clock starts: lifecycle.py completes the actions, self_boot.py does when the clock runs out.
@@ -13,9 +15,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
-from poolctl.sandbox.extensions.common import warm_states
+from poolctl.sandbox.extensions import activities, capacity
+from poolctl.sandbox.extensions.common import resolve_template, template_version, warm_states
 
 LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
 ASG_NAME_TAG = "aws:autoscaling:groupName"
@@ -31,54 +35,136 @@ def launch_hooks(backend: Any, group: Any) -> list[Any]:
     ]
 
 
-def run_instances(
-    group: Any, count: int, version: Any | None, tags: dict[str, str] | None = None
-) -> list[Any]:
-    """Launch `count` EC2 instances for `group` from `version` (or its launch configuration).
+def group_zones(group: Any) -> list[tuple[str, str | None]]:
+    """(zone, subnet or None) the group launches into: one subnet per zone of its
+    VPCZoneIdentifier, else its AvailabilityZones."""
+    ec2 = group.autoscaling_backend.ec2_backend
+    if not group.vpc_zone_identifier:
+        return [(zone, None) for zone in group.availability_zones]
+    out: dict[str, str | None] = {}
+    for subnet_id in group.vpc_zone_identifier.split(","):
+        if subnet_id.strip():
+            out.setdefault(ec2.get_subnet(subnet_id.strip()).availability_zone,
+                           subnet_id.strip())
+    return list(out.items())
 
-    Mirrors moto's FakeAutoScalingGroup.replace_autoscaling_group_instances, except that the
-    launch template version is passed explicitly so the instance is tagged with (and
-    remembers) the version it really runs.
-    """
-    from moto.moto_api._internal import mock_random as random
 
+def launch_choices(group: Any, version: Any | None) -> list[tuple[str, Any | None]]:
+    """(instance type, launch template version or None for the launch configuration) a
+    launch tries, in order: a mixed instances policy's overrides by priority (the
+    `prioritized` On-Demand strategy), else the one the group launches."""
+    ec2 = group.autoscaling_backend.ec2_backend
+    policy = group.mixed_instances_policy or {}
+    choices: list[tuple[str, Any | None]] = []
+    for override in (policy.get("LaunchTemplate") or {}).get("Overrides") or []:
+        chosen = version
+        spec = override.get("LaunchTemplateSpecification")
+        if spec:
+            chosen = template_version(resolve_template(ec2, spec), spec.get("Version"))
+        itype = override.get("InstanceType") or (chosen.instance_type if chosen else None)
+        if itype:
+            choices.append((itype, chosen))
+    if choices:
+        return choices
+    if version is not None:
+        return [(version.instance_type, version)]
+    return [(group.launch_config.instance_type, None)]
+
+
+def _launch_one(group: Any, itype: str, version: Any | None, zone: str, subnet: str | None,
+                tags: dict[str, str]) -> Any:
+    """One instance for `group` in `zone`, from `version` (or its launch configuration);
+    raises capacity.CapacityError when the zone (or the reservation) has no room."""
     backend = group.autoscaling_backend
-    instance_tags = dict(tags if tags is not None else group.get_propagated_tags())
-    instance_tags[ASG_NAME_TAG] = group.name
-    subnet_id = group.vpc_zone_identifier.split(",")[0] if group.vpc_zone_identifier else None
+    instance_tags = dict(tags)
     if version is not None:
         instance_tags.update(version.instance_tags)
         launch_template = {"LaunchTemplateId": version.template.id, "Version": str(version.number)}
-        image_id, instance_type = version.image_id, version.instance_type
-        user_data, security_groups = version.user_data, version.security_groups
+        image_id, user_data, security_groups = (version.image_id, version.user_data,
+                                                version.security_groups)
         associate_public_ip = None
     else:
         lc = group.launch_config
         launch_template = None
-        image_id, instance_type = lc.image_id, lc.instance_type
-        user_data, security_groups = lc.user_data, lc.security_groups
+        image_id, user_data, security_groups = lc.image_id, lc.user_data, lc.security_groups
         associate_public_ip = lc.associate_public_ip_address
     reservation = backend.ec2_backend.run_instances(
         image_id,
-        count,
+        1,
         user_data,
         security_groups,
-        instance_type=instance_type,
+        instance_type=itype,
         tags={"instance": instance_tags},
-        placement=random.choice(group.availability_zones),
+        placement=zone,
         launch_config=group.launch_config,
         launch_template=launch_template,
         is_instance_type_default=False,
         associate_public_ip=associate_public_ip,
-        subnet_id=subnet_id,
+        subnet_id=subnet,
+        poolctl_capacity=capacity.group_spec(group, version),
     )
-    for instance in reservation.instances:
-        instance.autoscaling_group = group
-        if version is not None:
-            instance._poolctl_lt = (version.template, version.number)
-        elif group.launch_config is not None:
-            instance._poolctl_lc = group.launch_config.name
-    return list(reservation.instances)
+    instance = reservation.instances[0]
+    instance.autoscaling_group = group
+    if version is not None:
+        instance._poolctl_lt = (version.template, version.number)
+    elif group.launch_config is not None:
+        instance._poolctl_lc = group.launch_config.name
+    return instance
+
+
+def run_instances(
+    group: Any, count: int, version: Any | None, tags: dict[str, str] | None = None,
+    *, warm: str = "", cause: str | None = None,
+) -> list[Any]:
+    """Launch up to `count` EC2 instances for `group` from `version` (or its launch
+    configuration); `warm` "into" when they are for its warm pool. Returns those launched:
+    fewer when capacity ran out, each failure recorded as a scaling activity.
+
+    As Auto Scaling does: each instance goes to the group's zone with the fewest of the
+    pool's instances (zones where a reservation the group may use has room first), and to
+    another zone when that one has no capacity (not with the balanced-only distribution
+    strategy); a mixed instances policy's types are tried in priority order in each zone.
+    The launch template version is passed explicitly, so the instance is tagged with (and
+    remembers) the version it really runs.
+    """
+    ec2 = group.autoscaling_backend.ec2_backend
+    instance_tags = dict(tags if tags is not None else group.get_propagated_tags())
+    instance_tags[ASG_NAME_TAG] = group.name
+    zones = group_zones(group)
+    choices = launch_choices(group, version)
+    pool = warm_states(group) if warm == "into" else list(group.instance_states)
+    placed = Counter(s.instance.placement.zone for s in pool)
+    cause = cause or activities.launch_cause(len(pool), len(pool) + count, warm == "into")
+    strategy = (capacity.group_setting(group, "availability_zone_distribution") or {}).get(
+        "CapacityDistributionStrategy")
+    first_type, first_version = choices[0]
+    first_spec = capacity.group_spec(group, first_version)
+    launched: list[Any] = []
+    for _ in range(count):
+        order = sorted(range(len(zones)), key=lambda i: (
+            first_spec.mode != "none" and capacity.reservation_room(
+                ec2, first_type, zones[i][0], first_spec) == 0,
+            placed[zones[i][0]], i))
+        if strategy == "balanced-only":
+            order = order[:1]
+        instance = None
+        for i in order:
+            zone, subnet = zones[i]
+            for itype, chosen in choices:
+                try:
+                    instance = _launch_one(group, itype, chosen, zone, subnet, instance_tags)
+                except capacity.CapacityError as exc:
+                    activities.record_failure(group, zone, subnet, exc.message, cause, warm)
+                    continue
+                activities.record_success(group, instance, subnet, cause, warm)
+                break
+            if instance is not None:
+                placed[zone] += 1
+                break
+        if instance is None:
+            break  # no zone has room now: Auto Scaling tries again later (activities.py)
+        launched.append(instance)
+    return launched
 
 
 def terminate(backend: Any, instance_ids: list[str]) -> None:

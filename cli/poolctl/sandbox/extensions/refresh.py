@@ -15,7 +15,9 @@ Pending -> InProgress; one batch replaced; a checkpoint's CheckpointDelay elapse
 pool replaced; Baking -> Successful; Cancelling -> Cancelled; one rollback batch. So a caller
 polling Describe sees every state, and tests need no sleep.
 
-A replacement counts in PercentageComplete once it is InService. A refresh waits while its
+A replacement counts in PercentageComplete once it is InService. One that cannot launch (no
+capacity, capacity.py) holds the refresh: each step tries it again, StatusReason "Waiting to
+launch N replacement instance(s): <the failed launch's StatusMessage>". A refresh waits while its
 replacements are in Pending:Wait (lifecycle hooks), and fails (or auto-rolls back) when one of
 them is marked Unhealthy (SetInstanceHealth), the sandbox's stand-in for failed health checks.
 "Wait" for protected or standby instances lasts WAIT_STEPS steps (AWS: one hour), then the
@@ -31,6 +33,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from poolctl.sandbox.extensions import activities
 from poolctl.sandbox.extensions.common import (
     LOCK,
     autoscaling_error,
@@ -109,6 +112,7 @@ class _Refresh:
         self.blocked_steps = 0
         self.partial_done = False
         self.rollback: dict[str, Any] | None = None
+        self.unlaunched = 0  # replacements that found no capacity yet
 
     # -- reporting --
     def _pct(self, done: int, total: int) -> int:
@@ -291,13 +295,39 @@ def _batch_size(r: _Refresh, group: Any) -> int:
     return max(1, math.floor(desired * maxh / 100) - math.ceil(desired * minh / 100))
 
 
-def _replace(backend: Any, group: Any, old: Any, version: Any | None) -> Any:
-    """Terminate one group instance and launch its replacement; returns the new state."""
+def _replace(backend: Any, group: Any, old: Any, version: Any | None) -> Any | None:
+    """Terminate one group instance and launch its replacement; returns the new state, or
+    None when the replacement could not launch (no capacity)."""
     group.instance_states.remove(old)
     terminate(backend, [old.instance.id])
-    new = new_group_state(backend, group, run_instances(group, 1, version)[0])
+    return _launch_replacement(backend, group, version)
+
+
+def _launch_replacement(backend: Any, group: Any, version: Any | None) -> Any | None:
+    launched = run_instances(group, 1, version, cause=activities.refresh_cause())
+    if not launched:
+        return None
+    new = new_group_state(backend, group, launched[0])
     group.instance_states.append(new)
     return new
+
+
+def _retry_unlaunched(backend: Any, group: Any, r: _Refresh) -> bool:
+    """Launch the replacements that found no capacity; False while some still cannot."""
+    version = r.target if r.target is not None else group_version(group)
+    while r.unlaunched:
+        new = _launch_replacement(backend, group, version)
+        if new is None:
+            _say_unlaunched(group, r)
+            return False
+        r.unlaunched -= 1
+        r.launched.append(new.instance.id)
+    return True
+
+
+def _say_unlaunched(group: Any, r: _Refresh) -> None:
+    r.status_reason = (f"Waiting to launch {r.unlaunched} replacement instance(s): "
+                       f"{activities.last_failure(group) or 'no capacity'}")
 
 
 def _fail(backend: Any, group: Any, r: _Refresh, reason: str) -> None:
@@ -317,6 +347,8 @@ def _begin_rollback(group: Any, r: _Refresh, reason: str) -> None:
 
 
 def _step_in_progress(backend: Any, group: Any, r: _Refresh) -> None:
+    if not _retry_unlaunched(backend, group, r):
+        return
     by_id = {s.instance.id: s for s in group.instance_states}
     launched = [by_id[i] for i in r.launched if i in by_id]
     sick = [s.instance.id for s in launched if s.health_status == "Unhealthy"]
@@ -398,9 +430,14 @@ def _replace_live_batch(backend: Any, group: Any, r: _Refresh, by_id: dict[str, 
             terminate(backend, [iid])
             continue
         new = _replace(backend, group, old, version)
-        r.launched.append(new.instance.id)
+        if new is None:
+            r.unlaunched += 1
+        else:
+            r.launched.append(new.instance.id)
     refresh_load_balancers(backend, group)
     r.status_reason = ""
+    if r.unlaunched:
+        _say_unlaunched(group, r)
     reached = None
     while r.next_checkpoint < len(r.checkpoints) and r.live_done >= math.ceil(
         r.live_total * r.checkpoints[r.next_checkpoint] / 100
@@ -441,7 +478,8 @@ def _step_rollback(backend: Any, group: Any, r: _Refresh) -> None:
     previous = group_version(group)  # the desired configuration was never applied
     if live:
         for iid in live[: _batch_size(r, group)]:
-            _replace(backend, group, by_id[iid], previous)
+            if _replace(backend, group, by_id[iid], previous) is None:
+                activities.note_shortfall(group)  # the group launches it when it can
             rb["todo"].remove(iid)
             rb["done"] += 1
         refresh_load_balancers(backend, group)

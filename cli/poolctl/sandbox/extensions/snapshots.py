@@ -1,7 +1,8 @@
 """Snapshots: everything the sandbox holds, kept and put back in about a second.
 
-POST /_poolctl/snapshots {"name": "pool"} (admin.py) keeps a copy of every moto backend, the
-applied quotas and the registered start times; POST /_poolctl/snapshots/<name>/restore puts it
+POST /_poolctl/snapshots {"name": "pool"} (admin.py) keeps a copy of every moto backend (the
+Capacity Reservations and scaling activities with them), the applied quotas, the capacity
+limits and the registered start times; POST /_poolctl/snapshots/<name>/restore puts it
 back, resources and ids as they were, so a Terraform state written before the snapshot matches
 again (the test suite restores its deployed pool between groups of tests instead of deploying
 it anew). A restore drops the faults and the pushed Instance Connect keys. A reset drops the
@@ -13,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from poolctl.sandbox.extensions import faults, instance_connect, quotas, self_boot
+from poolctl.sandbox.extensions import capacity, faults, instance_connect, quotas, self_boot
 from poolctl.sandbox.extensions.common import LOCK
 
 NAMES = ("admin-endpoints.snapshots",)
@@ -70,6 +71,7 @@ def take_snapshot(name: str) -> dict[str, Any]:
             "backends": copy.deepcopy({key: vars(b) for key, b in live.items()},
                                       _backends_kept(live)),
             "quotas": copy.deepcopy(quotas.applied_values),
+            "capacity_limits": dict(capacity.limits),
             "start_times": copy.deepcopy(self_boot.start_times),
         }
         return {"name": name, "backends": len(live)}
@@ -90,6 +92,8 @@ def restore_snapshot(name: str) -> dict[str, Any]:
         quotas.applied_values.update(copy.deepcopy(snap["quotas"]))
         self_boot.start_times.clear()
         self_boot.start_times.update(copy.deepcopy(snap["start_times"]))
+        capacity.limits.clear()
+        capacity.limits.update(snap["capacity_limits"])
         faults.reset()
         instance_connect.reset()
         return {"name": name, "backends": len(live)}

@@ -8,7 +8,10 @@ reference: max(MinSize, MaxGroupPreparedCapacity - Desired), with MaxSize in pla
 MaxGroupPreparedCapacity when that is unset or -1. Scale-out takes warm instances first
 (started if stopped), then the pool is refilled; the group's WarmPoolSize is reported.
 DeleteWarmPool and DeleteAutoScalingGroup terminate them. DescribeWarmPool on an unknown
-group is a ValidationError (moto: HTTP 500).
+group is a ValidationError (moto: HTTP 500). Capacity (capacity.py): a warm instance
+launches (and runs) before it stops, so filling the pool needs capacity; a stopped one holds
+none, so starting it (scale-out, or a Running pool) is a launch that can fail: it stays in
+the pool and the group launches a new instance where there is room.
 Not emulated: InstanceReusePolicy (scale-in never returns instances to the pool).
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from poolctl.sandbox.extensions import activities, capacity
 from poolctl.sandbox.extensions.common import (
     LOCK,
     ec2_state,
@@ -51,15 +55,35 @@ def warm_pool_target_size(
 
 
 def settle_warm(backend: Any, group: Any, state: Any) -> None:
-    """Bring a warm instance to the pool's state (Warmed:Stopped means the instance stops)."""
+    """Bring a warm instance to the pool's state (Warmed:Stopped means the instance stops).
+    Starting a stopped one for a Running pool is a launch: without capacity it stays
+    Warmed:Stopped, and the group tries again later."""
     pool_state = group.warm_pool.pool_state if group.warm_pool else "Stopped"
     target = _WARM_SETTLED.get(pool_state, "Warmed:Stopped")
-    state.lifecycle_state = target
     instance_state = ec2_state(state.instance)
     if target == "Warmed:Running" and instance_state == "stopped":
-        backend.ec2_backend.start_instances([state.instance.id])
+        try:
+            backend.ec2_backend.start_instances([state.instance.id])
+        except capacity.CapacityError as exc:
+            state.lifecycle_state = "Warmed:Stopped"
+            _start_failed(group, state, exc, "into")
+            return
     elif target != "Warmed:Running" and instance_state == "running":
         backend.ec2_backend.stop_instances([state.instance.id])
+    state.lifecycle_state = target
+
+
+def _start_failed(group: Any, state: Any, exc: Any, warm: str) -> None:
+    """A stopped warm instance could not start: `warm` "from" (taken for scale-out) or
+    "into" (a Running pool); recorded, and the group tries again later."""
+    if warm == "from":
+        cause = activities.launch_cause(len(group.active_instances()),
+                                        group.desired_capacity or 0)
+    else:
+        cause = activities.warm_state_cause()
+    activities.record_failure(group, state.instance.placement.zone, state.instance.subnet_id,
+                              exc.message, cause, warm)
+    activities.note_shortfall(group)
 
 
 def reconcile_warm_pool(group: Any) -> None:
@@ -82,20 +106,31 @@ def reconcile_warm_pool(group: Any) -> None:
         del warm[target:]
         terminate(backend, [s.instance.id for s in extra])
     elif len(warm) < target:
-        launch_warm(group, target - len(warm), group_version(group))
+        missing = target - len(warm)
+        if len(launch_warm(group, missing, group_version(group))) < missing:
+            activities.note_shortfall(group)
     for state in warm:
         if state.lifecycle_state in _WARM_SETTLED.values():
             settle_warm(backend, group, state)
 
 
-def launch_warm(group: Any, count: int, version: Any | None) -> list[Any]:
-    """Launch `count` instances into the group's warm pool from `version`."""
+def launch_warm(group: Any, count: int, version: Any | None,
+                cause: str | None = None) -> list[Any]:
+    """Launch up to `count` instances into the group's warm pool from `version`, one after
+    the other (fewer when capacity runs out: a warm instance runs until it settles, or its
+    launch hook completes, and then stops)."""
     from moto.autoscaling.models import InstanceState
 
     backend = group.autoscaling_backend
     hooks = launch_hooks(backend, group)
-    states = []
-    for instance in run_instances(group, count, version):
+    pool = len(warm_states(group))
+    cause = cause or activities.launch_cause(pool, pool + count, warm=True)
+    states: list[Any] = []
+    for _ in range(count):
+        launched = run_instances(group, 1, version, warm="into", cause=cause)
+        if not launched:
+            break
+        instance = launched[0]
         state = InstanceState(
             instance,
             lifecycle_state="Warmed:Pending:Wait" if hooks else "Warmed:Pending",
@@ -111,18 +146,26 @@ def launch_warm(group: Any, count: int, version: Any | None) -> list[Any]:
 
 
 def _take_from_warm_pool(group: Any, count: int) -> list[Any]:
-    """Scale-out: move up to `count` warm instances into the group (settled ones first)."""
+    """Scale-out: move up to `count` warm instances into the group (settled ones first).
+    A stopped one that cannot start (no capacity in its zone: a stopped instance holds
+    none) stays in the pool, the failure recorded."""
     warm = warm_states(group)
     if count <= 0 or not warm:
         return []
     backend = group.autoscaling_backend
     ordered = sorted(warm, key=lambda s: s.lifecycle_state not in _WARM_SETTLED.values())
-    moved = []
-    for state in ordered[:count]:
-        warm.remove(state)
+    moved: list[Any] = []
+    for state in ordered:
+        if len(moved) == count:
+            break
         kind = "warm_stopped" if ec2_state(state.instance) == "stopped" else "warm_running"
         if kind == "warm_stopped":
-            backend.ec2_backend.start_instances([state.instance.id])
+            try:
+                backend.ec2_backend.start_instances([state.instance.id])
+            except capacity.CapacityError as exc:
+                _start_failed(group, state, exc, "from")
+                continue
+        warm.remove(state)
         hooks = launch_hooks(backend, group)
         state.lifecycle_state = "Pending:Wait" if hooks else "InService"
         state.protected_from_scale_in = group.new_instances_protected_from_scale_in
@@ -174,12 +217,18 @@ def install() -> None:
 
     def replace_instances(self: Any, count_needed: int, propagated_tags: dict[str, str]) -> None:
         with LOCK:
+            current = len(self.active_instances())
             remaining = count_needed - len(_take_from_warm_pool(self, count_needed))
             if remaining <= 0:
                 return
             backend = self.autoscaling_backend
-            for instance in run_instances(self, remaining, group_version(self), propagated_tags):
+            cause = activities.launch_cause(current, current + count_needed)
+            launched = run_instances(self, remaining, group_version(self), propagated_tags,
+                                     cause=cause)
+            for instance in launched:
                 self.instance_states.append(new_group_state(backend, self, instance))
+            if len(launched) < remaining:
+                activities.note_shortfall(self)
 
     FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_instances  # type: ignore[method-assign]  # moto extension: warm pool first
     FakeAutoScalingGroup.warm_pool_size = property(  # type: ignore[attr-defined]  # moto extension: new attribute

@@ -1,0 +1,297 @@
+"""Capacity in the Compute Engine fake (tests/fakes/gce.py): zones that run out of a machine
+type, regional MIG target shapes around them, and reservations, driven over HTTP with the real
+google-cloud-compute client.
+
+The pool is a regional MIG of a3-highgpu-8g over us-central1-a, -b, -c, seeded with no VM;
+every count below is worked out from the target shape's rule in the fake's docstring.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+compute_v1 = pytest.importorskip(
+    "google.cloud.compute_v1",
+    reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+
+from google.api_core import exceptions as gexc  # noqa: E402
+from google.auth.credentials import AnonymousCredentials  # noqa: E402
+
+from tests.fakes.gce import FakeGce  # noqa: E402
+
+PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
+A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
+MACHINE = "a3-highgpu-8g"
+TEMPLATE = "acme-chat-70b-20260105090000000000000001"
+
+
+def exhausted(zone: str) -> str:
+    return (f"The zone 'projects/{PROJECT}/zones/{zone}' does not have enough resources "
+            "available to fulfill the request.  Try a different zone, or try again later.")
+
+
+@pytest.fixture
+def fake():
+    f = FakeGce().start()
+    yield f
+    f.stop()
+    assert f.errors == []  # every answer parsed as its compute_v1 message, unknown fields refused
+
+
+def _client(fake, name: str):
+    return getattr(compute_v1, name)(
+        credentials=AnonymousCredentials(), transport="rest",
+        client_options={"api_endpoint": fake.endpoint})
+
+
+@pytest.fixture
+def migs(fake):
+    return _client(fake, "RegionInstanceGroupManagersClient")
+
+
+@pytest.fixture
+def reservations(fake):
+    return _client(fake, "ReservationsClient")
+
+
+def _deploy(fake, shape: str = "BALANCED", running: int = 0, stopped: int = 0) -> None:
+    fake.deploy_pool(project=PROJECT, region=REGION, name=MIG, labels={}, zones=[A, B, C],
+                     template=TEMPLATE, running=running, stopped=stopped, autoscaler=None)
+    fake.migs[(PROJECT, REGION, MIG)]["distributionPolicy"]["targetShape"] = shape
+
+
+def _done(fake, op) -> None:
+    """Poll a region or zone operation to DONE with the operations client on the fake (an
+    ExtendedOperation's own polling goes to compute.googleapis.com); raise its error."""
+    if op.zone:
+        ops, where = _client(fake, "ZoneOperationsClient"), {"zone": op.zone.rsplit("/", 1)[1]}
+    else:
+        ops, where = _client(fake, "RegionOperationsClient"), {"region": REGION}
+    for _ in range(10):
+        op = ops.get(project=PROJECT, operation=op.name, **where)
+        if op.status == compute_v1.Operation.Status.DONE:
+            assert not op.error.errors, op.error
+            return
+    raise AssertionError(f"{op.name} not DONE")
+
+
+def _resize(fake, migs, size: int) -> None:
+    _done(fake, migs.resize_unary(project=PROJECT, region=REGION, instance_group_manager=MIG,
+                                  size=size))
+
+
+def _managed(migs) -> list:
+    return list(migs.list_managed_instances(project=PROJECT, region=REGION,
+                                            instance_group_manager=MIG))
+
+
+def _zone(mi) -> str:
+    return mi.instance.split("/zones/")[1].split("/")[0]
+
+
+def _running_zones(migs) -> Counter:
+    return Counter(_zone(mi) for mi in _managed(migs) if mi.instance_status == "RUNNING")
+
+
+def _errors(migs) -> list:
+    return list(migs.list_errors(project=PROJECT, region=REGION, instance_group_manager=MIG))
+
+
+def _affinity(fake, kind: str, *names: str) -> None:
+    props = fake.templates[(PROJECT, TEMPLATE)]["properties"]
+    props["reservationAffinity"] = {"consumeReservationType": kind}
+    if names:
+        props["reservationAffinity"].update(key="compute.googleapis.com/reservation-name",
+                                            values=list(names))
+
+
+# -------------------------------------------------------------------------------------
+# zone capacity and target shapes
+
+
+def test_balanced_skips_a_stocked_out_zone(fake, migs):
+    _deploy(fake, "BALANCED")
+    fake.set_capacity(A, MACHINE, 0)
+    _resize(fake, migs, 3)
+    fake.settle()
+    # Room in b and c only; fewest first, ties by zone order: b, c, b.
+    assert _running_zones(migs) == Counter({B: 2, C: 1})
+    assert _errors(migs) == []
+
+
+def test_even_waits_in_the_stocked_out_zone_with_the_error_as_gce_shows_it(fake, migs):
+    _deploy(fake, "EVEN")
+    fake.set_capacity(A, MACHINE, 0)
+    _resize(fake, migs, 3)
+    # One VM per zone; a's cannot be created and stays CREATING, not yet a VM.
+    held = [mi for mi in _managed(migs) if _zone(mi) == A]
+    assert len(held) == 1 and held[0].current_action == "CREATING"
+    assert held[0].instance_status == ""
+    (err,) = held[0].last_attempt.errors.errors
+    assert (err.code, err.message) == ("ZONE_RESOURCE_POOL_EXHAUSTED", exhausted(A))
+    # listErrors: one entry per failed attempt, with the action, the VM and its version.
+    (first,) = _errors(migs)
+    assert (first.error.code, first.error.message) == (
+        "ZONE_RESOURCE_POOL_EXHAUSTED", exhausted(A))
+    assert first.instance_action_details.action == "CREATING"
+    assert first.instance_action_details.instance == held[0].instance
+    assert first.instance_action_details.version.instance_template.split("?")[0].endswith(
+        f"/instanceTemplates/{TEMPLATE}")
+    assert first.timestamp
+    fake.settle()  # b and c come up; a tries again and fails again: a second entry
+    assert _running_zones(migs) == Counter({B: 1, C: 1})
+    group = migs.get(project=PROJECT, region=REGION, instance_group_manager=MIG)
+    assert group.current_actions.creating == 1 and not group.status.is_stable
+    again = _errors(migs)
+    assert len(again) == 2 and again[0].timestamp > again[1].timestamp  # newest first
+    fake.set_capacity(A, MACHINE, None)
+    fake.settle()
+    assert _running_zones(migs) == Counter({A: 1, B: 1, C: 1})
+
+
+def test_every_zone_exhausted_names_each_zone(fake, migs):
+    _deploy(fake, "BALANCED")
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)
+    _resize(fake, migs, 2)
+    fake.settle()
+    managed = _managed(migs)
+    assert [mi.current_action for mi in managed] == ["CREATING", "CREATING"]
+    # No zone has room: BALANCED falls back to the fewest VMs, a then b.
+    assert {_zone(mi) for mi in managed} == {A, B}
+    assert {e.error.message for e in _errors(migs)} == {exhausted(A), exhausted(B)}
+    # Not VMs yet: instances.aggregatedList has none.
+    listed = _client(fake, "InstancesClient").aggregated_list(project=PROJECT)
+    assert [i for _zone_name, scoped in listed for i in scoped.instances] == []
+    # Room in c: on retry both go there (BALANCED moves a VM not yet created).
+    fake.set_capacity(C, MACHINE, 2)
+    fake.settle()
+    assert _running_zones(migs) == Counter({C: 2})
+
+
+def test_any_single_zone_puts_every_vm_where_there_is_room(fake, migs):
+    _deploy(fake, "ANY_SINGLE_ZONE")
+    fake.set_capacity(A, MACHINE, 0)
+    _resize(fake, migs, 3)
+    fake.settle()
+    assert _running_zones(migs) == Counter({B: 3})
+
+
+def test_starting_a_standby_vm_needs_capacity(fake, migs):
+    _deploy(fake, "BALANCED", running=0, stopped=2)
+    standby = {_zone(mi) for mi in _managed(migs)}
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)  # a stopped VM holds none: still fine
+    _resize(fake, migs, 1)
+    fake.settle()
+    starting = [mi for mi in _managed(migs) if mi.current_action == "STARTING"]
+    assert len(starting) == 1 and starting[0].instance_status == "TERMINATED"
+    assert _zone(starting[0]) in standby
+    # The start failed (at the resize, again at settle), and so did the new standby VM
+    # that refills the pool to its targetStoppedSize of 2 (creating needs room too).
+    errors = _errors(migs)
+    assert Counter(e.instance_action_details.action for e in errors) == Counter(
+        {"STARTING": 2, "CREATING": 2})
+    assert {e.error.code for e in errors} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+    fake.set_capacity(_zone(starting[0]), MACHINE, 1)
+    fake.settle()
+    assert sum(_running_zones(migs).values()) == 1
+
+
+# -------------------------------------------------------------------------------------
+# reservations
+
+
+def test_reservations_insert_get_list_delete(fake, reservations):
+    fake.add_region(PROJECT, REGION, [A, B, C])
+    body = compute_v1.Reservation(
+        name="h100-a", specific_reservation_required=True,
+        specific_reservation=compute_v1.AllocationSpecificSKUReservation(
+            count=2, instance_properties=compute_v1
+            .AllocationSpecificSKUAllocationReservedInstanceProperties(machine_type=MACHINE)))
+    _done(fake, reservations.insert_unary(project=PROJECT, zone=A, reservation_resource=body))
+    got = reservations.get(project=PROJECT, zone=A, reservation="h100-a")
+    assert (got.status, got.specific_reservation.count, got.specific_reservation.in_use_count,
+            got.specific_reservation_required) == ("READY", 2, 0, True)
+    assert got.specific_reservation.instance_properties.machine_type == MACHINE
+    fake.add_reservation(PROJECT, A, "h100-a2", machine_type=MACHINE, count=1)
+    fake.add_reservation(PROJECT, A, "h100-a3", machine_type=MACHINE, count=1)
+    names = [r.name for r in reservations.list(project=PROJECT, zone=A)]  # pages of 2
+    assert names == ["h100-a", "h100-a2", "h100-a3"]
+    agg = {z: [r.name for r in scoped.reservations]
+           for z, scoped in reservations.aggregated_list(project=PROJECT)}
+    assert agg == {f"zones/{A}": ["h100-a", "h100-a2", "h100-a3"]}
+    with pytest.raises(gexc.Conflict):
+        reservations.insert_unary(project=PROJECT, zone=A, reservation_resource=body)
+    with pytest.raises(gexc.BadRequest):
+        reservations.insert_unary(project=PROJECT, zone=A, reservation_resource=compute_v1
+                                  .Reservation(name="Bad_Name",
+                                               specific_reservation=body.specific_reservation))
+    _done(fake, reservations.delete_unary(project=PROJECT, zone=A, reservation="h100-a"))
+    with pytest.raises(gexc.NotFound):
+        reservations.get(project=PROJECT, zone=A, reservation="h100-a")
+
+
+def test_any_reservation_is_consumed_first_and_any_shape_fills_it(fake, migs, reservations):
+    _deploy(fake, "ANY")
+    fake.add_reservation(PROJECT, C, "h100-c", machine_type=MACHINE, count=2)
+    fake.set_capacity(C, MACHINE, 0)  # c runs only what its reservation holds
+    _resize(fake, migs, 3)
+    fake.settle()
+    # Unused reservation first: 2 in c; the third where there is room, first zone: a.
+    assert _running_zones(migs) == Counter({C: 2, A: 1})
+    got = reservations.get(project=PROJECT, zone=C, reservation="h100-c")
+    assert got.specific_reservation.in_use_count == 2
+    _resize(fake, migs, 2)  # the last VM goes; the reservation keeps its two
+    fake.settle()
+    assert reservations.get(project=PROJECT, zone=C,
+                            reservation="h100-c").specific_reservation.in_use_count == \
+        sum(1 for mi in _managed(migs) if _zone(mi) == C)
+
+
+def test_specific_reservation_affinity_or_the_creation_fails(fake, migs, reservations):
+    _deploy(fake, "BALANCED")
+    fake.add_reservation(PROJECT, A, "h100", machine_type=MACHINE, count=1, specific=True)
+    _affinity(fake, "SPECIFIC_RESERVATION", "h100")
+    _resize(fake, migs, 2)
+    fake.settle()
+    # Only a has a reservation named h100 with room: the first VM runs there in it; the
+    # second finds none (a's is full, b has no such reservation).
+    assert _running_zones(migs) == Counter({A: 1})
+    assert reservations.get(project=PROJECT, zone=A,
+                            reservation="h100").specific_reservation.in_use_count == 1
+    messages = {e.error.message for e in _errors(migs)}
+    assert {e.error.code for e in _errors(migs)} == {"CONDITION_NOT_MET"}
+    assert messages <= {
+        "Reservation h100 does not have sufficient capacity for the requested resources.",
+        "Could not find the given reservation with the following name: h100"}
+
+
+def test_no_reservation_affinity_and_specific_reservation_required(fake, migs, reservations):
+    _deploy(fake, "BALANCED")
+    fake.add_reservation(PROJECT, A, "open-a", machine_type=MACHINE, count=2)
+    fake.add_reservation(PROJECT, B, "named-b", machine_type=MACHINE, count=2, specific=True)
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)
+    _affinity(fake, "NO_RESERVATION")
+    _resize(fake, migs, 1)
+    fake.settle()
+    assert _running_zones(migs) == Counter()  # reservations unused, no open capacity
+    _affinity(fake, "ANY_RESERVATION")
+    fake.settle()  # ANY_RESERVATION may take open-a, never named-b (specific required)
+    assert _running_zones(migs) == Counter({A: 1})
+    assert reservations.get(project=PROJECT, zone=B,
+                            reservation="named-b").specific_reservation.in_use_count == 0
+
+
+def test_a_reservation_for_another_machine_type_does_not_match(fake, migs):
+    _deploy(fake, "BALANCED", running=0)
+    fake.add_reservation(PROJECT, A, "a2", machine_type="a2-ultragpu-8g", count=4)
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)
+    _resize(fake, migs, 1)
+    fake.settle()
+    assert _running_zones(migs) == Counter()
+    assert {e.error.code for e in _errors(migs)} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
