@@ -527,7 +527,7 @@ class FakeGce:
                         local_ssds: list[dict] | None = None) -> dict:
         """A READY zonal reservation, as `gcloud compute reservations create` leaves it."""
         with self.lock:
-            body = {"name": name, "specificReservationRequired": specific,
+            body: dict[str, Any] = {"name": name, "specificReservationRequired": specific,
                     "specificReservation": {"count": str(count), "instanceProperties": {
                         "machineType": machine_type}}}
             props = body["specificReservation"]["instanceProperties"]
