@@ -90,7 +90,7 @@ def main() -> None:
 
     _debug[0] = False
     try:
-        rv = app(standalone_mode=False)
+        rv = app(standalone_mode=False, prog_name="poolctl")
     except PoolctlError as e:
         _fail(str(e), e.exit_code)
     except typer.Exit as e:

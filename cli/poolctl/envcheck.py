@@ -18,6 +18,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from poolctl.errors import shown
+
 
 def _seconds(raw: str) -> str | None:
     try:
@@ -37,7 +39,7 @@ def _speedup(raw: str) -> str | None:
 
 
 def _port(raw: str) -> str | None:
-    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+    if not (raw.isascii() and raw.isdigit()) or not 0 <= int(raw) <= 65535:
         return "not a port; give a number from 1 to 65535 (0 picks a free one)"
     return None
 
@@ -66,9 +68,13 @@ def _home(raw: str) -> str | None:
     p = _expanded(raw)
     if p is None:
         return "its ~ names no home folder (HOME unset, or no such user); give a full path"
-    if p.exists() and not p.is_dir():
+    try:
+        exists, is_dir = p.exists(), p.is_dir()
+    except OSError as e:  # a name too long, a loop of links
+        return f"not a usable path ({e.strerror}); give a folder (created if missing)"
+    if exists and not is_dir:
         return "names a file; give a folder (created if missing)"
-    if p.is_dir():
+    if is_dir:
         ok = os.access(p, os.W_OK | os.X_OK)
         return None if ok else "not writable by this user; give a folder you can write in"
     problem = cannot_create(p)
@@ -84,12 +90,16 @@ def _tmpdir(raw: str) -> str | None:
            "Packer write temporary files there)"
 
 
-# A region name as botocore accepts it (it becomes part of an endpoint's host name).
+# A region name as botocore accepts it (it becomes part of an endpoint's host name): what
+# --region takes, for AWS and GCP alike.
 REGION_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?", re.ASCII)
+# An AWS region's own shape (us-east-1, us-gov-west-1, cn-north-1, us-isob-east-1).
+AWS_REGION_RE = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}", re.ASCII)
 
 
 def _region(raw: str) -> str | None:
-    return None if REGION_RE.fullmatch(raw) else "not a region name; give one like us-east-1"
+    return None if AWS_REGION_RE.fullmatch(raw) else \
+        "not an AWS region name; give one like us-east-1, or unset it"
 
 
 def _quotas(raw: str) -> str | None:
@@ -135,7 +145,7 @@ def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
     for name, check in CHECKS.items():
         raw = env.get(name)
         if raw and (problem := check(raw)):
-            return f"{name}={raw[:80]}: {problem}"
+            return f"{name}={shown(raw)}: {problem}"
     return None
 
 

@@ -47,8 +47,16 @@ def known_error(e: BaseException) -> tuple[str, int] | None:
     return None
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """A value from outside (the environment, a file, a flag) as a line may show it: cut to
+    `limit` characters, quoted and escaped when it holds a line break, an ANSI escape or a
+    direction override."""
+    text = str(value)[:limit]
+    return text if text.isprintable() else repr(text)
+
+
 def _first(e: BaseException | str) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:300]
+    return shown((str(e).strip().splitlines() or [""])[0], 300)
 
 
 def _botocore_line(cls: str, kw: dict[str, object], text: str, env: Mapping[str, str]
@@ -56,21 +64,24 @@ def _botocore_line(cls: str, kw: dict[str, object], text: str, env: Mapping[str,
     if cls == "ProfileNotFound":
         var = next((v for v in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE") if env.get(v)),
                    "the AWS profile")
-        return (f"{var}={kw.get('profile')}: no such profile in the AWS config or credentials "
-                "file (~/.aws/config, ~/.aws/credentials); fix the name, or unset it", 2)
+        return (f"{var}={shown(kw.get('profile'))}: no such profile in the AWS config or "
+                "credentials file (~/.aws/config, ~/.aws/credentials); fix the name, or unset it",
+                2)
     if cls == "ConfigParseError":
-        return (f"{kw.get('path')}: not a valid AWS config file ({_first(text)}); fix it, or "
-                "point AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE at another file", 2)
+        return (f"{shown(kw.get('path'))}: not a valid AWS config file ({_first(text)}); fix "
+                "it, or point AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE at another file", 2)
     if cls == "InvalidRegionError":
-        return (f"AWS region {kw.get('region_name')!r} is not a region name; check --region, "
-                "AWS_REGION, AWS_DEFAULT_REGION and the profile's region (e.g. us-east-1)", 2)
+        region = str(kw.get("region_name"))[:80]
+        return (f"AWS region {region!r} is not a region name; check --region, AWS_REGION, "
+                "AWS_DEFAULT_REGION and the profile's region (e.g. us-east-1)", 2)
     if cls == "NoRegionError":
         return ("no AWS region; pass --region or set AWS_REGION (e.g. us-east-1)", 2)
     if cls == "NoCredentialsError":
         return ("no AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY, or use --sandbox", 2)
     if cls == "PartialCredentialsError":
-        return (f"AWS credentials from {kw.get('provider')}: {kw.get('cred_var')} is missing; "
+        return (f"AWS credentials from {shown(kw.get('provider'))}: {kw.get('cred_var')} is "
+                "missing; "
                 "set it, or use another profile", 2)
     if cls.startswith("Invalid") or cls.endswith(("ConfigError", "ParseError")):
         return (f"AWS settings: {_first(text)}; check the AWS_* variables and the AWS config "

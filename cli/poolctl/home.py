@@ -43,13 +43,13 @@ def cannot_create(folder: Path) -> str | None:
     poolctl can create files in. Tried rather than asked (a probe folder, removed at once):
     /proc and read-only mounts pass every permission check."""
     folder = Path(os.path.abspath(folder))
-    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
-    if not existing.is_dir():
-        return f"{existing} is not a folder"
     try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+        if not existing.is_dir():
+            return f"{existing} is not a folder"
         os.rmdir(tempfile.mkdtemp(prefix=".poolctl-probe-", dir=existing))
-    except OSError as e:
-        return f"cannot write in {existing} ({e.strerror or type(e).__name__})"
+    except OSError as e:  # a name too long, a loop of links, /proc, a read-only mount
+        return f"cannot write there ({e.strerror or type(e).__name__})"
     return None
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
@@ -150,7 +151,19 @@ def cloud_value(cloud: Cloud | None) -> str | None:
 def load(file: Path | None) -> Config:
     from poolctl.config import load_config
 
-    return load_config(file)
+    with file_errors():
+        return load_config(file)
+
+
+@contextlib.contextmanager
+def file_errors() -> Iterator[None]:
+    """A config path the system refuses to even look at (a name too long, a loop of links) is
+    one line naming -f, as a missing one is."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"-f/--file: {str(e.filename)[:80]!r} cannot be read ({e.strerror}); "
+                         "pass -f PATH of a poolctl.yaml (or set POOLCTL_FILE)") from None
 
 
 def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, str]]:

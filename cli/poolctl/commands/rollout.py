@@ -27,6 +27,7 @@ from poolctl.commands.common import (
     console,
     emit_json,
     endpoints_of,
+    file_errors,
     load,
     one_target,
     real,
@@ -61,7 +62,8 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 def _config_path(file: Path | None) -> Path:
     from poolctl.config import find_config
 
-    return find_config(file)
+    with file_errors():
+        return find_config(file)
 
 
 def _finish(state: RolloutState | None, what: str) -> None:
