@@ -119,8 +119,11 @@ def main() -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    for line in message.splitlines() or ["failed"]:
-        sys.stderr.write(f"poolctl: {line}\n")
+    # Lines end at "\n" only; any other control character (a carriage return, an ANSI escape,
+    # a direction override from a value the message quotes) is shown escaped, never obeyed.
+    for line in message.split("\n") if message else ["failed"]:
+        safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+        sys.stderr.write(f"poolctl: {safe}\n")
     sys.exit(code)
 
 

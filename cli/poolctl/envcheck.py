@@ -39,7 +39,7 @@ def _speedup(raw: str) -> str | None:
 
 
 def _port(raw: str) -> str | None:
-    if not (raw.isascii() and raw.isdigit()) or not 0 <= int(raw) <= 65535:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 0 <= int(raw) <= 65535:
         return "not a port; give a number from 1 to 65535 (0 picks a free one)"
     return None
 
@@ -144,7 +144,13 @@ def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if environ is None else environ
     for name, check in CHECKS.items():
         raw = env.get(name)
-        if raw and (problem := check(raw)):
+        if not raw:
+            continue
+        try:
+            problem = check(raw)
+        except (OSError, ValueError) as e:  # a path too long for the system, 5,000 digits
+            problem = f"not a usable value ({getattr(e, 'strerror', None) or e})"
+        if problem:
             return f"{name}={shown(raw)}: {problem}"
     return None
 

@@ -5,8 +5,8 @@ The commands are found by walking the CLI itself (typer's click command tree), s
 added later is fuzzed without a change here. For each value the option's own parsing decides
 (click's `make_context`, which converts every parameter without running the command):
 - refused: a click usage error, and `poolctl` prints exactly one line naming the flag, exit 2;
-- accepted: a finite number from 0 to a billion (past any count, port, second or token count
-  poolctl takes): NaN, inf, negatives and 10**30 never reach a command.
+- accepted: a finite number from 0 to 2**32 (past any count, port, second, token count or
+  seed poolctl takes): NaN, inf, negatives and 10**30 never reach a command.
 Anything else (an exception of another kind) is a traceback, and fails here.
 """
 
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tests import inproc
 
-MAX_SANE = 10**9
+MAX_SANE = 2**32
 
 HOSTILE = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "0", "-0", "0.0", "-1", "-1e-300",
            "1e-300", "1e308", "1e400", str(10**30), "9" * 5000, "1_000", "١٢", "１２", "²",
