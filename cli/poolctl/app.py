@@ -151,9 +151,8 @@ def _internal_error(e: BaseException) -> None:
 
         traceback.print_exception(e, file=sys.stderr)
     first = (str(e).strip().splitlines() or [""])[0][:300]
-    sys.stderr.write(f"poolctl: internal error in {_command_name(sys.argv[1:])}: "
-                     f"{type(e).__name__}: {first}; please report it with --debug output\n")
-    sys.exit(INTERNAL_ERROR)
+    _fail(f"internal error in {_command_name(sys.argv[1:])}: {type(e).__name__}: {first}; "
+          "please report it with --debug output", INTERNAL_ERROR)
 
 
 def _command_name(argv: list[str]) -> str:

@@ -81,8 +81,7 @@ def _botocore_line(cls: str, kw: dict[str, object], text: str, env: Mapping[str,
                 "AWS_SECRET_ACCESS_KEY, or use --sandbox", 2)
     if cls == "PartialCredentialsError":
         return (f"AWS credentials from {shown(kw.get('provider'))}: {kw.get('cred_var')} is "
-                "missing; "
-                "set it, or use another profile", 2)
+                "missing; set it, or use another profile", 2)
     if cls.startswith("Invalid") or cls.endswith(("ConfigError", "ParseError")):
         return (f"AWS settings: {_first(text)}; check the AWS_* variables and the AWS config "
                 "file", 2)

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
 
 # For processes poolctl starts that write under the home (Terraform, the sandbox server).
 PRIVATE_UMASK = 0o077
@@ -34,7 +34,7 @@ def expand_user(path: str | Path, var: str) -> Path:
             raise UsageError("HOME: not set, and this user has no home folder in the password "
                              f"database; set HOME (or {HOME_ENV} for poolctl's own files)"
                              ) from None
-        raise UsageError(f"{var}={str(path)[:80]}: its ~ names no home folder (HOME unset, or "
+        raise UsageError(f"{var}={shown(path)}: its ~ names no home folder (HOME unset, or "
                          "no such user); give a full path") from None
 
 
@@ -45,11 +45,14 @@ def cannot_create(folder: Path) -> str | None:
     folder = Path(os.path.abspath(folder))
     try:
         existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
-        if not existing.is_dir():
-            return f"{existing} is not a folder"
+    except OSError as e:  # a name too long for the system
+        return f"not a usable path ({e.strerror or type(e).__name__})"
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
         os.rmdir(tempfile.mkdtemp(prefix=".poolctl-probe-", dir=existing))
-    except OSError as e:  # a name too long, a loop of links, /proc, a read-only mount
-        return f"cannot write there ({e.strerror or type(e).__name__})"
+    except OSError as e:  # /proc, a read-only mount, no permission
+        return f"cannot write in {existing} ({e.strerror or type(e).__name__})"
     return None
 
 

@@ -47,7 +47,7 @@ VALUES = st.one_of(
     st.none(),  # unset
     st.sampled_from(GARBAGE),
     st.sampled_from(KINDS).map(lambda k: ("place", k)),
-    st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
             max_size=16),
 )
 ENVIRONMENTS = st.dictionaries(st.sampled_from(VARIABLES), VALUES, min_size=1, max_size=4)

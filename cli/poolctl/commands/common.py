@@ -71,6 +71,7 @@ def real(lo: float, hi: float, what: str = "a number", *, above: bool = False
 # Seconds a command waits at most: a week is past any rollout poolctl runs.
 WEEK_S = 7 * 24 * 3600
 
+
 def region_name(raw: object) -> str:
     """A typer `parser=` for --region: a DNS label (it becomes part of an endpoint's host
     name), as AWS and GCP spell regions; `us-east-1;rm` is refused before any SDK call."""
