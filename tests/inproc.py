@@ -16,6 +16,11 @@ child's timeout would fail the test.
 
 What must stay a child: signals (Ctrl-C tests), `--help` import checks (they look at what a
 fresh interpreter loads), and anything that reads the process's own identity.
+
+The CLI's last net turns an exception no command handled into one line and exit 70 (issue
+23): users get a line, the suite gets a failure. `run` fails the test on such an internal
+error unless the test says it provokes one (`internal_error_ok=True`); `check_no_internal_error`
+does the same for a child's result.
 """
 
 from __future__ import annotations
@@ -30,8 +35,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+def check_no_internal_error(result: subprocess.CompletedProcess[str], ok: bool = False
+                            ) -> subprocess.CompletedProcess[str]:
+    """Fail the test when the command ended in the CLI's net (an exception no command turned
+    into a line: a bug), unless the test provokes one (`ok`)."""
+    from poolctl.errors import INTERNAL_ERROR
+
+    if (not ok and result.returncode == INTERNAL_ERROR
+            and "poolctl: internal error in " in (result.stderr or "")):
+        raise AssertionError(f"{' '.join(map(str, result.args))}: an internal error (exit "
+                             f"{INTERNAL_ERROR}), a bug of poolctl:\n{result.stderr[-4000:]}")
+    return result
+
+
 def run(args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str | None = None,
-        input: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        input: str | None = None, timeout: float = 900, internal_error_ok: bool = False
+        ) -> subprocess.CompletedProcess[str]:
     from poolctl.app import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -60,16 +79,18 @@ def run(args: Sequence[str], *, env: Mapping[str, str], cwd: Path | str | None =
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
-    return subprocess.CompletedProcess(["poolctl", *args], code, out.getvalue(), err.getvalue())
+    return check_no_internal_error(
+        subprocess.CompletedProcess(["poolctl", *args], code, out.getvalue(), err.getvalue()),
+        internal_error_ok)
 
 
 def run_argv(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
              cwd: Path | str | None = None, input: str | None = None, timeout: float = 900,
-             capture_output: bool = True, text: bool = True
+             capture_output: bool = True, text: bool = True, internal_error_ok: bool = False
              ) -> subprocess.CompletedProcess[str]:
     """`subprocess.run([sys.executable, "-m", "poolctl", ...], capture_output=True,
     text=True, ...)`, run as `run` does (the same keywords, so a call site reads as before)."""
     assert list(argv[:3]) == [sys.executable, "-m", "poolctl"], argv
     assert capture_output and text, "in-process runs always capture text"
     return run(list(argv[3:]), env=dict(os.environ) if env is None else env, cwd=cwd,
-               input=input, timeout=timeout)
+               input=input, timeout=timeout, internal_error_ok=internal_error_ok)

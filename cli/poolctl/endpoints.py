@@ -23,6 +23,20 @@ if TYPE_CHECKING:
     from poolctl.config import Config, Pool
 
 
+# Keeps the AWS and Google SDKs, in poolctl and in what it starts (Terraform, Packer, the AWS
+# CLI, the sandbox server), from probing the clouds' metadata addresses (169.254.169.254,
+# metadata.google.internal) for credentials or a region: aimed at an emulator, nothing may
+# leave the machine. Names as botocore, the Go SDKs and google-auth (which compares
+# NO_GCE_CHECK with "true") read them; port 9 on loopback refuses at once.
+NO_METADATA_ENV = {
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "NO_GCE_CHECK": "true",
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_ROOT": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+}
+
+
 @dataclass(frozen=True)
 class AwsEndpoint:
     """One endpoint for every AWS service, with its own credentials (an emulator's)."""
@@ -45,6 +59,7 @@ class AwsEndpoint:
                  "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
                  "aws_session_token": "AWS_SESSION_TOKEN"}
         return {"AWS_ENDPOINT_URL": self.url, "AWS_REGION": r, "AWS_DEFAULT_REGION": r,
+                **NO_METADATA_ENV,
                 **{names[k]: v for k, v in self.credentials.items() if k in names}}
 
 

@@ -1,4 +1,5 @@
-"""POOLCTL_* environment values, checked before any command acts.
+"""POOLCTL_* environment values (and the AWS region and TMPDIR poolctl's tools rely on),
+checked before any command acts.
 
 Each variable is read where it is used, often deep inside an operation (after a synth, a
 Terraform init or a cloud call); a bad value found there leaves work half done. The CLI
@@ -16,6 +17,8 @@ import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from poolctl.errors import shown
 
 
 def _seconds(raw: str) -> str | None:
@@ -36,7 +39,7 @@ def _speedup(raw: str) -> str | None:
 
 
 def _port(raw: str) -> str | None:
-    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or not 0 <= int(raw) <= 65535:
         return "not a port; give a number from 1 to 65535 (0 picks a free one)"
     return None
 
@@ -46,16 +49,57 @@ def _program(raw: str) -> str | None:
                                            "unset it")
 
 
+def _expanded(raw: str) -> Path | None:
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:  # HOME unset and no password entry, or ~user of no user
+        return None
+
+
 def _folder(raw: str) -> str | None:
-    p = Path(raw).expanduser()
-    return None if p.is_dir() else "not a directory; give the folder that holds " \
-                                   "registry.terraform.io/hashicorp/..."
+    p = _expanded(raw)
+    return None if p is not None and p.is_dir() else \
+        "not a directory; give the folder that holds registry.terraform.io/hashicorp/..."
 
 
 def _home(raw: str) -> str | None:
-    p = Path(raw).expanduser()
-    return "names a file; give a folder (created if missing)" if p.exists() and not p.is_dir() \
+    from poolctl.home import cannot_create
+
+    p = _expanded(raw)
+    if p is None:
+        return "its ~ names no home folder (HOME unset, or no such user); give a full path"
+    try:
+        exists, is_dir = p.exists(), p.is_dir()
+    except OSError as e:  # a name too long, a loop of links
+        return f"not a usable path ({e.strerror}); give a folder (created if missing)"
+    if exists and not is_dir:
+        return "names a file; give a folder (created if missing)"
+    if is_dir:
+        ok = os.access(p, os.W_OK | os.X_OK)
+        return None if ok else "not writable by this user; give a folder you can write in"
+    problem = cannot_create(p)
+    return f"{problem}; give a folder you can write in (created if missing)" if problem \
         else None
+
+
+def _tmpdir(raw: str) -> str | None:
+    # Python falls back to /tmp by itself; Node (jsii, for synth), Terraform and Packer do not.
+    if os.path.isdir(raw) and os.access(raw, os.W_OK | os.X_OK):
+        return None
+    return "not a folder you can write in; unset it, or create it (Node, Terraform and " \
+           "Packer write temporary files there)"
+
+
+# A region name as botocore accepts it (it becomes part of an endpoint's host name): what
+# --region takes, for AWS and GCP alike.
+REGION_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?", re.ASCII)
+# An AWS region's own shape (us-east-1, us-gov-west-1, cn-north-1, us-isob-east-1).
+AWS_REGION_RE = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}", re.ASCII)
+
+
+def _region(raw: str) -> str | None:
+    return None if AWS_REGION_RE.fullmatch(raw) else \
+        "not an AWS region name; give one like us-east-1, or unset it"
 
 
 def _quotas(raw: str) -> str | None:
@@ -89,16 +133,25 @@ CHECKS: dict[str, Callable[[str], str | None]] = {
     "POOLCTL_SANDBOX_BOOT_SPEEDUP": _speedup,
     "POOLCTL_GCE_ENDPOINT": _endpoint,
     "POOLCTL_QUOTA_CONTACT_EMAIL": _email,
+    "AWS_REGION": _region,
+    "AWS_DEFAULT_REGION": _region,
+    "TMPDIR": _tmpdir,
 }
 
 
 def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
-    """The first bad POOLCTL_* value as one line, or None. Unset or empty means default."""
+    """The first bad value of `CHECKS` as one line, or None. Unset or empty means default."""
     env = os.environ if environ is None else environ
     for name, check in CHECKS.items():
         raw = env.get(name)
-        if raw and (problem := check(raw)):
-            return f"{name}={raw[:80]}: {problem}"
+        if not raw:
+            continue
+        try:
+            problem = check(raw)
+        except (OSError, ValueError) as e:  # a path too long for the system, 5,000 digits
+            problem = f"not a usable value ({getattr(e, 'strerror', None) or e})"
+        if problem:
+            return f"{name}={shown(raw)}: {problem}"
     return None
 
 

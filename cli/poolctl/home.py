@@ -9,14 +9,51 @@ older poolctl with looser modes is tightened on the next write.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+
+from poolctl.errors import UsageError, shown
 
 # For processes poolctl starts that write under the home (Terraform, the sandbox server).
 PRIVATE_UMASK = 0o077
+HOME_ENV = "POOLCTL_HOME"
 
 
 def poolctl_home() -> Path:
-    return Path(os.environ.get("POOLCTL_HOME") or "~/.poolctl").expanduser()
+    raw = os.environ.get(HOME_ENV)
+    return expand_user(raw, HOME_ENV) if raw else expand_user("~/.poolctl", "HOME")
+
+
+def expand_user(path: str | Path, var: str) -> Path:
+    """`path` with `~` expanded; a home folder that cannot be found (HOME unset and no entry in
+    the password database, or `~user` of no user) is one line naming the variable."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        if var == "HOME":
+            raise UsageError("HOME: not set, and this user has no home folder in the password "
+                             f"database; set HOME (or {HOME_ENV} for poolctl's own files)"
+                             ) from None
+        raise UsageError(f"{var}={shown(path)}: its ~ names no home folder (HOME unset, or "
+                         "no such user); give a full path") from None
+
+
+def cannot_create(folder: Path) -> str | None:
+    """Why `folder` cannot be poolctl's to write in, or None: it is (or can become) a folder
+    poolctl can create files in. Tried rather than asked (a probe folder, removed at once):
+    /proc and read-only mounts pass every permission check."""
+    folder = Path(os.path.abspath(folder))
+    try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    except OSError as e:  # a name too long for the system
+        return f"not a usable path ({e.strerror or type(e).__name__})"
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".poolctl-probe-", dir=existing))
+    except OSError as e:  # /proc, a read-only mount, no permission
+        return f"cannot write in {existing} ({e.strerror or type(e).__name__})"
+    return None
 
 
 def is_under_home(path: Path, home: Path | None = None) -> bool:
@@ -33,7 +70,13 @@ def private_dir(path: Path, home: Path | None = None) -> Path:
         chain = chain[: chain.index(home) + 1]
     for folder in reversed(chain):
         if not folder.exists():
-            folder.mkdir(mode=0o700, exist_ok=True)
+            try:
+                folder.mkdir(mode=0o700, exist_ok=True)
+            except OSError as e:
+                if not folder.is_relative_to(home):
+                    raise
+                raise UsageError(f"{HOME_ENV}={home}: cannot make {folder} ({e.strerror}); "
+                                 f"set {HOME_ENV} to a folder you can write in") from None
             os.chmod(folder, 0o700)
         elif folder.is_relative_to(home) and folder.stat().st_mode & 0o077:
             os.chmod(folder, 0o700)
@@ -56,6 +99,32 @@ def write_private(path: Path, data: str | bytes, home: Path | None = None) -> No
     with os.fdopen(open_private(tmp, home=home), "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
     tmp.replace(path)
+
+
+def replace_file(path: Path, data: str) -> None:
+    """Replace `path` with `data` all at once, for a file meant to be shared (outside the
+    home): a temporary file beside it, renamed over it, so a reader never sees half of it
+    and a failed write leaves the old file and no temporary one. Keeps the mode of the file
+    it replaces (a new one gets the umask's); a symlink at `path` is replaced, not followed."""
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode & 0o7777 if path.is_file() and not path.is_symlink() \
+            else None
+    except OSError:
+        mode = None
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".poolctl-tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def tighten(folder: Path) -> None:

@@ -33,6 +33,7 @@ import pytest
 
 from poolctl.sandbox import manager
 from tests import inproc
+from tests.inproc import check_no_internal_error
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,10 +176,10 @@ def run_poolctl(home: Path | str, *args: str, timeout: float = 900, child: bool 
     env = poolctl_env(home, **extra)
     if not child:
         return inproc.run(args, env=env, cwd=home, timeout=timeout)
-    return subprocess.run(
+    return check_no_internal_error(subprocess.run(
         [sys.executable, "-m", "poolctl", *args], capture_output=True, text=True,
         env=env, cwd=str(home), timeout=timeout,
-    )
+    ))
 
 
 def pool_cli(home: Path | str, pool_file: Path) -> Any:

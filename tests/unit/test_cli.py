@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.configs import pool_yaml
+from tests.inproc import check_no_internal_error
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
 
 
 def poolctl(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "poolctl", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=120)
+    return check_no_internal_error(subprocess.run(
+        [sys.executable, "-m", "poolctl", *args], capture_output=True, text=True, cwd=cwd,
+        env=env, timeout=120))
 
 
 def write(tmp_path, text):

@@ -20,12 +20,14 @@ from poolctl.commands.common import (
     OutOpt,
     PoolOpt,
     SandboxOpt,
+    check_creatable,
     cloud_targets,
     confirm,
     console,
     emit_json,
     endpoints_of,
     load,
+    make_folder,
     targets,
 )
 from poolctl.endpoints import CloudEndpoints
@@ -41,13 +43,24 @@ Keeps = list[tuple[dict[str, str], list[str]]]
 
 
 def check_out(out: Path) -> None:
-    """--out must be (or become) a folder: refuse a file there before anything is written."""
+    """--out must be (or become) a folder poolctl can write in: refuse a file there, or a
+    place no folder can be made (/proc, a read-only mount), before anything is written."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         from poolctl.errors import UsageError
 
         raise UsageError(f"--out: {existing} is a file, not a folder; give a folder for the "
                          "synthesized stacks (default cdktf.out)")
+    check_creatable(out, "--out", OUT_FIX)
+
+
+def make_out(out: Path) -> Path:
+    """The --out folder, made (with its parents: the synthesizer makes only the last one)
+    once the command is about to write into it."""
+    return make_folder(out, "--out", OUT_FIX)
+
+
+OUT_FIX = "give a folder you can write in for the synthesized stacks (default cdktf.out)"
 
 
 def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
@@ -59,7 +72,7 @@ def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    dirs = synth_targets(cfg, tgts, out)
+    dirs = synth_targets(cfg, tgts, make_out(out))
     files = [str(d / "cdk.tf.json") for d in dirs]
     if json_out:
         emit_json({"stacks": [{"stack": d.name, "file": f} for d, f in zip(dirs, files,
@@ -193,7 +206,8 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
     from poolctl.runtime import deploy_before_apply
 
     results = run_stacks(
-        cfg, tgts, outdir=out, endpoints=endpoints, destroy=destroy, plan_only=plan_only,
+        cfg, tgts, outdir=make_out(out), endpoints=endpoints, destroy=destroy,
+        plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
         # With --json the summary is in the JSON; stdout carries nothing else.
         render_summary=(lambda name, summary: None) if json_out else _render_summary,

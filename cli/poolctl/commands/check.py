@@ -226,7 +226,9 @@ def _phases(ph: dict[str, float]) -> str:
     return f"{sum(ph.values()):.0f} s ({parts})"
 
 
-def schema(out: str = typer.Option("-", "--out", help="Write here instead of stdout.")) -> None:
+def schema(out: str = typer.Option("-", "--out", help="Write here instead of stdout."),
+           force: bool = typer.Option(False, "--force", help="Replace a file at --out that "
+                                      "is not a poolctl schema.")) -> None:
     """The JSON Schema of poolctl.yaml, for editors."""
     from poolctl.config import json_schema
 
@@ -234,5 +236,45 @@ def schema(out: str = typer.Option("-", "--out", help="Write here instead of std
     if out == "-":
         sys.stdout.write(text)
     else:
-        with open(out, "w") as fh:
-            fh.write(text)
+        write_schema(Path(out), text, force)
+
+
+# A schema file poolctl wrote is small; anything bigger is not one (and is not read whole).
+_SCHEMA_MAX_BYTES = 4 << 20
+
+
+def _is_poolctl_schema(path: Path) -> bool:
+    """Whether `path` holds what `poolctl schema` writes: the file is then poolctl's to
+    replace (a newer schema), and anything else is the user's."""
+    try:
+        if path.stat().st_size > _SCHEMA_MAX_BYTES:
+            return False
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("title") == "poolctl.yaml" and "$schema" in doc
+
+
+def write_schema(out: Path, text: str, force: bool) -> None:
+    """`schema --out FILE`: refused, one line naming --out, unless FILE is a new file in an
+    existing folder or a schema poolctl wrote (or --force); then replaced all at once."""
+    from poolctl.errors import UsageError
+    from poolctl.home import replace_file
+
+    if out.is_dir():
+        raise UsageError(f"--out: {out} is a folder; give a file name, e.g. "
+                         f"{out / 'poolctl.schema.json'}")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out: {out.parent} is not a folder; create it, or give a file in "
+                         "an existing folder")
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out: {out} is not a regular file (a device, FIFO or socket); "
+                         "give a file name")
+    if (out.exists() or out.is_symlink()) and not force and not _is_poolctl_schema(out):
+        raise UsageError(f"--out: {out} exists and is not a poolctl schema; give another file, "
+                         "or pass --force to replace it")
+    try:
+        replace_file(out, text)
+    except OSError as e:
+        raise UsageError(f"--out: cannot write {out} ({e.strerror or type(e).__name__}); give "
+                         "a file in a folder you can write in") from None

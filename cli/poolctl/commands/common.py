@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
@@ -12,6 +15,7 @@ import typer
 
 from poolctl.cloud import Cloud
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
+from poolctl.errors import UsageError
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
@@ -19,6 +23,97 @@ if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from poolctl.config import Config, Pool
     from poolctl.rules import Finding
 
+
+# -------------------------------------------------------------------------------------
+# Numeric options: parsed here rather than by the option's own type, so that NaN, inf,
+# `1_000`, non-ASCII digits and 5,000-digit numbers are refused with one line naming the flag
+# (click attaches the flag to the BadParameter) before the command runs.
+
+_REAL = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,3})?", re.ASCII)
+_WHOLE = re.compile(r"[+-]?\d{1,30}", re.ASCII)
+
+
+def whole(lo: int, hi: int, what: str = "a whole number") -> Callable[[object], int]:
+    """A typer `parser=` for an int option: a plain whole number from `lo` to `hi`."""
+
+    def parse(raw: object) -> int:
+        n: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):  # the option's default
+            n = raw
+        elif isinstance(raw, str) and _WHOLE.fullmatch(raw.strip()):
+            n = int(raw.strip())
+        if n is None or not lo <= n <= hi:
+            raise typer.BadParameter(f"{str(raw)[:40]!r}: give {what} from {lo} to {hi}")
+        return n
+
+    return parse
+
+
+def real(lo: float, hi: float, what: str = "a number", *, above: bool = False
+         ) -> Callable[[object], float]:
+    """A typer `parser=` for a float option: a finite number from `lo` (excluded when
+    `above`) to `hi`."""
+
+    def parse(raw: object) -> float:
+        x: float | None = None
+        if isinstance(raw, int | float) and not isinstance(raw, bool):  # the default
+            x = float(raw)
+        elif isinstance(raw, str) and _REAL.fullmatch(raw.strip()):
+            x = float(raw.strip())
+        if x is None or not math.isfinite(x) or not (x > lo if above else x >= lo) or x > hi:
+            low = f"above {lo:g}" if above else f"from {lo:g}"
+            raise typer.BadParameter(f"{str(raw)[:40]!r}: give {what} {low} to {hi:g}")
+        return x
+
+    return parse
+
+
+# Seconds a command waits at most: a week is past any rollout poolctl runs.
+WEEK_S = 7 * 24 * 3600
+
+
+def region_name(raw: object) -> str:
+    """A typer `parser=` for --region: a DNS label (it becomes part of an endpoint's host
+    name), as AWS and GCP spell regions; `us-east-1;rm` is refused before any SDK call."""
+    from poolctl.envcheck import REGION_RE
+
+    text = str(raw)
+    if not REGION_RE.fullmatch(text):
+        raise typer.BadParameter(f"{text[:40]!r} is not a region name; give one like "
+                                 "us-east-1 or us-central1")
+    return text
+
+
+def gcp_project_id(raw: object) -> str:
+    """A typer `parser=` for --project: a GCP project id (optionally domain-scoped)."""
+    text = str(raw)
+    if not re.fullmatch(r"(?:[a-z0-9.-]{1,63}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]", text, re.ASCII):
+        raise typer.BadParameter(f"{text[:40]!r} is not a GCP project id; give one like "
+                                 "acme-prod (6-30 lowercase letters, digits and hyphens)")
+    return text
+
+
+# -------------------------------------------------------------------------------------
+# Paths a command writes: checked before anything is written, one line naming the flag.
+
+
+def check_creatable(folder: Path, flag: str, fix: str = "give a writable folder") -> None:
+    """`folder` is (or can become) a folder poolctl can write in; else one line naming the
+    flag. Leaves nothing behind."""
+    from poolctl.home import cannot_create
+
+    if problem := cannot_create(folder):
+        raise UsageError(f"{flag}: {folder}: {problem}; {fix}")
+
+
+def make_folder(folder: Path, flag: str, fix: str = "give a writable folder") -> Path:
+    """`mkdir -p folder`, a failure one line naming the flag."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot make {folder} ({e.strerror or type(e).__name__}); "
+                         f"{fix}") from None
+    return folder
 
 
 FileOpt = Annotated[
@@ -57,7 +152,19 @@ def cloud_value(cloud: Cloud | None) -> str | None:
 def load(file: Path | None) -> Config:
     from poolctl.config import load_config
 
-    return load_config(file)
+    with file_errors():
+        return load_config(file)
+
+
+@contextlib.contextmanager
+def file_errors() -> Iterator[None]:
+    """A config path the system refuses to even look at (a name too long, a loop of links) is
+    one line naming -f, as a missing one is."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"-f/--file: {str(e.filename)[:80]!r} cannot be read ({e.strerror}); "
+                         "pass -f PATH of a poolctl.yaml (or set POOLCTL_FILE)") from None
 
 
 def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:

@@ -19,6 +19,7 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
     one_target,
+    whole,
 )
 
 app = typer.Typer(help="Pre-pulled node images built with Packer (see images/README.md).",
@@ -95,7 +96,8 @@ def list_(
 
 @app.command("prune")
 def prune(
-    keep: Annotated[int, typer.Option("--keep", min=0, help="Unused images to keep.")],
+    keep: Annotated[int, typer.Option("--keep", parser=whole(0, 10_000, "a number of images"),
+                                      metavar="N", help="Unused images to keep.")],
     cloud: CloudOpt = None,
     file: FileOpt = None,
     pool: PoolOpt = None,

@@ -179,10 +179,17 @@ def init(
     if blocked is not None:
         raise UsageError(f"--dir: {blocked} is in the way (a file where a folder goes, or a "
                          "folder where a file goes); pick another --dir")
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        sys.stdout.write(f"wrote {path}\n")
+    from poolctl.commands.common import check_creatable
+
+    check_creatable(dir, "--dir", "pick a folder you can write in")
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            sys.stdout.write(f"wrote {path}\n")
+    except OSError as e:  # the probe passed, the disk did not (full, quota)
+        raise UsageError(f"--dir: cannot write {e.filename} ({e.strerror}); pick a folder you "
+                         "can write in") from None
     sys.stderr.write(
         f"next: set weights_uri (and project) in {dir / 'poolctl.yaml'} (the nodes check the "
         "weights against a manifest.json: `poolctl weights manifest DIR` writes it before "

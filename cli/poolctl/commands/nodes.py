@@ -21,6 +21,8 @@ from poolctl.commands.common import (
     emit_json,
     endpoints_of,
     load,
+    real,
+    whole,
 )
 
 if TYPE_CHECKING:
@@ -49,10 +51,13 @@ KnownHostsOpt = Annotated[
                  "unknown or changed host key is refused.", show_default=False),
 ]
 PortOpt = Annotated[
-    int, typer.Option("--port", "-p", min=1, max=65535, help="SSH port of hosts without :PORT.")
+    int, typer.Option("--port", "-p", parser=whole(1, 65535, "a port"), metavar="PORT",
+                      help="SSH port of hosts without :PORT.")
 ]
 TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", help="Seconds for connecting and for each remote command.")
+    float, typer.Option("--timeout", parser=real(0, 3600, "seconds", above=True),
+                        metavar="SECONDS",
+                        help="Seconds for connecting and for each remote command.")
 ]
 AccessOpt = Annotated[
     str | None,

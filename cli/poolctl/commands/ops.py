@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from poolctl.commands.common import (
+    WEEK_S,
     CloudOpt,
     FileOpt,
     JsonOpt,
@@ -19,22 +20,30 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
     one_target,
+    real,
+    whole,
 )
 
 if TYPE_CHECKING:
+    from poolctl.cloud import Cloud
     from poolctl.clouds.base import PoolStatus
+    from poolctl.config import Pool
     from poolctl.inventory import Endpoint
 
 TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", min=0, help="Seconds --wait waits at most.")
+    float, typer.Option("--timeout", parser=real(0, WEEK_S, "seconds"), metavar="SECONDS",
+                        help="Seconds --wait waits at most.")
 ]
+# Far above any pool (scaling.max_replicas bounds the useful count: `_refuse_useless_warm`).
+MAX_REPLICAS = 100_000
 
 
 def warm(
     replicas: Annotated[
         int | None,
-        typer.Option("--replicas", min=0, help="Replicas of spare capacity (rounded up to "
-                     "whole nodes)."),
+        typer.Option("--replicas", parser=whole(0, MAX_REPLICAS, "a number of replicas"),
+                     metavar="N", help="Replicas of spare capacity (rounded up to whole "
+                     "nodes); at most what the pool can put into service."),
     ] = None,
     cloud: CloudOpt = None,
     file: FileOpt = None,
@@ -62,6 +71,8 @@ def warm(
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     p, c = one_target(cfg, pool, cloud, endpoints)
+    if replicas is not None:
+        _refuse_useless_warm(p, c, replicas)
     ops = runtime.get_ops(c, endpoints)
     result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
     sys.stderr.write(result.message + "\n")
@@ -70,6 +81,23 @@ def warm(
         result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
     if json_out:
         emit_json(result.to_json())
+
+
+def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
+    """Warm nodes serve only when the group scales out onto them, which it does up to its
+    maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
+    Checked against the file's sizes (what deploy gives the group) before any cloud call."""
+    from poolctl.errors import UsageError
+    from poolctl.sizing import nodes_for, plan_pool
+
+    plan = plan_pool(p, c)
+    rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
+    if nodes_for(replicas, rpn) > room:
+        raise UsageError(
+            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes['max']} "
+            f"node(s) and keeps {plan.nodes['min']} in service, so at most {room} spare "
+            f"node(s) ({room * rpn} replicas) can ever serve; ask for at most {room * rpn}, "
+            "or raise scaling.max_replicas and deploy")
 
 
 def status(

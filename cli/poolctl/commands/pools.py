@@ -20,8 +20,10 @@ from poolctl.commands.common import (
     SandboxOpt,
     emit_json,
     endpoints_of,
+    gcp_project_id,
     load,
     one_target,
+    region_name,
 )
 from poolctl.endpoints import CloudEndpoints
 
@@ -61,11 +63,11 @@ def ls(
         "--cloud", help="Cloud to list (AWS with --sandbox; else required: ls reads no file).",
         show_default=False)] = None,
     region: Annotated[str | None, typer.Option(
-        "--region", help="Region to list (default: AWS_REGION / the AWS profile's; GCP: "
-        "CLOUDSDK_COMPUTE_REGION).", show_default=False)] = None,
+        "--region", parser=region_name, help="Region to list (default: AWS_REGION / the AWS "
+        "profile's; GCP: CLOUDSDK_COMPUTE_REGION).", show_default=False)] = None,
     project: Annotated[str | None, typer.Option(
-        "--project", help="GCP project to list (default: GOOGLE_CLOUD_PROJECT).",
-        show_default=False)] = None,
+        "--project", parser=gcp_project_id, show_default=False,
+        help="GCP project to list (default: GOOGLE_CLOUD_PROJECT).")] = None,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -96,6 +98,10 @@ def ls(
                          .rstrip() + "\n")
 
 
+# CloudWatch Logs keeps events ten years at most (Cloud Logging less).
+MAX_SINCE_S = 3650 * 86400
+
+
 def logs(
     cloud: CloudOpt = None,
     file: FileOpt = None,
@@ -114,7 +120,13 @@ def logs(
     from poolctl import runtime
     from poolctl.inventory import LogEvent, since_seconds, stream_events
 
-    start_ms = int((time.time() - since_seconds(since)) * 1000)
+    seconds = since_seconds(since) if len(since) <= 40 else None
+    if seconds is None or seconds > MAX_SINCE_S:
+        from poolctl.errors import UsageError
+
+        raise UsageError(f"--since {since[:40]!r}: give a duration up to 3650d (the longest "
+                         "any log is kept), such as 30s, 10m, 2h or 1d")
+    start_ms = int((time.time() - seconds) * 1000)
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     p, c = one_target(cfg, pool, cloud, endpoints)

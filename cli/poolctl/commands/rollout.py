@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from poolctl.commands.build import VerboseOpt
+from poolctl.commands.build import VerboseOpt, check_out, make_out
 from poolctl.commands.common import (
+    WEEK_S,
     AutoApproveOpt,
     CloudOpt,
     FileOpt,
@@ -26,8 +27,10 @@ from poolctl.commands.common import (
     console,
     emit_json,
     endpoints_of,
+    file_errors,
     load,
     one_target,
+    real,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +43,8 @@ WaitOpt = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Watch it to the end (per checkpoint).")
 ]
 TimeoutOpt = Annotated[
-    float, typer.Option("--timeout", min=0, help="Seconds --wait watches at most.")
+    float, typer.Option("--timeout", parser=real(0, WEEK_S, "seconds"), metavar="SECONDS",
+                        help="Seconds --wait watches at most.")
 ]
 
 
@@ -58,7 +62,8 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 def _config_path(file: Path | None) -> Path:
     from poolctl.config import find_config
 
-    return find_config(file)
+    with file_errors():
+        return find_config(file)
 
 
 def _finish(state: RolloutState | None, what: str) -> None:
@@ -121,6 +126,7 @@ def start(
     if build_image and (image is None or node_image is not None):
         raise UsageError("--build-image: builds the node image for the new serving image; "
                          "give --image IMAGE (and no --node-image)")
+    check_out(out)
     path = _config_path(file)
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
@@ -143,7 +149,7 @@ def start(
         res = runtime.rollout_start(
             cfg, path, p, c, ops, image=image, model_version=model_version,
             node_image=node_image, no_surge=no_surge,
-            confirm=lambda q: confirm(q, auto_approve), outdir=out,
+            confirm=lambda q: confirm(q, auto_approve), outdir=make_out(out),
             mirror=provider_mirror, render_summary=_render_summary, verbose=verbose,
         )
     data = res.to_json()
@@ -220,6 +226,7 @@ def rollback(
     from poolctl import runtime
     from poolctl.commands.build import _render_summary
 
+    check_out(out)
     path = _config_path(file)
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
@@ -228,7 +235,7 @@ def rollback(
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
             cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
-            outdir=out, mirror=provider_mirror, render_summary=_render_summary,
+            outdir=make_out(out), mirror=provider_mirror, render_summary=_render_summary,
             verbose=verbose)
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None

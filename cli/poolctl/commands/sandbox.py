@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from poolctl import naming
-from poolctl.commands.common import JsonOpt, console, emit_json
+from poolctl.commands.common import JsonOpt, console, emit_json, real, region_name, whole
 from poolctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -20,10 +20,12 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+# Past this, every node boots within a tick of the sandbox's clock anyway.
+MAX_SPEEDUP = 1e6
 PortOpt = Annotated[
     int | None,
     typer.Option(
-        "--port",
+        "--port", parser=whole(0, 65535, "a port"), metavar="PORT",
         help="Port on 127.0.0.1 (default 4600, or $POOLCTL_SANDBOX_PORT; 0 picks a free one).",
         show_default=False,
     ),
@@ -50,7 +52,7 @@ CapacityOpt = Annotated[
 SpeedupOpt = Annotated[
     float | None,
     typer.Option(
-        "--boot-speedup",
+        "--boot-speedup", parser=real(0, MAX_SPEEDUP, "a speedup"), metavar="X",
         help="Nodes finish booting by themselves after the plan's start time divided by this "
         "(default 100, or $POOLCTL_SANDBOX_BOOT_SPEEDUP; 0 = --manual-boot). On a running "
         "sandbox: changes it.",
@@ -63,8 +65,8 @@ ManualOpt = Annotated[
 ]
 RegionOpt = Annotated[
     str | None,
-    typer.Option("--region", help="Region to inventory (default $AWS_REGION or us-east-1).",
-                 show_default=False),
+    typer.Option("--region", parser=region_name, show_default=False,
+                 help="Region to inventory (default $AWS_REGION or us-east-1)."),
 ]
 
 
@@ -77,10 +79,11 @@ def _parse_quotas(items: list[str] | None) -> dict[str, float]:
         try:
             if not sep or code not in EC2_QUOTAS:
                 raise ValueError
-            out[code] = float(value)
-        except ValueError:
+            out[code] = real(0, 1e9)(value)
+        except (ValueError, typer.BadParameter):
             raise UsageError(
-                f"--quota {item}: write CODE=VCPUS with CODE one of {', '.join(EC2_QUOTAS)}"
+                f"--quota {item}: write CODE=VCPUS with CODE one of {', '.join(EC2_QUOTAS)} "
+                "and VCPUS a number >= 0"
             ) from None
     return out
 
@@ -88,7 +91,6 @@ def _parse_quotas(items: list[str] | None) -> dict[str, float]:
 def _boot_speedup(speedup: float | None, manual: bool) -> tuple[float, bool]:
     """The speedup asked for (flag, else $POOLCTL_SANDBOX_BOOT_SPEEDUP, else 100) and
     whether a flag named it."""
-    import math
     import os
 
     from poolctl.sandbox.manager import BOOT_SPEEDUP_ENV, DEFAULT_BOOT_SPEEDUP
@@ -97,10 +99,7 @@ def _boot_speedup(speedup: float | None, manual: bool) -> tuple[float, bool]:
         raise UsageError(f"--boot-speedup {speedup:g} and --manual-boot: give one of them")
     if manual:
         return 0.0, True
-    if speedup is not None:
-        if not math.isfinite(speedup) or speedup < 0:
-            raise UsageError(f"--boot-speedup {speedup:g}: give a number >= 0, e.g. 100 "
-                             "(0: nodes boot when told)")
+    if speedup is not None:  # a finite number >= 0: its parser saw to it
         return speedup, True
     # envcheck has refused a bad value before the command ran.
     return float(os.environ.get(BOOT_SPEEDUP_ENV) or DEFAULT_BOOT_SPEEDUP), False
@@ -238,8 +237,8 @@ PoolOpt = Annotated[
 
 PoolRegionOpt = Annotated[
     str | None,
-    typer.Option("--region", help="Region where --pool's groups are (default $AWS_REGION or "
-                 "us-east-1).", show_default=False),
+    typer.Option("--region", parser=region_name, show_default=False,
+                 help="Region where --pool's groups are (default $AWS_REGION or us-east-1)."),
 ]
 
 

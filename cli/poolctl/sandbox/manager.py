@@ -30,7 +30,7 @@ from typing import Any
 from poolctl import naming
 from poolctl.adaptors.aws import boto3
 from poolctl.cloud import Cloud
-from poolctl.endpoints import CloudEndpoints
+from poolctl.endpoints import NO_METADATA_ENV, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 
@@ -228,7 +228,7 @@ def start(
     port_file = sdir / "port"
     port_file.unlink(missing_ok=True)
     log_path = sdir / "server.log"
-    env = dict(os.environ)
+    env = {**os.environ, **NO_METADATA_ENV}  # the server never asks a metadata address
     if quotas:
         env["POOLCTL_SANDBOX_QUOTAS"] = json.dumps(quotas)
     argv = [sys.executable, "-m", "poolctl.sandbox.server", "--host", HOST,
