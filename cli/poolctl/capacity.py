@@ -19,7 +19,7 @@ from poolctl.simulate import (
     simulate,
     summary,
 )
-from poolctl.traces import Trace
+from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
     from poolctl.config import Pool
@@ -86,9 +86,6 @@ def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
 
 
 PEAK_WINDOW_S = 600  # the stretch of traffic max_replicas is sized for
-
-
-MAX_SEARCH_REPLICAS = 4096  # the doubling search stops here
 
 
 @dataclass(frozen=True)
@@ -200,13 +197,13 @@ def recommend(pool: Pool, cloud: Cloud | str, trace: Trace) -> dict[str, Any]:
         # Doubling, then bisection: the test of n replicas is monotone in n.
         hi, s_hi = 1, fixed(1, tr)
         while not pred(s_hi):
-            if hi >= MAX_SEARCH_REPLICAS:
+            if hi >= MAX_REPLICAS:
                 p90 = s_hi["ttft_s"]["p90"]
                 raise OperationFailed(
-                    f"{pool.name}/{cloud}: no replica count up to {MAX_SEARCH_REPLICAS:,} "
+                    f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
                     f"meets slo.ttft_p90_s {slo.ttft_p90_s:g} s at utilization <= "
                     f"{slo.target_utilization:g} on {what} (TTFT p90 at "
-                    f"{MAX_SEARCH_REPLICAS:,}: {'over the SLO' if p90 is None else f'{p90} s'}"
+                    f"{MAX_REPLICAS:,}: {'over the SLO' if p90 is None else f'{p90} s'}"
                     f"; the prefill compute floor allows {fl.ttft_p90_floor_s:.2f} s); raise "
                     "slo.ttft_p90_s or serving.tensor_parallel")
             hi *= 2

@@ -279,6 +279,7 @@ BAD = [
     # issue 23: each was a traceback, a hang or accepted
     ("nan.csv", f"{AZ}1.0,1,1\nnan,1,1\n", ":3: TIMESTAMP: 'nan' is neither"),
     ("inf.csv", f"{AZ}1.0,1,1\ninf,1,1\n", ":3: TIMESTAMP: 'inf' is neither"),
+    ("secs.csv", f"{AZ}{'9' * 400},1,1\n", ":2: TIMESTAMP: 99999999999999999999... is too large"),
     ("inf.jsonl", '{"timestamp": Infinity, "input_length": 1, "output_length": 1}\n',
      ":1: timestamp: Infinity is not a finite number of ms"),
     ("big.jsonl", '{"timestamp": 1' + "0" * 400 + ', "input_length": 1, "output_length": 1}\n',

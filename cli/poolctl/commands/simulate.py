@@ -18,7 +18,7 @@ from poolctl.commands.common import (
     one_target,
 )
 from poolctl.errors import UsageError
-from poolctl.traces import MAX_SPAN_S, MAX_TOKENS
+from poolctl.traces import MAX_REPLICAS, MAX_SPAN_S, MAX_TOKENS
 
 if TYPE_CHECKING:
     from poolctl.simulate import SimResult
@@ -31,7 +31,6 @@ TrafficOpt = Annotated[Path | None, typer.Option(
 # Every number is bounded (commands/bounds.py) so that a run takes bounded time and memory:
 # the simulator replays at most traces.MAX_REQUESTS requests over traces.MAX_SPAN_S.
 MAX_RATE = 100_000.0  # requests/s: ten seconds of it reach MAX_REQUESTS
-MAX_REPLICAS = 4096  # as far as `plan --traffic` searches
 MAX_TIME_SCALE = 1000.0
 RateOpt = Annotated[float | None, typer.Option(
     "--rate", help="Synthetic Poisson traffic, requests per second (instead of --trace).",
