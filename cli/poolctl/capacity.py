@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
+from poolctl.errors import OperationFailed
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
     SimResult,
+    json_safe,
+    percentile,
     simulate,
     summary,
 )
-from poolctl.traces import Trace
+from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
     from poolctl.config import Pool
+    from poolctl.servingmodel import ReplicaModel
     from poolctl.sizing import PoolPlan
 
 
@@ -83,19 +88,103 @@ def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
 PEAK_WINDOW_S = 600  # the stretch of traffic max_replicas is sized for
 
 
+@dataclass(frozen=True)
+class Floor:
+    """What the prefill compute floor allows for the served requests of a trace."""
+
+    served: int  # requests within max_model_len
+    over_max_model_len: int  # refused, never simulated
+    longest: int  # prompt + output tokens of the longest request
+    p90_prompt: float  # tokens, over the served requests
+    p90_prompt_floor_s: float  # the fastest TTFT of a p90 prompt (one idle replica)
+    ttft_p90_floor_s: float  # the lowest TTFT p90 any replica count reaches
+
+
+def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
+    """The lowest TTFT p90 possible for `trace` on replicas of `m`: the p90 of each served
+    request's prefill compute floor. Every TTFT is at least its floor, so the p90 of the TTFTs
+    is at least the p90 of the floors; with a replica per request in flight each request
+    gets its floor, so it is reached as the replicas grow."""
+    limit = m.max_model_len
+    lens = [(max(1, i), max(1, o)) for i, o in zip(trace.inputs, trace.outputs, strict=True)]
+    prompts = sorted(i for i, o in lens if i + o <= limit)
+    memo: dict[int, float] = {}
+
+    def floor(p: int) -> float:
+        if p not in memo:
+            memo[p] = m.ttft_floor_s(p)
+        return memo[p]
+
+    floors = [floor(p) for p in prompts]  # sorted too: the floor grows with the prompt
+    p90_prompt = percentile([float(p) for p in prompts], 0.9)
+    p90_floor = percentile(floors, 0.9)
+    return Floor(
+        served=len(prompts), over_max_model_len=len(lens) - len(prompts),
+        longest=max(i + o for i, o in lens),
+        p90_prompt=math.nan if p90_prompt is None else p90_prompt,
+        p90_prompt_floor_s=math.nan if p90_prompt is None else m.ttft_floor_s(round(p90_prompt)),
+        ttft_p90_floor_s=math.nan if p90_floor is None else p90_floor,
+    )
+
+
+def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Floor,
+                 gpus_per_node: int, what: str) -> OperationFailed:
+    """The line `plan --traffic` ends with when no replica count can meet the TTFT SLO: the
+    binding floor with its numbers, and what would help."""
+    slo = pool.slo.ttft_p90_s
+    need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
+    helps = [f"raise slo.ttft_p90_s to at least {need:g} s"]
+    # The same replica at a higher TP (this pool's efficiency factors, the weights and the KV
+    # cache split over more GPUs): the first that brings the floor under the SLO, or TP 8's.
+    tp, better = m.tp, None
+    for t in (2, 4, 8):
+        if tp < t <= gpus_per_node:
+            k = tp / t
+            mt = replace(m, tp=t, weights_bytes_per_gpu=m.weights_bytes_per_gpu * k,
+                         kv_bytes_per_token_per_gpu=m.kv_bytes_per_token_per_gpu * k)
+            better = (t, ttft_floor(mt, trace).ttft_p90_floor_s)
+            if better[1] <= slo:
+                break
+    if better is not None and better[1] < fl.ttft_p90_floor_s:
+        t, f = better
+        helps.append(f"raise serving.tensor_parallel to {t} (its floor: {f:.2f} s"
+                     + ("" if f <= slo else ", still over the SLO") + ")")
+    over = (f"; {fl.over_max_model_len:,} longer than max_model_len are refused"
+            if fl.over_max_model_len else "")
+    return OperationFailed(
+        f"{pool.name}/{cloud}: no replica count meets slo.ttft_p90_s {slo:g} s on {what}: "
+        f"its p90 prompt is {fl.p90_prompt:,.0f} tokens (of {fl.served:,} requests within "
+        f"max_model_len{over}), which one idle TP {m.tp} replica prefills in "
+        f"{fl.p90_prompt_floor_s:.2f} s at best (the prefill compute floor), so the lowest "
+        f"TTFT p90 possible with this configuration is {fl.ttft_p90_floor_s:.2f} s; "
+        + " or ".join(helps))
+
+
 def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
     """Smallest replica count meeting the TTFT SLO at or below the utilization target; a
-    max for the busiest window; the smallest warm pool keeping the SLO under autoscaling."""
+    max for the busiest window; the smallest warm pool keeping the SLO under autoscaling.
+    An SLO no replica count can meet (the prefill compute floor), or a trace whose every
+    request is longer than max_model_len, is an OperationFailed naming the floor."""
+    from poolctl.servingmodel import replica_model
     from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node
     slo = pool.slo
+    m = replica_model(pool, cloud)
+    fl = ttft_floor(m, trace)
+    if not fl.served:
+        raise OperationFailed(
+            f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {trace.source} "
+            f"is longer than serving.max_model_len {m.max_model_len:,} (prompt + output): "
+            "nothing to size for; raise max_model_len or give a trace of shorter requests")
+    if fl.ttft_p90_floor_s > slo.ttft_p90_s:
+        raise _unreachable(pool, cloud, m, trace, fl, plan.gpus_per_node, trace.source)
 
     def fixed(n: int, tr: Trace) -> dict[str, Any]:
         res = run_pool(pool, cloud, tr, replicas=n, stop_if_p90_over=slo.ttft_p90_s)
         if res.aborted:
-            return {"slo": {"met": False}, "utilization": math.inf}
+            return {"slo": {"met": False}, "utilization": math.inf, "ttft_s": {"p90": None}}
         return summary(res, slo.ttft_p90_s)
 
     def ok_min(s: dict[str, Any]) -> bool:
@@ -103,13 +192,20 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
         utilization: float = s["utilization"]
         return met and utilization <= slo.target_utilization
 
-    def smallest(pred: Callable[[dict[str, Any]], bool], tr: Trace
+    def smallest(pred: Callable[[dict[str, Any]], bool], tr: Trace, what: str
                  ) -> tuple[int, dict[str, Any]]:
         # Doubling, then bisection: the test of n replicas is monotone in n.
         hi, s_hi = 1, fixed(1, tr)
         while not pred(s_hi):
-            if hi >= 4096:
-                raise ValueError("no replica count up to 4096 meets the SLO")
+            if hi >= MAX_REPLICAS:
+                p90 = s_hi["ttft_s"]["p90"]
+                raise OperationFailed(
+                    f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
+                    f"meets slo.ttft_p90_s {slo.ttft_p90_s:g} s at utilization <= "
+                    f"{slo.target_utilization:g} on {what} (TTFT p90 at "
+                    f"{MAX_REPLICAS:,}: {'over the SLO' if p90 is None else f'{p90} s'}"
+                    f"; the prefill compute floor allows {fl.ttft_p90_floor_s:.2f} s); raise "
+                    "slo.ttft_p90_s or serving.tensor_parallel")
             hi *= 2
             s_hi = fixed(hi, tr)
         lo = hi // 2  # fails (or 0)
@@ -122,10 +218,17 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
                 lo = mid
         return hi, s_hi
 
-    need_min, s_min = smallest(ok_min, trace)
+    need_min, s_min = smallest(ok_min, trace, trace.source)
     w0, w1 = busiest_window(trace, PEAK_WINDOW_S)
     peak = trace.window(w0, w1)
-    need_peak, _ = smallest(lambda s: s["slo"]["met"], peak) if len(peak) else (need_min, None)
+    need_peak = need_min
+    if len(peak):
+        what = f"the busiest {PEAK_WINDOW_S // 60} minutes of {trace.source} ({w0:.0f}-{w1:.0f} s)"
+        fl_peak = ttft_floor(m, peak)
+        if fl_peak.served and fl_peak.ttft_p90_floor_s > slo.ttft_p90_s:
+            raise _unreachable(pool, cloud, m, peak, fl_peak, plan.gpus_per_node, what)
+        if fl_peak.served:
+            need_peak, _ = smallest(lambda s: s["slo"]["met"], peak, what)
     min_r = nodes_for(need_min, rpn) * rpn
     max_r = max(min_r, nodes_for(need_peak, rpn) * rpn)
     warm_r = 0
@@ -137,7 +240,7 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
         if s_auto["slo"]["met"]:
             break
     assert s_auto is not None  # max_r >= min_r: the loop above runs at least once
-    return {
+    rec: dict[str, Any] = json_safe({
         "min_replicas": min_r,
         "max_replicas": max_r,
         "warm_replicas": warm_r,
@@ -153,4 +256,9 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
         "fixed_count_at_min": {"ttft_p90_s": s_min["ttft_s"]["p90"],
                                "usd_per_1m_output_tokens":
                                    s_min["cost"]["usd_per_1m_output_tokens"]},
-    }
+        "requests": len(trace),
+        "requests_over_max_model_len": fl.over_max_model_len,
+        "max_model_len": m.max_model_len,
+        "ttft_p90_floor_s": round(fl.ttft_p90_floor_s, 4),
+    })
+    return rec

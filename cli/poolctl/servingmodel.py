@@ -115,6 +115,20 @@ class ReplicaModel:
     def prefill_tokens_per_s(self, n: int) -> float:
         return n / self.prefill_s(n)
 
+    def ttft_floor_s(self, prompt: int) -> float:
+        """The fastest first token of a `prompt`-token request: alone on an idle replica,
+        prefilled in chunks of `max_num_batched_tokens` as the simulator's engine does (each
+        step reads the request's whole KV allocation, prompt + 1). Sharing a replica only adds
+        to it (more tokens per step, smaller chunks, waits), so no replica count brings a
+        request's TTFT below it: the prefill compute floor."""
+        prompt = max(1, prompt)
+        t, done = 0.0, 0
+        while done < prompt:
+            c = min(prompt - done, self.max_num_batched_tokens)
+            t += self.step_s(c, prompt + 1, self.attn_flops(c, done))
+            done += c
+        return t
+
     def decode_step_s(self, batch: int, context: int) -> float:
         """One decode step of `batch` sequences holding `context` tokens each (attention's
         FLOPs in decode are a few % of the weights' and left out)."""

@@ -631,6 +631,17 @@ def summary(r: SimResult, ttft_slo_s: float) -> dict[str, Any]:
     return out
 
 
+def json_safe(obj: Any) -> Any:
+    """`obj` with every float that is not finite (inf, NaN: JSON has neither) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def _replica_stats(r: SimResult) -> dict[str, float]:
     if r.replicas_fixed is not None:
         n = r.replicas_fixed

@@ -6,15 +6,18 @@ the line and the field.
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 import json
 import math
 import random
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from poolctl.errors import UsageError
+from poolctl.readfile import open_regular, text_lines
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -54,62 +57,117 @@ def _bad(path: str, line: int, field: str, msg: str) -> UsageError:
     return UsageError(f"{path}:{line}: {field}: {msg}")
 
 
+# Bounds on what a trace may hold, so that reading and replaying it take bounded time and
+# memory. Measured here at the cap: a million Azure rows (34 MiB) load in 9 s; a million
+# synthetic requests simulate in 47 s at 0.42 GB peak RSS (96 replicas of the example pool).
+MAX_REQUESTS = 1_000_000
+MAX_LINES = MAX_REQUESTS + 1  # and a header
+MAX_TRACE_BYTES = 512 << 20  # a million lines of either published format: ~37 B (Azure), ~285 B
+MAX_LINE_BYTES = 1 << 20  # a Mooncake line of a 1M-token prompt holds ~2,000 block ids: 16 KB
+MAX_SPAN_S = 31 * 86_400  # a month: autoscaling samples a metric per minute over the span
+MAX_TOKENS = 10**9  # no model's context window comes near a billion tokens
+MAX_REPLICAS = 4096  # replicas a run simulates: `plan --traffic` searches up to it
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: int() also takes '1_000' and Arabic-Indic
+_SECONDS = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+
+
+def _show(s: str) -> str:
+    """A name from the file, as it can go in a one-line message."""
+    return s[:40] if s.isprintable() else repr(s[:40])
+
+
 def _tokens(path: str, line: int, field: str, raw: object) -> int:
-    if isinstance(raw, bool):
-        raw = "true"
-    try:
-        n = int(raw) if isinstance(raw, int) else int(str(raw).strip())
-    except ValueError:
-        raise _bad(path, line, field, f"{str(raw)[:40]!r} is not a whole number of tokens; "
-                   "fix or remove the line") from None
+    """A whole number of tokens written in ASCII digits (a JSON integer, or a CSV field)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        n = raw
+    elif isinstance(raw, str) and _DIGITS.fullmatch(raw.strip()):
+        digits = raw.strip().lstrip("0") or "0"
+        n = int(digits) if len(digits) <= 10 else MAX_TOKENS + 1
+    else:
+        shown = json.dumps(raw)[:40] if not isinstance(raw, str) else repr(raw[:40])
+        raise _bad(path, line, field, f"{shown} is not a whole number of tokens in digits "
+                   "0-9; fix or remove the line")
     if n < 0:
         raise _bad(path, line, field, f"{n} tokens is negative; fix or remove the line")
+    if n > MAX_TOKENS:
+        raise _bad(path, line, field, f"over {MAX_TOKENS:,} tokens (longer than any model's "
+                   "context); fix or remove the line")
     return n
 
 
 def _azure_time(path: str, line: int, raw: str) -> float:
     raw = raw.strip()
+    if _SECONDS.fullmatch(raw):
+        secs = float(raw)  # seconds, as some derived traces write them
+        if not math.isfinite(secs):  # 400 digits are inf to a float
+            raise _bad(path, line, "TIMESTAMP", f"{raw[:20]}... is too large a number of "
+                       "seconds; fix the line")
+        return secs
     try:
-        return float(raw)  # seconds, as some derived traces write them
-    except ValueError:
-        pass
-    try:
+        if not raw.isascii():
+            raise ValueError(raw)
         # Python 3.11 reads the trace's 7 fractional digits (to microseconds).
-        return datetime.fromisoformat(raw).timestamp()
+        t = datetime.fromisoformat(raw)
     except ValueError:
         raise _bad(path, line, "TIMESTAMP", f"{raw[:40]!r} is neither a date-time "
                    "(2023-11-16 18:15:46.68) nor seconds; fix the line") from None
+    # Without a zone the published traces mean UTC; the machine's zone (and its daylight
+    # saving jumps) must not stretch or shrink the gaps between requests.
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
-def _azure(path: str, text: str) -> tuple[list[float], list[int], list[int], list[int]]:
-    reader = csv.reader(io.StringIO(text))
-    header = [h.strip() for h in next(reader, [])]
-    unknown = [h for h in header if h not in AZURE_COLUMNS]
-    missing = [c for c in AZURE_COLUMNS if c not in header]
-    if unknown or missing:
-        what = f"unknown column {unknown[0]!r}" if unknown else f"no column {missing[0]!r}"
-        raise _bad(path, 1, "header", f"{what}; an Azure trace has exactly "
-                   f"{','.join(AZURE_COLUMNS)}")
-    it, ic, io_ = (header.index(c) for c in AZURE_COLUMNS)
-    ts, ins, outs, lines = [], [], [], []
-    for line, row in enumerate(reader, start=2):
-        if not row:
-            continue
-        lines.append(line)
-        if len(row) != len(header):
-            raise _bad(path, line, "row", f"{len(row)} fields, the header has {len(header)}")
-        ts.append(_azure_time(path, line, row[it]))
-        ins.append(_tokens(path, line, "ContextTokens", row[ic]))
-        outs.append(_tokens(path, line, "GeneratedTokens", row[io_]))
-    return ts, ins, outs, lines
+Rows = tuple[list[float], list[int], list[int], list[int]]  # times, inputs, outputs, lines
+Lines = Iterator[tuple[int, str]]
 
 
-def _mooncake(path: str, text: str) -> tuple[list[float], list[int], list[int], list[int]]:
-    ts, ins, outs, lines = [], [], [], []
-    for line, raw in enumerate(text.splitlines(), start=1):
+def _azure(path: str, lines: Lines) -> Rows:
+    numbers: list[int] = []
+
+    def numbered() -> Iterator[str]:
+        for n, text in lines:
+            numbers.append(n)
+            yield text
+
+    reader = csv.reader(numbered())
+    ts: list[float] = []
+    ins: list[int] = []
+    outs: list[int] = []
+    where: list[int] = []
+    try:
+        header = [h.strip() for h in next(reader, [])]
+        unknown = [h for h in header if h not in AZURE_COLUMNS]
+        missing = [c for c in AZURE_COLUMNS if c not in header]
+        if unknown or missing or len(set(header)) != len(header):
+            what = (f"unknown column {_show(unknown[0])!r}" if unknown else
+                    f"no column {missing[0]!r}" if missing else "a column twice")
+            raise _bad(path, numbers[-1], "header", f"{what}; an Azure trace has exactly "
+                       f"{','.join(AZURE_COLUMNS)}")
+        it, ic, io_ = (header.index(c) for c in AZURE_COLUMNS)
+        for row in reader:
+            line = numbers[-1]
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise _bad(path, line, "row", f"{len(row)} fields, the header has "
+                           f"{len(header)}")
+            ts.append(_azure_time(path, line, row[it]))
+            ins.append(_tokens(path, line, "ContextTokens", row[ic]))
+            outs.append(_tokens(path, line, "GeneratedTokens", row[io_]))
+            where.append(line)
+    except csv.Error as e:  # a NUL byte, a stray quote, a field over csv's size limit
+        raise _bad(path, numbers[-1] if numbers else 1, "row", f"not CSV ({e}); fix the "
+                   "line") from None
+    return ts, ins, outs, where
+
+
+def _mooncake(path: str, lines: Lines) -> Rows:
+    ts: list[float] = []
+    ins: list[int] = []
+    outs: list[int] = []
+    where: list[int] = []
+    for line, raw in lines:
         if not raw.strip():
             continue
-        lines.append(line)
         try:
             obj = json.loads(raw)
         except ValueError as e:
@@ -117,48 +175,72 @@ def _mooncake(path: str, text: str) -> tuple[list[float], list[int], list[int], 
             # has no .msg
             why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
             raise _bad(path, line, "line", f"not JSON ({why}); one object per line") from None
+        except RecursionError:
+            raise _bad(path, line, "line", "nested too deeply; one flat object per line"
+                       ) from None
         if not isinstance(obj, dict):
             raise _bad(path, line, "line", "not a JSON object; one object per line")
         for k in obj:
             if k not in MOONCAKE_FIELDS and k not in MOONCAKE_EXTRA:
-                raise _bad(path, line, str(k)[:40], "unknown field; a Mooncake trace has "
+                raise _bad(path, line, _show(k), "unknown field; a Mooncake trace has "
                            f"{', '.join(MOONCAKE_FIELDS)}")
         for k in MOONCAKE_FIELDS:
             if k not in obj:
                 raise _bad(path, line, k, "missing; add it")
         t = obj["timestamp"]
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
-            raise _bad(path, line, "timestamp", f"{str(t)[:40]!r} is not a number of ms")
-        ts.append(t / 1000)
+        try:
+            ms = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
+        except OverflowError:  # an integer beyond a float's range
+            raise _bad(path, line, "timestamp", f"{str(t)[:20]}... is too large a number of "
+                       "ms") from None
+        if ms is None or not math.isfinite(ms):
+            raise _bad(path, line, "timestamp", f"{json.dumps(t)[:40]} is not a finite number "
+                       "of ms")
+        ts.append(ms / 1000)
         ins.append(_tokens(path, line, "input_length", obj["input_length"]))
         outs.append(_tokens(path, line, "output_length", obj["output_length"]))
-    return ts, ins, outs, lines
+        where.append(line)
+    return ts, ins, outs, where
 
 
 def load_trace(path: str | Path) -> Trace:
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"--trace: {name} not found; give a trace file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--trace: {name} cannot be read as UTF-8 text ({e})") from None
-    first = text.lstrip()[:1]
-    if first == "{":
-        (ts, ins, outs, lines), tfield = _mooncake(name, text), "timestamp"
-    elif first:
-        (ts, ins, outs, lines), tfield = _azure(name, text), "TIMESTAMP"
-    else:
-        raise UsageError(f"{name}:1: file: the trace is empty; give an Azure CSV or a "
-                         "Mooncake JSONL trace")
+    """An Azure CSV or a Mooncake JSONL trace (by its first character), checked line by line:
+    a regular file of at most MAX_TRACE_BYTES and MAX_LINES lines, sorted by time,
+    spanning at most MAX_SPAN_S. Anything else is one line naming the file, line and field."""
+    name = str(path) if str(path).isprintable() else repr(str(path))
+    fix = "give an Azure CSV or a Mooncake JSONL trace file"
+    with open_regular(path, "--trace", fix, MAX_TRACE_BYTES) as fh:
+        lines = text_lines(fh, name, MAX_TRACE_BYTES, MAX_LINE_BYTES, MAX_LINES,
+                           f"poolctl replays at most {MAX_REQUESTS:,} requests")
+        skipped = []
+        first = ""
+        for n, text in lines:
+            if text.strip():
+                first = text.lstrip()[:1]
+                skipped.append((n, text))
+                break
+        if not first:
+            raise UsageError(f"{name}:1: file: the trace is empty; {fix}")
+        rest = itertools.chain(skipped, lines)
+        if first == "{":
+            (ts, ins, outs, where), tfield, unit = _mooncake(name, rest), "timestamp", 1000
+        else:
+            (ts, ins, outs, where), tfield, unit = _azure(name, rest), "TIMESTAMP", 1
     if not ts:
         raise _bad(name, 1, "file", "the trace has no requests; give at least one")
     for i, t in enumerate(ts):
         if t < 0:
-            raise _bad(name, lines[i], tfield, f"{t:g} is negative; times count from >= 0")
+            raise _bad(name, where[i], tfield, f"{t * unit:g} is negative; times count from "
+                       ">= 0")
         if i and t < ts[i - 1]:
-            raise _bad(name, lines[i], tfield, "earlier than the line before; sort the trace "
+            raise _bad(name, where[i], tfield, "earlier than the line before; sort the trace "
                        "by time")
+        if t - ts[0] > MAX_SPAN_S:
+            days = (t - ts[0]) / 86_400
+            shown = f"{days:,.0f}" if days < 1e9 else f"{days:.3g}"
+            raise _bad(name, where[i], tfield, f"{shown} days after the first request; "
+                       f"poolctl replays at most {MAX_SPAN_S // 86_400} days: cut the trace "
+                       "to a window, or check the unit (Mooncake: ms)")
     t0 = ts[0]
     return Trace(name, [t - t0 for t in ts], ins, outs)
 
@@ -167,8 +249,16 @@ def synthetic(rate: float, duration_s: float, seed: int, input_mean: float,
               output_mean: float, dist: str = "exponential") -> Trace:
     """Poisson arrivals at `rate`/s; token lengths exponential (or fixed) around their means,
     at least one token each."""
-    if rate <= 0 or duration_s <= 0:
-        raise UsageError("--rate/--duration: both must be positive")
+    if not (0 < rate < math.inf and 0 < duration_s <= MAX_SPAN_S):
+        raise UsageError("--rate/--duration: both must be positive numbers, the duration at "
+                         f"most {MAX_SPAN_S:,} s ({MAX_SPAN_S // 86_400} days)")
+    if rate * duration_s > MAX_REQUESTS:
+        raise UsageError(f"--rate/--duration: {rate:g}/s for {duration_s:g} s is "
+                         f"{rate * duration_s:,.0f} requests; poolctl replays at most "
+                         f"{MAX_REQUESTS:,}: lower either")
+    if not (1 <= input_mean <= MAX_TOKENS and 1 <= output_mean <= MAX_TOKENS):
+        raise UsageError("--input-tokens/--output-tokens: means must be numbers from 1 to "
+                         f"{MAX_TOKENS:,}")
     rng = random.Random(seed)
 
     def length(mean: float) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.errors import UsageError
+from poolctl.readfile import open_regular
 
 MANIFEST = "manifest.json"
 # Names a node writes into its copy (the `.poolctl-complete` marker): never listed.
@@ -157,24 +160,82 @@ def write_manifest(folder: str | Path, progress: Progress | None = None,
     return target
 
 
+MAX_MANIFEST_BYTES = 64 << 20  # ~500,000 files at ~130 bytes each
+MAX_FILE_BYTES = 1 << 50  # 1 PiB: no weights file comes near it
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _rel_problem(rel: str) -> str | None:
+    """What makes `rel` no path a manifest may list (relative, '/' separated, inside)."""
+    if not rel or not rel.isprintable():
+        return "is empty or holds control characters"
+    if rel.startswith("/"):
+        return "is absolute; list paths relative to the folder"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "has an empty, '.' or '..' part; list plain paths inside the folder"
+    return None
+
+
 def _entries(folder: Path) -> Iterator[tuple[str, int, str]]:
-    """(path, bytes, sha256) per listed file, as the node reads them; one line naming what
-    is wrong (exit 2) for a manifest the node could not use either."""
+    """(path, bytes, sha256) per listed file, each field checked: a path relative to the
+    folder without '..', a size that is a whole number of bytes (0 to MAX_FILE_BYTES) and a
+    SHA-256 of 64 hex digits. Anything else is one line naming the field (exit 2)."""
     path = folder / MANIFEST
     fix = f"write it with `poolctl weights manifest {folder}`"
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: missing; a node refuses the folder without it; {fix}")
+    with open_regular(path, "weights verify", fix, MAX_MANIFEST_BYTES) as fh:
+        raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise UsageError(f"{path}: over {MAX_MANIFEST_BYTES >> 20} MiB; {fix}")
+
+    def constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
     try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
-        items = sorted((str(rel), int(w["bytes"]), str(w["sha256"]).lower())
-                       for rel, w in files.items())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: missing; a node refuses the folder without it; {fix}"
-                         ) from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{path}: unusable ({type(e).__name__}: {e}); a node refuses it "
-                         f"too; {fix}") from None
-    if not items:
+        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=constant)
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: unusable (byte {e.start + 1} is not UTF-8); {fix}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: unusable (not JSON: {e.msg} at line {e.lineno} column "
+                         f"{e.colno}); {fix}") from None
+    except (ValueError, RecursionError) as e:  # NaN, an integer of over 4,300 digits
+        raise UsageError(f"{path}: unusable (not JSON: {str(e)[:80]}); {fix}") from None
+
+    def bad(field: str, what: str) -> UsageError:
+        return UsageError(f"{path}: {field}: {what}; {fix}")
+
+    if not isinstance(doc, dict) or "files" not in doc:
+        raise bad("files", "missing; a manifest is {\"files\": {PATH: {\"sha256\": ..., "
+                  "\"bytes\": ...}}}")
+    files = doc["files"]
+    if not isinstance(files, dict):
+        raise bad("files", f"is {_json_kind(files)}, not an object of paths")
+    if not files:
         raise UsageError(f"{path}: lists no files; a node refuses it; {fix}")
-    yield from items
+    items = []
+    for rel, entry in files.items():
+        name = f"files[{json.dumps(rel)[:80]}]"
+        if problem := _rel_problem(rel):
+            raise bad(name, f"the path {problem}")
+        if not isinstance(entry, dict):
+            raise bad(name, f"is {_json_kind(entry)}, not {{\"sha256\": ..., \"bytes\": ...}}")
+        size, digest = entry.get("bytes"), entry.get("sha256")
+        if (not isinstance(size, int) or isinstance(size, bool)
+                or not 0 <= size <= MAX_FILE_BYTES):
+            shown = "missing" if size is None else f"{json.dumps(size)[:40]} is not"
+            raise bad(f"{name}.bytes", f"{shown} a whole number of bytes from 0 to 2^50")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            shown = "missing" if digest is None else f"{json.dumps(digest)[:40]} is not"
+            raise bad(f"{name}.sha256", f"{shown} a SHA-256 of 64 hex digits")
+        items.append((rel, size, digest.lower()))
+    yield from sorted(items)
+
+
+def _json_kind(v: object) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true or false",
+             int: "a number", float: "a number", type(None): "null"}
+    return kinds.get(type(v), type(v).__name__)
 
 
 def verify(folder: str | Path, progress: Progress | None = None,
@@ -185,19 +246,19 @@ def verify(folder: str | Path, progress: Progress | None = None,
     root = _folder(folder)
     items = list(_entries(root))
     out = Verified(root, len(items), sum(size for _, size, _ in items))
-    base = os.path.normpath(root)
     to_hash: list[tuple[str, Path, str]] = []
     to_read = 0  # bytes of the files to hash: their size is right
     for rel, size, digest in items:
-        path = os.path.normpath(os.path.join(root, rel))
-        if not path.startswith(base + os.sep):
-            out.problems.append(f"{rel}: outside the weights folder")
-            continue
+        path = os.path.join(root, rel)  # inside: _entries refuses '..' and absolute paths
         try:
-            got = os.path.getsize(path)
+            st = os.stat(path)
         except OSError:
             out.problems.append(f"{rel}: missing")
             continue
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the hash, /dev/zero not end
+            out.problems.append(f"{rel}: not a regular file")
+            continue
+        got = st.st_size
         if got != size:
             out.problems.append(f"{rel}: {got} bytes, manifest says {size}")
             continue

@@ -437,8 +437,12 @@ def test_verify_manifest(node, tmp_path):
     both_find("a.bin: sha256 mismatch", "sub/b.bin: missing")
 
     (folder / "manifest.json").write_text(json.dumps(
-        {"files": {"../../etc/hostname": {"bytes": 1, "sha256": "00"}}}))
-    both_find("../../etc/hostname: outside the weights folder")
+        {"files": {"../../etc/hostname": {"bytes": 1, "sha256": "0" * 64}}}))
+    r = node.run(script, "verify", str(folder))
+    assert r.returncode == 1 and "../../etc/hostname: outside the weights folder" in r.stderr
+    # poolctl refuses such a manifest whole, naming the field (issue 23), before any read
+    with pytest.raises(UsageError, match=r'files\["../../etc/hostname"\]: the path has'):
+        weights.verify(folder)
     # Manifests a node refuses whole: poolctl refuses them too (one line, exit 2).
     for bad in (json.dumps({"files": {}}), "not json"):
         (folder / "manifest.json").write_text(bad)

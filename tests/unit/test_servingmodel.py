@@ -68,6 +68,23 @@ def test_decode_step_at_batch_1_and_64_by_hand(model):
     assert model.decode_step_s(64, 1024) == pytest.approx(step64, rel=1e-9)
 
 
+def test_ttft_floor_by_hand(model):
+    # A 10,000-token prompt alone on a replica: chunks of max_num_batched_tokens 8,192 and
+    # 1,808; the second attends to the first 8,192 tokens too; each step reads the whole
+    # 10,001-token KV allocation (far below compute: prefill is compute-bound).
+    mem = (W_GPU + 10_001 * KV_GPU) / HBM  # 30.8 ms
+    c1 = (2 * P * 8192 + 4 * 80 * D * 8192 * (0 + 8192 / 2)) / FLOPS  # 1.2586 s
+    c2 = (2 * P * 1808 + 4 * 80 * D * 1808 * (8192 + 1808 / 2)) / FLOPS  # 0.3017 s
+    floor = (OVERHEAD + allreduce(8192) + max(c1, mem)
+             + OVERHEAD + allreduce(1808) + max(c2, mem))  # 1.3305 + 0.3204
+    assert c2 > mem
+    assert floor == pytest.approx(1.651, rel=1e-3)
+    assert model.ttft_floor_s(10_000) == pytest.approx(floor, rel=1e-9)
+    # Within one chunk it is the one-step prefill; a 0-token prompt counts as 1 (as simulated).
+    assert model.ttft_floor_s(2048) == pytest.approx(model.prefill_s(2048), rel=1e-12)
+    assert model.ttft_floor_s(0) == model.ttft_floor_s(1) > 0
+
+
 def test_pcie_all_reduce_costs_more_than_nvlink(model):
     pcie = dataclasses.replace(model, link_bytes_per_s=128e9 / 2)  # H100 PCIe Gen5
     assert pcie.decode_step_s(64, 1024) > model.decode_step_s(64, 1024)

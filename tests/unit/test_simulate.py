@@ -262,6 +262,7 @@ def test_mooncake_trace_loads(tmp_path):
     assert (tr.arrivals, tr.inputs, tr.outputs) == ([0.0, 1.5], [10, 7], [3, 2])
 
 
+AZ = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BAD = [
     ("empty.csv", "", ":1: file:"),
     ("cols.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,Cost\n", ":1: header: unknown column"),
@@ -270,11 +271,39 @@ BAD = [
     ("sort.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1\n"
      "2023-11-16 18:15:45.00,1,1\n", ":3: TIMESTAMP: earlier than the line before"),
     ("neg.jsonl", '{"timestamp": -5, "input_length": 1, "output_length": 1}\n',
-     ":1: timestamp: -0.005 is negative"),
+     ":1: timestamp: -5 is negative"),
     ("out.jsonl", '{"timestamp": 5, "input_length": 1, "output_length": -1}\n',
      ":1: output_length: -1 tokens is negative"),
     ("key.jsonl", '{"timestamp": 5, "input_len": 1, "output_length": 1}\n',
      ":1: input_len: unknown field"),
+    # issue 23: each was a traceback, a hang or accepted
+    ("nan.csv", f"{AZ}1.0,1,1\nnan,1,1\n", ":3: TIMESTAMP: 'nan' is neither"),
+    ("inf.csv", f"{AZ}1.0,1,1\ninf,1,1\n", ":3: TIMESTAMP: 'inf' is neither"),
+    ("secs.csv", f"{AZ}{'9' * 400},1,1\n", ":2: TIMESTAMP: 99999999999999999999... is too large"),
+    ("inf.jsonl", '{"timestamp": Infinity, "input_length": 1, "output_length": 1}\n',
+     ":1: timestamp: Infinity is not a finite number of ms"),
+    ("big.jsonl", '{"timestamp": 1' + "0" * 400 + ', "input_length": 1, "output_length": 1}\n',
+     ":1: timestamp: 10000000000000000000... is too large"),
+    ("span.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
+     '{"timestamp": 1e15, "input_length": 1, "output_length": 1}\n',
+     ":2: timestamp: 11,574,074 days after the first request; poolctl replays at most 31"),
+    ("under.csv", f"{AZ}1.0,1_000,7\n", ":2: ContextTokens: '1_000' is not a whole number"),
+    ("arabic.csv", f"{AZ}1.0,12,\u0667\n", ":2: GeneratedTokens: '\u0667' is not a whole"),
+    ("float.jsonl", '{"timestamp": 5, "input_length": 1.5, "output_length": 1}\n',
+     ":1: input_length: 1.5 is not a whole number"),
+    ("bool.jsonl", '{"timestamp": 5, "input_length": true, "output_length": 1}\n',
+     ":1: input_length: true is not a whole number"),
+    ("huge.csv", f"{AZ}1.0,12345678901,1\n", ":2: ContextTokens: over 1,000,000,000 tokens"),
+    ("header.csv", AZ, ":1: file: the trace has no requests"),
+    ("twice.csv", "TIMESTAMP,TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3,4\n",
+     ":1: header: a column twice"),
+    ("fields.csv", f"{AZ}1.0,1\n", ":2: row: 2 fields, the header has 3"),
+    ("field.csv", f"{AZ}1.0,1,{'7' * 140_000}\n", ":2: row: not CSV (field larger than"),
+    ("json.jsonl", '{"timestamp": 5, "input_length": 1, "output_length": 1}\n{"timestamp"\n',
+     ":2: line: not JSON"),
+    ("list.jsonl", "[1, 2]\n", ":1: header: unknown column '[1'"),  # not JSONL: CSV
+    ("deep.jsonl", "{" + '"a":[' * 100_000 + "\n", ":1: line: not JSON"),
+    ("ctrl.jsonl", '{"timestamp": 5, "in\\nput": 1}\n', ":1: 'in\\nput': unknown field"),
 ]
 
 
@@ -298,6 +327,222 @@ def test_bad_trace_is_one_line_naming_file_line_field(tmp_path, monkeypatch, cap
     lines = [ln for ln in err.splitlines() if ln.startswith("poolctl:")]
     assert code == 2 and len(lines) == 1, err
     assert f"{f}{where}" in lines[0] and "Traceback" not in err
+
+
+def one_line(code: int, err: str, want_code: int = 2) -> str:
+    """The command's single `poolctl:` line (and no traceback), exit `want_code`."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("poolctl:")]
+    assert code == want_code and len(lines) == 1 and "Traceback" not in err, (code, err)
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "/dev/zero"])
+def test_a_trace_that_is_no_regular_file_is_refused_unread(tmp_path, monkeypatch, capsys,
+                                                             kind):
+    # /dev/zero never ends (MemoryError), a FIFO blocks its reader until a writer comes.
+    import os
+
+    path = tmp_path / "t"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = Path(kind)
+    what = {"fifo": "a FIFO (named pipe)", "folder": "a folder",
+            "/dev/zero": "a character device"}[kind]
+    code, _, err = poolctl_main(monkeypatch, capsys, "simulate", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--trace", str(path), "--replicas", "1")
+    assert f"--trace: {path} is {what}, not a regular file" in one_line(code, err)
+
+
+def test_trace_size_lines_and_line_length_are_capped(tmp_path, monkeypatch):
+    import poolctl.traces as traces
+
+    f = tmp_path / "t.csv"
+    f.write_text(AZ + "".join(f"{i},1,1\n" for i in range(10)))  # 11 lines, 40 + 10 x 6 bytes
+    assert len(load_trace(f)) == 10
+    monkeypatch.setattr(traces, "MAX_LINES", 10)
+    with pytest.raises(UsageError, match=r"t.csv:11: file: more than 10 lines; poolctl "
+                       r"replays at most 1,000,000 requests: cut the file"):
+        load_trace(f)
+    monkeypatch.undo()
+    monkeypatch.setattr(traces, "MAX_TRACE_BYTES", 99)
+    with pytest.raises(UsageError, match=r"--trace: .*t.csv is 100 bytes, over the 99 bytes"):
+        load_trace(f)
+    monkeypatch.undo()
+    monkeypatch.setattr(traces, "MAX_LINE_BYTES", 40)  # the header's length
+    f.write_text(AZ + "1,1,1\n" + f"2,1,{' ' * 34}1\n" + f"3,1,{' ' * 35}1\n")  # 40, 41 bytes
+    with pytest.raises(UsageError, match=r"t.csv:4: line: longer than 40 bytes"):
+        load_trace(f)
+
+
+def test_azure_trace_with_a_byte_order_mark_loads(tmp_path):
+    # Excel and Notepad save CSV as "UTF-8 with BOM": read as utf-8-sig.
+    f = tmp_path / "bom.csv"
+    f.write_bytes(b"\xef\xbb\xbf" + AZ.encode() + b"2023-11-16 18:15:46.68,10,2\r\n"
+                  b"2023-11-16 18:15:47.18,20,3\r\n")
+    tr = load_trace(f)
+    assert (tr.arrivals, tr.inputs, tr.outputs) == ([0.0, pytest.approx(0.5)], [10, 20], [2, 3])
+
+
+def test_azure_times_without_a_zone_are_utc_whatever_the_machine_says(tmp_path, monkeypatch):
+    # New York skipped 02:00-03:00 on 12 March 2023: read as local time, these two requests
+    # 62 minutes apart would be 2 minutes apart.
+    import time
+
+    f = tmp_path / "dst.csv"
+    f.write_text(AZ + "2023-03-12 01:59:00,1,1\n2023-03-12 03:01:00,1,1\n")
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert load_trace(f).arrivals == [0.0, 62 * 60]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+# ------------------------------------------------------------------ numeric options
+
+FLAGS = [  # (arguments, the flag named, what the line says): issue 23's cases first
+    (["--time-scale", "nan"], "--time-scale", "nan is not a finite number"),
+    (["--input-tokens", "nan"], "--input-tokens", "nan is not a finite number"),
+    (["--input-tokens", "inf"], "--input-tokens", "inf is not a finite number"),
+    (["--replicas", "10000000"], "--replicas", "10000000 is out of range; give a count of "
+     "replicas, from 1 to 4,096"),
+    (["--rate", "inf"], "--rate", "inf is not a finite number"),
+    (["--time-scale", "1e-300"], "--time-scale", "1e-300 is out of range"),
+    (["--rate", "1e7", "--duration", "3600"], "--rate", "1e7 is out of range; give requests "
+     "per second, above 0 and at most 100,000"),
+    (["--rate", "1000", "--duration", "3600"], "--rate/--duration",
+     "1000/s for 3600 s is 3,600,000 requests; poolctl replays at most 1,000,000"),
+    (["--duration", "1e9"], "--duration", "1e9 is out of range"),
+    (["--output-tokens", "0"], "--output-tokens", "0 is out of range"),
+    (["--rate", "1_000"], "--rate", "'1_000' is not a number in digits 0-9"),
+    (["--rate", "\u0661\u0662"], "--rate", "is not a number in digits 0-9"),
+    (["--seed", "-1"], "--seed", "-1 is out of range"),
+    (["--seed", "9" * 5000], "--seed", "(5,000 characters) is out of range"),
+    (["--warm", "-2", "--autoscale"], "--warm", "-2 is out of range"),
+    (["--time-scale", "0.001", "--duration", "3600"], "--time-scale 0.001",
+     "days; poolctl replays at most 31 days: raise --time-scale"),  # ~3,600 s x 1,000
+]
+
+
+@pytest.mark.parametrize(("args", "flag", "says"), FLAGS,
+                         ids=[" ".join(a)[:30] for a, _, _ in FLAGS])
+def test_numeric_options_are_bounded_one_line_each(monkeypatch, capsys, args, flag, says):
+    rate = [] if "--rate" in args else ["--rate", "1"]
+    code, _, err = poolctl_main(monkeypatch, capsys, "simulate", "-f", str(EXAMPLE), "--cloud",
+                                "aws", *rate, *args)
+    line = one_line(code, err)
+    assert line.startswith(f"poolctl: {flag}") and says in line, line
+
+
+def test_plan_numeric_options_are_bounded(monkeypatch, capsys):
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--rate", "nan")
+    assert one_line(code, err).startswith("poolctl: --rate: nan is not a finite number")
+
+
+# ------------------------------------------------------------------ feasibility
+
+MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl"
+
+
+def test_ttft_never_beats_the_prefill_floor_and_meets_it_alone(model, azure):
+    tr = azure.window(0, 600)
+    q = run(tr, model, replicas=2).req
+    floors = [model.ttft_floor_s(p) for p in q.inputs]
+    late = [q.first[i] - q.arrival[i] - floors[i] for i in range(len(tr))
+            if not q.refused[i]]
+    assert min(late) >= -1e-9 and max(late) > 1  # a queue formed, no TTFT below its floor
+    # With a replica per request each one is alone: its TTFT is its floor, to the rounding.
+    q = run(Trace("t", [0.0, 0.1, 0.2], [100, 9000, 16_000], [5, 5, 5]), model,
+            replicas=3).req
+    assert [f - a for f, a in zip(q.first, q.arrival, strict=True)] == pytest.approx(
+        [model.ttft_floor_s(p) for p in (100, 9000, 16_000)], rel=1e-12)
+
+
+def test_the_floor_p90_is_what_many_replicas_reach(pool, model):
+    from poolctl.capacity import ttft_floor
+
+    tr = load_trace(MOONCAKE)
+    fl = ttft_floor(model, tr)
+    # 200 requests over ~58 s, 76 longer than max_model_len 16,384 (prompt + output).
+    assert (len(tr), fl.over_max_model_len, fl.served) == (200, 76, 124)
+    s = summary(run(tr, model, replicas=len(tr)), 2.0)
+    assert s["ttft_s"]["p90"] == pytest.approx(fl.ttft_p90_floor_s, abs=1e-4)
+
+
+def test_plan_names_the_floor_when_no_replica_count_meets_the_slo(monkeypatch, capsys, pool,
+                                                                   model):
+    from poolctl.capacity import ttft_floor
+
+    # Mooncake's long prompts on TP 2: the p90 prompt alone takes longer than the 2 s SLO.
+    tr = load_trace(MOONCAKE)
+    fl = ttft_floor(model, tr)
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--traffic", str(MOONCAKE))
+    line = one_line(code, err, want_code=1)
+    assert fl.ttft_p90_floor_s > 2.0 and fl.p90_prompt > 10_000
+    need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
+    assert (f"no replica count meets slo.ttft_p90_s 2 s on {MOONCAKE}: its p90 prompt is "
+            f"{fl.p90_prompt:,.0f} tokens (of 124 requests within max_model_len; 76 longer "
+            "than max_model_len are refused)") in line
+    assert f"the lowest TTFT p90 possible with this configuration is {fl.ttft_p90_floor_s:.2f}" \
+        in line
+    assert f"raise slo.ttft_p90_s to at least {need:g} s" in line
+    tp4 = dataclasses.replace(model, tp=4, weights_bytes_per_gpu=model.weights_bytes_per_gpu / 2,
+                              kv_bytes_per_token_per_gpu=model.kv_bytes_per_token_per_gpu / 2)
+    f4 = ttft_floor(tp4, tr).ttft_p90_floor_s
+    assert f4 < 2.0 and f"raise serving.tensor_parallel to 4 (its floor: {f4:.2f} s)" in line
+
+
+def test_plan_refuses_a_trace_longer_than_max_model_len(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "long.csv"
+    f.write_text(AZ + "1.0,16000,385\n2.0,20000,10\n")  # 16,385 and 20,010 > 16,384
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--traffic", str(f))
+    assert ("chat-70b/aws: every one of the 2 requests in " + str(f) + " is longer than "
+            "serving.max_model_len 16,384 (prompt + output)") in one_line(code, err, 1)
+
+
+def test_plan_counts_the_requests_over_max_model_len(tmp_path, monkeypatch, capsys):
+    tr = synthetic(2.0, 300, 0, 1000, 200)
+    f = tmp_path / "t.csv"
+    rows = [f"{t:.6f},{i},{o}" for t, i, o in zip(tr.arrivals, tr.inputs, tr.outputs,
+                                                     strict=True)]
+    rows[5] = f"{tr.arrivals[5]:.6f},16000,385"  # 16,385 tokens: refused
+    f.write_text(AZ + "\n".join(rows) + "\n")
+    code, out, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                  "aws", "--traffic", str(f), "--json")
+    assert code == 0, err
+    rec = json.loads(out)["pools"][0]["recommendation"]
+    assert (rec["requests"], rec["requests_over_max_model_len"]) == (len(tr), 1)
+    code, out, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                  "aws", "--traffic", str(f))
+    assert code == 0, err
+    assert re.search(rf"requests over max_model_len\s*│\s*│\s*1 of {len(tr)} \(refused", out)
+
+
+def test_simulate_json_is_json_when_the_model_overflows(monkeypatch, capsys):
+    # A step overhead of 1e308 ms (validated, or not, by the config): every time is inf and
+    # the means NaN or inf. JSON has neither: they are null.
+    import poolctl.servingmodel as sm
+
+    real = sm.replica_model
+    monkeypatch.setattr(sm, "replica_model",
+                        lambda p, c: dataclasses.replace(real(p, c), overhead_s=1e305))
+
+    def strict(name):
+        raise AssertionError(f"{name} in the JSON")
+
+    code, out, err = poolctl_main(monkeypatch, capsys, "simulate", "-f", str(EXAMPLE),
+                                  "--cloud", "aws", "--rate", "1", "--duration", "60",
+                                  "--replicas", "1", "--json")
+    assert code == 0, err
+    s = json.loads(out, parse_constant=strict)
+    assert s["queue_wait_s"]["mean"] is None and s["mean_in_system"] is None
 
 
 # ------------------------------------------------------------------ the commands

@@ -98,13 +98,43 @@ def test_a_size_change_is_found_without_hashing(folder, monkeypatch):
     assert hashed == []  # the only other file is empty: nothing to read
 
 
-@pytest.mark.parametrize("manifest, words", [
+def one(size: str = "3", sha256: str = f'"{ABC}"', path: str = "a") -> str:
+    """A manifest listing one file, its fields written as given (JSON text)."""
+    return '{"files": {' + json.dumps(path) + ': {"bytes": ' + size + ', "sha256": ' + sha256 \
+        + "}}}"
+
+
+BAD_MANIFESTS = [
     (None, "manifest.json: missing; a node refuses the folder without it"),
-    ("not json", "manifest.json: unusable (JSONDecodeError"),
+    ("not json", "manifest.json: unusable (not JSON: Expecting value at line 1 column 1)"),
     ('{"files": {}}', "manifest.json: lists no files"),
-    ('{"files": {"a": {"bytes": "many"}}}', "manifest.json: unusable (ValueError"),
-    ('{"files": []}', "manifest.json: unusable (AttributeError"),
-])
+    ('{"files": []}', "manifest.json: files: is a list, not an object of paths"),
+    ("[]", "manifest.json: files: missing"),
+    # issue 23: each field checked, one line naming it (1e400 was an OverflowError)
+    (one("1e400"), 'files["a"].bytes: Infinity is not a whole number of bytes from 0 to 2^50'),
+    (one("NaN"), "manifest.json: unusable (not JSON: NaN is not a JSON number)"),
+    ('{"files": {"a": {"bytes": "many"}}}',
+     'files["a"].bytes: "many" is not a whole number of bytes'),
+    (one("3.0"), 'files["a"].bytes: 3.0 is not'),
+    (one("true"), 'files["a"].bytes: true is not'),
+    (one("-1"), 'files["a"].bytes: -1 is not'),
+    (one(str(2**50 + 1)), 'files["a"].bytes: 1125899906842625 is not'),
+    ('{"files": {"a": {"bytes": 3}}}', 'files["a"].sha256: missing a SHA-256 of 64 hex digits'),
+    (one(sha256='"00"'), 'files["a"].sha256: "00" is not a SHA'),
+    (one(sha256=f'"{"g" * 64}"'), 'files["a"].sha256: "ggg'),
+    ('{"files": {"a": 3}}', 'files["a"]: is a number, not {"sha256": ..., "bytes": ...}'),
+    (one(path="../elsewhere/secret"),
+     """files["../elsewhere/secret"]: the path has an empty, '.' or '..' part"""),
+    (one(path="/etc/passwd"), 'files["/etc/passwd"]: the path is absolute'),
+    (one(path="a\0b"), 'files["a\\u0000b"]: the path is empty or holds control characters'),
+    (one(path=""), 'files[""]: the path is empty'),
+    (one(path="a//b"), 'files["a//b"]: the path has an empty'),
+    (one("1" + "0" * 5000), "manifest.json: unusable (not JSON: Exceeds the limit (4300 digits)"),
+]
+
+
+@pytest.mark.parametrize("manifest, words", BAD_MANIFESTS,
+                         ids=[str(m)[:40] for m, _ in BAD_MANIFESTS])
 def test_a_manifest_a_node_would_refuse_is_one_line_exit_2(folder, manifest, words):
     if manifest is not None:
         (folder / "manifest.json").write_text(manifest)
@@ -115,10 +145,49 @@ def test_a_manifest_a_node_would_refuse_is_one_line_exit_2(folder, manifest, wor
     assert words in line and f"poolctl weights manifest {folder}" in line
 
 
-def test_a_path_outside_the_folder_is_a_problem_not_a_read(folder):
-    (folder / "manifest.json").write_text(json.dumps(
-        {"files": {"../elsewhere/secret": {"bytes": 11, "sha256": "00"}}}))
-    assert weights.verify(folder).problems == ["../elsewhere/secret: outside the weights folder"]
+@pytest.mark.parametrize("kind", ["fifo", "folder", "/dev/zero"])
+def test_a_manifest_that_is_no_regular_file_is_refused_unread(folder, kind):
+    import os
+
+    target = folder / "manifest.json"
+    if kind == "fifo":
+        os.mkfifo(target)  # read, it would block until a writer comes
+    elif kind == "folder":
+        target.mkdir()
+    else:
+        target.symlink_to(kind)  # read, it never ends
+    res = poolctl("weights", "verify", str(folder))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    [line] = res.stderr.splitlines()
+    assert line.startswith(f"poolctl: weights verify: {target} is ")
+    assert "not a regular file" in line
+
+
+def test_a_listed_file_that_is_no_regular_file_is_a_problem_not_a_read(folder):
+    import os
+
+    os.mkfifo(folder / "pipe")
+    (folder / "zero").symlink_to("/dev/zero")
+    (folder / "manifest.json").write_text(json.dumps({"files": {
+        "pipe": {"bytes": 0, "sha256": EMPTY}, "zero": {"bytes": 0, "sha256": EMPTY}}}))
+    assert weights.verify(folder).problems == ["pipe: not a regular file",
+                                               "zero: not a regular file"]
+
+
+def test_a_manifest_over_the_size_cap_is_refused(folder, monkeypatch):
+    weights.write_manifest(folder)
+    size = (folder / "manifest.json").stat().st_size
+    monkeypatch.setattr(weights, "MAX_MANIFEST_BYTES", size - 1)
+    with pytest.raises(UsageError, match=rf"manifest.json is {size:,} bytes, over the "
+                       rf"{size - 1:,} bytes poolctl reads"):
+        weights.verify(folder)
+
+
+def test_a_manifest_with_a_byte_order_mark_is_read(folder):
+    weights.write_manifest(folder)
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text("\ufeff" + text.replace(ABC, ABC.upper()))
+    assert weights.verify(folder).ok
 
 
 @pytest.mark.parametrize("make, words", [

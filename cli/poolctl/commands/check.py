@@ -162,9 +162,14 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
         t.add_row("min_replicas", cost(p.scaling.min_replicas), cost(r["min_replicas"]))
         t.add_row("max_replicas", cost(p.scaling.max_replicas), cost(r["max_replicas"]))
         t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
-        t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s")
+        t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s (floor "
+                  f"{r['ttft_p90_floor_s']} s)")
         t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
-        t.add_row("USD per 1M output tokens", "", f"${r['usd_per_1m_output_tokens']:,.3f}")
+        usd = r["usd_per_1m_output_tokens"]
+        t.add_row("USD per 1M output tokens", "", "-" if usd is None else f"${usd:,.3f}")
+        t.add_row("requests over max_model_len", "",
+                  f"{r['requests_over_max_model_len']:,} of {r['requests']:,} (refused: "
+                  f"prompt + output > {r['max_model_len']:,})")
         out.print(t)
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -17,6 +18,7 @@ from poolctl.commands.common import (
     one_target,
 )
 from poolctl.errors import UsageError
+from poolctl.traces import MAX_REPLICAS, MAX_SPAN_S, MAX_TOKENS
 
 if TYPE_CHECKING:
     from poolctl.simulate import SimResult
@@ -26,18 +28,38 @@ TraceOpt = Annotated[Path | None, typer.Option(
     "--trace", help="Azure CSV or Mooncake JSONL request trace (detected by content).")]
 TrafficOpt = Annotated[Path | None, typer.Option(
     "--traffic", help="Request trace to size the pool for (Azure CSV or Mooncake JSONL).")]
+# Every number is bounded (commands/bounds.py) so that a run takes bounded time and memory:
+# the simulator replays at most traces.MAX_REQUESTS requests over traces.MAX_SPAN_S.
+MAX_RATE = 100_000.0  # requests/s: ten seconds of it reach MAX_REQUESTS
+MAX_TIME_SCALE = 1000.0
 RateOpt = Annotated[float | None, typer.Option(
-    "--rate", help="Synthetic Poisson traffic, requests per second (instead of --trace).")]
-DurationOpt = Annotated[float, typer.Option("--duration", help="Seconds of synthetic traffic.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of synthetic traffic.")]
+    "--rate", help="Synthetic Poisson traffic, requests per second (instead of --trace).",
+    parser=bounded("--rate", 0, MAX_RATE, "requests per second", above=True))]
+DurationOpt = Annotated[float, typer.Option(
+    "--duration", help="Seconds of synthetic traffic.",
+    parser=bounded("--duration", 0, MAX_SPAN_S, "seconds of traffic (31 days at most)",
+                   above=True))]
+SeedOpt = Annotated[int, typer.Option(
+    "--seed", help="Seed of synthetic traffic.",
+    parser=bounded("--seed", 0, 2**63 - 1, "a seed", integer=True))]
 InputOpt = Annotated[float, typer.Option(
-    "--input-tokens", help="Mean prompt tokens of synthetic traffic.")]
+    "--input-tokens", help="Mean prompt tokens of synthetic traffic.",
+    parser=bounded("--input-tokens", 1, MAX_TOKENS, "a mean in tokens"))]
 OutputOpt = Annotated[float, typer.Option(
-    "--output-tokens", help="Mean output tokens of synthetic traffic.")]
+    "--output-tokens", help="Mean output tokens of synthetic traffic.",
+    parser=bounded("--output-tokens", 1, MAX_TOKENS, "a mean in tokens"))]
 LengthsOpt = Annotated[str, typer.Option(
     "--lengths", help="Token lengths of synthetic traffic: exponential or fixed.")]
 TimeScaleOpt = Annotated[float, typer.Option(
-    "--time-scale", help="Replay the trace K times faster.")]
+    "--time-scale", help="Replay the trace K times faster.",
+    parser=bounded("--time-scale", 1 / MAX_TIME_SCALE, MAX_TIME_SCALE,
+                   "a speed-up (2 replays twice as fast)"))]
+ReplicasOpt = Annotated[int | None, typer.Option(
+    "--replicas", help="A fixed count of replicas (default: the pool's autoscaling).",
+    parser=bounded("--replicas", 1, MAX_REPLICAS, "a count of replicas", integer=True))]
+WarmOpt = Annotated[int | None, typer.Option(
+    "--warm", help="Warm replicas instead of the file's (as after `poolctl warm`).",
+    parser=bounded("--warm", 0, MAX_REPLICAS, "a count of replicas", integer=True))]
 
 
 def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
@@ -47,17 +69,18 @@ def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
 
     if (trace is None) == (rate is None):
         raise UsageError(f"{flag} FILE or --rate R: give exactly one")
-    if time_scale <= 0:
-        raise UsageError("--time-scale: must be positive, e.g. 2 replays twice as fast")
     if lengths not in ("exponential", "fixed"):
         raise UsageError(f"--lengths: {lengths!r} is not exponential or fixed")
-    if input_tokens < 1 or output_tokens < 1:
-        raise UsageError("--input-tokens/--output-tokens: means must be at least 1")
+    # (the numbers are bounded by their options' parsers)
     if trace is not None:
         tr = load_trace(trace)
     else:
         assert rate is not None  # exactly one of them is given (checked above)
         tr = synthetic(rate, duration, seed, input_tokens, output_tokens, lengths)
+    if tr.span_s / time_scale > MAX_SPAN_S:
+        raise UsageError(f"--time-scale {time_scale:g}: stretches the {tr.span_s:,.0f} s of "
+                         f"traffic to {tr.span_s / time_scale / 86_400:,.0f} days; poolctl "
+                         f"replays at most {MAX_SPAN_S // 86_400} days: raise --time-scale")
     return tr.scaled(time_scale) if time_scale != 1 else tr
 
 
@@ -66,12 +89,10 @@ def simulate(
     trace: TraceOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
     seed: SeedOpt = 0, input_tokens: InputOpt = 1000.0, output_tokens: OutputOpt = 200.0,
     lengths: LengthsOpt = "exponential", time_scale: TimeScaleOpt = 1.0,
-    replicas: Annotated[int | None, typer.Option(
-        "--replicas", help="A fixed count of replicas (default: the pool's autoscaling).")] = None,
+    replicas: ReplicasOpt = None,
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="The pool's own autoscaling, warm pool and start times.")] = False,
-    warm: Annotated[int | None, typer.Option(
-        "--warm", help="Warm replicas instead of the file's (as after `poolctl warm`).")] = None,
+    warm: WarmOpt = None,
     balancer: Annotated[str, typer.Option(
         "--balancer", help="lor: least outstanding requests at arrival (the clouds' load "
         "balancers); queue: a central queue dispatching to free replicas.")] = "lor",
@@ -83,14 +104,12 @@ def simulate(
 ) -> None:
     """Replay traffic through the pool's serving model and scaling policy."""
     from poolctl.capacity import run_pool
-    from poolctl.simulate import BALANCERS, summary, write_requests_csv
+    from poolctl.simulate import BALANCERS, json_safe, summary, write_requests_csv
 
     if replicas is not None and autoscale:
         raise UsageError("--replicas N or --autoscale: give one (the default is --autoscale)")
-    if replicas is not None and replicas < 1:
-        raise UsageError("--replicas: must be at least 1")
-    if warm is not None and (warm < 0 or replicas is not None):
-        raise UsageError("--warm N: a count >= 0, with --autoscale (not with --replicas)")
+    if warm is not None and replicas is not None:
+        raise UsageError("--warm N: with --autoscale (not with --replicas)")
     if balancer not in BALANCERS:
         raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
     if plot is not None:
@@ -118,7 +137,7 @@ def simulate(
         raise UsageError(f"{flag}: cannot write {e.filename} ({e.strerror}); give a writable "
                          "path") from None
     if json_out:
-        emit_json(s)
+        emit_json(json_safe(s))  # a step time of 1e305 s is a number, but not JSON's
     else:
         render(s)
 
