@@ -94,7 +94,7 @@ class Floor:
 
     served: int  # requests within max_model_len
     over_max_model_len: int  # refused, never simulated
-    longest: int  # prompt + output tokens of the longest request
+    shortest: int  # prompt + output tokens of the shortest request
     p90_prompt: float  # tokens, over the served requests
     p90_prompt_floor_s: float  # the fastest TTFT of a p90 prompt (one idle replica)
     ttft_p90_floor_s: float  # the lowest TTFT p90 any replica count reaches
@@ -120,7 +120,7 @@ def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
     p90_floor = percentile(floors, 0.9)
     return Floor(
         served=len(prompts), over_max_model_len=len(lens) - len(prompts),
-        longest=max(i + o for i, o in lens),
+        shortest=min(i + o for i, o in lens),
         p90_prompt=math.nan if p90_prompt is None else p90_prompt,
         p90_prompt_floor_s=math.nan if p90_prompt is None else m.ttft_floor_s(round(p90_prompt)),
         ttft_p90_floor_s=math.nan if p90_floor is None else p90_floor,
@@ -177,7 +177,8 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
         raise OperationFailed(
             f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {trace.source} "
             f"is longer than serving.max_model_len {m.max_model_len:,} (prompt + output): "
-            "nothing to size for; raise max_model_len or give a trace of shorter requests")
+            f"nothing to size for; raise max_model_len (the shortest request has "
+            f"{fl.shortest:,} tokens) or give a trace of shorter requests")
     if fl.ttft_p90_floor_s > slo.ttft_p90_s:
         raise _unreachable(pool, cloud, m, trace, fl, plan.gpus_per_node, trace.source)
 

@@ -504,7 +504,8 @@ def test_plan_refuses_a_trace_longer_than_max_model_len(tmp_path, monkeypatch, c
     code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
                                 "aws", "--traffic", str(f))
     assert ("chat-70b/aws: every one of the 2 requests in " + str(f) + " is longer than "
-            "serving.max_model_len 16,384 (prompt + output)") in one_line(code, err, 1)
+            "serving.max_model_len 16,384 (prompt + output): nothing to size for; raise "
+            "max_model_len (the shortest request has 16,385 tokens)") in one_line(code, err, 1)
 
 
 def test_plan_counts_the_requests_over_max_model_len(tmp_path, monkeypatch, capsys):
