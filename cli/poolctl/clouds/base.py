@@ -177,6 +177,17 @@ class Group:
 
 
 @dataclass
+class LaunchFailure:
+    """A launch the cloud refused, from the group's own record of it."""
+
+    zone: str
+    instance_type: str
+    code: str  # the cloud's code: InsufficientInstanceCapacity, ZONE_RESOURCE_POOL_EXHAUSTED
+    at: str  # ISO time
+    message: str = ""
+
+
+@dataclass
 class PoolStatus:
     pool: str
     cloud: Cloud
@@ -185,6 +196,8 @@ class PoolStatus:
     nodes: list[NodeState]
     rollout: RolloutState | None
     queue_per_replica: float | None
+    # Launches the group could not make since its last successful one (capacity, mostly).
+    capacity_failures: list[LaunchFailure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -204,6 +217,7 @@ class PoolStatus:
             "rollout": asdict(self.rollout) if self.rollout else None,
             "queue_per_replica": self.queue_per_replica,
             "instances": [asdict(n) for n in self.nodes],
+            "capacity_failures": [asdict(f) for f in self.capacity_failures],
         }
 
 
@@ -425,17 +439,6 @@ class CapacityReport:
                                             for r in z.reservations]} for z in self.zones]}
 
 
-@dataclass
-class LaunchFailure:
-    """A launch the cloud refused, from the group's own record of it."""
-
-    zone: str
-    instance_type: str
-    code: str  # the cloud's code: InsufficientInstanceCapacity, ZONE_RESOURCE_POOL_EXHAUSTED
-    at: str  # ISO time
-    message: str = ""
-
-
 def failures_line(failures: list[LaunchFailure]) -> str:
     """One line naming the failed launches: code, type and zones."""
     by_code: dict[tuple[str, str], list[str]] = {}
@@ -443,8 +446,13 @@ def failures_line(failures: list[LaunchFailure]) -> str:
         zones = by_code.setdefault((f.code, f.instance_type), [])
         if f.zone and f.zone not in zones:
             zones.append(f.zone)
-    return "; ".join(f"{code}: no {itype} capacity in {', '.join(sorted(zones)) or 'the region'}"
-                     for (code, itype), zones in by_code.items())
+    out = []
+    for (code, itype), zones in by_code.items():
+        where = ", ".join(sorted(zones)) or "the region"
+        what = ("the reservations have no {} left in {}" if code == "ReservationCapacityExceeded"
+                else "no {} capacity in {}").format(itype, where)
+        out.append(f"{code}: {what}")
+    return "; ".join(out)
 
 
 def capacity_needs(plan: PoolPlan) -> dict[str, int]:
