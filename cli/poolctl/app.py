@@ -14,6 +14,7 @@ import typer
 from poolctl import __version__
 from poolctl.commands import (
     build,
+    capacity,
     catalog,
     check,
     image,
@@ -53,6 +54,7 @@ app.command()(pools.ls)
 app.command()(pools.logs)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(quota.app, name="quota")
+app.add_typer(capacity.app, name="capacity")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(image.app, name="image")

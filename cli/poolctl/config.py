@@ -152,6 +152,14 @@ BackendAwsRegion = Annotated[str, _TF_LITERAL, _AWS_REGION]
 BackendKeyPrefix = Annotated[str, _TF_LITERAL, _KEY_PREFIX]
 BackendDynamoDbTable = Annotated[str, _TF_LITERAL, Shape(
     r"[A-Za-z0-9_.-]{3,255}", "a DynamoDB table name (3-255 letters, digits, '_', '-', '.')")]
+# On-Demand Capacity Reservations (EC2 API reference, CapacityReservation: cr- and 17 hex
+# digits) and the resource groups of them a launch may target.
+CapacityReservationId = Annotated[str, Shape(
+    r"cr-[0-9a-f]{17}", "an On-Demand Capacity Reservation id like cr-0123456789abcdef0")]
+ReservationGroupArn = Annotated[str, Shape(
+    rf"arn:{formats.AWS_PARTITION}:resource-groups:{formats.AWS_REGION}:\d{{12}}"
+    r":group/[A-Za-z0-9_.-]{1,128}",
+    "a resource group ARN like arn:aws:resource-groups:us-east-1:123456789012:group/NAME")]
 GcpCertificate = Annotated[str, Shape(
     r"((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
     r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
@@ -579,6 +587,68 @@ class AwsNetwork(CoreModel):
         return self
 
 
+def _reservations_form(v: object) -> str | None:
+    """Which form of aws.capacity.reservations `v` is written in (None: neither)."""
+    if isinstance(v, str):
+        return "ReservationGroup"
+    return "ReservationIds" if isinstance(v, list | tuple) else None
+
+
+class AwsCapacity(CoreModel):
+    reservations: Annotated[
+        Annotated[list[CapacityReservationId], Tag("ReservationIds")]
+        | Annotated[ReservationGroupArn, Tag("ReservationGroup")],
+        # One error for a value of neither form, not one per form.
+        Discriminator(_reservations_form, custom_error_type="reservations_form",
+                      custom_error_message="must be a list of reservation ids (cr-...) or one "
+                      "resource group ARN"),
+    ] = Field(
+        default_factory=list,
+        description="On-Demand Capacity Reservations the pool launches into: their ids "
+        "(cr-...), or the ARN of one resource group of them; omit for none.",
+    )
+    preference: Literal["reservations-first", "reservations-only", "none"] | None = Field(
+        default=None,
+        description="`reservations-first` (the default when reservations are named): the "
+        "reservations, then On-Demand; `reservations-only`: a launch beyond them fails; `none`: "
+        "never a reservation, not even a matching open one (On-Demand only).",
+    )
+
+    @property
+    def reservation_ids(self) -> list[str]:
+        return [] if isinstance(self.reservations, str) else list(self.reservations)
+
+    @property
+    def group_arn(self) -> str | None:
+        return self.reservations if isinstance(self.reservations, str) else None
+
+    @property
+    def mode(self) -> Literal["reservations-first", "reservations-only", "none", "open"]:
+        """What launches do: the preference, else reservations-first when any are named,
+        else `open` (EC2's default: a matching open reservation is used if there is one)."""
+        if self.preference is not None:
+            return self.preference
+        return "reservations-first" if self.reservations else "open"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AwsCapacity:
+        if isinstance(self.reservations, list):
+            if len(set(self.reservations)) < len(self.reservations):
+                raise invalid("AwsCapacity", ("reservations",),
+                              "names a reservation twice; list each once", self.reservations)
+        if self.preference == "reservations-only" and not self.reservations:
+            raise invalid("AwsCapacity", ("preference",),
+                          "reservations-only needs aws.capacity.reservations (ids or a "
+                          "resource group ARN); name them or choose reservations-first",
+                          self.preference)
+        if self.preference == "none" and self.reservations:
+            raise invalid("AwsCapacity", ("preference",),
+                          "none launches outside every reservation, so the named reservations "
+                          "would be ignored; remove them or choose reservations-first",
+                          self.preference)
+        return self
+
+
 class AwsPlacement(CoreModel):
     region: AwsRegion = Field(description="AWS region.")
     instance_type: AwsInstanceType = Field(
@@ -611,6 +681,11 @@ class AwsPlacement(CoreModel):
         "image carries the GPU driver); default m6i.xlarge.",
     )
     network: AwsNetwork = Field(default_factory=AwsNetwork, description="Where the pool runs.")
+    capacity: AwsCapacity = Field(
+        default_factory=AwsCapacity,
+        description="Capacity Reservations the nodes launch into, and whether launches may "
+        "go beyond them.",
+    )
     certificate_arn: AcmCertificateArn | None = Field(
         default=None,
         description="ACM certificate (its whole ARN, in the placement's region) for an HTTPS "
@@ -664,6 +739,16 @@ class AwsPlacement(CoreModel):
                           f"is in {region}, the pool in {self.region}; a load balancer takes "
                           f"a certificate of its own region: import or request one in "
                           f"{self.region}", arn)
+        return self
+
+    @model_validator(mode="after")
+    def _reservation_group_in_region(self) -> AwsPlacement:
+        arn = self.capacity.group_arn
+        if arn is not None and arn.split(":")[3] != self.region:
+            # A launch targets reservation groups of its own region only.
+            raise invalid("AwsPlacement", ("capacity", "reservations"),
+                          f"is a resource group in {arn.split(':')[3]}, the pool in "
+                          f"{self.region}; name a group of {self.region}'s reservations", arn)
         return self
 
     @cached_property
@@ -1078,7 +1163,7 @@ def format_loc(loc: Loc) -> str:
 def _union_tags() -> frozenset[str]:
     """What pydantic inserts into error locations for a member of a union: the model's
     class name, or the tag of a discriminated one (Serving.api_key_secret)."""
-    names, todo = {"SecretName"}, [CoreModel]
+    names, todo = {"SecretName", "ReservationIds", "ReservationGroup"}, [CoreModel]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)

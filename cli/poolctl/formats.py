@@ -199,10 +199,10 @@ def terraform_literal(text: str) -> str:
 AWS_REGION = (r"(?:us|eu|ap|sa|ca|me|af|il|mx|cn|eusc)(?:-gov|-iso[bef]?|-de)?"
               r"-(?:east|west|north|south|central|northeast|northwest|southeast|southwest)"
               r"-\d{1,2}")
-_AWS_PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[bef])?|-eusc)?"
+AWS_PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[bef])?|-eusc)?"
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _ACM_ARN = re.compile(
-    rf"arn:{_AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}", re.ASCII)
+    rf"arn:{AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}", re.ASCII)
 
 
 def acm_certificate_arn(text: str) -> str:

@@ -392,3 +392,58 @@ def test_aws_synth_never_loads_google(tmp_path):
     assert not any(m.startswith("cdktf_cdktf_provider_google") for m in mods)
     # Only the submodules the stack uses, not the ~2,200 the package root would import.
     assert len([m for m in mods if not m.endswith("._private")]) < 40
+
+
+# aws.capacity: the group's capacity_reservation_specification carries the preference and
+# the target (the Auto Scaling API reference: with open or none, no target); the launch
+# template's takes a preference (open | none) only. Keys as provider 6.25's schema names them.
+CR_A, CR_B = "cr-0123456789abcdef0", "cr-0fedcba9876543210"
+CR_GROUP = "arn:aws:resource-groups:us-west-2:111122223333:group/p4d-reservations"
+CAPACITY = {
+    "ids-only": (f"{{reservations: [{CR_A}, {CR_B}], preference: reservations-only}}",
+                 {"capacity_reservation_preference": "open"},
+                 {"capacity_reservation_preference": "capacity-reservations-only",
+                  "capacity_reservation_target": {"capacity_reservation_ids": [CR_A, CR_B]}}),
+    "group-first": (f"{{reservations: {CR_GROUP}}}",
+                    {"capacity_reservation_preference": "open"},
+                    {"capacity_reservation_preference": "capacity-reservations-first",
+                     "capacity_reservation_target": {
+                         "capacity_reservation_resource_group_arns": [CR_GROUP]}}),
+    "none": ("{preference: none}", {"capacity_reservation_preference": "none"}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def with_capacity(tmp_path_factory) -> dict[str, dict]:
+    configs, names = [], {}
+    for variant, (body, _, _) in CAPACITY.items():
+        text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
+            "    aws:\n", f"    aws:\n      capacity: {body}\n").replace(
+            "project: acme\n", f"project: acme-{variant}\n")
+        cfg = parse_config(text)
+        configs.append((cfg, cfg.targets(None, Cloud.aws)))
+        names[f"acme-{variant}-qwen-7b-aws"] = variant
+    dirs = _synth(configs, tmp_path_factory.mktemp("capacity"))
+    return {names[d.name]: {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
+            for d in dirs}
+
+
+@pytest.mark.parametrize("variant", list(CAPACITY))
+def test_capacity_reservation_specification(with_capacity, variant):
+    _, lt_spec, group_spec = CAPACITY[variant]
+    doc = with_capacity[variant]["json"]
+    assert one(doc, "aws_launch_template")["capacity_reservation_specification"] == lt_spec
+    assert one(doc, "aws_autoscaling_group").get("capacity_reservation_specification") == (
+        group_spec)
+
+
+def test_no_capacity_key_leaves_ec2_default(stacks):
+    for stack in stacks.values():
+        assert "capacity_reservation_specification" not in one(stack["json"],
+                                                                "aws_launch_template")
+        assert "capacity_reservation_specification" not in one(stack["json"],
+                                                                "aws_autoscaling_group")
+
+
+def test_checkov_with_capacity(with_capacity):
+    assert run_checkov(with_capacity["ids-only"]["dir"]) == []

@@ -25,7 +25,7 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "KeepsWarmSizes", "BoundsGroupMaximum"]
+        "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures"]
     assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 
 

@@ -177,6 +177,17 @@ class Group:
 
 
 @dataclass
+class LaunchFailure:
+    """A launch the cloud refused, from the group's own record of it."""
+
+    zone: str
+    instance_type: str
+    code: str  # the cloud's code: InsufficientInstanceCapacity, ZONE_RESOURCE_POOL_EXHAUSTED
+    at: str  # ISO time
+    message: str = ""
+
+
+@dataclass
 class PoolStatus:
     pool: str
     cloud: Cloud
@@ -185,6 +196,8 @@ class PoolStatus:
     nodes: list[NodeState]
     rollout: RolloutState | None
     queue_per_replica: float | None
+    # Launches the group could not make since its last successful one (capacity, mostly).
+    capacity_failures: list[LaunchFailure] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -204,6 +217,7 @@ class PoolStatus:
             "rollout": asdict(self.rollout) if self.rollout else None,
             "queue_per_replica": self.queue_per_replica,
             "instances": [asdict(n) for n in self.nodes],
+            "capacity_failures": [asdict(f) for f in self.capacity_failures],
         }
 
 
@@ -356,7 +370,121 @@ class StepsRollouts(ABC):
         targets): {"deleted", "failed"}."""
 
 
+@dataclass
+class ReservationRow:
+    """One capacity reservation as the cloud describes it."""
+
+    id: str
+    instance_type: str
+    zone: str
+    total: int
+    available: int
+    state: str  # active | expired | cancelled | scheduled | ...
+    match_criteria: str  # open | targeted
+    end: str | None  # ISO time it ends; None: unlimited
+    kind: str = "default"  # default | capacity-block
+    pool_in_use: int = 0  # the pool's own nodes running in it
+
+    @property
+    def in_use(self) -> int:
+        return self.total - self.available
+
+
+@dataclass
+class ZoneCapacity:
+    zone: str
+    offered: bool  # the zone offers the instance type
+    reservations: list[ReservationRow] = field(default_factory=list)
+
+    @property
+    def held(self) -> int:
+        """Nodes the pool can count on here: free slots and the slots it already fills."""
+        return sum(r.available + r.pool_in_use for r in self.reservations
+                   if r.state == "active")
+
+
+@dataclass
+class CapacityReport:
+    """What the placement's zones offer the pool, and its peak beyond its reservations."""
+
+    pool: str
+    cloud: Cloud
+    region: str
+    instance_type: str
+    preference: str
+    needs: dict[str, int]  # nodes at min, warm, surge, max, peak (max + surge + running warm)
+    zones: list[ZoneCapacity]
+
+    @property
+    def held(self) -> int:
+        return sum(z.held for z in self.zones if z.offered)
+
+    @property
+    def beyond(self) -> dict[str, int]:
+        """Per level of need, the nodes no reservation covers (On-Demand, or a failed
+        launch under reservations-only)."""
+        return {k: max(0, v - self.held) for k, v in self.needs.items()
+                if k in ("min", "max", "peak")}
+
+    @property
+    def ok(self) -> bool:
+        return self.preference != "reservations-only" or self.beyond["peak"] == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "cloud": self.cloud, "region": self.region,
+                "instance_type": self.instance_type, "preference": self.preference,
+                "needs": self.needs, "held": self.held, "beyond": self.beyond, "ok": self.ok,
+                "zones": [{"zone": z.zone, "offered": z.offered, "held": z.held,
+                           "reservations": [{**asdict(r), "in_use": r.in_use}
+                                            for r in z.reservations]} for z in self.zones]}
+
+
+def failures_line(failures: list[LaunchFailure]) -> str:
+    """One line naming the failed launches: code, type and zones."""
+    by_code: dict[tuple[str, str], list[str]] = {}
+    for f in failures:
+        zones = by_code.setdefault((f.code, f.instance_type), [])
+        if f.zone and f.zone not in zones:
+            zones.append(f.zone)
+    out = []
+    for (code, itype), zones in by_code.items():
+        where = ", ".join(sorted(zones)) or "the region"
+        what = ("the reservations have no {} left in {}" if code == "ReservationCapacityExceeded"
+                else "no {} capacity in {}").format(itype, where)
+        out.append(f"{code}: {what}")
+    return "; ".join(out)
+
+
+def capacity_needs(plan: PoolPlan) -> dict[str, int]:
+    """Nodes the pool runs at once: at min and max (with its running warm nodes, which hold
+    capacity; stopped ones give it back and launch again when started) and at peak (max +
+    a rollout's surge); its warm and surge nodes alone."""
+    n = plan.nodes
+    running_warm = n["warm"] if plan.warm_state == "running" else 0
+    return {"min": n["min"] + running_warm, "warm": n["warm"], "surge": n["surge"],
+            "max": n["max"] + running_warm, "peak": n["max"] + n["surge"] + running_warm}
+
+
+class ChecksCapacity(ABC):
+    """Per zone of the placement: the type offered, the reservations that match the pool."""
+
+    @abstractmethod
+    def capacity_report(self, cfg: Config, pool: Pool, needs: dict[str, int]
+                        ) -> CapacityReport: ...
+
+
+class ReportsLaunchFailures(ABC):
+    """The group's recent launches that failed (for capacity, or another cause)."""
+
+    @abstractmethod
+    def launch_failures(self, group: Group, instance_type: str, since_s: float = 3600
+                        ) -> list[LaunchFailure]:
+        """Failed launches of the last `since_s` seconds, newest first, after the group's
+        newest successful launch (one since then means the group grows again).
+        `instance_type`: the pool's, for a failure whose record does not name one."""
+
+
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
-    BoundsGroupMaximum, StepsRollouts)
+    BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures)

@@ -109,7 +109,7 @@ def status(
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
     from poolctl import runtime
-    from poolctl.clouds.base import PublishesQueueMetric
+    from poolctl.clouds.base import PublishesQueueMetric, failures_line
     from poolctl.inventory import API_KEY_VAR
 
     cfg = load(file)
@@ -141,6 +141,8 @@ def status(
                                    for k, v in n.items() if v or k in ("in_service", "warm")))
         if s.rollout:
             con.print(f"  rollout {s.rollout.id}: {runtime.rollout_words(s.rollout)}")
+        if s.capacity_failures:
+            con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
         q = s.queue_per_replica
         if s.cloud in unread:
             con.print(f"  queue: queue metric not read on {s.cloud}")

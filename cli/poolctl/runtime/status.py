@@ -12,6 +12,7 @@ from poolctl.clouds.base import (
     NodeState,
     PoolStatus,
     PublishesQueueMetric,
+    ReportsLaunchFailures,
 )
 from poolctl.config import Config, Pool
 from poolctl.runtime.records import _annotate, load_record
@@ -31,9 +32,13 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     queue = ops.queue_per_replica(group) if isinstance(ops, PublishesQueueMetric) else None
     if rollout is not None:
         _annotate(rollout, load_record(cfg, pool, cloud))
+    placement = pool.placement(cloud)
+    assert placement is not None  # a target of the pool's own placements
+    failures = (ops.launch_failures(group, placement.type_name)
+                if isinstance(ops, ReportsLaunchFailures) else [])
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
-                      queue_per_replica=queue)
+                      queue_per_replica=queue, capacity_failures=failures)
 
 
 

@@ -18,6 +18,8 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
+    ReportsLaunchFailures,
+    failures_line,
 )
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
@@ -249,6 +251,12 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
     else:
         phase, target = "warm", result.after["warm_nodes"]
     t0 = time.monotonic()
+    # `warm` launched just before the wait began; its failures count from a little earlier.
+    wall0 = time.time() - 30
+    failures = ops if isinstance(ops, ReportsLaunchFailures) else None
+    placement = pool.placement(cloud)
+    assert placement is not None  # a target of the pool's own placements
+    type_name = placement.type_name
     first_seen: dict[str, float] = {}
     ready: dict[str, float] = {}
     already: set[str] | None = None
@@ -279,6 +287,18 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
                 return {"ready": len(done_ids), "target": target,
                         "seconds": round(now - t0, 1),
                         "nodes": [{"id": i, "seconds": s} for i, s in ready.items()]}
+            # Launches that failed since the wait began, none working after them, nothing
+            # still in flight: the group will not grow by waiting (AWS retries, but only
+            # when capacity returns); say why now rather than at the timeout.
+            if pending == 0 and failures is not None:
+                failed = failures.launch_failures(group, type_name,
+                                                  since_s=time.time() - wall0)
+                if failed:
+                    raise OperationFailed(
+                        f"{pool.name}: {failures_line(failed)}; {len(done_ids)} of {target} "
+                        f"node(s) {phase.replace('_', ' ')}; the group retries when capacity "
+                        "returns: free or reserve capacity (`poolctl capacity check`), or "
+                        f"try later; watch with `{hint}`")
             if now - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: {len(done_ids)} of {target} node(s) "

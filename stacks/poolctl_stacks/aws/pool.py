@@ -10,12 +10,35 @@ from constructs import Construct
 from poolctl import naming
 from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.catalog import InstanceType
-from poolctl.config import Config, Pool
+from poolctl.config import AwsCapacity, Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan
 from poolctl_stacks._providers import aws
 from poolctl_stacks.literal import hcl_quoted
 
+# Where a node launches, as the Auto Scaling API reference's CapacityReservationSpecification
+# has it: the group's preference and target decide (`default` would defer to the launch
+# template); with `open` or `none` a target is not given. The launch template's block takes
+# one preference (open | none) or one target, so the list of ids lives on the group.
+_GROUP_PREFERENCE = {"reservations-first": "capacity-reservations-first",
+                     "reservations-only": "capacity-reservations-only"}
+
+
+def capacity_reservation_specs(cap: AwsCapacity) -> tuple[dict[str, str] | None,
+                                                          dict[str, object] | None]:
+    """(launch template's, group's) capacity_reservation_specification; (None, None) for
+    EC2's default (a matching open reservation is used, else On-Demand)."""
+    mode = cap.mode
+    if mode == "open":
+        return None, None
+    if mode == "none":
+        return {"capacity_reservation_preference": "none"}, None
+    arn = cap.group_arn
+    target = ({"capacity_reservation_resource_group_arns": [arn]} if arn is not None
+              else {"capacity_reservation_ids": cap.reservation_ids})
+    return ({"capacity_reservation_preference": "open"},
+            {"capacity_reservation_preference": _GROUP_PREFERENCE[mode],
+             "capacity_reservation_target": target})
 
 class LoadBalancer(Construct):
     """Internal ALB: least-outstanding-requests suits long, uneven LLM requests."""
@@ -184,6 +207,7 @@ class NodeGroup(Construct):
             f"\"{b64['image']}\" : \"{b64['whole']}\"}}"
         )
 
+        lt_capacity, group_capacity = capacity_reservation_specs(placement.capacity)
         lt = aws("launch_template")
         self.lt = lt.LaunchTemplate(
             self, "lt", name=name, image_id=image_id, instance_type=row.name,
@@ -212,6 +236,7 @@ class NodeGroup(Construct):
                 delete_on_termination="true", security_groups=[self.sg.id],
             )],
             user_data=user_data_choice,
+            capacity_reservation_specification=lt_capacity,
             tag_specifications=[
                 lt.LaunchTemplateTagSpecifications(resource_type=kind, tags={**tags, "Name": name})
                 for kind in ("instance", "volume")
@@ -258,6 +283,7 @@ class NodeGroup(Construct):
                 heartbeat_timeout=min(7200, max(600, 2 * cold)),
             )],
             warm_pool=warm_pool,
+            capacity_reservation_specification=group_capacity,
             instance_refresh={
                 "strategy": "Rolling",
                 # The same preferences `rollout start` passes to StartInstanceRefresh.

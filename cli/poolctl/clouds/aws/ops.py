@@ -19,6 +19,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.cloud import Cloud
+from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
 from poolctl.clouds.aws.rollout import InstanceRefreshes
@@ -43,8 +44,8 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
     return AwsOps(endpoints)
 
 
-class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, CloudOps, PublishesQueueMetric,
-             KeepsWarmSizes, BoundsGroupMaximum):
+class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, CloudOps,
+             PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""
 

@@ -1,0 +1,99 @@
+"""poolctl capacity check: per zone of the placement, the type offered and the reservations
+the pool launches into, against what its peak needs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from poolctl.commands.common import (
+    CloudOpt,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    cloud_targets,
+    console,
+    emit_json,
+    endpoints_of,
+    load,
+)
+
+if TYPE_CHECKING:
+    from poolctl.clouds.base import CapacityReport, ReservationRow
+
+app = typer.Typer(help="Capacity: zones offering the type, reservations, the peak beyond them.",
+                  no_args_is_help=True)
+
+
+def _render(reports: list[CapacityReport]) -> None:
+    from rich.table import Table
+
+    t = Table(title="capacity", title_justify="left")
+    for col in ("pool", "zone", "offered", "reservation", "match", "total", "available",
+                "in use", "ends"):
+        t.add_column(col, justify="right" if col in ("total", "available", "in use") else "left")
+    for r in reports:
+        for z in r.zones:
+            rows: list[ReservationRow | None] = [*z.reservations] or [None]
+            for res in rows:
+                t.add_row(f"{r.pool}/{r.cloud}", z.zone, "yes" if z.offered else "no",
+                          *(("-", "-", "-", "-", "-", "-") if res is None else (
+                              f"{res.id} ({res.state})", res.match_criteria, str(res.total),
+                              str(res.available), str(res.in_use), res.end or "unlimited")),
+                          style=None if z.offered else "dim")
+    console().print(t)
+    for r in reports:
+        need = ", ".join(f"{k} {v}" for k, v in r.needs.items())
+        beyond = ", ".join(f"{k} {v}" for k, v in r.beyond.items())
+        console().print(f"{r.pool}/{r.cloud}: {r.instance_type}, preference {r.preference}; "
+                        f"nodes needed: {need}; held by reservations: {r.held}; "
+                        f"beyond them: {beyond}")
+
+
+def _problem(r: CapacityReport) -> str | None:
+    offered = [z.zone for z in r.zones if z.offered]
+    if not offered:
+        zones = ", ".join(z.zone for z in r.zones)
+        return (f"{r.pool}/{r.cloud}: no zone of the placement ({zones}) offers "
+                f"{r.instance_type}; choose zones that do (aws.network)")
+    if r.ok:
+        return None
+    return (f"{r.pool}/{r.cloud}: reservations-only: the peak of {r.needs['peak']} node(s) "
+            f"needs {r.beyond['peak']} beyond the {r.held} the reservations hold in "
+            f"{', '.join(offered)}; reserve {r.beyond['peak']} more {r.instance_type} there, or "
+            "set aws.capacity.preference: reservations-first")
+
+
+@app.command("check")
+def check(
+    cloud: CloudOpt = None,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per zone of the placement: whether the type is offered, the reservations that match
+    the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
+    surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
+    from poolctl import runtime
+    from poolctl.clouds.base import ChecksCapacity, capacity_needs
+    from poolctl.errors import OperationFailed, UsageError
+    from poolctl.sizing import plan_pool
+
+    cfg = load(file)
+    endpoints = endpoints_of(sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    ops = runtime.get_ops(tgts[0][1], endpoints)
+    if not isinstance(ops, ChecksCapacity):
+        raise UsageError(f"--cloud {tgts[0][1]}: capacity check is not supported on "
+                         f"{tgts[0][1]} yet; use --cloud aws")
+    reports = [ops.capacity_report(cfg, p, capacity_needs(plan_pool(p, c))) for p, c in tgts]
+    problems = [m for r in reports if (m := _problem(r))]
+    if json_out:
+        emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})
+    else:
+        _render(reports)
+    if problems:
+        raise OperationFailed("; ".join(problems))

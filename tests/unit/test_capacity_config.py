@@ -1,0 +1,67 @@
+"""aws.capacity: reservation ids and groups by shape, the preference, one line per mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from poolctl.config import parse_config
+from poolctl.errors import UsageError
+from tests.configs import pool_yaml
+
+CR = "cr-0123456789abcdef0"
+GROUP = "arn:aws:resource-groups:us-east-1:123456789012:group/p5-reservations"
+
+
+def capacity(body: str) -> str:
+    return pool_yaml(extra_aws=f"      capacity: {body}\n")
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(UsageError) as e:
+        parse_config(text)
+    assert e.value.exit_code == 2
+    msg = str(e.value)
+    assert msg.count("\n") == 0, msg
+    return msg
+
+
+@pytest.mark.parametrize(("body", "ids", "group", "mode"), [
+    ("{}", [], None, "open"),
+    (f"{{reservations: [{CR}]}}", [CR], None, "reservations-first"),
+    (f"{{reservations: {GROUP}, preference: reservations-only}}", [], GROUP,
+     "reservations-only"),
+    ("{preference: none}", [], None, "none"),
+])
+def test_capacity_forms(body, ids, group, mode):
+    cap = parse_config(capacity(body)).pools[0].aws.capacity  # type: ignore[union-attr]
+    assert (cap.reservation_ids, cap.group_arn, cap.mode) == (ids, group, mode)
+
+
+def test_no_capacity_key_is_open():
+    assert parse_config(pool_yaml()).pools[0].aws.capacity.mode == "open"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("body", "key", "says"), [
+    ("{reservations: [cr-123]}", "pools[0].aws.capacity.reservations[0]",
+     "not an On-Demand Capacity Reservation id"),
+    ("{reservations: [CR-0123456789ABCDEF0]}", "pools[0].aws.capacity.reservations[0]",
+     "not an On-Demand Capacity Reservation id"),
+    ("{reservations: 7}", "pools[0].aws.capacity.reservations",
+     "must be a list of reservation ids (cr-...) or one resource group ARN"),
+    ("{reservations: arn:aws:resource-groups:us-east-1:12:group/g}",
+     "pools[0].aws.capacity.reservations", "not a resource group ARN"),
+    ("{reservations: arn:aws:resource-groups:us-west-2:123456789012:group/g}",
+     "pools[0].aws.capacity.reservations", "is a resource group in us-west-2, the pool in "
+     "us-east-1"),
+    (f"{{reservations: [{CR}, {CR}]}}", "pools[0].aws.capacity.reservations",
+     "names a reservation twice"),
+    ("{preference: sometimes}", "pools[0].aws.capacity.preference", "must be one of"),
+    ("{preference: reservations-only}", "pools[0].aws.capacity.preference",
+     "reservations-only needs aws.capacity.reservations"),
+    (f"{{reservations: [{CR}], preference: none}}", "pools[0].aws.capacity.preference",
+     "the named reservations would be ignored"),
+    ("{reservation: []}", "pools[0].aws.capacity.reservation", ""),
+])
+def test_capacity_refused_naming_the_key(body, key, says):
+    msg = error_of(capacity(body))
+    assert f" {key}: " in msg and says in msg, msg
