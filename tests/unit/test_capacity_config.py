@@ -33,12 +33,12 @@ def error_of(text: str) -> str:
     ("{preference: none}", [], None, "none"),
 ])
 def test_capacity_forms(body, ids, group, mode):
-    cap = parse_config(capacity(body)).pools[0].aws.capacity  # type: ignore[union-attr]
+    cap = parse_config(capacity(body)).pools[0].aws.capacity
     assert (cap.reservation_ids, cap.group_arn, cap.mode) == (ids, group, mode)
 
 
 def test_no_capacity_key_is_open():
-    assert parse_config(pool_yaml()).pools[0].aws.capacity.mode == "open"  # type: ignore[union-attr]
+    assert parse_config(pool_yaml()).pools[0].aws.capacity.mode == "open"
 
 
 @pytest.mark.parametrize(("body", "key", "says"), [
