@@ -252,7 +252,8 @@ def test_build_before_the_first_deploy_is_one_line(sandbox, sandbox_home, sandbo
     f.write_text(before.replace("      instance_type: p5.48xlarge\n",
                                 "      instance_type: p5.48xlarge\n      network:\n"
                                 f"        vpc_id: {vpc}\n"
-                                "        subnet_ids: [subnet-0123456789abcdef0]\n"))
+                                "        subnet_ids: [subnet-0123456789abcdef0, "
+                                "subnet-0123456789abcdef1]\n"))
     named = f.read_text()
     res = run_poolctl(sandbox_home, "image", "build", "--cloud", "aws", "--sandbox", "-f",
                       str(f), timeout=300)

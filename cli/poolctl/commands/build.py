@@ -60,6 +60,13 @@ def make_out(out: Path) -> Path:
     return make_folder(out, "--out", OUT_FIX)
 
 
+def make_out_parent(out: Path) -> Path:
+    """The folders above --out, made now; --out itself the synthesizer makes when it writes,
+    after a deploy's preflight: a refused deploy leaves no empty cdktf.out behind."""
+    make_folder(out.parent, "--out", OUT_FIX)
+    return out
+
+
 OUT_FIX = "give a folder you can write in for the synthesized stacks (default cdktf.out)"
 
 
@@ -206,7 +213,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
     from poolctl.runtime import deploy_before_apply
 
     results = run_stacks(
-        cfg, tgts, outdir=make_out(out), endpoints=endpoints, destroy=destroy,
+        cfg, tgts, outdir=make_out_parent(out), endpoints=endpoints, destroy=destroy,
         plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
         # With --json the summary is in the JSON; stdout carries nothing else.
