@@ -27,6 +27,7 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
+from poolctl.sizing import instance_row, plan_pool
 
 # Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
 # and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
@@ -161,7 +162,6 @@ def hidden_size(pool: Pool) -> float:
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
-    from poolctl.sizing import instance_row, plan_pool
 
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
