@@ -352,6 +352,20 @@ class Serving(CoreModel):
         le=1024,
         description="HBM held back per GPU for CUDA context, activations and CUDA graphs.",
     )
+    prefix_caching: Bool = Field(
+        default=True,
+        # vLLM V1 turns automatic prefix caching on by default; `false` passes
+        # --no-enable-prefix-caching, and `simulate` then finds no reuse.
+        description="vLLM automatic prefix caching (on by default in vLLM V1): a prompt's "
+        "leading blocks already cached on its replica skip prefill; false turns it off.",
+    )
+    balancer: Literal["lor", "sticky"] = Field(
+        default="lor",
+        description="How the load balancer routes requests to nodes: lor (least outstanding "
+        "requests) or sticky (session affinity by a load-balancer cookie, so a conversation's "
+        "turns reach the node holding its prefix cache: ALB lb_cookie stickiness, GCP "
+        "GENERATED_COOKIE affinity over a RING_HASH policy). `simulate` defaults to it.",
+    )
     port: Int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
     health_path: UrlPath = Field(
         default="/health", description="HTTP path of the readiness check (starts with /)."

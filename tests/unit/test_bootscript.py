@@ -105,6 +105,15 @@ def test_serving_flags(aws_script):
     assert "PORT=8000\n" in aws_script
 
 
+def test_prefix_caching_off_is_passed_to_vllm(cfg, aws_script):
+    """vLLM V1 caches prefixes by default: poolctl says nothing unless the file turns it
+    off, and then passes --no-enable-prefix-caching."""
+    assert "prefix-caching" not in aws_script
+    pool = cfg.pools[0].model_copy(update={"serving": cfg.pools[0].serving.model_copy(
+        update={"prefix_caching": False})})
+    assert "--no-enable-prefix-caching" in render_boot_script(cfg, pool, Cloud.aws)
+
+
 def test_extra_args_survive_the_shell_unchanged(aws_script):
     line = next(ln for ln in aws_script.splitlines() if ln.startswith("EXTRA_ARGS=("))
     out = subprocess.run(["bash", "-c", line + '\nprintf "%s\\0" "${EXTRA_ARGS[@]}"'],

@@ -48,9 +48,11 @@ def simulate(
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="The pool's own autoscaling, warm pool and start times.")] = False,
     warm: WarmOpt = None,
-    balancer: Annotated[str, typer.Option(
+    balancer: Annotated[str | None, typer.Option(
         "--balancer", help="lor: least outstanding requests at arrival (the clouds' load "
-        "balancers); queue: a central queue dispatching to free replicas.")] = "lor",
+        "balancers); sticky: session affinity (a conversation's turns to one node); queue: a "
+        "central queue dispatching to free replicas. Default: the file's serving.balancer.",
+        show_default=False)] = None,
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
@@ -63,7 +65,7 @@ def simulate(
         raise UsageError("--replicas N or --autoscale: give one (the default is --autoscale)")
     if warm is not None and replicas is not None:
         raise UsageError("--warm N: with --autoscale (not with --replicas)")
-    if balancer not in BALANCERS:
+    if balancer is not None and balancer not in BALANCERS:
         raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
     if plot is not None:
         _need_matplotlib()
@@ -73,7 +75,7 @@ def simulate(
     require_valid(cfg, [(p, c)])
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer)
+                   warm_replicas=warm, balancer=balancer or p.serving.balancer)
     s = summary(res, p.slo.ttft_p90_s)
 
     s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
@@ -124,6 +126,7 @@ def render(s: dict[str, Any]) -> None:
                              f"${cost['fixed_usd']:,.2f}, scaled ${cost['marginal_usd']:,.2f})"),
         ("USD per 1M output tokens", _usd(cost["usd_per_1m_output_tokens"])),
         ("USD per request", _usd(cost["usd_per_request"], 5)),
+        ("prefix cache hit rate", _prefix(s["prefix_cache"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
                           f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
@@ -136,6 +139,13 @@ def render(s: dict[str, Any]) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _prefix(pc: dict[str, Any]) -> str:
+    if not pc["enabled"]:
+        return "- (off, or the trace has no block ids)"
+    return (f"{pc['hit_rate']:.1%} of {pc['prompt_tokens']:,} prompt tokens "
+            f"({pc['evicted_blocks']:,} blocks evicted)")
 
 
 def _usd(x: float | None, digits: int = 3) -> str:

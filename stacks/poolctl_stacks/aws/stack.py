@@ -60,6 +60,7 @@ class AwsPoolStack(PoolStack):
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,
+                          sticky=pool.serving.balancer == "sticky",
                           certificate_arn=placement.certificate_arn,
                           access_logs_bucket=placement.access_logs_bucket,
                           access_logs_prefix=placement.access_logs_prefix, tags=tags)
