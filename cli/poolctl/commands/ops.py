@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import runtime
+from poolctl.clouds.base import PublishesQueueMetric, failures_line
 from poolctl.commands.common import (
     WEEK_S,
     CloudOpt,
@@ -23,6 +27,10 @@ from poolctl.commands.common import (
     real,
     whole,
 )
+from poolctl.errors import UsageError
+from poolctl.inventory import API_KEY_VAR
+from poolctl.sizing import nodes_for, plan_pool
+from poolctl.windows import parse_time
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,8 +85,6 @@ def warm(
     json_out: JsonOpt = False,
 ) -> None:
     """Prepare N replicas of spare capacity before a launch, now or for a window."""
-    from poolctl import runtime
-    from poolctl.errors import UsageError
 
     if list_ or cancel is not None or start is not None or until is not None:
         _windows(replicas, cloud, file, pool, running, wait, reset, exact, start, until,
@@ -106,13 +112,6 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
              until: str | None, list_: bool, cancel: str | None, sandbox: bool,
              json_out: bool) -> None:
     """`warm --from/--until`, `--list`, `--cancel`: every flag checked before a cloud call."""
-    import re
-    from datetime import UTC, datetime
-
-    from poolctl import runtime
-    from poolctl.errors import UsageError
-    from poolctl.windows import parse_time
-
     now = datetime.now(UTC)
     others = {"--replicas": replicas is not None, "--running": running, "--wait": wait,
               "--reset": reset, "--exact": exact, "--from": start is not None,
@@ -167,8 +166,6 @@ def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     """Warm nodes serve only when the group scales out onto them, which it does up to its
     maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
     Checked against the file's sizes (what deploy gives the group) before any cloud call."""
-    from poolctl.errors import UsageError
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(p, c)
     rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
@@ -188,9 +185,6 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
-    from poolctl import runtime
-    from poolctl.clouds.base import PublishesQueueMetric, failures_line
-    from poolctl.inventory import API_KEY_VAR
 
     cfg = load(file)
     out: list[PoolStatus] = []
