@@ -15,6 +15,7 @@ from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
     SimResult,
+    SimWindow,
     json_safe,
     percentile,
     simulate,
@@ -56,7 +57,8 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
 def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
-             balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
+             balancer: str = "lor", stop_if_p90_over: float | None = None,
+             windows: tuple[SimWindow, ...] = (), run_until_s: float = 0.0) -> SimResult:
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
@@ -72,8 +74,9 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
+    sc.windows = windows
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
-                    prefix_caching=pool.serving.prefix_caching)
+                    prefix_caching=pool.serving.prefix_caching, run_until_s=run_until_s)
 
 
 def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:

@@ -11,6 +11,7 @@ cloud calls, no clock but the `now` given.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -76,6 +77,23 @@ def parse_time(flag: str, text: str, now: datetime) -> datetime:
         return datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
     except ValueError as exc:
         raise UsageError(f"{flag} {text!r}: not a valid time ({exc})") from None
+
+
+def parse_span(flag: str, text: str) -> float:
+    """Seconds from a trace's start: 600, 600s, 10m, 1h30m, 1d."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        m = _OFFSET.fullmatch("+" + value)
+        if m is None or not any(m.groups()):
+            raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (600, "
+                             "10m, 1h30m)") from None
+        d, h, mi, sec = (int(g or 0) for g in m.groups())
+        return float(timedelta(days=d, hours=h, minutes=mi, seconds=sec).total_seconds())
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (0 or more)")
+    return seconds
 
 
 def check_window(start: datetime, end: datetime, now: datetime) -> None:
