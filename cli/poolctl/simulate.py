@@ -565,17 +565,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             if w.start_s > 0:
                 heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
             heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
-        # A window begun before the trace: its nodes serve (or wait warm) from the start.
-        for _ in range(max((w.nodes for w in scale.windows if w.running and w.start_s <= 0),
-                           default=0)):
-            add_node()
 
     # Autoscaling state
     starting: list[float] = []  # ready times of nodes being started
     warm_free = scale.warm_nodes if scale else 0
-    if scale is not None:
-        warm_free += max((w.nodes for w in scale.windows if not w.running and w.start_s <= 0),
-                         default=0)
     low_since: float | None = None
     last_scale_in = -INF
     node_s = 0.0
@@ -613,6 +606,30 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         cold_window.append((now, max(starting)))
         record(now)
 
+    def begun_before(scale: Autoscale) -> None:
+        """Windows that start at or before the trace's start: nodes launched at FROM serve
+        FROM + their start time later (warm pool first), from 0 at the earliest; a stopped
+        window's nodes are prepared from cold by FROM + the cold start."""
+        nonlocal warm_free
+        early = [w for w in scale.windows if w.start_s <= 0]
+        at = min((w.start_s for w in early if w.running), default=0.0)
+        for _ in range(max((w.nodes for w in early if w.running), default=0)):
+            warm = warm_free > 0
+            warm_free -= warm
+            ready = at + (scale.warm_start_s if warm else scale.cold_start_s)
+            if warm:
+                heapq.heappush(heap, (max(0.0, at + scale.cold_start_s), EV_WARM, 0, 0))
+            if ready <= 0:
+                add_node()
+            else:
+                starting.append(ready)
+                heapq.heappush(heap, (ready, EV_READY, 0, 0))
+        for w in early:
+            if not w.running:
+                for _ in range(w.nodes):
+                    heapq.heappush(heap, (max(0.0, w.start_s + scale.cold_start_s), EV_WARM,
+                                          0, 0))
+
     def drain_to(nodes: int, now: float) -> None:
         """The newest nodes leave the balancer and drain their requests, down to `nodes`."""
         while serving_nodes() > nodes:
@@ -636,6 +653,8 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             timeline.append((now, serving_nodes(), len(starting)))
 
+    if scale is not None:
+        begun_before(scale)
     record(0.0)
     i = 0
     rr = 0

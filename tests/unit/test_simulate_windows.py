@@ -64,11 +64,22 @@ def test_a_window_at_300_s_launches_from_the_warm_pool_then_gives_the_nodes_back
 
 
 def test_overlapping_windows_take_the_larger_not_the_sum(pool):
-    a = SimWindow(start_s=-60, end_s=600, nodes=1)
-    b = SimWindow(start_s=-60, end_s=300, nodes=3)
+    # Begun 600 s before: 2 warm nodes (260.5 s) and 1 cold (440.5 s) are ready by t=0.
+    a = SimWindow(start_s=-600, end_s=600, nodes=1)
+    b = SimWindow(start_s=-600, end_s=300, nodes=3)
     res = run_pool(pool, "aws", calm(900), autoscale=True, windows=(a, b), run_until_s=900)
     # 0..300: 1 + max(1, 3) = 4 nodes (not 1 + 4 = 5); 300..600: 1 + 1 = 2; then 1.
     assert serving_at(res, 0) == 4 and serving_at(res, 400) == 2 and serving_at(res, 700) == 1
+
+
+def test_a_window_begun_shortly_before_serves_once_its_nodes_have_started(pool):
+    plan = plan_pool(pool, "aws")
+    warm = sum(plan.start_phases["warm_stopped"].values())
+    # From -60 s: both nodes from the warm pool, serving at -60 + warm start.
+    w = SimWindow(start_s=-60, end_s=1200, nodes=2)
+    res = run_pool(pool, "aws", calm(1200), autoscale=True, windows=(w,), run_until_s=1200)
+    assert serving_at(res, 0) == 1
+    assert serving_at(res, -60 + warm) == 3
 
 
 def test_a_stopped_window_raises_the_warm_pool_without_billing_it(pool):
