@@ -23,7 +23,7 @@ from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
     from poolctl.config import Pool
-    from poolctl.servingmodel import ReplicaModel
+    from poolctl.servingmodel import ReplicaModel, Topology
     from poolctl.sizing import PoolPlan
 
 
@@ -54,26 +54,30 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
 def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
-             balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
+             balancer: str = "lor", stop_if_p90_over: float | None = None,
+             topology: Topology | None = None) -> SimResult:
     from poolctl.servingmodel import replica_model
     from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
     price = plan.price_per_node_hour_usd
-    rpn = plan.replicas_per_node
+    # A disaggregated replica holds prefill and decode GPUs: fewer of them share a node.
+    rpn = (plan.replicas_per_node if topology is None
+           else plan.gpus_per_node // topology.gpus)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
                         stop_if_p90_over=stop_if_p90_over,
-                        prefix_caching=pool.serving.prefix_caching)
+                        prefix_caching=pool.serving.prefix_caching, topology=topology)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
+    sc.replicas_per_node = rpn
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
-                    prefix_caching=pool.serving.prefix_caching)
+                    prefix_caching=pool.serving.prefix_caching, topology=topology)
 
 
 def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
