@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
 from poolctl.errors import OperationFailed
+from poolctl.servingmodel import replica_model
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -19,6 +20,7 @@ from poolctl.simulate import (
     simulate,
     summary,
 )
+from poolctl.sizing import nodes_for, plan_pool
 from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
@@ -56,8 +58,6 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None,
              topology: Topology | None = None) -> SimResult:
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
@@ -171,8 +171,6 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
     max for the busiest window; the smallest warm pool keeping the SLO under autoscaling.
     An SLO no replica count can meet (the prefill compute floor), or a trace whose every
     request is longer than max_model_len, is an OperationFailed naming the floor."""
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node

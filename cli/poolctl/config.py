@@ -35,9 +35,11 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError, core_schema
 
-from poolctl import formats
+from poolctl import formats, models
 from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
+from poolctl.models import did_you_mean
+from poolctl.naming import name_problems
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 # Strict scalars: YAML's `true` is not 1 and `4.0` is not a count; numbers are finite.
@@ -248,7 +250,6 @@ class Model(CoreModel):
     ) -> Model:
         if not isinstance(data, dict):
             return handler(data)
-        from poolctl import models
 
         # lowest precedence first: the preset, then config.json, then the file's own keys
         tiers: list[tuple[str, dict[str, Any]]] = []
@@ -964,7 +965,6 @@ class Config(CoreModel):
 
     @model_validator(mode="after")
     def _cloud_names(self) -> Config:
-        from poolctl.naming import name_problems
 
         for i, p in enumerate(self.pools):
             for field, problem in name_problems(self.project, p.name, p.clouds):
@@ -1326,7 +1326,6 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
 
 
 def _hint(err: ErrorDetails) -> str:
-    from poolctl.models import did_you_mean
 
     kind, value = err["type"], err.get("input")
     got = f"; got {_shown(value)}" if "input" in err else ""

@@ -27,6 +27,7 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
+from poolctl.sizing import instance_row, plan_pool
 
 # Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
 # and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
@@ -162,7 +163,6 @@ def hidden_size(pool: Pool) -> float:
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
-    from poolctl.sizing import instance_row, plan_pool
 
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
@@ -291,10 +291,7 @@ def topology(pool: Pool, cloud: Cloud, kind: str, prefill_gpus: int,
              decode_gpus: int) -> Topology:
     """The pool's model split `prefill_gpus`:`decode_gpus` (each a TP degree), with the KV
     path of `kind` ("disagg-node" or "disagg-cross"). Bad splits are one UsageError line."""
-    replica_model(pool, cloud)  # refuses a pool without this placement or its type
-    placement = pool.placement(cloud)
-    row = load_catalog().get(cloud, placement.type_name) if placement is not None else None
-    assert row is not None  # replica_model found both
+    row = instance_row(pool, cloud)
     flag = f"--split {prefill_gpus}:{decode_gpus}"
     if kind not in TOPOLOGIES[1:]:
         raise UsageError(f"--topology: {kind!r} is not one of {', '.join(TOPOLOGIES)}")

@@ -347,7 +347,7 @@ def test_image_variant_is_the_whole_script_split_in_two(cfg, idx, cloud):
 def test_a_build_record_does_not_choose_the_variant(cfg, tmp_path, monkeypatch):
     """The whole script by default, whatever the local build records say: the stacks hold
     both variants and Terraform picks one from the image's tag (tests/synth)."""
-    from poolctl import images
+    from poolctl import node_image
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path))
     ami = "ami-0aaaaaaaaaaaaaaaa"
@@ -356,9 +356,9 @@ def test_a_build_record_does_not_choose_the_variant(cfg, tmp_path, monkeypatch):
     pool = built.pools[0]
     assert pool.aws.ami_id == ami
     whole = render_boot_script(built, pool, "aws", from_image=False)
-    images.save_record({"cloud": "aws", "image_id": ami, "serving_image": pool.serving.image,
+    node_image.save_record({"cloud": "aws", "image_id": ami, "serving_image": pool.serving.image,
                         "boot_lib_version": bootscript.boot_library("aws")["version"]})
-    assert images.find_record("aws", ami) is not None
+    assert node_image.find_record("aws", ami) is not None
     assert render_boot_script(built, pool, "aws") == whole
     assert whole != render_boot_script(built, pool, "aws", from_image=True)
 

@@ -27,7 +27,7 @@ class AwsPoolStack(PoolStack):
         assert placement is not None and raw_placement is not None
         row = instance_row(pool, Cloud.aws)
         # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, Cloud.aws, records=False)
+        plan = plan_pool(pool, Cloud.aws)
         name = naming.base(cfg, pool)
         tags = naming.aws_tags(cfg, pool)
 
