@@ -272,6 +272,12 @@ class Engine:
             cache.pin(full[len(held):])
             self.pinned[rid] = full
 
+    def resume(self, now: float) -> None:
+        """KV was freed from outside (a finished transfer): an idle engine with requests
+        waiting for room starts its next step."""
+        if self.end == INF and self.waiting:
+            self._start(now)
+
     def _preempt(self, rid: int) -> None:
         self.running.remove(rid)
         self.preemptions += 1
@@ -482,6 +488,9 @@ class DisaggEngine:
         return self._next()
 
     def _prefilled(self, rid: int, now: float) -> None:
+        # The prefill instance holds the request's KV until the decode side has it (as
+        # vLLM's connectors free it once read): a slow link fills it and stalls admission.
+        self.p.kv += self.req.inputs[rid] + 1
         t = self.topo.transfer_s(self.req.inputs[rid])
         start = max(now, self.link_free)
         self.link_free = start + t
@@ -497,6 +506,8 @@ class DisaggEngine:
             elif self.xfer and self.xfer[0][0] <= now:
                 _, rid = heapq.heappop(self.xfer)
                 self.in_transfer -= 1
+                self.p.kv -= self.req.inputs[rid] + 1
+                self.p.resume(now)
                 self.d.submit(rid, now)
             elif self.p.end <= now:
                 self.p.handle(now, self._prefilled)

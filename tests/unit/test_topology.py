@@ -90,6 +90,19 @@ def test_azure_trace_runs_in_every_topology(pool):
         assert all(not math.isnan(f) for f in res.req.finish)
 
 
+def test_a_saturated_link_fills_the_prefill_side_but_never_past_its_kv(pool):
+    """The prefill instance holds each request's KV until it has crossed: at twice the
+    trace's rate, ~4.2 GB/s of KV against a 2.5 GB/s path, the held KV reaches the prefill
+    side's capacity (admission then waits), and never passes it."""
+    topo = topology(pool, Cloud.aws, "disagg-cross", 4, 4)
+    assert topo.prefill.kv_tokens == topo.decode.kv_tokens  # 4:4: one bound for both sides
+    res = simulate(load_trace(AZURE).window(0, 600).scaled(2), topo.prefill, replicas=1,
+                   topology=topo)
+    check_run(res)
+    assert res.max_kv_tokens <= topo.prefill.kv_tokens
+    assert res.max_kv_tokens > 0.9 * topo.prefill.kv_tokens
+
+
 @pytest.mark.parametrize(("args", "msg"), [
     (["--topology", "disagg-ring"], "--topology: 'disagg-ring' is not one of"),
     (["--topology", "disagg-node", "--split", "3:5"], "--split 3:5: each side is a"),
