@@ -56,8 +56,12 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
 def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
-             balancer: str = "lor", stop_if_p90_over: float | None = None,
+             balancer: str | None = None, stop_if_p90_over: float | None = None,
              topology: Topology | None = None) -> SimResult:
+    """`trace` through the pool on `cloud`: fixed `replicas`, or its autoscaling. The balancer
+    is the file's `serving.balancer` unless given; `topology` splits each replica's prefill
+    and decode (servingmodel.topology)."""
+    balancer = balancer or pool.serving.balancer
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)

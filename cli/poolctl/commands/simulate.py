@@ -87,7 +87,7 @@ def simulate(
         topo = split_topology(p, c, topology, *_split(split))
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer or p.serving.balancer, topology=topo)
+                   warm_replicas=warm, balancer=balancer, topology=topo)
     s = summary(res, p.slo.ttft_p90_s)
 
     s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
