@@ -24,11 +24,12 @@ from poolctl.commands.common import (
 from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
 
 if TYPE_CHECKING:
+    from poolctl.capacity import Recommendation
     from poolctl.config import Config, Pool
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
-Recs = dict[tuple[str, Cloud], dict[str, Any]]
+Recs = dict[tuple[str, Cloud], "Recommendation"]
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
@@ -85,7 +86,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         entries = [p.to_json() for p in plans]
         for e, (p, c) in zip(entries, tgts, strict=True):
             if (p.name, c) in recs:
-                e["recommendation"] = recs[(p.name, c)]
+                e["recommendation"] = recs[(p.name, c)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
@@ -132,7 +133,7 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
     recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
-    needs = {k: TrafficNeed(r["peak_replicas_needed"], tr.source) for k, r in recs.items()}
+    needs = {k: TrafficNeed(r.peak_replicas_needed, tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call
     return recs
@@ -146,10 +147,12 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
 
     out = console()
     for (p, c), pl in zip(tgts, plans, strict=True):
-        r = recs[(p.name, c)]
+        r = recs[(p.name, c)].to_json()
         price = pl.price_per_node_hour_usd
+        tpot = f", TPOT p90 {p.slo.tpot_p90_s} s" if p.slo.tpot_p90_s is not None else ""
         t = Table(title=f"{p.name} on {c}: replicas for the traffic (SLO TTFT p90 "
-                        f"{p.slo.ttft_p90_s} s, utilization <= {p.slo.target_utilization})",
+                        f"{p.slo.ttft_p90_s} s{tpot}, utilization <= "
+                        f"{p.slo.target_utilization})",
                   title_justify="left")
         t.add_column("")
         t.add_column("file")
@@ -164,6 +167,9 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
         t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
         t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s (floor "
                   f"{r['ttft_p90_floor_s']} s)")
+        t.add_row("TPOT p90 (autoscaled)", "", f"{r['tpot_p90_s']} s (floor "
+                  f"{r['tpot_p90_floor_s']} s)")
+        t.add_row("goodput (both SLOs)", "", f"{r['goodput']:.1%}")
         t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
         usd = r["usd_per_1m_output_tokens"]
         t.add_row("USD per 1M output tokens", "", "-" if usd is None else f"${usd:,.3f}")
