@@ -276,6 +276,15 @@ class Recommendation:
         return out
 
 
+def too_long(pool: Pool, cloud: Cloud, trace: Trace, fl: Floor, what: str) -> OperationFailed:
+    """The line for a trace whose every request is longer than max_model_len."""
+    return OperationFailed(
+        f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {what} "
+        f"is longer than serving.max_model_len {pool.serving.max_model_len:,} (prompt + "
+        f"output): nothing to size for; raise max_model_len (the shortest request has "
+        f"{fl.shortest:,} tokens) or give a trace of shorter requests")
+
+
 def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = None
                     ) -> tuple[ReplicaModel, Floor, float]:
     """The floors of `trace` on the pool's replica; an OperationFailed naming the binding one
@@ -285,11 +294,7 @@ def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = N
     fl = ttft_floor(m, trace)
     what = what or trace.source
     if not fl.served:
-        raise OperationFailed(
-            f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {what} "
-            f"is longer than serving.max_model_len {m.max_model_len:,} (prompt + output): "
-            f"nothing to size for; raise max_model_len (the shortest request has "
-            f"{fl.shortest:,} tokens) or give a trace of shorter requests")
+        raise too_long(pool, cloud, trace, fl, what)
     if fl.ttft_p90_floor_s > slo.ttft_p90_s:
         raise _unreachable(pool, cloud, m, trace, fl, plan_pool(pool, cloud).gpus_per_node,
                            what)
