@@ -64,14 +64,15 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
-                        stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power)
+                        stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
+                        prefix_caching=pool.serving.prefix_caching)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
-                    power_kw_per_node=power)
+                    power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching)
 
 
 def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:

@@ -27,6 +27,7 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
+from poolctl.sizing import instance_row, plan_pool
 
 # Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
 # and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
@@ -115,14 +116,15 @@ class ReplicaModel:
     def prefill_tokens_per_s(self, n: int) -> float:
         return n / self.prefill_s(n)
 
-    def ttft_floor_s(self, prompt: int) -> float:
+    def ttft_floor_s(self, prompt: int, cached: int = 0) -> float:
         """The fastest first token of a `prompt`-token request: alone on an idle replica,
         prefilled in chunks of `max_num_batched_tokens` as the simulator's engine does (each
         step reads the request's whole KV allocation, prompt + 1). Sharing a replica only adds
         to it (more tokens per step, smaller chunks, waits), so no replica count brings a
-        request's TTFT below it: the prefill compute floor."""
+        request's TTFT below it: the prefill compute floor. `cached` leading tokens found in
+        the prefix cache are not computed (the rest still attends to them)."""
         prompt = max(1, prompt)
-        t, done = 0.0, 0
+        t, done = 0.0, min(max(0, cached), prompt - 1)
         while done < prompt:
             c = min(prompt - done, self.max_num_batched_tokens)
             t += self.step_s(c, prompt + 1, self.attn_flops(c, done))
@@ -161,7 +163,6 @@ def hidden_size(pool: Pool) -> float:
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
-    from poolctl.sizing import instance_row, plan_pool
 
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)

@@ -530,11 +530,13 @@ def test_plan_counts_the_requests_over_max_model_len(tmp_path, monkeypatch, caps
 def test_simulate_json_is_json_when_the_model_overflows(monkeypatch, capsys):
     # A step overhead of 1e308 ms (validated, or not, by the config): every time is inf and
     # the means NaN or inf. JSON has neither: they are null.
-    import poolctl.capacity as cap
+    import poolctl.servingmodel as sm
 
-    real = cap.replica_model
-    monkeypatch.setattr(cap, "replica_model",
-                        lambda p, c: dataclasses.replace(real(p, c), overhead_s=1e305))
+    real = sm.replica_model
+    # (patched where the simulate command and poolctl.capacity took the name)
+    for where in ("poolctl.commands.simulate", "poolctl.capacity"):
+        monkeypatch.setattr(f"{where}.replica_model",
+                            lambda p, c: dataclasses.replace(real(p, c), overhead_s=1e305))
 
     def strict(name):
         raise AssertionError(f"{name} in the JSON")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from poolctl.capacity import recommend
 from poolctl.cloud import Cloud
 from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
@@ -21,9 +22,18 @@ from poolctl.commands.common import (
     emit_json,
     load,
     print_findings,
+    require_valid,
     targets,
 )
-from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.plansearch import render_search, run_searches, write_changes
+from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.traffic import traffic as load_traffic
+from poolctl.config import json_schema
+from poolctl.errors import UsageError
+from poolctl.home import replace_file
+from poolctl.node_image import NodeImage, recorded_node_image
+from poolctl.rules import TrafficNeed, errors, run_checks
+from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
     from poolctl.capacity import Recommendation
@@ -37,7 +47,6 @@ Recs = dict[tuple[str, Cloud], "Recommendation"]
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
              json_out: JsonOpt = False) -> None:
     """Check the file and every rule; print each failed check with a hint."""
-    from poolctl.rules import errors, run_checks
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
@@ -53,21 +62,6 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
                          f"{len(findings) - len(errs)} note(s) over {checked}\n")
     if errs:
         raise typer.Exit(1)
-
-
-def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
-    """What plan, synth and deploy run first: print findings, refuse on any error."""
-    from poolctl.errors import OperationFailed
-    from poolctl.rules import errors, run_checks
-
-    findings = run_checks(cfg, tgts)
-    print_findings(findings)
-    errs = errors(findings)
-    if errs:
-        raise OperationFailed(
-            f"{len(errs)} rule(s) failed (listed above); nothing was changed — fix them and "
-            "run `poolctl validate`"
-        )
 
 
 SearchOpt = Annotated[bool, typer.Option(
@@ -89,8 +83,6 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
     (or --rate), also the replicas that meet the SLO, found by simulation; with --search,
     the cheapest configuration meeting the SLOs."""
-    from poolctl.errors import UsageError
-    from poolctl.sizing import plan_pool
 
     if search and traffic is None and rate is None:
         raise UsageError("--search: give the traffic to search for with --traffic FILE or "
@@ -100,7 +92,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    plans = [plan_pool(p, c) for p, c in tgts]
+    plans = [plan_pool(p, c, recorded_node_image(p, c)) for p, c in tgts]
     totals = _quota_totals(cfg, tgts)
     if search:
         _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
@@ -124,9 +116,6 @@ def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
                  plans: list[PoolPlan], totals: list[dict[str, Any]], traffic: Path | None,
                  rate: float | None, duration: float, seed: int, time_scale: float,
                  json_out: bool, write: bool, workers: int) -> None:
-    from poolctl.commands.plansearch import render_search, run_searches, write_changes
-    from poolctl.commands.simulate import traffic as load_traffic
-
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
     results = run_searches(cfg, tgts, tr, workers)
@@ -150,7 +139,6 @@ def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
 def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
-    from poolctl.sizing import quota_totals
 
     clouds = list(dict.fromkeys(c for _, c in tgts))
     every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
@@ -178,9 +166,6 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
         return {}
-    from poolctl.capacity import recommend
-    from poolctl.commands.simulate import traffic as load_traffic
-    from poolctl.rules import TrafficNeed, run_checks
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
@@ -194,8 +179,6 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
 def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan], recs: Recs
                            ) -> None:
     from rich.table import Table
-
-    from poolctl.sizing import nodes_for
 
     out = console()
     for (p, c), pl in zip(tgts, plans, strict=True):
@@ -278,12 +261,12 @@ def render_plans(plans: list[PoolPlan]) -> None:
         out.print(t)
 
 
-def _node_image(img: dict[str, Any], cloud: Cloud) -> str:
-    where = img.get("id") or "the base image"
-    if img.get("prepulled"):
-        return f"{where}: serving image pre-pulled ({img['source']})"
-    if img.get("carries"):
-        return f"{where}: carries {img['carries']}, not the serving image: pulled at boot"
+def _node_image(img: NodeImage | None, cloud: Cloud) -> str:
+    where = (img and img.id) or "the base image"
+    if img is not None and img.prepulled:
+        return f"{where}: serving image pre-pulled ({img.source})"
+    if img is not None and img.carries:
+        return f"{where}: carries {img.carries}, not the serving image: pulled at boot"
     return f"{where}: serving image pulled at boot (`poolctl image build --cloud {cloud}`)"
 
 
@@ -296,7 +279,6 @@ def schema(out: str = typer.Option("-", "--out", help="Write here instead of std
            force: bool = typer.Option(False, "--force", help="Replace a file at --out that "
                                       "is not a poolctl schema.")) -> None:
     """The JSON Schema of poolctl.yaml, for editors."""
-    from poolctl.config import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out == "-":
@@ -324,8 +306,6 @@ def _is_poolctl_schema(path: Path) -> bool:
 def write_schema(out: Path, text: str, force: bool) -> None:
     """`schema --out FILE`: refused, one line naming --out, unless FILE is a new file in an
     existing folder or a schema poolctl wrote (or --force); then replaced all at once."""
-    from poolctl.errors import UsageError
-    from poolctl.home import replace_file
 
     if out.is_dir():
         raise UsageError(f"--out: {out} is a folder; give a file name, e.g. "
