@@ -23,10 +23,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from poolctl.catalog import load_catalog
+from poolctl.catalog import ServingFactors, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
+from poolctl.sizing import instance_row, plan_pool
 
 # Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
 # and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
@@ -79,6 +80,10 @@ class ReplicaModel:
     link_efficiency: float
     overhead_s: float
     per_seq_s: float = DECODE_PER_SEQ_S
+    allreduce_latency_s: float = ALLREDUCE_LATENCY_S
+    # How compute and memory time combine in one step: (c^k + m^k)^(1/k); inf is the
+    # roofline's max (perfect overlap), 1 their sum.
+    overlap_k: float = math.inf
 
     # ---- the three parts of a step
     def compute_s(self, tokens: float, attn_flops: float = 0.0) -> float:
@@ -96,7 +101,7 @@ class ReplicaModel:
         # the message through each GPU's link.
         msg = tokens * self.hidden * ACTIVATION_BYTES
         one = 2 * (self.tp - 1) / self.tp * msg / (self.link_bytes_per_s * self.link_efficiency)
-        return 2 * self.layers * (one + ALLREDUCE_LATENCY_S)
+        return 2 * self.layers * (one + self.allreduce_latency_s)
 
     def attn_flops(self, chunk: float, offset: float) -> float:
         """QK^T and AV of `chunk` new tokens attending to `offset` earlier ones (causal)."""
@@ -105,7 +110,14 @@ class ReplicaModel:
     def step_s(self, tokens: float, kv_tokens_read: float, attn_flops: float = 0.0,
                decode_seqs: int = 0) -> float:
         return (self.overhead_s + self.per_seq_s * decode_seqs + self.comm_s(tokens)
-                + max(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+                + self._busy(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+
+    def _busy(self, c: float, m: float) -> float:
+        k = self.overlap_k
+        if math.isinf(k):
+            return max(c, m)
+        hi = max(c, m)  # scaled so that the powers stay in range
+        return hi * ((c / hi) ** k + (m / hi) ** k) ** (1 / k) if hi > 0 else 0.0
 
     # ---- the figures plan and the README quote
     def prefill_s(self, n: int) -> float:
@@ -135,6 +147,18 @@ class ReplicaModel:
         return self.step_s(batch, batch * context, decode_seqs=batch)
 
 
+# ServingFactors' fields, in the order scripts/fit_defaults.py fits them.
+FACTOR_NAMES = tuple(ServingFactors.model_fields)
+
+
+def with_factors(rm: ReplicaModel, f: ServingFactors) -> ReplicaModel:
+    """`rm` with every efficiency factor taken from `f` (a catalog row's fit)."""
+    return replace(rm, prefill_mfu=f.prefill_mfu, decode_mbu=f.decode_mbu,
+                   overhead_s=f.step_overhead_ms / 1000, per_seq_s=f.decode_us_per_seq / 1e6,
+                   link_efficiency=f.link_efficiency,
+                   allreduce_latency_s=f.allreduce_us / 1e6, overlap_k=f.overlap_k)
+
+
 def figures(rm: ReplicaModel) -> dict[str, Any]:
     """The numbers to compare with a measured replica (and to calibrate `perf:` from)."""
     return {
@@ -161,8 +185,6 @@ def hidden_size(pool: Pool) -> float:
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
-    from poolctl.sizing import instance_row, plan_pool
-
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
     plan = plan_pool(pool, cloud)
