@@ -30,7 +30,13 @@ from pathlib import Path
 
 from poolctl.catalog import ServingFactors
 from poolctl.config import parse_config
-from poolctl.servingmodel import FACTOR_NAMES, ReplicaModel, replica_model, with_factors
+from poolctl.servingmodel import (
+    FACTOR_NAMES,
+    LITERATURE,
+    ReplicaModel,
+    replica_model,
+    with_factors,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "cli" / "poolctl" / "data" / "instance_types.yaml"
@@ -76,7 +82,7 @@ class Point:
 class Config:
     gpu: str
     tp: int
-    replicas: dict[str, ReplicaModel]  # model id -> the replica at this TP (module defaults)
+    replicas: dict[str, ReplicaModel]  # model id -> the replica at this TP
     points: list[Point]
 
 
@@ -130,14 +136,11 @@ def model_times(rm: ReplicaModel, p: Point) -> tuple[float, float]:
     return prefill, rm.decode_step_s(p.batch, p.prompt)
 
 
-def errors(cfg: Config, f: ServingFactors | None) -> tuple[list[float], list[float]]:
-    """Relative errors (model / database - 1) of prefill and decode over `cfg`'s grid;
-    `f` None: the module's defaults."""
+def errors(cfg: Config, f: ServingFactors) -> tuple[list[float], list[float]]:
+    """Relative errors (model / database - 1) of prefill and decode over `cfg`'s grid."""
     pe, de = [], []
     for p in cfg.points:
-        rm = cfg.replicas[p.model]
-        if f is not None:
-            rm = with_factors(rm, f)
+        rm = with_factors(cfg.replicas[p.model], f)
         mp, md = model_times(rm, p)
         pe.append(mp / p.prefill_s - 1)
         de.append(md / p.decode_s - 1)
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         for cfg in configs(gpu):
             f = fit(cfg)
             fits[cfg.tp] = f
-            b_pe, b_de = errors(cfg, None)
+            b_pe, b_de = errors(cfg, LITERATURE)
             a_pe, a_de = errors(cfg, f)
             print(f"{gpu} TP{cfg.tp} ({', '.join(m.split('/')[1] for m in cfg.replicas)})\n"
                   f"  before: TTFT {spread(b_pe)}  TPOT {spread(b_de)}\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from poolctl.catalog import load_catalog
-from poolctl.servingmodel import with_factors
+from poolctl.servingmodel import LITERATURE, with_factors
 
 pytest.importorskip("aiconfigurator_core", reason="aiconfigurator-core (the dev extra) is not "
                     "installed: the database the defaults are fitted to is absent")
@@ -50,6 +50,8 @@ def test_catalog_fit_stays_within_10_percent_of_the_database(gpu):
     worst = []
     for cfg in cfgs:
         pe, de = fd.errors(cfg, fit.for_tp(cfg.tp))
+        for rm in cfg.replicas.values():  # the pool's model takes them as its defaults
+            assert rm == with_factors(rm, fit.for_tp(cfg.tp))
         assert len(pe) == len(cfg.replicas) * len(fd.PROMPTS) * len(fd.BATCHES)
         worst.append((cfg.tp, max(map(abs, pe)), max(map(abs, de))))
     assert all(p <= 0.10 and d <= 0.10 for _, p, d in worst), worst
@@ -59,7 +61,7 @@ def test_the_literature_defaults_were_pessimistic():
     # What issue 20 measured and the fit corrects: the module's defaults (MFU 0.5, MBU 0.7,
     # 2 ms a step) are slower than the database everywhere on H100 TTFT.
     for cfg in configs("H100"):
-        pe, _ = fd.errors(cfg, None)
+        pe, _ = fd.errors(cfg, LITERATURE)
         assert min(pe) > 0.05, (cfg.tp, min(pe))
 
 
