@@ -21,6 +21,7 @@ from poolctl.commands import (
     init,
     nodes,
     ops,
+    perf,
     pools,
     quota,
     rollout,
@@ -59,6 +60,7 @@ app.add_typer(rollout.app, name="rollout")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(image.app, name="image")
 app.add_typer(weights.app, name="weights")
+app.add_typer(perf.app, name="perf")
 
 
 def _print_version(value: bool) -> None:
