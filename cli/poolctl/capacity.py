@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
 from poolctl.errors import OperationFailed
+from poolctl.servingmodel import replica_model
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -19,6 +20,7 @@ from poolctl.simulate import (
     simulate,
     summary,
 )
+from poolctl.sizing import nodes_for, plan_pool
 from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
@@ -55,8 +57,6 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
@@ -65,13 +65,15 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
-                        stop_if_p90_over=stop_if_p90_over)
+                        stop_if_p90_over=stop_if_p90_over,
+                        prefix_caching=pool.serving.prefix_caching)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
-    return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer)
+    return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
+                    prefix_caching=pool.serving.prefix_caching)
 
 
 def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
@@ -165,8 +167,6 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
     max for the busiest window; the smallest warm pool keeping the SLO under autoscaling.
     An SLO no replica count can meet (the prefill compute floor), or a trace whose every
     request is longer than max_model_len, is an OperationFailed naming the floor."""
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node

@@ -130,14 +130,15 @@ class ReplicaModel:
     def prefill_tokens_per_s(self, n: int) -> float:
         return n / self.prefill_s(n)
 
-    def ttft_floor_s(self, prompt: int) -> float:
+    def ttft_floor_s(self, prompt: int, cached: int = 0) -> float:
         """The fastest first token of a `prompt`-token request: alone on an idle replica,
         prefilled in chunks of `max_num_batched_tokens` as the simulator's engine does (each
         step reads the request's whole KV allocation, prompt + 1). Sharing a replica only adds
         to it (more tokens per step, smaller chunks, waits), so no replica count brings a
-        request's TTFT below it: the prefill compute floor."""
+        request's TTFT below it: the prefill compute floor. `cached` leading tokens found in
+        the prefix cache are not computed (the rest still attends to them)."""
         prompt = max(1, prompt)
-        t, done = 0.0, 0
+        t, done = 0.0, min(max(0, cached), prompt - 1)
         while done < prompt:
             c = min(prompt - done, self.max_num_batched_tokens)
             t += self.step_s(c, prompt + 1, self.attn_flops(c, done))

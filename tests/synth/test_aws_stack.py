@@ -313,7 +313,8 @@ OPTIONS = f"""\
 @pytest.fixture(scope="module")
 def with_options(tmp_path_factory) -> Path:
     text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
-        "    aws:\n", f"    aws:\n{OPTIONS}")
+        "    aws:\n", f"    aws:\n{OPTIONS}").replace("    serving:\n",
+                                                   "    serving:\n      balancer: sticky\n")
     cfg = parse_config(text)
     assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
     (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("options"))
@@ -332,6 +333,16 @@ def test_options_tls_access_logs_zone_ids(with_options):
         "acme-qwen-7b-private-0": "usw2-az1", "acme-qwen-7b-private-1": "usw2-az3",
         "acme-qwen-7b-private-2": "usw2-az4", "acme-qwen-7b-nat": "usw2-az1"}
     assert not any("availability_zone" in v for v in subnets.values())
+
+
+def test_sticky_balancer_is_target_group_stickiness(stacks, with_options):
+    """serving.balancer: sticky: the target group's lb_cookie stickiness for a day, the
+    algorithm still least outstanding (a session's first request); lor: none."""
+    tg = one(json.loads((with_options / "cdk.tf.json").read_text()), "aws_lb_target_group")
+    assert tg["stickiness"] == {"type": "lb_cookie", "enabled": True,
+                                "cookie_duration": 24 * 3600}
+    assert tg["load_balancing_algorithm_type"] == "least_outstanding_requests"
+    assert "stickiness" not in one(stacks["acme-qwen-7b-aws"]["json"], "aws_lb_target_group")
 
 
 def test_port_80_redirects_only_once_https_exists(with_options):

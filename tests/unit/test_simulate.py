@@ -535,8 +535,10 @@ def test_simulate_json_is_json_when_the_model_overflows(monkeypatch, capsys):
     import poolctl.servingmodel as sm
 
     real = sm.replica_model
-    monkeypatch.setattr(sm, "replica_model",
-                        lambda p, c: dataclasses.replace(real(p, c), overhead_s=1e305))
+    # (patched where the simulate command and poolctl.capacity took the name)
+    for where in ("poolctl.commands.simulate", "poolctl.capacity"):
+        monkeypatch.setattr(f"{where}.replica_model",
+                            lambda p, c: dataclasses.replace(real(p, c), overhead_s=1e305))
 
     def strict(name):
         raise AssertionError(f"{name} in the JSON")

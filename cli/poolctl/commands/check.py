@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from poolctl.capacity import recommend
 from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudAllOpt,
@@ -19,9 +20,17 @@ from poolctl.commands.common import (
     emit_json,
     load,
     print_findings,
+    require_valid,
     targets,
 )
-from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.traffic import traffic as load_traffic
+from poolctl.config import json_schema
+from poolctl.errors import UsageError
+from poolctl.home import replace_file
+from poolctl.node_image import NodeImage, recorded_node_image
+from poolctl.rules import TrafficNeed, errors, run_checks
+from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
     from poolctl.config import Config, Pool
@@ -34,7 +43,6 @@ Recs = dict[tuple[str, Cloud], dict[str, Any]]
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
              json_out: JsonOpt = False) -> None:
     """Check the file and every rule; print each failed check with a hint."""
-    from poolctl.rules import errors, run_checks
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
@@ -52,33 +60,17 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
-def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
-    """What plan, synth and deploy run first: print findings, refuse on any error."""
-    from poolctl.errors import OperationFailed
-    from poolctl.rules import errors, run_checks
-
-    findings = run_checks(cfg, tgts)
-    print_findings(findings)
-    errs = errors(findings)
-    if errs:
-        raise OperationFailed(
-            f"{len(errs)} rule(s) failed (listed above); nothing was changed — fix them and "
-            "run `poolctl validate`"
-        )
-
-
 def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          json_out: JsonOpt = False,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
          seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0) -> None:
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
     (or --rate), also the replicas that meet the SLO, found by simulation."""
-    from poolctl.sizing import plan_pool
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    plans = [plan_pool(p, c) for p, c in tgts]
+    plans = [plan_pool(p, c, recorded_node_image(p, c)) for p, c in tgts]
     totals = _quota_totals(cfg, tgts)
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
@@ -97,7 +89,6 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
 def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
-    from poolctl.sizing import quota_totals
 
     clouds = list(dict.fromkeys(c for _, c in tgts))
     every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
@@ -125,9 +116,6 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
         return {}
-    from poolctl.capacity import recommend
-    from poolctl.commands.simulate import traffic as load_traffic
-    from poolctl.rules import TrafficNeed, run_checks
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
@@ -141,8 +129,6 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
 def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan], recs: Recs
                            ) -> None:
     from rich.table import Table
-
-    from poolctl.sizing import nodes_for
 
     out = console()
     for (p, c), pl in zip(tgts, plans, strict=True):
@@ -217,12 +203,12 @@ def render_plans(plans: list[PoolPlan]) -> None:
         out.print(t)
 
 
-def _node_image(img: dict[str, Any], cloud: Cloud) -> str:
-    where = img.get("id") or "the base image"
-    if img.get("prepulled"):
-        return f"{where}: serving image pre-pulled ({img['source']})"
-    if img.get("carries"):
-        return f"{where}: carries {img['carries']}, not the serving image: pulled at boot"
+def _node_image(img: NodeImage | None, cloud: Cloud) -> str:
+    where = (img and img.id) or "the base image"
+    if img is not None and img.prepulled:
+        return f"{where}: serving image pre-pulled ({img.source})"
+    if img is not None and img.carries:
+        return f"{where}: carries {img.carries}, not the serving image: pulled at boot"
     return f"{where}: serving image pulled at boot (`poolctl image build --cloud {cloud}`)"
 
 
@@ -235,7 +221,6 @@ def schema(out: str = typer.Option("-", "--out", help="Write here instead of std
            force: bool = typer.Option(False, "--force", help="Replace a file at --out that "
                                       "is not a poolctl schema.")) -> None:
     """The JSON Schema of poolctl.yaml, for editors."""
-    from poolctl.config import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out == "-":
@@ -263,8 +248,6 @@ def _is_poolctl_schema(path: Path) -> bool:
 def write_schema(out: Path, text: str, force: bool) -> None:
     """`schema --out FILE`: refused, one line naming --out, unless FILE is a new file in an
     existing folder or a schema poolctl wrote (or --force); then replaced all at once."""
-    from poolctl.errors import UsageError
-    from poolctl.home import replace_file
 
     if out.is_dir():
         raise UsageError(f"--out: {out} is a folder; give a file name, e.g. "

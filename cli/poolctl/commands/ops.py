@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import runtime
+from poolctl.clouds.base import PublishesQueueMetric, failures_line
 from poolctl.commands.common import (
     WEEK_S,
     CloudOpt,
@@ -23,6 +25,9 @@ from poolctl.commands.common import (
     real,
     whole,
 )
+from poolctl.errors import UsageError
+from poolctl.inventory import API_KEY_VAR
+from poolctl.sizing import nodes_for, plan_pool
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
@@ -63,8 +68,6 @@ def warm(
     json_out: JsonOpt = False,
 ) -> None:
     """Prepare N replicas of spare capacity before a launch."""
-    from poolctl import runtime
-    from poolctl.errors import UsageError
 
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
@@ -87,8 +90,6 @@ def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     """Warm nodes serve only when the group scales out onto them, which it does up to its
     maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
     Checked against the file's sizes (what deploy gives the group) before any cloud call."""
-    from poolctl.errors import UsageError
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(p, c)
     rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
@@ -108,9 +109,6 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
-    from poolctl import runtime
-    from poolctl.clouds.base import PublishesQueueMetric, failures_line
-    from poolctl.inventory import API_KEY_VAR
 
     cfg = load(file)
     out: list[PoolStatus] = []

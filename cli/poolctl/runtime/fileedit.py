@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poolctl.config import Config, Loc, Pool, parse_config
+from poolctl.config import Config, Loc, Pool, _LineLoader, parse_config
 from poolctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 def _value_node(text: str, path: Loc) -> yaml.Node | None:
     import yaml
-
-    from poolctl.config import _LineLoader
 
     try:
         node = yaml.compose(text, Loader=_LineLoader)

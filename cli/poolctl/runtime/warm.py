@@ -23,6 +23,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import poolctl_home, write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval
 from poolctl.runtime.quota import quota_check, scaled_needs, shared_quota_lines, shortfall_line
@@ -188,7 +189,6 @@ def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
 
 
 def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
-    from poolctl.home import poolctl_home
 
     return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
@@ -203,7 +203,6 @@ def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | 
 
 def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int,
                       warm_nodes: int, replicas: int | None, running: bool) -> None:
-    from poolctl.home import write_private
 
     rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
            "command": f"poolctl warm --replicas {replicas}" + (" --running" if running else ""),
