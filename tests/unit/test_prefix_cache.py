@@ -205,3 +205,15 @@ def test_run_pool_routes_as_the_file_says(tmp_path):
             for name, p in (("lor", lor), ("sticky", sticky))}
     explicit = run_pool(lor, Cloud.aws, tr, replicas=4, balancer="sticky").prefix_cache
     assert rate["sticky"] == explicit and rate["sticky"] != rate["lor"]
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_kv_held_stays_within_capacity_under_preemption(model, seed):
+    """Tight KV (room for ~3 long turns), many interleaved chats: preemptions and evictions
+    happen, and running sequences plus cached blocks never pass the capacity."""
+    tr = conversations(sessions=30, turns=8, seed=seed).scaled(20)  # ~60 requests/s
+    tight = dataclasses.replace(model, kv_tokens=600)
+    res = run(tr, tight, replicas=2, balancer="sticky")  # check_run: max KV <= 600
+    p = res.prefix_cache
+    assert p is not None and 0 < p.hit_tokens < p.prompt_tokens
+    assert res.preemptions > 0 and p.evicted_blocks > 0
