@@ -1,5 +1,6 @@
-"""A discrete-event simulator of a pool: replicas behind a least-outstanding-requests balancer,
-each a vLLM-style continuous-batching engine, optionally under the pool's own autoscaling.
+"""A discrete-event simulator of a pool: replicas behind a load balancer (least outstanding
+requests, session affinity, or a central queue), each a vLLM-style continuous-batching
+engine with automatic prefix caching, optionally under the pool's own autoscaling.
 
 Speed comes from advancing time analytically: while a replica's batch only decodes, its
 steps differ only by the KV cache growing one token per sequence per step, so the time of n
@@ -8,9 +9,9 @@ steps has a closed form (`DecodeRun.time`) and the replica wakes only when somet
 at a time. Per-sequence token counts are kept relative to a per-replica step counter, so a
 decode run costs O(log n) however many sequences it carries.
 
-A replica is an `Engine` (submit, next event, handle event, outstanding); the balancer and the
-autoscaler see only that interface, so a second kind of replica (disaggregated prefill and
-decode) can be added beside `Engine` later.
+A replica is an `Engine` (submit, next event, handle event, outstanding), or a
+`DisaggEngine`: a prefill `Engine` and a decode `Engine` joined by a KV-transfer link; the
+balancer and the autoscaler see only that interface.
 """
 
 from __future__ import annotations
