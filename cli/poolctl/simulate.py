@@ -189,7 +189,8 @@ class Engine:
         self.alloc: dict[int, int] = {}  # KV tokens at `join`
         self.fin: list[tuple[int, int]] = []  # (step counter at finish, rid), lazy deletion
         self.steps = 0  # decode steps taken: a decoding sequence gains one token per step
-        self.kv = 0
+        self.kv = 0  # KV slots of the running sequences (what a step reads)
+        self.held = 0  # KV slots of finished prefills still being sent (DisaggEngine)
         self.n_dec = 0
         self.busy_s = 0.0
         self.occupied_s = 0.0  # busy time weighted by the share of capacity in use
@@ -206,7 +207,7 @@ class Engine:
         self.chunks: list[tuple[int, int]] = []
 
     def _note_kv(self) -> None:
-        held = self.kv + (self.cache.tokens if self.cache is not None else 0)
+        held = self.kv + self.held + (self.cache.tokens if self.cache is not None else 0)
         if held > self.max_kv:
             self.max_kv = held
 
@@ -247,7 +248,8 @@ class Engine:
         """Evict free cached blocks until they fit beside the running sequences' KV (and
         `extra` slots more)."""
         if self.cache is not None:
-            self.cache.evict(self.kv + extra + self.cache.tokens - self.m.kv_tokens)
+            self.cache.evict(self.kv + self.held + extra + self.cache.tokens
+                             - self.m.kv_tokens)
 
     def _hit(self, rid: int, prompt: int) -> int:
         """Prompt tokens of `rid` cached on this replica (at most prompt - 1: vLLM computes
@@ -300,7 +302,7 @@ class Engine:
         self.version += 1
         self.t0 = now
         # Decoding sequences need one KV slot each this step; make room by preemption.
-        while self.n_dec and self.kv + self.n_dec > m.kv_tokens:
+        while self.n_dec and self.kv + self.held + self.n_dec > m.kv_tokens:
             self._preempt(self.running[-1])
         self._fit_cache(self.n_dec)
         budget = m.max_num_batched_tokens - self.n_dec
@@ -317,7 +319,7 @@ class Engine:
             rid = self.waiting[0]
             prompt = req.inputs[rid] + self.gen.get(rid, 0)
             # Room for the prompt, the token its prefill emits and this step's decode tokens.
-            if self.kv + self.n_dec + prompt + 1 > m.kv_tokens:
+            if self.kv + self.held + self.n_dec + prompt + 1 > m.kv_tokens:
                 break
             self.waiting.popleft()
             if req.admitted[rid] != req.admitted[rid]:  # NaN: first admission
@@ -352,7 +354,7 @@ class Engine:
         while not self._live(*self.fin[0]):
             heapq.heappop(self.fin)
         n_fin = self.fin[0][0] - self.steps
-        n_kv = (m.kv_tokens - self.kv) // self.n_dec
+        n_kv = (m.kv_tokens - self.kv - self.held) // self.n_dec
         self.chunks = []
         self.run = DecodeRun(m, self.n_dec, self.kv)
         self.run_n = max(1, min(n_fin, n_kv))
@@ -491,7 +493,7 @@ class DisaggEngine:
     def _prefilled(self, rid: int, now: float) -> None:
         # The prefill instance holds the request's KV until the decode side has it (as
         # vLLM's connectors free it once read): a slow link fills it and stalls admission.
-        self.p.kv += self.req.inputs[rid] + 1
+        self.p.held += self.req.inputs[rid] + 1
         t = self.topo.transfer_s(self.req.inputs[rid])
         start = max(now, self.link_free)
         self.link_free = start + t
@@ -507,7 +509,7 @@ class DisaggEngine:
             elif self.xfer and self.xfer[0][0] <= now:
                 _, rid = heapq.heappop(self.xfer)
                 self.in_transfer -= 1
-                self.p.kv -= self.req.inputs[rid] + 1
+                self.p.held -= self.req.inputs[rid] + 1
                 self.p.resume(now)
                 self.d.submit(rid, now)
             elif self.p.end <= now:
