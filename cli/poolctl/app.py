@@ -71,6 +71,7 @@ COMMANDS = (
           "Pre-pulled node images built with Packer (see images/README.md)."),
     Entry("weights", "weights", "app",
           "The weights folder a pool's weights_uri holds, and its manifest."),
+    Entry("perf", "perf", "app", "The serving model against measurements."),
 )
 _BY_NAME = {e.name: e for e in COMMANDS}
 

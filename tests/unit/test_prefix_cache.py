@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from poolctl.capacity import run_pool
 from poolctl.cloud import Cloud
 from poolctl.config import load_config
 from poolctl.errors import UsageError
@@ -56,7 +57,7 @@ def test_hit_rate_on_known_repeats_is_the_hand_computed_one(model):
     assert res.prefix_cache is not None
     assert res.prefix_cache.prompt_tokens == 12 + 16 + 8 + 10 + 12  # 58
     assert res.prefix_cache.hit_rate == pytest.approx((12 + 8 + 11) / 58)
-    assert summary(res, 2.0)["prefix_cache"]["hit_rate"] == round(31 / 58, 4)
+    assert summary(res, 2.0).to_json()["prefix_cache"]["hit_rate"] == round(31 / 58, 4)
 
 
 def test_hit_rate_falls_under_kv_pressure(model):
@@ -80,7 +81,7 @@ def test_cache_off_finds_no_hits_and_costs_the_full_prefill(model):
     on = run(tr, model, replicas=1)
     off = run(tr, model, replicas=1, prefix_caching=False)
     assert off.prefix_cache is None and off.req.cached == [0, 0]
-    assert summary(off, 2.0)["prefix_cache"] == {
+    assert summary(off, 2.0).to_json()["prefix_cache"] == {
         "enabled": False, "hit_rate": 0.0, "hit_tokens": 0, "prompt_tokens": None,
         "block_tokens": None, "evicted_blocks": 0}
     ttft = [f - a for f, a in zip(on.req.first, on.req.arrival, strict=True)]
@@ -190,3 +191,29 @@ def test_simulate_reports_the_hit_rate_per_balancer(monkeypatch, capsys, tmp_pat
                                 "aws", "--trace", str(trace), "--replicas", "4",
                                 "--balancer", "nearest")
     assert code == 2 and "--balancer: 'nearest' is not one of lor, queue, sticky" in err
+
+
+def test_run_pool_routes_as_the_file_says(tmp_path):
+    """`plan --traffic` and the search size the pool with the file's serving.balancer."""
+    cfg = tmp_path / "poolctl.yaml"
+    cfg.write_text(EXAMPLE.read_text().replace("tensor_parallel: 2", "tensor_parallel: 8"))
+    lor = load_config(cfg).pools[0]
+    sticky = lor.model_copy(update={"serving": lor.serving.model_copy(
+        update={"balancer": "sticky"})})
+    tr = load_trace(ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl")
+    rate = {name: run_pool(p, Cloud.aws, tr, replicas=4).prefix_cache
+            for name, p in (("lor", lor), ("sticky", sticky))}
+    explicit = run_pool(lor, Cloud.aws, tr, replicas=4, balancer="sticky").prefix_cache
+    assert rate["sticky"] == explicit and rate["sticky"] != rate["lor"]
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_kv_held_stays_within_capacity_under_preemption(model, seed):
+    """Tight KV (room for ~3 long turns), many interleaved chats: preemptions and evictions
+    happen, and running sequences plus cached blocks never pass the capacity."""
+    tr = conversations(sessions=30, turns=8, seed=seed).scaled(20)  # ~60 requests/s
+    tight = dataclasses.replace(model, kv_tokens=600)
+    res = run(tr, tight, replicas=2, balancer="sticky")  # check_run: max KV <= 600
+    p = res.prefix_cache
+    assert p is not None and 0 < p.hit_tokens < p.prompt_tokens
+    assert res.preemptions > 0 and p.evicted_blocks > 0

@@ -45,7 +45,7 @@ def test_a_window_begun_before_the_trace_serves_from_its_start_and_is_fixed_cost
     # (1 node x 1200 s of minimum + 2 x 600 s of window).
     # (+ under a second: the last request finishes after the 1200 s mark, on 1 node.)
     assert res.node_s == pytest.approx(2400, abs=1)
-    s = summary(res, 2.0)
+    s = summary(res, 2.0).to_json()
     assert s["cost"]["usd"] == pytest.approx(2400 / 3600 * PRICE, abs=0.05)
     assert s["cost"]["marginal_usd"] == pytest.approx(0, abs=0.01)
 

@@ -34,6 +34,7 @@ from poolctl.commands.traffic import (
 )
 from poolctl.errors import UsageError
 from poolctl.servingmodel import figures, replica_model
+from poolctl.servingmodel import topology as split_topology
 from poolctl.simulate import (
     BALANCERS,
     SimResult,
@@ -64,6 +65,14 @@ def simulate(
         "balancers); sticky: session affinity (a conversation's turns to one node); queue: a "
         "central queue dispatching to free replicas. Default: the file's serving.balancer.",
         show_default=False)] = None,
+    topology: Annotated[str, typer.Option(
+        "--topology", help="aggregated: prefill and decode share each replica's GPUs; "
+        "disagg-node: on different GPUs of one node (KV over NVLink); disagg-cross: on "
+        "different nodes (KV over the VPC network, no EFA). Simulation only: poolctl does not "
+        "deploy a disaggregated pool.")] = "aggregated",
+    split: Annotated[str, typer.Option(
+        "--split", help="With a disagg topology: prefill:decode GPUs of one replica, each a "
+        "TP degree (4:4 on an 8-GPU node).")] = "4:4",
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
@@ -95,20 +104,24 @@ def simulate(
 
     require_valid(cfg, [(p, c)])
     windows = _window_nodes(p, c, spec) if spec is not None else ()
+    topo = None
+    if topology != "aggregated":
+        topo = split_topology(p, c, topology, *_split(split))
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     # With a window both replays run to its end at least: the same span, billed alike.
     until = max((w.end_s for w in windows), default=0.0)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer or p.serving.balancer,
-                   windows=windows, run_until_s=until)
-    s = summary(res, p.slo.ttft_p90_s)
+                   warm_replicas=warm, balancer=balancer, topology=topo, windows=windows,
+                   run_until_s=until)
 
-    s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
+    s = {"pool": p.name, "cloud": c, "trace": tr.source,
+         **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
          "model": figures(replica_model(p, c))}
     if spec is not None:
-        base = run_pool(p, c, tr, autoscale=True, warm_replicas=warm,
-                        balancer=balancer or p.serving.balancer, run_until_s=until)
-        s["warm_window"] = window_comparison(spec, windows[0], res, base, p.slo.ttft_p90_s)
+        base = run_pool(p, c, tr, autoscale=True, warm_replicas=warm, balancer=balancer,
+                        topology=topo, run_until_s=until)
+        s["warm_window"] = window_comparison(spec, windows[0], res, base, p.slo.ttft_p90_s,
+                                             p.slo.tpot_p90_s)
     try:
         if requests_out is not None:
             write_requests_csv(res, requests_out)
@@ -156,7 +169,8 @@ def _window_nodes(p: Pool, c: Cloud, spec: tuple[float, float, int, bool]
 
 
 def window_comparison(spec: tuple[float, float, int, bool], w: SimWindow, with_w: SimResult,
-                      without: SimResult, slo_s: float) -> dict[str, Any]:
+                      without: SimResult, ttft_slo_s: float, tpot_slo_s: float | None
+                      ) -> dict[str, Any]:
     """The replay with the window against the same replay without it: TTFT p90 of the
     requests arriving inside the window and over all, and the cost."""
 
@@ -164,7 +178,7 @@ def window_comparison(spec: tuple[float, float, int, bool], w: SimWindow, with_w
         q = r.req
         inside = sorted(q.first[i] - q.arrival[i] for i in range(len(q.arrival))
                         if q.first[i] == q.first[i] and w.open_at(q.arrival[i]))
-        s = summary(r, slo_s)
+        s = summary(r, ttft_slo_s, tpot_slo_s).to_json()
         p90 = percentile(inside, 0.9)
         return {"ttft_p90_s_in_window": None if p90 is None else round(p90, 4),
                 "ttft_p90_s": s["ttft_s"]["p90"], "slo_met": s["slo"]["met"],
@@ -188,7 +202,8 @@ def render(s: dict[str, Any]) -> None:
         return " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)
 
     rows = [
-        ("requests", f"{s['requests']:,} ({s['rejected']} refused: longer than max_model_len)"),
+        ("requests", f"{s['requests']:,} ({s['requests_over_max_model_len']:,} refused: prompt + "
+                     f"output longer than max_model_len {s['max_model_len']:,})"),
         ("span, arrival rate", f"{s['duration_s']:,.0f} s, {s['arrival_rate_per_s']:.2f}/s"),
         ("replicas min / max / mean", f"{r['min']} / {r['max']} / {r['mean']}"),
         ("TTFT p50 / p90 / p99", f(s["ttft_s"], "p50", "p90", "p99") + " s"),
@@ -200,13 +215,18 @@ def render(s: dict[str, Any]) -> None:
         ("utilization (capacity), busy", f"{s['utilization']:.2f}, {s['busy_fraction']:.2f}"),
         ("tokens/s in / out", f"{s['tokens_per_s']['input']:,.0f} / "
                               f"{s['tokens_per_s']['output']:,.0f}"),
-        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: {'met' if s['slo']['met'] else 'MISSED'}, "
-                         f"goodput {s['slo']['goodput']:.1%}"),
+        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: "
+                         f"{'met' if s['slo']['ttft_met'] else 'MISSED'}"),
+        ("SLO TPOT p90", "none set (slo.tpot_p90_s)" if s["slo"]["tpot_p90_s"] is None else
+         f"{s['slo']['tpot_p90_s']} s: {'met' if s['slo']['tpot_met'] else 'MISSED'}"),
+        ("goodput", f"{s['slo']['goodput']:.1%} of requests meet every SLO"),
         ("node-hours, cost", f"{cost['node_hours']:.2f}, ${cost['usd']:,.2f} (fixed "
                              f"${cost['fixed_usd']:,.2f}, scaled ${cost['marginal_usd']:,.2f})"),
         ("USD per 1M output tokens", _usd(cost["usd_per_1m_output_tokens"])),
         ("USD per request", _usd(cost["usd_per_request"], 5)),
+        ("energy, per 1M output tokens", _energy(s["energy"])),
         ("prefix cache hit rate", _prefix(s["prefix_cache"])),
+        ("topology", _topology(s["topology"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
                           f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
@@ -228,6 +248,29 @@ def render(s: dict[str, Any]) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _split(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    if len(parts) != 2 or not all(x.isascii() and x.isdigit() and len(x) < 3 for x in parts):
+        raise UsageError(f"--split: {text[:20]!r} is not PREFILL:DECODE GPUs, e.g. 4:4")
+    return int(parts[0]), int(parts[1])
+
+
+def _topology(t: dict[str, Any]) -> str:
+    if t["kind"] == "aggregated":
+        return "aggregated (prefill and decode on the same GPUs)"
+    return (f"{t['kind']} {t['prefill_gpus']}:{t['decode_gpus']} GPUs, KV link "
+            f"{t['kv_link_gbytes_per_s']:,.2f} GB/s, transfer mean "
+            f"{t['kv_transfer_s_mean'] * 1000:,.1f} ms (not deployable by poolctl)")
+
+
+def _energy(e: dict[str, float | None]) -> str:
+    if e["kwh"] is None:
+        return "- (no power figure for the type in the catalog)"
+    per = e["kwh_per_1m_output_tokens"]
+    return (f"{e['kwh']:,.1f} kWh at {e['power_kw_per_node']} kW per node (max draw), "
+            + ("-" if per is None else f"{per:,.2f} kWh"))
 
 
 def _prefix(pc: dict[str, Any]) -> str:
