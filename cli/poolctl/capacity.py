@@ -113,6 +113,19 @@ class Floor:
     ttft_p90_floor_s: float  # the lowest TTFT p90 any replica count reaches
 
 
+def monotone_percentile(sorted_xs: list[int], f: Callable[[int], float], q: float
+                        ) -> float | None:
+    """percentile([f(x) for x in sorted_xs], q) for a non-decreasing f, with two calls of f
+    (linear interpolation between closest ranks, as `percentile`)."""
+    if not sorted_xs:
+        return None
+    pos = (len(sorted_xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    a, b = f(sorted_xs[lo]), f(sorted_xs[hi])
+    return a + (b - a) * (pos - lo)
+
+
 def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
     """The lowest TTFT p90 possible for `trace` on replicas of `m`: the p90 of each served
     request's prefill compute floor. Every TTFT is at least its floor, so the p90 of the TTFTs
@@ -121,16 +134,10 @@ def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
     limit = m.max_model_len
     lens = [(max(1, i), max(1, o)) for i, o in zip(trace.inputs, trace.outputs, strict=True)]
     prompts = sorted(i for i, o in lens if i + o <= limit)
-    memo: dict[int, float] = {}
-
-    def floor(p: int) -> float:
-        if p not in memo:
-            memo[p] = m.ttft_floor_s(p)
-        return memo[p]
-
-    floors = [floor(p) for p in prompts]  # sorted too: the floor grows with the prompt
     p90_prompt = percentile([float(p) for p in prompts], 0.9)
-    p90_floor = percentile(floors, 0.9)
+    # The floor grows with the prompt, so the floors sort as the prompts do: their p90 needs
+    # only the floors of the two prompts it interpolates between.
+    p90_floor = monotone_percentile(prompts, m.ttft_floor_s, 0.9)
     return Floor(
         served=len(prompts), over_max_model_len=len(lens) - len(prompts),
         shortest=min(i + o for i, o in lens),
@@ -178,10 +185,10 @@ def tpot_floor_s(m: ReplicaModel, trace: Trace) -> float:
     at the request's mean context (prompt + half its output). A step's time grows with the
     KV it reads and with every sequence sharing it, so no request's TPOT is below it."""
     limit = m.max_model_len
-    steps = sorted(m.decode_step_s(1, i + o // 2) for i, o in zip(trace.inputs, trace.outputs,
-                                                                  strict=True)
-                   if max(1, i) + max(1, o) <= limit and o > 1)
-    p90 = percentile(steps, 0.9)
+    contexts = sorted(i + o // 2 for i, o in zip(trace.inputs, trace.outputs, strict=True)
+                      if max(1, i) + max(1, o) <= limit and o > 1)
+    # A step's time does not fall as its context grows: the p90 step is the p90 context's.
+    p90 = monotone_percentile(contexts, lambda c: m.decode_step_s(1, c), 0.9)
     return 0.0 if p90 is None else p90
 
 

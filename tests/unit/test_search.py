@@ -17,6 +17,7 @@ from poolctl.capacity import judge, run_pool
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import load_config
+from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
 from poolctl.simulate import simulate, summary
 from poolctl.sizing import plan_pool
@@ -330,3 +331,19 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
                                 "aws", "--traffic", str(f), *(["--search"] if search else []))
     line = one_line(code, err, want)
     assert says in line, line
+
+
+def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
+    from poolctl.commands.plansearch import write_changes
+
+    cfg, pool, tr = setup
+    f = tmp_path / "poolctl.yaml"
+    shutil.copy(EXAMPLE, f)
+    before = f.read_text()
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology="disaggregated"))
+    with pytest.raises(UsageError, match="disaggregated serving, which poolctl does not "
+                       "deploy yet; nothing was written"):
+        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(result,
+                                                                            chosen=disagg)})
+    assert f.read_text() == before
