@@ -314,9 +314,34 @@ HOSTILE = [
     ("unsorted.csv", f"{AZ}2.0,10,3\n1.0,10,3\n", 2, ":3: TIMESTAMP: earlier than the line"),
     ("bad.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"times\n', 2,
      ":2: line: not JSON"),
-    ("long.csv", f"{AZ}1.0,16000,385\n2.0,20000,10\n", 1,
-     "every one of the 2 requests in"),
 ]
+LONG = f"{AZ}1.0,16000,385\n2.0,20000,10\n"  # 16,385 and 20,010 tokens: over 16,384
+
+
+def test_plan_refuses_traffic_all_over_max_model_len(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "long.csv"
+    f.write_text(LONG)
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--traffic", str(f))
+    assert "every one of the 2 requests in" in one_line(code, err, 1)
+
+
+def test_search_tries_a_longer_max_model_len_for_longer_requests(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setattr(S, "MAX_NUM_SEQS", ())
+    monkeypatch.setattr(S, "MAX_NUM_BATCHED_TOKENS", ())
+    f = tmp_path / "long.csv"
+    f.write_text(LONG)
+    assert S.model_lens(16_384, load_trace(f)) == [16_384, 32_768]  # 20,010 <= 32,768
+    code, out, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                  "aws", "--traffic", str(f), "--search", "--json")
+    assert code == 0, err
+    search = json.loads(out)["pools"][0]["search"]
+    assert search["chosen"]["max_model_len"] == 32_768
+    assert search["chosen"]["requests_over_max_model_len"] == 0
+    assert {"key": "serving.max_model_len", "old": "16384", "new": "32768"} in search["changes"]
+    # With every request refused at 16,384, no 16,384 candidate serves anything.
+    assert all(c["max_model_len"] == 32_768 for c in search["candidates"])
 
 
 @pytest.mark.parametrize("search", [False, True], ids=["plan", "search"])
