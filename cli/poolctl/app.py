@@ -52,7 +52,8 @@ COMMANDS = (
     Entry("deploy", "build", "deploy", "Synth, then Terraform/OpenTofu init, plan and apply."),
     Entry("destroy", "build", "destroy",
           "Destroy what deploy created (plan -destroy, confirm, apply)."),
-    Entry("warm", "ops", "warm", "Prepare N replicas of spare capacity before a launch."),
+    Entry("warm", "ops", "warm",
+          "Prepare N replicas of spare capacity before a launch, now or for a window."),
     Entry("status", "ops", "status",
           "Nodes in service / warm / pending, rollout progress, queue."),
     Entry("ls", "pools", "ls", "Pools deployed in a region, found by their poolctl "
@@ -70,6 +71,7 @@ COMMANDS = (
           "Pre-pulled node images built with Packer (see images/README.md)."),
     Entry("weights", "weights", "app",
           "The weights folder a pool's weights_uri holds, and its manifest."),
+    Entry("perf", "perf", "app", "The serving model against measurements."),
 )
 _BY_NAME = {e.name: e for e in COMMANDS}
 
