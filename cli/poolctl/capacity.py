@@ -153,7 +153,7 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
     binding floor with its numbers, and what would help."""
     slo = pool.slo.ttft_p90_s
     need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
-    helps = [f"raise slo.ttft_p90_s to at least {need:g} s"]
+    helps = [f"raise slo.ttft_p90_s to at least {need:g} s" + _nearest(pool, cloud, trace, fl)]
     # The same replica at a higher TP (this pool's efficiency factors, the weights and the KV
     # cache split over more GPUs): the first that brings the floor under the SLO, or TP 8's.
     tp, better = m.tp, None
@@ -178,6 +178,29 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
         f"{fl.p90_prompt_floor_s:.2f} s at best (the prefill compute floor), so the lowest "
         f"TTFT p90 possible with this configuration is {fl.ttft_p90_floor_s:.2f} s; "
         + " or ".join(helps))
+
+
+NEAREST_MAX_REPLICAS = 512  # how far the nearest-SLO estimate looks (it only informs)
+
+
+def _nearest(pool: Pool, cloud: Cloud, trace: Trace, fl: Floor) -> str:
+    """", e.g. S s is met with N replicas ($/h)" for the nearest SLO worth asking for: a
+    quarter above the floor (rounded up to 10 ms), which finitely many replicas reach; the
+    floor itself is reached only with a replica per request in flight."""
+    near = math.ceil(fl.ttft_p90_floor_s * 1.25 * 100) / 100
+    loose = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": near})})
+    plan = plan_pool(pool, cloud)
+
+    def probe(n: int) -> SimSummary | None:
+        res = run_pool(loose, cloud, trace, replicas=n, stop_if_p90_over=near)
+        return None if res.aborted else summary(res, near)
+
+    found = smallest_count(probe, lambda s: judge(s, loose.slo), limit=NEAREST_MAX_REPLICAS)
+    if found is None:
+        return ""
+    nodes = nodes_for(found[0], plan.replicas_per_node)
+    return (f" (e.g. {near:g} s is met with {found[0]:,} replicas: {nodes:,} node(s), "
+            f"${nodes * plan.price_per_node_hour_usd:,.2f}/h)")
 
 
 def tpot_floor_s(m: ReplicaModel, trace: Trace) -> float:

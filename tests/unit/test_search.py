@@ -7,18 +7,21 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 import poolctl.search as S
-from poolctl.capacity import judge, run_pool
+from poolctl.capacity import judge, run_pool, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
+from poolctl.commands.plansearch import write_changes
 from poolctl.config import load_config
 from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
+from poolctl.servingmodel import replica_model
 from poolctl.simulate import simulate, summary
 from poolctl.sizing import plan_pool
 from poolctl.traces import Trace, load_trace
@@ -359,7 +362,6 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
 
 
 def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
-    from poolctl.commands.plansearch import write_changes
 
     cfg, pool, tr = setup
     f = tmp_path / "poolctl.yaml"
@@ -372,3 +374,27 @@ def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_pat
         write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(result,
                                                                             chosen=disagg)})
     assert f.read_text() == before
+
+
+def test_plan_names_the_nearest_slo_met_and_its_cost(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLE.read_text().replace("ttft_p90_s: 2.0", "ttft_p90_s: 1.5"))
+    pool = load_config(f).pools[0]
+    tr = load_trace(MOONCAKE)
+    floor = ttft_floor(replica_model(pool, Cloud.aws), tr).ttft_p90_floor_s
+    assert floor > 1.5  # TP 2 cannot prefill the p90 prompt within the SLO
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(f), "--cloud", "aws",
+                                "--traffic", str(MOONCAKE))
+    line = one_line(code, err, 1)
+    near = math.ceil(floor * 1.25 * 100) / 100  # a quarter above the floor, up to 10 ms
+    m = re.search(rf"\(e\.g\. {near:g} s is met with (\d+) replicas: (\d+) node\(s\), "
+                  r"\$([\d,.]+)/h\)", line)
+    assert m, line
+    n, nodes, usd = int(m[1]), int(m[2]), float(m[3].replace(",", ""))
+    assert nodes == -(-n // 4) and usd == pytest.approx(nodes * 55.04)  # 4 TP-2 replicas/node
+    loose = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": near})})
+
+    def meets(k):
+        return judge(summary(run_pool(loose, Cloud.aws, tr, replicas=k), near), loose.slo)
+
+    assert meets(n) and (n == 1 or not meets(n - 1))
