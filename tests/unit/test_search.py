@@ -362,7 +362,6 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
 
 
 def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
-
     cfg, pool, tr = setup
     f = tmp_path / "poolctl.yaml"
     shutil.copy(EXAMPLE, f)
