@@ -124,4 +124,14 @@ def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud
     parse_config(text, source=str(path))  # the edited file still reads (or nothing written)
     if done:
         write_atomic(path, text)
+    for (name, c), r in results.items():
+        other = Cloud.gcp if c == Cloud.aws else Cloud.aws
+        pool = next(p for p in cfg.pools if p.name == name)
+        shared = [ch.key for ch in r.changes if ch.key.split(".")[0] in ("serving", "scaling",
+                                                                         "warm_pool")]
+        if shared and pool.placement(other) is not None:
+            # serving, scaling and warm_pool are the pool's, not one placement's.
+            sys.stderr.write(f"poolctl: warning: {name}: {', '.join(shared)} also apply to its "
+                             f"{other} placement; run `poolctl plan --cloud {other}` (or "
+                             f"--search) to check it\n")
     return done
