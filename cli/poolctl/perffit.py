@@ -60,13 +60,22 @@ def _num(obj: dict[str, object], key: str, where: str) -> float:
 
 def parse_results(text: str, source: str, default_tp: int | None = None) -> list[Run]:
     """The runs in a result file: one JSON object, or one per line (--append-result)."""
-    text = text.strip()
     try:
-        objs = [json.loads(text)] if text.startswith("{") and "\n{" not in text else [
-            json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{source}: not JSON (line {e.lineno}: {e.msg}); give the file "
-                         "`vllm bench serve --save-result` wrote") from None
+        objs = [json.loads(text)]
+    except RecursionError:
+        raise UsageError(f"{source}: JSON nested too deeply for a benchmark result; give the "
+                         "file `vllm bench serve --save-result` wrote") from None
+    except json.JSONDecodeError:
+        objs = []  # one object a line (--append-result), each line parsed below
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                objs += [json.loads(line)] if line.strip() else []
+            except (json.JSONDecodeError, RecursionError) as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                raise UsageError(f"{source}:{n}: not JSON ({msg}); give the file `vllm "
+                                 "bench serve --save-result` wrote") from None
+    if len(objs) == 1 and isinstance(objs[0], list):
+        objs = objs[0] or [None]
     if not objs or not all(isinstance(o, dict) for o in objs):
         raise UsageError(f"{source}: no benchmark result object; give the file "
                          "`vllm bench serve --save-result` wrote")
@@ -92,6 +101,13 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
     rate = math.inf if rate_raw in ("inf", None) else _num(o, "request_rate", where)
     conc = o.get("max_concurrency")
     concurrency = None if conc is None else int(_num(o, "max_concurrency", where))
+    burst = _num(o, "burstiness", where) if o.get("burstiness") is not None else 1.0
+    for key, v, ok in (("request_rate", rate, rate > 0),
+                       ("max_concurrency", concurrency, concurrency is None or concurrency >= 1),
+                       ("burstiness", burst, 0 < burst <= 1000)):
+        if not ok:
+            raise UsageError(f"{where}: `{key}` is {v}; vLLM's benchmark writes a positive "
+                             "number there (burstiness at most 1000)")
     if "input_lens" in o and "output_lens" in o:
         ins, outs = o["input_lens"], o["output_lens"]
         if (not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs)
@@ -117,7 +133,6 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
             raise UsageError(f"{where}: `mean_{metric}_ms` missing; run the benchmark with "
                              "--percentile-metrics ttft,tpot")
     label = str(o.get("label") or o.get("date") or "")
-    burst = float(_num(o, "burstiness", where)) if "burstiness" in o else 1.0
     model_id = o.get("model_id")
     return Run(label, int(tp), model_id if isinstance(model_id, str) else None, concurrency,
                rate, burst, inputs, outputs, measured)

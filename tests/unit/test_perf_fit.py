@@ -98,6 +98,13 @@ def test_write_adds_the_perf_block_and_keeps_comments(tmp_path, monkeypatch, cap
     (lambda o: o.pop("mean_ttft_ms"), "mean_ttft_ms"),
     (lambda o: o.update(mean_tpot_ms="fast"), "mean_tpot_ms"),
     (lambda o: o.update(tensor_parallel_size="two"), "tensor_parallel_size"),
+    (lambda o: o.update(tensor_parallel_size=3), "tensor_parallel_size"),
+    (lambda o: o.update(completed=0), "completed"),
+    (lambda o: o.update(request_rate=-1), "request_rate"),
+    (lambda o: o.update(max_concurrency=0), "max_concurrency"),
+    (lambda o: o.update(burstiness=0), "burstiness"),
+    (lambda o: o.update(mean_ttft_ms=float("nan")), "mean_ttft_ms"),
+    (lambda o: o.update(input_lens=[1, -2], output_lens=[3, 4]), "input_lens"),
 ])
 def test_a_bad_result_is_one_line_naming_the_key(tmp_path, monkeypatch, capsys, results,
                                                  mutate, key):
@@ -110,12 +117,30 @@ def test_a_bad_result_is_one_line_naming_the_key(tmp_path, monkeypatch, capsys, 
     assert key in one_line(code, err)
 
 
-def test_not_json_is_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("text", "says"), [
+    ("{not json", "not JSON"), ("", "no benchmark result"), ("[1, 2]", "no benchmark result"),
+    ('{"completed": 1}\n[3]\n', "no benchmark result"), (b"\xff\xfe{", "not UTF-8"),
+    ("[" * 100_000, "nested too deeply"), ('{"a": 1}\n{oops\n', "r.json:2: not JSON"),
+])
+def test_a_file_that_is_no_result_is_one_line(tmp_path, monkeypatch, capsys, text, says):
     f = tmp_path / "r.json"
-    f.write_text("{not json")
+    if isinstance(text, bytes):
+        f.write_bytes(text)
+    else:
+        f.write_text(text)
     code, _, err = poolctl_main(monkeypatch, capsys, "perf", "fit", str(f), "-f", str(EXAMPLE),
                                 "--cloud", "aws")
-    assert "not JSON" in one_line(code, err)
+    assert says in one_line(code, err)
+
+
+def test_requests_the_pool_cannot_hold_are_one_line(tmp_path, monkeypatch, capsys, results):
+    o = json.loads(results.splitlines()[0])
+    o.update(input_lens=[20_000, 30_000], output_lens=[10, 10])  # > max_model_len 16,384
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(o))
+    code, _, err = poolctl_main(monkeypatch, capsys, "perf", "fit", str(f), "-f", str(EXAMPLE),
+                                "--cloud", "aws")
+    assert "max_model_len 16,384" in one_line(code, err)
 
 
 # A published result, written here by hand in the file format: Lambda's vLLM benchmark of
