@@ -52,7 +52,8 @@ COMMANDS = (
     Entry("deploy", "build", "deploy", "Synth, then Terraform/OpenTofu init, plan and apply."),
     Entry("destroy", "build", "destroy",
           "Destroy what deploy created (plan -destroy, confirm, apply)."),
-    Entry("warm", "ops", "warm", "Prepare N replicas of spare capacity before a launch."),
+    Entry("warm", "ops", "warm",
+          "Prepare N replicas of spare capacity before a launch, now or for a window."),
     Entry("status", "ops", "status",
           "Nodes in service / warm / pending, rollout progress, queue."),
     Entry("ls", "pools", "ls", "Pools deployed in a region, found by their poolctl "

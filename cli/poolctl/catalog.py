@@ -52,6 +52,11 @@ class Price(_Row):
     source: str = Field(description="Where it was read.")
 
 
+class Power(_Row):
+    max_kw: float = Field(gt=0, description="Maximum power draw of one node, kW.")
+    source: str = Field(description="Where the figure comes from (a primary source).")
+
+
 class InstanceType(_Row):
     name: str
     cloud: Literal["aws", "gcp"]
@@ -72,6 +77,8 @@ class InstanceType(_Row):
     )
     sources: list[str] = Field(min_length=1)
     notes: str = ""
+    power: Power | None = Field(
+        default=None, description="Maximum system power of one node (null: no primary source).")
 
     @property
     def hbm_bytes_per_gpu(self) -> int:

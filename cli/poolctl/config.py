@@ -461,6 +461,11 @@ class Slo(CoreModel):
         default=2.0, gt=0, le=MAX_SECONDS,
         description="Target p90 time to first token.",
     )
+    tpot_p90_s: Num | None = Field(
+        default=None, gt=0, le=MAX_SECONDS,
+        description="Target p90 time per output token after the first (seconds; 0.05 is 20 "
+        "tokens/s per user); unset: no token-rate target.",
+    )
     target_utilization: Num = Field(
         default=0.6, gt=0, lt=1,
         description="Share of capacity in use the pool is sized for; below 1 (queueing delay "

@@ -425,6 +425,8 @@ class SimResult:
     replicas_fixed: int | None = None
     replicas_per_node: int = 1
     aborted: bool = False
+    power_kw_per_node: float | None = None  # the catalog's max system power, for energy
+    max_model_len: int | None = None
     prefix_cache: PrefixStats | None = None  # None: no cache simulated (off, or no block ids)
 
 
@@ -449,6 +451,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              scale: Autoscale | None = None, price_per_node_hour: float = 0.0,
              replicas_per_node: int = 1, balancer: str = "lor",
              stop_if_p90_over: float | None = None,
+             power_kw_per_node: float | None = None,
              prefix_caching: bool = True) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
@@ -688,6 +691,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         preemptions=sum(e.preemptions for e in engines),
         timeline=timeline, cold_window=cold_window,
         replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
+        power_kw_per_node=power_kw_per_node, max_model_len=m.max_model_len,
         prefix_cache=PrefixStats(
             block_tokens=trace.block_tokens,
             prompt_tokens=sum(e.prompt_tokens for e in engines),
@@ -742,74 +746,225 @@ def percentile(sorted_xs: list[float], q: float) -> float | None:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def summary(r: SimResult, ttft_slo_s: float) -> dict[str, Any]:
-    """The contract's `simulate --json` object."""
+@dataclass(frozen=True)
+class Quantiles:
+    """Percentiles of one latency, in seconds (None: no request to measure)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None = None
+
+
+@dataclass(frozen=True)
+class SloResult:
+    """The SLOs a run was judged by and how it did: `met` when every p90 target is met;
+    goodput is the share of all requests meeting every target (TTFT and, if set, TPOT)."""
+
+    ttft_p90_s: float
+    tpot_p90_s: float | None
+    met: bool
+    goodput: float
+    ttft_met: bool
+    tpot_met: bool
+
+
+@dataclass(frozen=True)
+class CostResult:
+    node_hours: float
+    usd: float
+    fixed_usd: float
+    marginal_usd: float
+    usd_per_1m_output_tokens: float | None
+    usd_per_request: float | None
+
+
+@dataclass(frozen=True)
+class EnergyResult:
+    """Energy at the nodes' maximum draw (an upper bound: the catalog's system power)."""
+
+    power_kw_per_node: float | None
+    kwh: float | None
+    kwh_per_1m_output_tokens: float | None
+
+
+@dataclass(frozen=True)
+class AutoscaleResult:
+    slo_misses: int
+    slo_misses_during_cold_starts: int
+    scale_outs: int
+    nodes_over_time: tuple[tuple[float, int, int], ...]  # (t, serving, starting)
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """What a run reports (`simulate --json`, via `to_json`, in the contract's shape)."""
+
+    requests: int
+    completed: int
+    rejected: int
+    requests_over_max_model_len: int
+    max_model_len: int | None
+    duration_s: float
+    horizon_s: float
+    arrival_rate_per_s: float
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+    e2e_s: Quantiles
+    queue_wait_mean_s: float | None
+    mean_in_system: float | None
+    mean_time_in_system_s: float | None
+    utilization: float
+    busy_fraction: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    slo: SloResult
+    cost: CostResult
+    energy: EnergyResult
+    replicas: tuple[float, float, float]  # min, max, mean
+    kv_tokens_max: int
+    running_max: int
+    preemptions: int
+    autoscale: AutoscaleResult | None = None
+    prefix_cache: PrefixStats | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        lo, hi, mean = self.replicas
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "duration_s": self.duration_s,
+            "horizon_s": self.horizon_s,
+            "arrival_rate_per_s": self.arrival_rate_per_s,
+            "ttft_s": {"p50": self.ttft_s.p50, "p90": self.ttft_s.p90, "p99": self.ttft_s.p99},
+            "tpot_s": {"p50": self.tpot_s.p50, "p90": self.tpot_s.p90},
+            "e2e_s": {"p50": self.e2e_s.p50, "p90": self.e2e_s.p90},
+            "queue_wait_s": {"mean": self.queue_wait_mean_s},
+            "mean_in_system": self.mean_in_system,
+            "mean_time_in_system_s": self.mean_time_in_system_s,
+            "utilization": self.utilization,
+            "busy_fraction": self.busy_fraction,
+            "tokens_per_s": {"input": self.input_tokens_per_s,
+                             "output": self.output_tokens_per_s},
+            "slo": {"ttft_p90_s": self.slo.ttft_p90_s, "met": self.slo.met,
+                    "goodput": self.slo.goodput, "tpot_p90_s": self.slo.tpot_p90_s,
+                    "ttft_met": self.slo.ttft_met, "tpot_met": self.slo.tpot_met},
+            "cost": {
+                "node_hours": self.cost.node_hours,
+                "usd": self.cost.usd,
+                "fixed_usd": self.cost.fixed_usd,
+                "marginal_usd": self.cost.marginal_usd,
+                "usd_per_1m_output_tokens": self.cost.usd_per_1m_output_tokens,
+                "usd_per_request": self.cost.usd_per_request,
+            },
+            "replicas": {"min": lo, "max": hi, "mean": mean},
+            "kv_tokens_max": self.kv_tokens_max,
+            "running_max": self.running_max,
+            "preemptions": self.preemptions,
+            "prefix_cache": prefix_cache_summary(self.prefix_cache),
+            "requests_over_max_model_len": self.requests_over_max_model_len,
+            "max_model_len": self.max_model_len,
+            "energy": {"power_kw_per_node": self.energy.power_kw_per_node,
+                       "kwh": self.energy.kwh,
+                       "kwh_per_1m_output_tokens": self.energy.kwh_per_1m_output_tokens},
+        }
+        if self.autoscale is not None:
+            a = self.autoscale
+            out["autoscale"] = {
+                "slo_misses": a.slo_misses,
+                "slo_misses_during_cold_starts": a.slo_misses_during_cold_starts,
+                "scale_outs": a.scale_outs,
+                "nodes_over_time": [{"t": t, "serving": s, "starting": p}
+                                    for t, s, p in a.nodes_over_time],
+            }
+        return out
+
+
+def _rnd(x: float | None, d: int = 4) -> float | None:
+    return None if x is None else round(x, d)
+
+
+def _tpot(q: Requests, i: int) -> float:
+    """Time per output token after the first (0 for a one-token answer: it has none)."""
+    return (q.finish[i] - q.first[i]) / (q.outputs[i] - 1) if q.outputs[i] > 1 else 0.0
+
+
+def summary(r: SimResult, ttft_slo_s: float, tpot_slo_s: float | None = None) -> SimSummary:
+    """A run's figures, judged by the TTFT p90 target and (when given) the TPOT p90 one."""
     q = r.req
     done = [i for i, f in enumerate(q.finish) if f == f]
     ttft = sorted(q.first[i] - q.arrival[i] for i in done)
     e2e = [q.finish[i] - q.arrival[i] for i in done]
-    tpot = sorted((q.finish[i] - q.first[i]) / (q.outputs[i] - 1) for i in done
-                  if q.outputs[i] > 1)
+    tpot = sorted(_tpot(q, i) for i in done if q.outputs[i] > 1)
     wait = [q.admitted[i] - q.arrival[i] for i in done]
     out_tokens = sum(q.outputs[i] for i in done)
     in_tokens = sum(q.inputs[i] for i in done)
     h = r.horizon_s or 1.0
     span = q.arrival[-1] - q.arrival[0] if q.arrival else 0.0
-    met = sum(1 for x in ttft if x <= ttft_slo_s)
+    tpot_ok = math.inf if tpot_slo_s is None else tpot_slo_s
+    # A one-token answer has no TPOT: it meets any TPOT target.
+    met = sum(1 for i in done if q.first[i] - q.arrival[i] <= ttft_slo_s
+              and _tpot(q, i) <= tpot_ok)
     usd = r.node_s / 3600 * r.price_per_node_hour
     fixed_usd = min(r.fixed_node_s, r.node_s) / 3600 * r.price_per_node_hour
     p90 = percentile(ttft, 0.9)
-
-    def rnd(x: float | None, d: int = 4) -> float | None:
-        return None if x is None else round(x, d)
-
-    out: dict[str, Any] = {
-        "requests": len(q.arrival),
-        "completed": len(done),
-        "rejected": sum(q.refused),
-        "duration_s": rnd(span, 3),
-        "horizon_s": rnd(h, 3),
-        "arrival_rate_per_s": rnd(len(q.arrival) / span if span else 0.0),
-        "ttft_s": {"p50": rnd(percentile(ttft, 0.5)), "p90": rnd(p90),
-                   "p99": rnd(percentile(ttft, 0.99))},
-        "tpot_s": {"p50": rnd(percentile(tpot, 0.5), 5), "p90": rnd(percentile(tpot, 0.9), 5)},
-        "e2e_s": {"p50": rnd(percentile(sorted(e2e), 0.5)),
-                  "p90": rnd(percentile(sorted(e2e), 0.9))},
-        "queue_wait_s": {"mean": rnd(sum(wait) / len(wait) if wait else 0.0)},
-        "mean_in_system": rnd(r.in_system_integral / h),
-        "mean_time_in_system_s": rnd(sum(e2e) / len(e2e) if e2e else 0.0),
-        "utilization": rnd(r.occupied_s / r.replica_s if r.replica_s else 0.0),
-        "busy_fraction": rnd(r.busy_s / r.replica_s if r.replica_s else 0.0),
-        "tokens_per_s": {"input": rnd(in_tokens / h, 1), "output": rnd(out_tokens / h, 1)},
-        "slo": {"ttft_p90_s": ttft_slo_s, "met": p90 is not None and p90 <= ttft_slo_s,
-                "goodput": rnd(met / len(q.arrival) if q.arrival else 0.0)},
-        "cost": {
-            "node_hours": rnd(r.node_s / 3600, 3),
-            "usd": rnd(usd, 2),
-            "fixed_usd": rnd(fixed_usd, 2),
-            "marginal_usd": rnd(usd - fixed_usd, 2),
-            "usd_per_1m_output_tokens": rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
-            "usd_per_request": rnd(usd / len(done) if done else None, 5),
-        },
-        "replicas": _replica_stats(r),
-        "kv_tokens_max": r.max_kv_tokens,
-        "running_max": r.max_running,
-        "preemptions": r.preemptions,
-        "prefix_cache": prefix_cache_summary(r.prefix_cache),
-    }
+    tpot90 = percentile(tpot, 0.9)
+    ttft_met = p90 is not None and p90 <= ttft_slo_s
+    tpot_met = tpot_slo_s is None or tpot90 is None or tpot90 <= tpot_slo_s
+    kw = r.power_kw_per_node
+    kwh = None if kw is None else r.node_s / 3600 * kw
+    autoscale = None
     if r.replicas_fixed is None:
         windows = r.cold_window
         missed = [i for i in done if q.first[i] - q.arrival[i] > ttft_slo_s]
-        cold = [i for i in missed
-                if any(a <= q.arrival[i] <= b for a, b in windows)]
-        out["autoscale"] = {
-            "slo_misses": len(missed),
-            "slo_misses_during_cold_starts": len(cold),
-            "scale_outs": len(windows),
-            "nodes_over_time": [{"t": round(t, 1), "serving": s, "starting": p}
-                                for t, s, p in r.timeline],
-        }
-    return out
+        cold = [i for i in missed if any(a <= q.arrival[i] <= b for a, b in windows)]
+        autoscale = AutoscaleResult(
+            slo_misses=len(missed), slo_misses_during_cold_starts=len(cold),
+            scale_outs=len(windows),
+            nodes_over_time=tuple((round(t, 1), s, p) for t, s, p in r.timeline))
+    rnd = _rnd
+    return SimSummary(
+        requests=len(q.arrival),
+        completed=len(done),
+        rejected=sum(q.refused),
+        requests_over_max_model_len=sum(q.refused),
+        max_model_len=r.max_model_len,
+        duration_s=round(span, 3),
+        horizon_s=round(h, 3),
+        arrival_rate_per_s=round(len(q.arrival) / span if span else 0.0, 4),
+        ttft_s=Quantiles(rnd(percentile(ttft, 0.5)), rnd(p90), rnd(percentile(ttft, 0.99))),
+        tpot_s=Quantiles(rnd(percentile(tpot, 0.5), 5), rnd(tpot90, 5)),
+        e2e_s=Quantiles(rnd(percentile(sorted(e2e), 0.5)), rnd(percentile(sorted(e2e), 0.9))),
+        queue_wait_mean_s=rnd(sum(wait) / len(wait) if wait else 0.0),
+        mean_in_system=rnd(r.in_system_integral / h),
+        mean_time_in_system_s=rnd(sum(e2e) / len(e2e) if e2e else 0.0),
+        utilization=round(r.occupied_s / r.replica_s if r.replica_s else 0.0, 4),
+        busy_fraction=round(r.busy_s / r.replica_s if r.replica_s else 0.0, 4),
+        input_tokens_per_s=round(in_tokens / h, 1),
+        output_tokens_per_s=round(out_tokens / h, 1),
+        slo=SloResult(ttft_p90_s=ttft_slo_s, tpot_p90_s=tpot_slo_s,
+                      met=ttft_met and tpot_met,
+                      goodput=round(met / len(q.arrival) if q.arrival else 0.0, 4),
+                      ttft_met=ttft_met, tpot_met=tpot_met),
+        cost=CostResult(
+            node_hours=round(r.node_s / 3600, 3),
+            usd=round(usd, 2),
+            fixed_usd=round(fixed_usd, 2),
+            marginal_usd=round(usd - fixed_usd, 2),
+            usd_per_1m_output_tokens=rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
+            usd_per_request=rnd(usd / len(done) if done else None, 5),
+        ),
+        energy=EnergyResult(
+            power_kw_per_node=kw, kwh=rnd(kwh, 3),
+            kwh_per_1m_output_tokens=rnd(kwh / out_tokens * 1e6
+                                         if kwh is not None and out_tokens else None, 3)),
+        replicas=_replica_stats(r),
+        kv_tokens_max=r.max_kv_tokens,
+        running_max=r.max_running,
+        preemptions=r.preemptions,
+        autoscale=autoscale,
+        prefix_cache=r.prefix_cache,
+    )
 
 
 def prefix_cache_summary(p: PrefixStats | None) -> dict[str, Any]:
@@ -834,13 +989,13 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def _replica_stats(r: SimResult) -> dict[str, float]:
+def _replica_stats(r: SimResult) -> tuple[float, float, float]:
     if r.replicas_fixed is not None:
         n = r.replicas_fixed
-        return {"min": n, "max": n, "mean": float(n)}
+        return n, n, float(n)
     counts = [s * r.replicas_per_node for _, s, _ in r.timeline]
     mean = _replica_seconds(r.timeline, r.replicas_per_node, r.horizon_s) / (r.horizon_s or 1)
-    return {"min": min(counts), "max": max(counts), "mean": round(mean, 2)}
+    return min(counts), max(counts), round(mean, 2)
 
 
 def write_requests_csv(r: SimResult, path: str | os.PathLike[str]) -> None:

@@ -79,6 +79,10 @@ class PoolPlan:
     start_seconds: dict[str, float]
     start_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     node_image: NodeImage | None = None
+    # Draw at min and max nodes (warm nodes kept running included, as in the cost), from the
+    # catalog's maximum system power per node; None when the catalog has no figure.
+    power_kw: dict[str, float] | None = None
+    power_source: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -291,6 +295,11 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
         node_image=image,
+        power_kw=None if row.power is None else {
+            "min": round((nodes["min"] + warm_running) * row.power.max_kw, 1),
+            "max": round((nodes["max"] + warm_running) * row.power.max_kw, 1),
+        },
+        power_source=None if row.power is None else row.power.source,
     )
 
 

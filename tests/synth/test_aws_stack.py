@@ -458,3 +458,14 @@ def test_no_capacity_key_leaves_ec2_default(stacks):
 
 def test_checkov_with_capacity(with_capacity):
     assert run_checkov(with_capacity["ids-only"]["dir"]) == []
+
+
+def test_terraform_manages_no_scheduled_action(stacks):
+    # Launch windows (`warm --from`) are the group's scheduled actions, which poolctl writes
+    # at runtime: a deploy leaves them alone only because no stack resource is one
+    # (aws_autoscaling_schedule), and aws_autoscaling_group has no argument for them.
+    for name, stack in stacks.items():
+        if name.endswith("-aws"):
+            assert "aws_autoscaling_schedule" not in stack["json"].get("resource", {}), name
+            asg = one(stack["json"], "aws_autoscaling_group")
+            assert not {k for k in asg if "schedul" in k}, name

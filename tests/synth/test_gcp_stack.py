@@ -756,3 +756,12 @@ def test_certificate_name_or_self_link():
     link = "projects/p/regions/r/sslCertificates/c"
     assert certificate_link("c", "p", "r") == link
     assert certificate_link(link, "x", "y") == link
+
+
+def test_autoscaler_leaves_scaling_schedules_to_the_runtime(stacks):
+    # Launch windows (`warm --from`) are scaling schedules poolctl writes at runtime; the
+    # provider's scaling_schedules is optional, not computed, so the stack writes none and
+    # ignores them, and a deploy keeps them.
+    a = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_autoscaler")
+    assert "scaling_schedules" not in a["autoscaling_policy"]
+    assert a["lifecycle"]["ignore_changes"] == ["autoscaling_policy[0].scaling_schedules"]

@@ -56,7 +56,7 @@ def test_hit_rate_on_known_repeats_is_the_hand_computed_one(model):
     assert res.prefix_cache is not None
     assert res.prefix_cache.prompt_tokens == 12 + 16 + 8 + 10 + 12  # 58
     assert res.prefix_cache.hit_rate == pytest.approx((12 + 8 + 11) / 58)
-    assert summary(res, 2.0)["prefix_cache"]["hit_rate"] == round(31 / 58, 4)
+    assert summary(res, 2.0).to_json()["prefix_cache"]["hit_rate"] == round(31 / 58, 4)
 
 
 def test_hit_rate_falls_under_kv_pressure(model):
@@ -80,7 +80,7 @@ def test_cache_off_finds_no_hits_and_costs_the_full_prefill(model):
     on = run(tr, model, replicas=1)
     off = run(tr, model, replicas=1, prefix_caching=False)
     assert off.prefix_cache is None and off.req.cached == [0, 0]
-    assert summary(off, 2.0)["prefix_cache"] == {
+    assert summary(off, 2.0).to_json()["prefix_cache"] == {
         "enabled": False, "hit_rate": 0.0, "hit_tokens": 0, "prompt_tokens": None,
         "block_tokens": None, "evicted_blocks": 0}
     ttft = [f - a for f, a in zip(on.req.first, on.req.arrival, strict=True)]

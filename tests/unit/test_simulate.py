@@ -162,7 +162,7 @@ def test_least_outstanding_balancer_waits_longer_than_a_central_queue():
 
 def test_more_replicas_never_raise_p90_ttft(model, azure):
     tr = azure.window(0, 1200)
-    p90 = [summary(run(tr, model, replicas=n), 2.0)["ttft_s"]["p90"] for n in (2, 3, 4, 6, 8)]
+    p90 = [summary(run(tr, model, replicas=n), 2.0).ttft_s.p90 for n in (2, 3, 4, 6, 8)]
     assert p90 == sorted(p90, reverse=True), p90
     assert p90[0] > 10 * p90[-1]  # the range spans overload to comfort
 
@@ -187,7 +187,8 @@ def test_requests_longer_than_max_model_len_are_refused(model):
     assert res.req.refused == [False, True, True]
     assert res.req.finish[0] == res.req.finish[0] and math.isnan(res.req.finish[1])
     s = summary(res, 2.0)
-    assert (s["requests"], s["rejected"], s["completed"]) == (3, 2, 1)
+    assert (s.requests, s.rejected, s.completed) == (3, 2, 1)
+    assert (s.requests_over_max_model_len, s.max_model_len) == (2, 16_384)
 
 
 def test_recommendation_is_minimal(pool, azure):
@@ -197,14 +198,13 @@ def test_recommendation_is_minimal(pool, azure):
 
     def meets(n):
         s = summary(run_p(pool, "aws", tr, replicas=n), slo.ttft_p90_s)
-        return s["slo"]["met"] and s["utilization"] <= slo.target_utilization
+        return s.slo.met and s.utilization <= slo.target_utilization
 
-    need = rec["min_replicas_needed"]
+    need = rec.min_replicas_needed
     assert meets(need) and not meets(need - 1)
     rpn = plan_pool(pool, "aws").replicas_per_node
-    assert rec["min_replicas"] == -(-need // rpn) * rpn
-    assert rec["max_replicas"] >= rec["min_replicas"]
-    assert rec["min_replicas"] <= rec["max_replicas"]
+    assert rec.min_replicas == -(-need // rpn) * rpn
+    assert rec.max_replicas >= rec.min_replicas
 
 
 def test_warm_nodes_start_faster_than_cold(pool):
@@ -228,8 +228,9 @@ def test_warm_nodes_start_faster_than_cold(pool):
     assert first_growth(no_warm) == pytest.approx(tick + cold)
     assert first_growth(with_warm) == pytest.approx(tick + warm)
     s0, s1 = summary(no_warm, 2.0), summary(with_warm, 2.0)
-    assert s1["autoscale"]["slo_misses"] < s0["autoscale"]["slo_misses"]
-    assert s0["autoscale"]["slo_misses_during_cold_starts"] > 0
+    assert s0.autoscale is not None and s1.autoscale is not None
+    assert s1.autoscale.slo_misses < s0.autoscale.slo_misses
+    assert s0.autoscale.slo_misses_during_cold_starts > 0
 
 
 def test_scale_in_policy_matches_the_aws_stack():
@@ -471,7 +472,7 @@ def test_the_floor_p90_is_what_many_replicas_reach(pool, model):
     # 200 requests over ~58 s, 76 longer than max_model_len 16,384 (prompt + output).
     assert (len(tr), fl.over_max_model_len, fl.served) == (200, 76, 124)
     s = summary(run(tr, model, replicas=len(tr)), 2.0)
-    assert s["ttft_s"]["p90"] == pytest.approx(fl.ttft_p90_floor_s, abs=1e-4)
+    assert s.ttft_s.p90 == pytest.approx(fl.ttft_p90_floor_s, abs=1e-4)
 
 
 def test_plan_names_the_floor_when_no_replica_count_meets_the_slo(tmp_path, monkeypatch, capsys,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from poolctl.capacity import recommend
 from poolctl.cloud import Cloud
+from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
     CloudAllOpt,
     FileOpt,
@@ -23,6 +25,7 @@ from poolctl.commands.common import (
     require_valid,
     targets,
 )
+from poolctl.commands.plansearch import render_search, run_searches, write_changes
 from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
 from poolctl.commands.traffic import traffic as load_traffic
 from poolctl.config import json_schema
@@ -33,11 +36,12 @@ from poolctl.rules import TrafficNeed, errors, run_checks
 from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
+    from poolctl.capacity import Recommendation
     from poolctl.config import Config, Pool
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
-Recs = dict[tuple[str, Cloud], dict[str, Any]]
+Recs = dict[tuple[str, Cloud], "Recommendation"]
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
@@ -60,30 +64,76 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
+SearchOpt = Annotated[bool, typer.Option(
+    "--search", help="With --traffic or --rate: search instance types, tensor parallelism and "
+    "batching limits for the cheapest configuration meeting the SLOs.")]
+WriteOpt = Annotated[bool, typer.Option(
+    "--write", help="With --search: apply the chosen configuration to the file in place.")]
+WorkersOpt = Annotated[int, typer.Option(
+    "--workers", help="With --search: processes evaluating configurations (0, the default: "
+    "up to 2).",
+    parser=bounded("--workers", 0, 64, "a count of processes", integer=True))]
+
+
 def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          json_out: JsonOpt = False,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
-         seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0) -> None:
+         seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0, search: SearchOpt = False,
+         write: WriteOpt = False, workers: WorkersOpt = 0) -> None:
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
-    (or --rate), also the replicas that meet the SLO, found by simulation."""
+    (or --rate), also the replicas that meet the SLO, found by simulation; with --search,
+    the cheapest configuration meeting the SLOs."""
 
+    if search and traffic is None and rate is None:
+        raise UsageError("--search: give the traffic to search for with --traffic FILE or "
+                         "--rate R")
+    if write and not search:
+        raise UsageError("--write: applies a --search's choice; add --search")
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
     plans = [plan_pool(p, c, recorded_node_image(p, c)) for p, c in tgts]
     totals = _quota_totals(cfg, tgts)
+    if search:
+        _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
+                     json_out, write, workers or min(2, os.cpu_count() or 1))
+        return
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
         entries = [p.to_json() for p in plans]
         for e, (p, c) in zip(entries, tgts, strict=True):
             if (p.name, c) in recs:
-                e["recommendation"] = recs[(p.name, c)]
+                e["recommendation"] = recs[(p.name, c)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
     render_quota_totals(totals)
     if recs:
         render_recommendations(tgts, plans, recs)
+
+
+def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
+                 plans: list[PoolPlan], totals: list[dict[str, Any]], traffic: Path | None,
+                 rate: float | None, duration: float, seed: int, time_scale: float,
+                 json_out: bool, write: bool, workers: int) -> None:
+    tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
+                      flag="--traffic")
+    results = run_searches(cfg, tgts, tr, workers)
+    written = write_changes(file, cfg, results) if write else []
+    if json_out:
+        entries = [p.to_json() for p in plans]
+        for e, (p, c) in zip(entries, tgts, strict=True):
+            r = results[(p.name, c)]
+            if r.recommendation is not None:
+                e["recommendation"] = r.recommendation.to_json()
+            e["search"] = r.to_json()
+        emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals,
+                   "written": written})
+    else:
+        for p, c in tgts:
+            render_search(p, results[(p.name, c)])
+    for line in written:
+        sys.stderr.write(f"wrote {line}\n")
 
 
 def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
@@ -120,7 +170,7 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
     recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
-    needs = {k: TrafficNeed(r["peak_replicas_needed"], tr.source) for k, r in recs.items()}
+    needs = {k: TrafficNeed(r.peak_replicas_needed, tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call
     return recs
@@ -132,10 +182,12 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
 
     out = console()
     for (p, c), pl in zip(tgts, plans, strict=True):
-        r = recs[(p.name, c)]
+        r = recs[(p.name, c)].to_json()
         price = pl.price_per_node_hour_usd
+        tpot = f", TPOT p90 {p.slo.tpot_p90_s} s" if p.slo.tpot_p90_s is not None else ""
         t = Table(title=f"{p.name} on {c}: replicas for the traffic (SLO TTFT p90 "
-                        f"{p.slo.ttft_p90_s} s, utilization <= {p.slo.target_utilization})",
+                        f"{p.slo.ttft_p90_s} s{tpot}, utilization <= "
+                        f"{p.slo.target_utilization})",
                   title_justify="left")
         t.add_column("")
         t.add_column("file")
@@ -150,6 +202,9 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
         t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
         t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s (floor "
                   f"{r['ttft_p90_floor_s']} s)")
+        t.add_row("TPOT p90 (autoscaled)", "", f"{r['tpot_p90_s']} s (floor "
+                  f"{r['tpot_p90_floor_s']} s)")
+        t.add_row("goodput (both SLOs)", "", f"{r['goodput']:.1%}")
         t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
         usd = r["usd_per_1m_output_tokens"]
         t.add_row("USD per 1M output tokens", "", "-" if usd is None else f"${usd:,.3f}")
@@ -192,6 +247,9 @@ def render_plans(plans: list[PoolPlan]) -> None:
             ("cost per hour", f"${p.cost_per_hour_usd['min']:,.2f} min, "
                               f"${p.cost_per_hour_usd['max']:,.2f} max "
                               f"(${p.price_per_node_hour_usd:,.2f}/node)"),
+            ("power", "-" if p.power_kw is None else
+             f"{p.power_kw['min']:,.1f} kW min, {p.power_kw['max']:,.1f} kW max (at the "
+             "node's maximum system power)"),
             ("node image", _node_image(p.node_image, p.cloud)),
             ("start, cold", _phases(p.start_phases["cold"])),
             ("start, warm " + p.warm_state,

@@ -76,9 +76,9 @@ def simulate(
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
                    warm_replicas=warm, balancer=balancer or p.serving.balancer)
-    s = summary(res, p.slo.ttft_p90_s)
 
-    s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
+    s = {"pool": p.name, "cloud": c, "trace": tr.source,
+         **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
          "model": figures(replica_model(p, c))}
     try:
         if requests_out is not None:
@@ -108,7 +108,8 @@ def render(s: dict[str, Any]) -> None:
         return " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)
 
     rows = [
-        ("requests", f"{s['requests']:,} ({s['rejected']} refused: longer than max_model_len)"),
+        ("requests", f"{s['requests']:,} ({s['requests_over_max_model_len']:,} refused: prompt + "
+                     f"output longer than max_model_len {s['max_model_len']:,})"),
         ("span, arrival rate", f"{s['duration_s']:,.0f} s, {s['arrival_rate_per_s']:.2f}/s"),
         ("replicas min / max / mean", f"{r['min']} / {r['max']} / {r['mean']}"),
         ("TTFT p50 / p90 / p99", f(s["ttft_s"], "p50", "p90", "p99") + " s"),
@@ -120,12 +121,16 @@ def render(s: dict[str, Any]) -> None:
         ("utilization (capacity), busy", f"{s['utilization']:.2f}, {s['busy_fraction']:.2f}"),
         ("tokens/s in / out", f"{s['tokens_per_s']['input']:,.0f} / "
                               f"{s['tokens_per_s']['output']:,.0f}"),
-        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: {'met' if s['slo']['met'] else 'MISSED'}, "
-                         f"goodput {s['slo']['goodput']:.1%}"),
+        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: "
+                         f"{'met' if s['slo']['ttft_met'] else 'MISSED'}"),
+        ("SLO TPOT p90", "none set (slo.tpot_p90_s)" if s["slo"]["tpot_p90_s"] is None else
+         f"{s['slo']['tpot_p90_s']} s: {'met' if s['slo']['tpot_met'] else 'MISSED'}"),
+        ("goodput", f"{s['slo']['goodput']:.1%} of requests meet every SLO"),
         ("node-hours, cost", f"{cost['node_hours']:.2f}, ${cost['usd']:,.2f} (fixed "
                              f"${cost['fixed_usd']:,.2f}, scaled ${cost['marginal_usd']:,.2f})"),
         ("USD per 1M output tokens", _usd(cost["usd_per_1m_output_tokens"])),
         ("USD per request", _usd(cost["usd_per_request"], 5)),
+        ("energy, per 1M output tokens", _energy(s["energy"])),
         ("prefix cache hit rate", _prefix(s["prefix_cache"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
@@ -139,6 +144,14 @@ def render(s: dict[str, Any]) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _energy(e: dict[str, float | None]) -> str:
+    if e["kwh"] is None:
+        return "- (no power figure for the type in the catalog)"
+    per = e["kwh_per_1m_output_tokens"]
+    return (f"{e['kwh']:,.1f} kWh at {e['power_kw_per_node']} kW per node (max draw), "
+            + ("-" if per is None else f"{per:,.2f} kWh"))
 
 
 def _prefix(pc: dict[str, Any]) -> str:
