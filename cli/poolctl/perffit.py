@@ -31,7 +31,7 @@ STATS = ("mean", "median", "p90")  # fitted; p99 is too noisy to fit to
 TP_KEYS = ("tensor_parallel_size", "tp", "tensor_parallel")
 PRIOR = 1e-4  # weight of the pull towards the starting factors, per factor scale
 # A run is replayed on its first 500 requests: a closed loop's statistics settle within a
-# few hundred, and the fit replays each run some 800 times.
+# few hundred, and the fit replays each run some 500 times.
 MAX_PROMPTS = 500
 
 
@@ -120,6 +120,9 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
         n = min(completed, MAX_PROMPTS)
         i_mean = _num(o, "total_input_tokens", where) / completed
         o_mean = _num(o, "total_output_tokens", where) / completed
+        if i_mean < 0 or o_mean < 0:
+            raise UsageError(f"{where}: `total_input_tokens`/`total_output_tokens` must not "
+                             "be negative")
         inputs, outputs = [round(i_mean)] * n, [max(1, round(o_mean))] * n
     measured = {}
     for metric in METRICS:
