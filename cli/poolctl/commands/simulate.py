@@ -34,6 +34,7 @@ from poolctl.commands.traffic import (
 )
 from poolctl.errors import UsageError
 from poolctl.servingmodel import figures, replica_model
+from poolctl.servingmodel import topology as split_topology
 from poolctl.simulate import BALANCERS, json_safe, percentile, summary, write_requests_csv
 
 if TYPE_CHECKING:
@@ -53,6 +54,14 @@ def simulate(
         "balancers); sticky: session affinity (a conversation's turns to one node); queue: a "
         "central queue dispatching to free replicas. Default: the file's serving.balancer.",
         show_default=False)] = None,
+    topology: Annotated[str, typer.Option(
+        "--topology", help="aggregated: prefill and decode share each replica's GPUs; "
+        "disagg-node: on different GPUs of one node (KV over NVLink); disagg-cross: on "
+        "different nodes (KV over the VPC network, no EFA). Simulation only: poolctl does not "
+        "deploy a disaggregated pool.")] = "aggregated",
+    split: Annotated[str, typer.Option(
+        "--split", help="With a disagg topology: prefill:decode GPUs of one replica, each a "
+        "TP degree (4:4 on an 8-GPU node).")] = "4:4",
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
@@ -73,9 +82,12 @@ def simulate(
     p, c = one_target(cfg, pool, cloud)
 
     require_valid(cfg, [(p, c)])
+    topo = None
+    if topology != "aggregated":
+        topo = split_topology(p, c, topology, *_split(split))
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer or p.serving.balancer)
+                   warm_replicas=warm, balancer=balancer, topology=topo)
 
     s = {"pool": p.name, "cloud": c, "trace": tr.source,
          **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
@@ -132,6 +144,7 @@ def render(s: dict[str, Any]) -> None:
         ("USD per request", _usd(cost["usd_per_request"], 5)),
         ("energy, per 1M output tokens", _energy(s["energy"])),
         ("prefix cache hit rate", _prefix(s["prefix_cache"])),
+        ("topology", _topology(s["topology"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
                           f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
@@ -144,6 +157,21 @@ def render(s: dict[str, Any]) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _split(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    if len(parts) != 2 or not all(x.isascii() and x.isdigit() and len(x) < 3 for x in parts):
+        raise UsageError(f"--split: {text[:20]!r} is not PREFILL:DECODE GPUs, e.g. 4:4")
+    return int(parts[0]), int(parts[1])
+
+
+def _topology(t: dict[str, Any]) -> str:
+    if t["kind"] == "aggregated":
+        return "aggregated (prefill and decode on the same GPUs)"
+    return (f"{t['kind']} {t['prefill_gpus']}:{t['decode_gpus']} GPUs, KV link "
+            f"{t['kv_link_gbytes_per_s']:,.2f} GB/s, transfer mean "
+            f"{t['kv_transfer_s_mean'] * 1000:,.1f} ms (not deployable by poolctl)")
 
 
 def _energy(e: dict[str, float | None]) -> str:
