@@ -16,6 +16,7 @@ from poolctl.simulate import (
     Autoscale,
     SimResult,
     SimSummary,
+    SimWindow,
     json_safe,
     percentile,
     simulate,
@@ -57,10 +58,12 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str | None = None, stop_if_p90_over: float | None = None,
-             topology: Topology | None = None) -> SimResult:
+             topology: Topology | None = None, windows: tuple[SimWindow, ...] = (),
+             run_until_s: float = 0.0) -> SimResult:
     """`trace` through the pool on `cloud`: fixed `replicas`, or its autoscaling. The balancer
     is the file's `serving.balancer` unless given; `topology` splits each replica's prefill
-    and decode (servingmodel.topology)."""
+    and decode (servingmodel.topology); `windows` are launch windows (`--warm-window`), and
+    the autoscaled pool runs to `run_until_s` at least."""
     balancer = balancer or pool.serving.balancer
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
@@ -80,9 +83,10 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
+    sc.windows = windows
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
                     power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching,
-                    topology=topology)
+                    topology=topology, run_until_s=run_until_s)
 
 
 def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:

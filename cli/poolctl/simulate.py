@@ -522,6 +522,24 @@ class DisaggEngine:
 Replica = Engine | DisaggEngine
 
 
+@dataclass(frozen=True)
+class SimWindow:
+    """A launch window in the replay (`simulate --warm-window`): `nodes` more from `start_s`
+    to `end_s` (seconds from the trace's start). Running: the group's minimum raised (what
+    `warm --from --running` schedules); at the end the minimum returns and the desired size
+    with it (the nodes above it drain). Stopped: the warm pool raised by them at the start
+    (prepared from cold, then stopped), trimmed back at the end; no cloud schedules that, so
+    it stands for a `warm --replicas N` run by hand at the start."""
+
+    start_s: float
+    end_s: float
+    nodes: int
+    running: bool = True
+
+    def open_at(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
+
+
 @dataclass
 class Autoscale:
     """The pool's node group: bounds, queue target, warm pool and start times (seconds)."""
@@ -536,6 +554,7 @@ class Autoscale:
     scale_down_stabilization_s: float
     scale_in_cooldown_s: float
     warm_running: bool
+    windows: tuple[SimWindow, ...] = ()
 
 
 @dataclass
@@ -586,7 +605,8 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              replicas_per_node: int = 1, balancer: str = "lor",
              stop_if_p90_over: float | None = None,
              power_kw_per_node: float | None = None,
-             prefix_caching: bool = True, topology: Topology | None = None) -> SimResult:
+             prefix_caching: bool = True, topology: Topology | None = None,
+             run_until_s: float = 0.0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
@@ -602,7 +622,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     the trace's block ids; a trace without ids has no reuse to find.
 
     topology: each replica is a `DisaggEngine` (prefill and decode instances, the prefix cache
-    on the prefill side); None: an `Engine` prefilling and decoding on the same GPUs."""
+    on the prefill side); None: an `Engine` prefilling and decoding on the same GPUs.
+
+    run_until_s: the autoscaled pool keeps running (and scaling in) until then at least, so
+    that two replays are billed over the same span (a launch hour)."""
     if balancer not in BALANCERS:
         raise ValueError(f"balancer must be one of {BALANCERS}")
     central: deque[int] = deque()
@@ -631,7 +654,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     engines: list[Replica] = []
     serving: list[Replica] = []
     heap: list[tuple[float, int, int, int]] = []  # (time, kind, id, version)
-    EV_ENGINE, EV_TICK, EV_READY, EV_WARM = 0, 1, 2, 3
+    EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW = 0, 1, 2, 3, 4
     state = {"in": 0, "integral": 0.0, "last": 0.0}
 
     def on_finish(rid: int, now: float) -> None:
@@ -681,6 +704,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             add_node()
         heapq.heappush(heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
         fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
+        for k, w in enumerate(scale.windows):
+            if w.start_s > 0:
+                heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
+            heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
 
     # Autoscaling state
     starting: list[float] = []  # ready times of nodes being started
@@ -696,6 +723,67 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     def serving_nodes() -> int:
         return len(serving) // rpn
 
+    def raised(now: float, running: bool) -> int:
+        """Nodes the open windows of that kind add (overlaps: the larger, not the sum)."""
+        assert scale is not None
+        return max((w.nodes for w in scale.windows if w.running == running and w.open_at(now)),
+                   default=0)
+
+    def floor_nodes(now: float) -> int:
+        assert scale is not None
+        return scale.min_nodes + raised(now, True)
+
+    def start_nodes(count: int, now: float) -> None:
+        """Scale out by `count`: warm nodes first (the pool refills from cold), then cold."""
+        nonlocal warm_free
+        assert scale is not None
+        for _ in range(count):
+            if warm_free:
+                warm_free -= 1
+                ready = now + scale.warm_start_s
+                heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+            else:
+                ready = now + scale.cold_start_s
+            starting.append(ready)
+            heapq.heappush(heap, (ready, EV_READY, 0, 0))
+        cold_window.append((now, max(starting)))
+        record(now)
+
+    def begun_before(scale: Autoscale) -> None:
+        """Windows that start at or before the trace's start: nodes launched at FROM serve
+        FROM + their start time later (warm pool first), from 0 at the earliest; a stopped
+        window's nodes are prepared from cold by FROM + the cold start."""
+        nonlocal warm_free
+        early = [w for w in scale.windows if w.start_s <= 0]
+        at = min((w.start_s for w in early if w.running), default=0.0)
+        for _ in range(max((w.nodes for w in early if w.running), default=0)):
+            warm = warm_free > 0
+            warm_free -= warm
+            ready = at + (scale.warm_start_s if warm else scale.cold_start_s)
+            if warm:
+                heapq.heappush(heap, (max(0.0, at + scale.cold_start_s), EV_WARM, 0, 0))
+            if ready <= 0:
+                add_node()
+            else:
+                starting.append(ready)
+                heapq.heappush(heap, (ready, EV_READY, 0, 0))
+        for w in early:
+            if not w.running:
+                for _ in range(w.nodes):
+                    heapq.heappush(heap, (max(0.0, w.start_s + scale.cold_start_s), EV_WARM,
+                                          0, 0))
+
+    def drain_to(nodes: int, now: float) -> None:
+        """The newest nodes leave the balancer and drain their requests, down to `nodes`."""
+        while serving_nodes() > nodes:
+            leaving = serving[-rpn:]
+            del serving[-rpn:]
+            for e in leaving:
+                e.draining = True
+                if e.outstanding:
+                    draining.append(e)
+        record(now)
+
     def bill(now: float) -> None:
         nonlocal node_s, last_t
         if scale is not None:
@@ -708,6 +796,8 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             timeline.append((now, serving_nodes(), len(starting)))
 
+    if scale is not None:
+        begun_before(scale)
     record(0.0)
     i = 0
     rr = 0
@@ -772,7 +862,25 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             continue
         if kind == EV_WARM:
             bill(now)
-            warm_free += 1
+            assert scale is not None
+            if warm_free < scale.warm_nodes + raised(now, False):  # else a window has ended
+                warm_free += 1
+            continue
+        if kind == EV_WINDOW:
+            bill(now)
+            assert scale is not None
+            w = scale.windows[ident]
+            if w.running and version == 0:  # the minimum rises: nodes launch now
+                short = floor_nodes(now) - serving_nodes() - len(starting)
+                if short > 0:
+                    start_nodes(short, now)
+            elif w.running:  # the minimum and the desired size return (the queue policy
+                drain_to(floor_nodes(now), now)  # grows the pool again if traffic needs it)
+            elif version == 0:  # the warm pool rises: nodes prepared from cold
+                for _ in range(w.nodes):
+                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+            else:  # the warm pool returns to its size
+                warm_free = min(warm_free, scale.warm_nodes + raised(now, False))
             continue
         # EV_TICK: the metric sample and the policy.
         assert scale is not None
@@ -782,35 +890,17 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         cur = serving_nodes() + len(starting)
         want = min(scale.max_nodes, math.ceil(serving_nodes() * metric / scale.queue_target))
         if want > cur:
-            for _ in range(want - cur):
-                if warm_free:
-                    warm_free -= 1
-                    ready = now + scale.warm_start_s
-                    # The warm pool refills itself: a replacement is prepared from cold.
-                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
-                else:
-                    ready = now + scale.cold_start_s
-                starting.append(ready)
-                heapq.heappush(heap, (ready, EV_READY, 0, 0))
-            cold_window.append((now, max(starting)))
-            record(now)
+            start_nodes(want - cur, now)
         if metric < scale.queue_target / 2:
             low_since = now if low_since is None else low_since
             if (now - low_since >= scale.scale_down_stabilization_s
                     and now - last_scale_in >= scale.scale_in_cooldown_s
-                    and serving_nodes() > scale.min_nodes and not starting):
-                # The newest node leaves the balancer and drains its requests.
-                leaving = serving[-rpn:]
-                del serving[-rpn:]
-                for e in leaving:
-                    e.draining = True
-                    if e.outstanding:
-                        draining.append(e)
+                    and serving_nodes() > floor_nodes(now) and not starting):
+                drain_to(serving_nodes() - 1, now)  # one node at a time
                 last_scale_in = now
-                record(now)
         else:
             low_since = None
-        if i < n_req or any(e.outstanding for e in engines):
+        if i < n_req or any(e.outstanding for e in engines) or now < run_until_s:
             heapq.heappush(heap, (now + METRIC_PERIOD_S, EV_TICK, 0, 0))
     horizon = max(last_t, max((f for f in req.finish if f == f), default=0.0),
                   trace.arrivals[-1] if n_req else 0.0)
@@ -818,12 +908,17 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     if scale is None:
         node_s = fixed_nodes * horizon
     record(horizon)
+    if scale is not None:  # a running window's nodes are paid whatever the traffic
+        fixed_window_s = sum(w.nodes * max(0.0, min(w.end_s, horizon) - max(0.0, w.start_s))
+                             for w in scale.windows if w.running)
+    else:
+        fixed_window_s = 0.0
     return SimResult(
         req=req, horizon_s=horizon, in_system_integral=state["integral"],
         busy_s=sum(e.busy_s for e in engines),
         occupied_s=sum(e.occupied_s for e in engines),
         replica_s=_replica_seconds(timeline, rpn, horizon) if scale else len(engines) * horizon,
-        node_s=node_s, fixed_node_s=fixed_nodes * horizon,
+        node_s=node_s, fixed_node_s=fixed_nodes * horizon + fixed_window_s,
         price_per_node_hour=price_per_node_hour,
         max_kv_tokens=max(e.max_kv for e in engines),
         max_running=max(e.max_running for e in engines),
