@@ -16,6 +16,7 @@ from poolctl.simulate import (
     Autoscale,
     SimResult,
     SimSummary,
+    SimWindow,
     json_safe,
     percentile,
     simulate,
@@ -26,6 +27,7 @@ from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
     from poolctl.config import Pool, Slo
+    from poolctl.servingmodel import Topology
 
 
 def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
@@ -55,24 +57,36 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
 def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
-             balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
+             balancer: str | None = None, stop_if_p90_over: float | None = None,
+             topology: Topology | None = None, windows: tuple[SimWindow, ...] = (),
+             run_until_s: float = 0.0) -> SimResult:
+    """`trace` through the pool on `cloud`: fixed `replicas`, or its autoscaling. The balancer
+    is the file's `serving.balancer` unless given; `topology` splits each replica's prefill
+    and decode (servingmodel.topology); `windows` are launch windows (`--warm-window`), and
+    the autoscaled pool runs to `run_until_s` at least."""
+    balancer = balancer or pool.serving.balancer
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
     price = plan.price_per_node_hour_usd
-    rpn = plan.replicas_per_node
+    # A disaggregated replica holds prefill and decode GPUs: fewer of them share a node.
+    rpn = (plan.replicas_per_node if topology is None
+           else plan.gpus_per_node // topology.gpus)
     power = power_kw_per_node(pool, cloud)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
                         stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
-                        prefix_caching=pool.serving.prefix_caching)
+                        prefix_caching=pool.serving.prefix_caching, topology=topology)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
+    sc.replicas_per_node = rpn
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
+    sc.windows = windows
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
-                    power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching)
+                    power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching,
+                    topology=topology, run_until_s=run_until_s)
 
 
 def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:
