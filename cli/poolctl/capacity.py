@@ -354,7 +354,8 @@ def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = N
     return m, fl, tf
 
 
-def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
+def recommend(pool: Pool, cloud: Cloud, trace: Trace, start_replicas: int = 1
+              ) -> Recommendation:
     """Smallest replica count meeting the SLOs (TTFT and TPOT p90) at or below the
     utilization target; a max for the busiest window; the smallest warm pool keeping the SLOs
     under autoscaling. An SLO no replica count can meet (the prefill compute floor, the HBM
@@ -371,9 +372,9 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
             return None if res.aborted else summary(res, slo.ttft_p90_s, slo.tpot_p90_s)
         return probe
 
-    def smallest(ok: Callable[[SimSummary], bool], tr: Trace, what: str
+    def smallest(ok: Callable[[SimSummary], bool], tr: Trace, what: str, start: int = 1
                  ) -> tuple[int, SimSummary]:
-        found = smallest_count(fixed(tr), ok)
+        found = smallest_count(fixed(tr), ok, start)
         if found is None:
             raise OperationFailed(
                 f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
@@ -384,7 +385,8 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
                 "SLOs or serving.tensor_parallel")
         return found
 
-    need_min, s_min = smallest(lambda s: judge(s, slo), trace, trace.source)
+    # (`start_replicas`: a guess of the answer, e.g. the search's; the answer is the same)
+    need_min, s_min = smallest(lambda s: judge(s, slo), trace, trace.source, start_replicas)
     w0, w1 = busiest_window(trace, PEAK_WINDOW_S)
     peak = trace.window(w0, w1)
     need_peak = need_min

@@ -509,7 +509,8 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
         raise too_long(pool, cloud, trace, fl, trace.source)
     if chosen is None:
         raise OperationFailed(infeasible(pool, cloud, trace, outcomes))
-    rec = recommend(variant(pool, cloud, chosen.config), cloud, trace)
+    rec = recommend(variant(pool, cloud, chosen.config), cloud, trace,
+                    start_replicas=chosen.replicas)
     return SearchResult(
         pool=pool.name, cloud=cloud, configurations=len(configs), refused=refused,
         outcomes=tuple(outcomes), front=tuple(pareto_front(cands)), chosen=chosen,

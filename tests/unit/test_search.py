@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import poolctl.search as S
-from poolctl.capacity import judge, run_pool, ttft_floor
+from poolctl.capacity import judge, run_pool, smallest_count, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.commands.plansearch import write_changes
@@ -397,3 +397,17 @@ def test_plan_names_the_nearest_slo_met_and_its_cost(tmp_path, monkeypatch, caps
         return judge(summary(run_pool(loose, Cloud.aws, tr, replicas=k), near), loose.slo)
 
     assert meets(n) and (n == 1 or not meets(n - 1))
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 6, 7, 40, 100])
+def test_smallest_count_finds_the_threshold_from_any_start(start):
+    calls = []
+
+    def probe(n):
+        calls.append(n)
+        return None if n < 3 else n  # counts below 3 stop early (sure failures)
+
+    # Passes from 6 on: the answer is 6 whatever the guess, in O(log) probes.
+    assert smallest_count(probe, lambda n: n >= 6, start=start, limit=64) == (6, 6)
+    assert len(calls) <= 2 * (64).bit_length()
+    assert smallest_count(probe, lambda n: False, start=start, limit=64) is None
