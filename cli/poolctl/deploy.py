@@ -58,8 +58,8 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     from poolctl.sizing import plan_pool
 
     plan = plan_pool(pool, cloud)
-    nodes = {"min": plan.nodes["min"], "max": plan.nodes["max"]}
-    warm_running = plan.nodes["warm"] if plan.warm_state == "running" else 0
+    nodes = {"min": plan.nodes.min, "max": plan.nodes.max}
+    warm_running = plan.warm_running_nodes
     sized = summary.size_values
     for key in ("min", "max"):
         for f in (f"{key}_size", f"autoscaling_policy.{key}_replicas"):

@@ -190,8 +190,8 @@ def test_a_file_the_rules_refuse_never_reaches_the_stacks():
 
 def _group(cloud: Cloud, plan) -> Group:
     n = plan.nodes
-    return Group(cloud=cloud, name="g", region="r", min_nodes=n["min"] + 1,
-                 max_nodes=n["max"] + 2, desired_nodes=n["min"] + 3, warm_min_nodes=n["warm"],
+    return Group(cloud=cloud, name="g", region="r", min_nodes=n.min + 1,
+                 max_nodes=n.max + 2, desired_nodes=n.min + 3, warm_min_nodes=n.warm,
                  warm_state="stopped", version="7")
 
 

@@ -91,11 +91,11 @@ def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(p, c)
-    rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
+    rpn, room = plan.replicas_per_node, plan.nodes.max - plan.nodes.min
     if nodes_for(replicas, rpn) > room:
         raise UsageError(
-            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes['max']} "
-            f"node(s) and keeps {plan.nodes['min']} in service, so at most {room} spare "
+            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes.max} "
+            f"node(s) and keeps {plan.nodes.min} in service, so at most {room} spare "
             f"node(s) ({room * rpn} replicas) can ever serve; ask for at most {room * rpn}, "
             "or raise scaling.max_replicas and deploy")
 

@@ -76,7 +76,7 @@ class RolloutResult:
 def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                   group: Group, no_surge: bool) -> list[QuotaLine]:
     """Quota for the rollout: the group's running nodes + the surge (0 with --no-surge)."""
-    surge = 0 if no_surge else plan.nodes["surge"]
+    surge = 0 if no_surge else plan.nodes.surge
     warm_running = plan.warm_state == "running"
     nodes = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
                           warm_running) + surge
@@ -144,7 +144,7 @@ def rollout_start(
     lines = rollout_quota(cfg, pool, cloud, ops, plan, group, no_surge)
     short = [ln for ln in lines if ln.shortfall > 0]
     if short:
-        surge = plan.nodes["surge"]
+        surge = plan.nodes.surge
         offer = ("; or roll without surge with --no-surge (one node at a time out of "
                  "service, no extra node)" if surge and not no_surge else "")
         raise OperationFailed(
@@ -159,8 +159,8 @@ def rollout_start(
     to = "the default image (its line removed)" if value is None else value
 
     cps = ", ".join(f"{c}%" for c in pool.rollout.checkpoints)
-    how = "one node at a time, no surge" if no_surge or not plan.nodes["surge"] else (
-        f"surge {plan.nodes['surge']} node(s)")
+    how = "one node at a time, no surge" if no_surge or not plan.nodes.surge else (
+        f"surge {plan.nodes.surge} node(s)")
     what = (f"{action} rollout of {stack}: {label} {current} -> {to} (checkpoints {cps}; "
             f"{how})")
     if current != value:
@@ -349,9 +349,9 @@ def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Gr
     if not isinstance(ops, BoundsGroupMaximum) or (state is not None and not state.done):
         return
     n = plan_pool(pool, cloud).nodes
-    top = max(n["max"], group.min_nodes)
+    top = max(n.max, group.min_nodes)
     # Only the rollout's own raise: a maximum the file no longer gives is `deploy`'s business.
-    if n["surge"] and group.max_nodes == n["max"] + n["surge"] > top:
+    if n.surge and group.max_nodes == n.max + n.surge > top:
         ops.set_max_nodes(group, top)
         log(f"{pool.name}: group maximum {group.max_nodes} -> {top} node(s): the rollout's "
             "surge room given back")
