@@ -585,7 +585,7 @@ def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_pat
 
     cfg = load_config(f)
     rec = runtime.load_record(cfg, cfg.pools[0], "aws")
-    assert (rec["key"], rec["from"], rec["to"], rec["action"]) == (
+    assert (rec.key, rec.from_value, rec.to_value, rec.action) == (
         "aws.ami_id", AMI, None, "rollback")
 
 
