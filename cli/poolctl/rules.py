@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from poolctl import sizing
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool
+from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool, Target
 
 if TYPE_CHECKING:
     from poolctl.models import Preset
@@ -525,7 +525,7 @@ def _traffic_peak(c: Ctx) -> Iterator[Finding]:
 # ---------------------------------------------------------------------------- running
 
 
-def run_checks(cfg: Config, targets: list[tuple[Pool, Cloud]],
+def run_checks(cfg: Config, targets: list[Target],
                traffic: dict[tuple[str, Cloud], TrafficNeed] | None = None) -> list[Finding]:
     """All findings for the chosen (pool, cloud) targets; pool checks run once per pool.
     `traffic` (per pool name and cloud) is what a given trace needs; checks of it run only
@@ -533,7 +533,8 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, Cloud]],
     catalog = load_catalog()
     findings: list[Finding] = []
     seen: set[str] = set()
-    for pool, cl in targets:
+    for t in targets:
+        pool, cl = t.pool, t.cloud
         index = cfg.pools.index(pool)
         if pool.name not in seen:
             seen.add(pool.name)
@@ -556,7 +557,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-def refuse_invalid(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> None:
+def refuse_invalid(cfg: Config, targets: list[Target]) -> None:
     """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
     nothing, so what the rules accept synthesizes and what they refuse never gets there."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import DTYPE_BYTES, Pool
+from poolctl.config import DTYPE_BYTES, Pool, Target
 from poolctl.errors import UsageError
 from poolctl.images import prepulled
 
@@ -323,10 +323,11 @@ def quota_key(pool: Pool, cloud: Cloud, need: dict[str, Any]
     return cloud, project, need["scope"], need["name"]
 
 
-def quota_totals(targets: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
+def quota_totals(targets: list[Target]) -> list[dict[str, Any]]:
     """The peak needs of `targets` summed per quota they share, in the order first needed."""
     totals: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for pool, cloud in targets:
+    for target in targets:
+        pool, cloud = target.pool, target.cloud
         for q in plan_pool(pool, cloud).quotas:
             cloud_, project, scope, name = quota_key(pool, cloud, q)
             t = totals.setdefault((cloud_, project, scope, name), {

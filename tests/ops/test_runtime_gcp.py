@@ -45,7 +45,7 @@ from poolctl.clouds.gcp.mig import node_phase  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps, make_ops  # noqa: E402
 from poolctl.clouds.gcp.quota import cloud_quota  # noqa: E402
 from poolctl.clouds.gcp.rollout import replaced_templates  # noqa: E402
-from poolctl.config import parse_config  # noqa: E402
+from poolctl.config import Target, parse_config  # noqa: E402
 from poolctl.endpoints import CloudEndpoints  # noqa: E402
 from poolctl.errors import OperationFailed, UsageError  # noqa: E402
 from poolctl.sizing import plan_pool  # noqa: E402
@@ -794,8 +794,8 @@ def test_deploy_forgets_the_template_the_mig_runs(cfg, pool, capsys):
                                                       ["create", "delete"], V1)]}
             return SimpleNamespace(stdout=json.dumps(plan))
 
-    assert runtime.deploy_before_apply([(pool, "aws")]) is None  # AWS stacks: no step
-    step = runtime.deploy_before_apply([(pool, "aws"), (pool, "gcp")])
+    assert runtime.deploy_before_apply([Target(pool, Cloud.aws)]) is None  # AWS stacks: no step
+    step = runtime.deploy_before_apply([Target(pool, Cloud.aws), Target(pool, Cloud.gcp)])
     assert step(Tf()) is True  # the state changed: plan again
     assert calls == [("show", "-json", "tfplan"), ("state", "rm", tpl)]
     err = capsys.readouterr().err

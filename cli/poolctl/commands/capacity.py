@@ -85,11 +85,13 @@ def check(
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(tgts[0][1], endpoints)
+    c = tgts[0].cloud
+    ops = runtime.get_ops(c, endpoints)
     if not isinstance(ops, ChecksCapacity):
-        raise UsageError(f"--cloud {tgts[0][1]}: capacity check is not supported on "
-                         f"{tgts[0][1]} yet; use --cloud aws")
-    reports = [ops.capacity_report(cfg, p, capacity_needs(plan_pool(p, c))) for p, c in tgts]
+        raise UsageError(f"--cloud {c}: capacity check is not supported on {c} yet; use "
+                         "--cloud aws")
+    reports = [ops.capacity_report(cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
+               for t in tgts]
     problems = [m for r in reports if (m := _problem(r))]
     if json_out:
         emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})

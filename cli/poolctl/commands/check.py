@@ -22,9 +22,10 @@ from poolctl.commands.common import (
     targets,
 )
 from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.config import Target
 
 if TYPE_CHECKING:
-    from poolctl.config import Config, Pool
+    from poolctl.config import Config
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
@@ -44,7 +45,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         emit_json({"ok": not errs, "findings": [f.to_json() for f in findings]})
     else:
         print_findings(findings)
-        checked = ", ".join(f"{p.name}/{c}" for p, c in tgts)
+        checked = ", ".join(f"{t.pool.name}/{t.cloud}" for t in tgts)
         status = "FAILED" if errs else "ok"
         sys.stderr.write(f"{status}: {len(errs)} error(s), "
                          f"{len(findings) - len(errs)} note(s) over {checked}\n")
@@ -52,7 +53,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
-def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
+def require_valid(cfg: Config, tgts: list[Target]) -> None:
     """What plan, synth and deploy run first: print findings, refuse on any error."""
     from poolctl.errors import OperationFailed
     from poolctl.rules import errors, run_checks
@@ -78,14 +79,14 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    plans = [plan_pool(p, c) for p, c in tgts]
+    plans = [plan_pool(t.pool, t.cloud) for t in tgts]
     totals = _quota_totals(cfg, tgts)
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
         entries = [p.to_json() for p in plans]
-        for e, (p, c) in zip(entries, tgts, strict=True):
-            if (p.name, c) in recs:
-                e["recommendation"] = recs[(p.name, c)]
+        for e, t in zip(entries, tgts, strict=True):
+            if (t.pool.name, t.cloud) in recs:
+                e["recommendation"] = recs[(t.pool.name, t.cloud)]
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
@@ -94,14 +95,14 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         render_recommendations(tgts, plans, recs)
 
 
-def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
+def _quota_totals(cfg: Config, tgts: list[Target]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
     from poolctl.sizing import quota_totals
 
-    clouds = list(dict.fromkeys(c for _, c in tgts))
-    every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
-    selected = {(p.name, c) for p, c in tgts}
+    clouds = list(dict.fromkeys(t.cloud for t in tgts))
+    every = [Target(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
+    selected = {(t.pool.name, t.cloud) for t in tgts}
     return [t for t in quota_totals(every)
             if any((name, t["cloud"]) in selected for name in t["pools"])]
 
@@ -120,7 +121,7 @@ def render_quota_totals(totals: list[dict[str, Any]]) -> None:
     console().print(t)
 
 
-def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path | None,
+def _recommendations(cfg: Config, tgts: list[Target], traffic: Path | None,
                      rate: float | None, duration: float, seed: int, time_scale: float) -> Recs:
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
@@ -131,21 +132,22 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
-    recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
+    recs = {(t.pool.name, t.cloud): recommend(t.pool, t.cloud, tr) for t in tgts}
     needs = {k: TrafficNeed(r["peak_replicas_needed"], tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call
     return recs
 
 
-def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan], recs: Recs
+def render_recommendations(tgts: list[Target], plans: list[PoolPlan], recs: Recs
                            ) -> None:
     from rich.table import Table
 
     from poolctl.sizing import nodes_for
 
     out = console()
-    for (p, c), pl in zip(tgts, plans, strict=True):
+    for tgt, pl in zip(tgts, plans, strict=True):
+        p, c = tgt.pool, tgt.cloud
         r = recs[(p.name, c)]
         price = pl.price_per_node_hour_usd
         t = Table(title=f"{p.name} on {c}: replicas for the traffic (SLO TTFT p90 "

@@ -20,7 +20,7 @@ from poolctl.errors import UsageError
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
 
-    from poolctl.config import Config, Pool
+    from poolctl.config import Config, Target
     from poolctl.rules import Finding
 
 
@@ -167,7 +167,7 @@ def file_errors() -> Iterator[None]:
                          "pass -f PATH of a poolctl.yaml (or set POOLCTL_FILE)") from None
 
 
-def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:
+def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[Target]:
     return cfg.targets(pool, cloud)
 
 
@@ -203,8 +203,8 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
-                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[tuple[Pool, Cloud]]:
-    """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`), which the
+                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Target]:
+    """The targets of a command that acts on one cloud (`pick_cloud`), which the
     endpoints must reach."""
     picked = pick_cloud(cfg, pool, cloud, endpoints)
     endpoints.require(picked)
@@ -212,13 +212,13 @@ def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
-               endpoints: CloudEndpoints = REAL_CLOUDS) -> tuple[Pool, Cloud]:
-    """The single (pool, cloud) a command that changes one pool acts on."""
+               endpoints: CloudEndpoints = REAL_CLOUDS) -> Target:
+    """The single target a command that changes one pool acts on."""
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:
         from poolctl.errors import UsageError
 
-        names = ", ".join(p.name for p, _ in tgts)
+        names = ", ".join(t.pool.name for t in tgts)
         raise UsageError(f"--pool: this acts on one pool, the file gives {names}; pick one "
                          "with --pool")
     return tgts[0]

@@ -51,7 +51,8 @@ def build(
     path = find_config(file)
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run,
                        verbose=verbose)
     if json_out:
@@ -81,7 +82,8 @@ def list_(
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     rows = images.list_images(cfg, p, c, endpoints)
     if json_out:
         emit_json({"pool": p.name, "cloud": c, "images": [asdict(r) for r in rows]})
@@ -110,7 +112,8 @@ def prune(
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     out = images.prune(cfg, p, c, endpoints, keep)
     if json_out:
         emit_json(out)

@@ -105,13 +105,13 @@ def check(
     if access is None:
         # The pool's own way in, when every target has one (and no --host names nodes).
         own = {"aws": lambda p: p.aws.node_access, "gcp": lambda p: p.gcp.node_access}
-        modes = {own[c](p) for p, c in tgts}
+        modes = {own[t.cloud](t.pool) for t in tgts}
         access = modes.pop() if len(modes) == 1 and not host else "ssh"
         access = "ssh" if access == "none" else access
-    if access == "instance-connect" and any(c != Cloud.aws for _, c in tgts):
+    if access == "instance-connect" and any(t.cloud != Cloud.aws for t in tgts):
         raise UsageError("--access instance-connect: EC2 Instance Connect is AWS's; add "
                          "--cloud aws, or use --access iap for GCP")
-    if access == "iap" and any(c != Cloud.gcp for _, c in tgts):
+    if access == "iap" and any(t.cloud != Cloud.gcp for t in tgts):
         raise UsageError("--access iap: IAP TCP forwarding with OS Login is GCP's; add "
                          "--cloud gcp, or use --access instance-connect for AWS")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,

@@ -70,7 +70,8 @@ def warm(
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     if replicas is not None:
         _refuse_useless_warm(p, c, replicas)
     ops = runtime.get_ops(c, endpoints)
@@ -118,7 +119,8 @@ def status(
     # Each pool's load balancer (None: none carries its tags/labels).
     lbs: list[Endpoint | None] = []
     endpoints = endpoints_of(sandbox)
-    for p, c in cloud_targets(cfg, pool, cloud, endpoints):
+    for t in cloud_targets(cfg, pool, cloud, endpoints):
+        p, c = t.pool, t.cloud
         ops = runtime.get_ops(c, endpoints)
         if not isinstance(ops, PublishesQueueMetric):
             unread.add(c)

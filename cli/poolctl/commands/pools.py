@@ -129,7 +129,8 @@ def logs(
     start_ms = int((time.time() - seconds) * 1000)
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     ops = runtime.get_ops(c, endpoints)
 
     shown = 0

@@ -50,12 +50,13 @@ def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bo
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(tgts[0][1], endpoints, contact_email=contact_email)
+    ops = runtime.get_ops(tgts[0].cloud, endpoints, contact_email=contact_email)
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
     seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
     found: list[tuple[Pool, Cloud, list[QuotaLine]]] = []
-    for p, c in tgts:
+    for t in tgts:
+        p, c = t.pool, t.cloud
         lines: list[QuotaLine] = []
         for ln in runtime.quota_check(cfg, p, c, ops):
             key = (c, ln.scope, ln.name, tuple(ln.pools))

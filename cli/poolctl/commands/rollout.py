@@ -130,7 +130,8 @@ def start(
     path = _config_path(file)
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     ops = runtime.get_ops(c, endpoints)
     with _stdout_to_stderr(json_out):
         if node_image == "latest":
@@ -181,7 +182,8 @@ def status(
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     data = runtime.rollout_status(cfg, p, c, runtime.get_ops(c, endpoints))
     if json_out:
         emit_json(data)
@@ -230,7 +232,8 @@ def rollback(
     path = _config_path(file)
     cfg = load(path)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     ops = runtime.get_ops(c, endpoints)
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
@@ -265,7 +268,8 @@ def cancel(
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    p, c = tgt.pool, tgt.cloud
     ops = runtime.get_ops(c, endpoints)
     state = runtime.rollout_cancel(cfg, p, c, ops)
     data: dict[str, Any] = {"pool": p.name, "cloud": c, "rollout": asdict(state)}

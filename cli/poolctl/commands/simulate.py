@@ -115,10 +115,11 @@ def simulate(
     if plot is not None:
         _need_matplotlib()
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud)
+    tgt = one_target(cfg, pool, cloud)
+    p, c = tgt.pool, tgt.cloud
     from poolctl.commands.check import require_valid
 
-    require_valid(cfg, [(p, c)])
+    require_valid(cfg, [tgt])
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
                    warm_replicas=warm, balancer=balancer)

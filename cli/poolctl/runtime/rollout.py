@@ -26,7 +26,7 @@ from poolctl.clouds.base import (
     StepsRollouts,
 )
 from poolctl.clouds.registry import get_ops
-from poolctl.config import Config, Pool, parse_config
+from poolctl.config import Config, Pool, Target, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import ROLLOUT_DONE_OK, poll_interval
@@ -224,8 +224,8 @@ def rollout_start(
         env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
         try:
             res = run_stacks(
-                new_cfg, [(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints, destroy=False,
-                plan_only=False, confirm=confirm_rollout, mirror=mirror,
+                new_cfg, [Target(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints,
+                destroy=False, plan_only=False, confirm=confirm_rollout, mirror=mirror,
                 render_summary=render_summary, extra_env=env,
                 before_apply=_keep_previous_version(ops, pool), verbose=verbose,
             )[0]
@@ -280,13 +280,13 @@ def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Terraform], b
     return before_apply
 
 
-def deploy_before_apply(targets: list[tuple[Pool, Cloud]]
+def deploy_before_apply(targets: list[Target]
                         ) -> Callable[[Terraform], bool] | None:
     """`deploy`'s `before_apply` step: on GCP the MIG's versions are poolctl's (a rollout
     steps them), so an apply that replaces the instance template must not delete the one the
     MIG runs (GCE refuses while it is in use): Terraform forgets it, and `rollout start`
     rolls the new one checkpoint by checkpoint."""
-    if not any(c == Cloud.gcp for _, c in targets):
+    if not any(t.cloud == Cloud.gcp for t in targets):
         return None
     ops = get_ops(Cloud.gcp)
     assert isinstance(ops, StepsRollouts)  # GCP canaries: the versions are poolctl's
