@@ -21,13 +21,12 @@ from poolctl.commands.common import (
     PoolOpt,
     SandboxOpt,
     check_creatable,
-    cloud_targets,
     confirm,
     console,
     emit_json,
-    endpoints_of,
     load,
     make_folder,
+    resolve_targets,
     targets,
 )
 from poolctl.endpoints import CloudEndpoints
@@ -207,9 +206,8 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
     from poolctl.deploy import run_stacks
 
     check_out(out)
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
+    cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, list(ctx.targets)
     if not destroy:
         require_valid(cfg, tgts)
     from poolctl.runtime import deploy_before_apply

@@ -13,11 +13,9 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
+    resolve_targets,
 )
 
 if TYPE_CHECKING:
@@ -77,21 +75,17 @@ def check(
     """Per zone of the placement: whether the type is offered, the reservations that match
     the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
     surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
-    from poolctl import runtime
     from poolctl.clouds.base import ChecksCapacity, capacity_needs
     from poolctl.errors import OperationFailed, UsageError
     from poolctl.sizing import plan_pool
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
-    c = tgts[0].cloud
-    ops = runtime.get_ops(c, endpoints)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
+    ops, c = ctx.ops, ctx.cloud
     if not isinstance(ops, ChecksCapacity):
         raise UsageError(f"--cloud {c}: capacity check is not supported on {c} yet; use "
                          "--cloud aws")
-    reports = [ops.capacity_report(cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
-               for t in tgts]
+    reports = [ops.capacity_report(ctx.cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
+               for t in ctx.targets]
     problems = [m for r in reports if (m := _problem(r))]
     if json_out:
         emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})

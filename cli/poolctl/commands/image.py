@@ -16,9 +16,7 @@ from poolctl.commands.common import (
     SandboxOpt,
     console,
     emit_json,
-    endpoints_of,
-    load,
-    one_target,
+    resolve_target,
     whole,
 )
 
@@ -46,15 +44,10 @@ def build(
     On AWS the builder runs in the file's subnet or one of the pool's private subnets (its
     first deploy creates them): where there is none, the build stops before Packer runs."""
     from poolctl import images
-    from poolctl.config import find_config
 
-    path = find_config(file)
-    cfg = load(path)
-    endpoints = endpoints_of(sandbox)
-    tgt = one_target(cfg, pool, cloud, endpoints)
-    p, c = tgt.pool, tgt.cloud
-    res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run,
-                       verbose=verbose)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    res = images.build(ctx.cfg, ctx.path, ctx.pool, ctx.cloud, endpoints=ctx.endpoints,
+                       dry_run=dry_run, verbose=verbose)
     if json_out:
         emit_json(res.to_json())
     elif dry_run:
@@ -63,7 +56,7 @@ def build(
         # Plain write: a command line must not be wrapped at the terminal's width.
         sys.stdout.write(f"# would run in {res.build_dir}: {shlex.join(res.command)}\n")
     else:
-        console().print(f"{p.name}: built {res.image_id} ({res.serving_image}"
+        console().print(f"{ctx.pool.name}: built {res.image_id} ({res.serving_image}"
                         f"{', ' + res.digest if res.digest else ''}) in {res.seconds:g} s")
 
 
@@ -80,11 +73,9 @@ def list_(
 
     from poolctl import images
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgt = one_target(cfg, pool, cloud, endpoints)
-    p, c = tgt.pool, tgt.cloud
-    rows = images.list_images(cfg, p, c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    p, c = ctx.pool, ctx.cloud
+    rows = images.list_images(ctx.cfg, p, c, ctx.endpoints)
     if json_out:
         emit_json({"pool": p.name, "cloud": c, "images": [asdict(r) for r in rows]})
         return
@@ -110,12 +101,9 @@ def prune(
     (the file, launch template versions, instances) are never deleted."""
     from poolctl import images
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgt = one_target(cfg, pool, cloud, endpoints)
-    p, c = tgt.pool, tgt.cloud
-    out = images.prune(cfg, p, c, endpoints, keep)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    out = images.prune(ctx.cfg, ctx.pool, ctx.cloud, ctx.endpoints, keep)
     if json_out:
         emit_json(out)
     else:
-        console().print(f"{p.name}: deleted {len(out['deleted'])}, kept {len(out['kept'])}")
+        console().print(f"{ctx.pool.name}: deleted {len(out['deleted'])}, kept {len(out['kept'])}")

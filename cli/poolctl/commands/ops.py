@@ -14,13 +14,11 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
-    one_target,
     real,
+    resolve_target,
+    resolve_targets,
     whole,
 )
 
@@ -68,18 +66,15 @@ def warm(
 
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgt = one_target(cfg, pool, cloud, endpoints)
-    p, c = tgt.pool, tgt.cloud
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if replicas is not None:
         _refuse_useless_warm(p, c, replicas)
-    ops = runtime.get_ops(c, endpoints)
-    result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
+    result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
+                          exact=exact)
     sys.stderr.write(result.message + "\n")
     if wait and result.mode != "reset":
-        hint = runtime.watch_hint(c, file, p, endpoints)
-        result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
+        result.wait = runtime.wait_warm(cfg, p, c, ctx.ops, result, timeout, ctx.hint())
     if json_out:
         emit_json(result.to_json())
 
@@ -113,19 +108,16 @@ def status(
     from poolctl.clouds.base import PublishesQueueMetric, failures_line
     from poolctl.inventory import API_KEY_VAR
 
-    cfg = load(file)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
     out: list[PoolStatus] = []
     unread: set[str] = set()
     # Each pool's load balancer (None: none carries its tags/labels).
     lbs: list[Endpoint | None] = []
-    endpoints = endpoints_of(sandbox)
-    for t in cloud_targets(cfg, pool, cloud, endpoints):
-        p, c = t.pool, t.cloud
-        ops = runtime.get_ops(c, endpoints)
-        if not isinstance(ops, PublishesQueueMetric):
-            unread.add(c)
-        out.append(runtime.status(cfg, p, c, ops))
-        lbs.append(ops.endpoint(cfg, p))
+    for t in ctx.targets:
+        if not isinstance(ctx.ops, PublishesQueueMetric):
+            unread.add(t.cloud)
+        out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops))
+        lbs.append(ctx.ops.endpoint(ctx.cfg, t.pool))
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
                              for s, ep in zip(out, lbs, strict=True)]})
