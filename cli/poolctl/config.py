@@ -413,17 +413,8 @@ class WarmPool(CoreModel):
     state: Literal["stopped", "running"] = Field(
         default="stopped",
         description="State of warm nodes: `stopped` (cheap; the local NVMe cache refills on "
-        "start) or `running` (ready at full price). GPU nodes cannot hibernate.",
+        "start) or `running` (ready at full price).",
     )
-
-    @field_validator("state", mode="before")
-    @classmethod
-    def _no_hibernation(cls, v: object) -> object:
-        if v == "hibernated":
-            raise ValueError("GPU nodes cannot hibernate (EC2 hibernates under 150 GB of RAM, "
-                             "an 8-GPU node has over 1 TB; GCE does not suspend GPU VMs); use "
-                             "stopped or running")
-        return v
 
 
 class Rollout(CoreModel):
