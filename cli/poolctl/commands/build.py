@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poolctl.commands.check import require_valid
+from poolctl import runtime
+from poolctl.cloud import Cloud
+from poolctl.clouds.aws.preflight import check_certificate
+from poolctl.clouds.base import StepsRollouts
 from poolctl.commands.common import (
     AutoApproveOpt,
     CloudAllOpt,
@@ -26,10 +29,14 @@ from poolctl.commands.common import (
     emit_json,
     load,
     make_folder,
+    require_valid,
     resolve_targets,
     targets,
 )
+from poolctl.deploy import run_stacks, synth_targets
 from poolctl.endpoints import CloudEndpoints
+from poolctl.errors import OperationFailed, PoolctlError, UsageError
+from poolctl.runtime import deploy_before_apply, get_ops
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
@@ -46,7 +53,6 @@ def check_out(out: Path) -> None:
     place no folder can be made (/proc, a read-only mount), before anything is written."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        from poolctl.errors import UsageError
 
         raise UsageError(f"--out: {existing} is a file, not a folder; give a folder for the "
                          "synthesized stacks (default cdktf.out)")
@@ -72,7 +78,6 @@ OUT_FIX = "give a folder you can write in for the synthesized stacks (default cd
 def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
           out: OutOpt = Path("cdktf.out"), json_out: JsonOpt = False) -> None:
     """Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."""
-    from poolctl.deploy import synth_targets
 
     check_out(out)
     cfg = load(file)
@@ -147,8 +152,6 @@ def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, 
     until `warm --reset`."""
 
     def check(tgts: list[Target]) -> Keeps:
-        from poolctl import runtime
-        from poolctl.errors import OperationFailed, PoolctlError
 
         for t in tgts:
             p, c = t.pool, t.cloud
@@ -188,12 +191,10 @@ def _certificate(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoint
                  ) -> str | None:
     """The AWS placement's certificate exists, is issued and is in its region; else the
     apply would point port 80 at an HTTPS listener that never comes."""
-    from poolctl.cloud import Cloud
 
     placement = pool.aws
     if cloud != Cloud.aws or placement is None or not placement.certificate_arn:
         return None
-    from poolctl.clouds.aws.preflight import check_certificate
 
     idx = [p.name for p in cfg.pools].index(pool.name)
     return check_certificate(f"pools[{idx}].aws.certificate_arn", placement.certificate_arn,
@@ -203,14 +204,12 @@ def _certificate(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoint
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
          auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
          json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
-    from poolctl.deploy import run_stacks
 
     check_out(out)
     ctx = resolve_targets(file, pool, cloud, sandbox)
     cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, list(ctx.targets)
     if not destroy:
         require_valid(cfg, tgts)
-    from poolctl.runtime import deploy_before_apply
 
     results = run_stacks(
         cfg, tgts, outdir=make_out_parent(out), endpoints=endpoints, destroy=destroy,
@@ -239,8 +238,6 @@ def _kept_versions(cfg: Config, tgts: list[Target], results: list[StackResult],
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete
     those too."""
-    from poolctl.clouds.base import StepsRollouts
-    from poolctl.runtime import get_ops
 
     out: dict[str, dict[str, list[str]]] = {}
     for t, r in zip(tgts, results, strict=True):

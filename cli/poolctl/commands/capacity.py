@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from poolctl.clouds.base import ChecksCapacity, capacity_needs
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -17,6 +18,8 @@ from poolctl.commands.common import (
     emit_json,
     resolve_targets,
 )
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.sizing import plan_pool
 
 if TYPE_CHECKING:
     from poolctl.clouds.base import CapacityReport, ReservationRow
@@ -75,9 +78,6 @@ def check(
     """Per zone of the placement: whether the type is offered, the reservations that match
     the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
     surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
-    from poolctl.clouds.base import ChecksCapacity, capacity_needs
-    from poolctl.errors import OperationFailed, UsageError
-    from poolctl.sizing import plan_pool
 
     ctx = resolve_targets(file, pool, cloud, sandbox)
     ops, c = ctx.ops, ctx.cloud

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from poolctl import images
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -43,7 +44,6 @@ def build(
 
     On AWS the builder runs in the file's subnet or one of the pool's private subnets (its
     first deploy creates them): where there is none, the build stops before Packer runs."""
-    from poolctl import images
 
     ctx = resolve_target(file, pool, cloud, sandbox)
     res = images.build(ctx.cfg, ctx.path, ctx.pool, ctx.cloud, endpoints=ctx.endpoints,
@@ -71,8 +71,6 @@ def list_(
     """The pool's images, newest first, and what uses each."""
     from dataclasses import asdict
 
-    from poolctl import images
-
     ctx = resolve_target(file, pool, cloud, sandbox)
     p, c = ctx.pool, ctx.cloud
     rows = images.list_images(ctx.cfg, p, c, ctx.endpoints)
@@ -99,7 +97,6 @@ def prune(
 ) -> None:
     """Deregister all but the KEEP newest unused images (with their snapshots); images in use
     (the file, launch template versions, instances) are never deleted."""
-    from poolctl import images
 
     ctx = resolve_target(file, pool, cloud, sandbox)
     out = images.prune(ctx.cfg, ctx.pool, ctx.cloud, ctx.endpoints, keep)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import nodecheck
 from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudOpt,
@@ -22,6 +23,8 @@ from poolctl.commands.common import (
     resolve_targets,
     whole,
 )
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.nodecheck import CHECK_NAMES
 
 if TYPE_CHECKING:
     from poolctl.nodecheck import Check, NodeResult
@@ -94,8 +97,6 @@ def check(
     json_out: JsonOpt = False,
 ) -> None:
     """SSH into nodes and verify GPUs, NVLink, no EFA, the NVMe cache, the image and health."""
-    from poolctl import nodecheck
-    from poolctl.errors import OperationFailed, UsageError
 
     ctx = resolve_targets(file, pool, cloud, sandbox)
     cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, ctx.targets
@@ -141,8 +142,6 @@ def render(results: list[NodeResult]) -> None:
     """Node x check matrix when it fits the terminal, else one row per node and check."""
     from rich.markup import escape
     from rich.table import Table
-
-    from poolctl.nodecheck import CHECK_NAMES
 
     out = console()
 
