@@ -35,12 +35,12 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
     """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
     rpn = plan.replicas_per_node
     s, wp = pool.scaling, pool.warm_pool
-    warm = plan.nodes["warm"] if warm_replicas is None else math.ceil(warm_replicas / rpn)
+    warm = plan.nodes.warm if warm_replicas is None else math.ceil(warm_replicas / rpn)
     warm_key = "warm_running" if wp.state == "running" else "warm_stopped"
     return Autoscale(
         replicas_per_node=rpn,
-        min_nodes=max(1, plan.nodes["min"]),
-        max_nodes=max(1, plan.nodes["max"]),
+        min_nodes=max(1, plan.nodes.min),
+        max_nodes=max(1, plan.nodes.max),
         warm_nodes=warm,
         warm_start_s=sum(plan.start_phases[warm_key].values()),
         cold_start_s=sum(plan.start_phases["cold"].values()),

@@ -42,7 +42,7 @@ from poolctl.capacity import (
 )
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import Config, Pool, Target
 from poolctl.errors import OperationFailed
 from poolctl.rules import errors, run_checks
 from poolctl.servingmodel import replica_model
@@ -255,7 +255,7 @@ def configurations(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace | None = 
                               base.max_model_len)
             v = variant(pool, cloud, c)
             trial = cfg.model_copy(update={"pools": [v if q is pool else q for q in cfg.pools]})
-            if errors(run_checks(trial, [(v, cloud)])):
+            if errors(run_checks(trial, [Target(v, cloud)])):
                 refused += 1
             else:
                 ok.append(c)

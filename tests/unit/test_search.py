@@ -18,7 +18,7 @@ from poolctl.capacity import judge, run_pool, smallest_count, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.commands.plansearch import write_changes
-from poolctl.config import load_config
+from poolctl.config import Target, load_config
 from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
 from poolctl.servingmodel import replica_model
@@ -131,7 +131,7 @@ def test_rule_refused_configurations_are_absent(setup, result):
     for o in result.outcomes:
         v = S.variant(pool, "aws", o.config)
         trial = cfg.model_copy(update={"pools": [v]})
-        assert not errors(run_checks(trial, [(v, "aws")])), o.config
+        assert not errors(run_checks(trial, [Target(v, Cloud.aws)])), o.config
     # Every remaining type of the cloud with NVLink and 8 GPUs offered in the region appears.
     offered = {r.name for r in load_catalog().instance_types if r.cloud == "aws" and r.nvlink
                and r.gpus == 8 and "us-east-1" in r.regions}

@@ -41,7 +41,8 @@ def fit(
 ) -> None:
     """Fit prefill_mfu, decode_mbu, step_overhead_ms and decode_us_per_seq to RESULT."""
     cfg = load(file)
-    p, c = pick_target(cfg, pool, cloud)
+    tgt = pick_target(cfg, pool, cloud)
+    p, c = tgt.pool, tgt.cloud
     with open_regular(result, "RESULT", "give the file `vllm bench serve --save-result` "
                       "wrote", 64 * 2**20) as fh:
         raw = fh.read()

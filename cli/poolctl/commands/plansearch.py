@@ -8,17 +8,18 @@ from pathlib import Path
 
 from poolctl.cloud import Cloud
 from poolctl.commands.common import console
-from poolctl.config import Config, Pool, find_config, parse_config
+from poolctl.config import Config, Pool, Target, find_config, parse_config
 from poolctl.errors import UsageError
 from poolctl.runtime.fileedit import set_scalar, write_atomic
 from poolctl.search import AGGREGATED, Candidate, SearchResult, search
 from poolctl.traces import Trace
 
 
-def run_searches(cfg: Config, tgts: list[tuple[Pool, Cloud]], trace: Trace, workers: int
+def run_searches(cfg: Config, tgts: list[Target], trace: Trace, workers: int
                  ) -> dict[tuple[str, Cloud], SearchResult]:
     out: dict[tuple[str, Cloud], SearchResult] = {}
-    for p, c in tgts:
+    for tgt in tgts:
+        p, c = tgt.pool, tgt.cloud
         t0 = time.monotonic()
 
         def progress(n: int, total: int, what: str, p: Pool = p, c: Cloud = c,
