@@ -99,12 +99,6 @@ class InstanceType(_Row):
         return self.hbm_mib_per_gpu * 2**20
 
     @property
-    def can_hibernate(self) -> bool:
-        # EC2 hibernation needs less than 150 GB of RAM (EC2 user guide, "Hibernation
-        # prerequisites"; docs/cloud-facts.md, "Warm pools and hibernation").
-        return self.cloud == Cloud.aws and self.ram_gib * 2**30 < 150e9
-
-    @property
     def quota_per_node(self) -> int:
         return self.vcpus if self.quota.unit == "vCPU" else self.gpus
 

@@ -245,7 +245,8 @@ def test_gcp_region_without_catalog_zones_needs_zones():
     row = load_catalog().get("gcp", "a3-highgpu-8g")
     bare = row.model_copy(update={"regions": {**row.regions, "us-central1": []}})
     (f,) = _region(Ctx(cfg, cfg.pools[0], 0, "gcp", bare))
-    assert (f.severity, f.key) == ("error", "pools[0].gcp.zones")
+    # the finding takes its id from the check (`@check("region-offered")`), called directly too
+    assert (f.check, f.severity, f.key) == ("region-offered", "error", "pools[0].gcp.zones")
     assert list(_region(Ctx(cfg, cfg.pools[0], 0, "gcp", row))) == []
 
 
@@ -268,3 +269,9 @@ def test_batch_budget_below_max_num_seqs_is_what_vllm_refuses():
     assert "serving.max_num_seqs 256" in f.message and "at least 256" in f.hint
     equal = pool_yaml().replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 256")
     assert by_check(findings(equal), "batch-budget") == []
+
+
+def test_check_ids_are_unique():
+    # A finding's id is its check's: two checks under one id could not be told apart.
+    ids = [c.id for c in CHECKS]
+    assert len(ids) == len(set(ids))

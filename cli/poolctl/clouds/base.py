@@ -470,9 +470,9 @@ def capacity_needs(plan: PoolPlan) -> dict[str, int]:
     capacity; stopped ones give it back and launch again when started) and at peak (max +
     a rollout's surge); its warm and surge nodes alone."""
     n = plan.nodes
-    running_warm = n["warm"] if plan.warm_state == "running" else 0
-    return {"min": n["min"] + running_warm, "warm": n["warm"], "surge": n["surge"],
-            "max": n["max"] + running_warm, "peak": n["max"] + n["surge"] + running_warm}
+    running_warm = plan.warm_running_nodes
+    return {"min": n.min + running_warm, "warm": n.warm, "surge": n.surge,
+            "max": n.max + running_warm, "peak": n.max + n.surge + running_warm}
 
 
 class ChecksCapacity(ABC):

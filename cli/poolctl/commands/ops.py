@@ -18,13 +18,11 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
-    one_target,
     real,
+    resolve_target,
+    resolve_targets,
     whole,
 )
 from poolctl.errors import UsageError
@@ -103,17 +101,15 @@ def warm(
         return
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if replicas is not None:
         _refuse_useless_warm(p, c, replicas)
-    ops = runtime.get_ops(c, endpoints)
-    result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
+    result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
+                          exact=exact)
     sys.stderr.write(result.message + "\n")
     if wait and result.mode != "reset":
-        hint = runtime.watch_hint(c, file, p, endpoints)
-        result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
+        result.wait = runtime.wait_warm(cfg, p, c, ctx.ops, result, timeout, ctx.hint())
     if json_out:
         emit_json(result.to_json())
 
@@ -147,29 +143,27 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
         if replicas is None:
             raise UsageError("--from/--until: give --replicas N, the window's spare replicas")
         t_from, t_until = parse_time("--from", start, now), parse_time("--until", until, now)
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if list_ or cancel is not None:
-        ops = runtime.get_ops(c, endpoints)
-        result = (runtime.list_windows(cfg, p, c, ops, now) if list_
-                  else runtime.cancel_window(cfg, p, c, ops, str(cancel), now))
+        result = (runtime.list_windows(cfg, p, c, ctx.ops, now) if list_
+                  else runtime.cancel_window(cfg, p, c, ctx.ops, str(cancel), now))
     else:
         assert replicas is not None  # checked above
         if not running:
             raise UsageError(runtime.NOT_RUNNING)
         _refuse_useless_warm(p, c, replicas)
-        ops = runtime.get_ops(c, endpoints)
-        result = runtime.schedule_window(cfg, p, c, ops, replicas, t_from, t_until, running,
-                                         now, reserve=reserve, yes=yes)
+        result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
+                                         running, now, reserve=reserve, yes=yes)
         if result.action == "offered" and sys.stdin.isatty() and not json_out:
             best = result.offerings[0]
             _print_offerings(result)
             # An interactive yes buys as --yes would (the offers are looked up again).
             if typer.confirm(f"buy {best.id} for ${best.upfront_usd:,.2f} and schedule the "
                              "window?", default=False):
-                result = runtime.schedule_window(cfg, p, c, ops, replicas, t_from, t_until,
-                                                 running, now, reserve=True, yes=True)
+                result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from,
+                                                 t_until, running, now, reserve=True,
+                                                 yes=True)
             sys.stderr.write(result.message + "\n")
             return
     if json_out:
@@ -198,11 +192,11 @@ def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     Checked against the file's sizes (what deploy gives the group) before any cloud call."""
 
     plan = plan_pool(p, c)
-    rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
+    rpn, room = plan.replicas_per_node, plan.nodes.max - plan.nodes.min
     if nodes_for(replicas, rpn) > room:
         raise UsageError(
-            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes['max']} "
-            f"node(s) and keeps {plan.nodes['min']} in service, so at most {room} spare "
+            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes.max} "
+            f"node(s) and keeps {plan.nodes.min} in service, so at most {room} spare "
             f"node(s) ({room * rpn} replicas) can ever serve; ask for at most {room * rpn}, "
             "or raise scaling.max_replicas and deploy")
 
@@ -216,18 +210,16 @@ def status(
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
 
-    cfg = load(file)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
     out: list[PoolStatus] = []
     unread: set[str] = set()
     # Each pool's load balancer (None: none carries its tags/labels).
     lbs: list[Endpoint | None] = []
-    endpoints = endpoints_of(sandbox)
-    for p, c in cloud_targets(cfg, pool, cloud, endpoints):
-        ops = runtime.get_ops(c, endpoints)
-        if not isinstance(ops, PublishesQueueMetric):
-            unread.add(c)
-        out.append(runtime.status(cfg, p, c, ops))
-        lbs.append(ops.endpoint(cfg, p))
+    for t in ctx.targets:
+        if not isinstance(ctx.ops, PublishesQueueMetric):
+            unread.add(t.cloud)
+        out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops))
+        lbs.append(ctx.ops.endpoint(ctx.cfg, t.pool))
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
                              for s, ep in zip(out, lbs, strict=True)]})

@@ -100,9 +100,9 @@ def simulate(
     if plot is not None:
         _need_matplotlib()
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud)
-
-    require_valid(cfg, [(p, c)])
+    tgt = one_target(cfg, pool, cloud)
+    p, c = tgt.pool, tgt.cloud
+    require_valid(cfg, [tgt])
     windows = _window_nodes(p, c, spec) if spec is not None else ()
     topo = None
     if topology != "aggregated":
@@ -161,7 +161,7 @@ def _window_nodes(p: Pool, c: Cloud, spec: tuple[float, float, int, bool]
                   ) -> tuple[SimWindow, ...]:
     start, end, n, running = spec
     plan = plan_pool(p, c)
-    nodes, room = nodes_for(n, plan.replicas_per_node), plan.nodes["max"] - plan.nodes["min"]
+    nodes, room = nodes_for(n, plan.replicas_per_node), plan.nodes.max - plan.nodes.min
     if nodes > room:
         raise UsageError(f"--warm-window: {n} replicas = {nodes} node(s); pool {p.name!r} "
                          f"has room for {room} above its minimum (scaling.max_replicas)")

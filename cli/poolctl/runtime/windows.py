@@ -115,7 +115,7 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
 def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                peak_min: int) -> tuple[dict[str, Any], ...]:
     """Quota for the windows' peak: their largest minimum, with running warm nodes."""
-    running_warm = plan.nodes["warm"] if pool.warm_pool.state == "running" else 0
+    running_warm = plan.warm_running_nodes
     lines = quota_for_nodes(cfg, pool, cloud, ops, plan, peak_min + running_warm,
                             "in service during the window", "nothing was scheduled")
     return tuple(ln.to_json() for ln in lines)
