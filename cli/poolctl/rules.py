@@ -516,6 +516,23 @@ def _tls(c: Ctx) -> Iterator[Finding]:
         )
 
 
+@check("sticky-per-node", "session affinity reaches the replica holding the prefix cache")
+def _sticky(c: Ctx) -> Iterator[Finding]:
+    if c.row is None or c.pool.serving.balancer != "sticky":
+        return
+    rpn = sizing.replicas_per_node(c.pool, c.row)
+    if rpn > 1:
+        # The cookie names a node; vLLM's data-parallel balancer inside it picks the least
+        # loaded engine, not the one with the session's prefix (docs/planning.md).
+        yield c.find(
+            "info", "serving.balancer",
+            f"sticky routing pins a session to a node, and the node's {rpn} replicas share "
+            "its turns without regard to their prefix caches",
+            "simulate --balancer sticky shows the hit rate; tensor_parallel 8 (one replica "
+            "per node) keeps a session on one cache",
+        )
+
+
 @check("traffic-peak", "max_replicas carries the given trace's peak")
 def _traffic_peak(c: Ctx) -> Iterator[Finding]:
     if c.traffic is None:

@@ -210,6 +210,18 @@ def test_aws_row_agrees_with_describe_instance_types(row: InstanceType):
     assert moto_mismatches(row, ec2) == []
 
 
+@pytest.mark.parametrize("row", [r for r in AWS_ROWS if r.nvlink], ids=_ids(
+    [r for r in AWS_ROWS if r.nvlink]))
+def test_vpc_bandwidth_is_the_primary_network_cards(row: InstanceType):
+    """A node without EFA sends IP traffic through network card 0 only: the catalog's
+    `vpc.instance_gbps` is that card's baseline, not the type's all-cards figure."""
+    cards = _moto_instance_types()[row.name]["NetworkInfo"]["NetworkCards"]
+    card0 = next(c for c in cards if c["NetworkCardIndex"] == 0)
+    assert row.vpc is not None
+    assert row.vpc.instance_gbps == card0["BaselineBandwidthInGbps"] < row.network_gbps
+    assert row.vpc.flow_gbps == 5  # EC2 user guide: one flow outside a placement group
+
+
 @pytest.mark.parametrize("row", AWS_ROWS, ids=_ids(AWS_ROWS))
 def test_aws_regions_offer_the_type(row: InstanceType):
     offered = _moto_regions_offering(row.name)

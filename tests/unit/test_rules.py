@@ -144,6 +144,15 @@ def test_model_shape():
     assert w.key == "pools[0].serving.max_model_len" and "131072" in w.message
 
 
+def test_sticky_routing_says_when_a_node_holds_several_caches():
+    sticky = pool_yaml().replace("      port: 8000\n", "      port: 8000\n      balancer: sticky\n")
+    (f,) = by_check(findings(sticky), "sticky-per-node", "info")
+    assert f.key == "pools[0].serving.balancer" and "node's 4 replicas" in f.message  # 8 / TP 2
+    assert by_check(findings(sticky.replace("tensor_parallel: 2", "tensor_parallel: 8")),
+                    "sticky-per-node") == []
+    assert by_check(findings(pool_yaml()), "sticky-per-node") == []
+
+
 def test_catalog_miss_suggests_a_type():
     (f,) = by_check(findings(pool_yaml(instance_type="p5.48xlarg")), "nvlink-8gpu")
     assert "(did you mean 'p5.48xlarge'?)" in f.message
@@ -154,7 +163,8 @@ def test_every_check_has_a_test_above():
               "tensor-parallel", "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
-              "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget"}
+              "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
+              "sticky-per-node"}
     assert {c.id for c in CHECKS} <= tested
 
 

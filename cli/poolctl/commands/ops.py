@@ -79,14 +79,25 @@ def warm(
     cancel: Annotated[
         str | None, typer.Option("--cancel", metavar="ID", help="Remove a scheduled window "
                                  "(ids: `warm --list`).")] = None,
+    reserve: Annotated[
+        bool, typer.Option("--reserve", help="With --from/--until: the Capacity Blocks (AWS) "
+                           "that hold the window's nodes, with their prices; buys the cheapest "
+                           "only with --yes.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="With --reserve: buy it, then schedule the "
+                           "window.")] = False,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Prepare N replicas of spare capacity before a launch, now or for a window."""
 
+    if reserve and (start is None or until is None):
+        raise UsageError("--reserve: capacity is bought for a window; give --from and --until")
+    if yes and not reserve:
+        raise UsageError("--yes: it confirms a purchase; give it with --reserve")
     if list_ or cancel is not None or start is not None or until is not None:
         _windows(replicas, cloud, file, pool, running, wait, reset, exact, start, until,
-                 list_, cancel, sandbox, json_out)
+                 list_, cancel, reserve, yes, sandbox, json_out)
         return
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
@@ -105,8 +116,8 @@ def warm(
 
 def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool: str | None,
              running: bool, wait: bool, reset: bool, exact: bool, start: str | None,
-             until: str | None, list_: bool, cancel: str | None, sandbox: bool,
-             json_out: bool) -> None:
+             until: str | None, list_: bool, cancel: str | None, reserve: bool, yes: bool,
+             sandbox: bool, json_out: bool) -> None:
     """`warm --from/--until`, `--list`, `--cancel`: every flag checked before a cloud call."""
     now = datetime.now(UTC)
     others = {"--replicas": replicas is not None, "--running": running, "--wait": wait,
@@ -114,8 +125,8 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
               "--until": until is not None}
     if list_ or cancel is not None:
         flag = "--list" if list_ else "--cancel"
-        extra = [k for k, v in {**others, "--cancel": cancel is not None and list_}.items()
-                 if v]
+        extra = [k for k, v in {**others, "--cancel": cancel is not None and list_,
+                                "--reserve": reserve}.items() if v]
         if extra:
             raise UsageError(f"{flag}: give it alone (with -f, --pool, --cloud, --sandbox, "
                              f"--json), without {', '.join(extra)}")
@@ -143,7 +154,7 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
             raise UsageError(runtime.NOT_RUNNING)
         _refuse_useless_warm(p, c, replicas)
         result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
-                                         running, now)
+                                         running, now, reserve=reserve, yes=yes)
     if json_out:
         emit_json(result.to_json())
         return
@@ -152,6 +163,11 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
             f"{p.name}: no scheduled windows"]
         sys.stdout.write("\n".join(out) + "\n")
     else:
+        for o in result.offerings:
+            sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
+                             f"{o.start.isoformat(timespec='minutes')} to "
+                             f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
+                             f"${o.upfront_usd:,.2f} upfront\n")
         sys.stderr.write(result.message + "\n")
 
 

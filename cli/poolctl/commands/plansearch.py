@@ -40,11 +40,13 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def _row(c: Candidate, mark: str) -> list[str]:
+def _row(c: Candidate, mark: str, lens: bool) -> list[str]:
     s = c.summary
     return [mark, c.config.instance_type, str(c.config.tensor_parallel),
             f"{c.config.max_num_seqs}/{c.config.max_num_batched_tokens}",
-            f"{c.nodes} ({c.replicas})", f"{c.cost_per_hour_usd:,.2f}",
+            *([f"{c.config.max_model_len:,}", f"{s.requests_over_max_model_len:,}"]
+              if lens else []),
+            f"{c.nodes}", f"{c.cost_per_hour_usd:,.2f}",
             _f(s.cost.usd_per_1m_output_tokens, ",.2f"),
             f"{_ms(s.ttft_s.p50)}/{_ms(s.ttft_s.p90)}",
             f"{_ms(s.tpot_s.p50)}/{_ms(s.tpot_s.p90)}",
@@ -58,19 +60,22 @@ def render_search(pool: Pool, r: SearchResult) -> None:
 
     out = console()
     if not out.is_terminal:  # a file or a pipe: room for the table's columns
-        out.width = max(out.width, 120)
+        out.width = max(out.width, 132)
     slo = pool.slo
     tpot = f", TPOT p90 {slo.tpot_p90_s} s" if slo.tpot_p90_s is not None else ""
     t = Table(title=f"{r.pool} on {r.cloud}: Pareto front of {len(r.candidates)} candidates "
                     f"({r.configurations} configurations; SLO TTFT p90 {slo.ttft_p90_s} s"
-                    f"{tpot}, utilization <= {slo.target_utilization})", title_justify="left",
-              box=box.SIMPLE_HEAD)
-    for col in ("", "type", "TP", "seqs/step", "nodes (replicas)", "$/h", "$/1M out",
-                "TTFT p50/p90 ms", "TPOT p50/p90 ms", "goodput", "kWh/1M out", "SLOs"):
-        t.add_column(col, justify="left" if col in ("", "type", "meets") else "right")
+                    f"{tpot}, utilization <= {slo.target_utilization}); TTFT and TPOT as p50/p90",
+              title_justify="left", box=box.SIMPLE_HEAD)
+    # max_model_len and the requests refused for it, when the search tried longer ones
+    lens = len({c.config.max_model_len for c in r.candidates}) > 1
+    for col in ("", "type", "TP", "seqs/step", *(("max len", "refused") if lens else ()),
+                "nodes", "$/h", "$/1M out", "TTFT ms", "TPOT ms", "goodput", "kWh/1M", "SLOs"):
+        t.add_column(col, justify="left" if col in ("", "type", "SLOs") else "right",
+                     no_wrap=col in ("type", "seqs/step"))
     for c in r.front:
         mark = "chosen" if c == r.chosen else "file" if c == r.file_candidate() else ""
-        t.add_row(*_row(c, mark))
+        t.add_row(*_row(c, mark, lens))
     out.print(t)
     ch, f = r.chosen, r.file_candidate()
     assert ch is not None  # search() raises when nothing meets the SLOs
