@@ -56,22 +56,24 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
     from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
+    from poolctl.sizing import nodes_for, plan_pool, reserved_nodes
 
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
     price = plan.price_per_node_hour_usd
     rpn = plan.replicas_per_node
+    reserved = reserved_nodes(pool, cloud)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
-                        stop_if_p90_over=stop_if_p90_over)
+                        stop_if_p90_over=stop_if_p90_over, reserved_nodes=reserved)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
-    return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer)
+    return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
+                    reserved_nodes=reserved)
 
 
 def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:

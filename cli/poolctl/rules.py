@@ -98,6 +98,10 @@ def _type_key(cloud: Cloud) -> str:
     return "aws.instance_type" if cloud == Cloud.aws else "gcp.machine_type"
 
 
+def _capacity_key(cloud: Cloud) -> str:
+    return "aws.capacity" if cloud == Cloud.aws else "gcp.capacity"
+
+
 # The placement a placement check on that cloud looks at: run_checks runs them only for the
 # clouds the pool has a placement on.
 def _aws(c: Ctx) -> AwsPlacement:
@@ -464,6 +468,17 @@ def _warm(c: Ctx) -> Iterator[Finding]:
             f"~{sum(ph.values()):.0f} s to serve)",
             "use state: running to keep the cache warm at full price",
         )
+        assert c.cloud is not None  # a placement check: run_checks gives it the cloud
+        held = sizing.plan_pool(c.pool, c.cloud, records=False).capacity
+        if held is not None and held.hoped_nodes:
+            yield c.find(
+                "warm-state", "info", "warm_pool.state",
+                f"{held.hoped_nodes} stopped warm node(s) are capacity hoped for, not held: a "
+                "stopped instance gives its capacity back, so its start is a new launch that "
+                "can fail for capacity exactly when the launch needs it",
+                "hold it with state: running, or a reservation with room for them "
+                f"({_capacity_key(c.cloud)}.reserved_nodes)",
+            )
 
 
 @check("whole-nodes", "replica counts are whole nodes")

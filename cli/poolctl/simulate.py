@@ -294,7 +294,7 @@ class SimResult:
     occupied_s: float
     replica_s: float
     node_s: float
-    fixed_node_s: float
+    fixed_node_s: float  # reservations and nodes that always run, over the horizon
     price_per_node_hour: float
     max_kv_tokens: int
     max_running: int
@@ -304,6 +304,7 @@ class SimResult:
     replicas_fixed: int | None = None
     replicas_per_node: int = 1
     aborted: bool = False
+    reserved_nodes: int = 0
 
 
 BALANCERS = ("lor", "queue")
@@ -312,7 +313,7 @@ BALANCERS = ("lor", "queue")
 def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              scale: Autoscale | None = None, price_per_node_hour: float = 0.0,
              replicas_per_node: int = 1, balancer: str = "lor",
-             stop_if_p90_over: float | None = None) -> SimResult:
+             stop_if_p90_over: float | None = None, reserved_nodes: int = 0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
@@ -387,6 +388,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             add_node()
         heapq.heappush(heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
         fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
+    fixed_nodes = max(reserved_nodes, fixed_nodes)
 
     # Autoscaling state
     starting: list[float] = []  # ready times of nodes being started
@@ -407,7 +409,9 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             live = serving_nodes() + len(starting) + len({nodes_of[e.idx] for e in draining})
             warm_billed = warm_free if scale.warm_running else 0
-            node_s += (live + warm_billed) * (now - last_t)
+            # Reserved nodes are billed whether they run or not; a node in one is not
+            # billed again.
+            node_s += max(reserved_nodes, live + warm_billed) * (now - last_t)
         last_t = now
 
     def record(now: float) -> None:
@@ -539,6 +543,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         preemptions=sum(e.preemptions for e in engines),
         timeline=timeline, cold_window=cold_window,
         replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
+        reserved_nodes=reserved_nodes,
     )
 
 
@@ -608,7 +613,14 @@ def summary(r: SimResult, ttft_slo_s: float) -> dict[str, Any]:
             "usd": rnd(usd, 2),
             "fixed_usd": rnd(fixed_usd, 2),
             "marginal_usd": rnd(usd - fixed_usd, 2),
+            "reserved_nodes": r.reserved_nodes,
+            "fixed_usd_per_hour": rnd(fixed_usd / h * 3600, 2),
+            "marginal_usd_per_hour": rnd((usd - fixed_usd) / h * 3600, 2),
             "usd_per_1m_output_tokens": rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
+            "fixed_usd_per_1m_output_tokens": rnd(
+                fixed_usd / out_tokens * 1e6 if out_tokens else None, 3),
+            "marginal_usd_per_1m_output_tokens": rnd(
+                (usd - fixed_usd) / out_tokens * 1e6 if out_tokens else None, 3),
             "usd_per_request": rnd(usd / len(done) if done else None, 5),
         },
         "replicas": _replica_stats(r),
