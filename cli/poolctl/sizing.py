@@ -61,6 +61,18 @@ class HeldCapacity:
     held_nodes: int
     hoped_nodes: int
 
+    def words(self) -> str:
+        """The one phrase plan, status and warm say it in."""
+        h = self
+        held = f"{h.held_nodes} node(s) held ({h.running_nodes} running"
+        if h.held_nodes > h.running_nodes:
+            held += f", {h.held_nodes - h.running_nodes} stopped in reserved room"
+        held += f"; {h.reserved_nodes} reserved)" if h.reserved_nodes else ")"
+        if h.hoped_nodes:
+            held += (f"; {h.hoped_nodes} hoped for (stopped warm nodes without a reservation: "
+                     "each start is a new launch that can fail for capacity)")
+        return held
+
 
 def held_capacity(running: int, stopped: int, reserved: int) -> HeldCapacity:
     """Running nodes take reservation room first (a launch prefers a matching reservation);

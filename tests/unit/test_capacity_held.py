@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from poolctl import runtime
+from poolctl.cloud import Cloud
+from poolctl.clouds.base import NodePhase, NodeState, PoolStatus
 from poolctl.config import parse_config
 from poolctl.servingmodel import replica_model
 from poolctl.simulate import Autoscale, simulate, summary
@@ -13,6 +16,7 @@ from poolctl.traces import synthetic
 from tests.configs import pool_yaml
 from tests.unit.test_capacity_config import capacity, error_of
 from tests.unit.test_rules import findings
+from tests.unit.test_runtime_math import FakeOps, group, llama, own_home  # noqa: F401
 
 P5 = 55.04  # the catalog's p5.48xlarge On-Demand price per hour in us-east-1
 
@@ -139,3 +143,43 @@ def test_simulate_autoscaled_split_sums_and_reservation_absorbs_scale_out(model)
     out = plain["usd"] / plain["usd_per_1m_output_tokens"]  # millions of output tokens
     assert plain["fixed_usd_per_1m_output_tokens"] == pytest.approx(
         plain["fixed_usd"] / out, rel=0.01)
+
+
+# ------------------------------------------------------------------ warm and status
+
+def test_warm_says_stopped_nodes_are_hoped_for_and_running_ones_held():
+    cfg, pool = llama()
+    ops = FakeOps(group(), granted=10_000)
+    # 12 replicas = 3 stopped warm nodes beside 1 running: 1 held, 3 hoped for.
+    r = runtime.warm(cfg, pool, "aws", ops, 12)
+    assert (r.capacity.held_nodes, r.capacity.hoped_nodes) == (1, 3)
+    assert r.capacity_line.startswith("chat-70b: capacity: 1 node(s) held (1 running); 3 hoped "
+                                      "for (stopped warm nodes without a reservation")
+    # --running: minimum 1 + 3 = 4 in service; the 3 warm nodes set before stay stopped.
+    r = runtime.warm(cfg, pool, "aws", ops, 12, running=True)
+    assert (r.capacity.held_nodes, r.capacity.hoped_nodes) == (4, 3)
+
+
+def test_warm_counts_reserved_room_as_held():
+    cfg = parse_config(with_reserved(4))
+    ops = FakeOps(group(), granted=10_000)
+    # 1 running + 3 stopped, 4 reserved: 3 of them left for the stopped nodes: all held.
+    r = runtime.warm(cfg, cfg.pools[0], "aws", ops, 12)
+    assert (r.capacity.held_nodes, r.capacity.hoped_nodes) == (4, 0) and r.capacity_line == ""
+
+
+def node(i: int, state: str, phase: NodePhase) -> NodeState:
+    return NodeState(id=f"i-{i}", state=state, phase=phase)
+
+
+def test_status_holds_running_and_warmed_running_not_warmed_stopped():
+    nodes = [node(1, "InService", "in_service"), node(2, "Pending", "pending"),
+             node(3, "Warmed:Running", "warm"), node(4, "Warmed:Stopped", "warm"),
+             node(5, "Warmed:Stopped", "warm"), node(6, "Terminating", "terminating"),
+             # a GCE standby VM, stopped
+             node(7, "STOPPED/NONE", "warm")]
+    s = PoolStatus(pool="chat-70b", cloud=Cloud.aws, group=group(), replicas_per_node=4,
+                   nodes=nodes, rollout=None, queue_per_replica=None, reserved_nodes=4)
+    # up: 1, 2, 3 = 3; stopped warm: 4, 5, 7 = 3; 4 reserved - 3 up = room for 1 of them.
+    assert s.to_json()["capacity"] == {"running_nodes": 3, "stopped_nodes": 3,
+                                       "reserved_nodes": 4, "held_nodes": 4, "hoped_nodes": 2}

@@ -223,19 +223,12 @@ def _capacity_rows(p: PoolPlan) -> list[tuple[str, str]]:
     h, c = p.capacity, p.cost_split_usd
     if h is None or c is None:
         return []
-    held = f"{h.held_nodes} node(s) held ({h.running_nodes} running"
-    held += (f", {h.held_nodes - h.running_nodes} stopped in reserved room)"
-             if h.held_nodes > h.running_nodes else ")")
-    if h.reserved_nodes:
-        held += f"; {h.reserved_nodes} reserved"
-    hoped = (f"; {h.hoped_nodes} hoped for (stopped warm nodes without a reservation: each "
-             "start is a new launch that can fail for capacity)" if h.hoped_nodes else "")
     idle = (f", {c.reserved_idle_nodes} of them reserved and idle at the minimum (scaling "
             "into them costs nothing more)" if c.reserved_idle_nodes else "")
     cost = (f"${c.fixed_per_hour:,.2f}/h fixed ({c.fixed_nodes} node(s){idle}); "
             f"${c.marginal_per_node_hour:,.2f}/h per On-Demand node beyond, "
             f"${c.marginal_at_max_per_hour:,.2f}/h more at max")
-    return [("capacity", held + hoped), ("cost fixed / marginal", cost)]
+    return [("capacity", h.words()), ("cost fixed / marginal", cost)]
 
 
 def _node_image(img: dict[str, Any], cloud: Cloud) -> str:

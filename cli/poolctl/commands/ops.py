@@ -76,6 +76,8 @@ def warm(
     ops = runtime.get_ops(c, endpoints)
     result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
     sys.stderr.write(result.message + "\n")
+    if result.capacity_line:
+        sys.stderr.write(result.capacity_line + "\n")
     if wait and result.mode != "reset":
         hint = runtime.watch_hint(c, file, p, endpoints)
         result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
@@ -141,6 +143,7 @@ def status(
                                    for k, v in n.items() if v or k in ("in_service", "warm")))
         if s.rollout:
             con.print(f"  rollout {s.rollout.id}: {runtime.rollout_words(s.rollout)}")
+        con.print(f"  capacity: {s.held().words()}", soft_wrap=True)
         if s.capacity_failures:
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
         q = s.queue_per_replica

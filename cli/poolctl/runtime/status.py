@@ -17,7 +17,7 @@ from poolctl.clouds.base import (
 from poolctl.config import Config, Pool
 from poolctl.runtime.records import _annotate, load_record
 from poolctl.runtime.rollout import return_surge
-from poolctl.sizing import plan_pool
+from poolctl.sizing import plan_pool, reserved_nodes
 
 # ---------------------------------------------------------------------------------------
 # Status
@@ -38,7 +38,8 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
                 if isinstance(ops, ReportsLaunchFailures) else [])
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
-                      queue_per_replica=queue, capacity_failures=failures)
+                      queue_per_replica=queue, capacity_failures=failures,
+                      reserved_nodes=reserved_nodes(pool, cloud))
 
 
 

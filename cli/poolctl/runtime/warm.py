@@ -26,7 +26,14 @@ from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval
 from poolctl.runtime.quota import quota_check, scaled_needs, shared_quota_lines, shortfall_line
-from poolctl.sizing import PoolPlan, nodes_for, plan_pool
+from poolctl.sizing import (
+    HeldCapacity,
+    PoolPlan,
+    held_capacity,
+    nodes_for,
+    plan_pool,
+    reserved_nodes,
+)
 
 # ---------------------------------------------------------------------------------------
 # Warm
@@ -52,6 +59,9 @@ class WarmResult:
     # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
     # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
     spare: dict[str, dict[str, int]] = field(default_factory=dict)
+    # After the change: capacity held vs hoped for (stopped warm nodes without reserved room).
+    capacity: HeldCapacity | None = None
+    capacity_line: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,6 +169,13 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                 "kept: warm never lowers spare capacity, --exact or --reset does)")
     if mode == "reset":  # from now on `deploy` applies the file's sizes
         warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
+    result.capacity = held_capacity(
+        running_nodes(new_min, after_desired, new_warm, warm_running),
+        0 if warm_running else new_warm, reserved_nodes(pool, cloud))
+    if result.capacity.hoped_nodes and mode != "reset":
+        # Said where it matters: stopped warm nodes a launch may not get back.
+        result.capacity_line = (f"{pool.name}: capacity: {result.capacity.words()}; "
+                                "`--running` holds it")
     if not changed:
         result.message = f"{pool.name}: already at {label}{kept}; nothing changed"
         if mode != "reset" and not load_warm_record(cfg, pool, cloud):
