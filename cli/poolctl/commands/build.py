@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -204,6 +205,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
          json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
     from poolctl.deploy import run_stacks
 
+    started = time.time()
     check_out(out)
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
@@ -224,14 +226,36 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         before_apply=None if destroy else deploy_before_apply(tgts),
     )
     leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
+    failing = [] if destroy else _launches_failing(cfg, tgts, results, endpoints, started)
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
-                   **({"deleted_templates": leftovers} if leftovers else {})})
-        return
-    for r in results:
-        if r.outputs:
-            for k, v in r.outputs.items():
-                sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+                   **({"deleted_templates": leftovers} if leftovers else {}),
+                   **({"launches_failing": failing} if failing else {})})
+    else:
+        for r in results:
+            if r.outputs:
+                for k, v in r.outputs.items():
+                    sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+    if failing:
+        from poolctl.errors import OperationFailed
+
+        for line in failing[:-1]:
+            sys.stderr.write(f"poolctl: {line}\n")
+        raise OperationFailed(failing[-1])
+
+
+def _launches_failing(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[StackResult],
+                      endpoints: CloudEndpoints, started: float) -> list[str]:
+    """Applied pools whose group could not launch since the deploy began: the apply does not
+    wait for nodes, so this one look says it instead of a pool that silently never grows."""
+    from poolctl import runtime
+
+    out = []
+    for (p, c), r in zip(tgts, results, strict=True):
+        if r.applied and (line := runtime.deploy_launches(cfg, p, c, runtime.get_ops(
+                c, endpoints), started)):
+            out.append(line)
+    return out
 
 
 def _kept_versions(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[StackResult],

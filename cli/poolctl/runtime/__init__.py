@@ -70,6 +70,7 @@ from poolctl.runtime.status import (
 from poolctl.runtime.warm import (
     WarmResult,
     deploy_keeps,
+    deploy_launches,
     deploy_quota,
     load_warm_record,
     running_nodes,
@@ -93,6 +94,7 @@ __all__ = [
     "cleanup_versions",
     "deploy_before_apply",
     "deploy_keeps",
+    "deploy_launches",
     "deploy_quota",
     "edit_scalar",
     "get_ops",

@@ -18,13 +18,12 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
-    ReportsLaunchFailures,
     failures_line,
 )
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import Progress, log
-from poolctl.runtime.common import poll_interval
+from poolctl.runtime.common import poll_interval, stalled_launches
 from poolctl.runtime.quota import quota_check, scaled_needs, shared_quota_lines, shortfall_line
 from poolctl.sizing import (
     HeldCapacity,
@@ -251,6 +250,23 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     return (env, lines) if lines else ({}, [])
 
 
+def deploy_launches(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+                    since_wall: float) -> str | None:
+    """After `deploy`'s apply: the one line naming launches the group failed since the
+    deploy began, with nothing in flight (the apply does not wait for nodes, so this is
+    its one look); None when there are none."""
+    try:
+        group = ops.find_group(cfg, pool)
+    except OperationFailed:
+        return None  # nothing deployed to look at (a plan-only run, a refused apply)
+    failed = stalled_launches(ops, group, pool, cloud, since_wall)
+    if not failed:
+        return None
+    return (f"{pool.name}/{cloud}: launches failing: {failures_line(failed)}; the group "
+            "retries when capacity returns: free or reserve capacity (`poolctl capacity "
+            "check`), or try later; watch with `poolctl status`")
+
+
 def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[str]:
     """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
     return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
@@ -270,10 +286,6 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
     t0 = time.monotonic()
     # `warm` launched just before the wait began; its failures count from a little earlier.
     wall0 = time.time() - 30
-    failures = ops if isinstance(ops, ReportsLaunchFailures) else None
-    placement = pool.placement(cloud)
-    assert placement is not None  # a target of the pool's own placements
-    type_name = placement.type_name
     first_seen: dict[str, float] = {}
     ready: dict[str, float] = {}
     already: set[str] | None = None
@@ -307,15 +319,12 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
             # Launches that failed since the wait began, none working after them, nothing
             # still in flight: the group will not grow by waiting (AWS retries, but only
             # when capacity returns); say why now rather than at the timeout.
-            if pending == 0 and failures is not None:
-                failed = failures.launch_failures(group, type_name,
-                                                  since_s=time.time() - wall0)
-                if failed:
-                    raise OperationFailed(
-                        f"{pool.name}: {failures_line(failed)}; {len(done_ids)} of {target} "
-                        f"node(s) {phase.replace('_', ' ')}; the group retries when capacity "
-                        "returns: free or reserve capacity (`poolctl capacity check`), or "
-                        f"try later; watch with `{hint}`")
+            if failed := stalled_launches(ops, group, pool, cloud, wall0, nodes):
+                raise OperationFailed(
+                    f"{pool.name}: {failures_line(failed)}; {len(done_ids)} of {target} "
+                    f"node(s) {phase.replace('_', ' ')}; the group retries when capacity "
+                    "returns: free or reserve capacity (`poolctl capacity check`), or "
+                    f"try later; watch with `{hint}`")
             if now - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: {len(done_ids)} of {target} node(s) "
