@@ -734,6 +734,12 @@ class AwsPlacement(CoreModel):
         description="Capacity Reservations the nodes launch into, and whether launches may "
         "go beyond them.",
     )
+    fallback_instance_types: list[AwsInstanceType] = Field(
+        default_factory=list, max_length=10,
+        description="Types the group launches, in this order, when instance_type has no "
+        "capacity (each 8 GPUs over NVLink in the catalog, holding the model); the pool then "
+        "has no warm pool: AWS refuses one beside the mixed instances policy this needs.",
+    )
     certificate_arn: AcmCertificateArn | None = Field(
         default=None,
         description="ACM certificate (its whole ARN, in the placement's region) for an HTTPS "
@@ -777,6 +783,10 @@ class AwsPlacement(CoreModel):
     @property
     def type_name(self) -> str:
         return self.instance_type
+
+    @property
+    def fallback_types(self) -> list[str]:
+        return list(self.fallback_instance_types)
     @model_validator(mode="after")
     def _certificate_in_region(self) -> AwsPlacement:
         arn = self.certificate_arn
@@ -879,6 +889,10 @@ class GcpPlacement(CoreModel):
     @property
     def type_name(self) -> str:
         return self.machine_type
+
+    @property
+    def fallback_types(self) -> list[str]:
+        return []  # GCP: not yet (each A3/A2 type bundles its own Local SSD count)
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)

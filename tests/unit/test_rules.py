@@ -155,7 +155,8 @@ def test_every_check_has_a_test_above():
               "tensor-parallel", "fits-hbm", "warm-state", "replica-bounds", "scale-down-slower",
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
-              "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget"}
+              "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
+              "fallback-types"}  # fallback-types: tests/unit/test_capacity_fallback.py
     assert {c.id for c in CHECKS} <= tested
 
 

@@ -113,6 +113,13 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     if reset and (running or replicas is not None or exact):
         raise UsageError("--reset: give it alone (it returns to the file's sizes), "
                          "without --replicas, --running or --exact")
+    placement = pool.placement(cloud)
+    if not running and not reset and placement is not None and placement.fallback_types:
+        # PutWarmPool refuses a group with a mixed instances policy (docs/cloud-facts.md).
+        raise UsageError(
+            f"--replicas without --running: pool {pool.name!r} grows on fallback types "
+            "(aws.fallback_instance_types), so its group has a mixed instances policy and "
+            "AWS gives it no warm pool; use --running (spare nodes in service)")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
