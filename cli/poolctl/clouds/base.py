@@ -185,6 +185,9 @@ class LaunchFailure:
     code: str  # the cloud's code: InsufficientInstanceCapacity, ZONE_RESOURCE_POOL_EXHAUSTED
     at: str  # ISO time
     message: str = ""
+    # The VM that waits to be created (GCE keeps it, CREATING, while it retries); empty on
+    # AWS, where a failed launch leaves no instance.
+    instance: str = ""
 
 
 def is_stopped_warm(n: NodeState) -> bool:

@@ -59,11 +59,15 @@ def stalled_launches(ops: CloudOps, group: Group, pool: Pool, cloud: Cloud,
     the group's as just read, else read here when there are failures."""
     if not isinstance(ops, ReportsLaunchFailures):
         return []
-    if nodes is not None and any(n.phase == "pending" for n in nodes):
-        return []
     placement = pool.placement(cloud)
     assert placement is not None  # a target of the pool's own placements
     failed = ops.launch_failures(group, placement.type_name, since_s=time.time() - since_wall)
-    if failed and nodes is None and any(n.phase == "pending" for n in ops.nodes(group)):
+    if not failed:
+        return []
+    # In flight: a pending node that is not itself the one failing (GCE keeps a VM it cannot
+    # create, CREATING, while it retries).
+    stuck = {f.instance for f in failed if f.instance}
+    if any(n.phase == "pending" and n.id not in stuck
+           for n in (ops.nodes(group) if nodes is None else nodes)):
         return []
     return failed
