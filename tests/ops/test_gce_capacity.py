@@ -20,10 +20,14 @@ from google.api_core import exceptions as gexc  # noqa: E402
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from poolctl import naming, runtime  # noqa: E402
-from poolctl.clouds.base import failures_line  # noqa: E402
+from poolctl.cloud import Cloud  # noqa: E402
+from poolctl.clouds.base import capacity_needs, failures_line  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps  # noqa: E402
+from poolctl.commands.capacity import capacity_problem  # noqa: E402
 from poolctl.config import parse_config  # noqa: E402
+from poolctl.errors import UsageError  # noqa: E402
 from poolctl.runtime.common import stalled_launches  # noqa: E402
+from poolctl.sizing import plan_pool  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
 
@@ -358,3 +362,52 @@ def test_every_zone_exhausted_is_named_in_status_and_stops_the_wait(fake, migs):
         fake.set_capacity(zone, MACHINE, None)
     fake.settle()
     assert runtime.status(cfg, pool, "gcp", ops).capacity_failures == []
+
+
+# -------------------------------------------------------------------------------------
+# capacity check on GCP: the reservations the template's affinity consumes, per zone
+
+def _report(fake, reservations_key: str | None = None):
+    extra = f"      capacity: {{reservations: {reservations_key}}}\n" if reservations_key else ""
+    cfg = parse_config(pool_yaml(extra_gcp=extra))
+    pool = cfg.pools[0]
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials(), retry_initial_s=0.01, retry_deadline_s=5)
+    return ops.capacity_report(cfg, pool, capacity_needs(plan_pool(pool, Cloud.gcp))), cfg
+
+
+@pytest.fixture
+def reserved(fake):
+    fake.add_project(PROJECT)
+    fake.add_reservation(PROJECT, A, "a3-open", machine_type=MACHINE, count=2)
+    fake.add_reservation(PROJECT, B, "a3-named", machine_type=MACHINE, count=3, specific=True)
+    fake.add_reservation(PROJECT, C, "a2-open", machine_type="a2-highgpu-8g", count=4)
+
+
+def test_any_counts_the_open_reservations_of_the_machine_type(fake, reserved):
+    r, _ = _report(fake)
+    # any: a3-open (2) only; a3-named requires naming, a2-open is another machine type.
+    assert r.preference == "open" and r.held == 2 and r.ok
+    assert [(z.zone, [x.id for x in z.reservations]) for z in r.zones] == [
+        (A, ["a3-open"]), (B, []), (C, [])]
+
+
+def test_specific_reservations_short_of_the_peak_fail_the_check(fake, reserved):
+    r, _ = _report(fake, "[a3-open, a3-named]")
+    # Held 2 + 3 = 5; peak = max 6 + surge 3 (one VM per zone) = 9 nodes: 4 beyond, and a VM
+    # beyond specific reservations is not created: reservations-only, not ok.
+    assert (r.preference, r.held, r.needs["peak"], r.beyond["peak"]) == (
+        "reservations-only", 5, 9, 4)
+    assert not r.ok
+    assert "set gcp.capacity.reservations: any" in capacity_problem(r)
+
+
+@pytest.mark.parametrize(("names", "says"), [
+    ("[a2-open]", "a2-open reserves a2-highgpu-8g, the pool runs a3-highgpu-8g"),
+    ("[gone]", "reservation 'gone' not found in acme-prod"),
+])
+def test_a_named_reservation_the_pool_cannot_use_names_the_key(fake, reserved, names, says):
+    with pytest.raises(UsageError) as e:
+        _report(fake, names)
+    assert str(e.value).startswith("pools[0].gcp.capacity.reservations: ") and says in str(
+        e.value)
