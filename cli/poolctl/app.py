@@ -7,30 +7,115 @@ stay fast.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import typer
+import typer.core
+import typer.main
+from typer._click.utils import make_default_short_help  # the click typer vendors
 
 from poolctl import __version__
-from poolctl.commands import (
-    build,
-    capacity,
-    catalog,
-    check,
-    image,
-    init,
-    nodes,
-    ops,
-    pools,
-    quota,
-    rollout,
-    sandbox,
-    simulate,
-    weights,
+from poolctl.envcheck import check_environment
+from poolctl.errors import INTERNAL_ERROR, PoolctlError, known_error
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One command of the root, loaded when it runs (or its own help is asked for): `attr`
+    of `module` is a command function or a sub-app. `summary` is what the root's help lists,
+    the first sentence of its docstring (tests/unit/test_cli.py keeps the two equal)."""
+
+    name: str
+    module: str
+    attr: str
+    summary: str
+
+
+# In the order the root's help lists them.
+COMMANDS = (
+    Entry("validate", "check", "validate",
+          "Check the file and every rule; print each failed check with a hint."),
+    Entry("plan", "check", "plan",
+          "Sizing, memory, quota and cost per pool and cloud; no cloud calls."),
+    Entry("schema", "check", "schema", "The JSON Schema of poolctl.yaml, for editors."),
+    Entry("catalog", "catalog", "catalog", "Instance types (GPUs, HBM, NVLink, NVMe, vCPU, "
+          "price, quota) and model presets."),
+    Entry("init", "init", "init", "Write a commented poolctl.yaml, a cdktf.json (`cdktf "
+          "synth` runs poolctl's synthesis) and a CI workflow (.github/workflows/poolctl.yml)."),
+    Entry("simulate", "simulate", "simulate",
+          "Replay traffic through the pool's serving model and scaling policy."),
+    Entry("synth", "build", "synth",
+          "Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."),
+    Entry("deploy", "build", "deploy", "Synth, then Terraform/OpenTofu init, plan and apply."),
+    Entry("destroy", "build", "destroy",
+          "Destroy what deploy created (plan -destroy, confirm, apply)."),
+    Entry("warm", "ops", "warm",
+          "Prepare N replicas of spare capacity before a launch, now or for a window."),
+    Entry("status", "ops", "status",
+          "Nodes in service / warm / pending, rollout progress, queue."),
+    Entry("ls", "pools", "ls", "Pools deployed in a region, found by their poolctl "
+          "tags/labels (no file needed)."),
+    Entry("logs", "pools", "logs", "The pool's logs: its CloudWatch Logs group (AWS) or its "
+          "VMs' Cloud Logging entries (GCP)."),
+    Entry("sandbox", "sandbox", "app", "A local AWS emulator (moto + poolctl's extensions) "
+          "on loopback: the target of --sandbox."),
+    Entry("quota", "quota", "app", "Quota needed vs."),
+    Entry("capacity", "capacity", "app",
+          "Capacity: zones offering the type, reservations, the peak beyond them."),
+    Entry("rollout", "rollout", "app", "Roll a new image or model version through the pool."),
+    Entry("nodes", "nodes", "app", "Check the nodes of a pool over SSH."),
+    Entry("image", "image", "app",
+          "Pre-pulled node images built with Packer (see images/README.md)."),
+    Entry("weights", "weights", "app",
+          "The weights folder a pool's weights_uri holds, and its manifest."),
+    Entry("perf", "perf", "app", "The serving model against measurements."),
 )
+_BY_NAME = {e.name: e for e in COMMANDS}
+
+
+def load_command(entry: Entry) -> Any:
+    """The click command of `entry`, its module imported now."""
+    obj = getattr(importlib.import_module(f"poolctl.commands.{entry.module}"), entry.attr)
+    if isinstance(obj, typer.Typer):
+        obj.rich_markup_mode = None  # as the root: plain click help (see `app` below)
+        group = typer.main.get_group(obj)
+        group.name = entry.name
+        return group
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    one.command(name=entry.name)(obj)
+    return typer.main.get_command(one)
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """The root: a command's module (and the library under it: the config model, clouds,
+    runtime) loads only when that command runs, so `poolctl --help` imports typer and little
+    else (click's LazyGroup pattern)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [e.name for e in COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        entry = _BY_NAME.get(cmd_name)
+        if entry is None:
+            return super().get_command(ctx, cmd_name)
+        if cmd_name not in self.commands:
+            self.commands[cmd_name] = load_command(entry)
+        return self.commands[cmd_name]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        limit = formatter.width - 6 - max(len(e.name) for e in COMMANDS)
+        rows = [(e.name, make_default_short_help(e.summary, limit))
+                for e in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="poolctl",
+    cls=LazyGroup,
     help="Provision and operate GPU inference pools on AWS and GCP through Terraform.",
     no_args_is_help=True,
     add_completion=True,
@@ -39,26 +124,13 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-app.command()(check.validate)
-app.command()(check.plan)
-app.command()(check.schema)
-app.command()(catalog.catalog)
-app.command()(init.init)
-app.command()(simulate.simulate)
-app.command()(build.synth)
-app.command()(build.deploy)
-app.command()(build.destroy)
-app.command()(ops.warm)
-app.command()(ops.status)
-app.command()(pools.ls)
-app.command()(pools.logs)
-app.add_typer(sandbox.app, name="sandbox")
-app.add_typer(quota.app, name="quota")
-app.add_typer(capacity.app, name="capacity")
-app.add_typer(rollout.app, name="rollout")
-app.add_typer(nodes.app, name="nodes")
-app.add_typer(image.app, name="image")
-app.add_typer(weights.app, name="weights")
+
+def command_tree() -> Any:
+    """The whole click tree, every command loaded (for tests and tools that walk it)."""
+    root: Any = typer.main.get_command(app)
+    for entry in COMMANDS:
+        root.get_command(None, entry.name)
+    return root
 
 
 def _print_version(value: bool) -> None:
@@ -80,7 +152,6 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="On an internal error (a bug: exit "
                                "70), print its traceback for the report. Also POOLCTL_DEBUG=1."),
 ) -> None:
-    from poolctl.envcheck import check_environment
 
     _debug[0] = debug
     # Before any command acts: a bad POOLCTL_* value must not surface halfway through one.
@@ -88,7 +159,6 @@ def _root(
 
 
 def main() -> None:
-    from poolctl.errors import PoolctlError
 
     _debug[0] = False
     try:
@@ -112,7 +182,6 @@ def main() -> None:
                 show()
                 sys.exit(code)
             _fail(_usage_line(e, str(fmt())), code)
-        from poolctl.errors import known_error
 
         if (known := known_error(e)) is not None:
             _fail(*known)
@@ -146,8 +215,6 @@ def _internal_error(e: BaseException) -> None:
     user gets one line and exit 70 (EX_SOFTWARE); the traceback with --debug."""
     import os
 
-    from poolctl.errors import INTERNAL_ERROR
-
     if _debug[0] or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         import traceback
 
@@ -159,16 +226,15 @@ def _internal_error(e: BaseException) -> None:
 
 def _command_name(argv: list[str]) -> str:
     """`warm`, `sandbox start` ...: the words of argv that name a command."""
-    group: object = typer.main.get_command(app)
+    group: Any = typer.main.get_command(app)
     words: list[str] = []
     for arg in argv:
-        commands = getattr(group, "commands", None)
         if arg.startswith("-"):
             continue
-        if not isinstance(commands, dict) or arg not in commands:
+        if not hasattr(group, "list_commands") or arg not in group.list_commands(None):
             break
         words.append(arg)
-        group = commands[arg]
+        group = group.get_command(None, arg)
     return " ".join(words) or "poolctl"
 
 

@@ -146,6 +146,7 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
         "gpu_memory_utilization": s.gpu_memory_utilization,
         "max_num_batched_tokens": s.max_num_batched_tokens,
         "max_num_seqs": s.max_num_seqs,
+        "prefix_caching": s.prefix_caching,
         "port": s.port,
         "health_path": s.health_path,
         "extra_args": list(s.extra_args),

@@ -10,21 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
 from poolctl.errors import OperationFailed
+from poolctl.servingmodel import ReplicaModel, replica_model
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
     SimResult,
+    SimSummary,
     json_safe,
     percentile,
     simulate,
     summary,
 )
+from poolctl.sizing import PoolPlan, instance_row, nodes_for, plan_pool, reserved_nodes
 from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
-    from poolctl.config import Pool
-    from poolctl.servingmodel import ReplicaModel
-    from poolctl.sizing import PoolPlan
+    from poolctl.config import Pool, Slo
 
 
 def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
@@ -55,25 +56,37 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool, reserved_nodes
-
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
     price = plan.price_per_node_hour_usd
     rpn = plan.replicas_per_node
+    power = power_kw_per_node(pool, cloud)
     reserved = reserved_nodes(pool, cloud)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
-                        stop_if_p90_over=stop_if_p90_over, reserved_nodes=reserved)
+                        stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
+                        prefix_caching=pool.serving.prefix_caching, reserved_nodes=reserved)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
+                    power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching,
                     reserved_nodes=reserved)
+
+
+def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:
+    """The catalog's maximum system power of the pool's node type (None: not known)."""
+    power = instance_row(pool, cloud).power
+    return None if power is None else power.max_kw
+
+
+def judge(s: SimSummary, slo: Slo) -> bool:
+    """The fixed-count test `plan --traffic` sizes by: every p90 target met at or below the
+    utilization target."""
+    return s.slo.met and s.utilization <= slo.target_utilization
 
 
 def busiest_window(trace: Trace, width_s: float) -> tuple[float, float]:
@@ -162,106 +175,201 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
         + " or ".join(helps))
 
 
-def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> dict[str, Any]:
-    """Smallest replica count meeting the TTFT SLO at or below the utilization target; a
-    max for the busiest window; the smallest warm pool keeping the SLO under autoscaling.
-    An SLO no replica count can meet (the prefill compute floor), or a trace whose every
-    request is longer than max_model_len, is an OperationFailed naming the floor."""
-    from poolctl.servingmodel import replica_model
-    from poolctl.sizing import nodes_for, plan_pool
+def tpot_floor_s(m: ReplicaModel, trace: Trace) -> float:
+    """The lowest TPOT p90 possible: the p90 over served requests of one decode step alone
+    at the request's mean context (prompt + half its output). A step's time grows with the
+    KV it reads and with every sequence sharing it, so no request's TPOT is below it."""
+    limit = m.max_model_len
+    steps = sorted(m.decode_step_s(1, i + o // 2) for i, o in zip(trace.inputs, trace.outputs,
+                                                                  strict=True)
+                   if max(1, i) + max(1, o) <= limit and o > 1)
+    p90 = percentile(steps, 0.9)
+    return 0.0 if p90 is None else p90
 
+
+Probe = Callable[[int], "SimSummary | None"]
+
+
+def smallest_count(probe: Probe, ok: Callable[[SimSummary], bool], start: int = 1,
+                   limit: int = MAX_REPLICAS) -> tuple[int, SimSummary] | None:
+    """The smallest n in 1..limit with ok(probe(n)), for a test monotone in n (more
+    replicas never hurt): gallop from `start` (a guess) up or down, then bisect. None when
+    even `limit` fails. A probe returns None for a run stopped early (a sure failure)."""
+
+    def good(n: int) -> SimSummary | None:
+        s = probe(n)
+        return s if s is not None and ok(s) else None
+
+    start = max(1, min(start, limit))
+    s = good(start)
+    if s is not None:
+        hi, s_hi, lo, step = start, s, 0, 1
+        while hi - step >= 1:
+            s = good(hi - step)
+            if s is None:
+                lo = hi - step
+                break
+            hi, s_hi, step = hi - step, s, step * 2
+    else:
+        lo, step = start, 1
+        while True:
+            if lo >= limit:
+                return None
+            hi = min(limit, lo + step)
+            found = good(hi)
+            if found is not None:
+                s_hi = found
+                break
+            lo, step = hi, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s = good(mid)
+        if s is not None:
+            hi, s_hi = mid, s
+        else:
+            lo = mid
+    return hi, s_hi
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What `plan --traffic` recommends for a pool (`to_json`: the contract's shape)."""
+
+    min_replicas: int
+    max_replicas: int
+    warm_replicas: int
+    autoscaled: SimSummary  # the pool autoscaling between min and max with the warm pool
+    at_min: SimSummary  # min_replicas_needed replicas, fixed
+    min_replicas_needed: int
+    peak_replicas_needed: int
+    peak_window_s: tuple[float, float]
+    cost_per_hour_usd_at_min: float
+    requests: int
+    requests_over_max_model_len: int
+    max_model_len: int
+    ttft_p90_floor_s: float
+    tpot_p90_floor_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        a, f = self.autoscaled, self.at_min
+        out: dict[str, Any] = json_safe({
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "warm_replicas": self.warm_replicas,
+            "ttft_p90_s": a.ttft_s.p90,
+            "utilization": f.utilization,
+            "usd_per_1m_output_tokens": a.cost.usd_per_1m_output_tokens,
+            "min_replicas_needed": self.min_replicas_needed,
+            "peak_replicas_needed": self.peak_replicas_needed,
+            "peak_window_s": [round(self.peak_window_s[0], 1), round(self.peak_window_s[1], 1)],
+            "slo_met_autoscaled": a.slo.met,
+            "cost_per_hour_usd_at_min": self.cost_per_hour_usd_at_min,
+            "fixed_count_at_min": {"ttft_p90_s": f.ttft_s.p90,
+                                   "usd_per_1m_output_tokens": f.cost.usd_per_1m_output_tokens,
+                                   "tpot_p90_s": f.tpot_s.p90, "goodput": f.slo.goodput},
+            "requests": self.requests,
+            "requests_over_max_model_len": self.requests_over_max_model_len,
+            "max_model_len": self.max_model_len,
+            "ttft_p90_floor_s": round(self.ttft_p90_floor_s, 4),
+            "tpot_p90_s": a.tpot_s.p90,
+            "tpot_p90_floor_s": round(self.tpot_p90_floor_s, 5),
+            "goodput": a.slo.goodput,
+            "kwh_per_1m_output_tokens": a.energy.kwh_per_1m_output_tokens,
+        })
+        return out
+
+
+def too_long(pool: Pool, cloud: Cloud, trace: Trace, fl: Floor, what: str) -> OperationFailed:
+    """The line for a trace whose every request is longer than max_model_len."""
+    return OperationFailed(
+        f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {what} "
+        f"is longer than serving.max_model_len {pool.serving.max_model_len:,} (prompt + "
+        f"output): nothing to size for; raise max_model_len (the shortest request has "
+        f"{fl.shortest:,} tokens) or give a trace of shorter requests")
+
+
+def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = None
+                    ) -> tuple[ReplicaModel, Floor, float]:
+    """The floors of `trace` on the pool's replica; an OperationFailed naming the binding one
+    when no replica count can meet the SLOs (or every request is too long)."""
+    m = replica_model(pool, cloud)
+    slo = pool.slo
+    fl = ttft_floor(m, trace)
+    what = what or trace.source
+    if not fl.served:
+        raise too_long(pool, cloud, trace, fl, what)
+    if fl.ttft_p90_floor_s > slo.ttft_p90_s:
+        raise _unreachable(pool, cloud, m, trace, fl, plan_pool(pool, cloud).gpus_per_node,
+                           what)
+    tf = tpot_floor_s(m, trace)
+    if slo.tpot_p90_s is not None and tf > slo.tpot_p90_s:
+        raise OperationFailed(
+            f"{pool.name}/{cloud}: no replica count meets slo.tpot_p90_s {slo.tpot_p90_s:g} s "
+            f"on {what}: one TP {m.tp} replica decoding a single sequence takes {tf:.4f} s a "
+            f"token at the p90 context (the HBM floor: the weight shard and KV streamed each "
+            f"step); raise slo.tpot_p90_s to at least {math.ceil(tf * 1000) / 1000:g} s or "
+            "raise serving.tensor_parallel")
+    return m, fl, tf
+
+
+def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
+    """Smallest replica count meeting the SLOs (TTFT and TPOT p90) at or below the
+    utilization target; a max for the busiest window; the smallest warm pool keeping the SLOs
+    under autoscaling. An SLO no replica count can meet (the prefill compute floor, the HBM
+    floor of a decode step), or a trace whose every request is longer than max_model_len, is
+    an OperationFailed naming the floor."""
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node
     slo = pool.slo
-    m = replica_model(pool, cloud)
-    fl = ttft_floor(m, trace)
-    if not fl.served:
-        raise OperationFailed(
-            f"{pool.name}/{cloud}: every one of the {len(trace):,} requests in {trace.source} "
-            f"is longer than serving.max_model_len {m.max_model_len:,} (prompt + output): "
-            f"nothing to size for; raise max_model_len (the shortest request has "
-            f"{fl.shortest:,} tokens) or give a trace of shorter requests")
-    if fl.ttft_p90_floor_s > slo.ttft_p90_s:
-        raise _unreachable(pool, cloud, m, trace, fl, plan.gpus_per_node, trace.source)
+    m, fl, tf = check_reachable(pool, cloud, trace)
 
-    def fixed(n: int, tr: Trace) -> dict[str, Any]:
-        res = run_pool(pool, cloud, tr, replicas=n, stop_if_p90_over=slo.ttft_p90_s)
-        if res.aborted:
-            return {"slo": {"met": False}, "utilization": math.inf, "ttft_s": {"p90": None}}
-        return summary(res, slo.ttft_p90_s)
+    def fixed(tr: Trace) -> Probe:
+        def probe(n: int) -> SimSummary | None:
+            res = run_pool(pool, cloud, tr, replicas=n, stop_if_p90_over=slo.ttft_p90_s)
+            return None if res.aborted else summary(res, slo.ttft_p90_s, slo.tpot_p90_s)
+        return probe
 
-    def ok_min(s: dict[str, Any]) -> bool:
-        met: bool = s["slo"]["met"]
-        utilization: float = s["utilization"]
-        return met and utilization <= slo.target_utilization
+    def smallest(ok: Callable[[SimSummary], bool], tr: Trace, what: str
+                 ) -> tuple[int, SimSummary]:
+        found = smallest_count(fixed(tr), ok)
+        if found is None:
+            raise OperationFailed(
+                f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
+                f"meets the SLOs (slo.ttft_p90_s {slo.ttft_p90_s:g} s"
+                + (f", slo.tpot_p90_s {slo.tpot_p90_s:g} s" if slo.tpot_p90_s else "")
+                + f") at utilization <= {slo.target_utilization:g} on {what} (the prefill "
+                f"compute floor allows a TTFT p90 of {fl.ttft_p90_floor_s:.2f} s); raise the "
+                "SLOs or serving.tensor_parallel")
+        return found
 
-    def smallest(pred: Callable[[dict[str, Any]], bool], tr: Trace, what: str
-                 ) -> tuple[int, dict[str, Any]]:
-        # Doubling, then bisection: the test of n replicas is monotone in n.
-        hi, s_hi = 1, fixed(1, tr)
-        while not pred(s_hi):
-            if hi >= MAX_REPLICAS:
-                p90 = s_hi["ttft_s"]["p90"]
-                raise OperationFailed(
-                    f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
-                    f"meets slo.ttft_p90_s {slo.ttft_p90_s:g} s at utilization <= "
-                    f"{slo.target_utilization:g} on {what} (TTFT p90 at "
-                    f"{MAX_REPLICAS:,}: {'over the SLO' if p90 is None else f'{p90} s'}"
-                    f"; the prefill compute floor allows {fl.ttft_p90_floor_s:.2f} s); raise "
-                    "slo.ttft_p90_s or serving.tensor_parallel")
-            hi *= 2
-            s_hi = fixed(hi, tr)
-        lo = hi // 2  # fails (or 0)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            s_mid = fixed(mid, tr)
-            if pred(s_mid):
-                hi, s_hi = mid, s_mid
-            else:
-                lo = mid
-        return hi, s_hi
-
-    need_min, s_min = smallest(ok_min, trace, trace.source)
+    need_min, s_min = smallest(lambda s: judge(s, slo), trace, trace.source)
     w0, w1 = busiest_window(trace, PEAK_WINDOW_S)
     peak = trace.window(w0, w1)
     need_peak = need_min
     if len(peak):
         what = f"the busiest {PEAK_WINDOW_S // 60} minutes of {trace.source} ({w0:.0f}-{w1:.0f} s)"
         fl_peak = ttft_floor(m, peak)
-        if fl_peak.served and fl_peak.ttft_p90_floor_s > slo.ttft_p90_s:
-            raise _unreachable(pool, cloud, m, peak, fl_peak, plan.gpus_per_node, what)
         if fl_peak.served:
-            need_peak, _ = smallest(lambda s: s["slo"]["met"], peak, what)
+            check_reachable(pool, cloud, peak, what)
+            need_peak, _ = smallest(lambda s: s.slo.met, peak, what)
     min_r = nodes_for(need_min, rpn) * rpn
     max_r = max(min_r, nodes_for(need_peak, rpn) * rpn)
     warm_r = 0
-    s_auto: dict[str, Any] | None = None
+    s_auto: SimSummary | None = None
     for warm_nodes in range(0, (max_r - min_r) // rpn + 1):
         warm_r = warm_nodes * rpn
         s_auto = summary(run_pool(pool, cloud, trace, autoscale=True, warm_replicas=warm_r,
-                                  min_replicas=min_r, max_replicas=max_r), slo.ttft_p90_s)
-        if s_auto["slo"]["met"]:
+                                  min_replicas=min_r, max_replicas=max_r),
+                         slo.ttft_p90_s, slo.tpot_p90_s)
+        if s_auto.slo.met:
             break
     assert s_auto is not None  # max_r >= min_r: the loop above runs at least once
-    rec: dict[str, Any] = json_safe({
-        "min_replicas": min_r,
-        "max_replicas": max_r,
-        "warm_replicas": warm_r,
-        "ttft_p90_s": s_auto["ttft_s"]["p90"],
-        "utilization": s_min["utilization"],
-        "usd_per_1m_output_tokens": s_auto["cost"]["usd_per_1m_output_tokens"],
-        "min_replicas_needed": need_min,
-        "peak_replicas_needed": need_peak,
-        "peak_window_s": [round(w0, 1), round(w1, 1)],
-        "slo_met_autoscaled": s_auto["slo"]["met"],
-        "cost_per_hour_usd_at_min": round(nodes_for(min_r, rpn) * plan.price_per_node_hour_usd,
-                                          2),
-        "fixed_count_at_min": {"ttft_p90_s": s_min["ttft_s"]["p90"],
-                               "usd_per_1m_output_tokens":
-                                   s_min["cost"]["usd_per_1m_output_tokens"]},
-        "requests": len(trace),
-        "requests_over_max_model_len": fl.over_max_model_len,
-        "max_model_len": m.max_model_len,
-        "ttft_p90_floor_s": round(fl.ttft_p90_floor_s, 4),
-    })
-    return rec
+    return Recommendation(
+        min_replicas=min_r, max_replicas=max_r, warm_replicas=warm_r, autoscaled=s_auto,
+        at_min=s_min, min_replicas_needed=need_min, peak_replicas_needed=need_peak,
+        peak_window_s=(w0, w1),
+        cost_per_hour_usd_at_min=round(nodes_for(min_r, rpn) * plan.price_per_node_hour_usd, 2),
+        requests=len(trace), requests_over_max_model_len=fl.over_max_model_len,
+        max_model_len=m.max_model_len, ttft_p90_floor_s=fl.ttft_p90_floor_s,
+        tpot_p90_floor_s=tf,
+    )

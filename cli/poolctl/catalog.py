@@ -52,6 +52,11 @@ class Price(_Row):
     source: str = Field(description="Where it was read.")
 
 
+class Power(_Row):
+    max_kw: float = Field(gt=0, description="Maximum power draw of one node, kW.")
+    source: str = Field(description="Where the figure comes from (a primary source).")
+
+
 class InstanceType(_Row):
     name: str
     cloud: Literal["aws", "gcp"]
@@ -72,6 +77,8 @@ class InstanceType(_Row):
     )
     sources: list[str] = Field(min_length=1)
     notes: str = ""
+    power: Power | None = Field(
+        default=None, description="Maximum system power of one node (null: no primary source).")
 
     @property
     def hbm_bytes_per_gpu(self) -> int:
@@ -88,6 +95,35 @@ class InstanceType(_Row):
         return self.vcpus if self.quota.unit == "vCPU" else self.gpus
 
 
+class ServingFactors(_Row):
+    """The serving model's efficiency factors for one GPU type and TP (poolctl.servingmodel)."""
+
+    prefill_mfu: float = Field(gt=0, le=1, description="Share of peak FLOPs prefill reaches.")
+    decode_mbu: float = Field(gt=0, le=1, description="Share of peak HBM bandwidth decode reaches.")
+    step_overhead_ms: float = Field(ge=0, description="Fixed time of every engine step, ms.")
+    decode_us_per_seq: float = Field(
+        ge=0, description="Time per decoding sequence per step beyond its KV reads, us.")
+    link_efficiency: float = Field(
+        gt=0, le=1, description="Share of the NVLink/PCIe bandwidth the all-reduce reaches.")
+    allreduce_us: float = Field(ge=0, description="Fixed latency of one all-reduce, us.")
+    overlap_k: float = Field(
+        ge=1, description="How compute and memory time combine in a step: (c^k + m^k)^(1/k); "
+        "1 adds them, large k takes the larger (the roofline).")
+
+
+class ServingFit(_Row):
+    """Default factors fitted to a measured database, per tensor-parallel degree."""
+
+    source: str = Field(description="What the factors were fitted to, and by which script.")
+    package: str = Field(description="The database's package and version (name==version).")
+    by_tp: dict[int, ServingFactors] = Field(
+        min_length=1, description="Factors per TP; a TP not listed takes the next lower one's.")
+
+    def for_tp(self, tp: int) -> ServingFactors:
+        lower = [t for t in self.by_tp if t <= tp]
+        return self.by_tp[max(lower) if lower else min(self.by_tp)]
+
+
 class GpuSpec(_Row):
     """Per-GPU compute and interconnect, for the serving model (dense tensor-core peaks)."""
 
@@ -100,6 +136,9 @@ class GpuSpec(_Row):
     )
     pcie_gbytes_s: float = Field(gt=0, description="PCIe bandwidth per GPU (bidirectional GB/s).")
     sources: list[str] = Field(min_length=1)
+    serving_fit: ServingFit | None = Field(
+        default=None, description="Serving-model factors fitted to measurements of this GPU "
+        "(scripts/fit_defaults.py); without it the model's literature defaults apply.")
 
 
 class Catalog(_Row):

@@ -35,9 +35,11 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError, core_schema
 
-from poolctl import formats
+from poolctl import formats, models
 from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
+from poolctl.models import did_you_mean
+from poolctl.naming import name_problems
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 # Strict scalars: YAML's `true` is not 1 and `4.0` is not a count; numbers are finite.
@@ -251,7 +253,6 @@ class Model(CoreModel):
     ) -> Model:
         if not isinstance(data, dict):
             return handler(data)
-        from poolctl import models
 
         # lowest precedence first: the preset, then config.json, then the file's own keys
         tiers: list[tuple[str, dict[str, Any]]] = []
@@ -354,6 +355,20 @@ class Serving(CoreModel):
         le=1024,
         description="HBM held back per GPU for CUDA context, activations and CUDA graphs.",
     )
+    prefix_caching: Bool = Field(
+        default=True,
+        # vLLM V1 turns automatic prefix caching on by default; `false` passes
+        # --no-enable-prefix-caching, and `simulate` then finds no reuse.
+        description="vLLM automatic prefix caching (on by default in vLLM V1): a prompt's "
+        "leading blocks already cached on its replica skip prefill; false turns it off.",
+    )
+    balancer: Literal["lor", "sticky"] = Field(
+        default="lor",
+        description="How the load balancer routes requests to nodes: lor (least outstanding "
+        "requests) or sticky (session affinity by a load-balancer cookie, so a conversation's "
+        "turns reach the node holding its prefix cache: ALB lb_cookie stickiness, GCP "
+        "GENERATED_COOKIE affinity over a RING_HASH policy). `simulate` defaults to it.",
+    )
     port: Int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
     health_path: UrlPath = Field(
         default="/health", description="HTTP path of the readiness check (starts with /)."
@@ -448,6 +463,11 @@ class Slo(CoreModel):
     ttft_p90_s: Num = Field(
         default=2.0, gt=0, le=MAX_SECONDS,
         description="Target p90 time to first token.",
+    )
+    tpot_p90_s: Num | None = Field(
+        default=None, gt=0, le=MAX_SECONDS,
+        description="Target p90 time per output token after the first (seconds; 0.05 is 20 "
+        "tokens/s per user); unset: no token-rate target.",
     )
     target_utilization: Num = Field(
         default=0.6, gt=0, lt=1,
@@ -1015,7 +1035,6 @@ class Config(CoreModel):
 
     @model_validator(mode="after")
     def _cloud_names(self) -> Config:
-        from poolctl.naming import name_problems
 
         for i, p in enumerate(self.pools):
             for field, problem in name_problems(self.project, p.name, p.clouds):
@@ -1377,7 +1396,6 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
 
 
 def _hint(err: ErrorDetails) -> str:
-    from poolctl.models import did_you_mean
 
     kind, value = err["type"], err.get("input")
     got = f"; got {_shown(value)}" if "input" in err else ""

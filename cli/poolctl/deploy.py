@@ -11,14 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import poolctl
 from poolctl import naming
+from poolctl.adaptors.stacks import poolctl_stacks, stacks_app
 from poolctl.cloud import Cloud
+from poolctl.clouds.aws import adopt as aws_adopt
+from poolctl.clouds.aws import ops as aws
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import NotConfirmed, OperationFailed
 from poolctl.home import private_dir, write_private
 from poolctl.progress import log
+from poolctl.sizing import plan_pool
 from poolctl.terraform import (
     PlanSummary,
     Terraform,
@@ -55,7 +60,6 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
-    from poolctl.sizing import plan_pool
 
     plan = plan_pool(pool, cloud)
     nodes = {"min": plan.nodes["min"], "max": plan.nodes["max"]}
@@ -84,9 +88,6 @@ def synth_key(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> str:
     code and data (stacks, boot templates, catalog) and the generator's versions."""
     from importlib import metadata
 
-    import poolctl
-    import poolctl_stacks
-
     h = hashlib.sha256(cfg.model_dump_json().encode())
     h.update(repr([(p.name, c) for p, c in targets]).encode())
     for pkg in (poolctl, poolctl_stacks):
@@ -113,13 +114,11 @@ def synth_targets(cfg: Config, targets: list[tuple[Pool, Cloud]], outdir: Path) 
            for d, m in zip(dirs, marks, strict=True)):
         log(f"stacks unchanged since the last synth in {outdir}/stacks: reusing them")
         return dirs
-    from poolctl_stacks.app import synth  # the only road to cdktf
-
     log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
-    dirs = synth([(cfg, targets)], outdir)
-    for d in dirs:
+    made: list[Path] = stacks_app.synth([(cfg, targets)], outdir)  # the only road to cdktf
+    for d in made:
         (d / SYNTH_KEY_FILE).write_text(key)
-    return dirs
+    return made
 
 
 def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
@@ -137,7 +136,6 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
                   json.dumps(endpoint_override(region, endpoints.aws, state), indent=2))
     env: dict[str, str] = {}
     if endpoints.stand_in_images:
-        from poolctl.clouds.aws import ops as aws
 
         ec2 = aws.make_ops(endpoints).client("ec2", region)
         images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
@@ -168,9 +166,6 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
     if all(f"{kind}.{name}" in state for kind, blocks in config.get("resource", {}).items()
            for name in blocks):
         return []
-    from poolctl import naming
-    from poolctl.clouds.aws import adopt as aws_adopt
-    from poolctl.clouds.aws import ops as aws
 
     ops = aws.make_ops(endpoints)
     tags = naming.aws_tags(cfg, pool)

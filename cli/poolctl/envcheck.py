@@ -18,7 +18,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from poolctl.errors import shown
+from poolctl.errors import UsageError, shown
+from poolctl.home import cannot_create
 
 
 def _seconds(raw: str) -> str | None:
@@ -63,7 +64,6 @@ def _folder(raw: str) -> str | None:
 
 
 def _home(raw: str) -> str | None:
-    from poolctl.home import cannot_create
 
     p = _expanded(raw)
     if p is None:
@@ -157,6 +157,5 @@ def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
 
 def check_environment() -> None:
     if problem := environment_problem():
-        from poolctl.errors import UsageError
 
         raise UsageError(problem)

@@ -30,11 +30,21 @@ from typing import TYPE_CHECKING, Any
 from poolctl import naming
 from poolctl.adaptors.aws import botocore_exceptions
 from poolctl.adaptors.gcp import compute_v1
+from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.cloud import Cloud
+from poolctl.clouds.aws.ops import make_ops as make_aws_ops
+from poolctl.clouds.aws.preflight import check_builder_subnet
+from poolctl.clouds.gcp.api import link_name
+from poolctl.clouds.gcp.ops import make_ops as make_gcp_ops
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Loc, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import open_private, private_dir, write_private
+from poolctl.node_image import find_record, images_dir, save_record
 from poolctl.progress import log
+from poolctl.runtime import set_scalar, write_atomic
+from poolctl.sizing import gcp_zones, instance_row
+from poolctl.terraform import log_path
 
 if TYPE_CHECKING:  # jinja2 loads only to render (plan reads records, never templates)
     import jinja2
@@ -192,7 +202,6 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
            base_image: str, endpoints: CloudEndpoints = REAL_CLOUDS,
            serving_image: str | None = None, now: datetime | None = None) -> Rendered:
     """The build folder's files: `<cloud>.pkr.hcl` and `provision.sh`."""
-    from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 
     placement = pool.placement(cloud)
     if placement is None:
@@ -257,68 +266,13 @@ def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, in
 
 
 def _gcp_zone(pool: Pool) -> str:
-    from poolctl.sizing import gcp_zones, instance_row
 
     zones = gcp_zones(pool, instance_row(pool, Cloud.gcp))
     assert pool.gcp is not None  # instance_row refuses a pool without a gcp placement
     return zones[0] if zones else f"{pool.gcp.region}-a"
 
 
-# ---------------------------------------------------------------------------------------
-# Records: $POOLCTL_HOME/images/<cloud>-<image>.json, one per built image
-
-
-def images_dir() -> Path:
-    from poolctl.home import poolctl_home
-
-    return poolctl_home() / "images"
-
-
-def _record_file(cloud: Cloud, image_id: str) -> Path:
-    return images_dir() / f"{cloud}-{re.sub(r'[^A-Za-z0-9._-]+', '_', image_id)}.json"
-
-
-def find_record(cloud: Cloud, image_id: str | None) -> dict[str, Any] | None:
-    if not image_id:
-        return None
-    try:
-        rec: dict[str, Any] = json.loads(_record_file(cloud, image_id).read_text())
-        return rec
-    except (OSError, ValueError):
-        return None
-
-
-def save_record(rec: dict[str, Any]) -> Path:
-    from poolctl.home import write_private
-
-    path = _record_file(rec["cloud"], rec["image_id"])
-    write_private(path, json.dumps(rec, indent=2) + "\n")
-    return path
-
-
-def placement_image(pool: Pool, cloud: Cloud) -> str | None:
-    """The node image a placement names in the file (None: the base image at deploy)."""
-    placement = pool.placement(cloud)
-    # Asked only for a cloud the pool has a placement on (sizing's instance_row checks it).
-    assert placement is not None
-    return placement.ami_id if isinstance(placement, AwsPlacement) else placement.image
-
-
-def prepulled(pool: Pool, cloud: Cloud, records: bool = True) -> dict[str, Any]:
-    """Which image a placement uses and whether it carries the serving image: a build record
-    says so for images poolctl built, `serving.image_prepulled` for the user's own.
-    `records=False`: the file alone (what synthesis uses, so that the stack's JSON is the
-    same on every machine, build records or not)."""
-    image = placement_image(pool, cloud)
-    rec = find_record(cloud, image) if records else None
-    if rec is not None:
-        same = rec.get("serving_image") == pool.serving.image
-        return {"id": image, "prepulled": same, "source": "build record",
-                "carries": rec.get("serving_image"), "digest": rec.get("digest")}
-    aws = pool.aws if cloud == Cloud.aws else None
-    shown = image or (aws.ami_ssm_parameter if aws is not None else None)
-    return {"id": shown, "prepulled": pool.serving.image_prepulled,
-            "source": "serving.image_prepulled", "carries": None, "digest": None}
+# Records ($POOLCTL_HOME/images/<cloud>-<image>.json): poolctl.node_image.
 
 
 # ---------------------------------------------------------------------------------------
@@ -336,7 +290,6 @@ def run_packer(binary: str, workdir: Path, args: list[str], env: dict[str, str],
     SIGINT and the time to clean up (builder instance, temporary key pair and security
     group); then the interrupt goes on. Its own process group: the terminal's SIGINT reaches
     poolctl only, and poolctl forwards exactly one."""
-    from poolctl.home import open_private
 
     cmd = [binary, *args]
     lines: list[str] = []
@@ -441,7 +394,6 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
     """Render, check the builder's place, run Packer (its output to a private log; with
     `verbose` to stderr too), record the image. `dry_run`: render only, with no cloud call
     (what the build would look up is named instead)."""
-    from poolctl.runtime import set_scalar, write_atomic
 
     endpoints.require(cloud)
     placement = pool.placement(cloud)
@@ -476,7 +428,6 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
     if dry_run:
         res.files = r.files
         return res
-    from poolctl.home import private_dir, write_private
 
     private_dir(workdir)
     for name, text in r.files.items():
@@ -484,7 +435,6 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
     env = {**os.environ, "CHECKPOINT_DISABLE": "1", "PACKER_NO_COLOR": "1"}
     if cloud == Cloud.aws and endpoints.aws is not None:
         env |= endpoints.aws.env(placement.region)
-    from poolctl.terraform import log_path
 
     stack = naming.stack_name(cfg, pool, cloud)
     packer_log = log_path(stack, "image-build")
@@ -527,7 +477,6 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
 def _aws_builder_subnet(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> None:
     """Before Packer runs: the subnet its builder launches in exists (the file's, or one of
     the pool's private subnets, which its first deploy creates)."""
-    from poolctl.clouds.aws.preflight import check_builder_subnet
 
     p = pool.aws
     assert p is not None  # build checked the pool's placement on this cloud (aws)
@@ -559,9 +508,8 @@ def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
 
 
 def aws_client(service: str, region: str, endpoints: CloudEndpoints = REAL_CLOUDS) -> Any:
-    from poolctl.clouds.aws.ops import make_ops
 
-    return make_ops(endpoints).client(service, region)
+    return make_aws_ops(endpoints).client(service, region)
 
 
 @dataclass
@@ -630,10 +578,8 @@ def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
 
 
 def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-    from poolctl.clouds.gcp.api import link_name
-    from poolctl.clouds.gcp.ops import make_ops
 
-    ops = make_ops(endpoints)
+    ops = make_gcp_ops(endpoints)
     labels = naming.gcp_labels(cfg, pool)
     assert pool.gcp is not None  # listed for the pool's gcp placement (commands' one_target)
     project = pool.gcp.project
@@ -694,9 +640,7 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep
 def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
     import uuid
 
-    from poolctl.clouds.gcp.ops import make_ops
-
-    ops = make_ops(endpoints)
+    ops = make_gcp_ops(endpoints)
     what = f"delete image {row.name}"
     assert pool.gcp is not None  # prune: the pool's gcp placement, whose images it listed
     # A request id: a retried delete is not applied twice.

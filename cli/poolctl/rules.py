@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from poolctl import sizing
+from poolctl import bootscript, sizing
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool
+from poolctl.errors import OperationFailed
+from poolctl.models import did_you_mean, preset
+from poolctl.node_image import recorded_node_image
 
 if TYPE_CHECKING:
     from poolctl.models import Preset
@@ -144,7 +147,6 @@ KV_PRESET_FACTOR = 2.0
 @check("model-shape", "the model's heads and KV figures are consistent (and match its preset)",
        "pool")
 def _model_shape(c: Ctx) -> Iterator[Finding]:
-    from poolctl.models import preset
 
     m = c.pool.model
     # validation fills these (config.Model) or refuses the file
@@ -279,7 +281,6 @@ def _nvlink(c: Ctx) -> Iterator[Finding]:
     assert placement is not None  # ... one the pool has a placement on
     name = placement.type_name
     if c.row is None:
-        from poolctl.models import did_you_mean
 
         known = load_catalog().names(c.cloud)
         yield c.find(
@@ -385,7 +386,6 @@ def _boot_size(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
     assert c.cloud is not None  # a placement check: run_checks gives it the cloud
-    from poolctl import bootscript
 
     size = len(bootscript.render_boot_script(c.cfg, c.pool, c.cloud).encode())
     if problem := bootscript.size_problem(size, c.cloud):
@@ -516,7 +516,9 @@ def _warm(c: Ctx) -> Iterator[Finding]:
             "suspending GPU VMs is not supported", "use a stopped standby pool",
         )
     if wp.replicas and wp.state == "stopped":
-        ph = sizing.start_phases(c.pool, c.row)["warm_stopped"]
+        assert c.cloud is not None  # a placement check: run_checks gives it the cloud
+        image = recorded_node_image(c.pool, c.cloud)
+        ph = sizing.start_phases(c.pool, c.row, image)["warm_stopped"]
         yield c.find(
             "warm-state", "info", "warm_pool.state",
             f"stopped warm nodes lose their local NVMe: each start refetches "
@@ -525,7 +527,7 @@ def _warm(c: Ctx) -> Iterator[Finding]:
             "use state: running to keep the cache warm at full price",
         )
         assert c.cloud is not None  # a placement check: run_checks gives it the cloud
-        held = sizing.plan_pool(c.pool, c.cloud, records=False).capacity
+        held = sizing.plan_pool(c.pool, c.cloud).capacity
         if held is not None and held.hoped_nodes:
             yield c.find(
                 "warm-state", "info", "warm_pool.state",
@@ -631,7 +633,6 @@ def refuse_invalid(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> None:
     """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
     nothing, so what the rules accept synthesizes and what they refuse never gets there."""
-    from poolctl.errors import OperationFailed
 
     errs = errors(run_checks(cfg, targets))
     if errs:

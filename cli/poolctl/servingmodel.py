@@ -4,7 +4,7 @@ Pure arithmetic, no SDKs. One engine step (vLLM continuous batching with chunked
 processes `tokens` new tokens (prefill chunks plus one token per decoding sequence) and reads
 the KV cache of every scheduled sequence:
 
-    step = overhead + per-seq x decoding sequences + all-reduce(tokens) + max(compute, memory)
+    step = overhead + per-seq x decoding sequences + all-reduce(tokens) + busy(compute, memory)
     compute = (2 * params * tokens + attention FLOPs) / (TP * peak FLOPs * prefill_mfu)
     memory  = (weight shard + KV bytes read) / (HBM bandwidth * decode_mbu)      (per GPU)
 
@@ -13,8 +13,11 @@ memory-bound: each step streams the GPU's weight shard and the running sequences
 from HBM once. Tensor parallelism adds two all-reduces per layer over NVLink (or PCIe on a
 PCIe-only type), so the link shows up in the numbers.
 
-Every efficiency factor below is a named default with its source; a pool's `perf:` block
-overrides them, or gives measured numbers from which `calibrated` solves them.
+busy(c, m) = (c^k + m^k)^(1/k): the roofline's max for large k, their sum for k = 1.
+The defaults: the factors the catalog records per GPU and TP (`serving_fit`, fitted to
+AIConfigurator's measured database by scripts/fit_defaults.py), else the literature's figures
+below, each with its source. A pool's `perf:` block overrides them, or gives measured numbers
+from which `calibrated` solves them.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from poolctl.catalog import load_catalog
+from poolctl.catalog import ServingFactors, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
+from poolctl.sizing import instance_row, plan_pool
 
 # Share of peak tensor FLOPs a large prefill batch reaches in vLLM: Sarathi-Serve (OSDI 2024)
 # and Vidur (MLSys 2024) profile prefill at roughly 40-60 % MFU on A100/H100; the middle.
@@ -79,6 +83,10 @@ class ReplicaModel:
     link_efficiency: float
     overhead_s: float
     per_seq_s: float = DECODE_PER_SEQ_S
+    allreduce_latency_s: float = ALLREDUCE_LATENCY_S
+    # How compute and memory time combine in one step: (c^k + m^k)^(1/k); inf is the
+    # roofline's max (perfect overlap), 1 their sum.
+    overlap_k: float = math.inf
 
     # ---- the three parts of a step
     def compute_s(self, tokens: float, attn_flops: float = 0.0) -> float:
@@ -96,7 +104,7 @@ class ReplicaModel:
         # the message through each GPU's link.
         msg = tokens * self.hidden * ACTIVATION_BYTES
         one = 2 * (self.tp - 1) / self.tp * msg / (self.link_bytes_per_s * self.link_efficiency)
-        return 2 * self.layers * (one + ALLREDUCE_LATENCY_S)
+        return 2 * self.layers * (one + self.allreduce_latency_s)
 
     def attn_flops(self, chunk: float, offset: float) -> float:
         """QK^T and AV of `chunk` new tokens attending to `offset` earlier ones (causal)."""
@@ -105,7 +113,14 @@ class ReplicaModel:
     def step_s(self, tokens: float, kv_tokens_read: float, attn_flops: float = 0.0,
                decode_seqs: int = 0) -> float:
         return (self.overhead_s + self.per_seq_s * decode_seqs + self.comm_s(tokens)
-                + max(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+                + self._busy(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+
+    def _busy(self, c: float, m: float) -> float:
+        k = self.overlap_k
+        if math.isinf(k):
+            return max(c, m)
+        hi = max(c, m)  # scaled so that the powers stay in range
+        return hi * ((c / hi) ** k + (m / hi) ** k) ** (1 / k) if hi > 0 else 0.0
 
     # ---- the figures plan and the README quote
     def prefill_s(self, n: int) -> float:
@@ -115,14 +130,15 @@ class ReplicaModel:
     def prefill_tokens_per_s(self, n: int) -> float:
         return n / self.prefill_s(n)
 
-    def ttft_floor_s(self, prompt: int) -> float:
+    def ttft_floor_s(self, prompt: int, cached: int = 0) -> float:
         """The fastest first token of a `prompt`-token request: alone on an idle replica,
         prefilled in chunks of `max_num_batched_tokens` as the simulator's engine does (each
         step reads the request's whole KV allocation, prompt + 1). Sharing a replica only adds
         to it (more tokens per step, smaller chunks, waits), so no replica count brings a
-        request's TTFT below it: the prefill compute floor."""
+        request's TTFT below it: the prefill compute floor. `cached` leading tokens found in
+        the prefix cache are not computed (the rest still attends to them)."""
         prompt = max(1, prompt)
-        t, done = 0.0, 0
+        t, done = 0.0, min(max(0, cached), prompt - 1)
         while done < prompt:
             c = min(prompt - done, self.max_num_batched_tokens)
             t += self.step_s(c, prompt + 1, self.attn_flops(c, done))
@@ -133,6 +149,24 @@ class ReplicaModel:
         """One decode step of `batch` sequences holding `context` tokens each (attention's
         FLOPs in decode are a few % of the weights' and left out)."""
         return self.step_s(batch, batch * context, decode_seqs=batch)
+
+
+# The defaults of a GPU the catalog has no fit for (overlap_k: the roofline's max).
+LITERATURE = ServingFactors(
+    prefill_mfu=PREFILL_MFU, decode_mbu=DECODE_MBU, step_overhead_ms=STEP_OVERHEAD_S * 1000,
+    decode_us_per_seq=DECODE_PER_SEQ_S * 1e6, link_efficiency=LINK_EFFICIENCY,
+    allreduce_us=ALLREDUCE_LATENCY_S * 1e6, overlap_k=math.inf)
+
+# ServingFactors' fields, in the order scripts/fit_defaults.py fits them.
+FACTOR_NAMES = tuple(ServingFactors.model_fields)
+
+
+def with_factors(rm: ReplicaModel, f: ServingFactors) -> ReplicaModel:
+    """`rm` with every efficiency factor taken from `f` (a catalog row's fit)."""
+    return replace(rm, prefill_mfu=f.prefill_mfu, decode_mbu=f.decode_mbu,
+                   overhead_s=f.step_overhead_ms / 1000, per_seq_s=f.decode_us_per_seq / 1e6,
+                   link_efficiency=f.link_efficiency,
+                   allreduce_latency_s=f.allreduce_us / 1e6, overlap_k=f.overlap_k)
 
 
 def figures(rm: ReplicaModel) -> dict[str, Any]:
@@ -161,8 +195,6 @@ def hidden_size(pool: Pool) -> float:
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     """The pool's replica on `cloud`, with the `perf:` block applied."""
-    from poolctl.sizing import instance_row, plan_pool
-
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
     plan = plan_pool(pool, cloud)
@@ -177,6 +209,9 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     def pick(v: float | None, d: float) -> float:
         return d if v is None else v
 
+    # Defaults: the factors fitted to measurements of this GPU at this TP (the catalog's
+    # serving_fit), else the literature's figures above; `perf:` overrides each.
+    fit = spec.serving_fit.for_tp(s.tensor_parallel) if spec.serving_fit else LITERATURE
     rm = ReplicaModel(
         role="mixed",
         tp=s.tensor_parallel,
@@ -192,11 +227,13 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
         peak_flops_per_gpu=peak_tflops * 1e12,
         hbm_bytes_per_s=row.hbm_tbps_per_gpu * 1e12,
         link_bytes_per_s=link * 1e9 / 2,  # the catalog's figure is bidirectional
-        prefill_mfu=pick(perf.prefill_mfu, PREFILL_MFU),
-        decode_mbu=pick(perf.decode_mbu, DECODE_MBU),
-        link_efficiency=pick(perf.link_efficiency, LINK_EFFICIENCY),
-        overhead_s=pick(perf.step_overhead_ms, STEP_OVERHEAD_S * 1000) / 1000,
-        per_seq_s=pick(perf.decode_us_per_seq, DECODE_PER_SEQ_S * 1e6) / 1e6,
+        prefill_mfu=pick(perf.prefill_mfu, fit.prefill_mfu),
+        decode_mbu=pick(perf.decode_mbu, fit.decode_mbu),
+        link_efficiency=pick(perf.link_efficiency, fit.link_efficiency),
+        overhead_s=pick(perf.step_overhead_ms, fit.step_overhead_ms) / 1000,
+        per_seq_s=pick(perf.decode_us_per_seq, fit.decode_us_per_seq) / 1e6,
+        allreduce_latency_s=fit.allreduce_us / 1e6,
+        overlap_k=fit.overlap_k,
     )
     return calibrated(rm, pool)
 
@@ -211,6 +248,8 @@ def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
     model reproduces the measurements.
     """
     perf, key = pool.perf, f"pools.{pool.name}.perf"
+    if perf.decode_ms_batch1 is not None or perf.prefill_tokens_per_s is not None:
+        rm = replace(rm, overlap_k=math.inf)  # the closed forms below solve the roofline's max
     if perf.decode_ms_batch1 is not None:
         assert perf.decode_ms_batch64 is not None  # config.Perf takes the two together
         c = perf.measured_context_tokens

@@ -18,13 +18,13 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from poolctl.servingmodel import ReplicaModel
-from poolctl.traces import Trace
+from poolctl.traces import Blocks, Trace
 
 INF = math.inf
 
@@ -48,6 +48,10 @@ class Requests:
     first: list[float]
     finish: list[float]
     refused: list[bool]
+    # Prefix-cache block ids of each prompt (None: no reuse known) and the prompt tokens its
+    # last admission found cached (and so did not prefill).
+    blocks: list[Blocks] | None = None
+    cached: list[int] = field(default_factory=list)
     # Early exit for searches: count first tokens later than `slo_s`; past `miss_limit` the
     # p90 cannot meet the SLO and the run stops (SimResult.aborted).
     slo_s: float = math.inf
@@ -93,15 +97,85 @@ class DecodeRun:
         return lo
 
 
+class PrefixCache:
+    """vLLM's automatic prefix caching on one replica, at the trace's block granularity.
+
+    A block is cached while a running request holds it (`pins`, shared) or, once no request
+    holds it, in the free queue (`lru`, least recently freed first) until its KV slots are
+    needed: vLLM V1's KVCacheManager evicts free cached blocks in that order. Only a prompt's
+    full blocks are cached (as vLLM hashes only full blocks); the blocks a request decodes are
+    not, having no ids in the trace. A request's KV allocation counts its hit blocks again
+    (vLLM shares them): KV held is over-stated, never under-stated.
+    """
+
+    __slots__ = ("block", "lru", "pins", "evicted")
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block = block_tokens
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.pins: dict[int, int] = {}  # block id -> running requests holding it
+        self.evicted = 0
+
+    @property
+    def tokens(self) -> int:
+        """KV slots the free cached blocks hold (evictable at once)."""
+        return len(self.lru) * self.block
+
+    def hits(self, blocks: Blocks) -> int:
+        """Leading blocks of `blocks` already cached."""
+        k = 0
+        for b in blocks:
+            if b not in self.pins and b not in self.lru:
+                break
+            k += 1
+        return k
+
+    def pin(self, blocks: Blocks) -> None:
+        """A running request holds `blocks` (out of the free queue if there)."""
+        pins, lru = self.pins, self.lru
+        for b in blocks:
+            pins[b] = pins.get(b, 0) + 1
+            lru.pop(b, None)
+
+    def release(self, blocks: Blocks) -> None:
+        """The request holding `blocks` finished or was preempted: blocks no request holds
+        any more join the free queue, last block first (evicted before the prefix it
+        extends, as vLLM frees a request's blocks in reverse)."""
+        pins, lru = self.pins, self.lru
+        for b in reversed(blocks):
+            n = pins[b] - 1
+            if n:
+                pins[b] = n
+            else:
+                del pins[b]
+                lru[b] = None
+
+    def evict(self, tokens: int) -> None:
+        """Free at least `tokens` KV slots (or all free blocks), oldest first."""
+        lru = self.lru
+        while tokens > 0 and lru:
+            lru.popitem(last=False)
+            self.evicted += 1
+            tokens -= self.block
+
+
 class Engine:
     """One replica: vLLM V1-style scheduling per step. Running sequences decode one token
     each; prefills continue in chunks within `max_num_batched_tokens`; waiting requests are
     admitted first-come first-served while fewer than `max_num_seqs` run and the KV cache has
     room for the whole prompt; when decoding would overflow the KV cache the newest sequence
-    is preempted and recomputed later."""
+    is preempted and recomputed later. With a prefix cache, an admitted prompt's leading
+    blocks already cached skip prefill, and free cached blocks give way (LRU) to KV that
+    running sequences need: `kv` (held by running sequences) plus `cache.tokens` never
+    exceeds `kv_tokens`."""
 
-    def __init__(self, idx: int, m: ReplicaModel, req: Requests) -> None:
+    def __init__(self, idx: int, m: ReplicaModel, req: Requests,
+                 cache: PrefixCache | None = None) -> None:
         self.idx, self.m, self.req = idx, m, req
+        self.cache = cache
+        self.pinned: dict[int, Blocks] = {}  # rid -> the cached blocks it holds
+        self.prompt_tokens = 0  # prompt tokens admitted (recomputes included) ...
+        self.hit_tokens = 0  # ... and of them found in the prefix cache
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admission order
         self.prefill: dict[int, list[int]] = {}  # rid -> [tokens left, tokens done]
@@ -125,6 +199,11 @@ class Engine:
         self.run: DecodeRun | None = None
         self.run_n = 0
         self.chunks: list[tuple[int, int]] = []
+
+    def _note_kv(self) -> None:
+        held = self.kv + (self.cache.tokens if self.cache is not None else 0)
+        if held > self.max_kv:
+            self.max_kv = held
 
     @property
     def outstanding(self) -> int:
@@ -155,9 +234,44 @@ class Engine:
                 return True
         return False
 
+    def _unpin(self, rid: int) -> None:
+        if self.cache is not None and rid in self.pinned:
+            self.cache.release(self.pinned.pop(rid))
+
+    def _fit_cache(self, extra: int = 0) -> None:
+        """Evict free cached blocks until they fit beside the running sequences' KV (and
+        `extra` slots more)."""
+        if self.cache is not None:
+            self.cache.evict(self.kv + extra + self.cache.tokens - self.m.kv_tokens)
+
+    def _hit(self, rid: int, prompt: int) -> int:
+        """Prompt tokens of `rid` cached on this replica (at most prompt - 1: vLLM computes
+        the last one again for its logits); the blocks found are pinned."""
+        cache, blocks = self.cache, self.req.blocks
+        if cache is None or blocks is None:
+            return 0
+        full = blocks[rid][:self.req.inputs[rid] // cache.block]
+        k = cache.hits(full)
+        if k:
+            cache.pin(full[:k])
+            self.pinned[rid] = full[:k]
+        return min(k * cache.block, prompt - 1)
+
+    def _computed(self, rid: int) -> None:
+        """Prefill done: the prompt's full blocks are cached (pinned while it runs)."""
+        cache, blocks = self.cache, self.req.blocks
+        if cache is None or blocks is None:
+            return
+        full = blocks[rid][:self.req.inputs[rid] // cache.block]
+        held = self.pinned.get(rid, ())
+        if len(full) > len(held):
+            cache.pin(full[len(held):])
+            self.pinned[rid] = full
+
     def _preempt(self, rid: int) -> None:
         self.running.remove(rid)
         self.preemptions += 1
+        self._unpin(rid)
         if rid in self.prefill:
             left, done = self.prefill.pop(rid)
             self.kv -= left + done + 1
@@ -177,6 +291,7 @@ class Engine:
         # Decoding sequences need one KV slot each this step; make room by preemption.
         while self.n_dec and self.kv + self.n_dec > m.kv_tokens:
             self._preempt(self.running[-1])
+        self._fit_cache(self.n_dec)
         budget = m.max_num_batched_tokens - self.n_dec
         chunks: list[tuple[int, int]] = []
         attn = 0.0
@@ -197,16 +312,20 @@ class Engine:
             if req.admitted[rid] != req.admitted[rid]:  # NaN: first admission
                 req.admitted[rid] = now
             self.running.append(rid)
+            hit = self._hit(rid, prompt)
+            self.prompt_tokens += prompt
+            self.hit_tokens += hit
+            req.cached[rid] = hit
             self.kv += prompt + 1
-            self.prefill[rid] = [prompt, 0]
-            c = min(prompt, budget)
+            self._fit_cache(self.n_dec)
+            self.prefill[rid] = [prompt - hit, hit]
+            c = min(prompt - hit, budget)
             chunks.append((rid, c))
-            attn += m.attn_flops(c, 0)
+            attn += m.attn_flops(c, hit)
             budget -= c
         if len(self.running) > self.max_running:
             self.max_running = len(self.running)
-        if self.kv > self.max_kv:
-            self.max_kv = self.kv
+        self._note_kv()
         if not chunks and not self.n_dec:
             self.end, self.run = INF, None
             return
@@ -237,8 +356,8 @@ class Engine:
         self.occupied_s += dt * max(kv_mean / m.kv_tokens, len(self.running) / m.max_num_seqs)
         self.steps += n if self.n_dec else 0
         self.kv += n * self.n_dec
-        if self.kv > self.max_kv:
-            self.max_kv = self.kv
+        self._fit_cache()  # the run's new tokens took free cached blocks' slots
+        self._note_kv()
         req = self.req
         for rid, c in self.chunks:
             st = self.prefill[rid]
@@ -256,6 +375,7 @@ class Engine:
                 self.join[rid] = self.steps
                 self.n_dec += 1
                 heapq.heappush(self.fin, (self.steps + req.outputs[rid] - gen, rid))
+                self._computed(rid)
         while self.fin and self.fin[0][0] <= self.steps:
             f, rid = heapq.heappop(self.fin)
             if not self._live(f, rid):
@@ -264,6 +384,7 @@ class Engine:
             del self.gen[rid]
             self.running.remove(rid)
             self.n_dec -= 1
+            self._unpin(rid)
             req.finish[rid] = now
             on_finish(rid, now)
         self._start(now)
@@ -305,21 +426,47 @@ class SimResult:
     replicas_per_node: int = 1
     aborted: bool = False
     reserved_nodes: int = 0
+    power_kw_per_node: float | None = None  # the catalog's max system power, for energy
+    max_model_len: int | None = None
+    prefix_cache: PrefixStats | None = None  # None: no cache simulated (off, or no block ids)
 
 
-BALANCERS = ("lor", "queue")
+@dataclass(frozen=True)
+class PrefixStats:
+    """The prefix cache over all replicas of a run."""
+
+    block_tokens: int
+    prompt_tokens: int  # prompt tokens admitted, recomputes after preemption included
+    hit_tokens: int  # of them served from the cache (not prefilled)
+    evicted_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+BALANCERS = ("lor", "queue", "sticky")
 
 
 def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              scale: Autoscale | None = None, price_per_node_hour: float = 0.0,
              replicas_per_node: int = 1, balancer: str = "lor",
-             stop_if_p90_over: float | None = None, reserved_nodes: int = 0) -> SimResult:
+             stop_if_p90_over: float | None = None,
+             power_kw_per_node: float | None = None,
+             prefix_caching: bool = True, reserved_nodes: int = 0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
     route (requests then queue inside the replica). "queue": a central queue dispatching to
     a replica with a free sequence slot (a gateway with flow control); with max_num_seqs 1
-    this is the M/M/c system of queueing theory."""
+    this is the M/M/c system of queueing theory. "sticky": session affinity as a load
+    balancer's cookie gives it (`session_key`): a session's first request goes to the node
+    of the least-outstanding replica, later ones to the same node while it serves; inside
+    the node vLLM's data-parallel balancer picks the least-loaded replica, knowing nothing of
+    prefixes. A request without a session goes as "lor".
+
+    prefix_caching: each replica keeps vLLM's automatic prefix cache (`PrefixCache`) over
+    the trace's block ids; a trace without ids has no reuse to find."""
     if balancer not in BALANCERS:
         raise ValueError(f"balancer must be one of {BALANCERS}")
     central: deque[int] = deque()
@@ -329,8 +476,15 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         arrival=trace.arrivals, inputs=[max(1, x) for x in trace.inputs],
         outputs=[max(1, x) for x in trace.outputs], replica=[None] * n_req,
         admitted=[nan] * n_req, first=[nan] * n_req, finish=[nan] * n_req,
-        refused=[False] * n_req,
+        refused=[False] * n_req, blocks=trace.blocks, cached=[0] * n_req,
     )
+    use_cache = prefix_caching and trace.blocks is not None
+
+    def new_engine() -> Engine:
+        cache = PrefixCache(trace.block_tokens) if use_cache else None
+        return Engine(len(engines), m, req, cache)
+
+    sessions: dict[int, int] = {}  # session key -> node
     aborted = False
     miss_limit = n_req + 1
     if stop_if_p90_over is not None:
@@ -366,7 +520,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
 
     def add_node() -> None:
         for _ in range(rpn):
-            e = Engine(len(engines), m, req)
+            e = new_engine()
             engines.append(e)
             serving.append(e)
             nodes_of[e.idx] = node_id[0]
@@ -378,10 +532,11 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     if scale is None:
         if not replicas or replicas < 1:
             raise ValueError("replicas must be >= 1")
-        for _ in range(replicas):
-            e = Engine(len(engines), m, req)
+        for k in range(replicas):
+            e = new_engine()
             engines.append(e)
             serving.append(e)
+            nodes_of[e.idx] = k // rpn
         fixed_nodes = math.ceil(replicas / rpn)
     else:
         for _ in range(scale.min_nodes):
@@ -440,20 +595,17 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
                 central.append(rid)
                 drain_central(now)
                 continue
-            # Least outstanding requests; ties go round-robin (as a balancer spreads them).
-            n = len(serving)
-            if n == 0:
+            if not serving:
                 raise ValueError("no replica in service")
-            best, best_o = None, None
-            for k in range(n):
-                e = serving[(rr + k) % n]
-                o = len(e.waiting) + len(e.running)
-                if best_o is None or o < best_o:
-                    best, best_o = e, o
-                    if o == 0:
-                        break
+            key = session_key(req.blocks, rid) if balancer == "sticky" else None
+            node = sessions.get(key) if key is not None else None
+            pick = serving
+            if node is not None:
+                pick = [e for e in serving if nodes_of[e.idx] == node] or serving
+            best = least_outstanding(pick, rr)
             rr += 1
-            assert best is not None  # n > 0: the first replica looked at is taken
+            if key is not None:
+                sessions[key] = nodes_of[best.idx]
             dispatch(best, rid, now)
             continue
         now, kind, ident, version = heapq.heappop(heap)
@@ -544,7 +696,39 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         timeline=timeline, cold_window=cold_window,
         replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
         reserved_nodes=reserved_nodes,
+        power_kw_per_node=power_kw_per_node, max_model_len=m.max_model_len,
+        prefix_cache=PrefixStats(
+            block_tokens=trace.block_tokens,
+            prompt_tokens=sum(e.prompt_tokens for e in engines),
+            hit_tokens=sum(e.hit_tokens for e in engines),
+            evicted_blocks=sum(e.cache.evicted for e in engines if e.cache is not None),
+        ) if use_cache else None,
     )
+
+
+def session_key(blocks: list[Blocks] | None, rid: int) -> int | None:
+    """The session a request belongs to, for sticky routing: its prompt's first block id. A
+    conversation's turns share their first block (the system prompt and the first message),
+    as a client's cookie would tie them; requests that share only a short common first block
+    are tied too, which is what a cookie does not do (an upper bound on affinity's reach)."""
+    if blocks is None or not blocks[rid]:
+        return None
+    return blocks[rid][0]
+
+
+def least_outstanding(engines: list[Engine], rr: int) -> Engine:
+    """The replica with the fewest requests waiting or running; ties go round-robin from
+    `rr` (as a balancer spreads them)."""
+    n = len(engines)
+    best, best_o = engines[rr % n], INF
+    for k in range(n):
+        e = engines[(rr + k) % n]
+        o = len(e.waiting) + len(e.running)
+        if o < best_o:
+            best, best_o = e, o
+            if o == 0:
+                break
+    return best
 
 
 def _replica_seconds(timeline: list[tuple[float, int, int]], rpn: int, horizon: float) -> float:
@@ -567,80 +751,256 @@ def percentile(sorted_xs: list[float], q: float) -> float | None:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def summary(r: SimResult, ttft_slo_s: float) -> dict[str, Any]:
-    """The contract's `simulate --json` object."""
+@dataclass(frozen=True)
+class Quantiles:
+    """Percentiles of one latency, in seconds (None: no request to measure)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None = None
+
+
+@dataclass(frozen=True)
+class SloResult:
+    """The SLOs a run was judged by and how it did: `met` when every p90 target is met;
+    goodput is the share of all requests meeting every target (TTFT and, if set, TPOT)."""
+
+    ttft_p90_s: float
+    tpot_p90_s: float | None
+    met: bool
+    goodput: float
+    ttft_met: bool
+    tpot_met: bool
+
+
+@dataclass(frozen=True)
+class CostResult:
+    """The bill, fixed (reservations, paid whether used or not; nodes that always run) and
+    marginal (On-Demand nodes beyond them, while they run)."""
+
+    node_hours: float
+    usd: float
+    fixed_usd: float
+    marginal_usd: float
+    usd_per_1m_output_tokens: float | None
+    usd_per_request: float | None
+    reserved_nodes: int = 0
+    fixed_usd_per_hour: float = 0.0
+    marginal_usd_per_hour: float = 0.0
+    fixed_usd_per_1m_output_tokens: float | None = None
+    marginal_usd_per_1m_output_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class EnergyResult:
+    """Energy at the nodes' maximum draw (an upper bound: the catalog's system power)."""
+
+    power_kw_per_node: float | None
+    kwh: float | None
+    kwh_per_1m_output_tokens: float | None
+
+
+@dataclass(frozen=True)
+class AutoscaleResult:
+    slo_misses: int
+    slo_misses_during_cold_starts: int
+    scale_outs: int
+    nodes_over_time: tuple[tuple[float, int, int], ...]  # (t, serving, starting)
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """What a run reports (`simulate --json`, via `to_json`, in the contract's shape)."""
+
+    requests: int
+    completed: int
+    rejected: int
+    requests_over_max_model_len: int
+    max_model_len: int | None
+    duration_s: float
+    horizon_s: float
+    arrival_rate_per_s: float
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+    e2e_s: Quantiles
+    queue_wait_mean_s: float | None
+    mean_in_system: float | None
+    mean_time_in_system_s: float | None
+    utilization: float
+    busy_fraction: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    slo: SloResult
+    cost: CostResult
+    energy: EnergyResult
+    replicas: tuple[float, float, float]  # min, max, mean
+    kv_tokens_max: int
+    running_max: int
+    preemptions: int
+    autoscale: AutoscaleResult | None = None
+    prefix_cache: PrefixStats | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        lo, hi, mean = self.replicas
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "duration_s": self.duration_s,
+            "horizon_s": self.horizon_s,
+            "arrival_rate_per_s": self.arrival_rate_per_s,
+            "ttft_s": {"p50": self.ttft_s.p50, "p90": self.ttft_s.p90, "p99": self.ttft_s.p99},
+            "tpot_s": {"p50": self.tpot_s.p50, "p90": self.tpot_s.p90},
+            "e2e_s": {"p50": self.e2e_s.p50, "p90": self.e2e_s.p90},
+            "queue_wait_s": {"mean": self.queue_wait_mean_s},
+            "mean_in_system": self.mean_in_system,
+            "mean_time_in_system_s": self.mean_time_in_system_s,
+            "utilization": self.utilization,
+            "busy_fraction": self.busy_fraction,
+            "tokens_per_s": {"input": self.input_tokens_per_s,
+                             "output": self.output_tokens_per_s},
+            "slo": {"ttft_p90_s": self.slo.ttft_p90_s, "met": self.slo.met,
+                    "goodput": self.slo.goodput, "tpot_p90_s": self.slo.tpot_p90_s,
+                    "ttft_met": self.slo.ttft_met, "tpot_met": self.slo.tpot_met},
+            "cost": {
+                "node_hours": self.cost.node_hours,
+                "usd": self.cost.usd,
+                "fixed_usd": self.cost.fixed_usd,
+                "marginal_usd": self.cost.marginal_usd,
+                "usd_per_1m_output_tokens": self.cost.usd_per_1m_output_tokens,
+                "usd_per_request": self.cost.usd_per_request,
+                "reserved_nodes": self.cost.reserved_nodes,
+                "fixed_usd_per_hour": self.cost.fixed_usd_per_hour,
+                "marginal_usd_per_hour": self.cost.marginal_usd_per_hour,
+                "fixed_usd_per_1m_output_tokens": self.cost.fixed_usd_per_1m_output_tokens,
+                "marginal_usd_per_1m_output_tokens": self.cost.marginal_usd_per_1m_output_tokens,
+            },
+            "replicas": {"min": lo, "max": hi, "mean": mean},
+            "kv_tokens_max": self.kv_tokens_max,
+            "running_max": self.running_max,
+            "preemptions": self.preemptions,
+            "prefix_cache": prefix_cache_summary(self.prefix_cache),
+            "requests_over_max_model_len": self.requests_over_max_model_len,
+            "max_model_len": self.max_model_len,
+            "energy": {"power_kw_per_node": self.energy.power_kw_per_node,
+                       "kwh": self.energy.kwh,
+                       "kwh_per_1m_output_tokens": self.energy.kwh_per_1m_output_tokens},
+        }
+        if self.autoscale is not None:
+            a = self.autoscale
+            out["autoscale"] = {
+                "slo_misses": a.slo_misses,
+                "slo_misses_during_cold_starts": a.slo_misses_during_cold_starts,
+                "scale_outs": a.scale_outs,
+                "nodes_over_time": [{"t": t, "serving": s, "starting": p}
+                                    for t, s, p in a.nodes_over_time],
+            }
+        return out
+
+
+def _rnd(x: float | None, d: int = 4) -> float | None:
+    return None if x is None else round(x, d)
+
+
+def _tpot(q: Requests, i: int) -> float:
+    """Time per output token after the first (0 for a one-token answer: it has none)."""
+    return (q.finish[i] - q.first[i]) / (q.outputs[i] - 1) if q.outputs[i] > 1 else 0.0
+
+
+def summary(r: SimResult, ttft_slo_s: float, tpot_slo_s: float | None = None) -> SimSummary:
+    """A run's figures, judged by the TTFT p90 target and (when given) the TPOT p90 one."""
     q = r.req
     done = [i for i, f in enumerate(q.finish) if f == f]
     ttft = sorted(q.first[i] - q.arrival[i] for i in done)
     e2e = [q.finish[i] - q.arrival[i] for i in done]
-    tpot = sorted((q.finish[i] - q.first[i]) / (q.outputs[i] - 1) for i in done
-                  if q.outputs[i] > 1)
+    tpot = sorted(_tpot(q, i) for i in done if q.outputs[i] > 1)
     wait = [q.admitted[i] - q.arrival[i] for i in done]
     out_tokens = sum(q.outputs[i] for i in done)
     in_tokens = sum(q.inputs[i] for i in done)
     h = r.horizon_s or 1.0
     span = q.arrival[-1] - q.arrival[0] if q.arrival else 0.0
-    met = sum(1 for x in ttft if x <= ttft_slo_s)
+    tpot_ok = math.inf if tpot_slo_s is None else tpot_slo_s
+    # A one-token answer has no TPOT: it meets any TPOT target.
+    met = sum(1 for i in done if q.first[i] - q.arrival[i] <= ttft_slo_s
+              and _tpot(q, i) <= tpot_ok)
     usd = r.node_s / 3600 * r.price_per_node_hour
     fixed_usd = min(r.fixed_node_s, r.node_s) / 3600 * r.price_per_node_hour
     p90 = percentile(ttft, 0.9)
-
-    def rnd(x: float | None, d: int = 4) -> float | None:
-        return None if x is None else round(x, d)
-
-    out: dict[str, Any] = {
-        "requests": len(q.arrival),
-        "completed": len(done),
-        "rejected": sum(q.refused),
-        "duration_s": rnd(span, 3),
-        "horizon_s": rnd(h, 3),
-        "arrival_rate_per_s": rnd(len(q.arrival) / span if span else 0.0),
-        "ttft_s": {"p50": rnd(percentile(ttft, 0.5)), "p90": rnd(p90),
-                   "p99": rnd(percentile(ttft, 0.99))},
-        "tpot_s": {"p50": rnd(percentile(tpot, 0.5), 5), "p90": rnd(percentile(tpot, 0.9), 5)},
-        "e2e_s": {"p50": rnd(percentile(sorted(e2e), 0.5)),
-                  "p90": rnd(percentile(sorted(e2e), 0.9))},
-        "queue_wait_s": {"mean": rnd(sum(wait) / len(wait) if wait else 0.0)},
-        "mean_in_system": rnd(r.in_system_integral / h),
-        "mean_time_in_system_s": rnd(sum(e2e) / len(e2e) if e2e else 0.0),
-        "utilization": rnd(r.occupied_s / r.replica_s if r.replica_s else 0.0),
-        "busy_fraction": rnd(r.busy_s / r.replica_s if r.replica_s else 0.0),
-        "tokens_per_s": {"input": rnd(in_tokens / h, 1), "output": rnd(out_tokens / h, 1)},
-        "slo": {"ttft_p90_s": ttft_slo_s, "met": p90 is not None and p90 <= ttft_slo_s,
-                "goodput": rnd(met / len(q.arrival) if q.arrival else 0.0)},
-        "cost": {
-            "node_hours": rnd(r.node_s / 3600, 3),
-            "usd": rnd(usd, 2),
-            "fixed_usd": rnd(fixed_usd, 2),
-            "marginal_usd": rnd(usd - fixed_usd, 2),
-            "reserved_nodes": r.reserved_nodes,
-            "fixed_usd_per_hour": rnd(fixed_usd / h * 3600, 2),
-            "marginal_usd_per_hour": rnd((usd - fixed_usd) / h * 3600, 2),
-            "usd_per_1m_output_tokens": rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
-            "fixed_usd_per_1m_output_tokens": rnd(
-                fixed_usd / out_tokens * 1e6 if out_tokens else None, 3),
-            "marginal_usd_per_1m_output_tokens": rnd(
-                (usd - fixed_usd) / out_tokens * 1e6 if out_tokens else None, 3),
-            "usd_per_request": rnd(usd / len(done) if done else None, 5),
-        },
-        "replicas": _replica_stats(r),
-        "kv_tokens_max": r.max_kv_tokens,
-        "running_max": r.max_running,
-        "preemptions": r.preemptions,
-    }
+    tpot90 = percentile(tpot, 0.9)
+    ttft_met = p90 is not None and p90 <= ttft_slo_s
+    tpot_met = tpot_slo_s is None or tpot90 is None or tpot90 <= tpot_slo_s
+    kw = r.power_kw_per_node
+    kwh = None if kw is None else r.node_s / 3600 * kw
+    autoscale = None
     if r.replicas_fixed is None:
         windows = r.cold_window
         missed = [i for i in done if q.first[i] - q.arrival[i] > ttft_slo_s]
-        cold = [i for i in missed
-                if any(a <= q.arrival[i] <= b for a, b in windows)]
-        out["autoscale"] = {
-            "slo_misses": len(missed),
-            "slo_misses_during_cold_starts": len(cold),
-            "scale_outs": len(windows),
-            "nodes_over_time": [{"t": round(t, 1), "serving": s, "starting": p}
-                                for t, s, p in r.timeline],
-        }
-    return out
+        cold = [i for i in missed if any(a <= q.arrival[i] <= b for a, b in windows)]
+        autoscale = AutoscaleResult(
+            slo_misses=len(missed), slo_misses_during_cold_starts=len(cold),
+            scale_outs=len(windows),
+            nodes_over_time=tuple((round(t, 1), s, p) for t, s, p in r.timeline))
+    rnd = _rnd
+    return SimSummary(
+        requests=len(q.arrival),
+        completed=len(done),
+        rejected=sum(q.refused),
+        requests_over_max_model_len=sum(q.refused),
+        max_model_len=r.max_model_len,
+        duration_s=round(span, 3),
+        horizon_s=round(h, 3),
+        arrival_rate_per_s=round(len(q.arrival) / span if span else 0.0, 4),
+        ttft_s=Quantiles(rnd(percentile(ttft, 0.5)), rnd(p90), rnd(percentile(ttft, 0.99))),
+        tpot_s=Quantiles(rnd(percentile(tpot, 0.5), 5), rnd(tpot90, 5)),
+        e2e_s=Quantiles(rnd(percentile(sorted(e2e), 0.5)), rnd(percentile(sorted(e2e), 0.9))),
+        queue_wait_mean_s=rnd(sum(wait) / len(wait) if wait else 0.0),
+        mean_in_system=rnd(r.in_system_integral / h),
+        mean_time_in_system_s=rnd(sum(e2e) / len(e2e) if e2e else 0.0),
+        utilization=round(r.occupied_s / r.replica_s if r.replica_s else 0.0, 4),
+        busy_fraction=round(r.busy_s / r.replica_s if r.replica_s else 0.0, 4),
+        input_tokens_per_s=round(in_tokens / h, 1),
+        output_tokens_per_s=round(out_tokens / h, 1),
+        slo=SloResult(ttft_p90_s=ttft_slo_s, tpot_p90_s=tpot_slo_s,
+                      met=ttft_met and tpot_met,
+                      goodput=round(met / len(q.arrival) if q.arrival else 0.0, 4),
+                      ttft_met=ttft_met, tpot_met=tpot_met),
+        cost=CostResult(
+            node_hours=round(r.node_s / 3600, 3),
+            usd=round(usd, 2),
+            fixed_usd=round(fixed_usd, 2),
+            marginal_usd=round(usd - fixed_usd, 2),
+            usd_per_1m_output_tokens=rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
+            usd_per_request=rnd(usd / len(done) if done else None, 5),
+            reserved_nodes=r.reserved_nodes,
+            fixed_usd_per_hour=round(fixed_usd / h * 3600, 2),
+            marginal_usd_per_hour=round((usd - fixed_usd) / h * 3600, 2),
+            fixed_usd_per_1m_output_tokens=rnd(
+                fixed_usd / out_tokens * 1e6 if out_tokens else None, 3),
+            marginal_usd_per_1m_output_tokens=rnd(
+                (usd - fixed_usd) / out_tokens * 1e6 if out_tokens else None, 3),
+        ),
+        energy=EnergyResult(
+            power_kw_per_node=kw, kwh=rnd(kwh, 3),
+            kwh_per_1m_output_tokens=rnd(kwh / out_tokens * 1e6
+                                         if kwh is not None and out_tokens else None, 3)),
+        replicas=_replica_stats(r),
+        kv_tokens_max=r.max_kv_tokens,
+        running_max=r.max_running,
+        preemptions=r.preemptions,
+        autoscale=autoscale,
+        prefix_cache=r.prefix_cache,
+    )
+
+
+def prefix_cache_summary(p: PrefixStats | None) -> dict[str, Any]:
+    """`simulate --json`'s `prefix_cache`: hit_rate is the share of admitted prompt tokens
+    found cached (so not prefilled); 0 with the cache off or a trace without block ids."""
+    if p is None:
+        return {"enabled": False, "hit_rate": 0.0, "hit_tokens": 0, "prompt_tokens": None,
+                "block_tokens": None, "evicted_blocks": 0}
+    return {"enabled": True, "hit_rate": round(p.hit_rate, 4), "hit_tokens": p.hit_tokens,
+            "prompt_tokens": p.prompt_tokens, "block_tokens": p.block_tokens,
+            "evicted_blocks": p.evicted_blocks}
 
 
 def json_safe(obj: Any) -> Any:
@@ -654,13 +1014,13 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def _replica_stats(r: SimResult) -> dict[str, float]:
+def _replica_stats(r: SimResult) -> tuple[float, float, float]:
     if r.replicas_fixed is not None:
         n = r.replicas_fixed
-        return {"min": n, "max": n, "mean": float(n)}
+        return n, n, float(n)
     counts = [s * r.replicas_per_node for _, s, _ in r.timeline]
     mean = _replica_seconds(r.timeline, r.replicas_per_node, r.horizon_s) / (r.horizon_s or 1)
-    return {"min": min(counts), "max": max(counts), "mean": round(mean, 2)}
+    return min(counts), max(counts), round(mean, 2)
 
 
 def write_requests_csv(r: SimResult, path: str | os.PathLike[str]) -> None:

@@ -15,7 +15,7 @@ from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import DTYPE_BYTES, Pool
 from poolctl.errors import UsageError
-from poolctl.images import prepulled
+from poolctl.node_image import NodeImage, file_node_image
 
 GB = 1e9
 
@@ -141,7 +141,11 @@ class PoolPlan:
     cost_per_hour_usd: dict[str, float]
     start_seconds: dict[str, float]
     start_phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    node_image: dict[str, Any] = field(default_factory=dict)
+    node_image: NodeImage | None = None
+    # Draw at min and max nodes (warm nodes kept running included, as in the cost), from the
+    # catalog's maximum system power per node; None when the catalog has no figure.
+    power_kw: dict[str, float] | None = None
+    power_source: str | None = None
     capacity: HeldCapacity | None = None
     cost_split_usd: CostSplit | None = None
 
@@ -225,22 +229,24 @@ def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
     return layers / GCE_BOOT_DISK_READ_BPS
 
 
-def start_phases(pool: Pool, row: InstanceType, records: bool = True
+def start_phases(pool: Pool, row: InstanceType, image: NodeImage | None = None
                  ) -> dict[str, dict[str, float]]:
-    """`records`: let a local image build record say the image is pre-pulled (`plan`); the
-    stacks pass False (see `images.prepulled`)."""
+    """`image`: the node image as the caller knows it (`plan` reads the build records:
+    `node_image.recorded_node_image`); None: the file's view, what the stacks use."""
+    if image is None:
+        image = file_node_image(pool, Cloud(row.cloud))
     w = weights_bytes(pool)
     per_gpu = w / pool.serving.tensor_parallel
     # Cold from a pre-pulled image: no pull, one read of the layers instead.
-    image = ({"hydrate": hydrate_seconds(pool, Cloud(row.cloud))}
-             if prepulled(pool, Cloud(row.cloud), records)["prepulled"]
-             else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
+    pull = ({"hydrate": hydrate_seconds(pool, Cloud(row.cloud))}
+            if image.prepulled
+            else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
     fetch = w / fetch_bytes_per_s(row)
     nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
     load = max(w / nvme_rate, per_gpu / (LOAD_GBPS_PER_GPU * GB))
     cold = {
         "boot": BOOT_COLD_S,
-        **image,
+        **pull,
         "weights_to_nvme": fetch,
         "load_to_gpu": load,
         "engine_init": ENGINE_INIT_S,
@@ -263,7 +269,8 @@ def start_phases(pool: Pool, row: InstanceType, records: bool = True
     return {"cold": r(cold), "warm_stopped": r(warm_stopped), "warm_running": r(warm_running)}
 
 
-def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
+def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolPlan:
+    """The pool's figures on `cloud`; `image` as in `start_phases`."""
     row = instance_row(pool, cloud)
     placement = pool.placement(cloud)
     assert placement is not None  # instance_row refuses a pool without one
@@ -311,7 +318,9 @@ def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
             QuotaNeed("GPUS_ALL_REGIONS", "GPU", peak_nodes * row.gpus, "global"),
         ]
     price = placement.price_per_hour_usd or row.price.usd_per_hour
-    phases = start_phases(pool, row, records)
+    if image is None:
+        image = file_node_image(pool, Cloud(cloud))
+    phases = start_phases(pool, row, image)
     totals = {k: round(sum(v.values()), 1) for k, v in phases.items()}
     warm_key = "warm_running" if wp.state == "running" else "warm_stopped"
     return PoolPlan(
@@ -351,7 +360,12 @@ def plan_pool(pool: Pool, cloud: Cloud, records: bool = True) -> PoolPlan:
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
-        node_image=prepulled(pool, Cloud(cloud), records),
+        node_image=image,
+        power_kw=None if row.power is None else {
+            "min": round((nodes["min"] + warm_running) * row.power.max_kw, 1),
+            "max": round((nodes["max"] + warm_running) * row.power.max_kw, 1),
+        },
+        power_source=None if row.power is None else row.power.source,
         capacity=held_capacity(nodes["min"] + warm_running, nodes["warm"] - warm_running,
                                reserved),
         cost_split_usd=cost_split(nodes["min"] + warm_running, nodes["max"] + warm_running,

@@ -21,17 +21,28 @@ from poolctl.readfile import open_regular, text_lines
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-MOONCAKE_EXTRA = {"hash_ids"}  # prefix-cache block ids in the published traces; not used
+MOONCAKE_HASHES = "hash_ids"  # the prompt's prefix-cache block ids, optional
+# Tokens per `hash_ids` block. The Mooncake technical report (Qin et al., arXiv 2407.00079,
+# section 4) hashes prompts in blocks of 512 tokens; the published samples agree: the
+# FAST25-release README's 6,955-token prompt carries ceil(6955 / 512) = 14 ids.
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+Blocks = tuple[int, ...]  # a prompt's prefix-cache block ids, first block first
 
 
 @dataclass(frozen=True)
 class Trace:
-    """Requests sorted by arrival: seconds from the first, prompt and output tokens."""
+    """Requests sorted by arrival: seconds from the first, prompt and output tokens, and
+    (Mooncake traces) each prompt's block ids of `block_tokens` tokens: two requests whose
+    ids agree up to block k share their first k blocks of prompt. None: no reuse known."""
 
     source: str
     arrivals: list[float]
     inputs: list[int]
     outputs: list[int]
+    blocks: list[Blocks] | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -43,14 +54,16 @@ class Trace:
     def scaled(self, k: float) -> Trace:
         """Replayed k times faster."""
         return Trace(f"{self.source} x{k:g}", [t / k for t in self.arrivals],
-                     self.inputs, self.outputs)
+                     self.inputs, self.outputs, self.blocks, self.block_tokens)
 
     def window(self, start: float, end: float) -> Trace:
         """Requests arriving in [start, end), times shifted to start at 0."""
         idx = [i for i, t in enumerate(self.arrivals) if start <= t < end]
         return Trace(f"{self.source}[{start:.0f}s-{end:.0f}s]",
                      [self.arrivals[i] - start for i in idx],
-                     [self.inputs[i] for i in idx], [self.outputs[i] for i in idx])
+                     [self.inputs[i] for i in idx], [self.outputs[i] for i in idx],
+                     None if self.blocks is None else [self.blocks[i] for i in idx],
+                     self.block_tokens)
 
 
 def _bad(path: str, line: int, field: str, msg: str) -> UsageError:
@@ -116,7 +129,8 @@ def _azure_time(path: str, line: int, raw: str) -> float:
     return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
-Rows = tuple[list[float], list[int], list[int], list[int]]  # times, inputs, outputs, lines
+# times, inputs, outputs, lines, block ids (None: the trace has none)
+Rows = tuple[list[float], list[int], list[int], list[int], list[Blocks] | None]
 Lines = Iterator[tuple[int, str]]
 
 
@@ -157,7 +171,16 @@ def _azure(path: str, lines: Lines) -> Rows:
     except csv.Error as e:  # a NUL byte, a stray quote, a field over csv's size limit
         raise _bad(path, numbers[-1] if numbers else 1, "row", f"not CSV ({e}); fix the "
                    "line") from None
-    return ts, ins, outs, where
+    return ts, ins, outs, where, None
+
+
+def _blocks(path: str, line: int, raw: object) -> Blocks:
+    """`hash_ids`: a list of whole numbers (ids, not hashes of text: Mooncake remaps them)."""
+    if isinstance(raw, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                     and 0 <= x for x in raw):
+        return tuple(raw)
+    raise _bad(path, line, MOONCAKE_HASHES, "not a list of block ids (whole numbers >= 0); "
+               "fix the line or drop the field")
 
 
 def _mooncake(path: str, lines: Lines) -> Rows:
@@ -165,6 +188,7 @@ def _mooncake(path: str, lines: Lines) -> Rows:
     ins: list[int] = []
     outs: list[int] = []
     where: list[int] = []
+    blocks: list[Blocks] = []
     for line, raw in lines:
         if not raw.strip():
             continue
@@ -181,7 +205,7 @@ def _mooncake(path: str, lines: Lines) -> Rows:
         if not isinstance(obj, dict):
             raise _bad(path, line, "line", "not a JSON object; one object per line")
         for k in obj:
-            if k not in MOONCAKE_FIELDS and k not in MOONCAKE_EXTRA:
+            if k not in MOONCAKE_FIELDS and k != MOONCAKE_HASHES:
                 raise _bad(path, line, _show(k), "unknown field; a Mooncake trace has "
                            f"{', '.join(MOONCAKE_FIELDS)}")
         for k in MOONCAKE_FIELDS:
@@ -199,8 +223,10 @@ def _mooncake(path: str, lines: Lines) -> Rows:
         ts.append(ms / 1000)
         ins.append(_tokens(path, line, "input_length", obj["input_length"]))
         outs.append(_tokens(path, line, "output_length", obj["output_length"]))
+        blocks.append(_blocks(path, line, obj.get(MOONCAKE_HASHES, [])))
         where.append(line)
-    return ts, ins, outs, where
+    # A trace without a single id says nothing of reuse (as an Azure one).
+    return ts, ins, outs, where, blocks if any(blocks) else None
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -223,9 +249,10 @@ def load_trace(path: str | Path) -> Trace:
             raise UsageError(f"{name}:1: file: the trace is empty; {fix}")
         rest = itertools.chain(skipped, lines)
         if first == "{":
-            (ts, ins, outs, where), tfield, unit = _mooncake(name, rest), "timestamp", 1000
+            (ts, ins, outs, where, blocks), tfield, unit = (_mooncake(name, rest),
+                                                            "timestamp", 1000)
         else:
-            (ts, ins, outs, where), tfield, unit = _azure(name, rest), "TIMESTAMP", 1
+            (ts, ins, outs, where, blocks), tfield, unit = _azure(name, rest), "TIMESTAMP", 1
     if not ts:
         raise _bad(name, 1, "file", "the trace has no requests; give at least one")
     for i, t in enumerate(ts):
@@ -242,7 +269,7 @@ def load_trace(path: str | Path) -> Trace:
                        f"poolctl replays at most {MAX_SPAN_S // 86_400} days: cut the trace "
                        "to a window, or check the unit (Mooncake: ms)")
     t0 = ts[0]
-    return Trace(name, [t - t0 for t in ts], ins, outs)
+    return Trace(name, [t - t0 for t in ts], ins, outs, blocks)
 
 
 def synthetic(rate: float, duration_s: float, seed: int, input_mean: float,

@@ -12,6 +12,8 @@ import importlib.util
 import sys
 import types
 
+from poolctl.errors import UsageError
+
 AWS = "cdktf_cdktf_provider_aws"
 GOOGLE = "cdktf_cdktf_provider_google"
 
@@ -20,7 +22,6 @@ def submodule(package: str, name: str) -> types.ModuleType:
     if package not in sys.modules:
         spec = importlib.util.find_spec(package)
         if spec is None or spec.submodule_search_locations is None:
-            from poolctl.errors import UsageError
 
             raise UsageError(
                 f"{package} is not installed; run `pip install 'poolctl[synth]'` to synthesize"

@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from poolctl import naming
+from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool, load_config
+from poolctl.errors import PoolctlError
+from poolctl.rules import refuse_invalid
 
 if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack is built
     from cdktf import App
@@ -23,17 +26,15 @@ if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack i
 def stack_class(cloud: Cloud) -> type[PoolStack]:
     # Import per cloud: synthesizing AWS never loads the Google provider and vice versa.
     if cloud == Cloud.aws:
-        from poolctl_stacks.aws.stack import AwsPoolStack
+        from poolctl_stacks.aws.stack import AwsPoolStack  # noqa: PLC0415 (a provider's load)
 
         return AwsPoolStack
-    from poolctl_stacks.gcp.stack import GcpPoolStack
+    from poolctl_stacks.gcp.stack import GcpPoolStack  # noqa: PLC0415 (a provider's load)
 
     return GcpPoolStack
 
 
 def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, Cloud]]) -> list[str]:
-    from poolctl.bootscript import render_boot_script
-    from poolctl.rules import refuse_invalid
 
     refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
     names = []
@@ -76,7 +77,6 @@ def user_config() -> tuple[Config, list[tuple[Pool, Cloud]]] | None:
     path = os.environ.get("POOLCTL_FILE") or "poolctl.yaml"
     if not os.environ.get("POOLCTL_FILE") and not Path(path).is_file():
         return None
-    from poolctl.rules import refuse_invalid
 
     cfg = load_config(path)
     targets = cfg.targets(None, None)
@@ -90,8 +90,6 @@ def main() -> None:
     import sys
 
     from cdktf import App
-
-    from poolctl.errors import PoolctlError
 
     try:
         mine = user_config()

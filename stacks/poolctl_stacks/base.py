@@ -21,6 +21,9 @@ PROVIDER_REQUIREMENTS = {
 }
 # poolctl's cloud name -> the Terraform provider's local name.
 PROVIDER_NAMES = {"aws": "aws", "gcp": "google"}
+# Lifetime of the session-affinity cookie (`serving.balancer: sticky`): a day, ALB's default
+# and the longest GCP allows (affinity_cookie_ttl_sec).
+STICKY_COOKIE_S = 86_400
 
 
 class PoolStack(TerraformStack):

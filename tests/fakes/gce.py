@@ -7,7 +7,7 @@ to it over HTTP on 127.0.0.1:
 
     regions.get (quotas), projects.get (quotas), instanceTemplates.list/get/delete (global,
     as the stack creates them), regionInstanceGroupManagers.list/get/patch/
-    listManagedInstances/resize, regionAutoscalers.list/get/patch, regionOperations.get/wait,
+    listManagedInstances/resize, regionAutoscalers.list/get/patch/update, regionOperations.get/wait,
     globalOperations.get/wait, instances.aggregatedList (the MIGs' VMs, `filter` on labels and
     status), images.list (`filter` on labels)/get/delete (node images, seeded with
     `add_image`, as `poolctl image build` leaves them),
@@ -1058,6 +1058,7 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("GET", _R + "/autoscalers", "as_list"),
         ("GET", _R + "/autoscalers/(?P<name>[^/]+)", "as_get"),
         ("PATCH", _R + "/autoscalers", "as_patch"),
+        ("PUT", _R + "/autoscalers", "as_update"),
         ("GET", _R, "region_get"),
         ("GET", _C + "/global/instanceTemplates", "tpl_list"),
         ("GET", _C + "/global/instanceTemplates/(?P<name>[^/]+)", "tpl_get"),
@@ -1130,6 +1131,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._dispatch("PATCH")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
 
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
@@ -1493,14 +1497,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise _not_found(f"projects/{project}/regions/{region}/autoscalers/{name}")
         return self.fake.render_autoscaler(key), "Autoscaler"
 
-    def as_patch(self, *, project, region, query, body, **_):
+    def _as_write(self, project, region, query, body) -> tuple[tuple, dict]:
+        """The autoscaler a patch/update names (404 if none), the body checked; its key
+        and a copy of it to change."""
         name = query.get("autoscaler") or body.get("name")
         key = (project, region, name or "")
         if key not in self.fake.autoscalers:
             raise _not_found(f"projects/{project}/regions/{region}/autoscalers/{name}")
         self._check_body(body, "Autoscaler")
-        fake = self.fake
-        merged = copy.deepcopy(fake.autoscalers[key])
+        return key, copy.deepcopy(self.fake.autoscalers[key])
+
+    def as_patch(self, *, project, region, query, body, **_):
+        key, merged = self._as_write(project, region, query, body)
         _merge(merged, body)
         pol = merged["autoscalingPolicy"]
         lo, hi = pol.get("minNumReplicas", 0), pol.get("maxNumReplicas", 0)
@@ -1508,6 +1516,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise HttpError(400, "Invalid value for field 'resource.autoscalingPolicy."
                                  f"minNumReplicas': '{lo}'. Must be less than or equal to "
                                  f"maxNumReplicas ({hi}).")
+        return self._as_apply(project, region, key, merged, "patch"), "Operation"
+
+    def _as_apply(self, project, region, key, merged, verb) -> dict:
+        """The operation that writes `merged` and sizes its MIG within the new bounds."""
+        fake = self.fake
+        pol = merged["autoscalingPolicy"]
+        lo, hi = pol.get("minNumReplicas", 0), pol.get("maxNumReplicas", 0)
         mkey = (project, region, _last(merged["target"]))
 
         def effect():
@@ -1517,8 +1532,28 @@ class _Handler(BaseHTTPRequestHandler):
                 m["targetSize"] = min(max(m["targetSize"], lo), hi)
                 fake._reconcile(mkey)
 
-        return fake._operation(project, region, "compute.autoscalers.patch",
-                               fake.autoscalers[key], effect), "Operation"
+        return fake._operation(project, region, f"compute.autoscalers.{verb}",
+                               fake.autoscalers[key], effect)
+
+    def as_update(self, *, project, region, query, body, **_):
+        """regionAutoscalers.update: the whole resource replaced (output-only fields kept);
+        scaling schedules checked as the API documents them."""
+        key, merged = self._as_write(project, region, query, body)
+        merged["autoscalingPolicy"] = copy.deepcopy(body.get("autoscalingPolicy") or {})
+        schedules = merged["autoscalingPolicy"].get("scalingSchedules") or {}
+        if len(schedules) > 128:
+            raise HttpError(400, "Invalid value for field 'resource.autoscalingPolicy."
+                                 "scalingSchedules': at most 128 scaling schedules")
+        for sname, sch in schedules.items():
+            for required in ("minRequiredReplicas", "schedule", "durationSec"):
+                if required not in sch:
+                    raise HttpError(400, f"Invalid value for field 'resource.autoscalingPolicy"
+                                         f".scalingSchedules[{sname}].{required}': required")
+            if int(sch["durationSec"]) < 300:
+                raise HttpError(400, f"Invalid value for field 'resource.autoscalingPolicy."
+                                     f"scalingSchedules[{sname}].durationSec': "
+                                     f"'{sch['durationSec']}'. Must be at least 300.")
+        return self._as_apply(project, region, key, merged, "update"), "Operation"
 
     def op_get(self, *, project, region, op, **_):
         key = (project, region, op)

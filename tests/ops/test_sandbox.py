@@ -1145,3 +1145,89 @@ def test_nodes_boot_by_themselves_so_warm_wait_needs_no_boot_nodes(tmp_path):
         assert sandbox_admin(endpoint, "GET", "/_poolctl/health")["boot_speedup"] == 0
     finally:
         assert _cli(home, "sandbox", "stop").returncode == 0
+
+
+# -------------------------------------------------------------------------------------
+# scheduled actions and the sandbox clock (schedules.py)
+
+
+def test_scheduled_actions_run_when_the_clock_reaches_them(sandbox_client, sandbox):
+    from datetime import UTC, datetime, timedelta
+
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("sched")
+    _group(asg, name, lt_id, desired=1, max_size=6, min_size=1)
+    start = datetime.now(UTC) + timedelta(minutes=10)
+    try:
+        asg.put_scheduled_update_group_action(
+            AutoScalingGroupName=name, ScheduledActionName="up", StartTime=start, MinSize=3)
+        asg.put_scheduled_update_group_action(
+            AutoScalingGroupName=name, ScheduledActionName="down",
+            StartTime=start + timedelta(hours=1), MinSize=1, DesiredCapacity=1)
+        listed = asg.describe_scheduled_actions(AutoScalingGroupName=name)
+        acts = listed["ScheduledUpdateGroupActions"]
+        assert [a["ScheduledActionName"] for a in acts] == ["up", "down"]  # by start time
+        assert acts[0]["MinSize"] == 3 and "DesiredCapacity" not in acts[0]
+        assert acts[0]["ScheduledActionARN"].startswith("arn:aws:autoscaling:us-east-1:")
+        assert abs((acts[0]["StartTime"] - start).total_seconds()) < 1
+
+        # 11 minutes on: "up" has run (min 3, desired raised to 3) and is gone; "down" waits.
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
+        g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        assert (g["MinSize"], g["DesiredCapacity"], len(g["Instances"])) == (3, 3, 3)
+        left = asg.describe_scheduled_actions(AutoScalingGroupName=name)
+        assert [a["ScheduledActionName"] for a in left["ScheduledUpdateGroupActions"]] == ["down"]
+
+        # 10 + 60 + 1 minutes: "down" restores min 1 / desired 1.
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"advance_seconds": 60 * 60})
+        g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)
+        assert asg.describe_scheduled_actions(
+            AutoScalingGroupName=name)["ScheduledUpdateGroupActions"] == []
+    finally:
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+
+
+def test_scheduled_actions_refuse_what_aws_refuses(sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    lt_id, _ = _launch_template(ec2)
+    name = _name("schedbad")
+    _group(asg, name, lt_id, desired=0, max_size=2)
+    soon = datetime.now(UTC) + timedelta(hours=1)
+
+    def code(**kw) -> tuple[str, str]:
+        with pytest.raises(ClientError) as err:
+            asg.put_scheduled_update_group_action(**{"AutoScalingGroupName": name,
+                                                     "ScheduledActionName": "x", **kw})
+        e = err.value.response["Error"]
+        return e["Code"], e["Message"]
+
+    assert code(StartTime=datetime.now(UTC) - timedelta(minutes=5), MinSize=1) == (
+        "ValidationError", "Given start time is in the past")
+    assert code(StartTime=soon)[0] == "ValidationError"  # no size at all
+    assert code(AutoScalingGroupName="nope", StartTime=soon, MinSize=1)[0] == "ValidationError"
+    with pytest.raises(ClientError) as err:
+        asg.delete_scheduled_action(AutoScalingGroupName=name, ScheduledActionName="nope")
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+
+    # 125 per group (a quota AWS does not raise): the 126th fails, in a batch per action.
+    for first in range(0, 125, 50):
+        failed = asg.batch_put_scheduled_update_group_action(
+            AutoScalingGroupName=name, ScheduledUpdateGroupActions=[
+                {"ScheduledActionName": f"a{i}", "StartTime": soon, "MinSize": 0}
+                for i in range(first, min(first + 50, 125))])
+        assert failed["FailedScheduledUpdateGroupActions"] == []
+    failed = asg.batch_put_scheduled_update_group_action(
+        AutoScalingGroupName=name, ScheduledUpdateGroupActions=[
+            {"ScheduledActionName": "a0", "StartTime": soon, "MinSize": 1},  # an update: fits
+            {"ScheduledActionName": "a125", "StartTime": soon, "MinSize": 0}])
+    assert [(f["ScheduledActionName"], f["ErrorCode"])
+            for f in failed["FailedScheduledUpdateGroupActions"]] == [("a125", "LimitExceeded")]
+    # Deleting the group deletes its actions.
+    asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+    assert asg.describe_scheduled_actions()["ScheduledUpdateGroupActions"] == [] or all(
+        a["AutoScalingGroupName"] != name
+        for a in asg.describe_scheduled_actions()["ScheduledUpdateGroupActions"])

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer.main
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -42,7 +41,7 @@ VALUES = st.one_of(
 
 def numeric_options() -> list[tuple[tuple[str, ...], Any, Any]]:
     """(command path, click command, option) for every int/float option in the CLI."""
-    from poolctl.app import app
+    from poolctl.app import command_tree
 
     found = []
 
@@ -56,7 +55,7 @@ def numeric_options() -> list[tuple[tuple[str, ...], Any, Any]]:
             if td is not None and td.annotation in (int, float) and p.opts:
                 found.append((path, cmd, p))
 
-    walk(typer.main.get_command(app), ())
+    walk(command_tree(), ())
     return found
 
 

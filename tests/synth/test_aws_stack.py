@@ -313,7 +313,8 @@ OPTIONS = f"""\
 @pytest.fixture(scope="module")
 def with_options(tmp_path_factory) -> Path:
     text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
-        "    aws:\n", f"    aws:\n{OPTIONS}")
+        "    aws:\n", f"    aws:\n{OPTIONS}").replace("    serving:\n",
+                                                   "    serving:\n      balancer: sticky\n")
     cfg = parse_config(text)
     assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
     (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("options"))
@@ -332,6 +333,16 @@ def test_options_tls_access_logs_zone_ids(with_options):
         "acme-qwen-7b-private-0": "usw2-az1", "acme-qwen-7b-private-1": "usw2-az3",
         "acme-qwen-7b-private-2": "usw2-az4", "acme-qwen-7b-nat": "usw2-az1"}
     assert not any("availability_zone" in v for v in subnets.values())
+
+
+def test_sticky_balancer_is_target_group_stickiness(stacks, with_options):
+    """serving.balancer: sticky: the target group's lb_cookie stickiness for a day, the
+    algorithm still least outstanding (a session's first request); lor: none."""
+    tg = one(json.loads((with_options / "cdk.tf.json").read_text()), "aws_lb_target_group")
+    assert tg["stickiness"] == {"type": "lb_cookie", "enabled": True,
+                                "cookie_duration": 24 * 3600}
+    assert tg["load_balancing_algorithm_type"] == "least_outstanding_requests"
+    assert "stickiness" not in one(stacks["acme-qwen-7b-aws"]["json"], "aws_lb_target_group")
 
 
 def test_port_80_redirects_only_once_https_exists(with_options):
@@ -449,6 +460,15 @@ def test_checkov_with_capacity(with_capacity):
     assert run_checkov(with_capacity["ids-only"]["dir"]) == []
 
 
+def test_terraform_manages_no_scheduled_action(stacks):
+    # Launch windows (`warm --from`) are the group's scheduled actions, which poolctl writes
+    # at runtime: a deploy leaves them alone only because no stack resource is one
+    # (aws_autoscaling_schedule), and aws_autoscaling_group has no argument for them.
+    for name, stack in stacks.items():
+        if name.endswith("-aws"):
+            assert "aws_autoscaling_schedule" not in stack["json"].get("resource", {}), name
+            asg = one(stack["json"], "aws_autoscaling_group")
+            assert not {k for k in asg if "schedul" in k}, name
 # aws.fallback_instance_types: the group launches through a mixed instances policy over the
 # one launch template, On-Demand in the overrides' order (provider 6.25's names), and has
 # no warm pool (AWS refuses one beside the policy; the rule `fallback-types`).

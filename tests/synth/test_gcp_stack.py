@@ -53,7 +53,7 @@ pools:
     model: {id: Qwen/Qwen2.5-7B-Instruct, params_b: 7.6, dtype: bfloat16, layers: 28,
             kv_heads: 4, head_dim: 128}
     serving: {image: "us-docker.pkg.dev/beta/serving/vllm:v1", tensor_parallel: 1,
-              max_model_len: 8192, port: 9000, health_path: /ready}
+              max_model_len: 8192, port: 9000, health_path: /ready, balancer: sticky}
     scaling: {min_replicas: 8, max_replicas: 16}
     warm_pool: {replicas: 8, state: running}
     rollout: {max_surge_replicas: 0}
@@ -421,6 +421,16 @@ def test_internal_load_balancer(stacks):
             for h in resources(v, "google_compute_region_health_check")} == {"/ready"}
     assert {f["allow"][0]["ports"][0] for f in resources(v, "google_compute_firewall")
             if f["direction"] == "INGRESS"} == {"9000"}
+    assert bes["session_affinity"] == "NONE" and "affinity_cookie_ttl_sec" not in bes
+
+
+def test_sticky_balancer_is_cookie_affinity_over_a_hash_policy(stacks):
+    """serving.balancer: sticky: GENERATED_COOKIE affinity for a day, under RING_HASH (the
+    provider's docs: affinity takes no effect under LEAST_REQUEST)."""
+    bes = one(doc_of(stacks, "beta-small-gcp"), "google_compute_region_backend_service")
+    assert (bes["session_affinity"], bes["locality_lb_policy"]) == ("GENERATED_COOKIE",
+                                                                    "RING_HASH")
+    assert bes["affinity_cookie_ttl_sec"] == 24 * 3600
 
 
 def test_service_account_least_privilege(stacks):
@@ -749,6 +759,13 @@ def test_certificate_name_or_self_link():
     assert certificate_link(link, "x", "y") == link
 
 
+def test_autoscaler_leaves_scaling_schedules_to_the_runtime(stacks):
+    # Launch windows (`warm --from`) are scaling schedules poolctl writes at runtime; the
+    # provider's scaling_schedules is optional, not computed, so the stack writes none and
+    # ignores them, and a deploy keeps them.
+    a = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_autoscaler")
+    assert "scaling_schedules" not in a["autoscaling_policy"]
+    assert a["lifecycle"]["ignore_changes"] == ["autoscaling_policy[0].scaling_schedules"]
 def test_reservation_affinity_as_the_provider_names_it(stacks):
     """gcp.capacity.reservations: specific names become the template's reservation_affinity
     (google provider: type, specific_reservation {key, values}); the default (`any`, GCE's

@@ -136,7 +136,7 @@ def synth_without_and_with_record(config: Path, cloud: Cloud, image: str, tmp_pa
     that names this poolctl's boot library and the pool's own serving image (pre-pulled:
     `plan` then shows a shorter or longer cold start, but the stack's warmup settings must
     not follow a record that only this machine has)."""
-    from poolctl import bootscript, images
+    from poolctl import bootscript, node_image
     from poolctl.config import load_config
     from poolctl_stacks.app import synth
 
@@ -151,10 +151,10 @@ def synth_without_and_with_record(config: Path, cloud: Cloud, image: str, tmp_pa
     texts = []
     for name in ("no-record", "record"):
         if name == "record":
-            images.save_record({"cloud": cloud, "image_id": image, "base_image": "family/x",
+            node_image.save_record({"cloud": cloud, "image_id": image, "base_image": "family/x",
                                 "serving_image": pool.serving.image,
                                 "boot_lib_version": bootscript.boot_library(cloud)["version"]})
-            assert images.find_record(cloud, image) is not None
+            assert node_image.find_record(cloud, image) is not None
         (d,) = synth([(cfg, cfg.targets(None, cloud))], tmp_path / name)
         texts.append((d / "cdk.tf.json").read_text())
     return texts[0], texts[1]

@@ -105,6 +105,15 @@ def test_serving_flags(aws_script):
     assert "PORT=8000\n" in aws_script
 
 
+def test_prefix_caching_off_is_passed_to_vllm(cfg, aws_script):
+    """vLLM V1 caches prefixes by default: poolctl says nothing unless the file turns it
+    off, and then passes --no-enable-prefix-caching."""
+    assert "prefix-caching" not in aws_script
+    pool = cfg.pools[0].model_copy(update={"serving": cfg.pools[0].serving.model_copy(
+        update={"prefix_caching": False})})
+    assert "--no-enable-prefix-caching" in render_boot_script(cfg, pool, Cloud.aws)
+
+
 def test_extra_args_survive_the_shell_unchanged(aws_script):
     line = next(ln for ln in aws_script.splitlines() if ln.startswith("EXTRA_ARGS=("))
     out = subprocess.run(["bash", "-c", line + '\nprintf "%s\\0" "${EXTRA_ARGS[@]}"'],
@@ -338,7 +347,7 @@ def test_image_variant_is_the_whole_script_split_in_two(cfg, idx, cloud):
 def test_a_build_record_does_not_choose_the_variant(cfg, tmp_path, monkeypatch):
     """The whole script by default, whatever the local build records say: the stacks hold
     both variants and Terraform picks one from the image's tag (tests/synth)."""
-    from poolctl import images
+    from poolctl import node_image
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path))
     ami = "ami-0aaaaaaaaaaaaaaaa"
@@ -347,9 +356,9 @@ def test_a_build_record_does_not_choose_the_variant(cfg, tmp_path, monkeypatch):
     pool = built.pools[0]
     assert pool.aws.ami_id == ami
     whole = render_boot_script(built, pool, "aws", from_image=False)
-    images.save_record({"cloud": "aws", "image_id": ami, "serving_image": pool.serving.image,
+    node_image.save_record({"cloud": "aws", "image_id": ami, "serving_image": pool.serving.image,
                         "boot_lib_version": bootscript.boot_library("aws")["version"]})
-    assert images.find_record("aws", ami) is not None
+    assert node_image.find_record("aws", ami) is not None
     assert render_boot_script(built, pool, "aws") == whole
     assert whole != render_boot_script(built, pool, "aws", from_image=True)
 

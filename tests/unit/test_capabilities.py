@@ -25,7 +25,8 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures"]
+        "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures",
+        "SchedulesWindows"]
     assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 
 
@@ -33,7 +34,7 @@ def test_gcp_declares_its_capabilities():
     gcp = registry.driver(Cloud.gcp)
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "StepsRollouts"]
+        "StepsRollouts", "SchedulesWindows"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 
 
@@ -71,3 +72,13 @@ def test_cancel_is_refused_without_the_capability(pool):
     cfg, p = pool
     with pytest.raises(OperationFailed, match="cannot stop a rollout where it stands"):
         runtime.rollout_cancel(cfg, p, "aws", Bare())
+
+
+def test_a_window_is_refused_without_the_capability(pool):
+    from datetime import UTC, datetime, timedelta
+
+    cfg, p = pool
+    now = datetime.now(UTC)
+    with pytest.raises(UsageError, match="no scheduled windows"):
+        runtime.schedule_window(cfg, p, "aws", Bare(), 4, now + timedelta(hours=1),
+                                now + timedelta(hours=2), running=True, now=now)

@@ -118,11 +118,11 @@ def test_simulate_fixed_replicas_bills_the_reservation(model):
     h = plain.horizon_s
     assert reserved.horizon_s == h
     # 1 node running, 3 reserved: billed max(3, 1) = 3 nodes over the horizon, all fixed.
-    c0, c3 = summary(plain, 2.0)["cost"], summary(reserved, 2.0)["cost"]
-    assert c0["usd"] == pytest.approx(round(1 * h / 3600 * 10.0, 2))
-    assert c3["usd"] == pytest.approx(round(3 * h / 3600 * 10.0, 2))
-    assert c3["marginal_usd"] == 0 and c3["fixed_usd_per_hour"] == pytest.approx(30.0)
-    assert c3["reserved_nodes"] == 3
+    c0, c3 = summary(plain, 2.0).cost, summary(reserved, 2.0).cost
+    assert c0.usd == pytest.approx(round(1 * h / 3600 * 10.0, 2))
+    assert c3.usd == pytest.approx(round(3 * h / 3600 * 10.0, 2))
+    assert c3.marginal_usd == 0 and c3.fixed_usd_per_hour == pytest.approx(30.0)
+    assert c3.reserved_nodes == 3
 
 
 def test_simulate_autoscaled_split_sums_and_reservation_absorbs_scale_out(model):
@@ -133,16 +133,17 @@ def test_simulate_autoscaled_split_sums_and_reservation_absorbs_scale_out(model)
                    warm_start_s=60, cold_start_s=60, queue_target=4,
                    scale_down_stabilization_s=900, scale_in_cooldown_s=300,
                    warm_running=False)
-    plain = summary(simulate(tr, model, scale=sc, price_per_node_hour=10.0), 2.0)["cost"]
+    plain = summary(simulate(tr, model, scale=sc, price_per_node_hour=10.0), 2.0).cost
     held = summary(simulate(tr, model, scale=sc, price_per_node_hour=10.0,
-                            reserved_nodes=6), 2.0)["cost"]
-    assert plain["marginal_usd"] > 0
-    assert plain["fixed_usd"] + plain["marginal_usd"] == pytest.approx(plain["usd"], abs=0.011)
-    assert held["marginal_usd"] == 0 and held["fixed_usd_per_hour"] == pytest.approx(60.0)
-    assert held["usd"] >= plain["usd"]  # an idle reservation is paid
-    out = plain["usd"] / plain["usd_per_1m_output_tokens"]  # millions of output tokens
-    assert plain["fixed_usd_per_1m_output_tokens"] == pytest.approx(
-        plain["fixed_usd"] / out, rel=0.01)
+                            reserved_nodes=6), 2.0).cost
+    assert plain.marginal_usd > 0
+    assert plain.fixed_usd + plain.marginal_usd == pytest.approx(plain.usd, abs=0.011)
+    assert held.marginal_usd == 0 and held.fixed_usd_per_hour == pytest.approx(60.0)
+    assert held.usd >= plain.usd  # an idle reservation is paid
+    assert plain.usd_per_1m_output_tokens is not None
+    out = plain.usd / plain.usd_per_1m_output_tokens  # millions of output tokens
+    assert plain.fixed_usd_per_1m_output_tokens == pytest.approx(plain.fixed_usd / out,
+                                                                 rel=0.01)
 
 
 # ------------------------------------------------------------------ warm and status

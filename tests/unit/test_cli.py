@@ -100,23 +100,28 @@ def test_poolctl_file_env(tmp_path):
     assert poolctl("validate", cwd=tmp_path, env=env).returncode == 0
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["validate", "-f", str(EXAMPLE)],
-                                  ["plan", "-f", str(EXAMPLE)],
-                                  # past the folder check, which fails after the imports
-                                  ["weights", "verify", "/nonexistent/weights"]])
-def test_no_heavy_imports(argv):
+def modules_after(argv: list[str], expression: str) -> str:
+    """stderr of a fresh `poolctl ARGV` process, then `expression` over its sys.modules."""
     code = (
         "import sys\n"
         "from poolctl.app import main\n"
         f"sys.argv = ['poolctl', *{argv!r}]\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('cdktf', 'jsii', 'boto3', 'botocore', 'google', 'cdktf_cdktf_provider_aws', "
-        "'cdktf_cdktf_provider_google', 'paramiko')]\n"
-        "print('HEAVY', heavy, file=sys.stderr)\n"
+        f"print('LOADED', {expression}, file=sys.stderr)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "HEAVY []" in r.stderr, r.stderr[-500:]
+    return r.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["validate", "-f", str(EXAMPLE)],
+                                  ["plan", "-f", str(EXAMPLE)],
+                                  # past the folder check, which fails after the imports
+                                  ["weights", "verify", "/nonexistent/weights"]])
+def test_no_heavy_imports(argv):
+    err = modules_after(argv, "[m for m in sys.modules if m.split('.')[0] in "
+                        "('cdktf', 'jsii', 'boto3', 'botocore', 'google', "
+                        "'cdktf_cdktf_provider_aws', 'cdktf_cdktf_provider_google', 'paramiko')]")
+    assert "LOADED []" in err, err[-500:]
 
 
 # The cloud SDKs poolctl.adaptors stands for; nothing else may import them.
@@ -160,3 +165,21 @@ def test_the_sdks_are_imported_by_the_adaptors_only():
 def test_schema_command():
     r = poolctl("schema")
     assert r.returncode == 0 and json.loads(r.stdout)["title"] == "poolctl.yaml"
+
+
+def test_the_roots_summaries_are_the_commands_own():
+    """The root lists each command without importing it (poolctl.app.LazyGroup); the line it
+    shows must be the first sentence of the command's own help."""
+    from poolctl.app import COMMANDS, load_command
+
+    for entry in COMMANDS:
+        loaded = load_command(entry).get_short_help_str(limit=200)
+        assert entry.summary == loaded, entry.name
+
+
+def test_help_loads_no_command_module():
+    """The root's help lists the commands from poolctl.app.COMMANDS: no command module, and
+    so not the config model (pydantic) either."""
+    err = modules_after(["--help"], "sorted(m for m in sys.modules if m.startswith("
+                        "('poolctl.commands', 'poolctl.config', 'pydantic')))")
+    assert "LOADED []" in err, err[-500:]

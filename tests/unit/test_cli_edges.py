@@ -119,7 +119,7 @@ def test_synth_makes_a_nested_out_folder(env, tmp_path, monkeypatch):
         seen.append(out.is_dir())
         return []
 
-    monkeypatch.setattr("poolctl.deploy.synth_targets", fake_synth)
+    monkeypatch.setattr("poolctl.commands.build.synth_targets", fake_synth)
     out = tmp_path / "a" / "b"
     r = inproc.run(["synth", "-f", str(EXAMPLE), "--out", str(out)], env=env, cwd=tmp_path)
     assert r.returncode == 0 and seen == [True], r.stderr

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer.main
 
-from poolctl.app import app
+from poolctl.app import command_tree
 from poolctl.config import json_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +155,7 @@ def test_no_machine_paths(page: Path):
 
 # typer builds a click tree (with the click it vendors): groups have `commands`, options have
 # `opts` and `secondary_opts`.
-ROOT_CMD: Any = typer.main.get_command(app)
+ROOT_CMD: Any = command_tree()
 
 
 def command_lines(page: Path) -> Iterator[tuple[int, str]]:

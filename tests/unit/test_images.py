@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from poolctl import images
+from poolctl import images, node_image
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import RolloutStatus, RollsBackRollouts
-from poolctl.config import load_config, parse_config
+from poolctl.config import Pool, load_config, parse_config
 from poolctl.endpoints import REAL_CLOUDS, AwsEndpoint, CloudEndpoints
+from poolctl.node_image import NodeImage, recorded_node_image
 from poolctl.runtime import set_scalar
-from poolctl.sizing import plan_pool
+from poolctl.sizing import PoolPlan, plan_pool
 from tests import inproc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -386,34 +387,42 @@ def test_aws_dry_run_needs_no_credentials(tmp_path):
 
 
 def _record(image_id: str, serving_image: str, cloud: Cloud = Cloud.aws) -> None:
-    images.save_record({"cloud": cloud, "image_id": image_id, "serving_image": serving_image,
+    node_image.save_record({"cloud": cloud, "image_id": image_id, "serving_image": serving_image,
                         "base_image": "ami-0aaaaaaaaaaaaaaaa", "digest": "sha256:" + "a" * 64})
+
+
+def recorded_plan(pool: Pool, cloud: Cloud) -> PoolPlan:
+    """`plan`'s figures: the node image as the build records know it."""
+    return plan_pool(pool, cloud, recorded_node_image(pool, cloud))
 
 
 def test_plan_phases_prepulled_vs_pull():
     text = EXAMPLES[0].read_text()
     # Pull: 12 GB at 0.1 GB/s = 120 s. Weights 70.6e9 x 2 B = 141.2 GB over min(NIC, 100)
     # Gbit/s x 0.25 = 3.125 GB/s = 45.18 s; load max(141.2/16, 35.3 GB per GPU / 2) = 35.3 s.
-    p = plan_pool(parse_config(text).pools[0], "aws")
+    p = recorded_plan(parse_config(text).pools[0], Cloud.aws)
     assert p.start_phases["cold"] == {"boot": 120, "image": 120.0, "weights_to_nvme": 45.2,
                                       "load_to_gpu": 35.3, "engine_init": 90, "register": 30}
-    assert p.start_seconds["cold"] == 440.5 and p.node_image["prepulled"] is False
+    assert p.start_seconds["cold"] == 440.5 and p.node_image.prepulled is False
     # Pre-pulled (a build record for the file's AMI carries the pool's serving image): no
     # pull; the 12 GB image unpacks to 24 GB read once from a lazily loaded EBS volume at
     # 135 MB/s = 177.78 s.
     with_ami = text.replace("      instance_type: p5.48xlarge\n", "      instance_type: "
                             "p5.48xlarge\n      ami_id: ami-0123456789abcdef0\n")
     _record("ami-0123456789abcdef0", "vllm/vllm-openai:v0.11.0")
-    p = plan_pool(parse_config(with_ami).pools[0], "aws")
+    p = recorded_plan(parse_config(with_ami).pools[0], Cloud.aws)
     assert "image" not in p.start_phases["cold"] and p.start_phases["cold"]["hydrate"] == 177.8
     assert p.start_seconds["cold"] == 120 + 177.8 + 45.2 + 35.3 + 90 + 30  # 498.3
-    assert p.node_image == {"id": "ami-0123456789abcdef0", "prepulled": True,
-                            "source": "build record", "carries": "vllm/vllm-openai:v0.11.0",
-                            "digest": "sha256:" + "a" * 64}
+    assert p.node_image == NodeImage(id="ami-0123456789abcdef0", prepulled=True,
+                                     source="build record", carries="vllm/vllm-openai:v0.11.0",
+                                     digest="sha256:" + "a" * 64)
+    # The stacks' view (no image given): the file alone, whatever the records say.
+    assert plan_pool(parse_config(with_ami).pools[0], Cloud.aws).node_image == NodeImage(
+        id="ami-0123456789abcdef0", prepulled=False, source="serving.image_prepulled")
     # With a provisioned initialization rate of 300 MiB/s: 24e9 / (300 x 2^20) = 76.29 s.
     fast = with_ami.replace("      ami_id:", "      volume_initialization_rate_mib_s: 300\n"
                             "      ami_id:")
-    p = plan_pool(parse_config(fast).pools[0], "aws")
+    p = recorded_plan(parse_config(fast).pools[0], Cloud.aws)
     assert p.start_phases["cold"]["hydrate"] == 76.3
     assert p.start_seconds["cold"] == round(120 + 76.3 + 45.2 + 35.3 + 90 + 30, 1)  # 396.8
     # Warm stopped nodes keep their read root volume: neither pull nor hydrate.
@@ -421,8 +430,8 @@ def test_plan_phases_prepulled_vs_pull():
     assert "hydrate" not in p.start_phases["warm_stopped"]
     # A rollout to another serving image: the AMI no longer carries it; the node pulls.
     other = with_ami.replace("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.1")
-    p = plan_pool(parse_config(other).pools[0], "aws")
-    assert p.start_phases["cold"]["image"] == 120.0 and p.node_image["prepulled"] is False
+    p = recorded_plan(parse_config(other).pools[0], Cloud.aws)
+    assert p.start_phases["cold"]["image"] == 120.0 and p.node_image.prepulled is False
 
 
 def test_plan_phases_gcp_prepulled():
@@ -432,7 +441,7 @@ def test_plan_phases_gcp_prepulled():
         "      machine_type: a3-highgpu-8g\n"
         "      image: projects/acme-prod/global/images/acme-chat-70b-1\n")
     _record("projects/acme-prod/global/images/acme-chat-70b-1", "vllm/vllm-openai:v0.11.0", "gcp")
-    p = plan_pool(parse_config(text).pools[0], "gcp")
+    p = recorded_plan(parse_config(text).pools[0], Cloud.gcp)
     assert p.start_phases["cold"]["hydrate"] == 95.4 and "image" not in p.start_phases["cold"]
 
 

@@ -28,6 +28,7 @@ from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
 from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity
 from poolctl.terraform import Terraform
+from poolctl.windows import Window
 
 
 def address_order(address: str) -> tuple[int, int, str]:
@@ -217,6 +218,9 @@ class PoolStatus:
         stopped = sum(1 for n in self.nodes if is_stopped_warm(n))
         up = sum(1 for n in self.nodes if n.phase != "terminating" and not is_stopped_warm(n))
         return held_capacity(up, stopped, self.reserved_nodes)
+    # Launch windows still to end (`warm --from`), over the minimum kept before them.
+    windows: list[Window] = field(default_factory=list)
+    windows_kept_min: int | None = None
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -238,6 +242,11 @@ class PoolStatus:
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
             "capacity": asdict(self.held()),
+            "windows": [{"id": w.id, "nodes": w.nodes,
+                         "replicas": w.nodes * self.replicas_per_node,
+                         "start": w.start.isoformat(timespec="seconds") if w.start else None,
+                         "end": w.end.isoformat(timespec="seconds")} for w in self.windows],
+            "windows_kept_min_nodes": self.windows_kept_min,
         }
 
 
@@ -504,7 +513,26 @@ class ReportsLaunchFailures(ABC):
         `instance_type`: the pool's, for a failure whose record does not name one."""
 
 
+class SchedulesWindows(ABC):
+    """Launch windows the cloud applies itself at their times (`warm --from/--until`): AWS
+    scheduled actions, GCP autoscaler scaling schedules. Windows raise the group's minimum
+    (nodes in service): neither cloud schedules a warm pool's / standby pool's size."""
+
+    max_windows: ClassVar[int]
+
+    @abstractmethod
+    def scheduled_windows(self, group: Group) -> tuple[list[Window], int | None]:
+        """poolctl's windows still to end, and the minimum kept before them (None: no
+        window, the group's own)."""
+
+    @abstractmethod
+    def write_windows(self, group: Group, windows: list[Window], base_min: int,
+                      removed: list[Window]) -> None:
+        """Make the cloud's schedule exactly `windows` over the kept minimum `base_min`,
+        deleting what `removed` left behind."""
+
+
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
-    BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures)
+    BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows)

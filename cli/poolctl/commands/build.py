@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from poolctl.commands.check import require_valid
+from poolctl import runtime
+from poolctl.cloud import Cloud
+from poolctl.clouds.aws.preflight import check_certificate
+from poolctl.clouds.base import StepsRollouts
 from poolctl.commands.common import (
     AutoApproveOpt,
     CloudAllOpt,
@@ -29,9 +32,13 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
     make_folder,
+    require_valid,
     targets,
 )
+from poolctl.deploy import run_stacks, synth_targets
 from poolctl.endpoints import CloudEndpoints
+from poolctl.errors import OperationFailed, PoolctlError, UsageError
+from poolctl.runtime import deploy_before_apply, get_ops
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
@@ -48,7 +55,6 @@ def check_out(out: Path) -> None:
     place no folder can be made (/proc, a read-only mount), before anything is written."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        from poolctl.errors import UsageError
 
         raise UsageError(f"--out: {existing} is a file, not a folder; give a folder for the "
                          "synthesized stacks (default cdktf.out)")
@@ -74,7 +80,6 @@ OUT_FIX = "give a folder you can write in for the synthesized stacks (default cd
 def synth(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
           out: OutOpt = Path("cdktf.out"), json_out: JsonOpt = False) -> None:
     """Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."""
-    from poolctl.deploy import synth_targets
 
     check_out(out)
     cfg = load(file)
@@ -149,8 +154,6 @@ def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, 
     until `warm --reset`."""
 
     def check(tgts: list[tuple[Pool, Cloud]]) -> Keeps:
-        from poolctl import runtime
-        from poolctl.errors import OperationFailed, PoolctlError
 
         for p, c in tgts:
             try:
@@ -188,12 +191,10 @@ def _certificate(cfg: Config, pool: Pool, cloud: str, endpoints: CloudEndpoints
                  ) -> str | None:
     """The AWS placement's certificate exists, is issued and is in its region; else the
     apply would point port 80 at an HTTPS listener that never comes."""
-    from poolctl.cloud import Cloud
 
     placement = pool.aws
     if cloud != Cloud.aws or placement is None or not placement.certificate_arn:
         return None
-    from poolctl.clouds.aws.preflight import check_certificate
 
     idx = [p.name for p in cfg.pools].index(pool.name)
     return check_certificate(f"pools[{idx}].aws.certificate_arn", placement.certificate_arn,
@@ -203,7 +204,6 @@ def _certificate(cfg: Config, pool: Pool, cloud: str, endpoints: CloudEndpoints
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
          auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
          json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
-    from poolctl.deploy import run_stacks
 
     started = time.time()
     check_out(out)
@@ -212,7 +212,6 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if not destroy:
         require_valid(cfg, tgts)
-    from poolctl.runtime import deploy_before_apply
 
     results = run_stacks(
         cfg, tgts, outdir=make_out_parent(out), endpoints=endpoints, destroy=destroy,
@@ -263,8 +262,6 @@ def _kept_versions(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[St
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete
     those too."""
-    from poolctl.clouds.base import StepsRollouts
-    from poolctl.runtime import get_ops
 
     out: dict[str, dict[str, list[str]]] = {}
     for (p, cl), r in zip(tgts, results, strict=True):

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from poolctl import runtime
+from poolctl.clouds.base import ChecksCapacity, capacity_needs
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -19,6 +21,8 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
 )
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.sizing import plan_pool
 
 if TYPE_CHECKING:
     from poolctl.clouds.base import CapacityReport, ReservationRow
@@ -80,10 +84,6 @@ def check(
     """Per zone of the placement: whether the type is offered, the reservations that match
     the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
     surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
-    from poolctl import runtime
-    from poolctl.clouds.base import ChecksCapacity, capacity_needs
-    from poolctl.errors import OperationFailed, UsageError
-    from poolctl.sizing import plan_pool
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)

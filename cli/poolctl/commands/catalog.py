@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from poolctl.catalog import load_catalog
 from poolctl.commands.common import CloudAllOpt, JsonOpt, cloud_value, console, emit_json
+from poolctl.models import load_presets
 
 if TYPE_CHECKING:
     from poolctl.catalog import InstanceType
@@ -12,8 +14,6 @@ if TYPE_CHECKING:
 
 def catalog(cloud: CloudAllOpt = None, json_out: JsonOpt = False) -> None:
     """Instance types (GPUs, HBM, NVLink, NVMe, vCPU, price, quota) and model presets."""
-    from poolctl.catalog import load_catalog
-    from poolctl.models import load_presets
 
     want = cloud_value(cloud)
     rows = [r for r in load_catalog().instance_types if want in (None, r.cloud)]

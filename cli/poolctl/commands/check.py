@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from poolctl.capacity import recommend
 from poolctl.cloud import Cloud
+from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
     CloudAllOpt,
     FileOpt,
@@ -19,22 +22,31 @@ from poolctl.commands.common import (
     emit_json,
     load,
     print_findings,
+    require_valid,
     targets,
 )
-from poolctl.commands.simulate import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.plansearch import render_search, run_searches, write_changes
+from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
+from poolctl.commands.traffic import traffic as load_traffic
+from poolctl.config import json_schema
+from poolctl.errors import UsageError
+from poolctl.home import replace_file
+from poolctl.node_image import NodeImage, recorded_node_image
+from poolctl.rules import TrafficNeed, errors, run_checks
+from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
+    from poolctl.capacity import Recommendation
     from poolctl.config import Config, Pool
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
-Recs = dict[tuple[str, Cloud], dict[str, Any]]
+Recs = dict[tuple[str, Cloud], "Recommendation"]
 
 
 def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
              json_out: JsonOpt = False) -> None:
     """Check the file and every rule; print each failed check with a hint."""
-    from poolctl.rules import errors, run_checks
 
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
@@ -52,40 +64,46 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         raise typer.Exit(1)
 
 
-def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
-    """What plan, synth and deploy run first: print findings, refuse on any error."""
-    from poolctl.errors import OperationFailed
-    from poolctl.rules import errors, run_checks
-
-    findings = run_checks(cfg, tgts)
-    print_findings(findings)
-    errs = errors(findings)
-    if errs:
-        raise OperationFailed(
-            f"{len(errs)} rule(s) failed (listed above); nothing was changed — fix them and "
-            "run `poolctl validate`"
-        )
+SearchOpt = Annotated[bool, typer.Option(
+    "--search", help="With --traffic or --rate: search instance types, tensor parallelism and "
+    "batching limits for the cheapest configuration meeting the SLOs.")]
+WriteOpt = Annotated[bool, typer.Option(
+    "--write", help="With --search: apply the chosen configuration to the file in place.")]
+WorkersOpt = Annotated[int, typer.Option(
+    "--workers", help="With --search: processes evaluating configurations (0, the default: "
+    "up to 2).",
+    parser=bounded("--workers", 0, 64, "a count of processes", integer=True))]
 
 
 def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          json_out: JsonOpt = False,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
-         seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0) -> None:
+         seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0, search: SearchOpt = False,
+         write: WriteOpt = False, workers: WorkersOpt = 0) -> None:
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
-    (or --rate), also the replicas that meet the SLO, found by simulation."""
-    from poolctl.sizing import plan_pool
+    (or --rate), also the replicas that meet the SLO, found by simulation; with --search,
+    the cheapest configuration meeting the SLOs."""
 
+    if search and traffic is None and rate is None:
+        raise UsageError("--search: give the traffic to search for with --traffic FILE or "
+                         "--rate R")
+    if write and not search:
+        raise UsageError("--write: applies a --search's choice; add --search")
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    plans = [plan_pool(p, c) for p, c in tgts]
+    plans = [plan_pool(p, c, recorded_node_image(p, c)) for p, c in tgts]
     totals = _quota_totals(cfg, tgts)
+    if search:
+        _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
+                     json_out, write, workers or min(2, os.cpu_count() or 1))
+        return
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
         entries = [p.to_json() for p in plans]
         for e, (p, c) in zip(entries, tgts, strict=True):
             if (p.name, c) in recs:
-                e["recommendation"] = recs[(p.name, c)]
+                e["recommendation"] = recs[(p.name, c)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
@@ -94,10 +112,33 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         render_recommendations(tgts, plans, recs)
 
 
+def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
+                 plans: list[PoolPlan], totals: list[dict[str, Any]], traffic: Path | None,
+                 rate: float | None, duration: float, seed: int, time_scale: float,
+                 json_out: bool, write: bool, workers: int) -> None:
+    tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
+                      flag="--traffic")
+    results = run_searches(cfg, tgts, tr, workers)
+    written = write_changes(file, cfg, results) if write else []
+    if json_out:
+        entries = [p.to_json() for p in plans]
+        for e, (p, c) in zip(entries, tgts, strict=True):
+            r = results[(p.name, c)]
+            if r.recommendation is not None:
+                e["recommendation"] = r.recommendation.to_json()
+            e["search"] = r.to_json()
+        emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals,
+                   "written": written})
+    else:
+        for p, c in tgts:
+            render_search(p, results[(p.name, c)])
+    for line in written:
+        sys.stderr.write(f"wrote {line}\n")
+
+
 def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
-    from poolctl.sizing import quota_totals
 
     clouds = list(dict.fromkeys(c for _, c in tgts))
     every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
@@ -125,14 +166,11 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
         return {}
-    from poolctl.capacity import recommend
-    from poolctl.commands.simulate import traffic as load_traffic
-    from poolctl.rules import TrafficNeed, run_checks
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
     recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
-    needs = {k: TrafficNeed(r["peak_replicas_needed"], tr.source) for k, r in recs.items()}
+    needs = {k: TrafficNeed(r.peak_replicas_needed, tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call
     return recs
@@ -142,14 +180,14 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
                            ) -> None:
     from rich.table import Table
 
-    from poolctl.sizing import nodes_for
-
     out = console()
     for (p, c), pl in zip(tgts, plans, strict=True):
-        r = recs[(p.name, c)]
+        r = recs[(p.name, c)].to_json()
         price = pl.price_per_node_hour_usd
+        tpot = f", TPOT p90 {p.slo.tpot_p90_s} s" if p.slo.tpot_p90_s is not None else ""
         t = Table(title=f"{p.name} on {c}: replicas for the traffic (SLO TTFT p90 "
-                        f"{p.slo.ttft_p90_s} s, utilization <= {p.slo.target_utilization})",
+                        f"{p.slo.ttft_p90_s} s{tpot}, utilization <= "
+                        f"{p.slo.target_utilization})",
                   title_justify="left")
         t.add_column("")
         t.add_column("file")
@@ -164,6 +202,9 @@ def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan]
         t.add_row("warm replicas", str(p.warm_pool.replicas), str(r["warm_replicas"]))
         t.add_row("TTFT p90 (autoscaled)", "", f"{r['ttft_p90_s']} s (floor "
                   f"{r['ttft_p90_floor_s']} s)")
+        t.add_row("TPOT p90 (autoscaled)", "", f"{r['tpot_p90_s']} s (floor "
+                  f"{r['tpot_p90_floor_s']} s)")
+        t.add_row("goodput (both SLOs)", "", f"{r['goodput']:.1%}")
         t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
         usd = r["usd_per_1m_output_tokens"]
         t.add_row("USD per 1M output tokens", "", "-" if usd is None else f"${usd:,.3f}")
@@ -207,6 +248,9 @@ def render_plans(plans: list[PoolPlan]) -> None:
                               f"${p.cost_per_hour_usd['max']:,.2f} max "
                               f"(${p.price_per_node_hour_usd:,.2f}/node)"),
             *_capacity_rows(p),
+            ("power", "-" if p.power_kw is None else
+             f"{p.power_kw['min']:,.1f} kW min, {p.power_kw['max']:,.1f} kW max (at the "
+             "node's maximum system power)"),
             ("node image", _node_image(p.node_image, p.cloud)),
             ("start, cold", _phases(p.start_phases["cold"])),
             ("start, warm " + p.warm_state,
@@ -231,12 +275,12 @@ def _capacity_rows(p: PoolPlan) -> list[tuple[str, str]]:
     return [("capacity", h.words()), ("cost fixed / marginal", cost)]
 
 
-def _node_image(img: dict[str, Any], cloud: Cloud) -> str:
-    where = img.get("id") or "the base image"
-    if img.get("prepulled"):
-        return f"{where}: serving image pre-pulled ({img['source']})"
-    if img.get("carries"):
-        return f"{where}: carries {img['carries']}, not the serving image: pulled at boot"
+def _node_image(img: NodeImage | None, cloud: Cloud) -> str:
+    where = (img and img.id) or "the base image"
+    if img is not None and img.prepulled:
+        return f"{where}: serving image pre-pulled ({img.source})"
+    if img is not None and img.carries:
+        return f"{where}: carries {img.carries}, not the serving image: pulled at boot"
     return f"{where}: serving image pulled at boot (`poolctl image build --cloud {cloud}`)"
 
 
@@ -249,7 +293,6 @@ def schema(out: str = typer.Option("-", "--out", help="Write here instead of std
            force: bool = typer.Option(False, "--force", help="Replace a file at --out that "
                                       "is not a poolctl schema.")) -> None:
     """The JSON Schema of poolctl.yaml, for editors."""
-    from poolctl.config import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out == "-":
@@ -277,8 +320,6 @@ def _is_poolctl_schema(path: Path) -> bool:
 def write_schema(out: Path, text: str, force: bool) -> None:
     """`schema --out FILE`: refused, one line naming --out, unless FILE is a new file in an
     existing folder or a schema poolctl wrote (or --force); then replaced all at once."""
-    from poolctl.errors import UsageError
-    from poolctl.home import replace_file
 
     if out.is_dir():
         raise UsageError(f"--out: {out} is a folder; give a file name, e.g. "

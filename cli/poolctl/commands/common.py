@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING, Annotated, TextIO
 import typer
 
 from poolctl.cloud import Cloud
+from poolctl.config import load_config
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
-from poolctl.errors import UsageError
+from poolctl.envcheck import REGION_RE
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import cannot_create
+from poolctl.rules import errors, run_checks
+from poolctl.sandbox import manager
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
@@ -75,7 +80,6 @@ WEEK_S = 7 * 24 * 3600
 def region_name(raw: object) -> str:
     """A typer `parser=` for --region: a DNS label (it becomes part of an endpoint's host
     name), as AWS and GCP spell regions; `us-east-1;rm` is refused before any SDK call."""
-    from poolctl.envcheck import REGION_RE
 
     text = str(raw)
     if not REGION_RE.fullmatch(text):
@@ -100,7 +104,6 @@ def gcp_project_id(raw: object) -> str:
 def check_creatable(folder: Path, flag: str, fix: str = "give a writable folder") -> None:
     """`folder` is (or can become) a folder poolctl can write in; else one line naming the
     flag. Leaves nothing behind."""
-    from poolctl.home import cannot_create
 
     if problem := cannot_create(folder):
         raise UsageError(f"{flag}: {folder}: {problem}; {fix}")
@@ -150,7 +153,6 @@ def cloud_value(cloud: Cloud | None) -> str | None:
 
 
 def load(file: Path | None) -> Config:
-    from poolctl.config import load_config
 
     with file_errors():
         return load_config(file)
@@ -177,7 +179,6 @@ def endpoints_of(sandbox: bool) -> CloudEndpoints:
     Outside `poolctl sandbox ...`, this is the only code that loads the sandbox package."""
     if not sandbox:
         return real_clouds()
-    from poolctl.sandbox import manager
 
     return manager.endpoints()
 
@@ -195,7 +196,6 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
     clouds = [c for c in Cloud if any(p.placement(c) for p in pools)]
     if len(clouds) == 1:
         return clouds[0]
-    from poolctl.errors import UsageError
 
     what = f"pool {pools[0].name!r} has" if len(pools) == 1 else "the selected pools have"
     raise UsageError(f"--cloud: {what} {' and '.join(clouds)} placements; pick one with "
@@ -216,7 +216,6 @@ def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
     """The single (pool, cloud) a command that changes one pool acts on."""
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:
-        from poolctl.errors import UsageError
 
         names = ", ".join(p.name for p, _ in tgts)
         raise UsageError(f"--pool: this acts on one pool, the file gives {names}; pick one "
@@ -245,7 +244,6 @@ def confirm(question: str, auto_approve: bool) -> bool:
     if auto_approve:
         return True
     if not sys.stdin.isatty():
-        from poolctl.errors import UsageError
 
         raise UsageError("--auto-approve: no terminal to confirm on; pass --auto-approve to go on")
     return typer.confirm(question, default=False)
@@ -257,3 +255,16 @@ MirrorOpt = Annotated[
     typer.Option("--provider-mirror", envvar="POOLCTL_PROVIDER_MIRROR",
                  help="Install providers from this filesystem mirror (offline applies)."),
 ]
+
+
+def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
+    """What plan, synth and deploy run first: print findings, refuse on any error."""
+
+    findings = run_checks(cfg, tgts)
+    print_findings(findings)
+    errs = errors(findings)
+    if errs:
+        raise OperationFailed(
+            f"{len(errs)} rule(s) failed (listed above); nothing was changed — fix them and "
+            "run `poolctl validate`"
+        )

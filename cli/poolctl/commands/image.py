@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from poolctl import images
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -21,6 +22,7 @@ from poolctl.commands.common import (
     one_target,
     whole,
 )
+from poolctl.config import find_config
 
 app = typer.Typer(help="Pre-pulled node images built with Packer (see images/README.md).",
                   no_args_is_help=True)
@@ -45,8 +47,6 @@ def build(
 
     On AWS the builder runs in the file's subnet or one of the pool's private subnets (its
     first deploy creates them): where there is none, the build stops before Packer runs."""
-    from poolctl import images
-    from poolctl.config import find_config
 
     path = find_config(file)
     cfg = load(path)
@@ -77,8 +77,6 @@ def list_(
     """The pool's images, newest first, and what uses each."""
     from dataclasses import asdict
 
-    from poolctl import images
-
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
     p, c = one_target(cfg, pool, cloud, endpoints)
@@ -106,7 +104,6 @@ def prune(
 ) -> None:
     """Deregister all but the KEEP newest unused images (with their snapshots); images in use
     (the file, launch template versions, instances) are never deleted."""
-    from poolctl import images
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)

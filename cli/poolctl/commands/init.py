@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
+from poolctl.commands.common import check_creatable
+from poolctl.config import parse_config
+from poolctl.errors import UsageError
+from poolctl.models import preset, suggest_model
+from poolctl.rules import errors, run_checks
 
 if TYPE_CHECKING:
     from poolctl.catalog import InstanceType
@@ -119,10 +125,6 @@ pools:
 def _fit(preset: Preset, cloud: Cloud) -> str:
     """The poolctl.yaml text of the first (type, tensor_parallel) that passes every rule
     (the default type first, then the cheapest); avoids a KV cache of few sequences."""
-    from poolctl.catalog import load_catalog
-    from poolctl.config import parse_config
-    from poolctl.errors import UsageError
-    from poolctl.rules import errors, run_checks
 
     cat = load_catalog()
     # Every name `names` gives has its row: the filter only tells the type checker so.
@@ -157,8 +159,6 @@ def init(
 ) -> None:
     """Write a commented poolctl.yaml, a cdktf.json (`cdktf synth` runs poolctl's synthesis)
     and a CI workflow (.github/workflows/poolctl.yml)."""
-    from poolctl.errors import UsageError
-    from poolctl.models import preset, suggest_model
 
     row = preset(model)
     if row is None:
@@ -179,7 +179,6 @@ def init(
     if blocked is not None:
         raise UsageError(f"--dir: {blocked} is in the way (a file where a folder goes, or a "
                          "folder where a file goes); pick another --dir")
-    from poolctl.commands.common import check_creatable
 
     check_creatable(dir, "--dir", "pick a folder you can write in")
     try:

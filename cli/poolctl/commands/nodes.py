@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import nodecheck
 from poolctl.cloud import Cloud
 from poolctl.commands.common import (
     CloudOpt,
@@ -24,6 +25,8 @@ from poolctl.commands.common import (
     real,
     whole,
 )
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.nodecheck import CHECK_NAMES
 
 if TYPE_CHECKING:
     from poolctl.nodecheck import Check, NodeResult
@@ -96,8 +99,6 @@ def check(
     json_out: JsonOpt = False,
 ) -> None:
     """SSH into nodes and verify GPUs, NVLink, no EFA, the NVMe cache, the image and health."""
-    from poolctl import nodecheck
-    from poolctl.errors import OperationFailed, UsageError
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
@@ -144,8 +145,6 @@ def render(results: list[NodeResult]) -> None:
     """Node x check matrix when it fits the terminal, else one row per node and check."""
     from rich.markup import escape
     from rich.table import Table
-
-    from poolctl.nodecheck import CHECK_NAMES
 
     out = console()
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import runtime
+from poolctl.clouds.base import PublishesQueueMetric, failures_line
 from poolctl.commands.common import (
     WEEK_S,
     CloudOpt,
@@ -23,8 +27,14 @@ from poolctl.commands.common import (
     real,
     whole,
 )
+from poolctl.errors import UsageError
+from poolctl.inventory import API_KEY_VAR
+from poolctl.sizing import nodes_for, plan_pool
+from poolctl.windows import parse_time
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from poolctl.cloud import Cloud
     from poolctl.clouds.base import PoolStatus
     from poolctl.config import Pool
@@ -59,13 +69,27 @@ def warm(
         bool, typer.Option("--exact", help="Exactly N replicas, lowering spare capacity if "
                            "needed (without it, warm never lowers it).")] = False,
     timeout: TimeoutOpt = 1800.0,
+    start: Annotated[
+        str | None, typer.Option("--from", metavar="TIME", help="Schedule instead of applying "
+                                 "now: the window's start, RFC 3339 with a zone "
+                                 "(2026-12-05T09:00:00Z) or an offset (+2h, +10m). Needs "
+                                 "--until and --running.")] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", metavar="TIME", help="The window's end (same "
+                                 "forms); the sizes kept before it return then.")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="The scheduled windows.")] = False,
+    cancel: Annotated[
+        str | None, typer.Option("--cancel", metavar="ID", help="Remove a scheduled window "
+                                 "(ids: `warm --list`).")] = None,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Prepare N replicas of spare capacity before a launch."""
-    from poolctl import runtime
-    from poolctl.errors import UsageError
+    """Prepare N replicas of spare capacity before a launch, now or for a window."""
 
+    if list_ or cancel is not None or start is not None or until is not None:
+        _windows(replicas, cloud, file, pool, running, wait, reset, exact, start, until,
+                 list_, cancel, sandbox, json_out)
+        return
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
     cfg = load(file)
@@ -85,12 +109,65 @@ def warm(
         emit_json(result.to_json())
 
 
+def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool: str | None,
+             running: bool, wait: bool, reset: bool, exact: bool, start: str | None,
+             until: str | None, list_: bool, cancel: str | None, sandbox: bool,
+             json_out: bool) -> None:
+    """`warm --from/--until`, `--list`, `--cancel`: every flag checked before a cloud call."""
+    now = datetime.now(UTC)
+    others = {"--replicas": replicas is not None, "--running": running, "--wait": wait,
+              "--reset": reset, "--exact": exact, "--from": start is not None,
+              "--until": until is not None}
+    if list_ or cancel is not None:
+        flag = "--list" if list_ else "--cancel"
+        extra = [k for k, v in {**others, "--cancel": cancel is not None and list_}.items()
+                 if v]
+        if extra:
+            raise UsageError(f"{flag}: give it alone (with -f, --pool, --cloud, --sandbox, "
+                             f"--json), without {', '.join(extra)}")
+        if cancel is not None and not re.fullmatch(r"w[0-9a-f]{1,16}", cancel):
+            raise UsageError(f"--cancel {cancel!r}: a window id is w and hex digits (e.g. "
+                             "w3fa9c1); `poolctl warm --list` shows them")
+    else:
+        if start is None or until is None:
+            raise UsageError("--from/--until: give both, the window's start and its end")
+        extra = [k for k in ("--reset", "--exact", "--wait") if others[k]]
+        if extra:
+            raise UsageError(f"--from/--until: a window is scheduled, not applied now; "
+                             f"drop {', '.join(extra)}")
+        if replicas is None:
+            raise UsageError("--from/--until: give --replicas N, the window's spare replicas")
+        t_from, t_until = parse_time("--from", start, now), parse_time("--until", until, now)
+    cfg = load(file)
+    endpoints = endpoints_of(sandbox)
+    p, c = one_target(cfg, pool, cloud, endpoints)
+    if list_ or cancel is not None:
+        ops = runtime.get_ops(c, endpoints)
+        result = (runtime.list_windows(cfg, p, c, ops, now) if list_
+                  else runtime.cancel_window(cfg, p, c, ops, str(cancel), now))
+    else:
+        assert replicas is not None  # checked above
+        if not running:
+            raise UsageError(runtime.NOT_RUNNING)
+        _refuse_useless_warm(p, c, replicas)
+        ops = runtime.get_ops(c, endpoints)
+        result = runtime.schedule_window(cfg, p, c, ops, replicas, t_from, t_until, running,
+                                         now)
+    if json_out:
+        emit_json(result.to_json())
+        return
+    if list_:
+        out = [runtime.window_line(w) for w in result.windows] or [
+            f"{p.name}: no scheduled windows"]
+        sys.stdout.write("\n".join(out) + "\n")
+    else:
+        sys.stderr.write(result.message + "\n")
+
+
 def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     """Warm nodes serve only when the group scales out onto them, which it does up to its
     maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
     Checked against the file's sizes (what deploy gives the group) before any cloud call."""
-    from poolctl.errors import UsageError
-    from poolctl.sizing import nodes_for, plan_pool
 
     plan = plan_pool(p, c)
     rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
@@ -110,9 +187,6 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
-    from poolctl import runtime
-    from poolctl.clouds.base import PublishesQueueMetric, failures_line
-    from poolctl.inventory import API_KEY_VAR
 
     cfg = load(file)
     out: list[PoolStatus] = []
@@ -146,6 +220,11 @@ def status(
         con.print(f"  capacity: {s.held().words()}", soft_wrap=True)
         if s.capacity_failures:
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
+        for w in s.windows:
+            when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
+            con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"
+                      f"until {w.end.isoformat(timespec='seconds')} (then minimum "
+                      f"{s.windows_kept_min})", markup=False, soft_wrap=True)
         q = s.queue_per_replica
         if s.cloud in unread:
             con.print(f"  queue: queue metric not read on {s.cloud}")

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from poolctl import runtime
 from poolctl.adaptors import aws as aws_sdk
 from poolctl.cloud import Cloud
 from poolctl.commands.common import (
@@ -26,13 +27,14 @@ from poolctl.commands.common import (
     region_name,
 )
 from poolctl.endpoints import CloudEndpoints
+from poolctl.errors import UsageError
+from poolctl.inventory import LogEvent, printable, since_seconds, stream_events
 
 
 def _ls_where(cloud: Cloud | None, region: str | None, project: str | None,
               endpoints: CloudEndpoints) -> tuple[Cloud, str, str | None]:
     """(cloud, region, GCP project) of `ls`, which reads no file: flags, then the clouds' own
     environment variables (and the sandbox's region)."""
-    from poolctl.errors import UsageError
 
     if cloud is None:
         if len(endpoints.clouds) != 1:
@@ -72,8 +74,6 @@ def ls(
     json_out: JsonOpt = False,
 ) -> None:
     """Pools deployed in a region, found by their poolctl tags/labels (no file needed)."""
-    from poolctl import runtime
-    from poolctl.inventory import printable
 
     endpoints = endpoints_of(sandbox)
     c, where, gcp_project = _ls_where(cloud, region, project, endpoints)
@@ -117,12 +117,9 @@ def logs(
 ) -> None:
     """The pool's logs: its CloudWatch Logs group (AWS) or its VMs' Cloud Logging entries
     (GCP)."""
-    from poolctl import runtime
-    from poolctl.inventory import LogEvent, since_seconds, stream_events
 
     seconds = since_seconds(since) if len(since) <= 40 else None
     if seconds is None or seconds > MAX_SINCE_S:
-        from poolctl.errors import UsageError
 
         raise UsageError(f"--since {since[:40]!r}: give a duration up to 3650d (the longest "
                          "any log is kept), such as 30s, 10m, 2h or 1d")

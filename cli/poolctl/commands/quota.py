@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from poolctl import runtime
 from poolctl.commands.common import (
     AutoApproveOpt,
     CloudOpt,
@@ -23,6 +24,7 @@ from poolctl.commands.common import (
     endpoints_of,
     load,
 )
+from poolctl.errors import OperationFailed, UsageError
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
@@ -45,7 +47,6 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bool,
            contact_email: str | None = None
            ) -> tuple[Config, CloudOps, list[tuple[Pool, Cloud, list[QuotaLine]]]]:
-    from poolctl import runtime
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
@@ -94,8 +95,6 @@ def check(
 ) -> None:
     """Quota needed at peak (max nodes + surge + running warm nodes) vs. granted and in use;
     exit 1 when short."""
-    from poolctl import runtime
-    from poolctl.errors import OperationFailed
 
     _, _, found = _lines(file, pool, cloud, sandbox)
     rows = [(p, c, ln) for p, c, lines in found for ln in lines]
@@ -123,8 +122,6 @@ def request(
 ) -> None:
     """File an increase for each short quota (to granted + shortfall); an open request is
     reported, never filed twice."""
-    from poolctl import runtime
-    from poolctl.errors import UsageError
 
     if contact_email and not _EMAIL.fullmatch(contact_email.strip()):
         raise UsageError(f"--contact-email {contact_email!r}: not an email address; give one "

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from poolctl.commands.build import VerboseOpt, check_out, make_out
+from poolctl import images, runtime
+from poolctl.clouds.base import RolloutState, RolloutStatus
+from poolctl.commands.build import VerboseOpt, _render_summary, check_out, make_out
 from poolctl.commands.common import (
     WEEK_S,
     AutoApproveOpt,
@@ -32,6 +34,9 @@ from poolctl.commands.common import (
     one_target,
     real,
 )
+from poolctl.config import find_config
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.formats import image_reference
 
 if TYPE_CHECKING:
     from poolctl.clouds.base import RolloutState
@@ -60,7 +65,6 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
 
 
 def _config_path(file: Path | None) -> Path:
-    from poolctl.config import find_config
 
     with file_errors():
         return find_config(file)
@@ -68,8 +72,6 @@ def _config_path(file: Path | None) -> Path:
 
 def _finish(state: RolloutState | None, what: str) -> None:
     """Exit 1 unless the rollout ended as the command intended."""
-    from poolctl.clouds.base import RolloutStatus
-    from poolctl.errors import OperationFailed
 
     if state is None or state.status == RolloutStatus.successful:
         return
@@ -113,10 +115,6 @@ def start(
     verbose: VerboseOpt = False,
 ) -> None:
     """Record the new version in the file, apply it, and roll it through the pool."""
-    from poolctl import runtime
-    from poolctl.commands.build import _render_summary
-    from poolctl.errors import UsageError
-    from poolctl.formats import image_reference
 
     if image is not None:  # the same grammar as serving.image, before the file is edited
         try:
@@ -134,11 +132,9 @@ def start(
     ops = runtime.get_ops(c, endpoints)
     with _stdout_to_stderr(json_out):
         if node_image == "latest":
-            from poolctl import images
 
             node_image = images.latest_image(cfg, p, c, endpoints)
         if build_image:
-            from poolctl import images
 
             built = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=False,
                                  serving_image=image)
@@ -177,7 +173,6 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     """The newest rollout: status, percentage, each checkpoint, what rolls from and to."""
-    from poolctl import runtime
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)
@@ -191,7 +186,6 @@ def status(
     if r is None:
         con.print(f"{p.name}/{c}: no rollout yet (group version {data['group_version']})")
         return
-    from poolctl.clouds.base import RolloutState
 
     con.print(f"{p.name}/{c}: rollout {r['id']}: {runtime.rollout_words(RolloutState(**r))}")
     if r["from_version"] or r["to_version"]:
@@ -226,8 +220,6 @@ def rollback(
     verbose: VerboseOpt = False,
 ) -> None:
     """Back to the recorded previous version (in the pool and in the file)."""
-    from poolctl import runtime
-    from poolctl.commands.build import _render_summary
 
     check_out(out)
     path = _config_path(file)
@@ -264,7 +256,6 @@ def cancel(
     json_out: JsonOpt = False,
 ) -> None:
     """Stop the rollout where it stands (nodes already replaced stay on the new version)."""
-    from poolctl import runtime
 
     cfg = load(file)
     endpoints = endpoints_of(sandbox)

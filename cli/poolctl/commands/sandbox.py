@@ -9,7 +9,10 @@ import typer
 
 from poolctl import naming
 from poolctl.commands.common import JsonOpt, console, emit_json, real, region_name, whole
-from poolctl.errors import UsageError
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.sandbox import manager
+from poolctl.sandbox.extensions import EC2_QUOTAS
+from poolctl.sandbox.manager import BOOT_SPEEDUP_ENV, DEFAULT_BOOT_SPEEDUP
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -71,7 +74,6 @@ RegionOpt = Annotated[
 
 
 def _parse_quotas(items: list[str] | None) -> dict[str, float]:
-    from poolctl.sandbox.extensions import EC2_QUOTAS
 
     out: dict[str, float] = {}
     for item in items or []:
@@ -92,8 +94,6 @@ def _boot_speedup(speedup: float | None, manual: bool) -> tuple[float, bool]:
     """The speedup asked for (flag, else $POOLCTL_SANDBOX_BOOT_SPEEDUP, else 100) and
     whether a flag named it."""
     import os
-
-    from poolctl.sandbox.manager import BOOT_SPEEDUP_ENV, DEFAULT_BOOT_SPEEDUP
 
     if manual and speedup not in (None, 0):
         raise UsageError(f"--boot-speedup {speedup:g} and --manual-boot: give one of them")
@@ -118,7 +118,6 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
           boot_speedup: SpeedupOpt = None, manual_boot: ManualOpt = False,
           json: JsonOpt = False) -> None:
     """Start the sandbox in the background (a running one is reported, not restarted)."""
-    from poolctl.sandbox import manager
 
     quotas = _parse_quotas(quota)
     try:
@@ -159,7 +158,6 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
 @app.command()
 def stop(json: JsonOpt = False) -> None:
     """Stop the sandbox; everything it held is gone."""
-    from poolctl.sandbox import manager
 
     info, removed = manager.shutdown()
     if json:
@@ -186,7 +184,6 @@ def _print_removed(out: Console, removed: list[str], whose: str) -> None:
 @app.command()
 def status(region: RegionOpt = None, json: JsonOpt = False) -> None:
     """Endpoint, running or not, and what the sandbox holds."""
-    from poolctl.sandbox import manager
 
     info = manager.status(region=region)
     if json:
@@ -251,7 +248,6 @@ def boot_nodes(pool: PoolOpt = None, region: PoolRegionOpt = None, json: JsonOpt
     itself after their scaled start time (see `sandbox start --boot-speedup`), or this, at
     once, with CONTINUE: they go InService, or to their warm state.
     """
-    from poolctl.sandbox import manager
 
     endpoint = manager.endpoint()
     groups: list[str | None] = [None]
@@ -305,9 +301,6 @@ def approve_quota(
     Through the sandbox's admin endpoint POST /_poolctl/quota-requests/ID."""
     import urllib.error
     import urllib.parse
-
-    from poolctl.errors import OperationFailed
-    from poolctl.sandbox import manager
 
     endpoint = manager.endpoint()
     # The id is data: quoted into the path, never able to name another endpoint.

@@ -7,82 +7,37 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from poolctl.commands.bounds import bounded
+from poolctl.capacity import run_pool
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
     JsonOpt,
     PoolOpt,
+    console,
     emit_json,
     load,
     one_target,
+    require_valid,
+)
+from poolctl.commands.traffic import (
+    DurationOpt,
+    InputOpt,
+    LengthsOpt,
+    OutputOpt,
+    RateOpt,
+    ReplicasOpt,
+    SeedOpt,
+    TimeScaleOpt,
+    TraceOpt,
+    WarmOpt,
+    traffic,
 )
 from poolctl.errors import UsageError
-from poolctl.traces import MAX_REPLICAS, MAX_SPAN_S, MAX_TOKENS
+from poolctl.servingmodel import figures, replica_model
+from poolctl.simulate import BALANCERS, json_safe, percentile, summary, write_requests_csv
 
 if TYPE_CHECKING:
     from poolctl.simulate import SimResult
-    from poolctl.traces import Trace
-
-TraceOpt = Annotated[Path | None, typer.Option(
-    "--trace", help="Azure CSV or Mooncake JSONL request trace (detected by content).")]
-TrafficOpt = Annotated[Path | None, typer.Option(
-    "--traffic", help="Request trace to size the pool for (Azure CSV or Mooncake JSONL).")]
-# Every number is bounded (commands/bounds.py) so that a run takes bounded time and memory:
-# the simulator replays at most traces.MAX_REQUESTS requests over traces.MAX_SPAN_S.
-MAX_RATE = 100_000.0  # requests/s: ten seconds of it reach MAX_REQUESTS
-MAX_TIME_SCALE = 1000.0
-RateOpt = Annotated[float | None, typer.Option(
-    "--rate", help="Synthetic Poisson traffic, requests per second (instead of --trace).",
-    parser=bounded("--rate", 0, MAX_RATE, "requests per second", above=True))]
-DurationOpt = Annotated[float, typer.Option(
-    "--duration", help="Seconds of synthetic traffic.",
-    parser=bounded("--duration", 0, MAX_SPAN_S, "seconds of traffic (31 days at most)",
-                   above=True))]
-SeedOpt = Annotated[int, typer.Option(
-    "--seed", help="Seed of synthetic traffic.",
-    parser=bounded("--seed", 0, 2**63 - 1, "a seed", integer=True))]
-InputOpt = Annotated[float, typer.Option(
-    "--input-tokens", help="Mean prompt tokens of synthetic traffic.",
-    parser=bounded("--input-tokens", 1, MAX_TOKENS, "a mean in tokens"))]
-OutputOpt = Annotated[float, typer.Option(
-    "--output-tokens", help="Mean output tokens of synthetic traffic.",
-    parser=bounded("--output-tokens", 1, MAX_TOKENS, "a mean in tokens"))]
-LengthsOpt = Annotated[str, typer.Option(
-    "--lengths", help="Token lengths of synthetic traffic: exponential or fixed.")]
-TimeScaleOpt = Annotated[float, typer.Option(
-    "--time-scale", help="Replay the trace K times faster.",
-    parser=bounded("--time-scale", 1 / MAX_TIME_SCALE, MAX_TIME_SCALE,
-                   "a speed-up (2 replays twice as fast)"))]
-ReplicasOpt = Annotated[int | None, typer.Option(
-    "--replicas", help="A fixed count of replicas (default: the pool's autoscaling).",
-    parser=bounded("--replicas", 1, MAX_REPLICAS, "a count of replicas", integer=True))]
-WarmOpt = Annotated[int | None, typer.Option(
-    "--warm", help="Warm replicas instead of the file's (as after `poolctl warm`).",
-    parser=bounded("--warm", 0, MAX_REPLICAS, "a count of replicas", integer=True))]
-
-
-def traffic(trace: Path | None, rate: float | None, duration: float, seed: int,
-            input_tokens: float, output_tokens: float, lengths: str, time_scale: float,
-            flag: str = "--trace") -> Trace:
-    from poolctl.traces import load_trace, synthetic
-
-    if (trace is None) == (rate is None):
-        raise UsageError(f"{flag} FILE or --rate R: give exactly one")
-    if lengths not in ("exponential", "fixed"):
-        raise UsageError(f"--lengths: {lengths!r} is not exponential or fixed")
-    # (the numbers are bounded by their options' parsers)
-    if trace is not None:
-        tr = load_trace(trace)
-    else:
-        assert rate is not None  # exactly one of them is given (checked above)
-        tr = synthetic(rate, duration, seed, input_tokens, output_tokens, lengths)
-    if tr.span_s / time_scale > MAX_SPAN_S:
-        raise UsageError(f"--time-scale {time_scale:g}: stretches the {tr.span_s:,.0f} s of "
-                         f"traffic to {tr.span_s / time_scale / 86_400:,.0f} days; poolctl "
-                         f"replays at most {MAX_SPAN_S // 86_400} days: raise --time-scale")
-    return tr.scaled(time_scale) if time_scale != 1 else tr
-
 
 def simulate(
     file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
@@ -93,9 +48,11 @@ def simulate(
     autoscale: Annotated[bool, typer.Option(
         "--autoscale", help="The pool's own autoscaling, warm pool and start times.")] = False,
     warm: WarmOpt = None,
-    balancer: Annotated[str, typer.Option(
+    balancer: Annotated[str | None, typer.Option(
         "--balancer", help="lor: least outstanding requests at arrival (the clouds' load "
-        "balancers); queue: a central queue dispatching to free replicas.")] = "lor",
+        "balancers); sticky: session affinity (a conversation's turns to one node); queue: a "
+        "central queue dispatching to free replicas. Default: the file's serving.balancer.",
+        show_default=False)] = None,
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
@@ -103,29 +60,25 @@ def simulate(
         "--plot", help="Draw traffic, replicas and TTFT over time (PNG; needs [plot]).")] = None,
 ) -> None:
     """Replay traffic through the pool's serving model and scaling policy."""
-    from poolctl.capacity import run_pool
-    from poolctl.simulate import BALANCERS, json_safe, summary, write_requests_csv
 
     if replicas is not None and autoscale:
         raise UsageError("--replicas N or --autoscale: give one (the default is --autoscale)")
     if warm is not None and replicas is not None:
         raise UsageError("--warm N: with --autoscale (not with --replicas)")
-    if balancer not in BALANCERS:
+    if balancer is not None and balancer not in BALANCERS:
         raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
     if plot is not None:
         _need_matplotlib()
     cfg = load(file)
     p, c = one_target(cfg, pool, cloud)
-    from poolctl.commands.check import require_valid
 
     require_valid(cfg, [(p, c)])
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer)
-    s = summary(res, p.slo.ttft_p90_s)
-    from poolctl.servingmodel import figures, replica_model
+                   warm_replicas=warm, balancer=balancer or p.serving.balancer)
 
-    s = {"pool": p.name, "cloud": c, "trace": tr.source, **s,
+    s = {"pool": p.name, "cloud": c, "trace": tr.source,
+         **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
          "model": figures(replica_model(p, c))}
     try:
         if requests_out is not None:
@@ -145,8 +98,6 @@ def simulate(
 def render(s: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from poolctl.commands.common import console
-
     t = Table(title=f"{s['pool']} on {s['cloud']}: {s['trace']}", show_header=False,
               title_justify="left")
     t.add_column(style="bold")
@@ -157,7 +108,8 @@ def render(s: dict[str, Any]) -> None:
         return " / ".join(f"{d[k]:.3f}" if d[k] is not None else "-" for k in ks)
 
     rows = [
-        ("requests", f"{s['requests']:,} ({s['rejected']} refused: longer than max_model_len)"),
+        ("requests", f"{s['requests']:,} ({s['requests_over_max_model_len']:,} refused: prompt + "
+                     f"output longer than max_model_len {s['max_model_len']:,})"),
         ("span, arrival rate", f"{s['duration_s']:,.0f} s, {s['arrival_rate_per_s']:.2f}/s"),
         ("replicas min / max / mean", f"{r['min']} / {r['max']} / {r['mean']}"),
         ("TTFT p50 / p90 / p99", f(s["ttft_s"], "p50", "p90", "p99") + " s"),
@@ -169,8 +121,11 @@ def render(s: dict[str, Any]) -> None:
         ("utilization (capacity), busy", f"{s['utilization']:.2f}, {s['busy_fraction']:.2f}"),
         ("tokens/s in / out", f"{s['tokens_per_s']['input']:,.0f} / "
                               f"{s['tokens_per_s']['output']:,.0f}"),
-        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: {'met' if s['slo']['met'] else 'MISSED'}, "
-                         f"goodput {s['slo']['goodput']:.1%}"),
+        ("SLO TTFT p90", f"{s['slo']['ttft_p90_s']} s: "
+                         f"{'met' if s['slo']['ttft_met'] else 'MISSED'}"),
+        ("SLO TPOT p90", "none set (slo.tpot_p90_s)" if s["slo"]["tpot_p90_s"] is None else
+         f"{s['slo']['tpot_p90_s']} s: {'met' if s['slo']['tpot_met'] else 'MISSED'}"),
+        ("goodput", f"{s['slo']['goodput']:.1%} of requests meet every SLO"),
         ("node-hours, cost", f"{cost['node_hours']:.2f}, ${cost['usd']:,.2f} (fixed "
                              f"${cost['fixed_usd']:,.2f}, marginal ${cost['marginal_usd']:,.2f})"),
         ("cost per hour fixed / marginal",
@@ -180,6 +135,8 @@ def render(s: dict[str, Any]) -> None:
          f"{_usd(cost['fixed_usd_per_1m_output_tokens'])}, marginal "
          f"{_usd(cost['marginal_usd_per_1m_output_tokens'])})"),
         ("USD per request", _usd(cost["usd_per_request"], 5)),
+        ("energy, per 1M output tokens", _energy(s["energy"])),
+        ("prefix cache hit rate", _prefix(s["prefix_cache"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
                           f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
@@ -192,6 +149,21 @@ def render(s: dict[str, Any]) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _energy(e: dict[str, float | None]) -> str:
+    if e["kwh"] is None:
+        return "- (no power figure for the type in the catalog)"
+    per = e["kwh_per_1m_output_tokens"]
+    return (f"{e['kwh']:,.1f} kWh at {e['power_kw_per_node']} kW per node (max draw), "
+            + ("-" if per is None else f"{per:,.2f} kWh"))
+
+
+def _prefix(pc: dict[str, Any]) -> str:
+    if not pc["enabled"]:
+        return "- (off, or the trace has no block ids)"
+    return (f"{pc['hit_rate']:.1%} of {pc['prompt_tokens']:,} prompt tokens "
+            f"({pc['evicted_blocks']:,} blocks evicted)")
 
 
 def _usd(x: float | None, digits: int = 3) -> str:
@@ -212,8 +184,6 @@ def draw(res: SimResult, s: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from poolctl.simulate import percentile
 
     q = res.req
     bucket = 60.0

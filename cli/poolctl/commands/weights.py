@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from poolctl.commands.common import JsonOpt, emit_json
+from poolctl.errors import OperationFailed
+from poolctl.progress import Progress
+from poolctl.weights import manifest_path, write_manifest
+from poolctl.weights import verify as check
 
 if TYPE_CHECKING:
     from poolctl.progress import Progress
@@ -59,8 +63,6 @@ OutOpt = Annotated[
 def manifest(folder: FolderArg, out_file: OutOpt = None, json_out: JsonOpt = False) -> None:
     """Write FOLDER/manifest.json: every file's size and SHA-256, which each node checks its
     copy against before it serves. Run it before uploading the folder to weights_uri."""
-    from poolctl.progress import Progress
-    from poolctl.weights import manifest_path, write_manifest
 
     out_file = manifest_path(folder, out_file)  # refused before the folder is read
     with Progress() as progress:
@@ -88,9 +90,6 @@ def manifest(folder: FolderArg, out_file: OutOpt = None, json_out: JsonOpt = Fal
 def verify(folder: FolderArg, json_out: JsonOpt = False) -> None:
     """Check FOLDER against its manifest.json as a node does before serving: every listed
     file there with its size and SHA-256. Exit 1 when one is not."""
-    from poolctl.errors import OperationFailed
-    from poolctl.progress import Progress
-    from poolctl.weights import verify as check
 
     with Progress() as progress:
         hashed = _Hashed(progress, f"weights: checking {folder} against its manifest ({{size}})")

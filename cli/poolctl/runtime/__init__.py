@@ -79,6 +79,14 @@ from poolctl.runtime.warm import (
     warm_record_path,
     warm_targets,
 )
+from poolctl.runtime.windows import (
+    NOT_RUNNING,
+    WindowsResult,
+    cancel_window,
+    list_windows,
+    schedule_window,
+    window_line,
+)
 
 __all__ = [
     "DEFAULT_POLL_S",
@@ -129,4 +137,10 @@ __all__ = [
     "warm_targets",
     "watch_hint",
     "write_atomic",
+    "NOT_RUNNING",
+    "WindowsResult",
+    "cancel_window",
+    "list_windows",
+    "schedule_window",
+    "window_line",
 ]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poolctl.config import Config, Loc, Pool, parse_config
+from poolctl.config import Config, Loc, Pool, _LineLoader, parse_config
 from poolctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 def _value_node(text: str, path: Loc) -> yaml.Node | None:
     import yaml
-
-    from poolctl.config import _LineLoader
 
     try:
         node = yaml.compose(text, Loader=_LineLoader)
@@ -63,12 +61,13 @@ def _render_scalar(value: str, style: str | None) -> str:
     return json.dumps(value)  # a JSON string is a valid double-quoted YAML scalar
 
 
-def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
-                ) -> tuple[str, str, int]:
+def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
+                plain: bool = False) -> tuple[str, str, int]:
     """Replace the scalar at `path` with `value`: (new text, old value, line number).
 
-    Only the scalar's own characters change. UsageError when the key is not literally in the
-    file (a default applies) or is not a plain one-line value."""
+    Only the scalar's own characters change. `plain` writes `value` unquoted (a number or
+    a word YAML reads as it is written: `8`, `p5.48xlarge`). UsageError when the key is not
+    literally in the file (a default applies) or is not a plain one-line value."""
     import yaml
 
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(
@@ -83,7 +82,7 @@ def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
         raise UsageError(f"{source}:{node.start_mark.line + 1}: {key} must be a one-line "
                          "scalar for poolctl to change it in place; write it on one line")
     start, end = node.start_mark.index, node.end_mark.index
-    new_text = text[:start] + _render_scalar(value, node.style) + text[end:]
+    new_text = text[:start] + (value if plain else _render_scalar(value, node.style)) + text[end:]
     check = _value_node(new_text, path)
     if check is None or check.value != value:
         raise UsageError(f"{source}:{node.start_mark.line + 1}: {key}: cannot write "
@@ -91,14 +90,14 @@ def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
     return new_text, node.value, node.start_mark.line + 1
 
 
-def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
-               ) -> tuple[str, str | None, int]:
+def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
+               plain: bool = False) -> tuple[str, str | None, int]:
     """`edit_scalar`, or, when the key is not written (its default applies), one new line
     `key: value` at the top of its block-style mapping: (new text, old value or None, line)."""
     import yaml
 
     if _value_node(text, path) is not None:
-        return edit_scalar(text, path, value, source)
+        return edit_scalar(text, path, value, source, plain)
     parent = _value_node(text, path[:-1])
     where = ".".join(str(p) for p in path[:-1] if not isinstance(p, int))
     if not isinstance(parent, yaml.MappingNode) or parent.flow_style or not parent.value:
@@ -106,7 +105,7 @@ def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml"
                          f"`{path[-1]}` to; add `{path[-1]}:` there by hand")
     first = parent.value[0][0].start_mark
     start = first.index - first.column
-    line = f"{' ' * first.column}{path[-1]}: {_render_scalar(value, None)}\n"
+    line = f"{' ' * first.column}{path[-1]}: {value if plain else _render_scalar(value, None)}\n"
     new_text = text[:start] + line + text[start:]
     check = _value_node(new_text, path)
     if check is None or check.value != value:

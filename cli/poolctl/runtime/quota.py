@@ -68,6 +68,20 @@ def quota_check(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[Qu
     return shared_quota_lines(cfg, pool, cloud, ops, plan_pool(pool, cloud).quotas)
 
 
+def quota_for_nodes(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
+                    nodes: int, what: str, undone: str) -> list[QuotaLine]:
+    """The quota lines for `nodes` running at once; OperationFailed naming each shortfall
+    (`what`: the nodes' purpose, `undone`: what the refusal left as it was)."""
+    lines = shared_quota_lines(cfg, pool, cloud, ops, scaled_needs(plan, nodes))
+    short = [ln for ln in lines if ln.shortfall > 0]
+    if short:
+        raise OperationFailed(
+            f"{pool.name}: not enough quota for {nodes} node(s) {what}; "
+            + "; ".join(shortfall_line(ln) for ln in short)
+            + f"; {undone}. File an increase with `poolctl quota request --cloud {cloud}`")
+    return lines
+
+
 def shortfall_line(line: QuotaLine) -> str:
     others = line.in_use - line.pool_in_use
     granted = "unknown" if line.granted is None else f"{line.granted:g}"

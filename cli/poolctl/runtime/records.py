@@ -13,13 +13,13 @@ from poolctl.clouds.base import (
     RolloutState,
 )
 from poolctl.config import Config, Pool
+from poolctl.home import poolctl_home, write_private
 
 # ---------------------------------------------------------------------------------------
 # Rollout records: $POOLCTL_HOME/rollouts/<stack>.json
 
 
 def rollouts_dir() -> Path:
-    from poolctl.home import poolctl_home
 
     return poolctl_home() / "rollouts"
 
@@ -38,7 +38,6 @@ def load_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | None:
 
 def save_record(cfg: Config, pool: Pool, cloud: Cloud, rec: dict[str, Any],
                 new: bool = False) -> None:
-    from poolctl.home import write_private
 
     p = record_path(cfg, pool, cloud)
     try:

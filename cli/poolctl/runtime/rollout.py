@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from poolctl import naming
+from poolctl import deploy, naming
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
@@ -28,8 +28,9 @@ from poolctl.clouds.base import (
     failures_line,
 )
 from poolctl.clouds.registry import get_ops
-from poolctl.config import Config, Pool, parse_config
+from poolctl.config import Config, Pool, load_config, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
+from poolctl.home import write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import ROLLOUT_DONE_OK, poll_interval, stalled_launches
 from poolctl.runtime.fileedit import (
@@ -108,7 +109,6 @@ def rollout_start(
     version / instance template), then start the rollout with the pool's checkpoints.
     `unset_node_image`: back to the placement's default image, its line removed (the
     rollback of a node image rollout whose file had no line)."""
-    from poolctl.deploy import run_stacks
 
     given = {"image": image, "model_version": model_version, NODE_IMAGE_KEYS[cloud]: node_image}
     given = {k: v for k, v in given.items() if v is not None}
@@ -169,7 +169,6 @@ def rollout_start(
         log(what)
     # The question comes after Terraform's plan and its summary (run_stacks asks it): the file
     # records the value first, and a "no" puts the file and the rollout record back.
-    from poolctl.home import write_private
 
     text_before = file_path.read_text()
     rec_path = record_path(cfg, pool, cloud)
@@ -219,7 +218,7 @@ def rollout_start(
     else:
         env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
         try:
-            res = run_stacks(
+            res = deploy.run_stacks(
                 new_cfg, [(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints, destroy=False,
                 plan_only=False, confirm=confirm_rollout, mirror=mirror,
                 render_summary=render_summary, extra_env=env,
@@ -590,7 +589,6 @@ def rollout_rollback(
     back = {"unset_node_image": True} if rec["from"] is None else {key: rec["from"]}
     recorded = Path(rec["file"])
     if recorded.is_absolute() and recorded != Path(file_path).resolve():
-        from poolctl.config import load_config
 
         file_path, cfg = recorded, load_config(recorded)
         pool = cfg.select(pool.name)[0]

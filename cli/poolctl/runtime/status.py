@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from poolctl.cloud import Cloud
@@ -13,6 +14,7 @@ from poolctl.clouds.base import (
     PoolStatus,
     PublishesQueueMetric,
     ReportsLaunchFailures,
+    SchedulesWindows,
 )
 from poolctl.config import Config, Pool
 from poolctl.runtime.records import _annotate, load_record
@@ -36,10 +38,14 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     assert placement is not None  # a target of the pool's own placements
     failures = (ops.launch_failures(group, placement.type_name)
                 if isinstance(ops, ReportsLaunchFailures) else [])
+    windows, kept = (ops.scheduled_windows(group) if isinstance(ops, SchedulesWindows)
+                     else ([], None))
+    now = datetime.now(UTC)
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
-                      reserved_nodes=reserved_nodes(pool, cloud))
+                      reserved_nodes=reserved_nodes(pool, cloud),
+                      windows=[w for w in windows if w.end > now], windows_kept_min=kept)
 
 
 

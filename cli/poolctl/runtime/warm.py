@@ -18,13 +18,15 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
+    SchedulesWindows,
     failures_line,
 )
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.home import poolctl_home, write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval, stalled_launches
-from poolctl.runtime.quota import quota_check, scaled_needs, shared_quota_lines, shortfall_line
+from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
 from poolctl.sizing import (
     HeldCapacity,
     PoolPlan,
@@ -155,15 +157,9 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     launching = 0 if warm_running else max(0, new_warm - group.warm_min_nodes)
     then_running = running_nodes(new_min, after_desired, new_warm, warm_running) + launching
     if then_running > now_running:
-        lines = shared_quota_lines(cfg, pool, cloud, ops, scaled_needs(plan, then_running))
+        lines = quota_for_nodes(cfg, pool, cloud, ops, plan, then_running, "running at once",
+                                "nothing was changed")
         result.quota = [ln.to_json() for ln in lines]
-        short = [ln for ln in lines if ln.shortfall > 0]
-        if short:
-            raise OperationFailed(
-                f"{pool.name}: not enough quota for {then_running} node(s) running at once; "
-                + "; ".join(shortfall_line(ln) for ln in short)
-                + f"; nothing was changed. File an increase with `poolctl quota request "
-                  f"--cloud {cloud}`")
 
     label = {"warm": f"warm pool minimum {new_warm} node(s)",
              "running": f"group minimum {new_min} node(s) ({plan.nodes['min']} + "
@@ -211,7 +207,6 @@ def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
 
 
 def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
-    from poolctl.home import poolctl_home
 
     return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
@@ -226,7 +221,6 @@ def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | 
 
 def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int,
                       warm_nodes: int, replicas: int | None, running: bool) -> None:
-    from poolctl.home import write_private
 
     rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
            "command": f"poolctl warm --replicas {replicas}" + (" --running" if running else ""),
@@ -239,12 +233,22 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
     lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
     rec = load_warm_record(cfg, pool, cloud)
-    if rec is None:
-        return {}, []
     try:
-        group = ops.find_group(cfg, pool)
+        group = ops.find_group(cfg, pool) if rec is not None or isinstance(
+            ops, SchedulesWindows) else None
     except OperationFailed:
         return {}, []  # not deployed (any more): the file's sizes
+    if group is None:
+        return {}, []
+    if rec is None:
+        # No `warm`, but a window that has begun holds the group's minimum: keep it (its
+        # `until` returns the minimum kept before it).
+        assert isinstance(ops, SchedulesWindows)  # else no group was looked up
+        now = datetime.now(UTC)
+        if not any(w.active(now) for w in ops.scheduled_windows(group)[0]):
+            return {}, []
+        rec = {"command": "poolctl warm --from (a window that has begun)",
+               "at": "its start"}
     plan = plan_pool(pool, cloud)
     env = (ops.kept_sizes_env(group, plan) if isinstance(ops, KeepsWarmSizes)
            else ops.rollout_apply_env(group, plan, no_surge=False))

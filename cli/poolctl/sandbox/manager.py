@@ -30,9 +30,11 @@ from typing import Any
 from poolctl import naming
 from poolctl.adaptors.aws import boto3
 from poolctl.cloud import Cloud
-from poolctl.endpoints import NO_METADATA_ENV, CloudEndpoints
+from poolctl.endpoints import NO_METADATA_ENV, AwsEndpoint, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
+from poolctl.node_image import recorded_node_image
+from poolctl.sizing import instance_row, start_phases
 
 HOST = "127.0.0.1"
 # Not 4566: that is LocalStack's port, and pointing Terraform at the wrong emulator by
@@ -396,7 +398,6 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
     and region, its state folder for Terraform, and what an emulator changes (fake node
     addresses, stand-in images, fast polls). A UsageError saying how to start it when none
     runs."""
-    from poolctl.endpoints import AwsEndpoint
 
     url = endpoint(home)
     raw = os.environ.get(IMAGE_HOLD_ENV) or "0"
@@ -456,9 +457,9 @@ def set_boot_speedup(endpoint_url: str, speedup: float) -> dict[str, Any]:
 def start_times(pool: Any) -> dict[str, float]:
     """The plan's start time of a node of `pool` on AWS, in seconds, by how it starts: cold
     (a new instance), warm_stopped / warm_running (taken from the warm pool)."""
-    from poolctl.sizing import instance_row, start_phases
 
-    phases = start_phases(pool, instance_row(pool, Cloud.aws))
+    phases = start_phases(pool, instance_row(pool, Cloud.aws),
+                          recorded_node_image(pool, Cloud.aws))
     return {kind: round(sum(p.values()), 1) for kind, p in phases.items()}
 
 

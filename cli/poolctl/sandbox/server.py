@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.sandbox import extensions
+from poolctl.sandbox.extensions import capacity
 from poolctl.sandbox.manager import SERVICE, parse_capacity
 
 # moto settings the sandbox needs, read when moto builds its backends: without AWS managed
@@ -112,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.time(),
     }
     app = build_app(info)
-    from poolctl.sandbox.extensions import capacity
 
     capacity.set_startup_limits(dict(limits))
     try:

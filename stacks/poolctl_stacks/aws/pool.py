@@ -15,6 +15,7 @@ from poolctl.config import AwsCapacity, Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan
 from poolctl_stacks._providers import aws
+from poolctl_stacks.base import STICKY_COOKIE_S
 from poolctl_stacks.literal import hcl_quoted
 
 # Where a node launches, as the Auto Scaling API reference's CapacityReservationSpecification
@@ -64,11 +65,13 @@ def capacity_reservation_specs(cap: AwsCapacity) -> tuple[dict[str, str] | None,
              "capacity_reservation_target": target})
 
 class LoadBalancer(Construct):
-    """Internal ALB: least-outstanding-requests suits long, uneven LLM requests."""
+    """Internal ALB: least-outstanding-requests suits long, uneven LLM requests. With
+    `sticky`, the target group's lb_cookie stickiness keeps a client on one node (where its
+    conversation's prefix cache is); its first request still goes least-outstanding."""
 
     def __init__(self, scope: Construct, id: str, *, name: str, vpc_id: str,
                  subnet_ids: list[str], client_cidrs: list[str], port: int,
-                 health_path: str, certificate_arn: str | None,
+                 health_path: str, sticky: bool, certificate_arn: str | None,
                  access_logs_bucket: str | None, access_logs_prefix: str | None,
                  tags: dict[str, str]) -> None:
         super().__init__(scope, id)
@@ -104,6 +107,8 @@ class LoadBalancer(Construct):
                 "matcher": "200", "interval": 15, "timeout": 5,
                 "healthy_threshold": 2, "unhealthy_threshold": 3,
             },
+            stickiness={"type": "lb_cookie", "enabled": True,
+                        "cookie_duration": STICKY_COOKIE_S} if sticky else None,
             tags=tags,
         )
         listener = aws("lb_listener")

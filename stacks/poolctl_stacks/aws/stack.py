@@ -27,7 +27,7 @@ class AwsPoolStack(PoolStack):
         assert placement is not None and raw_placement is not None
         row = instance_row(pool, Cloud.aws)
         # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, Cloud.aws, records=False)
+        plan = plan_pool(pool, Cloud.aws)
         name = naming.base(cfg, pool)
         tags = naming.aws_tags(cfg, pool)
 
@@ -60,6 +60,7 @@ class AwsPoolStack(PoolStack):
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,
+                          sticky=pool.serving.balancer == "sticky",
                           certificate_arn=placement.certificate_arn,
                           access_logs_bucket=placement.access_logs_bucket,
                           access_logs_prefix=placement.access_logs_prefix, tags=tags)

@@ -22,6 +22,7 @@ from poolctl.contract import gcp as contract
 from poolctl.contract.gcp import MigSizes
 from poolctl.sizing import PoolPlan, gcp_zones
 from poolctl_stacks._providers import google
+from poolctl_stacks.base import STICKY_COOKIE_S
 from poolctl_stacks.gcp.network import Network
 from poolctl_stacks.literal import escape, hcl_quoted
 
@@ -284,11 +285,17 @@ class LoadBalancer(Construct):
         assert p is not None  # a gcp stack: the pool has a gcp placement
         short = naming.short(name, 52)
         bes = google("compute_region_backend_service")
+        # Cookie affinity takes effect only under a hash policy (the provider's
+        # locality_lb_policy docs: not MAGLEV or RING_HASH, "session affinity settings will
+        # not take effect"): sticky trades LEAST_REQUEST for RING_HASH on the cookie.
+        sticky = pool.serving.balancer == "sticky"
         self.backend = bes.ComputeRegionBackendService(
             self, "backend", name=f"{short}-backend", project=p.project, region=p.region,
             load_balancing_scheme="INTERNAL_MANAGED", protocol="HTTP", port_name="http",
-            locality_lb_policy="LEAST_REQUEST", timeout_sec=600,
-            connection_draining_timeout_sec=120, session_affinity="NONE",
+            timeout_sec=600, connection_draining_timeout_sec=120,
+            locality_lb_policy="RING_HASH" if sticky else "LEAST_REQUEST",
+            session_affinity="GENERATED_COOKIE" if sticky else "NONE",
+            affinity_cookie_ttl_sec=STICKY_COOKIE_S if sticky else None,
             health_checks=[nodes.lb_check.id],
             # CPU utilization says nothing about a GPU node's load: the ceiling at 1.0 keeps
             # it from steering traffic; LEAST_REQUEST does the balancing.

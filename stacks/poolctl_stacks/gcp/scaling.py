@@ -3,6 +3,7 @@ node at a time after the scale-down stabilization window."""
 
 from __future__ import annotations
 
+from cdktf import TerraformResourceLifecycle
 from constructs import Construct
 
 from poolctl import naming
@@ -53,4 +54,9 @@ class QueueAutoscaler(Construct):
                     time_window_sec=s.scale_down_stabilization_s,
                 ),
             ),
+            # Launch windows (`warm --from`) are scaling schedules poolctl writes at runtime;
+            # the provider's scaling_schedules is optional, not computed: without this a
+            # deploy would delete them.
+            lifecycle=TerraformResourceLifecycle(
+                ignore_changes=["autoscaling_policy[0].scaling_schedules"]),
         )

@@ -31,7 +31,7 @@ class GcpPoolStack(PoolStack):
         assert placement is not None  # built for a pool's gcp placement only (Config.targets)
         row = instance_row(pool, Cloud.gcp)
         # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, Cloud.gcp, records=False)
+        plan = plan_pool(pool, Cloud.gcp)
         name = naming.base(cfg, pool)
         labels = naming.gcp_labels(cfg, pool)
         node_tag = f"{naming.short(name, 58)}-node"

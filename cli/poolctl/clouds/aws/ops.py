@@ -23,6 +23,7 @@ from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
 from poolctl.clouds.aws.rollout import InstanceRefreshes
+from poolctl.clouds.aws.windows import ScheduledActions
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
     CloudOps,
@@ -44,7 +45,8 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
     return AwsOps(endpoints)
 
 
-class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, CloudOps,
+class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
+             CloudOps,
              PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""

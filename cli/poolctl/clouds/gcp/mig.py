@@ -10,10 +10,11 @@ calls, on `GceApi`'s plumbing.
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from poolctl import naming
-from poolctl.adaptors.gcp import api_exceptions
+from poolctl.adaptors.gcp import api_exceptions, compute_v1
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import Group, NodePhase
 from poolctl.clouds.gcp.api import GceApi, created_at, link_name
@@ -200,6 +201,20 @@ class MigReader(GceApi):
             self.client("RegionInstanceGroupManagersClient").list_managed_instances,
             project=project, region=region, instance_group_manager=name)
         return managed
+
+    def write_autoscaler(self, project: str, region: str, body: Any, *, replace: bool,
+                         what: str) -> None:
+        """PATCH (merged into the autoscaler) or, with `replace`, update (the whole
+        resource: the only way to remove a map entry such as a scaling schedule); waits."""
+        verb = "update" if replace else "patch"
+        request = (compute_v1.UpdateRegionAutoscalerRequest if replace
+                   else compute_v1.PatchRegionAutoscalerRequest)
+        op = self.call(f"{verb} autoscaler {body.name}",
+                       getattr(self.client("RegionAutoscalersClient"), f"{verb}_unary"),
+                       request=request(project=project, region=region, autoscaler=body.name,
+                                       autoscaler_resource=body,
+                                       request_id=str(uuid.uuid4())))
+        self.wait(op, project, region, what)
 
     def autoscaler_of(self, mig: Any) -> Any:
         """The regional autoscaler targeting the MIG, or None."""

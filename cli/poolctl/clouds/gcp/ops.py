@@ -37,6 +37,7 @@ from poolctl.clouds.gcp.launches import MigCapacity
 from poolctl.clouds.gcp.mig import mig_ref, node_phase
 from poolctl.clouds.gcp.quota import GcpQuotas
 from poolctl.clouds.gcp.rollout import CanaryRollouts
+from poolctl.clouds.gcp.windows import ScalingSchedules
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import UsageError
@@ -67,8 +68,8 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
     return [(ip, *found[ip]) for ip in sorted(found, key=address_order)]
 
 
-class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, MigCapacity, GcpReservations,
-             CloudOps, PublishesQueueMetric):
+class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
+             GcpReservations, CloudOps, PublishesQueueMetric):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 
@@ -139,13 +140,8 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, MigCapacity, GcpReservatio
                 body = compute_v1.Autoscaler(
                     name=a.name, autoscaling_policy=compute_v1.AutoscalingPolicy(
                         min_num_replicas=serving_min, max_num_replicas=new_max))
-                op = self.call(f"patch autoscaler {a.name}",
-                               self.client("RegionAutoscalersClient").patch_unary,
-                               request=compute_v1.PatchRegionAutoscalerRequest(
-                                   project=project, region=region, autoscaler=a.name,
-                                   autoscaler_resource=body, request_id=str(uuid.uuid4())))
-                self.wait(op, project, region,
-                          f"patch autoscaler {a.name} (min {serving_min})")
+                self.write_autoscaler(project, region, body, replace=False,
+                                      what=f"patch autoscaler {a.name} (min {serving_min})")
         else:
             size = serving_min if desired_nodes is None else max(desired_nodes, serving_min)
             if mig.target_size < size or (desired_nodes is not None and mig.target_size != size):

@@ -13,6 +13,7 @@ Features (FEATURES, in the order they are installed):
   capacity          per (type, zone) launch limits, Capacity Reservations, a group's
                     reservation preference
   activities        scaling activities of every launch, launches retried after a failure
+  schedules         scheduled actions, run when the sandbox clock (an offset) reaches them
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
   self_boot         nodes that finish booting by themselves after their plan's start time
@@ -47,6 +48,7 @@ from poolctl.sandbox.extensions import (
     quotas,
     refresh,
     retries,
+    schedules,
     self_boot,
     snapshots,
     warm_pool,
@@ -74,7 +76,7 @@ class Feature(Protocol):
 # fixes first: lifecycle wraps the CreateAutoScalingGroup that fixes corrected.
 # capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
-    fixes, lifecycle, warm_pool, refresh, capacity, activities, quotas, instance_connect,
+    fixes, lifecycle, warm_pool, refresh, capacity, activities, schedules, quotas, instance_connect,
     self_boot, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)

@@ -20,7 +20,9 @@ POST /_poolctl/snapshots/<name>/restore (snapshots.py). GET|POST|DELETE /_poolct
 {"limits": {"p5.48xlarge@us-east-1a": 1, "p5.48xlarge@us-east-1b": null}} sets limits (null
 removes one), {"capacity_blocks": [{"instance_type", "zone", "count", "hours"}]} adds Capacity
 Blocks (their ids under "created"); groups short of capacity retry at once; DELETE returns to
-the start-up limits. moto's own POST /moto-api/reset also resets all of this (the speedup
+the start-up limits. GET|POST /_poolctl/clock (schedules.py): the sandbox's time; POST
+{"offset_seconds": S} or {"advance_seconds": S} moves it, and the scheduled actions it
+reaches run. moto's own POST /moto-api/reset also resets all of this (the speedup
 stays).
 
 Every other request goes to moto, through faults.py (held back answers) and retries.py
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from poolctl.sandbox.extensions import capacity, faults, quotas, retries
+from poolctl.sandbox.extensions import capacity, faults, quotas, retries, schedules
 from poolctl.sandbox.extensions.common import LOCK
 from poolctl.sandbox.extensions.instance_connect import instance_connect_keys
 from poolctl.sandbox.extensions.lifecycle import complete_open_actions, lifecycle_report
@@ -114,6 +116,12 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                 elif method != "GET":
                     return respond(start_response, 405, {"error": "GET, POST or DELETE"})
                 return respond(start_response, 200, {**capacity.report(), "created": created})
+            if path == "/_poolctl/clock":
+                if method == "POST":
+                    return respond(start_response, 200, schedules.set_clock(body))
+                if method != "GET":
+                    return respond(start_response, 405, {"error": "GET or POST"})
+                return respond(start_response, 200, schedules.clock_report())
             if path.startswith("/_poolctl/quota-requests/") and method == "POST":
                 with LOCK:
                     request = quotas.set_request_status(path.rsplit("/", 1)[1],

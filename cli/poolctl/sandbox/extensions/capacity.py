@@ -65,7 +65,8 @@ from typing import Any
 
 from werkzeug.exceptions import HTTPException
 
-from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored
+from poolctl.sandbox.extensions import activities
+from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored, validation_error
 
 NAMES = ("ec2.capacity-limits", "ec2.capacity-reservations",
          "resource-groups.capacity-reservation-groups")
@@ -753,7 +754,6 @@ _STRATEGIES = ("balanced-best-effort", "balanced-only")
 def _group_settings(self: Any) -> dict[str, Any]:
     """A Create/UpdateAutoScalingGroup's CapacityReservationSpecification and
     AvailabilityZoneDistribution, checked (Auto Scaling API reference); moto ignores both."""
-    from poolctl.sandbox.extensions.common import validation_error
 
     out: dict[str, Any] = {}
     spec = self._get_param("CapacityReservationSpecification")
@@ -862,7 +862,6 @@ def set_startup_limits(values: dict[str, Any]) -> None:
 
 def _capacity_changed() -> None:
     # Auto Scaling retries launches that failed for capacity: now, as capacity changed.
-    from poolctl.sandbox.extensions import activities
 
     activities.retry_short_groups(force=True)
 

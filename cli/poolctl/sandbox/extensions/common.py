@@ -120,3 +120,18 @@ def lock_entry_points() -> None:
         AutoScalingResponse.call_action)
     AutoScalingBackend.notify_terminate_instances = locked(  # type: ignore[method-assign]  # moto extension: under the lock
         AutoScalingBackend.notify_terminate_instances)
+
+
+def on_group_delete(cleanup: Callable[[Any, str], None]) -> None:
+    """Wrap moto's DeleteAutoScalingGroup: `cleanup(backend, group_name)` after it, under
+    LOCK (state an extension keeps per group goes with the group)."""
+    from moto.autoscaling.models import AutoScalingBackend
+
+    orig_delete = AutoScalingBackend.delete_auto_scaling_group
+
+    def delete_auto_scaling_group(self: Any, group_name: str) -> None:
+        with LOCK:
+            orig_delete(self, group_name)
+            cleanup(self, group_name)
+
+    AutoScalingBackend.delete_auto_scaling_group = delete_auto_scaling_group  # type: ignore[method-assign]  # moto extension: the extension's state too

@@ -35,11 +35,11 @@ from typing import Any
 
 from poolctl.sandbox.extensions import activities
 from poolctl.sandbox.extensions.common import (
-    LOCK,
     autoscaling_error,
     find_group,
     group_version,
     now,
+    on_group_delete,
     refresh_load_balancers,
     resolve_template,
     stored,
@@ -575,7 +575,6 @@ def _rollback_instance_refresh(self: Any) -> Any:
 
 
 def install() -> None:
-    from moto.autoscaling.models import AutoScalingBackend
     from moto.autoscaling.responses import AutoScalingResponse
 
     for name, fn in {
@@ -586,15 +585,11 @@ def install() -> None:
     }.items():
         setattr(AutoScalingResponse, name, fn)
 
-    orig_delete = AutoScalingBackend.delete_auto_scaling_group
+    def forget(backend: Any, group_name: str) -> None:
+        refreshes = _refreshes(backend)
+        refreshes[:] = [r for r in refreshes if r.group_name != group_name]
 
-    def delete_auto_scaling_group(self: Any, group_name: str) -> None:
-        with LOCK:
-            orig_delete(self, group_name)
-            refreshes = _refreshes(self)
-            refreshes[:] = [r for r in refreshes if r.group_name != group_name]
-
-    AutoScalingBackend.delete_auto_scaling_group = delete_auto_scaling_group  # type: ignore[method-assign]  # moto extension: its refreshes too
+    on_group_delete(forget)
 
 
 def reset() -> None:

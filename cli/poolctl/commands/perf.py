@@ -1,0 +1,132 @@
+"""poolctl perf fit: the serving model's factors fitted to a `vllm bench serve` result
+(`poolctl.perffit`); this module parses options, renders and writes the `perf:` block."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from poolctl.commands.common import CloudOpt, FileOpt, JsonOpt, PoolOpt, emit_json, load
+from poolctl.commands.common import one_target as pick_target
+from poolctl.config import _LineLoader, find_config, parse_config
+from poolctl.errors import UsageError
+from poolctl.perffit import fit as fit_runs
+from poolctl.perffit import parse_results
+from poolctl.readfile import open_regular
+from poolctl.runtime.fileedit import write_atomic
+from poolctl.servingmodel import replica_model
+
+app = typer.Typer(help="The serving model against measurements.", no_args_is_help=True)
+
+ResultArg = Annotated[Path, typer.Argument(
+    help="The JSON `vllm bench serve --save-result` wrote (several runs: one per line, as "
+    "--append-result writes them).", show_default=False)]
+
+
+@app.command()
+def fit(
+    result: ResultArg,
+    file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+    tp: Annotated[int | None, typer.Option(
+        "--tp", min=1, max=8, help="Tensor parallelism of the benchmarked replica when the "
+        "result does not say (--metadata tensor_parallel_size=N).")] = None,
+    write: Annotated[bool, typer.Option(
+        "--write", help="Write the fitted factors into the pool's `perf:` block.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit prefill_mfu, decode_mbu, step_overhead_ms and decode_us_per_seq to RESULT."""
+    cfg = load(file)
+    p, c = pick_target(cfg, pool, cloud)
+    with open_regular(result, "RESULT", "give the file `vllm bench serve --save-result` "
+                      "wrote", 64 * 2**20) as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"RESULT: {result} is not UTF-8 text; give the JSON `vllm bench "
+                         "serve --save-result` wrote") from None
+    runs = parse_results(text, str(result), default_tp=tp)
+    for r in runs:
+        if r.model_id and r.model_id != p.model.id and not r.model_id.endswith(
+                p.model.id.split("/")[-1]):
+            raise UsageError(f"{result}: model_id {r.model_id} is not pool {p.name}'s model "
+                             f"{p.model.id}; pick the pool with --pool")
+    replicas = []
+    for r in runs:
+        pt = p if r.tp == p.serving.tensor_parallel else p.model_copy(
+            update={"serving": p.serving.model_copy(update={"tensor_parallel": r.tp})})
+        replicas.append(replace(replica_model(pt, c), max_num_seqs=p.serving.max_num_seqs))
+    f = fit_runs(replicas, runs)
+    block = "perf:\n" + "".join(f"  {k}: {v:g}\n" for k, v in f.factors.items())
+    written = None
+    if write:
+        written = _write(find_config(file), p.name, f.factors)
+    if json_out:
+        emit_json({"pool": p.name, "cloud": str(c), "runs": len(runs), "perf": f.factors,
+                   "errors": f.errors, "errors_before": f.before, "written": written})
+        return
+    print(f"{p.name}/{c}: {len(runs)} run(s) of {result}")
+    for label, errs in f.errors.items():
+        before = f.before[label]
+        cells = "  ".join(f"{k} {before[k]:+.1%} -> {v:+.1%}" for k, v in errs.items())
+        print(f"  {label}: {cells}")
+    print(f"pools[{p.name}].{block}" if not written else f"wrote {written}")
+
+
+def _write(target: Path, pool: str, factors: dict[str, float]) -> str:
+    """The fitted factors into the pool's `perf:` block, in place: each value replaced where
+    the key is written, else a line added (a `perf:` block added after `name:` when there is
+    none); comments and order kept, the result re-validated before it is written."""
+    text = target.read_text()
+    conf = parse_config(text, str(target))
+    idx = next(i for i, q in enumerate(conf.pools) if q.name == pool)
+    measured = [k for k in ("prefill_tokens_per_s", "decode_ms_batch1") if getattr(
+        conf.pools[idx].perf, k) is not None]
+    if measured:
+        raise UsageError(f"{target}: pools[{idx}].perf.{measured[0]} calibrates the same "
+                         "factors; remove the measured numbers, then run --write again")
+    for k, v in factors.items():
+        text = _set_number(text, idx, k, f"{v:g}", str(target))
+    new = parse_config(text, str(target)).pools[idx].perf
+    assert all(getattr(new, k) == _as_written(v) for k, v in factors.items())
+    write_atomic(target, text)
+    return f"{target}: pools[{idx}].perf ({', '.join(factors)})"
+
+
+def _as_written(v: float) -> float:
+    return float(f"{v:g}")
+
+
+def _mapping(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        return next((v for k, v in node.value if k.value == key), None)
+    return None
+
+
+def _set_number(text: str, idx: int, key: str, value: str, source: str) -> str:
+    root = yaml.compose(text, Loader=_LineLoader)
+    pools = _mapping(root, "pools") if root is not None else None
+    item = pools.value[idx] if isinstance(pools, yaml.SequenceNode) else None
+    if not isinstance(item, yaml.MappingNode) or item.flow_style:
+        raise UsageError(f"{source}: pools[{idx}] is not a block mapping poolctl can edit; "
+                         "add the `perf:` block by hand")
+    perf = _mapping(item, "perf")
+    if perf is None:
+        k0, v0 = item.value[0]
+        end = text.find("\n", v0.end_mark.index)
+        end = len(text) if end < 0 else end + 1
+        ind = " " * k0.start_mark.column
+        return text[:end] + f"{ind}perf:\n{ind}  {key}: {value}\n" + text[end:]
+    if not isinstance(perf, yaml.MappingNode) or perf.flow_style or not perf.value:
+        raise UsageError(f"{source}: pools[{idx}].perf is not a block mapping poolctl can "
+                         "edit; write it as one key a line")
+    old = _mapping(perf, key)
+    if isinstance(old, yaml.ScalarNode):
+        return text[:old.start_mark.index] + value + text[old.end_mark.index:]
+    first = perf.value[0][0].start_mark
+    start = first.index - first.column
+    return text[:start] + f"{' ' * first.column}{key}: {value}\n" + text[start:]

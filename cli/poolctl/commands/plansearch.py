@@ -1,0 +1,122 @@
+"""`plan --search`: the configuration search's table, its progress, and `--write`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from poolctl.cloud import Cloud
+from poolctl.commands.common import console
+from poolctl.config import Config, Pool, find_config, parse_config
+from poolctl.errors import UsageError
+from poolctl.runtime.fileedit import set_scalar, write_atomic
+from poolctl.search import AGGREGATED, Candidate, SearchResult, search
+from poolctl.traces import Trace
+
+
+def run_searches(cfg: Config, tgts: list[tuple[Pool, Cloud]], trace: Trace, workers: int
+                 ) -> dict[tuple[str, Cloud], SearchResult]:
+    out: dict[tuple[str, Cloud], SearchResult] = {}
+    for p, c in tgts:
+        t0 = time.monotonic()
+
+        def progress(n: int, total: int, what: str, p: Pool = p, c: Cloud = c,
+                     t0: float = t0) -> None:
+            sys.stderr.write(f"search {p.name}/{c}: {n}/{total} type and TP groups "
+                             f"({what} done, {time.monotonic() - t0:.0f} s)\n")
+            sys.stderr.flush()
+
+        out[(p.name, c)] = search(cfg, p, c, trace, workers=workers, progress=progress)
+    return out
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def _row(c: Candidate, mark: str) -> list[str]:
+    s = c.summary
+    return [mark, c.config.instance_type, str(c.config.tensor_parallel),
+            f"{c.config.max_num_seqs}/{c.config.max_num_batched_tokens}",
+            f"{c.nodes} ({c.replicas})", f"{c.cost_per_hour_usd:,.2f}",
+            _f(s.cost.usd_per_1m_output_tokens, ",.2f"),
+            f"{_ms(s.ttft_s.p50)}/{_ms(s.ttft_s.p90)}",
+            f"{_ms(s.tpot_s.p50)}/{_ms(s.tpot_s.p90)}",
+            f"{s.slo.goodput:.1%}", _f(s.energy.kwh_per_1m_output_tokens, ",.1f"),
+            "yes" if c.meets else "no"]
+
+
+def render_search(pool: Pool, r: SearchResult) -> None:
+    from rich import box
+    from rich.table import Table
+
+    out = console()
+    if not out.is_terminal:  # a file or a pipe: room for the table's columns
+        out.width = max(out.width, 120)
+    slo = pool.slo
+    tpot = f", TPOT p90 {slo.tpot_p90_s} s" if slo.tpot_p90_s is not None else ""
+    t = Table(title=f"{r.pool} on {r.cloud}: Pareto front of {len(r.candidates)} candidates "
+                    f"({r.configurations} configurations; SLO TTFT p90 {slo.ttft_p90_s} s"
+                    f"{tpot}, utilization <= {slo.target_utilization})", title_justify="left",
+              box=box.SIMPLE_HEAD)
+    for col in ("", "type", "TP", "seqs/step", "nodes (replicas)", "$/h", "$/1M out",
+                "TTFT p50/p90 ms", "TPOT p50/p90 ms", "goodput", "kWh/1M out", "SLOs"):
+        t.add_column(col, justify="left" if col in ("", "type", "meets") else "right")
+    for c in r.front:
+        mark = "chosen" if c == r.chosen else "file" if c == r.file_candidate() else ""
+        t.add_row(*_row(c, mark))
+    out.print(t)
+    ch, f = r.chosen, r.file_candidate()
+    assert ch is not None  # search() raises when nothing meets the SLOs
+    usd = ch.summary.cost.usd_per_1m_output_tokens
+    line = (f"chosen: {ch.nodes} node(s) of {ch.config.label()} (topology {ch.config.topology})"
+            f" at ${ch.cost_per_hour_usd:,.2f}/h, ${_f(usd, ',.3f')} per 1M output tokens")
+    if f is not None:
+        fu = f.summary.cost.usd_per_1m_output_tokens
+        line += (f"; the file's configuration ({f.config.label()}) needs {f.nodes} node(s) at "
+                 f"${f.cost_per_hour_usd:,.2f}/h, ${_f(fu, ',.3f')} per 1M output tokens")
+    else:
+        line += "; the file's configuration meets the SLOs at no node count searched"
+    out.print(line)
+    if not r.changes:
+        out.print("poolctl.yaml: nothing to change (the file already has the choice)")
+        return
+    out.print("poolctl.yaml lines that would change (`--write` applies them):")
+    for change in r.changes:
+        old = change.old if change.old is not None else "(default)"
+        out.print(f"  {change.key}: {old} -> {change.new}")
+
+
+def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud], SearchResult]
+                  ) -> list[str]:
+    """Apply every search's changes to the config file in place, one line each (comments
+    and order kept); all or nothing. Returns one line per change made."""
+    names = [name for name, _ in results]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"--write: pool {twice[0]} was searched on two clouds, whose choices "
+                         "may differ; give --cloud")
+    for (name, c), r in results.items():
+        if r.chosen is not None and r.chosen.config.topology != AGGREGATED:
+            raise UsageError(f"--write: {name}/{c}: the choice is {r.chosen.config.topology} "
+                             "serving, which poolctl does not deploy yet; nothing was written")
+    path = find_config(file)
+    text = path.read_text()
+    done: list[str] = []
+    for (name, _), r in results.items():
+        idx = [p.name for p in cfg.pools].index(name)
+        for ch in r.changes:
+            loc: tuple[int | str, ...] = ("pools", idx, *ch.key.split("."))
+            # Numbers and type names: plain scalars, as the file writes them.
+            text, _, line = set_scalar(text, loc, ch.new, source=str(path), plain=True)
+            done.append(f"{path}:{line}: {name}: {ch.key}: "
+                        f"{ch.old if ch.old is not None else '(default)'} -> {ch.new}")
+    parse_config(text, source=str(path))  # the edited file still reads (or nothing written)
+    if done:
+        write_atomic(path, text)
+    return done

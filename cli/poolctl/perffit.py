@@ -1,0 +1,275 @@
+"""Fit the serving model's factors to `vllm bench serve --save-result` files (`perf fit`).
+
+A result file is one JSON object (or, with `--append-result`, one per line) as vLLM's
+benchmarks/serve.py writes it: `num_prompts`, `request_rate` (a number or "inf"),
+`burstiness`, `max_concurrency`, `completed`, `total_input_tokens`, `total_output_tokens`,
+`mean_/median_/p<P>_{ttft,tpot}_ms`, `--metadata KEY=VALUE` pairs at the top level
+(`tensor_parallel_size`), and with `--save-detailed` per-request `input_lens`,
+`output_lens`. Each run is replayed through the simulator on one replica as the benchmark
+drove it (a closed loop of `max_concurrency` clients, or arrivals at the request rate), and
+least squares on the log ratio of the TTFT and TPOT statistics fits prefill_mfu, decode_mbu,
+step_overhead_ms and decode_us_per_seq. A weak pull towards the starting factors keeps a
+factor the runs cannot see (say, the per-sequence cost from one batch size) where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, replace
+
+from poolctl.errors import UsageError
+from poolctl.servingmodel import ReplicaModel
+from poolctl.simulate import simulate
+from poolctl.traces import Trace
+
+FIT = ("prefill_mfu", "decode_mbu", "step_overhead_ms", "decode_us_per_seq")
+METRICS = ("ttft", "tpot")
+STATS = ("mean", "median", "p90")  # fitted; p99 is too noisy to fit to
+TP_KEYS = ("tensor_parallel_size", "tp", "tensor_parallel")
+PRIOR = 1e-4  # weight of the pull towards the starting factors, per factor scale
+MAX_PROMPTS = 20_000  # a run longer than this is replayed on its first 20k requests
+
+
+@dataclass(frozen=True)
+class Run:
+    """One benchmark run: the workload as replayed, and its measured statistics (s)."""
+
+    label: str
+    tp: int
+    model_id: str | None
+    concurrency: int | None  # max_concurrency; None: open loop
+    rate: float  # requests/s; inf: all at once
+    burstiness: float
+    inputs: list[int]
+    outputs: list[int]
+    measured: dict[str, float]  # "ttft_mean" -> seconds
+
+
+def _num(obj: dict[str, object], key: str, where: str) -> float:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise UsageError(f"{where}: `{key}` missing or not a number (a `vllm bench serve "
+                         "--save-result` file has it); give that file")
+    return float(v)
+
+
+def parse_results(text: str, source: str, default_tp: int | None = None) -> list[Run]:
+    """The runs in a result file: one JSON object, or one per line (--append-result)."""
+    text = text.strip()
+    try:
+        objs = [json.loads(text)] if text.startswith("{") and "\n{" not in text else [
+            json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{source}: not JSON (line {e.lineno}: {e.msg}); give the file "
+                         "`vllm bench serve --save-result` wrote") from None
+    if not objs or not all(isinstance(o, dict) for o in objs):
+        raise UsageError(f"{source}: no benchmark result object; give the file "
+                         "`vllm bench serve --save-result` wrote")
+    return [_run(o, f"{source} (run {i + 1})" if len(objs) > 1 else source, default_tp)
+            for i, o in enumerate(objs)]
+
+
+def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
+    completed = int(_num(o, "completed", where))
+    if completed < 1:
+        raise UsageError(f"{where}: `completed` is {completed}: no request finished to fit to")
+    tp_key = next((k for k in TP_KEYS if k in o), None)
+    if tp_key is None and default_tp is None:
+        raise UsageError(f"{where}: `tensor_parallel_size` unknown; benchmark with "
+                         "`--metadata tensor_parallel_size=N` or pass --tp N")
+    tp = float(default_tp or 1) if tp_key is None else (
+        _int_str(o, tp_key, where) if isinstance(o[tp_key], str) else _num(o, tp_key, where))
+    if tp not in (1, 2, 4, 8):
+        raise UsageError(f"{where}: `{tp_key}` is {tp:g}; poolctl serves TP 1, 2, 4 or 8")
+    rate_raw = o.get("request_rate", "inf")
+    rate = math.inf if rate_raw in ("inf", None) else _num(o, "request_rate", where)
+    conc = o.get("max_concurrency")
+    concurrency = None if conc is None else int(_num(o, "max_concurrency", where))
+    if "input_lens" in o and "output_lens" in o:
+        ins, outs = o["input_lens"], o["output_lens"]
+        if (not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs)
+                or not all(isinstance(x, int) and x >= 0 for x in ins + outs)):
+            raise UsageError(f"{where}: `input_lens`/`output_lens` must be lists of token "
+                             "counts of the same length")
+        pairs = [(i, n) for i, n in zip(ins, outs, strict=True) if n > 0][:MAX_PROMPTS]
+        inputs, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
+    else:
+        n = min(completed, MAX_PROMPTS)
+        i_mean = _num(o, "total_input_tokens", where) / completed
+        o_mean = _num(o, "total_output_tokens", where) / completed
+        inputs, outputs = [round(i_mean)] * n, [max(1, round(o_mean))] * n
+    measured = {}
+    for metric in METRICS:
+        for stat in STATS:
+            key = f"{stat}_{metric}_ms" if stat != "p90" else f"p90_{metric}_ms"
+            if key in o:
+                measured[f"{metric}_{stat}"] = _num(o, key, where) / 1000
+    for need in ("ttft_mean", "tpot_mean"):
+        if need not in measured:
+            metric = need.split("_")[0]
+            raise UsageError(f"{where}: `mean_{metric}_ms` missing; run the benchmark with "
+                             "--percentile-metrics ttft,tpot")
+    label = str(o.get("label") or o.get("date") or where)
+    burst = float(_num(o, "burstiness", where)) if "burstiness" in o else 1.0
+    model_id = o.get("model_id")
+    return Run(label, int(tp), model_id if isinstance(model_id, str) else None, concurrency,
+               rate, burst, inputs, outputs, measured)
+
+
+def _int_str(o: dict[str, object], key: str, where: str) -> float:
+    try:
+        return float(int(str(o[key])))
+    except ValueError:
+        raise UsageError(f"{where}: `{key}` is {o[key]!r}, not a whole number") from None
+
+
+# ---------------------------------------------------------------------- the forward model
+
+
+def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
+    """The statistics `run` would measure on replica `rm` (seconds), as vLLM's benchmark
+    computes them: TTFT from the request's send, TPOT = (latency - TTFT) / (output - 1)."""
+    n = len(run.inputs)
+    if math.isinf(run.rate):
+        arrivals = [0.0] * n
+    else:
+        # vLLM's arrivals: gamma intervals of shape `burstiness`, mean 1 / rate
+        rng, t, arrivals = random.Random(seed), 0.0, []
+        for _ in range(n):
+            arrivals.append(t)
+            t += rng.gammavariate(run.burstiness, 1 / (run.rate * run.burstiness))
+    m = rm
+    if run.concurrency is not None:
+        # The client's semaphore as the engine's sequence limit: a central queue releases
+        # the next request when one finishes, and TTFT counts from its release.
+        m = replace(rm, max_num_seqs=min(rm.max_num_seqs, run.concurrency))
+    trace = Trace(run.label, arrivals, run.inputs, run.outputs)
+    r = simulate(trace, m, replicas=1, balancer="queue").req
+    sent = r.admitted if run.concurrency is not None else r.arrival
+    ttft, tpot = [], []
+    for i in range(n):
+        if r.first[i] != r.first[i]:  # NaN: never served (refused)
+            continue
+        ttft.append(r.first[i] - sent[i])
+        if run.outputs[i] > 1:
+            tpot.append((r.finish[i] - r.first[i]) / (run.outputs[i] - 1))
+    out: dict[str, float] = {}
+    for metric, xs in (("ttft", ttft), ("tpot", tpot)):
+        if not xs:
+            continue
+        xs.sort()
+        out[f"{metric}_mean"] = sum(xs) / len(xs)
+        out[f"{metric}_median"] = _pct(xs, 50)
+        out[f"{metric}_p90"] = _pct(xs, 90)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as vLLM's benchmark takes it."""
+    k = (len(xs) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------- the fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    factors: dict[str, float]  # FIT's names, in the config's units (ms, us)
+    errors: dict[str, dict[str, float]]  # run label -> "ttft_mean" -> model / measured - 1
+    before: dict[str, dict[str, float]]  # the same with the starting factors
+
+
+def _apply(rm: ReplicaModel, x: list[float]) -> ReplicaModel:
+    return replace(rm, prefill_mfu=x[0], decode_mbu=x[1], overhead_s=x[2] / 1000,
+                   per_seq_s=x[3] / 1e6)
+
+
+def _start(rm: ReplicaModel) -> list[float]:
+    return [rm.prefill_mfu, rm.decode_mbu, rm.overhead_s * 1000, rm.per_seq_s * 1e6]
+
+
+# The factors' ranges (the config's bounds, MFU and MBU at most 1) and their scales for the
+# pull and the finite differences: MFU/MBU relative, overhead in ms, per-seq in 10 us.
+LO, HI = (0.01, 0.01, 0.0, 0.0), (1.0, 1.0, 50.0, 1000.0)
+SCALE = (0.1, 0.1, 1.0, 10.0)
+
+
+def _errors(models: list[ReplicaModel], runs: list[Run]) -> dict[str, dict[str, float]]:
+    out = {}
+    for m, run in zip(models, runs, strict=True):
+        got = replay(m, run)
+        out[run.label] = {k: got[k] / v - 1 for k, v in run.measured.items() if k in got and v > 0}
+    return out
+
+
+def fit(replicas: list[ReplicaModel], runs: list[Run], iterations: int = 60) -> Fit:
+    """Levenberg-Marquardt on log(model / measured) over every run's statistics, with the
+    pull towards the start; `replicas[i]` is run i's replica (its TP) with the start factors."""
+    x0 = _start(replicas[0])
+
+    def residuals(x: list[float]) -> list[float]:
+        res = []
+        for rm, run in zip(replicas, runs, strict=True):
+            got = replay(_apply(rm, x), run)
+            for k, v in run.measured.items():
+                if k in got and v > 0 and got[k] > 0:
+                    res.append(math.log(got[k] / v))
+        return res + [PRIOR * (a - b) / s for a, b, s in zip(x, x0, SCALE, strict=True)]
+
+    x, lam = list(x0), 1e-2
+    r = residuals(x)
+    cost = sum(v * v for v in r)
+    for _ in range(iterations):
+        jac = []
+        for j in range(len(x)):
+            h = 1e-4 * SCALE[j]
+            xp = list(x)
+            xp[j] = xp[j] + h if xp[j] + h <= HI[j] else xp[j] - h
+            step = xp[j] - x[j]
+            rp = residuals(xp)
+            jac.append([(a - b) / step for a, b in zip(rp, r, strict=True)])
+        # normal equations (J^T J + lam diag) dx = -J^T r, 4x4, solved by elimination
+        n = len(x)
+        a = [[sum(jac[i][k] * jac[j][k] for k in range(len(r))) for j in range(n)]
+             for i in range(n)]
+        g = [sum(jac[i][k] * r[k] for k in range(len(r))) for i in range(n)]
+        improved = False
+        for _ in range(8):
+            damped = [[a[i][j] + (lam * (a[i][i] + 1e-12) if i == j else 0) for j in range(n)]
+                      for i in range(n)]
+            dx = _solve(damped, [-v for v in g])
+            xn = [min(HI[j], max(LO[j], x[j] + dx[j])) for j in range(n)]
+            rn = residuals(xn)
+            cn = sum(v * v for v in rn)
+            if cn < cost:
+                x, r, cost, lam, improved = xn, rn, cn, lam / 3, True
+                break
+            lam *= 4
+        if not improved or cost < 1e-20:
+            break
+    fitted = [_apply(rm, x) for rm in replicas]
+    names = dict(zip(FIT, (round(v, 6) for v in x), strict=True))
+    return Fit(names, _errors(fitted, runs), _errors(replicas, runs))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda i: abs(m[i][c]))
+        m[c], m[p] = m[p], m[c]
+        if abs(m[c][c]) < 1e-300:
+            return [0.0] * n
+        for i in range(c + 1, n):
+            f = m[i][c] / m[c][c]
+            for j in range(c, n + 1):
+                m[i][j] -= f * m[c][j]
+    out = [0.0] * n
+    for i in reversed(range(n)):
+        out[i] = (m[i][n] - sum(m[i][j] * out[j] for j in range(i + 1, n))) / m[i][i]
+    return out

@@ -1,0 +1,122 @@
+"""Launch windows (`warm --from/--until`): the TIME flags, a window's bounds, and the sizes
+overlapping windows give the group at each edge.
+
+A window raises the group's minimum by its nodes from `start` to `end`; where windows
+overlap, the larger raise holds (never the sum: two teams preparing for one launch ask for
+the same spare capacity). The clouds apply it themselves, with nobody watching: AWS as
+scheduled actions (absolute sizes at each edge: `edges`), GCP as autoscaler scaling
+schedules (the autoscaler already takes the largest of its schedules). Pure functions: no
+cloud calls, no clock but the `now` given.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from poolctl.errors import UsageError
+
+# poolctl's bound, not a cloud's: a window prepares a launch; a size held for longer belongs
+# in the file (scaling.min_replicas), where `plan` prices it.
+MAX_WINDOW = timedelta(days=31)
+# GCP scaling schedules: "The minimum duration for scaling schedules is 5 minutes"; AWS has no
+# minimum, but one window means the same on both clouds.
+MIN_WINDOW = timedelta(minutes=5)
+WINDOW_PREFIX = "poolctl-window-"
+
+_OFFSET = re.compile(r"\+(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+# RFC 3339 date-time: a date, T (or a space), a time to the second or minute, and a zone.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window: `nodes` above the kept minimum from `start` to `end`. `start` None: it
+    has begun (AWS forgets a scheduled action once it ran)."""
+
+    id: str
+    nodes: int
+    start: datetime | None
+    end: datetime
+
+    def active(self, at: datetime) -> bool:
+        return (self.start is None or self.start <= at) and at < self.end
+
+
+@dataclass(frozen=True)
+class Edge:
+    """The group's sizes from `at` on: the minimum, and the desired size when the edge lowers
+    the minimum (a raise lets the cloud lift the desired size to it)."""
+
+    window: str
+    kind: str  # from | until
+    at: datetime
+    min_nodes: int
+    desired_nodes: int | None
+
+
+def parse_time(flag: str, text: str, now: datetime) -> datetime:
+    """RFC 3339 with a zone (2026-12-05T09:30:00Z, ...+01:00) or an offset from now (+2h,
+    +10m, +1d, +1h30m, +90s); UsageError naming the flag otherwise."""
+    value = text.strip()
+    if value.startswith("+"):
+        m = _OFFSET.fullmatch(value)
+        if m is None or not any(m.groups()):
+            raise UsageError(f"{flag} {text!r}: an offset is +N followed by d, h, m or s "
+                             "(e.g. +2h, +10m, +1h30m)")
+        d, h, mi, s = (int(g or 0) for g in m.groups())
+        return now + timedelta(days=d, hours=h, minutes=mi, seconds=s)
+    if not _RFC3339.fullmatch(value):
+        raise UsageError(f"{flag} {text!r}: give an RFC 3339 time with its zone "
+                         "(2026-12-05T09:30:00Z, 2026-12-05T10:30:00+01:00) or an offset "
+                         "from now (+2h)")
+    try:
+        return datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text!r}: not a valid time ({exc})") from None
+
+
+def check_window(start: datetime, end: datetime, now: datetime) -> None:
+    """One line naming the flag for a window that cannot be scheduled."""
+    if start <= now:
+        raise UsageError(f"--from {start.isoformat()}: the window starts in the past (now "
+                         f"{now.isoformat(timespec='seconds')}); give a later time or +10m")
+    if end <= start:
+        raise UsageError(f"--until {end.isoformat()}: must be after --from "
+                         f"{start.isoformat()}")
+    if end - start < MIN_WINDOW:
+        raise UsageError(f"--until {end.isoformat()}: the window lasts {end - start}; at least "
+                         f"{MIN_WINDOW} (GCP's shortest scaling schedule)")
+    if end - start > MAX_WINDOW:
+        raise UsageError(f"--until {end.isoformat()}: the window lasts {end - start}; at most "
+                         f"{MAX_WINDOW.days} days (a longer size belongs in the file's "
+                         "scaling.min_replicas)")
+
+
+def new_id() -> str:
+    return "w" + secrets.token_hex(3)
+
+
+def edges(windows: list[Window], base_min: int) -> list[Edge]:
+    """The absolute sizes at every window's start and end: the kept minimum plus the largest
+    raise among the windows open just after that moment; in time order. A started window
+    (start None) has no start edge left."""
+    points = sorted(
+        [(w.start, "from", w) for w in windows if w.start is not None]
+        + [(w.end, "until", w) for w in windows],
+        key=lambda p: (p[0], p[1] == "from", p[2].id))
+    out: list[Edge] = []
+    before = base_min + max((w.nodes for w in windows if w.start is None), default=0)
+    for at, kind, w in points:
+        min_nodes = base_min + max((x.nodes for x in windows if x.active(at)), default=0)
+        out.append(Edge(window=w.id, kind=kind, at=at, min_nodes=min_nodes,
+                        desired_nodes=min_nodes if min_nodes < before else None))
+        before = min_nodes
+    return out
+
+
+def raise_at(windows: list[Window], at: datetime) -> int:
+    """Nodes above the kept minimum at `at`: the largest open window's."""
+    return max((w.nodes for w in windows if w.active(at)), default=0)

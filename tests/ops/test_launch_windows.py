@@ -1,0 +1,133 @@
+"""Launch windows (issue 22) through the real CLI on the example pool `deployed_pool`
+deployed in the sandbox, with the sandbox clock moved past the window's edges.
+
+Worked out by hand: p5.48xlarge, 4 replicas per node; min 1 node, max 6, warm pool 2
+stopped nodes. A window of 8 replicas = 8 / 4 = 2 nodes in service: the group's minimum
+1 -> 1 + 2 = 3 at --from, back to 1 (desired 1) at --until. The warm pool stays at 2 behind
+it: its size is max(MinSize 2, MaxGroupPreparedCapacity (1 + 2) - desired 3) = 2.
+
+Windows survive `deploy` because Terraform manages none of them: the stack has no
+`aws_autoscaling_schedule` (tests/synth/test_aws_stack.py checks it on the
+synthesized JSON, cheaper than a second deploy here).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pytest
+
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE
+from tests.plugins.sandbox import pool_cli, sandbox_admin
+
+ASG = "acme-chat-70b"
+
+
+@pytest.fixture(scope="module")
+def cli(deployed_pool, sandbox_home, tmp_path_factory) -> Any:
+    path = tmp_path_factory.mktemp("windows") / "poolctl.yaml"
+    shutil.copy(DEPLOYED_EXAMPLE, path)
+    return pool_cli(sandbox_home, path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def known_state(sandbox, cli):
+    cli("warm", "--reset")
+    yield
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    cli("warm", "--reset", ok=False)
+
+
+def group(sandbox_client) -> dict:
+    return sandbox_client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[ASG])["AutoScalingGroups"][0]
+
+
+def actions(sandbox_client) -> list[str]:
+    return [a["ScheduledActionName"] for a in sandbox_client("autoscaling")
+            .describe_scheduled_actions(AutoScalingGroupName=ASG)["ScheduledUpdateGroupActions"]]
+
+
+def js(res) -> Any:
+    return json.loads(res.stdout)
+
+
+def test_a_window_raises_the_pool_at_its_start_and_gives_it_back_at_its_end(
+        cli, sandbox, sandbox_client):
+    res = cli("warm", "--replicas", "8", "--from", "+10m", "--until", "+70m", "--running",
+              "--json")
+    made = js(res)
+    wid = made["window"]
+    assert (made["kept_min_nodes"], made["windows"][0]["nodes"],
+            made["windows"][0]["replicas"]) == (1, 2, 8)
+    assert sorted(actions(sandbox_client)) == [f"poolctl-window-{wid}-2n-from",
+                                               f"poolctl-window-{wid}-2n-until"]
+
+    (row,) = js(cli("warm", "--list", "--json"))["windows"]
+    assert (row["id"], row["state"], row["min_nodes"]) == (wid, "scheduled", 3)  # 1 + 2
+    assert wid in cli("warm", "--list").stdout
+    (st,) = js(cli("status", "--json"))["pools"]
+    assert [w["id"] for w in st["windows"]] == [wid]
+    g = group(sandbox_client)
+    assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)  # nothing before --from
+
+    # 11 minutes on: the start has run; the nodes boot (the hook completed for them).
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
+    g = group(sandbox_client)
+    assert (g["MinSize"], g["DesiredCapacity"]) == (3, 3)
+    sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+                  {"AutoScalingGroupName": ASG, "LifecycleActionResult": "CONTINUE"})
+    (st,) = js(cli("status", "--json"))["pools"]
+    # 3 nodes in service = 12 replicas: the file's 4 + the window's 8.
+    assert st["replicas"]["in_service"] == 12
+    assert st["group"]["warm_min_nodes"] == 2  # the warm pool stays behind the window
+    (row,) = js(cli("warm", "--list", "--json"))["windows"]
+    assert (row["start"], row["state"]) == (None, "active")
+
+    # 71 minutes on: the end has run: the earlier sizes.
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 71 * 60})
+    g = group(sandbox_client)
+    assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)
+    assert actions(sandbox_client) == []
+    assert js(cli("warm", "--list", "--json"))["windows"] == []
+
+
+def test_cancel_before_the_start_leaves_nothing(cli, sandbox, sandbox_client):
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    made = js(cli("warm", "--replicas", "4", "--from", "+1h", "--until", "+2h", "--running",
+                  "--json"))
+    assert len(actions(sandbox_client)) == 2
+    cli("warm", "--cancel", made["window"])
+    assert actions(sandbox_client) == []
+    g = group(sandbox_client)
+    assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)
+    res = cli("warm", "--cancel", made["window"], ok=2)  # gone: one line, exit 2
+    assert res.stderr.strip().count("\n") == 0 and "--cancel" in res.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--replicas", "8", "--from", "2020-01-01T00:00:00Z", "--until", "+1h", "--running"),
+    ("--replicas", "8", "--from", "+2h", "--until", "+1h", "--running"),  # until <= from
+    ("--replicas", "8", "--from", "+1h", "--until", "+40d", "--running"),  # too long
+    ("--replicas", "8", "--from", "tomorrow", "--until", "+2h", "--running"),
+    ("--replicas", "8", "--from", "+1h", "--until", "2026-12-05T10:00:00", "--running"),
+    ("--replicas", "8", "--from", "+1h", "--until", "+2h"),  # no --running
+    ("--replicas", "8", "--from", "+1h", "--running"),  # no --until
+    ("--replicas", "8", "--until", "+1h", "--running"),  # no --from
+    ("--from", "+1h", "--until", "+2h", "--running"),  # no --replicas
+    ("--replicas", "0", "--from", "+1h", "--until", "+2h", "--running"),
+    ("--replicas", "40", "--from", "+1h", "--until", "+2h", "--running"),  # > max - min
+    ("--replicas", "8", "--from", "+1h", "--until", "+2h", "--running", "--wait"),
+    ("--replicas", "8", "--from", "+1h", "--until", "+2h", "--running", "--exact"),
+    ("--reset", "--from", "+1h", "--until", "+2h"),
+    ("--list", "--replicas", "8"),
+    ("--cancel", "not-an-id"),
+    ("--cancel", "w123abc", "--list"),
+])
+def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox_client, args):
+    res = cli("warm", *args, ok=2)
+    assert res.stderr.strip() and res.stderr.strip().count("\n") == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    assert actions(sandbox_client) == []

@@ -1,0 +1,105 @@
+"""Launch windows on GCP (`poolctl.clouds.gcp.windows`) against the Compute Engine fake
+(tests/fakes/gce.py), with the real google-cloud-compute client over HTTP.
+
+The pool is the contract's example on a3-highgpu-8g (tests/configs.pool_yaml): 4 replicas per
+node, autoscaler 1..6, 2 stopped standby VMs, as `poolctl deploy` leaves it. A window of 8
+replicas = 2 nodes: a scaling schedule of minRequiredReplicas 1 + 2 = 3.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1",
+                    reason="google-cloud-compute is not installed (pip install -e .[gcp])")
+
+from google.auth.credentials import AnonymousCredentials  # noqa: E402
+
+from poolctl import naming, runtime  # noqa: E402
+from poolctl.clouds.gcp.ops import GcpOps  # noqa: E402
+from poolctl.config import parse_config  # noqa: E402
+from poolctl.errors import UsageError  # noqa: E402
+from tests.configs import pool_yaml  # noqa: E402
+from tests.fakes.gce import FakeGce  # noqa: E402
+
+PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
+ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def fake():
+    f = FakeGce().start()
+    yield f
+    f.stop()
+    assert f.errors == []  # every request and response in the real message shapes
+
+
+@pytest.fixture
+def setup(fake):
+    cfg = parse_config(pool_yaml())
+    pool = cfg.pools[0]
+    # Room for the windows' 3 nodes at once: 24 H100, 624 vCPUs, 18,000 GB of local SSD.
+    fake.add_region(PROJECT, REGION, ZONES, quotas={
+        "NVIDIA_H100_GPUS": (64, 8), "CPUS": (2000, 208), "LOCAL_SSD_TOTAL_GB": (60000, 6000)})
+    fake.set_project_quota(PROJECT, "GPUS_ALL_REGIONS", 64, 8)
+    fake.deploy_pool(project=PROJECT, region=REGION, name=MIG,
+                     labels=naming.gcp_labels(cfg, pool), zones=ZONES,
+                     template="acme-chat-70b-20260105090000000000000001", running=1,
+                     stopped=2, autoscaler=(1, 6), max_surge=3)
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials(), retry_initial_s=0.01,
+                 retry_deadline_s=5)
+    return cfg, pool, ops
+
+
+def schedules(fake) -> dict:
+    return fake.autoscalers[(PROJECT, REGION, MIG)]["autoscalingPolicy"].get(
+        "scalingSchedules", {})
+
+
+def test_a_window_is_a_scaling_schedule_in_the_autoscalers_real_shape(fake, setup):
+    cfg, pool, ops = setup
+    start = (NOW + timedelta(hours=2)).replace(second=0)
+    end = start + timedelta(hours=1, seconds=30)
+    res = runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True, now=NOW)
+    name = f"poolctl-window-{res.window}"
+    # durationSec: 1 h 30 s = 3630 s from the whole minute the cron names.
+    assert schedules(fake) == {name: {
+        "minRequiredReplicas": 3,
+        "schedule": f"{start.minute} {start.hour} {start.day} {start.month} * {start.year}",
+        "timeZone": "UTC", "durationSec": 3630, "disabled": False,
+        "description": "poolctl window: +2 node(s) over a minimum of 1"}}
+    # Written with regionAutoscalers.update, the rest of the policy unchanged.
+    pol = fake.autoscalers[(PROJECT, REGION, MIG)]["autoscalingPolicy"]
+    assert (pol["minNumReplicas"], pol["maxNumReplicas"]) == (1, 6)
+    assert any(r["method"] == "PUT" and r["path"].endswith("/autoscalers")
+               for r in fake.requests)
+
+    listed = runtime.list_windows(cfg, pool, "gcp", ops, NOW)
+    (row,) = listed.windows
+    assert (row.id, row.nodes, row.replicas, row.state, row.min_nodes) == (
+        res.window, 2, 8, "scheduled", 3)
+    assert row.start == start.isoformat()
+
+    # A second, overlapping window of 4 replicas (1 node): its own schedule at 1 + 1 = 2;
+    # the autoscaler takes the larger of the two where they overlap.
+    other = runtime.schedule_window(cfg, pool, "gcp", ops, 4, start + timedelta(minutes=30),
+                                    end + timedelta(hours=1), running=True, now=NOW)
+    assert sorted(s["minRequiredReplicas"] for s in schedules(fake).values()) == [2, 3]
+
+    runtime.cancel_window(cfg, pool, "gcp", ops, res.window, NOW)
+    assert list(schedules(fake)) == [f"poolctl-window-{other.window}"]
+    runtime.cancel_window(cfg, pool, "gcp", ops, other.window, NOW)
+    assert schedules(fake) == {}
+
+
+def test_gcp_refuses_a_window_beyond_the_group_and_schedules_nothing(fake, setup):
+    cfg, pool, ops = setup
+    start = NOW + timedelta(hours=1)
+    with pytest.raises(UsageError, match="--replicas 24"):  # 6 nodes over 1 > max 6
+        runtime.schedule_window(cfg, pool, "gcp", ops, 24, start, start + timedelta(hours=1),
+                                running=True, now=NOW)
+    assert schedules(fake) == {}
