@@ -316,7 +316,7 @@ def _pool_ops(fake):
     # As deploy leaves the contract's example: 1 serving VM in a, 2 stopped standby VMs.
     fake.deploy_pool(project=PROJECT, region=REGION, name=MIG,
                      labels=naming.gcp_labels(cfg, pool), zones=[A, B, C], template=TEMPLATE,
-                     running=1, stopped=2, autoscaler=None)
+                     running=1, stopped=2, autoscaler=(1, 6))
     ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
                  credentials=AnonymousCredentials(), retry_initial_s=0.01, retry_deadline_s=5)
     return cfg, pool, ops
