@@ -16,6 +16,7 @@ from poolctl.simulate import (
     Autoscale,
     SimResult,
     SimSummary,
+    SimWindow,
     json_safe,
     percentile,
     simulate,
@@ -26,6 +27,7 @@ from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
     from poolctl.config import Pool, Slo
+    from poolctl.servingmodel import Topology
 
 
 def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
@@ -33,12 +35,12 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
     """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
     rpn = plan.replicas_per_node
     s, wp = pool.scaling, pool.warm_pool
-    warm = plan.nodes["warm"] if warm_replicas is None else math.ceil(warm_replicas / rpn)
+    warm = plan.nodes.warm if warm_replicas is None else math.ceil(warm_replicas / rpn)
     warm_key = "warm_running" if wp.state == "running" else "warm_stopped"
     return Autoscale(
         replicas_per_node=rpn,
-        min_nodes=max(1, plan.nodes["min"]),
-        max_nodes=max(1, plan.nodes["max"]),
+        min_nodes=max(1, plan.nodes.min),
+        max_nodes=max(1, plan.nodes.max),
         warm_nodes=warm,
         warm_start_s=sum(plan.start_phases[warm_key].values()),
         cold_start_s=sum(plan.start_phases["cold"].values()),
@@ -55,26 +57,38 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
 def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = None,
              autoscale: bool = False, warm_replicas: int | None = None,
              min_replicas: int | None = None, max_replicas: int | None = None,
-             balancer: str = "lor", stop_if_p90_over: float | None = None) -> SimResult:
+             balancer: str | None = None, stop_if_p90_over: float | None = None,
+             topology: Topology | None = None, windows: tuple[SimWindow, ...] = (),
+             run_until_s: float = 0.0) -> SimResult:
+    """`trace` through the pool on `cloud`: fixed `replicas`, or its autoscaling. The balancer
+    is the file's `serving.balancer` unless given; `topology` splits each replica's prefill
+    and decode (servingmodel.topology); `windows` are launch windows (`--warm-window`), and
+    the autoscaled pool runs to `run_until_s` at least."""
+    balancer = balancer or pool.serving.balancer
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
     price = plan.price_per_node_hour_usd
-    rpn = plan.replicas_per_node
+    # A disaggregated replica holds prefill and decode GPUs: fewer of them share a node.
+    rpn = (plan.replicas_per_node if topology is None
+           else plan.gpus_per_node // topology.gpus)
     power = power_kw_per_node(pool, cloud)
     reserved = reserved_nodes(pool, cloud)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
                         stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
-                        prefix_caching=pool.serving.prefix_caching, reserved_nodes=reserved)
+                        prefix_caching=pool.serving.prefix_caching, topology=topology,
+                        reserved_nodes=reserved)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
+    sc.replicas_per_node = rpn
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
     if max_replicas is not None:
         sc.max_nodes = max(sc.min_nodes, nodes_for(max_replicas, rpn))
+    sc.windows = windows
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
                     power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching,
-                    reserved_nodes=reserved)
+                    topology=topology, run_until_s=run_until_s, reserved_nodes=reserved)
 
 
 def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:
@@ -115,6 +129,19 @@ class Floor:
     ttft_p90_floor_s: float  # the lowest TTFT p90 any replica count reaches
 
 
+def monotone_percentile(sorted_xs: list[int], f: Callable[[int], float], q: float
+                        ) -> float | None:
+    """percentile([f(x) for x in sorted_xs], q) for a non-decreasing f, with two calls of f
+    (linear interpolation between closest ranks, as `percentile`)."""
+    if not sorted_xs:
+        return None
+    pos = (len(sorted_xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    a, b = f(sorted_xs[lo]), f(sorted_xs[hi])
+    return a + (b - a) * (pos - lo)
+
+
 def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
     """The lowest TTFT p90 possible for `trace` on replicas of `m`: the p90 of each served
     request's prefill compute floor. Every TTFT is at least its floor, so the p90 of the TTFTs
@@ -123,16 +150,10 @@ def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
     limit = m.max_model_len
     lens = [(max(1, i), max(1, o)) for i, o in zip(trace.inputs, trace.outputs, strict=True)]
     prompts = sorted(i for i, o in lens if i + o <= limit)
-    memo: dict[int, float] = {}
-
-    def floor(p: int) -> float:
-        if p not in memo:
-            memo[p] = m.ttft_floor_s(p)
-        return memo[p]
-
-    floors = [floor(p) for p in prompts]  # sorted too: the floor grows with the prompt
     p90_prompt = percentile([float(p) for p in prompts], 0.9)
-    p90_floor = percentile(floors, 0.9)
+    # The floor grows with the prompt, so the floors sort as the prompts do: their p90 needs
+    # only the floors of the two prompts it interpolates between.
+    p90_floor = monotone_percentile(prompts, m.ttft_floor_s, 0.9)
     return Floor(
         served=len(prompts), over_max_model_len=len(lens) - len(prompts),
         shortest=min(i + o for i, o in lens),
@@ -148,7 +169,7 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
     binding floor with its numbers, and what would help."""
     slo = pool.slo.ttft_p90_s
     need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
-    helps = [f"raise slo.ttft_p90_s to at least {need:g} s"]
+    helps = [f"raise slo.ttft_p90_s to at least {need:g} s" + _nearest(pool, cloud, trace, fl)]
     # The same replica at a higher TP (this pool's efficiency factors, the weights and the KV
     # cache split over more GPUs): the first that brings the floor under the SLO, or TP 8's.
     tp, better = m.tp, None
@@ -175,15 +196,38 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
         + " or ".join(helps))
 
 
+NEAREST_MAX_REPLICAS = 512  # how far the nearest-SLO estimate looks (it only informs)
+
+
+def _nearest(pool: Pool, cloud: Cloud, trace: Trace, fl: Floor) -> str:
+    """", e.g. S s is met with N replicas ($/h)" for the nearest SLO worth asking for: a
+    quarter above the floor (rounded up to 10 ms), which finitely many replicas reach; the
+    floor itself is reached only with a replica per request in flight."""
+    near = math.ceil(fl.ttft_p90_floor_s * 1.25 * 100) / 100
+    loose = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": near})})
+    plan = plan_pool(pool, cloud)
+
+    def probe(n: int) -> SimSummary | None:
+        res = run_pool(loose, cloud, trace, replicas=n, stop_if_p90_over=near)
+        return None if res.aborted else summary(res, near)
+
+    found = smallest_count(probe, lambda s: judge(s, loose.slo), limit=NEAREST_MAX_REPLICAS)
+    if found is None:
+        return ""
+    nodes = nodes_for(found[0], plan.replicas_per_node)
+    return (f" (e.g. {near:g} s is met with {found[0]:,} replicas: {nodes:,} node(s), "
+            f"${nodes * plan.price_per_node_hour_usd:,.2f}/h)")
+
+
 def tpot_floor_s(m: ReplicaModel, trace: Trace) -> float:
     """The lowest TPOT p90 possible: the p90 over served requests of one decode step alone
     at the request's mean context (prompt + half its output). A step's time grows with the
     KV it reads and with every sequence sharing it, so no request's TPOT is below it."""
     limit = m.max_model_len
-    steps = sorted(m.decode_step_s(1, i + o // 2) for i, o in zip(trace.inputs, trace.outputs,
-                                                                  strict=True)
-                   if max(1, i) + max(1, o) <= limit and o > 1)
-    p90 = percentile(steps, 0.9)
+    contexts = sorted(i + o // 2 for i, o in zip(trace.inputs, trace.outputs, strict=True)
+                      if max(1, i) + max(1, o) <= limit and o > 1)
+    # A step's time does not fall as its context grows: the p90 step is the p90 context's.
+    p90 = monotone_percentile(contexts, lambda c: m.decode_step_s(1, c), 0.9)
     return 0.0 if p90 is None else p90
 
 
@@ -312,7 +356,8 @@ def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = N
     return m, fl, tf
 
 
-def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
+def recommend(pool: Pool, cloud: Cloud, trace: Trace, start_replicas: int = 1
+              ) -> Recommendation:
     """Smallest replica count meeting the SLOs (TTFT and TPOT p90) at or below the
     utilization target; a max for the busiest window; the smallest warm pool keeping the SLOs
     under autoscaling. An SLO no replica count can meet (the prefill compute floor, the HBM
@@ -329,9 +374,9 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
             return None if res.aborted else summary(res, slo.ttft_p90_s, slo.tpot_p90_s)
         return probe
 
-    def smallest(ok: Callable[[SimSummary], bool], tr: Trace, what: str
+    def smallest(ok: Callable[[SimSummary], bool], tr: Trace, what: str, start: int = 1
                  ) -> tuple[int, SimSummary]:
-        found = smallest_count(fixed(tr), ok)
+        found = smallest_count(fixed(tr), ok, start)
         if found is None:
             raise OperationFailed(
                 f"{pool.name}/{cloud}: no replica count up to {MAX_REPLICAS:,} "
@@ -342,7 +387,8 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace) -> Recommendation:
                 "SLOs or serving.tensor_parallel")
         return found
 
-    need_min, s_min = smallest(lambda s: judge(s, slo), trace, trace.source)
+    # (`start_replicas`: a guess of the answer, e.g. the search's; the answer is the same)
+    need_min, s_min = smallest(lambda s: judge(s, slo), trace, trace.source, start_replicas)
     w0, w1 = busiest_window(trace, PEAK_WINDOW_S)
     peak = trace.window(w0, w1)
     need_peak = need_min

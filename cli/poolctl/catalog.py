@@ -39,6 +39,18 @@ class Rdma(_Row):
     max_interfaces: int = Field(default=0, ge=0, description="How many such NICs at most.")
 
 
+class VpcNetwork(_Row):
+    """IP bandwidth between two nodes without EFA (plain ENA on the primary network card)."""
+
+    instance_gbps: float = Field(
+        gt=0, description="Gbit/s the primary network card carries (each way): a node's ENA "
+        "bandwidth without the EFA/RDMA cards inference pools leave off.")
+    flow_gbps: float = Field(
+        gt=0, description="Gbit/s of one TCP flow between nodes outside a cluster placement "
+        "group.")
+    source: str = Field(description="Where both figures come from.")
+
+
 class Quota(_Row):
     name: str = Field(description="Quota code (AWS) or metric (GCP) the type counts against.")
     description: str = Field(description="Human name of the quota.")
@@ -70,6 +82,8 @@ class InstanceType(_Row):
     local_nvme: LocalNvme
     rdma: Rdma
     network_gbps: float = Field(gt=0, description="Node network bandwidth, Gbit/s.")
+    vpc: VpcNetwork | None = Field(
+        default=None, description="VPC (non-RDMA) bandwidth between nodes; null: not sourced.")
     quota: Quota
     price: Price
     regions: dict[str, list[str]] = Field(
@@ -83,12 +97,6 @@ class InstanceType(_Row):
     @property
     def hbm_bytes_per_gpu(self) -> int:
         return self.hbm_mib_per_gpu * 2**20
-
-    @property
-    def can_hibernate(self) -> bool:
-        # EC2 hibernation needs less than 150 GB of RAM (EC2 user guide, "Hibernation
-        # prerequisites"; docs/cloud-facts.md, "Warm pools and hibernation").
-        return self.cloud == Cloud.aws and self.ram_gib * 2**30 < 150e9
 
     @property
     def quota_per_node(self) -> int:

@@ -431,17 +431,8 @@ class WarmPool(CoreModel):
     state: Literal["stopped", "running"] = Field(
         default="stopped",
         description="State of warm nodes: `stopped` (cheap; the local NVMe cache refills on "
-        "start) or `running` (ready at full price). GPU nodes cannot hibernate.",
+        "start) or `running` (ready at full price).",
     )
-
-    @field_validator("state", mode="before")
-    @classmethod
-    def _no_hibernation(cls, v: object) -> object:
-        if v == "hibernated":
-            raise ValueError("GPU nodes cannot hibernate (EC2 hibernates under 150 GB of RAM, "
-                             "an 8-GPU node has over 1 TB; GCE does not suspend GPU VMs); use "
-                             "stopped or running")
-        return v
 
 
 class Rollout(CoreModel):
@@ -986,6 +977,14 @@ class Pool(CoreModel):
         return [c for c in Cloud if self.placement(c) is not None]
 
 
+@dataclass(frozen=True)
+class Target:
+    """One pool on one of its placements: what a command, a rule and a stack act on."""
+
+    pool: Pool
+    cloud: Cloud
+
+
 class AwsBackend(CoreModel):
     """Terraform's S3 backend. Terraform evaluates nothing in a backend block: every value
     is the literal itself, of the shape S3 and DynamoDB name things."""
@@ -1063,10 +1062,10 @@ class Config(CoreModel):
         names = ", ".join(p.name for p in self.pools)
         raise UsageError(f"--pool: no pool named {pool!r} in the file; pools are: {names}")
 
-    def targets(self, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:
-        """(pool, cloud) pairs a command acts on: `--cloud` picks the placement; pools
+    def targets(self, pool: str | None, cloud: Cloud | None) -> list[Target]:
+        """The (pool, cloud) targets a command acts on: `--cloud` picks the placement; pools
         without it are passed over, unless `--pool` named one explicitly."""
-        out: list[tuple[Pool, Cloud]] = []
+        out: list[Target] = []
         for p in self.select(pool):
             clouds = [cloud] if cloud else p.clouds
             for c in clouds:
@@ -1077,7 +1076,7 @@ class Config(CoreModel):
                             f"add one or use --cloud {' / '.join(p.clouds)}"
                         )
                     continue
-                out.append((p, c))
+                out.append(Target(p, Cloud(c)))
         if not out:
             raise UsageError(f"--cloud {cloud}: no pool in the file has a `{cloud}:` placement")
         return out

@@ -17,7 +17,7 @@ from poolctl.adaptors.stacks import poolctl_stacks, stacks_app
 from poolctl.cloud import Cloud
 from poolctl.clouds.aws import adopt as aws_adopt
 from poolctl.clouds.aws import ops as aws
-from poolctl.config import Config, Pool
+from poolctl.config import Config, Pool, Target
 from poolctl.contract import aws as contract_aws
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import NotConfirmed, OperationFailed
@@ -62,8 +62,8 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
 
     plan = plan_pool(pool, cloud)
-    nodes = {"min": plan.nodes["min"], "max": plan.nodes["max"]}
-    warm_running = plan.nodes["warm"] if plan.warm_state == "running" else 0
+    nodes = {"min": plan.nodes.min, "max": plan.nodes.max}
+    warm_running = plan.warm_running_nodes
     sized = summary.size_values
     for key in ("min", "max"):
         for f in (f"{key}_size", f"autoscaling_policy.{key}_replicas"):
@@ -83,13 +83,13 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
 SYNTH_KEY_FILE = ".poolctl-synth-key"
 
 
-def synth_key(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> str:
+def synth_key(cfg: Config, targets: list[Target]) -> str:
     """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
     code and data (stacks, boot templates, catalog) and the generator's versions."""
     from importlib import metadata
 
     h = hashlib.sha256(cfg.model_dump_json().encode())
-    h.update(repr([(p.name, c) for p, c in targets]).encode())
+    h.update(repr([(t.pool.name, t.cloud) for t in targets]).encode())
     for pkg in (poolctl, poolctl_stacks):
         for root in pkg.__path__:
             for f in sorted(Path(root).rglob("*")):
@@ -103,12 +103,12 @@ def synth_key(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> str:
     return h.hexdigest()
 
 
-def synth_targets(cfg: Config, targets: list[tuple[Pool, Cloud]], outdir: Path) -> list[Path]:
+def synth_targets(cfg: Config, targets: list[Target], outdir: Path) -> list[Path]:
     """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
     5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
     pay again."""
     key = synth_key(cfg, targets)
-    dirs = [Path(outdir) / "stacks" / naming.stack_name(cfg, p, c) for p, c in targets]
+    dirs = [Path(outdir) / "stacks" / naming.stack_name(cfg, t.pool, t.cloud) for t in targets]
     marks = [d / SYNTH_KEY_FILE for d in dirs]
     if all((d / "cdk.tf.json").is_file() and m.is_file() and m.read_text() == key
            for d, m in zip(dirs, marks, strict=True)):
@@ -190,7 +190,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
 
 def run_stacks(
     cfg: Config,
-    targets: list[tuple[Pool, Cloud]],
+    targets: list[Target],
     *,
     outdir: Path,
     endpoints: CloudEndpoints = REAL_CLOUDS,
@@ -202,7 +202,7 @@ def run_stacks(
     extra_env: dict[str, str] | None = None,
     verbose: bool = False,
     before_apply: Callable[[Terraform], bool] | None = None,
-    preflight: Callable[[list[tuple[Pool, Cloud]]], list[tuple[dict[str, str], list[str]]]]
+    preflight: Callable[[list[Target]], list[tuple[dict[str, str], list[str]]]]
     | None = None,
 ) -> list[StackResult]:
     """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
@@ -211,8 +211,8 @@ def run_stacks(
     `preflight(targets)`: cloud checks of every target before anything is synthesized or
     applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
     Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
-    for _, cloud in targets:
-        endpoints.require(cloud)
+    for t in targets:
+        endpoints.require(t.cloud)
     # Missing prerequisites fail before the synth (seconds of work), not after it.
     find_binary()
     cli_config(mirror)
@@ -221,7 +221,8 @@ def run_stacks(
     dirs = synth_targets(cfg, targets, outdir)
     synth_s = time.monotonic() - t0
     results = []
-    for (pool, cloud), stack_dir, (kept_env, kept) in zip(targets, dirs, checked, strict=True):
+    for target, stack_dir, (kept_env, kept) in zip(targets, dirs, checked, strict=True):
+        pool, cloud = target.pool, target.cloud
         name = naming.stack_name(cfg, pool, cloud)
         env: dict[str, str] = {}
         work = stack_dir

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from poolctl.errors import UsageError
@@ -29,7 +30,9 @@ METRICS = ("ttft", "tpot")
 STATS = ("mean", "median", "p90")  # fitted; p99 is too noisy to fit to
 TP_KEYS = ("tensor_parallel_size", "tp", "tensor_parallel")
 PRIOR = 1e-4  # weight of the pull towards the starting factors, per factor scale
-MAX_PROMPTS = 20_000  # a run longer than this is replayed on its first 20k requests
+# A run is replayed on its first 500 requests: a closed loop's statistics settle within a
+# few hundred, and the fit replays each run some 500 times.
+MAX_PROMPTS = 500
 
 
 @dataclass(frozen=True)
@@ -57,18 +60,29 @@ def _num(obj: dict[str, object], key: str, where: str) -> float:
 
 def parse_results(text: str, source: str, default_tp: int | None = None) -> list[Run]:
     """The runs in a result file: one JSON object, or one per line (--append-result)."""
-    text = text.strip()
     try:
-        objs = [json.loads(text)] if text.startswith("{") and "\n{" not in text else [
-            json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{source}: not JSON (line {e.lineno}: {e.msg}); give the file "
-                         "`vllm bench serve --save-result` wrote") from None
+        objs = [json.loads(text)]
+    except RecursionError:
+        raise UsageError(f"{source}: JSON nested too deeply for a benchmark result; give the "
+                         "file `vllm bench serve --save-result` wrote") from None
+    except json.JSONDecodeError:
+        objs = []  # one object a line (--append-result), each line parsed below
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                objs += [json.loads(line)] if line.strip() else []
+            except (json.JSONDecodeError, RecursionError) as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+                raise UsageError(f"{source}:{n}: not JSON ({msg}); give the file `vllm "
+                                 "bench serve --save-result` wrote") from None
+    if len(objs) == 1 and isinstance(objs[0], list):
+        objs = objs[0] or [None]
     if not objs or not all(isinstance(o, dict) for o in objs):
         raise UsageError(f"{source}: no benchmark result object; give the file "
                          "`vllm bench serve --save-result` wrote")
-    return [_run(o, f"{source} (run {i + 1})" if len(objs) > 1 else source, default_tp)
+    runs = [_run(o, f"{source} (run {i + 1})" if len(objs) > 1 else source, default_tp)
             for i, o in enumerate(objs)]
+    # Labels key the errors: number them so that runs of one label stay apart.
+    return [replace(r, label=f"{i + 1}: {r.label}") for i, r in enumerate(runs)]
 
 
 def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
@@ -87,6 +101,13 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
     rate = math.inf if rate_raw in ("inf", None) else _num(o, "request_rate", where)
     conc = o.get("max_concurrency")
     concurrency = None if conc is None else int(_num(o, "max_concurrency", where))
+    burst = _num(o, "burstiness", where) if o.get("burstiness") is not None else 1.0
+    for key, v, ok in (("request_rate", rate, rate > 0),
+                       ("max_concurrency", concurrency, concurrency is None or concurrency >= 1),
+                       ("burstiness", burst, 0 < burst <= 1000)):
+        if not ok:
+            raise UsageError(f"{where}: `{key}` is {v}; vLLM's benchmark writes a positive "
+                             "number there (burstiness at most 1000)")
     if "input_lens" in o and "output_lens" in o:
         ins, outs = o["input_lens"], o["output_lens"]
         if (not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs)
@@ -99,6 +120,9 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
         n = min(completed, MAX_PROMPTS)
         i_mean = _num(o, "total_input_tokens", where) / completed
         o_mean = _num(o, "total_output_tokens", where) / completed
+        if i_mean < 0 or o_mean < 0:
+            raise UsageError(f"{where}: `total_input_tokens`/`total_output_tokens` must not "
+                             "be negative")
         inputs, outputs = [round(i_mean)] * n, [max(1, round(o_mean))] * n
     measured = {}
     for metric in METRICS:
@@ -111,8 +135,7 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
             metric = need.split("_")[0]
             raise UsageError(f"{where}: `mean_{metric}_ms` missing; run the benchmark with "
                              "--percentile-metrics ttft,tpot")
-    label = str(o.get("label") or o.get("date") or where)
-    burst = float(_num(o, "burstiness", where)) if "burstiness" in o else 1.0
+    label = str(o.get("label") or o.get("date") or "")
     model_id = o.get("model_id")
     return Run(label, int(tp), model_id if isinstance(model_id, str) else None, concurrency,
                rate, burst, inputs, outputs, measured)
@@ -138,8 +161,11 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
         # vLLM's arrivals: gamma intervals of shape `burstiness`, mean 1 / rate
         rng, t, arrivals = random.Random(seed), 0.0, []
         for _ in range(n):
-            arrivals.append(t)
             t += rng.gammavariate(run.burstiness, 1 / (run.rate * run.burstiness))
+            arrivals.append(t)
+        # ... rescaled, as vLLM does, so that the last is sent at n / rate
+        k = n / run.rate / arrivals[-1]
+        arrivals = [a * k for a in arrivals]
     m = rm
     if run.concurrency is not None:
         # The client's semaphore as the engine's sequence limit: a central queue releases
@@ -155,6 +181,10 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
         ttft.append(r.first[i] - sent[i])
         if run.outputs[i] > 1:
             tpot.append((r.finish[i] - r.first[i]) / (run.outputs[i] - 1))
+    if not ttft:
+        raise UsageError(f"run {run.label}: every request is longer than the pool's "
+                         f"serving.max_model_len {rm.max_model_len:,} (prompt + output) or its "
+                         "KV cache; fit a pool that can serve them")
     out: dict[str, float] = {}
     for metric, xs in (("ttft", ttft), ("tpot", tpot)):
         if not xs:
@@ -194,7 +224,7 @@ def _start(rm: ReplicaModel) -> list[float]:
 
 
 # The factors' ranges (the config's bounds, MFU and MBU at most 1) and their scales for the
-# pull and the finite differences: MFU/MBU relative, overhead in ms, per-seq in 10 us.
+# pull and the simplex: MFU/MBU in 0.1, overhead in ms, per-seq in 10 us.
 LO, HI = (0.01, 0.01, 0.0, 0.0), (1.0, 1.0, 50.0, 1000.0)
 SCALE = (0.1, 0.1, 1.0, 10.0)
 
@@ -207,54 +237,118 @@ def _errors(models: list[ReplicaModel], runs: list[Run]) -> dict[str, dict[str, 
     return out
 
 
-def fit(replicas: list[ReplicaModel], runs: list[Run], iterations: int = 60) -> Fit:
-    """Levenberg-Marquardt on log(model / measured) over every run's statistics, with the
-    pull towards the start; `replicas[i]` is run i's replica (its TP) with the start factors."""
+def fit(replicas: list[ReplicaModel], runs: list[Run], evaluations: int = 300) -> Fit:
+    """Least squares on log(model / measured) over every run's statistics, with the pull
+    towards the start; `replicas[i]` is run i's replica (its TP) with the start factors.
+
+    Nelder-Mead over the scaled factors first (an open-loop replay's statistics jump when a
+    step boundary passes an arrival, which misleads derivatives, not a simplex), then
+    Levenberg-Marquardt from its end: step overhead and MBU trade against each other in a
+    long narrow valley that a simplex walks slowly."""
     x0 = _start(replicas[0])
 
-    def residuals(x: list[float]) -> list[float]:
-        res = []
+    def factors(z: list[float]) -> list[float]:
+        return [min(HI[j], max(LO[j], x0[j] + z[j] * SCALE[j])) for j in range(len(z))]
+
+    def residuals(z: list[float]) -> list[float]:
+        x = factors(z)
+        res = [PRIOR * v for v in z]
         for rm, run in zip(replicas, runs, strict=True):
             got = replay(_apply(rm, x), run)
             for k, v in run.measured.items():
                 if k in got and v > 0 and got[k] > 0:
                     res.append(math.log(got[k] / v))
-        return res + [PRIOR * (a - b) / s for a, b, s in zip(x, x0, SCALE, strict=True)]
+        return res
 
-    x, lam = list(x0), 1e-2
-    r = residuals(x)
-    cost = sum(v * v for v in r)
+    def cost(z: list[float]) -> float:
+        return sum(v * v for v in residuals(z))
+
+    z = _nelder_mead(cost, [0.0] * len(x0), step=1.0, evaluations=evaluations)
+    z = _levenberg_marquardt(residuals, z)
+    # four significant digits: what the file gets, and what the errors below are of
+    x = [float(f"{v:.4g}") for v in factors(z)]
+    fitted = [_apply(rm, x) for rm in replicas]
+    names = dict(zip(FIT, x, strict=True))
+    return Fit(names, _errors(fitted, runs), _errors(replicas, runs))
+
+
+def _levenberg_marquardt(residuals: Callable[[list[float]], list[float]], z: list[float],
+                         iterations: int = 40) -> list[float]:
+    """Damped Gauss-Newton with forward differences; keeps a step only when it lowers the
+    sum of squares."""
+    n = len(z)
+    r = residuals(z)
+    cost, lam = sum(v * v for v in r), 1e-2
     for _ in range(iterations):
         jac = []
-        for j in range(len(x)):
-            h = 1e-4 * SCALE[j]
-            xp = list(x)
-            xp[j] = xp[j] + h if xp[j] + h <= HI[j] else xp[j] - h
-            step = xp[j] - x[j]
-            rp = residuals(xp)
-            jac.append([(a - b) / step for a, b in zip(rp, r, strict=True)])
-        # normal equations (J^T J + lam diag) dx = -J^T r, 4x4, solved by elimination
-        n = len(x)
-        a = [[sum(jac[i][k] * jac[j][k] for k in range(len(r))) for j in range(n)]
+        for j in range(n):
+            zp = list(z)
+            zp[j] += 1e-4
+            jac.append([(a - b) / 1e-4 for a, b in zip(residuals(zp), r, strict=True)])
+        a = [[sum(x * y for x, y in zip(jac[i], jac[j], strict=True)) for j in range(n)]
              for i in range(n)]
-        g = [sum(jac[i][k] * r[k] for k in range(len(r))) for i in range(n)]
-        improved = False
+        g = [sum(x * y for x, y in zip(jac[i], r, strict=True)) for i in range(n)]
         for _ in range(8):
-            damped = [[a[i][j] + (lam * (a[i][i] + 1e-12) if i == j else 0) for j in range(n)]
-                      for i in range(n)]
-            dx = _solve(damped, [-v for v in g])
-            xn = [min(HI[j], max(LO[j], x[j] + dx[j])) for j in range(n)]
-            rn = residuals(xn)
+            damped = [[a[i][j] + (lam * (a[i][i] + 1e-12) if i == j else 0.0)
+                       for j in range(n)] for i in range(n)]
+            dz = _solve(damped, [-v for v in g])
+            zn = [z[j] + dz[j] for j in range(n)]
+            rn = residuals(zn)
             cn = sum(v * v for v in rn)
             if cn < cost:
-                x, r, cost, lam, improved = xn, rn, cn, lam / 3, True
+                z, r, lam = zn, rn, lam / 3
+                done = cost - cn < 1e-16
+                cost = cn
                 break
             lam *= 4
-        if not improved or cost < 1e-20:
+        else:
             break
-    fitted = [_apply(rm, x) for rm in replicas]
-    names = dict(zip(FIT, (round(v, 6) for v in x), strict=True))
-    return Fit(names, _errors(fitted, runs), _errors(replicas, runs))
+        if done:
+            break
+    return z
+
+
+def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float,
+                 evaluations: int) -> list[float]:
+    """The textbook simplex (reflection 1, expansion 2, contraction 1/2, shrink 1/2),
+    restarted twice from its best point, smaller, so that a collapsed simplex opens again."""
+    best = x0
+    for _ in range(3):
+        n = len(best)
+        pts = [best] + [[v + (step if i == j else 0.0) for j, v in enumerate(best)]
+                        for i in range(n)]
+        vals = [f(p) for p in pts]
+        used = n + 1
+        while used < evaluations // 3:
+            order = sorted(range(n + 1), key=vals.__getitem__)
+            pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+            if vals[-1] - vals[0] < 1e-14:
+                break
+            c = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+            r = [c[j] + (c[j] - pts[-1][j]) for j in range(n)]
+            fr = f(r)
+            used += 1
+            if fr < vals[0]:
+                e = [c[j] + 2 * (c[j] - pts[-1][j]) for j in range(n)]
+                fe = f(e)
+                used += 1
+                pts[-1], vals[-1] = (e, fe) if fe < fr else (r, fr)
+            elif fr < vals[-2]:
+                pts[-1], vals[-1] = r, fr
+            else:
+                k = [c[j] + 0.5 * (pts[-1][j] - c[j]) for j in range(n)]
+                fk = f(k)
+                used += 1
+                if fk < vals[-1]:
+                    pts[-1], vals[-1] = k, fk
+                else:
+                    pts = [pts[0]] + [[pts[0][j] + 0.5 * (p[j] - pts[0][j]) for j in range(n)]
+                                      for p in pts[1:]]
+                    vals = [vals[0]] + [f(p) for p in pts[1:]]
+                    used += n
+        best = pts[min(range(n + 1), key=vals.__getitem__)]
+        step *= 0.3
+    return best
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:

@@ -7,15 +7,16 @@ nothing; `warning` and `info` are printed and do not block.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from poolctl import bootscript, sizing
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool
+from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool, Target
 from poolctl.errors import OperationFailed
 from poolctl.models import did_you_mean, preset
 from poolctl.node_image import recorded_node_image
@@ -56,7 +57,8 @@ class TrafficNeed:
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a check sees: the pool, its index, and for placement checks the cloud and row."""
+    """What a check sees: the pool, its index, and for placement checks the cloud and row;
+    `check_id` is the running check's (its `@check` sets it), which its findings carry."""
 
     cfg: Config
     pool: Pool
@@ -64,13 +66,14 @@ class Ctx:
     cloud: Cloud | None = None
     row: InstanceType | None = None
     traffic: TrafficNeed | None = None  # only when a command was given a trace
+    check_id: str = ""
 
     def key(self, path: str) -> str:
         return f"pools[{self.index}].{path}"
 
-    def find(self, check: str, severity: Severity, path: str, message: str, hint: str) -> Finding:
+    def find(self, severity: Severity, path: str, message: str, hint: str) -> Finding:
         key = self.key(path)
-        return Finding(check, severity, self.pool.name, self.cloud, key, message, hint,
+        return Finding(self.check_id, severity, self.pool.name, self.cloud, key, message, hint,
                        self.cfg.where(key))
 
 
@@ -91,8 +94,12 @@ CHECKS: list[Check] = []
 def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
           ) -> Callable[[CheckFn], CheckFn]:
     def register(fn: CheckFn) -> CheckFn:
-        CHECKS.append(Check(id, title, scope, fn))
-        return fn
+        @functools.wraps(fn)
+        def run(c: Ctx) -> Iterable[Finding]:
+            return fn(replace(c, check_id=id))
+
+        CHECKS.append(Check(id, title, scope, run))
+        return run
 
     return register
 
@@ -126,13 +133,13 @@ def _tp(c: Ctx) -> Iterator[Finding]:
     assert kvh is not None  # validation fills it (config.Model) or refuses the file
     if tp not in (1, 2, 4, 8):
         yield c.find(
-            "tensor-parallel", "error", "serving.tensor_parallel",
+            "error", "serving.tensor_parallel",
             f"{tp} does not divide the node's 8 GPUs",
             "use 1, 2, 4 or 8 (a replica never spans nodes)",
         )
     elif kvh % tp and tp % kvh:
         yield c.find(
-            "tensor-parallel", "error", "serving.tensor_parallel",
+            "error", "serving.tensor_parallel",
             f"{tp} GPUs cannot split {kvh} KV heads evenly",
             "pick a tensor_parallel that divides model.kv_heads, or a multiple of it",
         )
@@ -153,7 +160,7 @@ def _model_shape(c: Ctx) -> Iterator[Finding]:
     assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
     if m.attention_heads and (m.kv_heads > m.attention_heads or m.attention_heads % m.kv_heads):
         yield c.find(
-            "model-shape", "error", "model.kv_heads",
+            "error", "model.kv_heads",
             f"{m.kv_heads} KV heads cannot serve {m.attention_heads} attention heads (each KV "
             "head serves a whole group of query heads)",
             "set kv_heads to num_key_value_heads from the model's config.json (a divisor of "
@@ -165,7 +172,7 @@ def _model_shape(c: Ctx) -> Iterator[Finding]:
         ratio = mine / row.kv_elements_per_token()
         if not 1 / KV_PRESET_FACTOR <= ratio <= KV_PRESET_FACTOR:
             yield c.find(
-                "model-shape", "error", f"model.{_kv_culprit(m, row)}",
+                "error", f"model.{_kv_culprit(m, row)}",
                 f"layers {m.layers} x kv_heads {m.kv_heads} x head_dim {m.head_dim} gives "
                 f"{ratio:.1f}x the KV cache per token of {row.id} (layers {row.layers}, "
                 f"kv_heads {row.kv_heads}, head_dim {row.head_dim}, from {row.source})",
@@ -173,14 +180,14 @@ def _model_shape(c: Ctx) -> Iterator[Finding]:
             )
         if c.pool.serving.max_model_len > row.max_context:
             yield c.find(
-                "model-shape", "warning", "serving.max_model_len",
+                "warning", "serving.max_model_len",
                 f"{c.pool.serving.max_model_len} tokens is past {row.id}'s "
                 f"max_position_embeddings {row.max_context}: vLLM refuses to start",
                 f"lower it to {row.max_context} or less (or enable rope scaling in extra_args)",
             )
     if m.config_json and m.source_of("params_b") == "config.json":
         yield c.find(
-            "model-shape", "info", "model.params_b",
+            "info", "model.params_b",
             f"{m.params_b} B estimated from the shapes in {m.config_json}",
             "write model.params_b (the model card's count) to use the exact figure",
         )
@@ -198,7 +205,7 @@ def _bounds(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
     if s.min_replicas > s.max_replicas:
         yield c.find(
-            "replica-bounds", "error", "scaling.min_replicas",
+            "error", "scaling.min_replicas",
             f"{s.min_replicas} is above max_replicas {s.max_replicas}",
             "lower min_replicas or raise max_replicas",
         )
@@ -210,7 +217,7 @@ def _warm_within_max(c: Ctx) -> Iterator[Finding]:
     if wp.replicas > s.max_replicas:
         # Warm nodes serve only by joining the pool, which never grows past max_replicas.
         yield c.find(
-            "warm-within-max", "error", "warm_pool.replicas",
+            "error", "warm_pool.replicas",
             f"{wp.replicas} warm replicas is more than scaling.max_replicas {s.max_replicas}: "
             "warm nodes serve only by joining the pool, which never grows past its max",
             f"lower warm_pool.replicas to at most {s.max_replicas} (at most max_replicas - "
@@ -228,7 +235,7 @@ def _batch_budget(c: Ctx) -> Iterator[Finding]:
         # greater than or equal to max_num_seqs (...)" (each running sequence takes at least
         # one token of every step's budget).
         yield c.find(
-            "batch-budget", "error", "serving.max_num_batched_tokens",
+            "error", "serving.max_num_batched_tokens",
             f"{sv.max_num_batched_tokens} is below serving.max_num_seqs {sv.max_num_seqs}: "
             "vLLM refuses to start (every running sequence needs a token of each step's budget)",
             f"raise max_num_batched_tokens to at least {sv.max_num_seqs} (8192 is usual), or "
@@ -241,7 +248,7 @@ def _slow_down(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
     if s.scale_down_stabilization_s <= s.scale_up_stabilization_s:
         yield c.find(
-            "scale-down-slower", "error", "scaling.scale_down_stabilization_s",
+            "error", "scaling.scale_down_stabilization_s",
             f"{s.scale_down_stabilization_s}s is not longer than scale-up's "
             f"{s.scale_up_stabilization_s}s; a cold replica takes minutes, so flapping is costly",
             "scale up fast (0 s) and down slow (e.g. 900 s)",
@@ -254,7 +261,7 @@ def _util(c: Ctx) -> Iterator[Finding]:
     if u > 0.75:
         # M/M/1: waiting grows as rho/(1-rho): 1.5 at 0.6, 3 at 0.75, 9 at 0.9.
         yield c.find(
-            "utilization-target", "warning", "slo.target_utilization",
+            "warning", "slo.target_utilization",
             f"{u} leaves little headroom: queueing delay grows as u/(1-u) = {u / (1 - u):.1f}",
             "size near 0.6 for latency SLOs",
         )
@@ -265,7 +272,7 @@ def _checkpoints(c: Ctx) -> Iterator[Finding]:
     cps = c.pool.rollout.checkpoints
     if not cps or any(not 1 <= p <= 100 for p in cps) or cps != sorted(set(cps)) or cps[-1] != 100:
         yield c.find(
-            "rollout-checkpoints", "error", "rollout.checkpoints",
+            "error", "rollout.checkpoints",
             f"{cps} must be rising percentages in 1..100 ending at 100",
             "e.g. [25, 50, 100]",
         )
@@ -284,7 +291,7 @@ def _nvlink(c: Ctx) -> Iterator[Finding]:
 
         known = load_catalog().names(c.cloud)
         yield c.find(
-            "nvlink-8gpu", "error", _type_key(c.cloud),
+            "error", _type_key(c.cloud),
             f"{name!r} is not in the catalog{did_you_mean(name, known)}",
             f"use one of: {', '.join(known)} (`poolctl catalog`)",
         )
@@ -292,7 +299,7 @@ def _nvlink(c: Ctx) -> Iterator[Finding]:
     if not c.row.nvlink or c.row.gpus != 8:
         nvlink_types = ", ".join(load_catalog().names(c.cloud))
         yield c.find(
-            "nvlink-8gpu", "error", _type_key(c.cloud),
+            "error", _type_key(c.cloud),
             f"{name} has {c.row.gpus}x {c.row.gpu} without NVLink: tensor-parallel all-reduce "
             "over PCIe throttles every decode step",
             f"use an NVLink 8-GPU type: {nvlink_types}",
@@ -303,13 +310,13 @@ def _nvlink(c: Ctx) -> Iterator[Finding]:
 def _rdma(c: Ctx) -> Iterator[Finding]:
     if c.cloud == Cloud.aws and _aws(c).efa_interfaces:
         yield c.find(
-            "no-rdma-nics", "error", "aws.efa_interfaces",
+            "error", "aws.efa_interfaces",
             f"{_aws(c).efa_interfaces} EFA interfaces asked for; replicas never span nodes",
             "set efa_interfaces: 0 (EFA is for multi-node training)",
         )
     if c.cloud == Cloud.gcp and _gcp(c).gpudirect:
         yield c.find(
-            "no-rdma-nics", "error", "gcp.gpudirect",
+            "error", "gcp.gpudirect",
             "GPUDirect-TCPX/RDMA networks asked for; replicas never span nodes",
             "set gpudirect: false",
         )
@@ -319,7 +326,7 @@ def _rdma(c: Ctx) -> Iterator[Finding]:
 def _placement(c: Ctx) -> Iterator[Finding]:
     if c.cloud == Cloud.aws and _aws(c).placement_group_strategy == "cluster":
         yield c.find(
-            "no-cluster-placement", "error", "aws.placement_group_strategy",
+            "error", "aws.placement_group_strategy",
             "a cluster placement group packs nodes for training fabrics and caps capacity",
             "use none (default) or spread",
         )
@@ -334,7 +341,7 @@ def _region(c: Ctx) -> Iterator[Finding]:
     assert p is not None  # ... one the pool has a placement on
     if p.region not in c.row.regions:
         yield c.find(
-            "region-offered", "error", f"{c.cloud}.region",
+            "error", f"{c.cloud}.region",
             f"{c.row.name} is not offered in {p.region} per the catalog",
             f"use one of: {', '.join(sorted(c.row.regions))}",
         )
@@ -344,14 +351,14 @@ def _region(c: Ctx) -> Iterator[Finding]:
         offered = c.row.regions[p.region]
         if not offered and not p.zones:  # the stack needs zones to spread the MIG over
             yield c.find(
-                "region-offered", "error", "gcp.zones",
+                "error", "gcp.zones",
                 f"the catalog lists no zones offering {c.row.name} in {p.region}",
                 f"set gcp.zones to the {p.region} zones to spread the pool over",
             )
         bad = [z for z in p.zones if offered and z not in offered]
         if bad:
             yield c.find(
-                "region-offered", "error", "gcp.zones",
+                "error", "gcp.zones",
                 f"{c.row.name} is not offered in {', '.join(bad)}",
                 f"use zones among: {', '.join(offered)}",
             )
@@ -374,7 +381,7 @@ def _secret_args(c: Ctx) -> Iterator[Finding]:
             what = (f"the flag {flag.group(0).rstrip('=')}" if flag
                     else "a value shaped like a token")
             yield c.find(
-                "no-secrets-in-args", "error", f"serving.extra_args[{i}]",
+                "error", f"serving.extra_args[{i}]",
                 f"{what} would put a secret in the node's user data/metadata and process list",
                 "store the API key in Secrets Manager / Secret Manager and set "
                 "serving.api_key_secret (weights come from weights_uri, no hub token needed)",
@@ -390,7 +397,7 @@ def _boot_size(c: Ctx) -> Iterator[Finding]:
     size = len(bootscript.render_boot_script(c.cfg, c.pool, c.cloud).encode())
     if problem := bootscript.size_problem(size, c.cloud):
         yield c.find(
-            "boot-script-size", "error", "serving.extra_args", problem,
+            "error", "serving.extra_args", problem,
             "shorten serving.extra_args (large settings belong in the image or the weights "
             "folder)",
         )
@@ -427,7 +434,7 @@ def _fits(c: Ctx) -> Iterator[Finding]:
         return
     if problem := hbm_problem(c.pool, c.row):
         yield c.find(
-            "fits-hbm", "error", "serving.tensor_parallel", problem,
+            "error", "serving.tensor_parallel", problem,
             "raise tensor_parallel, lower max_model_len, quantize, or pick a type with more HBM",
         )
 
@@ -441,7 +448,7 @@ def _concurrency(c: Ctx) -> Iterator[Finding]:
     seqs = plan.max_concurrent_sequences_per_replica
     if 0 < seqs < 4:
         yield c.find(
-            "kv-concurrency", "warning", "serving.max_model_len",
+            "warning", "serving.max_model_len",
             f"the KV cache holds only {seqs} sequences of {c.pool.serving.max_model_len} tokens "
             f"per replica ({plan.kv_cache_tokens_per_replica} tokens)",
             "raise tensor_parallel or lower max_model_len for more concurrency",
@@ -454,8 +461,7 @@ def _nvme(c: Ctx) -> Iterator[Finding]:
         return
     assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     if problem := nvme_problem(c.pool, c.row):
-        yield c.find("nvme-holds-weights", "error", _type_key(c.cloud), problem,
-                     "pick a type with more local NVMe")
+        yield c.find("error", _type_key(c.cloud), problem, "pick a type with more local NVMe")
 
 
 @check("fallback-types", "each fallback type is an 8-GPU NVLink type that holds the model, "
@@ -472,7 +478,7 @@ def _fallbacks(c: Ctx) -> Iterator[Finding]:
         # PutWarmPool: "cannot be called on an Auto Scaling group that has a mixed instances
         # policy" (docs/cloud-facts.md, warm pools), and fallbacks need one.
         yield c.find(
-            "fallback-types", "error", key,
+            "error", key,
             "AWS refuses a warm pool on a group with a mixed instances policy, which fallback "
             "types need",
             "keep the warm pool and hold the primary type's capacity with aws.capacity "
@@ -502,7 +508,7 @@ def _fallbacks(c: Ctx) -> Iterator[Finding]:
             seen.add(name)
             continue
         seen.add(name)
-        yield c.find("fallback-types", "error", at, problem, hint)
+        yield c.find("error", at, problem, hint)
 
 
 @check("warm-state", "the warm pool's state is possible for the type")
@@ -512,7 +518,7 @@ def _warm(c: Ctx) -> Iterator[Finding]:
     wp = c.pool.warm_pool
     if c.cloud == Cloud.gcp and _gcp(c).standby_suspended:
         yield c.find(
-            "warm-state", "error", "gcp.standby_suspended",
+            "error", "gcp.standby_suspended",
             "suspending GPU VMs is not supported", "use a stopped standby pool",
         )
     if wp.replicas and wp.state == "stopped":
@@ -520,17 +526,16 @@ def _warm(c: Ctx) -> Iterator[Finding]:
         image = recorded_node_image(c.pool, c.cloud)
         ph = sizing.start_phases(c.pool, c.row, image)["warm_stopped"]
         yield c.find(
-            "warm-state", "info", "warm_pool.state",
+            "info", "warm_pool.state",
             f"stopped warm nodes lose their local NVMe: each start refetches "
             f"{sizing.weights_bytes(c.pool) / 1e9:.0f} GB (~{ph['weights_to_nvme']:.0f} s, "
             f"~{sum(ph.values()):.0f} s to serve)",
             "use state: running to keep the cache warm at full price",
         )
-        assert c.cloud is not None  # a placement check: run_checks gives it the cloud
         held = sizing.plan_pool(c.pool, c.cloud).capacity
         if held is not None and held.hoped_nodes:
             yield c.find(
-                "warm-state", "info", "warm_pool.state",
+                "info", "warm_pool.state",
                 f"{held.hoped_nodes} stopped warm node(s) are capacity hoped for, not held: a "
                 "stopped instance gives its capacity back, so its start is a new launch that "
                 "can fail for capacity exactly when the launch needs it",
@@ -554,7 +559,7 @@ def _whole(c: Ctx) -> Iterator[Finding]:
         if n % rpn:
             nodes = sizing.nodes_for(n, rpn)
             yield c.find(
-                "whole-nodes", "warning", path,
+                "warning", path,
                 f"{n} replicas is not a whole number of nodes ({rpn} replicas per node); "
                 f"rounded up to {nodes} nodes = {nodes * rpn} replicas",
                 f"use a multiple of {rpn}",
@@ -574,9 +579,26 @@ def _tls(c: Ctx) -> Iterator[Finding]:
     field, what = TLS_KEYS[c.cloud]
     if not getattr(c.pool.placement(c.cloud), field):
         yield c.find(
-            "tls", "warning", f"{c.cloud}.{field}",
+            "warning", f"{c.cloud}.{field}",
             "the load balancer serves plain HTTP: prompts and answers cross the VPC unencrypted",
             f"set {c.cloud}.{field} to {what}",
+        )
+
+
+@check("sticky-per-node", "session affinity reaches the replica holding the prefix cache")
+def _sticky(c: Ctx) -> Iterator[Finding]:
+    if c.row is None or c.pool.serving.balancer != "sticky":
+        return
+    rpn = sizing.replicas_per_node(c.pool, c.row)
+    if rpn > 1:
+        # The cookie names a node; vLLM's data-parallel balancer inside it picks the least
+        # loaded engine, not the one with the session's prefix (docs/planning.md).
+        yield c.find(
+            "info", "serving.balancer",
+            f"sticky routing pins a session to a node, and the node's {rpn} replicas share "
+            "its turns without regard to their prefix caches",
+            "simulate --balancer sticky shows the hit rate; tensor_parallel 8 (one replica "
+            "per node) keeps a session on one cache",
         )
 
 
@@ -587,7 +609,7 @@ def _traffic_peak(c: Ctx) -> Iterator[Finding]:
     s = c.pool.scaling
     if s.max_replicas < c.traffic.peak_replicas:
         yield c.find(
-            "traffic-peak", "warning", "scaling.max_replicas",
+            "warning", "scaling.max_replicas",
             f"{s.max_replicas} cannot carry the peak of {c.traffic.source}: its busiest window "
             f"needs {c.traffic.peak_replicas} replicas to keep TTFT p90 <= "
             f"{c.pool.slo.ttft_p90_s} s",
@@ -598,7 +620,7 @@ def _traffic_peak(c: Ctx) -> Iterator[Finding]:
 # ---------------------------------------------------------------------------- running
 
 
-def run_checks(cfg: Config, targets: list[tuple[Pool, Cloud]],
+def run_checks(cfg: Config, targets: list[Target],
                traffic: dict[tuple[str, Cloud], TrafficNeed] | None = None) -> list[Finding]:
     """All findings for the chosen (pool, cloud) targets; pool checks run once per pool.
     `traffic` (per pool name and cloud) is what a given trace needs; checks of it run only
@@ -606,7 +628,8 @@ def run_checks(cfg: Config, targets: list[tuple[Pool, Cloud]],
     catalog = load_catalog()
     findings: list[Finding] = []
     seen: set[str] = set()
-    for pool, cl in targets:
+    for t in targets:
+        pool, cl = t.pool, t.cloud
         index = cfg.pools.index(pool)
         if pool.name not in seen:
             seen.add(pool.name)
@@ -629,7 +652,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-def refuse_invalid(cfg: Config, targets: list[tuple[Pool, Cloud]]) -> None:
+def refuse_invalid(cfg: Config, targets: list[Target]) -> None:
     """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
     nothing, so what the rules accept synthesizes and what they refuse never gets there."""

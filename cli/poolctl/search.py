@@ -42,7 +42,7 @@ from poolctl.capacity import (
 )
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import Config, Pool, Target
 from poolctl.errors import OperationFailed
 from poolctl.rules import errors, run_checks
 from poolctl.servingmodel import replica_model
@@ -56,6 +56,8 @@ TENSOR_PARALLEL = (1, 2, 4, 8)
 # decode stalls prefill chunks cause. The file's own values are always added.
 MAX_NUM_SEQS = (64, 256)
 MAX_NUM_BATCHED_TOKENS = (2048, 8192)
+# Longer max_model_len values tried when the trace holds requests over the file's.
+LONGER_LENS = 3
 AGGREGATED = "aggregated"
 # A configuration needing more nodes than this for the trace is left out (a TPOT target
 # that only near-empty replicas meet would otherwise gallop to thousands).
@@ -72,10 +74,13 @@ class Configuration:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    base_len: int = 0  # the file's max_model_len (a label names a different one)
 
     def label(self) -> str:
         return (f"{self.instance_type} TP {self.tensor_parallel}, seqs {self.max_num_seqs}, "
-                f"step {self.max_num_batched_tokens}")
+                f"step {self.max_num_batched_tokens}"
+                + ("" if self.max_model_len == self.base_len else
+                   f", max_model_len {self.max_model_len:,}"))
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class Candidate:
             "max_num_seqs": c.max_num_seqs,
             "max_num_batched_tokens": c.max_num_batched_tokens,
             "max_model_len": c.max_model_len,
+            "requests_over_max_model_len": s.requests_over_max_model_len,
             "replicas_per_node": self.replicas_per_node,
             "nodes": self.nodes,
             "replicas": self.replicas,
@@ -138,6 +144,7 @@ class Outcome:
     tpot_p90_floor_s: float
     p90_prompt_floor_s: float  # the p90 prompt's prefill alone on one idle replica
     reason: str | None = None  # set when no node count meets the SLOs
+    served: int = 0  # requests within the configuration's max_model_len
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ def file_configuration(pool: Pool, cloud: Cloud) -> Configuration:
     assert p is not None  # targets pair a pool with a cloud it has a placement on
     s = pool.serving
     return Configuration(AGGREGATED, p.type_name, s.tensor_parallel, s.max_num_seqs,
-                         s.max_num_batched_tokens, s.max_model_len)
+                         s.max_num_batched_tokens, s.max_model_len, s.max_model_len)
 
 
 def variant(pool: Pool, cloud: Cloud, c: Configuration) -> Pool:
@@ -215,7 +222,24 @@ def variant(pool: Pool, cloud: Cloud, c: Configuration) -> Pool:
     return pool.model_copy(update={"serving": serving, str(cloud): p.model_copy(update=update)})
 
 
-def configurations(cfg: Config, pool: Pool, cloud: Cloud) -> tuple[list[Configuration], int]:
+def model_lens(base: int, trace: Trace | None) -> list[int]:
+    """The file's max_model_len and, when the trace has longer requests, the powers of two
+    above it up to the first holding the longest (at most LONGER_LENS of them); the rules
+    then keep those the model and the HBM allow."""
+    if trace is None or not len(trace):
+        return [base]
+    longest = max(max(1, i) + max(1, o) for i, o in zip(trace.inputs, trace.outputs,
+                                                        strict=True))
+    lens = [base]
+    n = 1 << base.bit_length()  # the first power of two above base
+    while longest > lens[-1] and len(lens) <= LONGER_LENS:
+        lens.append(n)
+        n *= 2
+    return lens
+
+
+def configurations(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace | None = None
+                   ) -> tuple[list[Configuration], int]:
     """Every configuration of the placement the rules accept, and how many they refused."""
     base = file_configuration(pool, cloud)
     seqs = sorted({*MAX_NUM_SEQS, base.max_num_seqs})
@@ -223,18 +247,18 @@ def configurations(cfg: Config, pool: Pool, cloud: Cloud) -> tuple[list[Configur
     names = [r.name for r in load_catalog().instance_types if r.cloud == cloud]
     ok: list[Configuration] = []
     refused = 0
+    grid = [(tp, n, b, ln) for tp in TENSOR_PARALLEL for n in seqs for b in budgets
+            for ln in model_lens(base.max_model_len, trace)]
     for name in names:
-        for tp in TENSOR_PARALLEL:
-            for n_seqs in seqs:
-                for budget in budgets:
-                    c = Configuration(AGGREGATED, name, tp, n_seqs, budget, base.max_model_len)
-                    v = variant(pool, cloud, c)
-                    trial = cfg.model_copy(update={"pools": [v if q is pool else q
-                                                             for q in cfg.pools]})
-                    if errors(run_checks(trial, [(v, cloud)])):
-                        refused += 1
-                    else:
-                        ok.append(c)
+        for tp, n_seqs, budget, length in grid:
+            c = Configuration(AGGREGATED, name, tp, n_seqs, budget, length,
+                              base.max_model_len)
+            v = variant(pool, cloud, c)
+            trial = cfg.model_copy(update={"pools": [v if q is pool else q for q in cfg.pools]})
+            if errors(run_checks(trial, [Target(v, cloud)])):
+                refused += 1
+            else:
+                ok.append(c)
     return ok, refused
 
 
@@ -273,7 +297,7 @@ def evaluate_aggregated(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration
 
     def outcome(reason: str | None) -> Outcome:
         return Outcome(c, tuple(seen[n] for n in sorted(seen)), fl.ttft_p90_floor_s, tf,
-                       fl.p90_prompt_floor_s, reason)
+                       fl.p90_prompt_floor_s, reason, fl.served)
 
     if not fl.served:
         return outcome(f"every request is longer than max_model_len {c.max_model_len:,}")
@@ -371,15 +395,17 @@ def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configura
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     """Candidates no other one beats on every count (cost per hour, TTFT p90, TPOT p90: lower
-    is better) and strictly on one, cheapest first. Runs without a TTFT or TPOT figure are
-    left out."""
+    is better) and strictly on one, cheapest first; a candidate refusing more requests (a
+    shorter max_model_len) never beats one refusing fewer. Runs without a TTFT or TPOT figure
+    are left out."""
     pts = [c for c in cands if c.summary.ttft_s.p90 is not None
            and c.summary.tpot_s.p90 is not None]
 
-    def vec(c: Candidate) -> tuple[float, float, float]:
+    def vec(c: Candidate) -> tuple[float, float, float, float]:
         s = c.summary
         assert s.ttft_s.p90 is not None and s.tpot_s.p90 is not None  # filtered above
-        return (c.cost_per_hour_usd, s.ttft_s.p90, s.tpot_s.p90)
+        return (c.cost_per_hour_usd, s.ttft_s.p90, s.tpot_s.p90,
+                float(s.requests_over_max_model_len))
 
     front = []
     for c in pts:
@@ -388,7 +414,7 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
                    for d in pts):
             front.append(c)
     # Equal points (same figures): keep the first in preference order.
-    uniq: dict[tuple[float, float, float], Candidate] = {}
+    uniq: dict[tuple[float, float, float, float], Candidate] = {}
     for c in sorted(front, key=Candidate.key):
         uniq.setdefault(vec(c), c)
     return list(uniq.values())
@@ -429,6 +455,7 @@ def infeasible(pool: Pool, cloud: Cloud, trace: Trace, outcomes: list[Outcome]) 
             f"{tpot} on {trace.source} ({len(outcomes)} configurations searched)")
     if not outcomes:
         return head + "; every configuration was refused by a rule (run `poolctl validate`)"
+    outcomes = [o for o in outcomes if o.served] or outcomes
     fast = min(outcomes, key=lambda o: (o.ttft_p90_floor_s, o.config.label()))
     served = ttft_floor(replica_model(variant(pool, cloud, fast.config), cloud), trace)
     parts = [f"its p90 prompt is {served.p90_prompt:,.0f} tokens and the fastest prefill of "
@@ -473,16 +500,17 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
            progress: Callable[[int, int, str], None] | None = None) -> SearchResult:
     """Evaluate every configuration of the placement on `trace`; the front, the choice, and
     the file's lines it changes. No configuration meeting the SLOs: OperationFailed."""
-    fl = ttft_floor(replica_model(pool, cloud), trace)
-    if not fl.served:
-        raise too_long(pool, cloud, trace, fl, trace.source)
-    configs, refused = configurations(cfg, pool, cloud)
+    configs, refused = configurations(cfg, pool, cloud, trace)
     outcomes = evaluate_all(pool, cloud, trace, configs, workers, progress)
     cands = [c for o in outcomes for c in o.candidates]
     chosen = choose(cands)
+    fl = ttft_floor(replica_model(pool, cloud), trace)
+    if chosen is None and not fl.served and all(o.served == 0 for o in outcomes):
+        raise too_long(pool, cloud, trace, fl, trace.source)
     if chosen is None:
         raise OperationFailed(infeasible(pool, cloud, trace, outcomes))
-    rec = recommend(variant(pool, cloud, chosen.config), cloud, trace)
+    rec = recommend(variant(pool, cloud, chosen.config), cloud, trace,
+                    start_replicas=chosen.replicas)
     return SearchResult(
         pool=pool.name, cloud=cloud, configurations=len(configs), refused=refused,
         outcomes=tuple(outcomes), front=tuple(pareto_front(cands)), chosen=chosen,

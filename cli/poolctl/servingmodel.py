@@ -289,3 +289,84 @@ def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
             )
         rm = replace(rm, prefill_mfu=mfu)
     return rm
+
+
+# ------------------------------------------------------------------------------ topology
+
+# aggregated: every replica prefills and decodes (vLLM's default). disagg-node: a replica's
+# prefill and decode run on different GPUs of one node, the KV cache crossing NVLink.
+# disagg-cross: on different nodes, the KV cache crossing the VPC network over TCP (no EFA).
+TOPOLOGIES = ("aggregated", "disagg-node", "disagg-cross")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A disaggregated replica: a prefill instance of `prefill.tp` GPUs hands each request's
+    KV cache to a decode instance of `decode.tp` GPUs over a path of `link_bytes_per_s`
+    (one prefill instance's share; its transfers queue on it)."""
+
+    kind: str
+    prefill: ReplicaModel
+    decode: ReplicaModel
+    kv_bytes_per_token: float  # whole model: every layer, K and V, all TP shards
+    link_bytes_per_s: float
+    link: str  # how the figure was reached, for the output
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill.tp + self.decode.tp
+
+    def transfer_s(self, tokens: int) -> float:
+        return tokens * self.kv_bytes_per_token / self.link_bytes_per_s
+
+
+def _at_tp(pool: Pool, tp: int) -> Pool:
+    return pool.model_copy(update={"serving": pool.serving.model_copy(
+        update={"tensor_parallel": tp})})
+
+
+def topology(pool: Pool, cloud: Cloud, kind: str, prefill_gpus: int,
+             decode_gpus: int) -> Topology:
+    """The pool's model split `prefill_gpus`:`decode_gpus` (each a TP degree), with the KV
+    path of `kind` ("disagg-node" or "disagg-cross"). Bad splits are one UsageError line."""
+    row = instance_row(pool, cloud)
+    flag = f"--split {prefill_gpus}:{decode_gpus}"
+    if kind not in TOPOLOGIES[1:]:
+        raise UsageError(f"--topology: {kind!r} is not one of {', '.join(TOPOLOGIES)}")
+    for n in (prefill_gpus, decode_gpus):
+        if n not in (1, 2, 4, 8):
+            raise UsageError(f"{flag}: each side is a tensor-parallel degree: 1, 2, 4 or 8")
+    if row.gpus % (prefill_gpus + decode_gpus):
+        raise UsageError(f"{flag}: {prefill_gpus + decode_gpus} GPUs per replica do not divide "
+                         f"{row.name}'s {row.gpus}; e.g. --split 4:4")
+    sides = []
+    for side, n in (("prefill", prefill_gpus), ("decode", decode_gpus)):
+        m = replica_model(_at_tp(pool, n), cloud)
+        if m.kv_tokens < m.max_model_len:
+            raise UsageError(f"{flag}: the {side} side's {n} GPU(s) leave KV room for "
+                             f"{max(0, m.kv_tokens):,} tokens, less than one max_model_len "
+                             f"sequence ({m.max_model_len:,}); give it more GPUs")
+        sides.append(replace(m, role=side))
+    p, d = sides
+    kv_token = p.kv_bytes_per_token_per_gpu * p.tp
+    if kind == "disagg-node":
+        spec = load_catalog().gpu_spec(row)
+        link = spec.nvlink_gbytes_s if row.nvlink and spec.nvlink_gbytes_s else spec.pcie_gbytes_s
+        # Each of the narrower side's GPUs moves its share over its own link, one way.
+        lanes = min(prefill_gpus, decode_gpus)
+        bw = lanes * link * 1e9 / 2 * p.link_efficiency
+        how = f"{lanes} x {link / 2:g} GB/s one-way GPU links x {p.link_efficiency:g}"
+    else:
+        vpc = row.vpc
+        if vpc is None:
+            raise UsageError(f"--topology disagg-cross: the catalog has no sourced VPC "
+                             f"bandwidth for {row.name}; use --topology disagg-node")
+        # One TCP flow per prefill GPU (each TP rank sends its shard), each capped per flow;
+        # the node's primary card is shared by the prefill instances on it.
+        per_node = row.gpus // prefill_gpus
+        gbps = min(prefill_gpus * vpc.flow_gbps, vpc.instance_gbps / per_node)
+        bw = gbps * 1e9 / 8
+        how = (f"min({prefill_gpus} flows x {vpc.flow_gbps:g} Gbit/s, {vpc.instance_gbps:g} "
+               f"Gbit/s / {per_node} prefill instances per node) = {gbps:g} Gbit/s")
+    return Topology(kind=kind, prefill=p, decode=d, kv_bytes_per_token=kv_token,
+                    link_bytes_per_s=bw, link=how)

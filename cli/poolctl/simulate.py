@@ -1,5 +1,6 @@
-"""A discrete-event simulator of a pool: replicas behind a least-outstanding-requests balancer,
-each a vLLM-style continuous-batching engine, optionally under the pool's own autoscaling.
+"""A discrete-event simulator of a pool: replicas behind a load balancer (least outstanding
+requests, session affinity, or a central queue), each a vLLM-style continuous-batching
+engine with automatic prefix caching, optionally under the pool's own autoscaling.
 
 Speed comes from advancing time analytically: while a replica's batch only decodes, its
 steps differ only by the KV cache growing one token per sequence per step, so the time of n
@@ -8,9 +9,9 @@ steps has a closed form (`DecodeRun.time`) and the replica wakes only when somet
 at a time. Per-sequence token counts are kept relative to a per-replica step counter, so a
 decode run costs O(log n) however many sequences it carries.
 
-A replica is an `Engine` (submit, next event, handle event, outstanding); the balancer and the
-autoscaler see only that interface, so a second kind of replica (disaggregated prefill and
-decode) can be added beside `Engine` later.
+A replica is an `Engine` (submit, next event, handle event, outstanding), or a
+`DisaggEngine`: a prefill `Engine` and a decode `Engine` joined by a KV-transfer link; the
+balancer and the autoscaler see only that interface.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from poolctl.servingmodel import ReplicaModel
+from poolctl.servingmodel import ReplicaModel, Topology
 from poolctl.traces import Blocks, Trace
 
 INF = math.inf
@@ -170,9 +171,13 @@ class Engine:
     exceeds `kv_tokens`."""
 
     def __init__(self, idx: int, m: ReplicaModel, req: Requests,
-                 cache: PrefixCache | None = None) -> None:
+                 cache: PrefixCache | None = None, preloaded: bool = False) -> None:
         self.idx, self.m, self.req = idx, m, req
         self.cache = cache
+        # A decode instance: each request arrives with its prompt's KV cache (from a prefill
+        # instance) and computes only its last prompt token (for the logits), as vLLM's
+        # KV-transfer connectors do.
+        self.preloaded = preloaded
         self.pinned: dict[int, Blocks] = {}  # rid -> the cached blocks it holds
         self.prompt_tokens = 0  # prompt tokens admitted (recomputes included) ...
         self.hit_tokens = 0  # ... and of them found in the prefix cache
@@ -184,7 +189,8 @@ class Engine:
         self.alloc: dict[int, int] = {}  # KV tokens at `join`
         self.fin: list[tuple[int, int]] = []  # (step counter at finish, rid), lazy deletion
         self.steps = 0  # decode steps taken: a decoding sequence gains one token per step
-        self.kv = 0
+        self.kv = 0  # KV slots of the running sequences (what a step reads)
+        self.held = 0  # KV slots of finished prefills still being sent (DisaggEngine)
         self.n_dec = 0
         self.busy_s = 0.0
         self.occupied_s = 0.0  # busy time weighted by the share of capacity in use
@@ -201,7 +207,7 @@ class Engine:
         self.chunks: list[tuple[int, int]] = []
 
     def _note_kv(self) -> None:
-        held = self.kv + (self.cache.tokens if self.cache is not None else 0)
+        held = self.kv + self.held + (self.cache.tokens if self.cache is not None else 0)
         if held > self.max_kv:
             self.max_kv = held
 
@@ -242,7 +248,8 @@ class Engine:
         """Evict free cached blocks until they fit beside the running sequences' KV (and
         `extra` slots more)."""
         if self.cache is not None:
-            self.cache.evict(self.kv + extra + self.cache.tokens - self.m.kv_tokens)
+            self.cache.evict(self.kv + self.held + extra + self.cache.tokens
+                             - self.m.kv_tokens)
 
     def _hit(self, rid: int, prompt: int) -> int:
         """Prompt tokens of `rid` cached on this replica (at most prompt - 1: vLLM computes
@@ -268,6 +275,12 @@ class Engine:
             cache.pin(full[len(held):])
             self.pinned[rid] = full
 
+    def resume(self, now: float) -> None:
+        """KV was freed from outside (a finished transfer): an idle engine with requests
+        waiting for room starts its next step."""
+        if self.end == INF and self.waiting:
+            self._start(now)
+
     def _preempt(self, rid: int) -> None:
         self.running.remove(rid)
         self.preemptions += 1
@@ -289,7 +302,7 @@ class Engine:
         self.version += 1
         self.t0 = now
         # Decoding sequences need one KV slot each this step; make room by preemption.
-        while self.n_dec and self.kv + self.n_dec > m.kv_tokens:
+        while self.n_dec and self.kv + self.held + self.n_dec > m.kv_tokens:
             self._preempt(self.running[-1])
         self._fit_cache(self.n_dec)
         budget = m.max_num_batched_tokens - self.n_dec
@@ -306,16 +319,19 @@ class Engine:
             rid = self.waiting[0]
             prompt = req.inputs[rid] + self.gen.get(rid, 0)
             # Room for the prompt, the token its prefill emits and this step's decode tokens.
-            if self.kv + self.n_dec + prompt + 1 > m.kv_tokens:
+            if self.kv + self.held + self.n_dec + prompt + 1 > m.kv_tokens:
                 break
             self.waiting.popleft()
             if req.admitted[rid] != req.admitted[rid]:  # NaN: first admission
                 req.admitted[rid] = now
             self.running.append(rid)
-            hit = self._hit(rid, prompt)
-            self.prompt_tokens += prompt
-            self.hit_tokens += hit
-            req.cached[rid] = hit
+            if self.preloaded:  # a recompute after preemption has no KV to receive
+                hit = prompt - 1 if rid not in self.gen else 0
+            else:
+                hit = self._hit(rid, prompt)
+                self.prompt_tokens += prompt
+                self.hit_tokens += hit
+                req.cached[rid] = hit
             self.kv += prompt + 1
             self._fit_cache(self.n_dec)
             self.prefill[rid] = [prompt - hit, hit]
@@ -338,7 +354,7 @@ class Engine:
         while not self._live(*self.fin[0]):
             heapq.heappop(self.fin)
         n_fin = self.fin[0][0] - self.steps
-        n_kv = (m.kv_tokens - self.kv) // self.n_dec
+        n_kv = (m.kv_tokens - self.kv - self.held) // self.n_dec
         self.chunks = []
         self.run = DecodeRun(m, self.n_dec, self.kv)
         self.run_n = max(1, min(n_fin, n_kv))
@@ -390,6 +406,140 @@ class Engine:
         self._start(now)
 
 
+class DisaggEngine:
+    """One disaggregated replica: a prefill instance and a decode instance (`Topology`).
+
+    A request is prefilled on the prefill engine (its prefix cache there) as a one-token
+    request; its KV cache then crosses the link, transfers one after another at the link's
+    rate, and the decode engine admits it with the prompt's KV in place: its first token
+    comes from the decode instance's first step, so TTFT = prefill + transfer + that step.
+    Decode steps never carry prefill chunks. The balancer and the autoscaler see the same
+    interface as `Engine`'s."""
+
+    def __init__(self, idx: int, topo: Topology, req: Requests,
+                 cache: PrefixCache | None) -> None:
+        self.idx, self.topo, self.req = idx, topo, req
+        # The prefill side's own view of the requests: one output token, its own times.
+        n = len(req.arrival)
+        nan = math.nan
+        self.preq = Requests(arrival=req.arrival, inputs=req.inputs, outputs=[1] * n,
+                             replica=req.replica, admitted=req.admitted, first=[nan] * n,
+                             finish=[nan] * n, refused=req.refused, blocks=req.blocks,
+                             cached=req.cached)
+        self.p = Engine(idx, topo.prefill, self.preq, cache)
+        self.d = Engine(idx, topo.decode, req, preloaded=True)
+        self.xfer: list[tuple[float, int]] = []  # (KV in place on the decode side, rid)
+        self.link_free = 0.0
+        self.in_transfer = 0
+        self.transfer_s = 0.0  # sum over requests, for the mean
+        self.transfers = 0
+        self.end = INF
+        self.version = 0
+        self.draining = False
+        self.cache = cache
+
+    # The interface simulate() reads.
+    @property
+    def waiting(self) -> deque[int]:
+        return self.p.waiting
+
+    @property
+    def outstanding(self) -> int:
+        return self.p.outstanding + self.in_transfer + self.d.outstanding
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.p.prompt_tokens
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.p.hit_tokens
+
+    @property
+    def busy_s(self) -> float:  # GPU-weighted over the two sides
+        g = self.topo.gpus
+        return (self.p.busy_s * self.topo.prefill.tp + self.d.busy_s * self.topo.decode.tp) / g
+
+    @property
+    def occupied_s(self) -> float:
+        g = self.topo.gpus
+        return (self.p.occupied_s * self.topo.prefill.tp
+                + self.d.occupied_s * self.topo.decode.tp) / g
+
+    @property
+    def max_kv(self) -> int:
+        return max(self.p.max_kv, self.d.max_kv)
+
+    @property
+    def max_running(self) -> int:
+        return max(self.p.max_running, self.d.max_running)
+
+    @property
+    def preemptions(self) -> int:
+        return self.p.preemptions + self.d.preemptions
+
+    def _next(self) -> bool:
+        end = min(self.p.end, self.d.end, self.xfer[0][0] if self.xfer else INF)
+        if end != self.end:
+            self.end = end
+            self.version += 1
+            return True
+        return False
+
+    def submit(self, rid: int, now: float) -> bool:
+        self.p.submit(rid, now)
+        return self._next()
+
+    def _prefilled(self, rid: int, now: float) -> None:
+        # The prefill instance holds the request's KV until the decode side has it (as
+        # vLLM's connectors free it once read): a slow link fills it and stalls admission.
+        self.p.held += self.req.inputs[rid] + 1
+        t = self.topo.transfer_s(self.req.inputs[rid])
+        start = max(now, self.link_free)
+        self.link_free = start + t
+        self.transfer_s += self.link_free - now
+        self.transfers += 1
+        self.in_transfer += 1
+        heapq.heappush(self.xfer, (self.link_free, rid))
+
+    def handle(self, now: float, on_finish: Callable[[int, float], None]) -> None:
+        while True:
+            if self.d.end <= now:
+                self.d.handle(now, on_finish)
+            elif self.xfer and self.xfer[0][0] <= now:
+                _, rid = heapq.heappop(self.xfer)
+                self.in_transfer -= 1
+                self.p.held -= self.req.inputs[rid] + 1
+                self.p.resume(now)
+                self.d.submit(rid, now)
+            elif self.p.end <= now:
+                self.p.handle(now, self._prefilled)
+            else:
+                break
+        self._next()
+
+
+Replica = Engine | DisaggEngine
+
+
+@dataclass(frozen=True)
+class SimWindow:
+    """A launch window in the replay (`simulate --warm-window`): `nodes` more from `start_s`
+    to `end_s` (seconds from the trace's start). Running: the group's minimum raised (what
+    `warm --from --running` schedules); at the end the minimum returns and the desired size
+    with it (the nodes above it drain). Stopped: the warm pool raised by them at the start
+    (prepared from cold, then stopped), trimmed back at the end; no cloud schedules that, so
+    it stands for a `warm --replicas N` run by hand at the start."""
+
+    start_s: float
+    end_s: float
+    nodes: int
+    running: bool = True
+
+    def open_at(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
+
+
 @dataclass
 class Autoscale:
     """The pool's node group: bounds, queue target, warm pool and start times (seconds)."""
@@ -404,6 +554,7 @@ class Autoscale:
     scale_down_stabilization_s: float
     scale_in_cooldown_s: float
     warm_running: bool
+    windows: tuple[SimWindow, ...] = ()
 
 
 @dataclass
@@ -429,6 +580,8 @@ class SimResult:
     power_kw_per_node: float | None = None  # the catalog's max system power, for energy
     max_model_len: int | None = None
     prefix_cache: PrefixStats | None = None  # None: no cache simulated (off, or no block ids)
+    topology: Topology | None = None
+    kv_transfer_s_mean: float = 0.0  # disaggregated: from prefill done to KV on the decode side
 
 
 @dataclass(frozen=True)
@@ -453,7 +606,8 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              replicas_per_node: int = 1, balancer: str = "lor",
              stop_if_p90_over: float | None = None,
              power_kw_per_node: float | None = None,
-             prefix_caching: bool = True, reserved_nodes: int = 0) -> SimResult:
+             prefix_caching: bool = True, topology: Topology | None = None,
+             run_until_s: float = 0.0, reserved_nodes: int = 0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
@@ -466,7 +620,13 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     prefixes. A request without a session goes as "lor".
 
     prefix_caching: each replica keeps vLLM's automatic prefix cache (`PrefixCache`) over
-    the trace's block ids; a trace without ids has no reuse to find."""
+    the trace's block ids; a trace without ids has no reuse to find.
+
+    topology: each replica is a `DisaggEngine` (prefill and decode instances, the prefix cache
+    on the prefill side); None: an `Engine` prefilling and decoding on the same GPUs.
+
+    run_until_s: the autoscaled pool keeps running (and scaling in) until then at least, so
+    that two replays are billed over the same span (a launch hour)."""
     if balancer not in BALANCERS:
         raise ValueError(f"balancer must be one of {BALANCERS}")
     central: deque[int] = deque()
@@ -480,8 +640,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     )
     use_cache = prefix_caching and trace.blocks is not None
 
-    def new_engine() -> Engine:
+    def new_engine() -> Replica:
         cache = PrefixCache(trace.block_tokens) if use_cache else None
+        if topology is not None:
+            return DisaggEngine(len(engines), topology, req, cache)
         return Engine(len(engines), m, req, cache)
 
     sessions: dict[int, int] = {}  # session key -> node
@@ -490,10 +652,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     if stop_if_p90_over is not None:
         # More than 10 % of all requests late: the p90 of the completed ones is late too.
         req.slo_s, miss_limit = stop_if_p90_over, math.ceil(0.1 * n_req) + 1
-    engines: list[Engine] = []
-    serving: list[Engine] = []
+    engines: list[Replica] = []
+    serving: list[Replica] = []
     heap: list[tuple[float, int, int, int]] = []  # (time, kind, id, version)
-    EV_ENGINE, EV_TICK, EV_READY, EV_WARM = 0, 1, 2, 3
+    EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW = 0, 1, 2, 3, 4
     state = {"in": 0, "integral": 0.0, "last": 0.0}
 
     def on_finish(rid: int, now: float) -> None:
@@ -504,7 +666,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         assert replica is not None  # a request that finishes was dispatched to a replica
         freed.append(engines[replica])
 
-    def dispatch(e: Engine, rid: int, now: float) -> None:
+    def dispatch(e: Replica, rid: int, now: float) -> None:
         req.replica[rid] = e.idx
         if e.submit(rid, now):
             heapq.heappush(heap, (e.end, EV_ENGINE, e.idx, e.version))
@@ -516,7 +678,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             if not central:
                 return
 
-    freed: list[Engine] = []
+    freed: list[Replica] = []
 
     def add_node() -> None:
         for _ in range(rpn):
@@ -543,6 +705,10 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             add_node()
         heapq.heappush(heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
         fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
+        for k, w in enumerate(scale.windows):
+            if w.start_s > 0:
+                heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
+            heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
     fixed_nodes = max(reserved_nodes, fixed_nodes)
 
     # Autoscaling state
@@ -554,10 +720,71 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     last_t = 0.0
     timeline: list[tuple[float, int, int]] = []
     cold_window: list[tuple[float, float]] = []
-    draining: list[Engine] = []
+    draining: list[Replica] = []
 
     def serving_nodes() -> int:
         return len(serving) // rpn
+
+    def raised(now: float, running: bool) -> int:
+        """Nodes the open windows of that kind add (overlaps: the larger, not the sum)."""
+        assert scale is not None
+        return max((w.nodes for w in scale.windows if w.running == running and w.open_at(now)),
+                   default=0)
+
+    def floor_nodes(now: float) -> int:
+        assert scale is not None
+        return scale.min_nodes + raised(now, True)
+
+    def start_nodes(count: int, now: float) -> None:
+        """Scale out by `count`: warm nodes first (the pool refills from cold), then cold."""
+        nonlocal warm_free
+        assert scale is not None
+        for _ in range(count):
+            if warm_free:
+                warm_free -= 1
+                ready = now + scale.warm_start_s
+                heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+            else:
+                ready = now + scale.cold_start_s
+            starting.append(ready)
+            heapq.heappush(heap, (ready, EV_READY, 0, 0))
+        cold_window.append((now, max(starting)))
+        record(now)
+
+    def begun_before(scale: Autoscale) -> None:
+        """Windows that start at or before the trace's start: nodes launched at FROM serve
+        FROM + their start time later (warm pool first), from 0 at the earliest; a stopped
+        window's nodes are prepared from cold by FROM + the cold start."""
+        nonlocal warm_free
+        early = [w for w in scale.windows if w.start_s <= 0]
+        at = min((w.start_s for w in early if w.running), default=0.0)
+        for _ in range(max((w.nodes for w in early if w.running), default=0)):
+            warm = warm_free > 0
+            warm_free -= warm
+            ready = at + (scale.warm_start_s if warm else scale.cold_start_s)
+            if warm:
+                heapq.heappush(heap, (max(0.0, at + scale.cold_start_s), EV_WARM, 0, 0))
+            if ready <= 0:
+                add_node()
+            else:
+                starting.append(ready)
+                heapq.heappush(heap, (ready, EV_READY, 0, 0))
+        for w in early:
+            if not w.running:
+                for _ in range(w.nodes):
+                    heapq.heappush(heap, (max(0.0, w.start_s + scale.cold_start_s), EV_WARM,
+                                          0, 0))
+
+    def drain_to(nodes: int, now: float) -> None:
+        """The newest nodes leave the balancer and drain their requests, down to `nodes`."""
+        while serving_nodes() > nodes:
+            leaving = serving[-rpn:]
+            del serving[-rpn:]
+            for e in leaving:
+                e.draining = True
+                if e.outstanding:
+                    draining.append(e)
+        record(now)
 
     def bill(now: float) -> None:
         nonlocal node_s, last_t
@@ -573,6 +800,8 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             timeline.append((now, serving_nodes(), len(starting)))
 
+    if scale is not None:
+        begun_before(scale)
     record(0.0)
     i = 0
     rr = 0
@@ -637,7 +866,25 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             continue
         if kind == EV_WARM:
             bill(now)
-            warm_free += 1
+            assert scale is not None
+            if warm_free < scale.warm_nodes + raised(now, False):  # else a window has ended
+                warm_free += 1
+            continue
+        if kind == EV_WINDOW:
+            bill(now)
+            assert scale is not None
+            w = scale.windows[ident]
+            if w.running and version == 0:  # the minimum rises: nodes launch now
+                short = floor_nodes(now) - serving_nodes() - len(starting)
+                if short > 0:
+                    start_nodes(short, now)
+            elif w.running:  # the minimum and the desired size return (the queue policy
+                drain_to(floor_nodes(now), now)  # grows the pool again if traffic needs it)
+            elif version == 0:  # the warm pool rises: nodes prepared from cold
+                for _ in range(w.nodes):
+                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+            else:  # the warm pool returns to its size
+                warm_free = min(warm_free, scale.warm_nodes + raised(now, False))
             continue
         # EV_TICK: the metric sample and the policy.
         assert scale is not None
@@ -647,35 +894,17 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         cur = serving_nodes() + len(starting)
         want = min(scale.max_nodes, math.ceil(serving_nodes() * metric / scale.queue_target))
         if want > cur:
-            for _ in range(want - cur):
-                if warm_free:
-                    warm_free -= 1
-                    ready = now + scale.warm_start_s
-                    # The warm pool refills itself: a replacement is prepared from cold.
-                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
-                else:
-                    ready = now + scale.cold_start_s
-                starting.append(ready)
-                heapq.heappush(heap, (ready, EV_READY, 0, 0))
-            cold_window.append((now, max(starting)))
-            record(now)
+            start_nodes(want - cur, now)
         if metric < scale.queue_target / 2:
             low_since = now if low_since is None else low_since
             if (now - low_since >= scale.scale_down_stabilization_s
                     and now - last_scale_in >= scale.scale_in_cooldown_s
-                    and serving_nodes() > scale.min_nodes and not starting):
-                # The newest node leaves the balancer and drains its requests.
-                leaving = serving[-rpn:]
-                del serving[-rpn:]
-                for e in leaving:
-                    e.draining = True
-                    if e.outstanding:
-                        draining.append(e)
+                    and serving_nodes() > floor_nodes(now) and not starting):
+                drain_to(serving_nodes() - 1, now)  # one node at a time
                 last_scale_in = now
-                record(now)
         else:
             low_since = None
-        if i < n_req or any(e.outstanding for e in engines):
+        if i < n_req or any(e.outstanding for e in engines) or now < run_until_s:
             heapq.heappush(heap, (now + METRIC_PERIOD_S, EV_TICK, 0, 0))
     horizon = max(last_t, max((f for f in req.finish if f == f), default=0.0),
                   trace.arrivals[-1] if n_req else 0.0)
@@ -683,12 +912,17 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     if scale is None:
         node_s = fixed_nodes * horizon
     record(horizon)
+    if scale is not None:  # a running window's nodes are paid whatever the traffic
+        fixed_window_s = sum(w.nodes * max(0.0, min(w.end_s, horizon) - max(0.0, w.start_s))
+                             for w in scale.windows if w.running)
+    else:
+        fixed_window_s = 0.0
     return SimResult(
         req=req, horizon_s=horizon, in_system_integral=state["integral"],
         busy_s=sum(e.busy_s for e in engines),
         occupied_s=sum(e.occupied_s for e in engines),
         replica_s=_replica_seconds(timeline, rpn, horizon) if scale else len(engines) * horizon,
-        node_s=node_s, fixed_node_s=fixed_nodes * horizon,
+        node_s=node_s, fixed_node_s=fixed_nodes * horizon + fixed_window_s,
         price_per_node_hour=price_per_node_hour,
         max_kv_tokens=max(e.max_kv for e in engines),
         max_running=max(e.max_running for e in engines),
@@ -703,7 +937,15 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             hit_tokens=sum(e.hit_tokens for e in engines),
             evicted_blocks=sum(e.cache.evicted for e in engines if e.cache is not None),
         ) if use_cache else None,
+        topology=topology,
+        kv_transfer_s_mean=_transfer_mean(engines),
     )
+
+
+def _transfer_mean(engines: list[Replica]) -> float:
+    ds = [e for e in engines if isinstance(e, DisaggEngine)]
+    n = sum(e.transfers for e in ds)
+    return sum(e.transfer_s for e in ds) / n if n else 0.0
 
 
 def session_key(blocks: list[Blocks] | None, rid: int) -> int | None:
@@ -716,14 +958,14 @@ def session_key(blocks: list[Blocks] | None, rid: int) -> int | None:
     return blocks[rid][0]
 
 
-def least_outstanding(engines: list[Engine], rr: int) -> Engine:
+def least_outstanding(engines: list[Replica], rr: int) -> Replica:
     """The replica with the fewest requests waiting or running; ties go round-robin from
     `rr` (as a balancer spreads them)."""
     n = len(engines)
     best, best_o = engines[rr % n], INF
     for k in range(n):
         e = engines[(rr + k) % n]
-        o = len(e.waiting) + len(e.running)
+        o = e.outstanding
         if o < best_o:
             best, best_o = e, o
             if o == 0:
@@ -809,6 +1051,18 @@ class AutoscaleResult:
 
 
 @dataclass(frozen=True)
+class TopologyResult:
+    """A disaggregated run's split and KV path (see servingmodel.Topology)."""
+
+    kind: str
+    prefill_gpus: int
+    decode_gpus: int
+    kv_link_gbytes_per_s: float
+    kv_link: str
+    kv_transfer_s_mean: float  # from prefill done to KV on the decode side, queueing included
+
+
+@dataclass(frozen=True)
 class SimSummary:
     """What a run reports (`simulate --json`, via `to_json`, in the contract's shape)."""
 
@@ -839,6 +1093,7 @@ class SimSummary:
     preemptions: int
     autoscale: AutoscaleResult | None = None
     prefix_cache: PrefixStats | None = None
+    topology: TopologyResult | None = None  # None: aggregated
 
     def to_json(self) -> dict[str, Any]:
         lo, hi, mean = self.replicas
@@ -880,6 +1135,7 @@ class SimSummary:
             "running_max": self.running_max,
             "preemptions": self.preemptions,
             "prefix_cache": prefix_cache_summary(self.prefix_cache),
+            "topology": topology_summary(self.topology),
             "requests_over_max_model_len": self.requests_over_max_model_len,
             "max_model_len": self.max_model_len,
             "energy": {"power_kw_per_node": self.energy.power_kw_per_node,
@@ -989,6 +1245,11 @@ def summary(r: SimResult, ttft_slo_s: float, tpot_slo_s: float | None = None) ->
         preemptions=r.preemptions,
         autoscale=autoscale,
         prefix_cache=r.prefix_cache,
+        topology=None if r.topology is None else TopologyResult(
+            kind=r.topology.kind, prefill_gpus=r.topology.prefill.tp,
+            decode_gpus=r.topology.decode.tp,
+            kv_link_gbytes_per_s=round(r.topology.link_bytes_per_s / 1e9, 3),
+            kv_link=r.topology.link, kv_transfer_s_mean=round(r.kv_transfer_s_mean, 5)),
     )
 
 
@@ -1001,6 +1262,16 @@ def prefix_cache_summary(p: PrefixStats | None) -> dict[str, Any]:
     return {"enabled": True, "hit_rate": round(p.hit_rate, 4), "hit_tokens": p.hit_tokens,
             "prompt_tokens": p.prompt_tokens, "block_tokens": p.block_tokens,
             "evicted_blocks": p.evicted_blocks}
+
+
+def topology_summary(t: TopologyResult | None) -> dict[str, Any]:
+    """`simulate --json`'s `topology`: where prefill and decode run and what the KV
+    transfer cost (mean seconds per request, queueing on the link included)."""
+    if t is None:
+        return {"kind": "aggregated"}
+    return {"kind": t.kind, "prefill_gpus": t.prefill_gpus, "decode_gpus": t.decode_gpus,
+            "kv_link_gbytes_per_s": t.kv_link_gbytes_per_s, "kv_link": t.kv_link,
+            "kv_transfer_s_mean": t.kv_transfer_s_mean}
 
 
 def json_safe(obj: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import DTYPE_BYTES, Pool
+from poolctl.config import DTYPE_BYTES, Pool, Target
 from poolctl.errors import UsageError
 from poolctl.node_image import NodeImage, file_node_image
 
@@ -47,6 +47,23 @@ class QuotaNeed:
     unit: str
     needed: int
     scope: str  # the region, or "global"
+
+
+@dataclass(frozen=True)
+class NodeCounts:
+    """A pool's sizes in one unit: nodes, or replicas (nodes `times` replicas per node)."""
+
+    min: int
+    max: int
+    warm: int
+    surge: int
+
+    def times(self, k: int) -> NodeCounts:
+        return NodeCounts(min=self.min * k, max=self.max * k, warm=self.warm * k,
+                          surge=self.surge * k)
+
+    def to_json(self) -> dict[str, int]:
+        return {"min": self.min, "max": self.max, "warm": self.warm, "surge": self.surge}
 
 
 @dataclass(frozen=True)
@@ -132,8 +149,8 @@ class PoolPlan:
     kv_cache_tokens_per_replica: int
     max_concurrent_sequences_per_replica: int
     decode_step_floor_ms: float
-    replicas: dict[str, int]
-    nodes: dict[str, int]
+    replicas: NodeCounts
+    nodes: NodeCounts
     warm_state: str
     quota: dict[str, Any]
     quotas: list[dict[str, Any]]
@@ -149,7 +166,13 @@ class PoolPlan:
     capacity: HeldCapacity | None = None
     cost_split_usd: CostSplit | None = None
 
+    @property
+    def warm_running_nodes(self) -> int:
+        """Warm nodes kept running hold capacity (and cost); stopped ones give it back."""
+        return self.nodes.warm if self.warm_state == "running" else 0
+
     def to_json(self) -> dict[str, Any]:
+        # asdict turns NodeCounts into its fields in order, the dict `--json` always had.
         return asdict(self)
 
 
@@ -291,18 +314,17 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
     if cloud == Cloud.gcp and surge:
         # A regional MIG takes a fixed surge of 0 or at least one VM per zone.
         surge = max(surge, len(gcp_zones(pool, row)))
-    nodes = {
-        "min": nodes_for(s.min_replicas, rpn),
-        "max": nodes_for(s.max_replicas, rpn),
-        "warm": nodes_for(wp.replicas, rpn),
-        "surge": surge,
-    }
-    replicas = {k: v * rpn for k, v in nodes.items()}
-    warm_running = nodes["warm"] if wp.state == "running" else 0
+    nodes = NodeCounts(
+        min=nodes_for(s.min_replicas, rpn),
+        max=nodes_for(s.max_replicas, rpn),
+        warm=nodes_for(wp.replicas, rpn),
+        surge=surge,
+    )
+    warm_running = nodes.warm if wp.state == "running" else 0
     reserved = reserved_nodes(pool, cloud)
     # Running-instance quotas count what can run at once: the pool at max, warm nodes kept
     # running, and the rollout's surge. Stopped warm nodes do not count.
-    peak_nodes = nodes["max"] + nodes["surge"] + warm_running
+    peak_nodes = nodes.max + nodes.surge + warm_running
     quotas = [
         QuotaNeed(row.quota.name, row.quota.unit, peak_nodes * row.quota_per_node, placement.region)
     ]
@@ -343,7 +365,7 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         max_concurrent_sequences_per_replica=seqs,
         # Each decode step streams the GPU's weight shard from HBM at least once.
         decode_step_floor_ms=round(w_gpu / (row.hbm_tbps_per_gpu * 1e12) * 1000, 2),
-        replicas=replicas,
+        replicas=nodes.times(rpn),
         nodes=nodes,
         warm_state=wp.state,
         quota={
@@ -355,20 +377,20 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         quotas=[asdict(q) for q in quotas],
         price_per_node_hour_usd=price,
         cost_per_hour_usd={
-            "min": round(max(reserved, nodes["min"] + warm_running) * price, 2),
-            "max": round(max(reserved, nodes["max"] + warm_running) * price, 2),
+            "min": round(max(reserved, nodes.min + warm_running) * price, 2),
+            "max": round(max(reserved, nodes.max + warm_running) * price, 2),
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
         node_image=image,
         power_kw=None if row.power is None else {
-            "min": round((nodes["min"] + warm_running) * row.power.max_kw, 1),
-            "max": round((nodes["max"] + warm_running) * row.power.max_kw, 1),
+            "min": round((nodes.min + warm_running) * row.power.max_kw, 1),
+            "max": round((nodes.max + warm_running) * row.power.max_kw, 1),
         },
         power_source=None if row.power is None else row.power.source,
-        capacity=held_capacity(nodes["min"] + warm_running, nodes["warm"] - warm_running,
+        capacity=held_capacity(nodes.min + warm_running, nodes.warm - warm_running,
                                reserved),
-        cost_split_usd=cost_split(nodes["min"] + warm_running, nodes["max"] + warm_running,
+        cost_split_usd=cost_split(nodes.min + warm_running, nodes.max + warm_running,
                                   reserved, price),
     )
 
@@ -385,10 +407,11 @@ def quota_key(pool: Pool, cloud: Cloud, need: dict[str, Any]
     return cloud, project, need["scope"], need["name"]
 
 
-def quota_totals(targets: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
+def quota_totals(targets: list[Target]) -> list[dict[str, Any]]:
     """The peak needs of `targets` summed per quota they share, in the order first needed."""
     totals: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for pool, cloud in targets:
+    for target in targets:
+        pool, cloud = target.pool, target.cloud
         for q in plan_pool(pool, cloud).quotas:
             cloud_, project, scope, name = quota_key(pool, cloud, q)
             t = totals.setdefault((cloud_, project, scope, name), {

@@ -22,9 +22,9 @@ from poolctl.readfile import open_regular, text_lines
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_HASHES = "hash_ids"  # the prompt's prefix-cache block ids, optional
-# Tokens per `hash_ids` block. The Mooncake technical report (Qin et al., arXiv 2407.00079,
-# section 4) hashes prompts in blocks of 512 tokens; the published samples agree: the
-# FAST25-release README's 6,955-token prompt carries ceil(6955 / 512) = 14 ids.
+# Tokens per `hash_ids` block: 512, as NVIDIA Dynamo's Mooncake-format tools take it
+# (ai-dynamo/dynamo, benchmarks/data_generator/README.md); the published samples agree: the
+# FAST25-release README's 6,955- and 6,472-token prompts carry ceil(n / 512) = 14 and 13 ids.
 MOONCAKE_BLOCK_TOKENS = 512
 
 

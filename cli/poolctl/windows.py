@@ -11,10 +11,11 @@ cloud calls, no clock but the `now` given.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 from poolctl.errors import UsageError
 
@@ -78,6 +79,23 @@ def parse_time(flag: str, text: str, now: datetime) -> datetime:
         raise UsageError(f"{flag} {text!r}: not a valid time ({exc})") from None
 
 
+def parse_span(flag: str, text: str) -> float:
+    """Seconds from a trace's start: 600, 600s, 10m, 1h30m, 1d."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        m = _OFFSET.fullmatch("+" + value)
+        if m is None or not any(m.groups()):
+            raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (600, "
+                             "10m, 1h30m)") from None
+        d, h, mi, sec = (int(g or 0) for g in m.groups())
+        return float(timedelta(days=d, hours=h, minutes=mi, seconds=sec).total_seconds())
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (0 or more)")
+    return seconds
+
+
 def check_window(start: datetime, end: datetime, now: datetime) -> None:
     """One line naming the flag for a window that cannot be scheduled."""
     if start <= now:
@@ -93,6 +111,47 @@ def check_window(start: datetime, end: datetime, now: datetime) -> None:
         raise UsageError(f"--until {end.isoformat()}: the window lasts {end - start}; at most "
                          f"{MAX_WINDOW.days} days (a longer size belongs in the file's "
                          "scaling.min_replicas)")
+
+
+# AWS Capacity Blocks for ML (EC2 user guide): 1, 2, 4 ... 64 instances; 1-day steps up to
+# 14 days, then 7-day steps up to 182; every block ends at 11:30 UTC; EC2 begins terminating
+# a block's instances 30 minutes before its end.
+BLOCK_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+BLOCK_END = time(11, 30, tzinfo=UTC)
+BLOCK_MARGIN = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class BlockNeed:
+    """The Capacity Block a window needs: `count` instances for `hours`, starting by the
+    window's start (at `earliest`, an 11:30 UTC) and ending 30 minutes after its end or
+    later (by `latest`)."""
+
+    count: int
+    hours: int
+    earliest: datetime
+    latest: datetime
+
+    def covers(self, start: datetime, end: datetime, block_start: datetime,
+               block_end: datetime) -> bool:
+        return block_start <= start and block_end >= end + BLOCK_MARGIN
+
+
+def block_need(nodes: int, start: datetime, end: datetime) -> BlockNeed:
+    count = next((c for c in BLOCK_COUNTS if c >= nodes), None)
+    if count is None:
+        raise UsageError(f"--reserve: {nodes} nodes; a Capacity Block holds at most "
+                         f"{BLOCK_COUNTS[-1]} instances")
+    first = datetime.combine(start.astimezone(UTC).date(), BLOCK_END)
+    if first > start:
+        first -= timedelta(days=1)
+    days = math.ceil((end + BLOCK_MARGIN - first) / timedelta(days=1))
+    if days > 14:
+        days = 7 * math.ceil(days / 7)
+    if days > 182:
+        raise UsageError("--reserve: the window needs a Capacity Block of more than 182 days")
+    return BlockNeed(count=count, hours=24 * days, earliest=first,
+                     latest=first + timedelta(days=days))
 
 
 def new_id() -> str:

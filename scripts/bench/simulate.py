@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the simulator (issue 11): the whole Azure conversation trace (19,366
-requests, ~1 h) on 16 replicas, in process and as the `poolctl simulate` command, and
+requests, ~1 h) on 16 replicas, in process and as the `poolctl simulate` command (also
+disaggregated, and a Mooncake sample with prefix caching and sticky routing), and
 `poolctl plan --traffic` on the same trace. Wall time and peak memory of the process tree.
 
     source scripts/env.sh && python scripts/bench/simulate.py [--repeat 3]
@@ -22,6 +23,8 @@ from run import ROOT, measure  # noqa: E402  (the same process-tree sampler as r
 
 TRACE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
 EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
+# Mooncake-format, with prefix-cache block ids (200 requests of the published trace).
+MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl"
 
 
 def in_process(repeat: int) -> tuple[float, float]:
@@ -56,6 +59,12 @@ def main() -> None:
             py + ["simulate", *base, "--trace", str(TRACE), "--replicas", "16", "--json"], 2.0),
         "poolctl simulate --autoscale": (
             py + ["simulate", *base, "--trace", str(TRACE), "--autoscale", "--json"], None),
+        "simulate --topology disagg-node": (
+            py + ["simulate", *base, "--trace", str(TRACE), "--replicas", "4", "--topology",
+                  "disagg-node", "--split", "4:4", "--json"], 2.0),
+        "simulate Mooncake --balancer sticky": (
+            py + ["simulate", *base, "--trace", str(MOONCAKE), "--replicas", "16",
+                  "--balancer", "sticky", "--json"], 2.0),
         "poolctl plan --traffic": (py + ["plan", *base, "--traffic", str(TRACE), "--json"], 15.0),
         "poolctl plan --traffic --time-scale 4": (
             py + ["plan", *base, "--traffic", str(TRACE), "--time-scale", "4", "--json"], 15.0),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
-from poolctl.config import Config, Pool, load_config
+from poolctl.config import Config, Target, load_config
 from poolctl.errors import PoolctlError
 from poolctl.rules import refuse_invalid
 
@@ -34,12 +34,11 @@ def stack_class(cloud: Cloud) -> type[PoolStack]:
     return GcpPoolStack
 
 
-def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, Cloud]]) -> list[str]:
-
+def add_stacks(app: App, cfg: Config, targets: list[Target]) -> list[str]:
     refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
     names = []
-    for pool, target_cloud in targets:
-        cloud = Cloud(target_cloud)  # Config.targets gives the placement's name as a str
+    for target in targets:
+        pool, cloud = target.pool, target.cloud
         name = naming.stack_name(cfg, pool, cloud)
         stack_class(cloud)(app, name, cfg=cfg, pool=pool,
                            user_data=render_boot_script(cfg, pool, cloud))
@@ -47,7 +46,7 @@ def add_stacks(app: App, cfg: Config, targets: list[tuple[Pool, Cloud]]) -> list
     return names
 
 
-def synth(configs: list[tuple[Config, list[tuple[Pool, Cloud]]]], outdir: str | Path) -> list[Path]:
+def synth(configs: list[tuple[Config, list[Target]]], outdir: str | Path) -> list[Path]:
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
     from cdktf import App
 
@@ -61,7 +60,7 @@ def synth(configs: list[tuple[Config, list[tuple[Pool, Cloud]]]], outdir: str | 
     return [Path(outdir) / "stacks" / n for n in names]
 
 
-def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, Cloud]]]]:
+def example_configs(root: Path) -> list[tuple[Config, list[Target]]]:
     out = []
     for f in sorted(root.glob("examples/*/poolctl.yaml")):
         cfg = load_config(f)
@@ -69,7 +68,7 @@ def example_configs(root: Path) -> list[tuple[Config, list[tuple[Pool, Cloud]]]]
     return out
 
 
-def user_config() -> tuple[Config, list[tuple[Pool, Cloud]]] | None:
+def user_config() -> tuple[Config, list[Target]] | None:
     """In a user's repository (`poolctl init`): $POOLCTL_FILE or ./poolctl.yaml, every
     placement, refused on a failed rule as `poolctl synth` refuses it. None in this one."""
     if os.environ.get("POOLCTL_EXAMPLES_ROOT"):

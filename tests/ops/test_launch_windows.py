@@ -7,8 +7,8 @@ stopped nodes. A window of 8 replicas = 8 / 4 = 2 nodes in service: the group's 
 it: its size is max(MinSize 2, MaxGroupPreparedCapacity (1 + 2) - desired 3) = 2.
 
 Windows survive `deploy` because Terraform manages none of them: the stack has no
-`aws_autoscaling_schedule` (tests/synth/test_aws_stack.py checks it on the
-synthesized JSON, cheaper than a second deploy here).
+`aws_autoscaling_schedule` (tests/synth/test_aws_stack.py checks it on the synthesized
+JSON); the first test also deploys in between and finds the actions still there.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ def test_a_window_raises_the_pool_at_its_start_and_gives_it_back_at_its_end(
     g = group(sandbox_client)
     assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)  # nothing before --from
 
+    # A deploy in between (Terraform plans and applies the stack again) keeps both actions.
+    cli("deploy", "--cloud", "aws", "--auto-approve")
+    assert sorted(actions(sandbox_client)) == [f"poolctl-window-{wid}-2n-from",
+                                               f"poolctl-window-{wid}-2n-until"]
+
     # 11 minutes on: the start has run; the nodes boot (the hook completed for them).
     sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
     g = group(sandbox_client)
@@ -107,6 +112,40 @@ def test_cancel_before_the_start_leaves_nothing(cli, sandbox, sandbox_client):
     assert res.stderr.strip().count("\n") == 0 and "--cancel" in res.stderr
 
 
+def capacity_blocks(sandbox) -> list[dict]:
+    return [r for r in sandbox_admin(sandbox, "GET", "/_poolctl/capacity")["reservations"]
+            if r["ReservationType"] == "capacity-block"]
+
+
+def test_reserve_shows_the_blocks_and_buys_only_with_yes(cli, sandbox, sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    start, end = f"{day}T12:00:00Z", f"{day}T14:00:00Z"
+    before = capacity_blocks(sandbox)
+    # 8 replicas = 2 nodes: a block of 2 x p5.48xlarge from 11:30 UTC that day, 24 h (the
+    # window ends at 14:00, + 30 min AWS keeps free before a block's end, within 1 day):
+    # 55.04 $/h x 2 x 24 h = 2,641.92 $ upfront; the window On-Demand: 2 x 55.04 x 2 h.
+    offered = js(cli("warm", "--replicas", "8", "--running", "--from", start, "--until", end,
+                     "--reserve", "--json"))
+    assert offered["action"] == "offered" and offered["bought"] is None
+    cheapest = offered["offerings"][0]
+    assert (cheapest["count"], cheapest["hours"], cheapest["upfront_usd"]) == (2, 24, 2641.92)
+    assert cheapest["start"] == f"{day}T11:30:00+00:00"
+    assert offered["on_demand_usd"] == pytest.approx(2 * 55.04 * 2)
+    assert capacity_blocks(sandbox) == before and actions(sandbox_client) == []
+
+    made = js(cli("warm", "--replicas", "8", "--running", "--from", start, "--until", end,
+                  "--reserve", "--yes", "--json"))
+    (block,) = [r for r in capacity_blocks(sandbox) if r not in before]
+    assert made["bought"] == block["CapacityReservationId"]
+    assert (block["TotalInstanceCount"], block["State"]) == (2, "scheduled")
+    assert len(actions(sandbox_client)) == 2
+    cli("warm", "--cancel", made["window"])
+    assert actions(sandbox_client) == []
+
+
 @pytest.mark.parametrize("args", [
     ("--replicas", "8", "--from", "2020-01-01T00:00:00Z", "--until", "+1h", "--running"),
     ("--replicas", "8", "--from", "+2h", "--until", "+1h", "--running"),  # until <= from
@@ -125,9 +164,14 @@ def test_cancel_before_the_start_leaves_nothing(cli, sandbox, sandbox_client):
     ("--list", "--replicas", "8"),
     ("--cancel", "not-an-id"),
     ("--cancel", "w123abc", "--list"),
+    ("--replicas", "8", "--running", "--reserve"),  # --reserve without a window
+    ("--replicas", "8", "--from", "+1h", "--until", "+2h", "--running", "--yes"),  # no --reserve
+    ("--list", "--reserve", "--from", "+1h", "--until", "+2h"),
 ])
-def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox_client, args):
+def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox,
+                                                                   sandbox_client, args):
+    before = capacity_blocks(sandbox)
     res = cli("warm", *args, ok=2)
     assert res.stderr.strip() and res.stderr.strip().count("\n") == 0, res.stderr
     assert "Traceback" not in res.stderr
-    assert actions(sandbox_client) == []
+    assert actions(sandbox_client) == [] and capacity_blocks(sandbox) == before

@@ -45,7 +45,7 @@ from poolctl.clouds.gcp.mig import node_phase  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps, make_ops  # noqa: E402
 from poolctl.clouds.gcp.quota import cloud_quota  # noqa: E402
 from poolctl.clouds.gcp.rollout import replaced_templates  # noqa: E402
-from poolctl.config import parse_config  # noqa: E402
+from poolctl.config import Target, parse_config  # noqa: E402
 from poolctl.endpoints import CloudEndpoints  # noqa: E402
 from poolctl.errors import OperationFailed, UsageError  # noqa: E402
 from poolctl.sizing import plan_pool  # noqa: E402
@@ -794,8 +794,8 @@ def test_deploy_forgets_the_template_the_mig_runs(cfg, pool, capsys):
                                                       ["create", "delete"], V1)]}
             return SimpleNamespace(stdout=json.dumps(plan))
 
-    assert runtime.deploy_before_apply([(pool, "aws")]) is None  # AWS stacks: no step
-    step = runtime.deploy_before_apply([(pool, "aws"), (pool, "gcp")])
+    assert runtime.deploy_before_apply([Target(pool, Cloud.aws)]) is None  # AWS stacks: no step
+    step = runtime.deploy_before_apply([Target(pool, Cloud.aws), Target(pool, Cloud.gcp)])
     assert step(Tf()) is True  # the state changed: plan again
     assert calls == [("show", "-json", "tfplan"), ("state", "rm", tpl)]
     err = capsys.readouterr().err
@@ -1034,7 +1034,7 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
     assert _versions(fake)[-1] == {"name": "canary", "template": V2,
                                    "targetSize": {"percent": 25}}
     rec = runtime.load_record(cfg, pool, "gcp")
-    assert (rec["status"], rec["rollout_id"], rec["from"]) == (
+    assert (rec.status, rec.rollout_id, rec.from_value) == (
         "started", V2, "vllm/vllm-openai:v0.11.0")
 
 
@@ -1079,10 +1079,11 @@ def test_wait_rollout_drives_the_checkpoints_then_cleans_up(fake, ops, cfg0, tmp
     fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg0, pool))
     ops.rollout_begin(g, cfg0, pool, plan_pool(pool, "gcp"), no_surge=False, stack_dir=None)
     # The record names the rollout in the file's words (states are annotated with them).
-    runtime.save_record(cfg0, pool, "gcp", {
-        "key": "serving.image", "from": "vllm/vllm-openai:v0.11.0",
-        "to": "vllm/vllm-openai:v0.12.0", "group_version_from": V1, "group_version_to": V2,
-        "status": "started", "rollout_id": V2}, new=True)
+    runtime.save_record(cfg0, pool, "gcp", runtime.RolloutRecord(
+        stack="s", pool=pool.name, cloud=Cloud.gcp, file="", key="serving.image",
+        from_value="vllm/vllm-openai:v0.11.0", to_value="vllm/vllm-openai:v0.12.0",
+        group_version_from=V1, group_version_to=V2, status="started", rollout_id=V2),
+        new=True)
 
     def sleep(_):
         fake.step_rollout(PROJECT, REGION, MIG, 3)
@@ -1091,7 +1092,7 @@ def test_wait_rollout_drives_the_checkpoints_then_cleans_up(fake, ops, cfg0, tmp
                                            sleep=sleep)
     assert (final.status, final.done, final.checkpoint_reached) == ("successful", True, 100)
     assert final.to_version == f"serving.image=vllm/vllm-openai:v0.12.0 ({V2})"
-    assert runtime.load_record(cfg0, pool, "gcp")["status"] == "successful"
+    assert runtime.load_record(cfg0, pool, "gcp").status == "successful"
     # Each poll: the step's VMs replaced (3 at a time, the surge), the step reached, the
     # next one patched. 6 VMs: 1 at 25 %, 2 at 50 %, then the other 4 (3, then 1).
     assert [(p["percentage_complete"], p["checkpoint_reached"]) for p in progress] == [
@@ -1419,12 +1420,12 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     fake.step_rollout(PROJECT, REGION, MIG, 1)
     cfg_file.write_text(pool_yaml().replace("v0.11.0", "v0.12.0"))
     monkeypatch.setenv("POOLCTL_HOME", str(home))
-    runtime.save_record(cfg, pool, "gcp", {
-        "stack": "acme-chat-70b-gcp", "pool": "chat-70b", "cloud": "gcp",
-        "file": str(cfg_file), "key": "serving.image", "from": "vllm/vllm-openai:v0.11.0",
-        "to": "vllm/vllm-openai:v0.12.0", "line": 16, "group_version_from": V1,
-        "group_version_to": V2, "no_surge": False, "status": "started",
-        "rollout_id": V2, "started_at": "2026-02-01T09:00:00+00:00"}, new=True)
+    runtime.save_record(cfg, pool, "gcp", runtime.RolloutRecord(
+        stack="acme-chat-70b-gcp", pool="chat-70b", cloud=Cloud.gcp, file=str(cfg_file),
+        key="serving.image", from_value="vllm/vllm-openai:v0.11.0",
+        to_value="vllm/vllm-openai:v0.12.0", line=16, group_version_from=V1,
+        group_version_to=V2, status="started", rollout_id=V2,
+        started_at="2026-02-01T09:00:00+00:00"), new=True)
 
     r = cli(fake, home, "rollout", "status", "--cloud", "gcp", "--json", "-f", str(cfg_file))
     assert r.returncode == 0, r.stderr

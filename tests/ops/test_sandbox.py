@@ -1231,3 +1231,41 @@ def test_scheduled_actions_refuse_what_aws_refuses(sandbox_client):
     assert asg.describe_scheduled_actions()["ScheduledUpdateGroupActions"] == [] or all(
         a["AutoScalingGroupName"] != name
         for a in asg.describe_scheduled_actions()["ScheduledUpdateGroupActions"])
+
+
+def test_capacity_block_offerings_end_at_1130_utc_and_a_purchase_makes_the_reservation(
+        sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    ec2 = sandbox_client("ec2")
+    start = datetime.now(UTC) + timedelta(days=2)
+    offers = ec2.describe_capacity_block_offerings(
+        InstanceType="p5.48xlarge", InstanceCount=2, CapacityDurationHours=48,
+        StartDateRange=start)["CapacityBlockOfferings"]
+    assert len(offers) == 3
+    for o in offers:
+        assert (o["StartDate"].hour, o["StartDate"].minute) == (11, 30)
+        assert o["EndDate"] - o["StartDate"] == timedelta(hours=48)
+        assert o["StartDate"] >= start - timedelta(seconds=1)
+        # Catalog On-Demand price 55.04 $/h x 2 instances x 48 h = 5,283.84 $.
+        assert (o["UpfrontFee"], o["CurrencyCode"], o["InstanceCount"]) == (
+            "5283.84", "USD", 2)
+    for bad in ({"InstanceCount": 3, "CapacityDurationHours": 24},
+                {"InstanceCount": 2, "CapacityDurationHours": 25},
+                {"InstanceCount": 2, "CapacityDurationHours": 15 * 24}):  # 15 d: 7-day steps
+        with pytest.raises(ClientError) as err:
+            ec2.describe_capacity_block_offerings(InstanceType="p5.48xlarge", **bad)
+        assert err.value.response["Error"]["Code"] == "InvalidParameterValue"
+
+    first = offers[0]["CapacityBlockOfferingId"]
+    bought = ec2.purchase_capacity_block(CapacityBlockOfferingId=first,
+                                         InstancePlatform="Linux/UNIX")["CapacityReservation"]
+    assert (bought["ReservationType"], bought["InstanceMatchCriteria"], bought["State"],
+            bought["TotalInstanceCount"]) == ("capacity-block", "targeted", "scheduled", 2)
+    assert bought["StartDate"] == offers[0]["StartDate"]
+    listed = ec2.describe_capacity_reservations(
+        CapacityReservationIds=[bought["CapacityReservationId"]])["CapacityReservations"]
+    assert listed[0]["EndDate"] == offers[0]["EndDate"]
+    with pytest.raises(ClientError) as err:  # an offering is bought once
+        ec2.purchase_capacity_block(CapacityBlockOfferingId=first, InstancePlatform="Linux/UNIX")
+    assert err.value.response["Error"]["Code"] == "InvalidCapacityBlockOfferingId.NotFound"

@@ -286,8 +286,8 @@ def deploy_with_boto3(endpoint: str) -> None:
     )["LaunchTemplate"]
     cold = int(plan.start_seconds["cold"])
     asg.create_auto_scaling_group(
-        AutoScalingGroupName=name, MinSize=plan.nodes["min"],
-        MaxSize=plan.nodes["max"], DesiredCapacity=plan.nodes["min"],
+        AutoScalingGroupName=name, MinSize=plan.nodes.min,
+        MaxSize=plan.nodes.max, DesiredCapacity=plan.nodes.min,
         VPCZoneIdentifier=",".join(subnets), TargetGroupARNs=[tg["TargetGroupArn"]],
         HealthCheckType="ELB", HealthCheckGracePeriod=cold, DefaultInstanceWarmup=cold,
         LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplateId"], "Version": "$Latest"},
@@ -299,10 +299,10 @@ def deploy_with_boto3(endpoint: str) -> None:
         Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
               for k, v in {**tags, "Name": name}.items()],
     )
-    if plan.nodes["warm"]:
+    if plan.nodes.warm:
         asg.put_warm_pool(
-            AutoScalingGroupName=name, MinSize=plan.nodes["warm"],
-            MaxGroupPreparedCapacity=plan.nodes["min"] + plan.nodes["warm"],
+            AutoScalingGroupName=name, MinSize=plan.nodes.warm,
+            MaxGroupPreparedCapacity=plan.nodes.min + plan.nodes.warm,
             PoolState="Running" if pool.warm_pool.state == "running" else "Stopped",
             InstanceReusePolicy={"ReuseOnScaleIn": True},
         )

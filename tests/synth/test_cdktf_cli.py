@@ -30,8 +30,8 @@ def test_cdktf_synth_at_the_root_writes_a_stack_per_example_placement(tmp_path):
     exe = _cdktf()
     if exe is None:
         pytest.skip("the cdktf CLI is not installed (scripts/setup runs `npm ci`)")
-    expected = {naming.stack_name(cfg, pool, cloud)
-                for cfg, targets in example_configs(ROOT) for pool, cloud in targets}
+    expected = {naming.stack_name(cfg, t.pool, t.cloud)
+                for cfg, targets in example_configs(ROOT) for t in targets}
     # At least llama-70b-p5 on AWS and GCP, qwen-7b-p4d on AWS, mistral-gcp on GCP.
     assert len(expected) >= 4
     out = tmp_path / "cdktf.out"

@@ -146,8 +146,8 @@ def synthesized(tmp_path_factory) -> dict[str, dict]:
     dirs = synth(batch, out)  # one App: the provider assemblies load once
     docs = {d.name: json.loads((d / "cdk.tf.json").read_text()) for d in dirs}
     return {label: {"cfg": cfg, "stacks": {
-        (name := naming.stack_name(cfg, pool, cloud)): (pool, cloud, docs[name])
-        for pool, cloud in targets}}
+        (name := naming.stack_name(cfg, t.pool, t.cloud)): (t.pool, t.cloud, docs[name])
+        for t in targets}}
         for (label, cfg), (_, targets) in zip(configs.items(), batch, strict=True)}
 
 
@@ -157,7 +157,7 @@ def synthesized(tmp_path_factory) -> dict[str, dict]:
 def test_every_accepted_edge_config_produces_its_stacks(synthesized):
     for label, _ in EDGES:
         entry = synthesized[label]
-        expected = {(p.name, c) for p, c in entry["cfg"].targets(None, None)}
+        expected = {(t.pool.name, t.cloud) for t in entry["cfg"].targets(None, None)}
         assert {(p.name, c) for p, c, _ in entry["stacks"].values()} == expected, label
         for pool, cloud, doc in entry["stacks"].values():
             groups = doc["resource"].get(GROUP_RESOURCE[cloud], {})
@@ -190,8 +190,8 @@ def test_a_file_the_rules_refuse_never_reaches_the_stacks():
 
 def _group(cloud: Cloud, plan) -> Group:
     n = plan.nodes
-    return Group(cloud=cloud, name="g", region="r", min_nodes=n["min"] + 1,
-                 max_nodes=n["max"] + 2, desired_nodes=n["min"] + 3, warm_min_nodes=n["warm"],
+    return Group(cloud=cloud, name="g", region="r", min_nodes=n.min + 1,
+                 max_nodes=n.max + 2, desired_nodes=n.min + 3, warm_min_nodes=n.warm,
                  warm_state="stopped", version="7")
 
 

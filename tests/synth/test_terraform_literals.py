@@ -103,7 +103,8 @@ def _targets():
     out = []
     for path in EXAMPLES:
         cfg = load_config(path)
-        for pool, cloud in cfg.targets(None, None):
+        for t in cfg.targets(None, None):
+            pool, cloud = t.pool, t.cloud
             one = cfg.model_copy(update={"pools": [pool]})
             out.append((f"{path.parent.name}/{cloud}", one, cloud, None, None))
     base = load_config(ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml")

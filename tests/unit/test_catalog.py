@@ -116,8 +116,6 @@ def test_p5_hand_checked():
     assert row.hbm_bytes_per_gpu == 85_899_345_920
     # One node takes 192 vCPUs of the P quota.
     assert row.quota_per_node == 192
-    # 2,048 GiB of RAM is far above EC2's 150 GB hibernation limit.
-    assert row.can_hibernate is False
 
 
 def test_a3_highgpu_hand_checked():
@@ -210,6 +208,18 @@ def test_aws_row_agrees_with_describe_instance_types(row: InstanceType):
     ec2 = _moto_instance_types().get(row.name)
     assert ec2 is not None, f"moto's EC2 data has no {row.name}"
     assert moto_mismatches(row, ec2) == []
+
+
+@pytest.mark.parametrize("row", [r for r in AWS_ROWS if r.nvlink], ids=_ids(
+    [r for r in AWS_ROWS if r.nvlink]))
+def test_vpc_bandwidth_is_the_primary_network_cards(row: InstanceType):
+    """A node without EFA sends IP traffic through network card 0 only: the catalog's
+    `vpc.instance_gbps` is that card's baseline, not the type's all-cards figure."""
+    cards = _moto_instance_types()[row.name]["NetworkInfo"]["NetworkCards"]
+    card0 = next(c for c in cards if c["NetworkCardIndex"] == 0)
+    assert row.vpc is not None
+    assert row.vpc.instance_gbps == card0["BaselineBandwidthInGbps"] < row.network_gbps
+    assert row.vpc.flow_gbps == 5  # EC2 user guide: one flow outside a placement group
 
 
 @pytest.mark.parametrize("row", AWS_ROWS, ids=_ids(AWS_ROWS))

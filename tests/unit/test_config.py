@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from poolctl.config import Config, json_schema, parse_config
+from poolctl.cloud import Cloud
+from poolctl.config import Config, Target, json_schema, parse_config
 from poolctl.errors import UsageError
 from tests.configs import pool_yaml
 
@@ -157,11 +158,22 @@ def test_bad_pool_name():
 
 def test_targets_by_cloud():
     cfg = parse_config(pool_yaml(with_gcp=False))
-    assert [(p.name, c) for p, c in cfg.targets(None, None)] == [("chat-70b", "aws")]
+    assert cfg.targets(None, None) == [Target(cfg.pools[0], Cloud.aws)]
     with pytest.raises(UsageError, match="--cloud gcp"):
         cfg.targets(None, "gcp")
     with pytest.raises(UsageError, match="--pool: no pool named 'nope'"):
         cfg.targets("nope", None)
+
+
+def test_targets_carry_a_cloud_not_a_string():
+    cfg = parse_config(pool_yaml())
+    both = cfg.targets(None, None)
+    # one pool with both placements: aws first (the order of Cloud), then gcp
+    assert [(t.pool.name, t.cloud) for t in both] == [("chat-70b", "aws"), ("chat-70b", "gcp")]
+    assert all(type(t.cloud) is Cloud for t in both)
+    # a --cloud given as the plain word becomes the enum at the edge
+    (only,) = cfg.targets("chat-70b", "gcp")
+    assert only.cloud is Cloud.gcp
 
 
 def test_every_field_is_described():

@@ -280,8 +280,10 @@ CASES = [
     ("checkpoint-huge",
      sub("checkpoints: [25, 50, 100]", "checkpoints: [25, 50, 1" + "0" * 40 + "]"),
      "pools[0].rollout.checkpoints[2]: must be 100 or less"),
+    # An old file's `hibernated`: an unknown value like any other (the contract: stopped |
+    # running).
     ("warm-hibernated", sub("state: stopped", "state: hibernated"),
-     "pools[0].warm_pool.state: GPU nodes cannot hibernate"),
+     "pools[0].warm_pool.state: must be one of 'stopped' or 'running'; got 'hibernated'"),
     ("aws-region-other-digits", sub("region: us-east-1", "region: us-east-\u0661"),
      "pools[0].aws.region: not an AWS region"),
     ("gcp-region-other-digits", sub("region: us-central1", "region: us-central\u0661"),

@@ -556,7 +556,7 @@ def rolled(tmp_path, monkeypatch):
     applied = []
 
     def run_stacks(cfg, targets, **kw):
-        applied.append(targets[0][0].aws.ami_id)
+        applied.append(targets[0].pool.aws.ami_id)
         return [StackResult(stack="acme-chat-70b-aws", workdir=str(tmp_path), applied=True)]
 
     monkeypatch.setattr("poolctl.deploy.run_stacks", run_stacks)
@@ -594,7 +594,7 @@ def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_pat
 
     cfg = load_config(f)
     rec = runtime.load_record(cfg, cfg.pools[0], "aws")
-    assert (rec["key"], rec["from"], rec["to"], rec["action"]) == (
+    assert (rec.key, rec.from_value, rec.to_value, rec.action) == (
         "aws.ami_id", AMI, None, "rollback")
 
 
@@ -667,7 +667,7 @@ def test_a_no_after_the_plan_summary_puts_the_file_and_record_back(tmp_path, mon
 
     def run_stacks(cfg, targets, **kw):
         # What Terraform plans: the file as recorded, then the question.
-        planned.append((targets[0][0].aws.ami_id, f"ami_id: {AMI}" in f.read_text()))
+        planned.append((targets[0].pool.aws.ami_id, f"ami_id: {AMI}" in f.read_text()))
         if not kw["confirm"]("apply acme-chat-70b-aws: 0 to add, 1 to change, 0 to destroy?"):
             raise NotConfirmed("acme-chat-70b-aws: not confirmed; nothing was applied")
         raise AssertionError("applied after a no")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from poolctl.capacity import run_pool
 from poolctl.cloud import Cloud
 from poolctl.config import load_config
 from poolctl.errors import UsageError
@@ -190,3 +191,29 @@ def test_simulate_reports_the_hit_rate_per_balancer(monkeypatch, capsys, tmp_pat
                                 "aws", "--trace", str(trace), "--replicas", "4",
                                 "--balancer", "nearest")
     assert code == 2 and "--balancer: 'nearest' is not one of lor, queue, sticky" in err
+
+
+def test_run_pool_routes_as_the_file_says(tmp_path):
+    """`plan --traffic` and the search size the pool with the file's serving.balancer."""
+    cfg = tmp_path / "poolctl.yaml"
+    cfg.write_text(EXAMPLE.read_text().replace("tensor_parallel: 2", "tensor_parallel: 8"))
+    lor = load_config(cfg).pools[0]
+    sticky = lor.model_copy(update={"serving": lor.serving.model_copy(
+        update={"balancer": "sticky"})})
+    tr = load_trace(ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl")
+    rate = {name: run_pool(p, Cloud.aws, tr, replicas=4).prefix_cache
+            for name, p in (("lor", lor), ("sticky", sticky))}
+    explicit = run_pool(lor, Cloud.aws, tr, replicas=4, balancer="sticky").prefix_cache
+    assert rate["sticky"] == explicit and rate["sticky"] != rate["lor"]
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_kv_held_stays_within_capacity_under_preemption(model, seed):
+    """Tight KV (room for ~3 long turns), many interleaved chats: preemptions and evictions
+    happen, and running sequences plus cached blocks never pass the capacity."""
+    tr = conversations(sessions=30, turns=8, seed=seed).scaled(20)  # ~60 requests/s
+    tight = dataclasses.replace(model, kv_tokens=600)
+    res = run(tr, tight, replicas=2, balancer="sticky")  # check_run: max KV <= 600
+    p = res.prefix_cache
+    assert p is not None and 0 < p.hit_tokens < p.prompt_tokens
+    assert res.preemptions > 0 and p.evicted_blocks > 0

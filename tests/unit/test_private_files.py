@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import home, runtime
+from poolctl.cloud import Cloud
 from poolctl.config import parse_config
 from tests.configs import pool_yaml
 
@@ -64,8 +65,9 @@ def test_private_dir_and_write_private(tmp_path, monkeypatch, loose_umask):
 def test_rollout_records_are_private(tmp_path, monkeypatch, loose_umask):
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     cfg = parse_config(pool_yaml(with_gcp=False))
-    runtime.save_record(cfg, cfg.pools[0], "aws", {"file": "/x", "status": "recorded"},
-                        new=True)
+    rec = runtime.RolloutRecord(stack="s", pool=cfg.pools[0].name, cloud=Cloud.aws, file="/x",
+                                key="serving.image", from_value="a", to_value="b")
+    runtime.save_record(cfg, cfg.pools[0], "aws", rec, new=True)
     path = runtime.record_path(cfg, cfg.pools[0], "aws")
     assert path.is_file()
     assert not_private(tmp_path / "home") == []

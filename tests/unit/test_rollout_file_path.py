@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from poolctl import runtime
+from poolctl.cloud import Cloud
 from poolctl.clouds.base import Group, QuotaLine
 from poolctl.config import parse_config
 from poolctl.endpoints import REAL_CLOUDS
@@ -64,7 +65,7 @@ def test_rollback_from_another_directory_restores_the_recorded_file(tmp_path, mo
                                        outdir=Path("cdktf.out"))
     assert NEW in (team / "poolctl.yaml").read_text()
     record = runtime.load_record(cfg, cfg.pools[0], "aws")
-    assert record["file"] == str((team / "poolctl.yaml").resolve())
+    assert record.file == str((team / "poolctl.yaml").resolve())
 
     monkeypatch.chdir(other)
     out = runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
@@ -82,10 +83,10 @@ def test_a_record_with_a_relative_path_is_not_guessed(tmp_path, monkeypatch, cap
     (tmp_path / "poolctl.yaml").write_text(FILE.replace("v0.11.0", "v0.12.0"))
     assert NEW in (tmp_path / "poolctl.yaml").read_text()
     cfg = parse_config(FILE)
-    runtime.save_record(cfg, cfg.pools[0], "aws", {
-        "stack": "acme-chat-70b-aws", "file": "poolctl.yaml", "key": "serving.image",
-        "from": "vllm/vllm-openai:v0.11.0", "to": NEW, "status": "applied",
-        "rollout_id": None, "action": "start"}, new=True)
+    runtime.save_record(cfg, cfg.pools[0], "aws", runtime.RolloutRecord(
+        stack="acme-chat-70b-aws", pool=cfg.pools[0].name, cloud=Cloud.aws,
+        file="poolctl.yaml", key="serving.image", from_value="vllm/vllm-openai:v0.11.0",
+        to_value=NEW, status="applied"), new=True)
     runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws", ApplyOps(),
                              confirm=_no, outdir=Path("cdktf.out"))
     assert NEW in (tmp_path / "poolctl.yaml").read_text()

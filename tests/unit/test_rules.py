@@ -145,6 +145,15 @@ def test_model_shape():
     assert w.key == "pools[0].serving.max_model_len" and "131072" in w.message
 
 
+def test_sticky_routing_says_when_a_node_holds_several_caches():
+    sticky = pool_yaml().replace("      port: 8000\n", "      port: 8000\n      balancer: sticky\n")
+    (f,) = by_check(findings(sticky), "sticky-per-node", "info")
+    assert f.key == "pools[0].serving.balancer" and "node's 4 replicas" in f.message  # 8 / TP 2
+    assert by_check(findings(sticky.replace("tensor_parallel: 2", "tensor_parallel: 8")),
+                    "sticky-per-node") == []
+    assert by_check(findings(pool_yaml()), "sticky-per-node") == []
+
+
 def test_catalog_miss_suggests_a_type():
     (f,) = by_check(findings(pool_yaml(instance_type="p5.48xlarg")), "nvlink-8gpu")
     assert "(did you mean 'p5.48xlarge'?)" in f.message
@@ -156,6 +165,7 @@ def test_every_check_has_a_test_above():
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
               "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
+              "sticky-per-node",
               "fallback-types"}  # fallback-types: tests/unit/test_capacity_fallback.py
     assert {c.id for c in CHECKS} <= tested
 
@@ -237,7 +247,8 @@ def test_gcp_region_without_catalog_zones_needs_zones():
     row = load_catalog().get("gcp", "a3-highgpu-8g")
     bare = row.model_copy(update={"regions": {**row.regions, "us-central1": []}})
     (f,) = _region(Ctx(cfg, cfg.pools[0], 0, "gcp", bare))
-    assert (f.severity, f.key) == ("error", "pools[0].gcp.zones")
+    # the finding takes its id from the check (`@check("region-offered")`), called directly too
+    assert (f.check, f.severity, f.key) == ("region-offered", "error", "pools[0].gcp.zones")
     assert list(_region(Ctx(cfg, cfg.pools[0], 0, "gcp", row))) == []
 
 
@@ -260,3 +271,9 @@ def test_batch_budget_below_max_num_seqs_is_what_vllm_refuses():
     assert "serving.max_num_seqs 256" in f.message and "at least 256" in f.hint
     equal = pool_yaml().replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 256")
     assert by_check(findings(equal), "batch-budget") == []
+
+
+def test_check_ids_are_unique():
+    # A finding's id is its check's: two checks under one id could not be told apart.
+    ids = [c.id for c in CHECKS]
+    assert len(ids) == len(set(ids))

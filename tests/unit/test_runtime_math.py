@@ -417,11 +417,11 @@ def _recorded(tmp_path, monkeypatch, status: str, rollout_id: str | None):
     f = tmp_path / "poolctl.yaml"
     f.write_text(FILE.replace("v0.11.0", "v0.12.0"))  # the file records the new version
     cfg = parse_config(f.read_text())
-    runtime.save_record(cfg, cfg.pools[0], Cloud.aws, {
-        "stack": "acme-chat-70b-aws", "file": str(f), "key": "serving.image",
-        "from": "vllm/vllm-openai:v0.11.0", "to": "vllm/vllm-openai:v0.12.0",
-        "status": status, "rollout_id": rollout_id, "action": "start",
-    }, new=True)
+    runtime.save_record(cfg, cfg.pools[0], Cloud.aws, runtime.RolloutRecord(
+        stack="acme-chat-70b-aws", pool="chat-70b", cloud=Cloud.aws, file=str(f),
+        key="serving.image", from_value="vllm/vllm-openai:v0.11.0",
+        to_value="vllm/vllm-openai:v0.12.0", status=status, rollout_id=rollout_id,
+        action="start"), new=True)
     return f, cfg
 
 
@@ -435,7 +435,7 @@ def test_rollback_before_the_rollout_started_only_restores_the_file(tmp_path, mo
                                    outdir=tmp_path / "out")
     assert (out["how"], out["to"]) == ("file", "vllm/vllm-openai:v0.11.0")
     assert changed_lines(FILE, f.read_text()) == []  # back to the original, comment kept
-    assert runtime.load_record(cfg, cfg.pools[0], "aws")["status"] == "rolled_back"
+    assert runtime.load_record(cfg, cfg.pools[0], "aws").status == "rolled_back"
 
 
 def test_rollback_after_an_automatic_rollback_only_restores_the_file(tmp_path, monkeypatch):

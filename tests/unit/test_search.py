@@ -7,17 +7,21 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 import poolctl.search as S
-from poolctl.capacity import judge, run_pool
+from poolctl.capacity import judge, run_pool, smallest_count, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import load_config
+from poolctl.commands.plansearch import write_changes
+from poolctl.config import Target, load_config
+from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
+from poolctl.servingmodel import replica_model
 from poolctl.simulate import simulate, summary
 from poolctl.sizing import plan_pool
 from poolctl.traces import Trace, load_trace
@@ -127,7 +131,7 @@ def test_rule_refused_configurations_are_absent(setup, result):
     for o in result.outcomes:
         v = S.variant(pool, "aws", o.config)
         trial = cfg.model_copy(update={"pools": [v]})
-        assert not errors(run_checks(trial, [(v, "aws")])), o.config
+        assert not errors(run_checks(trial, [Target(v, Cloud.aws)])), o.config
     # Every remaining type of the cloud with NVLink and 8 GPUs offered in the region appears.
     offered = {r.name for r in load_catalog().instance_types if r.cloud == "aws" and r.nvlink
                and r.gpus == 8 and "us-east-1" in r.regions}
@@ -313,9 +317,34 @@ HOSTILE = [
     ("unsorted.csv", f"{AZ}2.0,10,3\n1.0,10,3\n", 2, ":3: TIMESTAMP: earlier than the line"),
     ("bad.jsonl", '{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"times\n', 2,
      ":2: line: not JSON"),
-    ("long.csv", f"{AZ}1.0,16000,385\n2.0,20000,10\n", 1,
-     "every one of the 2 requests in"),
 ]
+LONG = f"{AZ}1.0,16000,385\n2.0,20000,10\n"  # 16,385 and 20,010 tokens: over 16,384
+
+
+def test_plan_refuses_traffic_all_over_max_model_len(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "long.csv"
+    f.write_text(LONG)
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                "aws", "--traffic", str(f))
+    assert "every one of the 2 requests in" in one_line(code, err, 1)
+
+
+def test_search_tries_a_longer_max_model_len_for_longer_requests(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setattr(S, "MAX_NUM_SEQS", ())
+    monkeypatch.setattr(S, "MAX_NUM_BATCHED_TOKENS", ())
+    f = tmp_path / "long.csv"
+    f.write_text(LONG)
+    assert S.model_lens(16_384, load_trace(f)) == [16_384, 32_768]  # 20,010 <= 32,768
+    code, out, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(EXAMPLE), "--cloud",
+                                  "aws", "--traffic", str(f), "--search", "--json")
+    assert code == 0, err
+    search = json.loads(out)["pools"][0]["search"]
+    assert search["chosen"]["max_model_len"] == 32_768
+    assert search["chosen"]["requests_over_max_model_len"] == 0
+    assert {"key": "serving.max_model_len", "old": "16384", "new": "32768"} in search["changes"]
+    # With every request refused at 16,384, no 16,384 candidate serves anything.
+    assert all(c["max_model_len"] == 32_768 for c in search["candidates"])
 
 
 @pytest.mark.parametrize("search", [False, True], ids=["plan", "search"])
@@ -330,3 +359,55 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
                                 "aws", "--traffic", str(f), *(["--search"] if search else []))
     line = one_line(code, err, want)
     assert says in line, line
+
+
+def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
+    cfg, pool, tr = setup
+    f = tmp_path / "poolctl.yaml"
+    shutil.copy(EXAMPLE, f)
+    before = f.read_text()
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology="disaggregated"))
+    with pytest.raises(UsageError, match="disaggregated serving, which poolctl does not "
+                       "deploy yet; nothing was written"):
+        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(result,
+                                                                            chosen=disagg)})
+    assert f.read_text() == before
+
+
+def test_plan_names_the_nearest_slo_met_and_its_cost(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "poolctl.yaml"
+    f.write_text(EXAMPLE.read_text().replace("ttft_p90_s: 2.0", "ttft_p90_s: 1.5"))
+    pool = load_config(f).pools[0]
+    tr = load_trace(MOONCAKE)
+    floor = ttft_floor(replica_model(pool, Cloud.aws), tr).ttft_p90_floor_s
+    assert floor > 1.5  # TP 2 cannot prefill the p90 prompt within the SLO
+    code, _, err = poolctl_main(monkeypatch, capsys, "plan", "-f", str(f), "--cloud", "aws",
+                                "--traffic", str(MOONCAKE))
+    line = one_line(code, err, 1)
+    near = math.ceil(floor * 1.25 * 100) / 100  # a quarter above the floor, up to 10 ms
+    m = re.search(rf"\(e\.g\. {near:g} s is met with (\d+) replicas: (\d+) node\(s\), "
+                  r"\$([\d,.]+)/h\)", line)
+    assert m, line
+    n, nodes, usd = int(m[1]), int(m[2]), float(m[3].replace(",", ""))
+    assert nodes == -(-n // 4) and usd == pytest.approx(nodes * 55.04)  # 4 TP-2 replicas/node
+    loose = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": near})})
+
+    def meets(k):
+        return judge(summary(run_pool(loose, Cloud.aws, tr, replicas=k), near), loose.slo)
+
+    assert meets(n) and (n == 1 or not meets(n - 1))
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 6, 7, 40, 100])
+def test_smallest_count_finds_the_threshold_from_any_start(start):
+    calls = []
+
+    def probe(n):
+        calls.append(n)
+        return None if n < 3 else n  # counts below 3 stop early (sure failures)
+
+    # Passes from 6 on: the answer is 6 whatever the guess, in O(log) probes.
+    assert smallest_count(probe, lambda n: n >= 6, start=start, limit=64) == (6, 6)
+    assert len(calls) <= 2 * (64).bit_length()
+    assert smallest_count(probe, lambda n: False, start=start, limit=64) is None

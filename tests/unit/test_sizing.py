@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from poolctl.catalog import load_catalog
 from poolctl.config import parse_config
-from poolctl.sizing import kv_bytes_per_token, plan_pool, start_phases
+from poolctl.sizing import NodeCounts, kv_bytes_per_token, plan_pool, start_phases
 from tests.configs import pool_yaml
 
 
@@ -33,7 +35,9 @@ def test_llama70b_on_p5_tp2():
     assert p.kv_cache_tokens_per_replica == 38_329
     assert p.max_concurrent_sequences_per_replica == 2
     # min 4 / 4 = 1 node, max 24 / 4 = 6, warm 8 / 4 = 2, surge 4 / 4 = 1
-    assert p.nodes == {"min": 1, "max": 6, "warm": 2, "surge": 1}
+    assert p.nodes == NodeCounts(min=1, max=6, warm=2, surge=1)
+    # replicas are whole nodes x 4 per node: 4 / 24 / 8 / 4
+    assert p.replicas == NodeCounts(min=4, max=24, warm=8, surge=4)
     # quota: (6 max + 1 surge + 0 running warm) x 192 vCPU = 1,344
     assert p.quota == {"name": "L-417A185B", "unit": "vCPU", "needed": 1344,
                        "region": "us-east-1"}
@@ -60,7 +64,7 @@ def test_price_override():
 def test_replicas_round_up_to_whole_nodes():
     # 5 replicas at 4 per node -> 2 nodes = 8 replicas
     p = plan_pool(parse_config(pool_yaml(min_replicas=5)).pools[0], "aws")
-    assert p.nodes["min"] == 2 and p.replicas["min"] == 8
+    assert p.nodes.min == 2 and p.replicas.min == 8
 
 
 def test_gcp_quotas_in_gpus():
@@ -69,7 +73,7 @@ def test_gcp_quotas_in_gpus():
     row = load_catalog().get("gcp", "a3-highgpu-8g")
     assert row.regions["us-central1"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     # a regional MIG surges by 0 or at least one VM per zone: 1 surge node -> 3 (3 zones)
-    assert p.nodes["surge"] == 3
+    assert p.nodes.surge == 3
     # (6 max + 3 surge) nodes x 8 H100 = 72 GPUs; 9 x vCPUs; 9 x 16 x 375 GB local SSD
     assert names["NVIDIA_H100_GPUS"] == 72
     assert names["GPUS_ALL_REGIONS"] == 72
@@ -98,3 +102,27 @@ def test_start_phases_cold_vs_stopped_warm():
     # load: max(141.2e9 / (8 x 2e9), 70.6e9 / 2e9) = max(8.8, 35.3) = 35.3 s
     assert ph["cold"]["load_to_gpu"] == 35.3
     assert ph["warm_running"] == {"register": 30}
+
+
+def test_node_counts_times_and_json_order():
+    n = NodeCounts(min=1, max=6, warm=2, surge=3)
+    # 3 replicas per node: 1x3, 6x3, 2x3, 3x3
+    assert n.times(3) == NodeCounts(min=3, max=18, warm=6, surge=9)
+    assert n.times(1) == n
+    # `plan --json` has always listed min, max, warm, surge in this order
+    assert list(n.to_json().items()) == [("min", 1), ("max", 6), ("warm", 2), ("surge", 3)]
+
+
+def test_plan_json_keeps_node_and_replica_dicts():
+    p = plan_pool(parse_config(pool_yaml()).pools[0], "aws")
+    out = json.loads(json.dumps(p.to_json()))
+    # min 4 / max 24 / warm 8 replicas / surge 4 at 4 per node -> 1 / 6 / 2 / 1 nodes
+    assert list(out["nodes"].items()) == [("min", 1), ("max", 6), ("warm", 2), ("surge", 1)]
+    assert list(out["replicas"].items()) == [("min", 4), ("max", 24), ("warm", 8), ("surge", 4)]
+
+
+def test_warm_running_nodes_only_when_running():
+    running = plan_pool(parse_config(pool_yaml(warm_state="running")).pools[0], "aws")
+    stopped = plan_pool(parse_config(pool_yaml()).pools[0], "aws")
+    # warm 8 replicas / 4 per node = 2 nodes, held running only in the running state
+    assert (running.warm_running_nodes, stopped.warm_running_nodes) == (2, 0)

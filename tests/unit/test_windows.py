@@ -108,3 +108,27 @@ def test_offsets_keep_the_zone_of_now():
     tz = timezone(timedelta(hours=-5))
     now = datetime(2026, 12, 4, 7, 0, tzinfo=tz)
     assert parse_time("--from", "+1h", now) == datetime(2026, 12, 4, 13, 0, tzinfo=UTC)
+
+
+def test_block_need_covers_the_window_from_an_1130_utc_start_to_30_minutes_past_its_end():
+    from poolctl.windows import block_need
+
+    day = datetime(2026, 12, 7, tzinfo=UTC)
+    # 12:00-14:00: the block from 11:30 that day; 14:00 + 30 min is within 24 h.
+    need = block_need(2, day + timedelta(hours=12), day + timedelta(hours=14))
+    assert (need.count, need.hours) == (2, 24)
+    assert need.earliest == day + timedelta(hours=11, minutes=30)
+    # 10:00-12:00: 11:30 that day is after the start, so from 11:30 the day before; to
+    # 12:30 = 25 h after it -> 2 days.
+    need = block_need(3, day + timedelta(hours=10), day + timedelta(hours=12))
+    assert (need.count, need.hours) == (4, 48)  # 3 nodes: blocks come in 1, 2, 4, 8 ...
+    assert need.earliest == day - timedelta(hours=12, minutes=30)
+    # 15 days from 12:00: 16 days of blocks -> past 14, 7-day steps -> 21 days.
+    need = block_need(1, day + timedelta(hours=12), day + timedelta(days=15, hours=12))
+    assert need.hours == 21 * 24
+    assert need.covers(day + timedelta(hours=12), day + timedelta(days=15, hours=12),
+                       need.earliest, need.latest)
+    assert not need.covers(day + timedelta(hours=12), day + timedelta(days=15, hours=12),
+                           need.earliest, day + timedelta(days=15, hours=12))  # no 30 min
+    with pytest.raises(UsageError, match="--reserve"):
+        block_need(65, day + H, day + 2 * H)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -489,9 +490,9 @@ def capacity_needs(plan: PoolPlan) -> dict[str, int]:
     capacity; stopped ones give it back and launch again when started) and at peak (max +
     a rollout's surge); its warm and surge nodes alone."""
     n = plan.nodes
-    running_warm = n["warm"] if plan.warm_state == "running" else 0
-    return {"min": n["min"] + running_warm, "warm": n["warm"], "surge": n["surge"],
-            "max": n["max"] + running_warm, "peak": n["max"] + n["surge"] + running_warm}
+    running_warm = plan.warm_running_nodes
+    return {"min": n.min + running_warm, "warm": n.warm, "surge": n.surge,
+            "max": n.max + running_warm, "peak": n.max + n.surge + running_warm}
 
 
 class ChecksCapacity(ABC):
@@ -532,7 +533,40 @@ class SchedulesWindows(ABC):
         deleting what `removed` left behind."""
 
 
+@dataclass(frozen=True)
+class BlockOffering:
+    """A Capacity Block the cloud offers: `count` nodes in `zone` from `start` to `end`."""
+
+    id: str
+    instance_type: str
+    zone: str
+    count: int
+    start: datetime
+    end: datetime
+    hours: int
+    upfront_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "start": self.start.isoformat(timespec="seconds"),
+                "end": self.end.isoformat(timespec="seconds")}
+
+
+class BuysCapacityBlocks(ABC):
+    """Capacity bought ahead for a window (AWS Capacity Blocks for ML)."""
+
+    @abstractmethod
+    def capacity_block_offerings(self, region: str, instance_type: str, count: int,
+                                 hours: int, earliest: datetime, latest: datetime
+                                 ) -> list[BlockOffering]: ...
+
+    @abstractmethod
+    def buy_capacity_block(self, region: str, offering: BlockOffering,
+                           tags: dict[str, str]) -> str:
+        """Buy it; the Capacity Reservation's id."""
+
+
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
-    BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows)
+    BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
+    BuysCapacityBlocks)

@@ -25,14 +25,13 @@ from poolctl.commands.common import (
     PoolOpt,
     SandboxOpt,
     check_creatable,
-    cloud_targets,
     confirm,
     console,
     emit_json,
-    endpoints_of,
     load,
     make_folder,
     require_valid,
+    resolve_targets,
     targets,
 )
 from poolctl.deploy import run_stacks, synth_targets
@@ -42,7 +41,7 @@ from poolctl.runtime import deploy_before_apply, get_ops
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
-    from poolctl.config import Config, Pool
+    from poolctl.config import Config, Pool, Target
     from poolctl.deploy import StackResult
     from poolctl.terraform import PlanSummary
 
@@ -146,16 +145,17 @@ def _render_summary(name: str, summary: PlanSummary) -> None:
 
 
 def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool
-                      ) -> Callable[[list[tuple[Pool, Cloud]]], Keeps]:
+                      ) -> Callable[[list[Target]], Keeps]:
     """Before a deploy synthesizes anything: the certificate an HTTPS listener names (a
     missing, unissued or other region's one stops it; --plan-only only reports), the quota
     its peak needs (a shortfall stops it, one line each, unless --skip-quota-check;
     --plan-only only reports), and the sizes `poolctl warm` set, which the apply keeps
     until `warm --reset`."""
 
-    def check(tgts: list[tuple[Pool, Cloud]]) -> Keeps:
+    def check(tgts: list[Target]) -> Keeps:
 
-        for p, c in tgts:
+        for t in tgts:
+            p, c = t.pool, t.cloud
             try:
                 note = _certificate(cfg, p, c, endpoints)
             except PoolctlError as e:
@@ -166,7 +166,8 @@ def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, 
                 sys.stderr.write(f"poolctl: {note}\n")
         out: Keeps = []
         short: list[str] = []
-        for p, c in tgts:
+        for t in tgts:
+            p, c = t.pool, t.cloud
             ops = runtime.get_ops(c, endpoints)
             if not skip_quota:
                 try:
@@ -187,7 +188,7 @@ def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, 
     return check
 
 
-def _certificate(cfg: Config, pool: Pool, cloud: str, endpoints: CloudEndpoints
+def _certificate(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
                  ) -> str | None:
     """The AWS placement's certificate exists, is issued and is in its region; else the
     apply would point port 80 at an HTTPS listener that never comes."""
@@ -207,9 +208,8 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
 
     started = time.time()
     check_out(out)
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
+    cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, list(ctx.targets)
     if not destroy:
         require_valid(cfg, tgts)
 
@@ -243,31 +243,31 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         raise OperationFailed(failing[-1])
 
 
-def _launches_failing(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[StackResult],
+def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult],
                       endpoints: CloudEndpoints, started: float) -> list[str]:
     """Applied pools whose group could not launch since the deploy began: the apply does not
     wait for nodes, so this one look says it instead of a pool that silently never grows."""
     from poolctl import runtime
 
     out = []
-    for (p, c), r in zip(tgts, results, strict=True):
-        if r.applied and (line := runtime.deploy_launches(cfg, p, c, runtime.get_ops(
-                c, endpoints), started)):
+    for t, r in zip(tgts, results, strict=True):
+        if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(
+                t.cloud, endpoints), started)):
             out.append(line)
     return out
 
 
-def _kept_versions(cfg: Config, tgts: list[tuple[Pool, Cloud]], results: list[StackResult],
+def _kept_versions(cfg: Config, tgts: list[Target], results: list[StackResult],
                    endpoints: CloudEndpoints) -> dict[str, dict[str, list[str]]]:
     """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
     outside Terraform's state (the rollback target); once the pool is destroyed, delete
     those too."""
 
     out: dict[str, dict[str, list[str]]] = {}
-    for (p, cl), r in zip(tgts, results, strict=True):
-        if not r.applied or not isinstance(ops := get_ops(cl, endpoints), StepsRollouts):
+    for t, r in zip(tgts, results, strict=True):
+        if not r.applied or not isinstance(ops := get_ops(t.cloud, endpoints), StepsRollouts):
             continue
-        done = ops.delete_pool_templates(cfg, p)
+        done = ops.delete_pool_templates(cfg, t.pool)
         for line in done["failed"]:
             sys.stderr.write(f"poolctl: {r.stack}: {line}\n")
         if done["deleted"]:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from poolctl import runtime
 from poolctl.clouds.base import ChecksCapacity, capacity_needs
 from poolctl.commands.common import (
     CloudOpt,
@@ -15,11 +14,9 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
+    resolve_targets,
 )
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import plan_pool
@@ -85,14 +82,13 @@ def check(
     the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
     surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(tgts[0][1], endpoints)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
+    ops, c = ctx.ops, ctx.cloud
     if not isinstance(ops, ChecksCapacity):
-        raise UsageError(f"--cloud {tgts[0][1]}: capacity check is not supported on "
-                         f"{tgts[0][1]} yet; use --cloud aws")
-    reports = [ops.capacity_report(cfg, p, capacity_needs(plan_pool(p, c))) for p, c in tgts]
+        raise UsageError(f"--cloud {c}: capacity check is not supported on {c} yet; use "
+                         "--cloud aws")
+    reports = [ops.capacity_report(ctx.cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
+               for t in ctx.targets]
     problems = [m for r in reports if (m := capacity_problem(r))]
     if json_out:
         emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})

@@ -28,7 +28,7 @@ from poolctl.commands.common import (
 from poolctl.commands.plansearch import render_search, run_searches, write_changes
 from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt, TrafficOpt
 from poolctl.commands.traffic import traffic as load_traffic
-from poolctl.config import json_schema
+from poolctl.config import Target, json_schema
 from poolctl.errors import UsageError
 from poolctl.home import replace_file
 from poolctl.node_image import NodeImage, recorded_node_image
@@ -37,7 +37,7 @@ from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
     from poolctl.capacity import Recommendation
-    from poolctl.config import Config, Pool
+    from poolctl.config import Config
     from poolctl.sizing import PoolPlan
 
 # Simulated recommendations per (pool name, cloud) (poolctl.capacity.recommend).
@@ -56,7 +56,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         emit_json({"ok": not errs, "findings": [f.to_json() for f in findings]})
     else:
         print_findings(findings)
-        checked = ", ".join(f"{p.name}/{c}" for p, c in tgts)
+        checked = ", ".join(f"{t.pool.name}/{t.cloud}" for t in tgts)
         status = "FAILED" if errs else "ok"
         sys.stderr.write(f"{status}: {len(errs)} error(s), "
                          f"{len(findings) - len(errs)} note(s) over {checked}\n")
@@ -92,7 +92,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
-    plans = [plan_pool(p, c, recorded_node_image(p, c)) for p, c in tgts]
+    plans = [plan_pool(t.pool, t.cloud, recorded_node_image(t.pool, t.cloud)) for t in tgts]
     totals = _quota_totals(cfg, tgts)
     if search:
         _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
@@ -101,9 +101,9 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
         entries = [p.to_json() for p in plans]
-        for e, (p, c) in zip(entries, tgts, strict=True):
-            if (p.name, c) in recs:
-                e["recommendation"] = recs[(p.name, c)].to_json()
+        for e, t in zip(entries, tgts, strict=True):
+            if (t.pool.name, t.cloud) in recs:
+                e["recommendation"] = recs[(t.pool.name, t.cloud)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
@@ -112,7 +112,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         render_recommendations(tgts, plans, recs)
 
 
-def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
+def _plan_search(cfg: Config, file: Path | None, tgts: list[Target],
                  plans: list[PoolPlan], totals: list[dict[str, Any]], traffic: Path | None,
                  rate: float | None, duration: float, seed: int, time_scale: float,
                  json_out: bool, write: bool, workers: int) -> None:
@@ -122,27 +122,27 @@ def _plan_search(cfg: Config, file: Path | None, tgts: list[tuple[Pool, Cloud]],
     written = write_changes(file, cfg, results) if write else []
     if json_out:
         entries = [p.to_json() for p in plans]
-        for e, (p, c) in zip(entries, tgts, strict=True):
-            r = results[(p.name, c)]
+        for e, t in zip(entries, tgts, strict=True):
+            r = results[(t.pool.name, t.cloud)]
             if r.recommendation is not None:
                 e["recommendation"] = r.recommendation.to_json()
             e["search"] = r.to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals,
                    "written": written})
     else:
-        for p, c in tgts:
-            render_search(p, results[(p.name, c)])
+        for t in tgts:
+            render_search(t.pool, results[(t.pool.name, t.cloud)])
     for line in written:
         sys.stderr.write(f"wrote {line}\n")
 
 
-def _quota_totals(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> list[dict[str, Any]]:
+def _quota_totals(cfg: Config, tgts: list[Target]) -> list[dict[str, Any]]:
     """Each quota the selected pools draw on, summed over every pool of the file that shares
     it (same cloud, project, scope and name): the grant has to hold them together."""
 
-    clouds = list(dict.fromkeys(c for _, c in tgts))
-    every = [(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
-    selected = {(p.name, c) for p, c in tgts}
+    clouds = list(dict.fromkeys(t.cloud for t in tgts))
+    every = [Target(p, c) for c in clouds for p in cfg.pools if p.placement(c) is not None]
+    selected = {(t.pool.name, t.cloud) for t in tgts}
     return [t for t in quota_totals(every)
             if any((name, t["cloud"]) in selected for name in t["pools"])]
 
@@ -161,7 +161,7 @@ def render_quota_totals(totals: list[dict[str, Any]]) -> None:
     console().print(t)
 
 
-def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path | None,
+def _recommendations(cfg: Config, tgts: list[Target], traffic: Path | None,
                      rate: float | None, duration: float, seed: int, time_scale: float) -> Recs:
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
@@ -169,19 +169,20 @@ def _recommendations(cfg: Config, tgts: list[tuple[Pool, Cloud]], traffic: Path 
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
-    recs = {(p.name, c): recommend(p, c, tr) for p, c in tgts}
+    recs = {(t.pool.name, t.cloud): recommend(t.pool, t.cloud, tr) for t in tgts}
     needs = {k: TrafficNeed(r.peak_replicas_needed, tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call
     return recs
 
 
-def render_recommendations(tgts: list[tuple[Pool, Cloud]], plans: list[PoolPlan], recs: Recs
+def render_recommendations(tgts: list[Target], plans: list[PoolPlan], recs: Recs
                            ) -> None:
     from rich.table import Table
 
     out = console()
-    for (p, c), pl in zip(tgts, plans, strict=True):
+    for tgt, pl in zip(tgts, plans, strict=True):
+        p, c = tgt.pool, tgt.cloud
         r = recs[(p.name, c)].to_json()
         price = pl.price_per_node_hour_usd
         tpot = f", TPOT p90 {p.slo.tpot_p90_s} s" if p.slo.tpot_p90_s is not None else ""
@@ -232,8 +233,8 @@ def render_plans(plans: list[PoolPlan]) -> None:
             ("node", f"{p.instance_type}: {p.gpus_per_node}x {p.gpu}"),
             ("replica", f"TP {p.tensor_parallel}, {p.replicas_per_node} per node"),
             ("nodes min / max / warm / surge",
-             f"{n['min']} / {n['max']} / {n['warm']} ({p.warm_state}) / {n['surge']}"),
-            ("replicas min / max / warm", f"{r['min']} / {r['max']} / {r['warm']}"),
+             f"{n.min} / {n.max} / {n.warm} ({p.warm_state}) / {n.surge}"),
+            ("replicas min / max / warm", f"{r.min} / {r.max} / {r.warm}"),
             ("weights", f"{_gb(p.weights_bytes)}, {_gb(p.weights_bytes_per_gpu)} per GPU"),
             ("HBM per GPU",
              f"{_gb(p.hbm_bytes_per_gpu)}, {_gb(p.usable_hbm_bytes_per_gpu)} usable"),

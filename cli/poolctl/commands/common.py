@@ -8,24 +8,28 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
 from poolctl.cloud import Cloud
-from poolctl.config import load_config
+from poolctl.clouds.base import CloudOps
+from poolctl.clouds.registry import get_ops
+from poolctl.config import Config, Pool, Target, find_config, load_config
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
 from poolctl.envcheck import REGION_RE
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import cannot_create
 from poolctl.rules import errors, run_checks
+from poolctl.runtime.common import watch_hint
 from poolctl.sandbox import manager
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
 
-    from poolctl.config import Config, Pool
     from poolctl.rules import Finding
 
 
@@ -169,7 +173,7 @@ def file_errors() -> Iterator[None]:
                          "pass -f PATH of a poolctl.yaml (or set POOLCTL_FILE)") from None
 
 
-def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[tuple[Pool, Cloud]]:
+def targets(cfg: Config, pool: str | None, cloud: Cloud | None) -> list[Target]:
     return cfg.targets(pool, cloud)
 
 
@@ -203,8 +207,8 @@ def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
-                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[tuple[Pool, Cloud]]:
-    """(pool, cloud) pairs of a command that acts on one cloud (`pick_cloud`), which the
+                  endpoints: CloudEndpoints = REAL_CLOUDS) -> list[Target]:
+    """The targets of a command that acts on one cloud (`pick_cloud`), which the
     endpoints must reach."""
     picked = pick_cloud(cfg, pool, cloud, endpoints)
     endpoints.require(picked)
@@ -212,15 +216,78 @@ def cloud_targets(cfg: Config, pool: str | None, cloud: Cloud | None,
 
 
 def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
-               endpoints: CloudEndpoints = REAL_CLOUDS) -> tuple[Pool, Cloud]:
-    """The single (pool, cloud) a command that changes one pool acts on."""
+               endpoints: CloudEndpoints = REAL_CLOUDS) -> Target:
+    """The single target a command that changes one pool acts on."""
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:
 
-        names = ", ".join(p.name for p, _ in tgts)
+        names = ", ".join(t.pool.name for t in tgts)
         raise UsageError(f"--pool: this acts on one pool, the file gives {names}; pick one "
                          "with --pool")
     return tgts[0]
+
+
+@dataclass(frozen=True)
+class CloudContext:
+    """What a command acting on the selected pools of one cloud works with: its -f, --pool,
+    --cloud and --sandbox resolved once (`resolve_targets`)."""
+
+    file: Path | None  # -f as given: the hints a command prints repeat it
+    cfg: Config
+    cloud: Cloud
+    endpoints: CloudEndpoints
+    targets: tuple[Target, ...]
+    contact_email: str | None = None  # Cloud Quotas requests carry one (GCP)
+
+    @cached_property
+    def ops(self) -> CloudOps:
+        """The cloud's operations, made on first use: a command that refuses its options
+        after resolving them makes none."""
+        return get_ops(self.cloud, self.endpoints, contact_email=self.contact_email)
+
+    @cached_property
+    def path(self) -> Path:
+        """The config file read (for commands that record it or write it back)."""
+        with file_errors():
+            return find_config(self.file)
+
+
+@dataclass(frozen=True)
+class TargetContext(CloudContext):
+    """A command that changes one pool: its one target (`resolve_target`)."""
+
+    @property
+    def target(self) -> Target:
+        return self.targets[0]
+
+    @property
+    def pool(self) -> Pool:
+        return self.target.pool
+
+    def hint(self, what: str = "status") -> str:
+        """The command that watches this pool, with the options this one was given."""
+        return watch_hint(self.cloud, self.file, self.pool, self.endpoints, what)
+
+
+def resolve_targets(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bool,
+                    *, contact_email: str | None = None) -> CloudContext:
+    """The file, where the calls go (`--sandbox`), then the pools of the one cloud picked
+    (`cloud_targets`), which those endpoints must reach."""
+    cfg = load(file)
+    endpoints = endpoints_of(sandbox)
+    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    return CloudContext(file=file, cfg=cfg, cloud=tgts[0].cloud, endpoints=endpoints,
+                        targets=tuple(tgts), contact_email=contact_email)
+
+
+def resolve_target(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bool
+                   ) -> TargetContext:
+    """As `resolve_targets`, for a command that acts on one pool (`one_target`)."""
+    cfg = load(file)
+    endpoints = endpoints_of(sandbox)
+    tgt = one_target(cfg, pool, cloud, endpoints)
+    return TargetContext(file=file, cfg=cfg, cloud=tgt.cloud, endpoints=endpoints,
+                         targets=(tgt,))
 
 
 def emit_json(data: object) -> None:
@@ -257,7 +324,7 @@ MirrorOpt = Annotated[
 ]
 
 
-def require_valid(cfg: Config, tgts: list[tuple[Pool, Cloud]]) -> None:
+def require_valid(cfg: Config, tgts: list[Target]) -> None:
     """What plan, synth and deploy run first: print findings, refuse on any error."""
 
     findings = run_checks(cfg, tgts)

@@ -17,12 +17,9 @@ from poolctl.commands.common import (
     SandboxOpt,
     console,
     emit_json,
-    endpoints_of,
-    load,
-    one_target,
+    resolve_target,
     whole,
 )
-from poolctl.config import find_config
 
 app = typer.Typer(help="Pre-pulled node images built with Packer (see images/README.md).",
                   no_args_is_help=True)
@@ -48,12 +45,9 @@ def build(
     On AWS the builder runs in the file's subnet or one of the pool's private subnets (its
     first deploy creates them): where there is none, the build stops before Packer runs."""
 
-    path = find_config(file)
-    cfg = load(path)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    res = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=dry_run,
-                       verbose=verbose)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    res = images.build(ctx.cfg, ctx.path, ctx.pool, ctx.cloud, endpoints=ctx.endpoints,
+                       dry_run=dry_run, verbose=verbose)
     if json_out:
         emit_json(res.to_json())
     elif dry_run:
@@ -62,7 +56,7 @@ def build(
         # Plain write: a command line must not be wrapped at the terminal's width.
         sys.stdout.write(f"# would run in {res.build_dir}: {shlex.join(res.command)}\n")
     else:
-        console().print(f"{p.name}: built {res.image_id} ({res.serving_image}"
+        console().print(f"{ctx.pool.name}: built {res.image_id} ({res.serving_image}"
                         f"{', ' + res.digest if res.digest else ''}) in {res.seconds:g} s")
 
 
@@ -77,10 +71,9 @@ def list_(
     """The pool's images, newest first, and what uses each."""
     from dataclasses import asdict
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    rows = images.list_images(cfg, p, c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    p, c = ctx.pool, ctx.cloud
+    rows = images.list_images(ctx.cfg, p, c, ctx.endpoints)
     if json_out:
         emit_json({"pool": p.name, "cloud": c, "images": [asdict(r) for r in rows]})
         return
@@ -105,11 +98,9 @@ def prune(
     """Deregister all but the KEEP newest unused images (with their snapshots); images in use
     (the file, launch template versions, instances) are never deleted."""
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    out = images.prune(cfg, p, c, endpoints, keep)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    out = images.prune(ctx.cfg, ctx.pool, ctx.cloud, ctx.endpoints, keep)
     if json_out:
         emit_json(out)
     else:
-        console().print(f"{p.name}: deleted {len(out['deleted'])}, kept {len(out['kept'])}")
+        console().print(f"{ctx.pool.name}: deleted {len(out['deleted'])}, kept {len(out['kept'])}")

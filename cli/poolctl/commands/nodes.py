@@ -17,12 +17,10 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
     real,
+    resolve_targets,
     whole,
 )
 from poolctl.errors import OperationFailed, UsageError
@@ -100,19 +98,18 @@ def check(
 ) -> None:
     """SSH into nodes and verify GPUs, NVLink, no EFA, the NVMe cache, the image and health."""
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
+    cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, ctx.targets
     if access is None:
         # The pool's own way in, when every target has one (and no --host names nodes).
         own = {"aws": lambda p: p.aws.node_access, "gcp": lambda p: p.gcp.node_access}
-        modes = {own[c](p) for p, c in tgts}
+        modes = {own[t.cloud](t.pool) for t in tgts}
         access = modes.pop() if len(modes) == 1 and not host else "ssh"
         access = "ssh" if access == "none" else access
-    if access == "instance-connect" and any(c != Cloud.aws for _, c in tgts):
+    if access == "instance-connect" and ctx.cloud != Cloud.aws:
         raise UsageError("--access instance-connect: EC2 Instance Connect is AWS's; add "
                          "--cloud aws, or use --access iap for GCP")
-    if access == "iap" and any(c != Cloud.gcp for _, c in tgts):
+    if access == "iap" and ctx.cloud != Cloud.gcp:
         raise UsageError("--access iap: IAP TCP forwarding with OS Login is GCP's; add "
                          "--cloud gcp, or use --access instance-connect for AWS")
     opts = nodecheck.SshOptions(user=user, identity=identity, known_hosts=known_hosts,

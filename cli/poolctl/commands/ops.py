@@ -18,13 +18,11 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     console,
     emit_json,
-    endpoints_of,
-    load,
-    one_target,
     real,
+    resolve_target,
+    resolve_targets,
     whole,
 )
 from poolctl.errors import UsageError
@@ -81,38 +79,47 @@ def warm(
     cancel: Annotated[
         str | None, typer.Option("--cancel", metavar="ID", help="Remove a scheduled window "
                                  "(ids: `warm --list`).")] = None,
+    reserve: Annotated[
+        bool, typer.Option("--reserve", help="With --from/--until: the Capacity Blocks (AWS) "
+                           "that hold the window's nodes, with their prices; buys the cheapest "
+                           "only with --yes.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="With --reserve: buy it, then schedule the "
+                           "window.")] = False,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Prepare N replicas of spare capacity before a launch, now or for a window."""
 
+    if reserve and (start is None or until is None):
+        raise UsageError("--reserve: capacity is bought for a window; give --from and --until")
+    if yes and not reserve:
+        raise UsageError("--yes: it confirms a purchase; give it with --reserve")
     if list_ or cancel is not None or start is not None or until is not None:
         _windows(replicas, cloud, file, pool, running, wait, reset, exact, start, until,
-                 list_, cancel, sandbox, json_out)
+                 list_, cancel, reserve, yes, sandbox, json_out)
         return
     if replicas is None and not reset:
         raise UsageError("--replicas: give the number of replicas to prepare, or --reset")
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if replicas is not None:
         _refuse_useless_warm(p, c, replicas)
-    ops = runtime.get_ops(c, endpoints)
-    result = runtime.warm(cfg, p, c, ops, replicas, running=running, reset=reset, exact=exact)
+    result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
+                          exact=exact)
     sys.stderr.write(result.message + "\n")
     if result.capacity_line:
         sys.stderr.write(result.capacity_line + "\n")
     if wait and result.mode != "reset":
-        hint = runtime.watch_hint(c, file, p, endpoints)
-        result.wait = runtime.wait_warm(cfg, p, c, ops, result, timeout, hint)
+        result.wait = runtime.wait_warm(cfg, p, c, ctx.ops, result, timeout, ctx.hint())
     if json_out:
         emit_json(result.to_json())
 
 
 def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool: str | None,
              running: bool, wait: bool, reset: bool, exact: bool, start: str | None,
-             until: str | None, list_: bool, cancel: str | None, sandbox: bool,
-             json_out: bool) -> None:
+             until: str | None, list_: bool, cancel: str | None, reserve: bool, yes: bool,
+             sandbox: bool, json_out: bool) -> None:
     """`warm --from/--until`, `--list`, `--cancel`: every flag checked before a cloud call."""
     now = datetime.now(UTC)
     others = {"--replicas": replicas is not None, "--running": running, "--wait": wait,
@@ -120,8 +127,8 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
               "--until": until is not None}
     if list_ or cancel is not None:
         flag = "--list" if list_ else "--cancel"
-        extra = [k for k, v in {**others, "--cancel": cancel is not None and list_}.items()
-                 if v]
+        extra = [k for k, v in {**others, "--cancel": cancel is not None and list_,
+                                "--reserve": reserve}.items() if v]
         if extra:
             raise UsageError(f"{flag}: give it alone (with -f, --pool, --cloud, --sandbox, "
                              f"--json), without {', '.join(extra)}")
@@ -138,21 +145,18 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
         if replicas is None:
             raise UsageError("--from/--until: give --replicas N, the window's spare replicas")
         t_from, t_until = parse_time("--from", start, now), parse_time("--until", until, now)
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if list_ or cancel is not None:
-        ops = runtime.get_ops(c, endpoints)
-        result = (runtime.list_windows(cfg, p, c, ops, now) if list_
-                  else runtime.cancel_window(cfg, p, c, ops, str(cancel), now))
+        result = (runtime.list_windows(cfg, p, c, ctx.ops, now) if list_
+                  else runtime.cancel_window(cfg, p, c, ctx.ops, str(cancel), now))
     else:
         assert replicas is not None  # checked above
         if not running:
             raise UsageError(runtime.NOT_RUNNING)
         _refuse_useless_warm(p, c, replicas)
-        ops = runtime.get_ops(c, endpoints)
-        result = runtime.schedule_window(cfg, p, c, ops, replicas, t_from, t_until, running,
-                                         now)
+        result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
+                                         running, now, reserve=reserve, yes=yes)
     if json_out:
         emit_json(result.to_json())
         return
@@ -161,6 +165,11 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
             f"{p.name}: no scheduled windows"]
         sys.stdout.write("\n".join(out) + "\n")
     else:
+        for o in result.offerings:
+            sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
+                             f"{o.start.isoformat(timespec='minutes')} to "
+                             f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
+                             f"${o.upfront_usd:,.2f} upfront\n")
         sys.stderr.write(result.message + "\n")
 
 
@@ -170,11 +179,11 @@ def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     Checked against the file's sizes (what deploy gives the group) before any cloud call."""
 
     plan = plan_pool(p, c)
-    rpn, room = plan.replicas_per_node, plan.nodes["max"] - plan.nodes["min"]
+    rpn, room = plan.replicas_per_node, plan.nodes.max - plan.nodes.min
     if nodes_for(replicas, rpn) > room:
         raise UsageError(
-            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes['max']} "
-            f"node(s) and keeps {plan.nodes['min']} in service, so at most {room} spare "
+            f"--replicas {replicas}: pool {p.name!r} grows to at most {plan.nodes.max} "
+            f"node(s) and keeps {plan.nodes.min} in service, so at most {room} spare "
             f"node(s) ({room * rpn} replicas) can ever serve; ask for at most {room * rpn}, "
             "or raise scaling.max_replicas and deploy")
 
@@ -188,18 +197,16 @@ def status(
 ) -> None:
     """Nodes in service / warm / pending, rollout progress, queue."""
 
-    cfg = load(file)
+    ctx = resolve_targets(file, pool, cloud, sandbox)
     out: list[PoolStatus] = []
     unread: set[str] = set()
     # Each pool's load balancer (None: none carries its tags/labels).
     lbs: list[Endpoint | None] = []
-    endpoints = endpoints_of(sandbox)
-    for p, c in cloud_targets(cfg, pool, cloud, endpoints):
-        ops = runtime.get_ops(c, endpoints)
-        if not isinstance(ops, PublishesQueueMetric):
-            unread.add(c)
-        out.append(runtime.status(cfg, p, c, ops))
-        lbs.append(ops.endpoint(cfg, p))
+    for t in ctx.targets:
+        if not isinstance(ctx.ops, PublishesQueueMetric):
+            unread.add(t.cloud)
+        out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops))
+        lbs.append(ctx.ops.endpoint(ctx.cfg, t.pool))
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
                              for s, ep in zip(out, lbs, strict=True)]})

@@ -16,6 +16,7 @@ from poolctl.config import _LineLoader, find_config, parse_config
 from poolctl.errors import UsageError
 from poolctl.perffit import fit as fit_runs
 from poolctl.perffit import parse_results
+from poolctl.progress import log
 from poolctl.readfile import open_regular
 from poolctl.runtime.fileedit import write_atomic
 from poolctl.servingmodel import replica_model
@@ -40,7 +41,8 @@ def fit(
 ) -> None:
     """Fit prefill_mfu, decode_mbu, step_overhead_ms and decode_us_per_seq to RESULT."""
     cfg = load(file)
-    p, c = pick_target(cfg, pool, cloud)
+    tgt = pick_target(cfg, pool, cloud)
+    p, c = tgt.pool, tgt.cloud
     with open_regular(result, "RESULT", "give the file `vllm bench serve --save-result` "
                       "wrote", 64 * 2**20) as fh:
         raw = fh.read()
@@ -60,21 +62,30 @@ def fit(
         pt = p if r.tp == p.serving.tensor_parallel else p.model_copy(
             update={"serving": p.serving.model_copy(update={"tensor_parallel": r.tp})})
         replicas.append(replace(replica_model(pt, c), max_num_seqs=p.serving.max_num_seqs))
+    log(f"perf fit: replaying {len(runs)} run{'s' if len(runs) > 1 else ''} "
+        f"({sum(len(r.inputs) for r in runs):,} requests) a few hundred times; seconds to a "
+        "minute")
     f = fit_runs(replicas, runs)
-    block = "perf:\n" + "".join(f"  {k}: {v:g}\n" for k, v in f.factors.items())
-    written = None
-    if write:
-        written = _write(find_config(file), p.name, f.factors)
+    written = _write(find_config(file), p.name, f.factors) if write else None
     if json_out:
         emit_json({"pool": p.name, "cloud": str(c), "runs": len(runs), "perf": f.factors,
                    "errors": f.errors, "errors_before": f.before, "written": written})
         return
-    print(f"{p.name}/{c}: {len(runs)} run(s) of {result}")
+    print(f"{p.name}/{c}: {len(runs)} run{'s' if len(runs) > 1 else ''} of {result}; "
+          "error (model / measured - 1), current factors -> fitted:")
     for label, errs in f.errors.items():
         before = f.before[label]
-        cells = "  ".join(f"{k} {before[k]:+.1%} -> {v:+.1%}" for k, v in errs.items())
-        print(f"  {label}: {cells}")
-    print(f"pools[{p.name}].{block}" if not written else f"wrote {written}")
+        cells = ", ".join(f"{k.replace('_', ' ')} {before[k]:+.1%} -> {v:+.1%}"
+                          for k, v in errs.items())
+        print(f"  run {label}: {cells}")
+    if written:
+        print(f"wrote {written}")
+        return
+    idx = [q.name for q in cfg.pools].index(p.name)
+    print(f"paste into pools[{idx}] ({p.name}), or run again with --write:")
+    print("    perf:")
+    for k, v in f.factors.items():
+        print(f"      {k}: {v:g}")
 
 
 def _write(target: Path, pool: str, factors: dict[str, float]) -> str:
@@ -90,15 +101,13 @@ def _write(target: Path, pool: str, factors: dict[str, float]) -> str:
         raise UsageError(f"{target}: pools[{idx}].perf.{measured[0]} calibrates the same "
                          "factors; remove the measured numbers, then run --write again")
     for k, v in factors.items():
-        text = _set_number(text, idx, k, f"{v:g}", str(target))
+        text = _set_number(text, idx, k, f"{v:g}", str(target))  # v has 4 digits
     new = parse_config(text, str(target)).pools[idx].perf
-    assert all(getattr(new, k) == _as_written(v) for k, v in factors.items())
+    if any(getattr(new, k) != v for k, v in factors.items()):
+        raise UsageError(f"{target}: pools[{idx}].perf: cannot write the fitted factors in "
+                         "place; paste the block the command prints by hand")
     write_atomic(target, text)
     return f"{target}: pools[{idx}].perf ({', '.join(factors)})"
-
-
-def _as_written(v: float) -> float:
-    return float(f"{v:g}")
 
 
 def _mapping(node: yaml.Node, key: str) -> yaml.Node | None:

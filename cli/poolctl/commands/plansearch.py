@@ -8,17 +8,18 @@ from pathlib import Path
 
 from poolctl.cloud import Cloud
 from poolctl.commands.common import console
-from poolctl.config import Config, Pool, find_config, parse_config
+from poolctl.config import Config, Pool, Target, find_config, parse_config
 from poolctl.errors import UsageError
 from poolctl.runtime.fileedit import set_scalar, write_atomic
 from poolctl.search import AGGREGATED, Candidate, SearchResult, search
 from poolctl.traces import Trace
 
 
-def run_searches(cfg: Config, tgts: list[tuple[Pool, Cloud]], trace: Trace, workers: int
+def run_searches(cfg: Config, tgts: list[Target], trace: Trace, workers: int
                  ) -> dict[tuple[str, Cloud], SearchResult]:
     out: dict[tuple[str, Cloud], SearchResult] = {}
-    for p, c in tgts:
+    for tgt in tgts:
+        p, c = tgt.pool, tgt.cloud
         t0 = time.monotonic()
 
         def progress(n: int, total: int, what: str, p: Pool = p, c: Cloud = c,
@@ -39,11 +40,13 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def _row(c: Candidate, mark: str) -> list[str]:
+def _row(c: Candidate, mark: str, lens: bool) -> list[str]:
     s = c.summary
     return [mark, c.config.instance_type, str(c.config.tensor_parallel),
             f"{c.config.max_num_seqs}/{c.config.max_num_batched_tokens}",
-            f"{c.nodes} ({c.replicas})", f"{c.cost_per_hour_usd:,.2f}",
+            *([f"{c.config.max_model_len:,}", f"{s.requests_over_max_model_len:,}"]
+              if lens else []),
+            f"{c.nodes}", f"{c.cost_per_hour_usd:,.2f}",
             _f(s.cost.usd_per_1m_output_tokens, ",.2f"),
             f"{_ms(s.ttft_s.p50)}/{_ms(s.ttft_s.p90)}",
             f"{_ms(s.tpot_s.p50)}/{_ms(s.tpot_s.p90)}",
@@ -57,19 +60,22 @@ def render_search(pool: Pool, r: SearchResult) -> None:
 
     out = console()
     if not out.is_terminal:  # a file or a pipe: room for the table's columns
-        out.width = max(out.width, 120)
+        out.width = max(out.width, 132)
     slo = pool.slo
     tpot = f", TPOT p90 {slo.tpot_p90_s} s" if slo.tpot_p90_s is not None else ""
     t = Table(title=f"{r.pool} on {r.cloud}: Pareto front of {len(r.candidates)} candidates "
                     f"({r.configurations} configurations; SLO TTFT p90 {slo.ttft_p90_s} s"
-                    f"{tpot}, utilization <= {slo.target_utilization})", title_justify="left",
-              box=box.SIMPLE_HEAD)
-    for col in ("", "type", "TP", "seqs/step", "nodes (replicas)", "$/h", "$/1M out",
-                "TTFT p50/p90 ms", "TPOT p50/p90 ms", "goodput", "kWh/1M out", "SLOs"):
-        t.add_column(col, justify="left" if col in ("", "type", "meets") else "right")
+                    f"{tpot}, utilization <= {slo.target_utilization}); TTFT and TPOT as p50/p90",
+              title_justify="left", box=box.SIMPLE_HEAD)
+    # max_model_len and the requests refused for it, when the search tried longer ones
+    lens = len({c.config.max_model_len for c in r.candidates}) > 1
+    for col in ("", "type", "TP", "seqs/step", *(("max len", "refused") if lens else ()),
+                "nodes", "$/h", "$/1M out", "TTFT ms", "TPOT ms", "goodput", "kWh/1M", "SLOs"):
+        t.add_column(col, justify="left" if col in ("", "type", "SLOs") else "right",
+                     no_wrap=col in ("type", "seqs/step"))
     for c in r.front:
         mark = "chosen" if c == r.chosen else "file" if c == r.file_candidate() else ""
-        t.add_row(*_row(c, mark))
+        t.add_row(*_row(c, mark, lens))
     out.print(t)
     ch, f = r.chosen, r.file_candidate()
     assert ch is not None  # search() raises when nothing meets the SLOs
@@ -119,4 +125,14 @@ def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud
     parse_config(text, source=str(path))  # the edited file still reads (or nothing written)
     if done:
         write_atomic(path, text)
+    for (name, c), r in results.items():
+        other = Cloud.gcp if c == Cloud.aws else Cloud.aws
+        pool = next(p for p in cfg.pools if p.name == name)
+        shared = [ch.key for ch in r.changes if ch.key.split(".")[0] in ("serving", "scaling",
+                                                                         "warm_pool")]
+        if shared and pool.placement(other) is not None:
+            # serving, scaling and warm_pool are the pool's, not one placement's.
+            sys.stderr.write(f"poolctl: warning: {name}: {', '.join(shared)} also apply to its "
+                             f"{other} placement; run `poolctl plan --cloud {other}` (or "
+                             f"--search) to check it\n")
     return done

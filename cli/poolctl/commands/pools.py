@@ -22,9 +22,8 @@ from poolctl.commands.common import (
     emit_json,
     endpoints_of,
     gcp_project_id,
-    load,
-    one_target,
     region_name,
+    resolve_target,
 )
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import UsageError
@@ -124,10 +123,8 @@ def logs(
         raise UsageError(f"--since {since[:40]!r}: give a duration up to 3650d (the longest "
                          "any log is kept), such as 30s, 10m, 2h or 1d")
     start_ms = int((time.time() - seconds) * 1000)
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c, ops = ctx.cfg, ctx.pool, ctx.cloud, ctx.ops
 
     shown = 0
 

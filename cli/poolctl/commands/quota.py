@@ -17,12 +17,10 @@ from poolctl.commands.common import (
     JsonOpt,
     PoolOpt,
     SandboxOpt,
-    cloud_targets,
     confirm,
     console,
     emit_json,
-    endpoints_of,
-    load,
+    resolve_targets,
 )
 from poolctl.errors import OperationFailed, UsageError
 
@@ -48,23 +46,21 @@ def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bo
            contact_email: str | None = None
            ) -> tuple[Config, CloudOps, list[tuple[Pool, Cloud, list[QuotaLine]]]]:
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    tgts = cloud_targets(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(tgts[0][1], endpoints, contact_email=contact_email)
+    ctx = resolve_targets(file, pool, cloud, sandbox, contact_email=contact_email)
     # A quota pools share is one line (with every sharing pool's need), shown and requested
     # once even when several of them are selected.
     seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
     found: list[tuple[Pool, Cloud, list[QuotaLine]]] = []
-    for p, c in tgts:
+    for t in ctx.targets:
+        p, c = t.pool, t.cloud
         lines: list[QuotaLine] = []
-        for ln in runtime.quota_check(cfg, p, c, ops):
+        for ln in runtime.quota_check(ctx.cfg, p, c, ctx.ops):
             key = (c, ln.scope, ln.name, tuple(ln.pools))
             if key not in seen:
                 seen.add(key)
                 lines.append(ln)
         found.append((p, c, lines))
-    return cfg, ops, found
+    return ctx.cfg, ctx.ops, found
 
 
 def _render(rows: list[tuple[Pool, Cloud, QuotaLine]]) -> None:

@@ -28,13 +28,10 @@ from poolctl.commands.common import (
     confirm,
     console,
     emit_json,
-    endpoints_of,
-    file_errors,
     load,
-    one_target,
     real,
+    resolve_target,
 )
-from poolctl.config import find_config
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.formats import image_reference
 
@@ -62,12 +59,6 @@ def _stdout_to_stderr(active: bool) -> Iterator[None]:
         return
     with contextlib.redirect_stdout(sys.stderr):
         yield
-
-
-def _config_path(file: Path | None) -> Path:
-
-    with file_errors():
-        return find_config(file)
 
 
 def _finish(state: RolloutState | None, what: str) -> None:
@@ -125,18 +116,15 @@ def start(
         raise UsageError("--build-image: builds the node image for the new serving image; "
                          "give --image IMAGE (and no --node-image)")
     check_out(out)
-    path = _config_path(file)
-    cfg = load(path)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, path, p, c, ops = ctx.cfg, ctx.path, ctx.pool, ctx.cloud, ctx.ops
     with _stdout_to_stderr(json_out):
         if node_image == "latest":
 
-            node_image = images.latest_image(cfg, p, c, endpoints)
+            node_image = images.latest_image(cfg, p, c, ctx.endpoints)
         if build_image:
 
-            built = images.build(cfg, path, p, c, endpoints=endpoints, dry_run=False,
+            built = images.build(cfg, path, p, c, endpoints=ctx.endpoints, dry_run=False,
                                  serving_image=image)
             sys.stderr.write(f"{p.name}: node image {built.image_id} carries {image}; the next "
                              "apply launches nodes from it\n")
@@ -152,8 +140,8 @@ def start(
     final = None
     try:
         if wait and res.rollout is not None:
-            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
-            final, res.progress = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
+            final, res.progress = runtime.wait_rollout(load(path), p, c, ops, timeout,
+                                                       ctx.hint("rollout status"))
             data = res.to_json()
             data["final"] = asdict(final) if final else None
     finally:
@@ -174,10 +162,9 @@ def status(
 ) -> None:
     """The newest rollout: status, percentage, each checkpoint, what rolls from and to."""
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    data = runtime.rollout_status(cfg, p, c, runtime.get_ops(c, endpoints))
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    p, c = ctx.pool, ctx.cloud
+    data = runtime.rollout_status(ctx.cfg, p, c, ctx.ops)
     if json_out:
         emit_json(data)
         return
@@ -222,22 +209,19 @@ def rollback(
     """Back to the recorded previous version (in the pool and in the file)."""
 
     check_out(out)
-    path = _config_path(file)
-    cfg = load(path)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    path, p, c, ops = ctx.path, ctx.pool, ctx.cloud, ctx.ops
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
-            cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
+            ctx.cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
             outdir=make_out(out), mirror=provider_mirror, render_summary=_render_summary,
             verbose=verbose)
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None
     try:
         if wait and data["how"] in ("cloud_rollback", "new_rollout"):
-            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
-            final, data["progress"] = runtime.wait_rollout(load(path), p, c, ops, timeout, hint)
+            final, data["progress"] = runtime.wait_rollout(load(path), p, c, ops, timeout,
+                                                           ctx.hint("rollout status"))
             data["final"] = asdict(final) if final else None
     finally:
         if json_out:
@@ -257,10 +241,8 @@ def cancel(
 ) -> None:
     """Stop the rollout where it stands (nodes already replaced stay on the new version)."""
 
-    cfg = load(file)
-    endpoints = endpoints_of(sandbox)
-    p, c = one_target(cfg, pool, cloud, endpoints)
-    ops = runtime.get_ops(c, endpoints)
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    cfg, p, c, ops = ctx.cfg, ctx.pool, ctx.cloud, ctx.ops
     state = runtime.rollout_cancel(cfg, p, c, ops)
     data: dict[str, Any] = {"pool": p.name, "cloud": c, "rollout": asdict(state)}
     sys.stderr.write(f"{p.name}/{c}: rollout {state.id} cancel requested; the file still "
@@ -269,8 +251,8 @@ def cancel(
     final = None
     try:
         if wait and not state.done:
-            hint = runtime.watch_hint(c, file, p, endpoints, "rollout status")
-            final, data["progress"] = runtime.wait_rollout(cfg, p, c, ops, timeout, hint)
+            final, data["progress"] = runtime.wait_rollout(cfg, p, c, ops, timeout,
+                                                           ctx.hint("rollout status"))
             data["final"] = asdict(final) if final else None
     finally:
         if json_out:

@@ -34,10 +34,22 @@ from poolctl.commands.traffic import (
 )
 from poolctl.errors import UsageError
 from poolctl.servingmodel import figures, replica_model
-from poolctl.simulate import BALANCERS, json_safe, percentile, summary, write_requests_csv
+from poolctl.servingmodel import topology as split_topology
+from poolctl.simulate import (
+    BALANCERS,
+    SimResult,
+    SimWindow,
+    json_safe,
+    percentile,
+    summary,
+    write_requests_csv,
+)
+from poolctl.sizing import nodes_for, plan_pool
+from poolctl.windows import parse_span
 
 if TYPE_CHECKING:
-    from poolctl.simulate import SimResult
+    from poolctl.cloud import Cloud
+    from poolctl.config import Pool
 
 def simulate(
     file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
@@ -53,11 +65,26 @@ def simulate(
         "balancers); sticky: session affinity (a conversation's turns to one node); queue: a "
         "central queue dispatching to free replicas. Default: the file's serving.balancer.",
         show_default=False)] = None,
+    topology: Annotated[str, typer.Option(
+        "--topology", help="aggregated: prefill and decode share each replica's GPUs; "
+        "disagg-node: on different GPUs of one node (KV over NVLink); disagg-cross: on "
+        "different nodes (KV over the VPC network, no EFA). Simulation only: poolctl does not "
+        "deploy a disaggregated pool.")] = "aggregated",
+    split: Annotated[str, typer.Option(
+        "--split", help="With a disagg topology: prefill:decode GPUs of one replica, each a "
+        "TP degree (4:4 on an 8-GPU node).")] = "4:4",
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Draw traffic, replicas and TTFT over time (PNG; needs [plot]).")] = None,
+    warm_window: Annotated[str | None, typer.Option(
+        "--warm-window", metavar="FROM,UNTIL,N[,running|stopped]",
+        help="A launch window: N more replicas from FROM to UNTIL (from the trace's start: "
+        "600, 10m, 1h; FROM -10m: begun before the trace, ready at its start), in service "
+        "(running, what `warm --from --running` schedules) or in the warm pool (stopped); "
+        "the replay is compared with the same one without it.",
+        show_default=False)] = None,
 ) -> None:
     """Replay traffic through the pool's serving model and scaling policy."""
 
@@ -67,19 +94,34 @@ def simulate(
         raise UsageError("--warm N: with --autoscale (not with --replicas)")
     if balancer is not None and balancer not in BALANCERS:
         raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
+    if warm_window is not None and replicas is not None:
+        raise UsageError("--warm-window: with --autoscale (not with --replicas)")
+    spec = _warm_window(warm_window) if warm_window is not None else None
     if plot is not None:
         _need_matplotlib()
     cfg = load(file)
-    p, c = one_target(cfg, pool, cloud)
-
-    require_valid(cfg, [(p, c)])
+    tgt = one_target(cfg, pool, cloud)
+    p, c = tgt.pool, tgt.cloud
+    require_valid(cfg, [tgt])
+    windows = _window_nodes(p, c, spec) if spec is not None else ()
+    topo = None
+    if topology != "aggregated":
+        topo = split_topology(p, c, topology, *_split(split))
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
+    # With a window both replays run to its end at least: the same span, billed alike.
+    until = max((w.end_s for w in windows), default=0.0)
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
-                   warm_replicas=warm, balancer=balancer or p.serving.balancer)
+                   warm_replicas=warm, balancer=balancer, topology=topo, windows=windows,
+                   run_until_s=until)
 
     s = {"pool": p.name, "cloud": c, "trace": tr.source,
          **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
          "model": figures(replica_model(p, c))}
+    if spec is not None:
+        base = run_pool(p, c, tr, autoscale=True, warm_replicas=warm, balancer=balancer,
+                        topology=topo, run_until_s=until)
+        s["warm_window"] = window_comparison(spec, windows[0], res, base, p.slo.ttft_p90_s,
+                                             p.slo.tpot_p90_s)
     try:
         if requests_out is not None:
             write_requests_csv(res, requests_out)
@@ -93,6 +135,58 @@ def simulate(
         emit_json(json_safe(s))  # a step time of 1e305 s is a number, but not JSON's
     else:
         render(s)
+
+
+def _warm_window(text: str) -> tuple[float, float, int, bool]:
+    """FROM,UNTIL,N[,running|stopped] -> (from s, until s, replicas, running)."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) not in (3, 4):
+        raise UsageError(f"--warm-window {text!r}: give FROM,UNTIL,N[,running|stopped] (e.g. "
+                         "0,1h,8 or 5m,65m,8,stopped)")
+    # FROM below 0: the window began before the trace (its nodes serve from the start).
+    start = (-parse_span("--warm-window FROM", parts[0][1:]) if parts[0].startswith("-")
+             else parse_span("--warm-window FROM", parts[0]))
+    end = parse_span("--warm-window UNTIL", parts[1])
+    if end <= start:
+        raise UsageError(f"--warm-window {text!r}: UNTIL must be after FROM")
+    if not parts[2].isdigit() or int(parts[2]) < 1:
+        raise UsageError(f"--warm-window {text!r}: N is a number of replicas, 1 or more")
+    state = parts[3] if len(parts) == 4 else "running"
+    if state not in ("running", "stopped"):
+        raise UsageError(f"--warm-window {text!r}: the state is running or stopped")
+    return start, end, int(parts[2]), state == "running"
+
+
+def _window_nodes(p: Pool, c: Cloud, spec: tuple[float, float, int, bool]
+                  ) -> tuple[SimWindow, ...]:
+    start, end, n, running = spec
+    plan = plan_pool(p, c)
+    nodes, room = nodes_for(n, plan.replicas_per_node), plan.nodes.max - plan.nodes.min
+    if nodes > room:
+        raise UsageError(f"--warm-window: {n} replicas = {nodes} node(s); pool {p.name!r} "
+                         f"has room for {room} above its minimum (scaling.max_replicas)")
+    return (SimWindow(start_s=start, end_s=end, nodes=nodes, running=running),)
+
+
+def window_comparison(spec: tuple[float, float, int, bool], w: SimWindow, with_w: SimResult,
+                      without: SimResult, ttft_slo_s: float, tpot_slo_s: float | None
+                      ) -> dict[str, Any]:
+    """The replay with the window against the same replay without it: TTFT p90 of the
+    requests arriving inside the window and over all, and the cost."""
+
+    def side(r: SimResult) -> dict[str, Any]:
+        q = r.req
+        inside = sorted(q.first[i] - q.arrival[i] for i in range(len(q.arrival))
+                        if q.first[i] == q.first[i] and w.open_at(q.arrival[i]))
+        s = summary(r, ttft_slo_s, tpot_slo_s).to_json()
+        p90 = percentile(inside, 0.9)
+        return {"ttft_p90_s_in_window": None if p90 is None else round(p90, 4),
+                "ttft_p90_s": s["ttft_s"]["p90"], "slo_met": s["slo"]["met"],
+                "usd": s["cost"]["usd"], "node_hours": s["cost"]["node_hours"]}
+
+    return {"from_s": w.start_s, "until_s": w.end_s, "replicas": spec[2], "nodes": w.nodes,
+            "state": "running" if w.running else "stopped",
+            "with": side(with_w), "without": side(without)}
 
 
 def render(s: dict[str, Any]) -> None:
@@ -137,6 +231,7 @@ def render(s: dict[str, Any]) -> None:
         ("USD per request", _usd(cost["usd_per_request"], 5)),
         ("energy, per 1M output tokens", _energy(s["energy"])),
         ("prefix cache hit rate", _prefix(s["prefix_cache"])),
+        ("topology", _topology(s["topology"])),
         ("serving model", f"prefill {s['model']['prefill_tokens_per_s']:,.0f} tokens/s (2,048-token"
                           f" prompt); decode step {s['model']['decode_step_ms']['batch_1']:.1f} ms"
                           f" at batch 1, {s['model']['decode_step_ms']['batch_64']:.1f} ms at 64 "
@@ -146,9 +241,33 @@ def render(s: dict[str, Any]) -> None:
         a = s["autoscale"]
         rows.append(("scale-outs, SLO misses", f"{a['scale_outs']}, {a['slo_misses']} "
                      f"({a['slo_misses_during_cold_starts']} during cold starts)"))
+    if "warm_window" in s:
+        ww = s["warm_window"]
+        for label, k in (("with the window", "with"), ("without it", "without")):
+            x = ww[k]
+            inside = x["ttft_p90_s_in_window"]
+            rows.append((f"{label} ({ww['replicas']} replicas {ww['state']}, "
+                         f"{ww['from_s']:g}-{ww['until_s']:g} s)",
+                         f"TTFT p90 {'-' if inside is None else f'{inside:.3f}'} s in the "
+                         f"window, {x['ttft_p90_s']} s overall; ${x['usd']:,.2f}"))
     for k, v in rows:
         t.add_row(k, v)
     console().print(t)
+
+
+def _split(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    if len(parts) != 2 or not all(x.isascii() and x.isdigit() and len(x) < 3 for x in parts):
+        raise UsageError(f"--split: {text[:20]!r} is not PREFILL:DECODE GPUs, e.g. 4:4")
+    return int(parts[0]), int(parts[1])
+
+
+def _topology(t: dict[str, Any]) -> str:
+    if t["kind"] == "aggregated":
+        return "aggregated (prefill and decode on the same GPUs)"
+    return (f"{t['kind']} {t['prefill_gpus']}:{t['decode_gpus']} GPUs, KV link "
+            f"{t['kv_link_gbytes_per_s']:,.2f} GB/s, transfer mean "
+            f"{t['kv_transfer_s_mean'] * 1000:,.1f} ms (not deployable by poolctl)")
 
 
 def _energy(e: dict[str, float | None]) -> str:

@@ -105,7 +105,7 @@ def refresh_api_preferences(pool: Pool, plan: PoolPlan, *, desired: int, no_surg
     healthy percentages for the group's live size."""
     prefs = {api: conv(v) for k, v in refresh_preferences(pool, plan).items()
              for api, conv in [_PREFERENCES[k]]}
-    min_h, max_h = refresh_percentages(desired, plan.nodes["surge"], no_surge)
+    min_h, max_h = refresh_percentages(desired, plan.nodes.surge, no_surge)
     prefs.update(MinHealthyPercentage=min_h, MaxHealthyPercentage=max_h)
     if prefs["CheckpointPercentages"] == [100]:
         # One batch to the end: no pause needed.
@@ -116,17 +116,17 @@ def refresh_api_preferences(pool: Pool, plan: PoolPlan, *, desired: int, no_surg
 def stack_variables(plan: PoolPlan, ami_id: str | None) -> list[tuple[Var, Any]]:
     """Every variable the stack declares, with its default (the file's sizes). `ami_id` is
     the raw config value: Terraform reads variable defaults literally."""
-    min_h, max_h = refresh_percentages(plan.nodes["min"], plan.nodes["surge"])
+    min_h, max_h = refresh_percentages(plan.nodes.min, plan.nodes.surge)
     out: list[tuple[Var, Any]] = [
         (NODE_AMI_ID, ami_id or ""),
         (REFRESH_MIN_HEALTHY, min_h),
         (REFRESH_MAX_HEALTHY, max_h),
-        (MIN_NODES, plan.nodes["min"]),
+        (MIN_NODES, plan.nodes.min),
         (LAUNCH_TEMPLATE_VERSION, ""),
-        (MAX_NODES, plan.nodes["max"]),
+        (MAX_NODES, plan.nodes.max),
     ]
-    if plan.nodes["warm"]:
-        out.append((WARM_NODES, plan.nodes["warm"]))
+    if plan.nodes.warm:
+        out.append((WARM_NODES, plan.nodes.warm))
     return out
 
 
@@ -134,7 +134,7 @@ def rollout_env(plan: PoolPlan, *, running_version: str, min_nodes: int, desired
                 warm_min_nodes: int, no_surge: bool) -> dict[str, str]:
     """TF_VAR_... for the apply of `rollout start`: the group pinned to its running version,
     and what `warm` changed at runtime kept."""
-    min_h, max_h = refresh_percentages(desired_nodes, plan.nodes["surge"], no_surge)
+    min_h, max_h = refresh_percentages(desired_nodes, plan.nodes.surge, no_surge)
     env = {
         LAUNCH_TEMPLATE_VERSION.env: running_version,
         MIN_NODES.env: str(min_nodes),
@@ -144,21 +144,21 @@ def rollout_env(plan: PoolPlan, *, running_version: str, min_nodes: int, desired
         # maximum to the pool's (`rollout_max_nodes(..., rolling=False)`).
         MAX_NODES.env: str(rollout_max_nodes(plan, no_surge=no_surge, rolling=True)),
     }
-    if plan.nodes["warm"]:  # the stack declares warm_nodes only then
+    if plan.nodes.warm:  # the stack declares warm_nodes only then
         env[WARM_NODES.env] = str(warm_min_nodes)
     return env
 
 
 def rollout_max_nodes(plan: PoolPlan, *, no_surge: bool, rolling: bool) -> int:
     """The group's maximum: the pool's max nodes, + the surge while a rollout runs."""
-    surge = plan.nodes["surge"] if rolling and not no_surge else 0
-    return plan.nodes["max"] + surge
+    surge = plan.nodes.surge if rolling and not no_surge else 0
+    return plan.nodes.max + surge
 
 
 def kept_sizes_env(plan: PoolPlan, *, min_nodes: int, warm_min_nodes: int) -> dict[str, str]:
     """TF_VAR_... for a `deploy` that keeps the sizes `poolctl warm` set at runtime."""
     env = {MIN_NODES.env: str(min_nodes)}
-    if plan.nodes["warm"]:  # the stack declares warm_nodes only then
+    if plan.nodes.warm:  # the stack declares warm_nodes only then
         env[WARM_NODES.env] = str(warm_min_nodes)
     return env
 

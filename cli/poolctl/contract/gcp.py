@@ -62,13 +62,13 @@ def mig_sizes(pool: Pool, plan: PoolPlan, zones: int) -> MigSizes:
     is what `plan` prices and counts against quota). A stopped warm pool is the standby pool.
     """
     n = plan.nodes
-    running_warm = n["warm"] if pool.warm_pool.state == "running" else 0
-    surge, unavailable = update_fixed(n["surge"], zones)
+    running_warm = n.warm if pool.warm_pool.state == "running" else 0
+    surge, unavailable = update_fixed(n.surge, zones)
     return MigSizes(
-        target_size=n["min"] + running_warm,
-        min_nodes=n["min"] + running_warm,
-        max_nodes=n["max"] + running_warm,
-        standby=n["warm"] - running_warm,
+        target_size=n.min + running_warm,
+        min_nodes=n.min + running_warm,
+        max_nodes=n.max + running_warm,
+        standby=n.warm - running_warm,
         max_surge=surge,
         max_unavailable=unavailable,
     )
@@ -77,9 +77,9 @@ def mig_sizes(pool: Pool, plan: PoolPlan, zones: int) -> MigSizes:
 def stack_variables(plan: PoolPlan, sizes: MigSizes) -> list[tuple[Var, Any]]:
     """Every variable the stack declares, with its default (the file's sizes)."""
     return [
-        (MIN_NODES, plan.nodes["min"]),
+        (MIN_NODES, plan.nodes.min),
         (MAX_NODES, sizes.max_nodes),
-        (WARM_NODES, plan.nodes["warm"]),
+        (WARM_NODES, plan.nodes.warm),
         (MAX_SURGE_FIXED, sizes.max_surge),
         (MAX_UNAVAILABLE_FIXED, sizes.max_unavailable),
     ]

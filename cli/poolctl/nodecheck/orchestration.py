@@ -12,7 +12,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.cloud import Cloud
-from poolctl.config import Config, Pool
+from poolctl.config import Config, Pool, Target
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.nodecheck.checks import Check, NodeResult, NodeSpec, run_checks, spec_for
@@ -98,7 +98,7 @@ def progress_line(res: NodeResult) -> str:
 
 def plan_work(
     cfg: Config,
-    targets: Sequence[tuple[Pool, Cloud]],
+    targets: Sequence[Target],
     hosts: Sequence[str] | None,
     default_port: int = DEFAULT_PORT,
     endpoints: CloudEndpoints = REAL_CLOUDS,
@@ -111,11 +111,10 @@ def plan_work(
     loopback ones."""
     if hosts:
         if len(targets) > 1:
-            names = ", ".join(f"{p.name}/{c}" for p, c in targets)
+            names = ", ".join(f"{t.pool.name}/{t.cloud}" for t in targets)
             raise UsageError(f"--host: the nodes could belong to {names}; pick one with "
                              "--pool NAME and --cloud aws|gcp")
-        pool, cloud = targets[0]
-        spec = spec_for(pool, cloud)
+        spec = spec_for(targets[0].pool, targets[0].cloud)
         unique: dict[Host, None] = {}  # the order given, each host once
         for h in hosts:
             unique.setdefault(parse_host(h, default_port))
@@ -127,11 +126,12 @@ def plan_work(
                     "addresses (127.0.0.0/8, ::1, localhost); name the local sshd standing "
                     "for the node, e.g. --host 127.0.0.1:2222")
         return [(h, spec) for h in unique]
-    for _, cloud in targets:
-        endpoints.require(cloud)
+    for t in targets:
+        endpoints.require(t.cloud)
     discover = discover or discover_nodes
     work: list[tuple[Host, NodeSpec]] = []
-    for pool, cloud in targets:
+    for t in targets:
+        pool, cloud = t.pool, t.cloud
         spec = spec_for(pool, cloud)
         # An address, or (address, instance id or name[, zone]).
         found = [(*(f if isinstance(f, tuple) else (f,)), None, None)[:3]

@@ -43,6 +43,7 @@ from poolctl.runtime.quota import (
     shortfall_line,
 )
 from poolctl.runtime.records import (
+    RolloutRecord,
     load_record,
     record_path,
     rollouts_dir,
@@ -95,6 +96,7 @@ __all__ = [
     "ROLLOUT_DONE_OK",
     "ROLLOUT_KEYS",
     "ROLLOUT_LABELS",
+    "RolloutRecord",
     "RolloutResult",
     "WarmResult",
     "_final_line",

@@ -23,8 +23,7 @@ from poolctl.sizing import PoolPlan, plan_pool, quota_key
 
 def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict[str, Any]]:
     """The plan's quota needs for `nodes` nodes running at once instead of its peak."""
-    peak = plan.nodes["max"] + plan.nodes["surge"] + (
-        plan.nodes["warm"] if plan.warm_state == "running" else 0)
+    peak = plan.nodes.max + plan.nodes.surge + plan.warm_running_nodes
     out = []
     for q in plan.quotas:
         per_node = q["needed"] / peak if peak else 0

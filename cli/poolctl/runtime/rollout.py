@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from poolctl.clouds.base import (
     failures_line,
 )
 from poolctl.clouds.registry import get_ops
-from poolctl.config import Config, Pool, load_config, parse_config
+from poolctl.config import Config, Pool, Target, load_config, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
 from poolctl.home import write_private
 from poolctl.progress import Progress, log
@@ -44,7 +44,13 @@ from poolctl.runtime.fileedit import (
     write_atomic,
 )
 from poolctl.runtime.quota import scaled_needs, shared_quota_lines, shortfall_line
-from poolctl.runtime.records import _annotate, load_record, record_path, save_record
+from poolctl.runtime.records import (
+    RolloutRecord,
+    annotate_rollout,
+    load_record,
+    record_path,
+    save_record,
+)
 from poolctl.runtime.warm import running_nodes
 from poolctl.sizing import PoolPlan, plan_pool
 from poolctl.terraform import Terraform, forget_dead_synth_kernel
@@ -79,7 +85,7 @@ class RolloutResult:
 def rollout_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                   group: Group, no_surge: bool) -> list[QuotaLine]:
     """Quota for the rollout: the group's running nodes + the surge (0 with --no-surge)."""
-    surge = 0 if no_surge else plan.nodes["surge"]
+    surge = 0 if no_surge else plan.nodes.surge
     warm_running = plan.warm_state == "running"
     nodes = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
                           warm_running) + surge
@@ -135,8 +141,8 @@ def rollout_start(
     # A rollout poolctl steps itself (GCP) holds at its step while nobody watches it: the
     # same version again drives it on.
     resume = (active is not None and isinstance(ops, StepsRollouts)
-              and last is not None and bool(last) and last.get("rollout_id") == active.id
-              and last.get("to") == value)
+              and last is not None and last.rollout_id == active.id
+              and last.to_value == value)
     if active is not None and not active.done and not resume:
         raise OperationFailed(
             f"{pool.name}: rollout {active.id} is {active.status.words}; wait for it "
@@ -146,7 +152,7 @@ def rollout_start(
     lines = rollout_quota(cfg, pool, cloud, ops, plan, group, no_surge)
     short = [ln for ln in lines if ln.shortfall > 0]
     if short:
-        surge = plan.nodes["surge"]
+        surge = plan.nodes.surge
         offer = ("; or roll without surge with --no-surge (one node at a time out of "
                  "service, no extra node)" if surge and not no_surge else "")
         raise OperationFailed(
@@ -161,8 +167,8 @@ def rollout_start(
     to = "the default image (its line removed)" if value is None else value
 
     cps = ", ".join(f"{c}%" for c in pool.rollout.checkpoints)
-    how = "one node at a time, no surge" if no_surge or not plan.nodes["surge"] else (
-        f"surge {plan.nodes['surge']} node(s)")
+    how = "one node at a time, no surge" if no_surge or not plan.nodes.surge else (
+        f"surge {plan.nodes.surge} node(s)")
     what = (f"{action} rollout of {stack}: {label} {current} -> {to} (checkpoints {cps}; "
             f"{how})")
     if current != value:
@@ -188,16 +194,16 @@ def rollout_start(
     new_cfg, old, changed, line = record_in_file(file_path, cfg, pool, key, value)
     new_pool = new_cfg.select(pool.name)[0]
     prev = load_record(cfg, pool, cloud) if not changed else None
-    rec: dict[str, Any] = {
-        "stack": stack, "pool": pool.name, "cloud": cloud, "file": str(file_path),
-        "key": label, "from": old, "to": value, "line": line,
-        "group_version_from": group.version, "group_version_to": None,
-        "no_surge": no_surge, "status": "recorded", "rollout_id": None, "action": action,
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    if not changed and prev and prev.get("to") == value:
+    rec = RolloutRecord(
+        stack=stack, pool=pool.name, cloud=cloud, file=str(file_path), key=label,
+        from_value=old, to_value=value, line=line, group_version_from=group.version,
+        no_surge=no_surge, action=action,
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    if not changed and prev and prev.to_value == value:
         # The file already records the value: resume the earlier attempt, keep its origin.
-        rec.update({k: prev[k] for k in ("from", "group_version_from") if prev.get(k)})
+        rec = replace(rec, from_value=prev.from_value or rec.from_value,
+                      group_version_from=prev.group_version_from or rec.group_version_from)
     save_record(cfg, pool, cloud, rec, new=changed)
     if changed:
         log(f"{file_path}:{line}: {label}: {old} -> {to} (recorded)")
@@ -205,7 +211,7 @@ def rollout_start(
         log(f"{file_path}:{line}: {label} is already {value}"
             + ("" if resume else "; applying it"))
     result = RolloutResult(
-        pool=pool.name, cloud=cloud, stack=stack, key=label, from_value=rec["from"],
+        pool=pool.name, cloud=cloud, stack=stack, key=label, from_value=rec.from_value,
         to_value=value, file=str(file_path), file_changed=changed, applied=False, rollout=None,
         no_surge=no_surge, quota=[ln.to_json() for ln in lines],
     )
@@ -219,8 +225,8 @@ def rollout_start(
         env = ops.rollout_apply_env(group, plan_pool(new_pool, cloud), no_surge=no_surge)
         try:
             res = deploy.run_stacks(
-                new_cfg, [(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints, destroy=False,
-                plan_only=False, confirm=confirm_rollout, mirror=mirror,
+                new_cfg, [Target(new_pool, cloud)], outdir=outdir, endpoints=ops.endpoints,
+                destroy=False, plan_only=False, confirm=confirm_rollout, mirror=mirror,
                 render_summary=render_summary, extra_env=env,
                 before_apply=_keep_previous_version(ops, pool), verbose=verbose,
             )[0]
@@ -229,28 +235,27 @@ def rollout_start(
         except OperationFailed as e:
             raise OperationFailed(
                 f"{e}\n{stack}: {file_path} records {label}={value} but the apply did not "
-                f"finish; the pool still runs {rec['from']}. Run the same command again to "
-                f"resume, or `poolctl rollout rollback --cloud {cloud}` to restore "
-                f"{rec['from']} in the file") from None
+                f"finish; the pool still runs {rec.from_value}. Run the same command again "
+                f"to resume, or `poolctl rollout rollback --cloud {cloud}` to restore "
+                f"{rec.from_value} in the file") from None
         result.applied = res.applied
         workdir = Path(res.workdir)
-    rec["status"] = "applied"
+    rec = replace(rec, status="applied")
     save_record(cfg, pool, cloud, rec)
     state = ops.rollout_begin(group, new_cfg, new_pool, plan_pool(new_pool, cloud),
                               no_surge=no_surge, stack_dir=workdir)
     if state is None:
         return_surge(cfg, new_pool, cloud, ops, ops.find_group(cfg, new_pool), None)
-        rec["status"] = "nothing_to_roll"
-        save_record(cfg, pool, cloud, rec)
+        save_record(cfg, pool, cloud, replace(rec, status="nothing_to_roll"))
         result.message = (f"{stack}: the nodes' launch configuration did not change; "
                           "nothing to roll")
         return result
-    rec.update(status="started", rollout_id=state.id, group_version_to=state.to_version)
+    rec = replace(rec, status="started", rollout_id=state.id, group_version_to=state.to_version)
     save_record(cfg, pool, cloud, rec)
     cleanup_versions(ops, group, pool)
-    _annotate(state, rec)
+    annotate_rollout(state, rec)
     result.rollout = state
-    result.message = (f"{stack}: rollout {state.id} started: {label} {rec['from']} -> "
+    result.message = (f"{stack}: rollout {state.id} started: {label} {rec.from_value} -> "
                       f"{value}, checkpoints {cps}")
     log(result.message)
     return result
@@ -276,13 +281,13 @@ def _keep_previous_version(ops: CloudOps, pool: Pool) -> Callable[[Terraform], b
     return before_apply
 
 
-def deploy_before_apply(targets: list[tuple[Pool, Cloud]]
+def deploy_before_apply(targets: list[Target]
                         ) -> Callable[[Terraform], bool] | None:
     """`deploy`'s `before_apply` step: on GCP the MIG's versions are poolctl's (a rollout
     steps them), so an apply that replaces the instance template must not delete the one the
     MIG runs (GCE refuses while it is in use): Terraform forgets it, and `rollout start`
     rolls the new one checkpoint by checkpoint."""
-    if not any(c == Cloud.gcp for _, c in targets):
+    if not any(t.cloud == Cloud.gcp for t in targets):
         return None
     ops = get_ops(Cloud.gcp)
     assert isinstance(ops, StepsRollouts)  # GCP canaries: the versions are poolctl's
@@ -361,9 +366,9 @@ def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Gr
     if not isinstance(ops, BoundsGroupMaximum) or (state is not None and not state.done):
         return
     n = plan_pool(pool, cloud).nodes
-    top = max(n["max"], group.min_nodes)
+    top = max(n.max, group.min_nodes)
     # Only the rollout's own raise: a maximum the file no longer gives is `deploy`'s business.
-    if n["surge"] and group.max_nodes == n["max"] + n["surge"] > top:
+    if n.surge and group.max_nodes == n.max + n.surge > top:
         ops.set_max_nodes(group, top)
         log(f"{pool.name}: group maximum {group.max_nodes} -> {top} node(s): the rollout's "
             "surge room given back")
@@ -394,7 +399,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
             s = ops.rollout_state(group)
             if s is None:
                 return None, seen
-            _annotate(s, rec)
+            annotate_rollout(s, rec)
             key = (s.status, s.percentage_complete, s.checkpoint_reached)
             if key != last:
                 progress.update(_progress_line(pool, s))
@@ -438,49 +443,51 @@ def _after_end(cfg: Config, pool: Pool, cloud: Cloud, s: RolloutState) -> None:
     """An automatic rollback returned the pool to the old version: record that in the file
     too, so that the next deploy does not roll forward again."""
     rec = load_record(cfg, pool, cloud)
-    if not rec or rec.get("rollout_id") != s.id:
+    if not rec or rec.rollout_id != s.id:
         return
-    rec["status"] = str(s.status)
-    if s.status == RolloutStatus.rolled_back and rec.get("restored") is None:
-        _restore_file(cfg, pool, rec)
+    rec = replace(rec, status=str(s.status))
+    if s.status == RolloutStatus.rolled_back and rec.restored is None:
+        rec = _restore_file(cfg, pool, rec)
     save_record(cfg, pool, cloud, rec)
 
 
-def _restore_file(cfg: Config, pool: Pool, rec: dict[str, Any]) -> None:
-    path = Path(rec["file"])
-    key = _rollout_key(rec["key"])
+def _restore_file(cfg: Config, pool: Pool, rec: RolloutRecord) -> RolloutRecord:
+    """Put the record's `from` value back in its file; the record says whether that was done."""
+    return replace(rec, restored=_restored(pool, rec))
+
+
+def _restored(pool: Pool, rec: RolloutRecord) -> bool:
+    path = Path(rec.file)
+    key = _rollout_key(rec.key)
+    back = f"{rec.key}={rec.from_value}"
     if not path.is_absolute():
         # Written by a poolctl that kept the path as typed: its directory is unknown.
         log(f"{path}: the rollout record names this file relative to a directory it does not "
-            f"keep; set {rec['key']}={rec['from']} in it by hand")
-        rec["restored"] = False
-        return
+            f"keep; set {back} in it by hand")
+        return False
     try:
         text = path.read_text()
         idx = [p.name for p in parse_config(text, str(path)).pools].index(pool.name)
     except (OSError, ValueError):
-        log(f"{path}: cannot read it to restore {rec['key']}={rec['from']}; set it by hand")
-        rec["restored"] = False
-        return
+        log(f"{path}: cannot read it to restore {back}; set it by hand")
+        return False
     where = ("pools", idx, *ROLLOUT_KEYS[key])
     node = _value_node(text, where)
     # Absent (None) matches a node image rollout whose file had no line (`from` None).
-    if getattr(node, "value", None) not in (rec["to"], rec["from"]):
-        log(f"{path}: {rec['key']} is now {getattr(node, 'value', None)!r}, neither "
-            f"{rec['to']} nor {rec['from']}; left as is")
-        rec["restored"] = False
-        return
+    if getattr(node, "value", None) not in (rec.to_value, rec.from_value):
+        log(f"{path}: {rec.key} is now {getattr(node, 'value', None)!r}, neither "
+            f"{rec.to_value} nor {rec.from_value}; left as is")
+        return False
     try:
-        new_text, old, line = _write_key(key, text, where, rec["from"], str(path))
+        new_text, old, line = _write_key(key, text, where, rec.from_value, str(path))
     except UsageError as e:
-        log(f"{e}; restore {rec['key']}={rec['from']} by hand")
-        rec["restored"] = False
-        return
+        log(f"{e}; restore {back} by hand")
+        return False
     if new_text != text:
         write_atomic(path, new_text)
         gone = "(line removed: the placement's default image)"
-        log(f"{path}:{line}: {rec['key']}: {old} -> {rec['from'] or gone} (restored)")
-    rec["restored"] = True
+        log(f"{path}:{line}: {rec.key}: {old} -> {rec.from_value or gone} (restored)")
+    return True
 
 
 def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
@@ -490,7 +497,7 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     return_surge(cfg, pool, cloud, ops, group, s)
     rec = load_record(cfg, pool, cloud)
     if s is not None:
-        _annotate(s, rec)
+        annotate_rollout(s, rec)
     checkpoints = []
     if s is not None:
         for c in s.checkpoints or []:
@@ -502,7 +509,8 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
               if s is not None and not s.done else [])
     return {"pool": pool.name, "cloud": cloud, "group": group.name,
             "group_version": group.version,
-            "rollout": asdict(s) if s else None, "checkpoints": checkpoints, "record": rec,
+            "rollout": asdict(s) if s else None, "checkpoints": checkpoints,
+            "record": rec.to_json() if rec else None,
             "paused": (f"a replacement cannot launch: {failures_line(failed)}" if failed
                        else None),
             "capacity_failures": [asdict(f) for f in failed]}
@@ -519,9 +527,8 @@ def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> Roll
     out = ops.rollout_cancel(group)
     return_surge(cfg, pool, cloud, ops, group, out)
     rec = load_record(cfg, pool, cloud)
-    if rec and rec.get("rollout_id") == out.id:
-        rec["status"] = "cancel_requested"
-        save_record(cfg, pool, cloud, rec)
+    if rec and rec.rollout_id == out.id:
+        save_record(cfg, pool, cloud, replace(rec, status="cancel_requested"))
     return out
 
 
@@ -538,32 +545,30 @@ def rollout_rollback(
     out again to the previous version (a new rollout). Either way the file records the
     previous version again, so the next deploy does not roll forward."""
     rec = load_record(cfg, pool, cloud)
-    node_image = rec is not None and rec.get("key") in tuple(
+    node_image = rec is not None and rec.key in tuple(
         ROLLOUT_LABELS[k] for k in NODE_IMAGE_KEYS.values())
-    if not rec or not (rec.get("from") or node_image):
+    if not rec or not (rec.from_value or node_image):
         raise OperationFailed(
             f"{pool.name}: no rollout recorded in {record_path(cfg, pool, cloud)}; nothing to "
             "roll back to")
     group = ops.find_group(cfg, pool)
     s = ops.rollout_state(group)
-    mine = s is not None and s.id == rec.get("rollout_id")
-    out: dict[str, Any] = {"pool": pool.name, "cloud": cloud, "key": rec["key"],
-                           "from": rec["to"], "to": rec["from"], "how": None, "rollout": None}
-    if rec.get("status") in ("recorded", "applied") and not mine:
+    mine = s is not None and s.id == rec.rollout_id
+    out: dict[str, Any] = {"pool": pool.name, "cloud": cloud, "key": rec.key,
+                           "from": rec.to_value, "to": rec.from_value, "how": None,
+                           "rollout": None}
+    if rec.status in ("recorded", "applied") and not mine:
         # The new version never started rolling: only the file needs restoring.
-        _restore_file(cfg, pool, rec)
-        rec["status"] = "rolled_back"
-        save_record(cfg, pool, cloud, rec)
+        save_record(cfg, pool, cloud, replace(_restore_file(cfg, pool, rec), status="rolled_back"))
         out["how"] = "file"
         return out
-    if (mine and s is not None and s.done and rec.get("action") == "rollback"
+    if (mine and s is not None and s.done and rec.action == "rollback"
             and s.status == RolloutStatus.successful):
         raise OperationFailed(
-            f"{pool.name}: the last rollout was already a rollback (to {rec['key']}="
-            f"{rec['to']}); to go to {rec['from']} again, use `poolctl rollout start`")
+            f"{pool.name}: the last rollout was already a rollback (to {rec.key}="
+            f"{rec.to_value}); to go to {rec.from_value} again, use `poolctl rollout start`")
     if mine and s is not None and s.status == RolloutStatus.rolled_back:
-        _restore_file(cfg, pool, rec)
-        save_record(cfg, pool, cloud, rec)
+        save_record(cfg, pool, cloud, _restore_file(cfg, pool, rec))
         out.update(how="already_rolled_back", rollout=asdict(s))
         return out
     held = (mine and s is not None and s.status == RolloutStatus.cancelled
@@ -572,28 +577,27 @@ def rollout_rollback(
         if not isinstance(ops, RollsBackRollouts):
             raise OperationFailed(f"rollout rollback: {cloud} cannot reverse a rollout in "
                                   f"progress; cancel it, then roll back once it stopped")
-        if not confirm(f"roll back {rec['stack']} to {rec['key']}={rec['from']} (replaced "
+        if not confirm(f"roll back {rec.stack} to {rec.key}={rec.from_value} (replaced "
                        f"nodes return to the previous version)?"):
-            raise OperationFailed(f"{rec['stack']}: not confirmed; nothing was changed")
+            raise OperationFailed(f"{rec.stack}: not confirmed; nothing was changed")
         state = ops.rollout_rollback(group)
-        _restore_file(cfg, pool, rec)
-        rec["status"] = "rollback_requested"
-        save_record(cfg, pool, cloud, rec)
+        save_record(cfg, pool, cloud,
+                    replace(_restore_file(cfg, pool, rec), status="rollback_requested"))
         out.update(how="cloud_rollback", rollout=asdict(state))
         return out
     # Ended (successful, cancelled or failed): roll the previous version out again, in the
     # file the rollout recorded (wherever this command runs from).
-    key = _rollout_key(rec["key"])
+    key = _rollout_key(rec.key)
     key = "node_image" if key in NODE_IMAGE_KEYS.values() else key
     # A node image the file did not name before: back to the default, its line removed.
-    back = {"unset_node_image": True} if rec["from"] is None else {key: rec["from"]}
-    recorded = Path(rec["file"])
+    back = {"unset_node_image": True} if rec.from_value is None else {key: rec.from_value}
+    recorded = Path(rec.file)
     if recorded.is_absolute() and recorded != Path(file_path).resolve():
 
         file_path, cfg = recorded, load_config(recorded)
         pool = cfg.select(pool.name)[0]
     res = rollout_start(cfg, file_path, pool, cloud, ops, **back,
-                        no_surge=bool(rec.get("no_surge")), confirm=confirm, outdir=outdir,
+                        no_surge=rec.no_surge, confirm=confirm, outdir=outdir,
                         mirror=mirror, render_summary=render_summary, action="rollback",
                         verbose=verbose)
     out.update(how="new_rollout", rollout=asdict(res.rollout) if res.rollout else None,

@@ -17,7 +17,7 @@ from poolctl.clouds.base import (
     SchedulesWindows,
 )
 from poolctl.config import Config, Pool
-from poolctl.runtime.records import _annotate, load_record
+from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
 from poolctl.sizing import plan_pool, reserved_nodes
 
@@ -33,7 +33,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     return_surge(cfg, pool, cloud, ops, group, rollout)
     queue = ops.queue_per_replica(group) if isinstance(ops, PublishesQueueMetric) else None
     if rollout is not None:
-        _annotate(rollout, load_record(cfg, pool, cloud))
+        annotate_rollout(rollout, load_record(cfg, pool, cloud))
     placement = pool.placement(cloud)
     assert placement is not None  # a target of the pool's own placements
     failures = (ops.launch_failures(group, placement.type_name)

@@ -85,19 +85,19 @@ def warm_targets(plan: PoolPlan, group: Group, replicas: int | None, running: bo
     only with `exact` (or `reset`)."""
     if reset:
         # Give back exactly what `warm --running` added above the file's minimum.
-        new_min = plan.nodes["min"]
+        new_min = plan.nodes.min
         desired = max(new_min, group.desired_nodes - max(0, group.min_nodes - new_min))
-        return new_min, plan.nodes["warm"], desired, 0
+        return new_min, plan.nodes.warm, desired, 0
     if replicas is None or replicas < 0:
         raise UsageError("--replicas: give the number of replicas to prepare (0 or more), "
                          "or --reset")
     n = nodes_for(replicas, plan.replicas_per_node)
     if running:
-        new_min = plan.nodes["min"] + n
+        new_min = plan.nodes.min + n
         if new_min > group.max_nodes:
-            room = (group.max_nodes - plan.nodes["min"]) * plan.replicas_per_node
+            room = (group.max_nodes - plan.nodes.min) * plan.replicas_per_node
             raise UsageError(
-                f"--replicas {replicas}: {n} node(s) above the minimum of {plan.nodes['min']} "
+                f"--replicas {replicas}: {n} node(s) above the minimum of {plan.nodes.min} "
                 f"exceeds the group's maximum of {group.max_nodes} nodes; ask for at most "
                 f"{room} replicas, or raise scaling.max_replicas and deploy")
         return (new_min if exact else max(new_min, group.min_nodes)), group.warm_min_nodes, \
@@ -162,8 +162,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
         result.quota = [ln.to_json() for ln in lines]
 
     label = {"warm": f"warm pool minimum {new_warm} node(s)",
-             "running": f"group minimum {new_min} node(s) ({plan.nodes['min']} + "
-                        f"{new_min - plan.nodes['min']})",
+             "running": f"group minimum {new_min} node(s) ({plan.nodes.min} + "
+                        f"{new_min - plan.nodes.min})",
              "reset": f"the file's sizes: minimum {new_min}, warm {new_warm} node(s)"}[mode]
     kept = ""
     if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
@@ -197,7 +197,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
 
 def _spare(mode: str, plan: PoolPlan, min_nodes: int, warm_nodes: int) -> int:
     """Spare nodes `warm` manages in `mode`: warm nodes, or nodes above the file's minimum."""
-    return warm_nodes if mode == "warm" else min_nodes - plan.nodes["min"]
+    return warm_nodes if mode == "warm" else min_nodes - plan.nodes.min
 
 
 # Sizes set by `warm`: $POOLCTL_HOME/warm/<stack>.json. The record says that `warm` is in
@@ -255,8 +255,8 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
              f"`poolctl warm --reset` returns to the file's")
     lines = [f"{pool.name}: keeps {what} {live} (the file says {file}; {since} {file})"
-             for what, live, file in (("minimum nodes", group.min_nodes, plan.nodes["min"]),
-                                      ("warm nodes", group.warm_min_nodes, plan.nodes["warm"]))
+             for what, live, file in (("minimum nodes", group.min_nodes, plan.nodes.min),
+                                      ("warm nodes", group.warm_min_nodes, plan.nodes.warm))
              if live != file]
     return (env, lines) if lines else ({}, [])
 

@@ -15,13 +15,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from poolctl import naming
 from poolctl.cloud import Cloud
-from poolctl.clouds.base import CloudOps, Group, SchedulesWindows
+from poolctl.clouds.base import (
+    BlockOffering,
+    BuysCapacityBlocks,
+    CloudOps,
+    Group,
+    SchedulesWindows,
+)
 from poolctl.config import Config, Pool
-from poolctl.errors import UsageError
+from poolctl.errors import OperationFailed, UsageError
 from poolctl.runtime.quota import quota_for_nodes
 from poolctl.sizing import PoolPlan, nodes_for, plan_pool
-from poolctl.windows import Window, check_window, edges, new_id
+from poolctl.windows import Window, block_need, check_window, edges, new_id
 
 NOT_RUNNING = (
     "--from/--until: a scheduled window puts its nodes in service; add --running. Neither "
@@ -51,11 +58,17 @@ class WindowsResult:
     message: str = ""
     window: str | None = None  # the id scheduled or cancelled
     quota: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # --reserve: the Capacity Blocks offered for the window, the one bought (its Capacity
+    # Reservation id) or None, and what the window's nodes cost On-Demand for comparison.
+    offerings: tuple[BlockOffering, ...] = ()
+    bought: str | None = None
+    on_demand_usd: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["windows"] = [asdict(w) for w in self.windows]
         d["quota"] = list(self.quota)
+        d["offerings"] = [o.to_json() for o in self.offerings]
         return d
 
 
@@ -102,17 +115,39 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
 def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                peak_min: int) -> tuple[dict[str, Any], ...]:
     """Quota for the windows' peak: their largest minimum, with running warm nodes."""
-    running_warm = plan.nodes["warm"] if pool.warm_pool.state == "running" else 0
+    running_warm = plan.warm_running_nodes
     lines = quota_for_nodes(cfg, pool, cloud, ops, plan, peak_min + running_warm,
                             "in service during the window", "nothing was scheduled")
     return tuple(ln.to_json() for ln in lines)
 
 
+def _blocks(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
+            start: datetime, end: datetime) -> tuple[BuysCapacityBlocks, list[BlockOffering]]:
+    """The Capacity Blocks that hold the window's nodes from its start to 30 minutes past
+    its end (AWS terminates a block's instances 30 minutes before it ends), cheapest first."""
+    if not isinstance(ops, BuysCapacityBlocks):
+        raise UsageError(f"--reserve: {cloud} capacity for a window is not in poolctl yet "
+                         "(GCP future reservations); schedule the window without --reserve")
+    need = block_need(n, start, end)
+    offers = ops.capacity_block_offerings(plan.region, plan.instance_type, need.count,
+                                          need.hours, need.earliest, need.latest)
+    fit = sorted((o for o in offers if need.covers(start, end, o.start, o.end)),
+                 key=lambda o: (o.upfront_usd, o.start))
+    if not fit:
+        raise OperationFailed(
+            f"{pool.name}: no Capacity Block of {need.count} x {plan.instance_type} for "
+            f"{need.hours} h covers the window ({start.isoformat(timespec='minutes')} to "
+            f"{end.isoformat(timespec='minutes')} + 30 min; blocks end at 11:30 UTC); "
+            f"{len(offers)} offered for other times; nothing was bought or scheduled")
+    return ops, fit
+
+
 def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int,
-                    start: datetime, end: datetime, running: bool, now: datetime
-                    ) -> WindowsResult:
+                    start: datetime, end: datetime, running: bool, now: datetime,
+                    reserve: bool = False, yes: bool = False) -> WindowsResult:
     """Schedule `replicas` more in service from `start` to `end`; nothing is written when
-    any check fails."""
+    any check fails. `reserve`: look up the Capacity Blocks for it first; without `yes`
+    nothing is bought and nothing scheduled (the offers are the answer)."""
     if not running:
         raise UsageError(NOT_RUNNING)
     check_window(start, end, now)
@@ -137,20 +172,46 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     windows = [*live, window]
     peak = max(e.min_nodes for e in edges(windows, base))
     quota = _quota_for(cfg, pool, cloud, ops, plan, peak)
+    on_demand = round(n * plan.price_per_node_hour_usd * (end - start).total_seconds() / 3600, 2)
+    offerings: tuple[BlockOffering, ...] = ()
+    bought = None
+    if reserve:
+        buyer, fit = _blocks(cfg, pool, cloud, ops, plan, n, start, end)
+        offerings = tuple(fit)
+        if not yes:
+            best = fit[0]
+            return WindowsResult(
+                pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base,
+                windows=_rows(live, base, rpn, now), quota=quota, offerings=offerings,
+                on_demand_usd=on_demand,
+                message=(f"{pool.name}: {len(fit)} Capacity Block(s) hold the window; the "
+                         f"cheapest, {best.id}: {best.count} x {best.instance_type} in "
+                         f"{best.zone} {best.start.isoformat(timespec='minutes')} to "
+                         f"{best.end.isoformat(timespec='minutes')} ({best.hours} h) for "
+                         f"${best.upfront_usd:,.2f} upfront (the window's {n} node(s) "
+                         f"On-Demand: ${on_demand:,.2f}); nothing bought or scheduled: add "
+                         "--yes to buy it and schedule the window"))
+        bought = buyer.buy_capacity_block(
+            plan.region, fit[0], {naming.TAG_PROJECT: cfg.project, naming.TAG_POOL: pool.name,
+                                  "poolctl:window": window.id})
     sched.write_windows(group, windows, base, removed=ended)
     rows = _rows(windows, base, rpn, now)
     rounding = (f" ({replicas} replicas rounded up to {n} node(s) of {rpn})"
                 if n * rpn != replicas else "")
+    block = "" if bought is None else (
+        f"; bought Capacity Block {bought} (${offerings[0].upfront_usd:,.2f}): name it in "
+        "aws.capacity.reservations and deploy so the window's nodes launch into it")
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base, windows=rows,
-        window=window.id, quota=quota,
+        window=window.id, quota=quota, offerings=offerings, bought=bought,
+        on_demand_usd=on_demand,
         message=(f"{pool.name}: scheduled window {window.id}: minimum {base} -> {base + n} "
                  f"node(s) (+{n * rpn} replicas in service{rounding}) at "
                  f"{start.isoformat(timespec='seconds')}, back to {base} at "
                  f"{end.isoformat(timespec='seconds')}; nodes serve "
                  f"{plan.start_seconds['warm']:.0f} s (from the warm pool) to "
                  f"{plan.start_seconds['cold']:.0f} s (new) after it: start the window "
-                 "that much before the launch"))
+                 "that much before the launch" + block))
 
 
 def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_id: str,

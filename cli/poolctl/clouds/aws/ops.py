@@ -23,7 +23,7 @@ from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
 from poolctl.clouds.aws.rollout import InstanceRefreshes
-from poolctl.clouds.aws.windows import ScheduledActions
+from poolctl.clouds.aws.windows import CapacityBlocks, ScheduledActions
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
     CloudOps,
@@ -46,7 +46,7 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
 
 
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
-             CloudOps,
+             CapacityBlocks, CloudOps,
              PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""

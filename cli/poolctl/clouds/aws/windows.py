@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from poolctl.clouds.aws.api import AwsApi
-from poolctl.clouds.base import Group, SchedulesWindows
+from poolctl.clouds.base import BlockOffering, BuysCapacityBlocks, Group, SchedulesWindows
 from poolctl.errors import OperationFailed
 from poolctl.windows import WINDOW_PREFIX, Window, edges, raise_at
 
@@ -106,3 +106,36 @@ class ScheduledActions(AwsApi, SchedulesWindows):
                 f"aws autoscaling scheduled actions of {group.name}: "
                 f"{first.get('ErrorCode')}: {first.get('ErrorMessage')} "
                 f"({len(failed)} action(s) not written; `poolctl warm --list` shows what is)")
+
+
+class CapacityBlocks(AwsApi, BuysCapacityBlocks):
+    """Capacity Blocks for ML: the offerings for a window, and a purchase (only ever on an
+    explicit yes: the runtime decides)."""
+
+    def capacity_block_offerings(self, region: str, instance_type: str, count: int,
+                                 hours: int, earliest: datetime, latest: datetime
+                                 ) -> list[BlockOffering]:
+        ec2 = self.client("ec2", region)
+        with self.call(f"ec2:DescribeCapacityBlockOfferings in {region}"):
+            offers = ec2.describe_capacity_block_offerings(
+                InstanceType=instance_type, InstanceCount=count, CapacityDurationHours=hours,
+                StartDateRange=_utc(earliest), EndDateRange=_utc(latest),
+            )["CapacityBlockOfferings"]
+        return [BlockOffering(
+            id=o["CapacityBlockOfferingId"], instance_type=o["InstanceType"],
+            zone=o["AvailabilityZone"], count=int(o["InstanceCount"]),
+            start=_utc(o["StartDate"]), end=_utc(o["EndDate"]),
+            hours=int(o["CapacityBlockDurationHours"]), upfront_usd=float(o["UpfrontFee"]))
+            for o in offers]
+
+    def buy_capacity_block(self, region: str, offering: BlockOffering,
+                           tags: dict[str, str]) -> str:
+        ec2 = self.client("ec2", region)
+        with self.call(f"ec2:PurchaseCapacityBlock {offering.id}"):
+            r = ec2.purchase_capacity_block(
+                CapacityBlockOfferingId=offering.id, InstancePlatform="Linux/UNIX",
+                TagSpecifications=[{"ResourceType": "capacity-reservation",
+                                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+            )["CapacityReservation"]
+        rid: str = r["CapacityReservationId"]
+        return rid

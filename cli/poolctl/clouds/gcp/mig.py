@@ -166,7 +166,7 @@ class MigReader(GceApi):
         elif suspended:
             state = "suspended"
         elif pool.warm_pool.state == "running":
-            warm = max(0, lo - plan_pool(pool, Cloud.gcp).nodes["min"])
+            warm = max(0, lo - plan_pool(pool, Cloud.gcp).nodes.min)
             lo, state = lo - warm, "running"
         return Group(
             cloud=Cloud.gcp, name=mig.name, region=region, min_nodes=lo, max_nodes=hi,

@@ -387,7 +387,7 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
             self.rollout_rollback(group)
             return (f"canary {state.step}%: {new['unhealthy']} node(s) of {new['template']} "
                     f"unhealthy; rolling back to {state.versions[0]['template']}")
-        # The id is the new template (from/to may carry the file's words: `_annotate`).
+        # The id is the new template (from/to may carry the file's words: `annotate_rollout`).
         key = (group.raw_id, state.id, state.step)
         if state.checkpoint_reached != state.step:
             self._reached_at.pop(key, None)

@@ -14,6 +14,7 @@ Features (FEATURES, in the order they are installed):
                     reservation preference
   activities        scaling activities of every launch, launches retried after a failure
   schedules         scheduled actions, run when the sandbox clock (an offset) reaches them
+  capacity_blocks   Capacity Block offerings priced from the catalog, and their purchase
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
   self_boot         nodes that finish booting by themselves after their plan's start time
@@ -41,6 +42,7 @@ from poolctl.sandbox.extensions import (
     activities,
     admin,
     capacity,
+    capacity_blocks,
     faults,
     fixes,
     instance_connect,
@@ -76,7 +78,8 @@ class Feature(Protocol):
 # fixes first: lifecycle wraps the CreateAutoScalingGroup that fixes corrected.
 # capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
-    fixes, lifecycle, warm_pool, refresh, capacity, activities, schedules, quotas, instance_connect,
+    fixes, lifecycle, warm_pool, refresh, capacity, capacity_blocks, activities, schedules,
+    quotas, instance_connect,
     self_boot, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
