@@ -640,6 +640,14 @@ class AwsCapacity(CoreModel):
         "never a reservation, not even a matching open one (On-Demand only).",
     )
     reserved_nodes: ReservedNodes = Field(default=0, description=RESERVED_NODES_DOC)
+    capacity_block: CapacityReservationId | None = Field(
+        default=None,
+        description="A Capacity Block for ML (its Capacity Reservation id, cr-...) every node "
+        "launches into, with market type capacity-block: launches succeed only while the "
+        "block is active and EC2 ends its instances 30 minutes before the block ends; "
+        "`warm --reserve --yes` buys one and schedules the window inside it. Instead of "
+        "reservations and preference.",
+    )
 
     @property
     def reservation_ids(self) -> list[str]:
@@ -659,6 +667,12 @@ class AwsCapacity(CoreModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AwsCapacity:
+        if self.capacity_block is not None and (self.reservations or self.preference):
+            # A launch template targets one reservation; a block admits only its own.
+            raise invalid("AwsCapacity", ("capacity_block",),
+                          "is the only reservation a Capacity Block pool launches into; "
+                          "remove aws.capacity.reservations and preference, or the block",
+                          self.capacity_block)
         if isinstance(self.reservations, list):
             _each_once("AwsCapacity", self.reservations)
         if self.preference == "reservations-only" and not self.reservations:
@@ -807,6 +821,15 @@ class AwsPlacement(CoreModel):
                           f"is in {region}, the pool in {self.region}; a load balancer takes "
                           f"a certificate of its own region: import or request one in "
                           f"{self.region}", arn)
+        return self
+
+    @model_validator(mode="after")
+    def _block_one_type(self) -> AwsPlacement:
+        if self.capacity.capacity_block is not None and self.fallback_instance_types:
+            # A block holds instances of one type; a fallback type could never launch in it.
+            raise invalid("AwsPlacement", ("fallback_instance_types",),
+                          "a Capacity Block holds instance_type only; remove the fallback "
+                          "types or aws.capacity.capacity_block", self.fallback_instance_types)
         return self
 
     @model_validator(mode="after")

@@ -119,6 +119,9 @@ def check_window(start: datetime, end: datetime, now: datetime) -> None:
 BLOCK_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 BLOCK_END = time(11, 30, tzinfo=UTC)
 BLOCK_MARGIN = timedelta(minutes=30)
+# AWS advises scaling a group in *more* than 30 minutes before its block ends (Auto Scaling
+# user guide, Capacity Blocks); 5 minutes more let the load balancer drain (120 s) first.
+SCALE_IN_LEAD = BLOCK_MARGIN + timedelta(minutes=5)
 
 
 @dataclass(frozen=True)

@@ -421,6 +421,10 @@ CAPACITY = {
                      "capacity_reservation_target": {
                          "capacity_reservation_resource_group_arns": [CR_GROUP]}}),
     "none": ("{preference: none}", {"capacity_reservation_preference": "none"}, None),
+    # A Capacity Block: the launch template targets it (no preference: AWS's guide sets only
+    # the target), the group nothing.
+    "block": (f"{{capacity_block: {CR_B}}}",
+              {"capacity_reservation_target": {"capacity_reservation_id": CR_B}}, None),
 }
 
 
@@ -458,6 +462,17 @@ def test_no_capacity_key_leaves_ec2_default(stacks):
 
 def test_checkov_with_capacity(with_capacity):
     assert run_checkov(with_capacity["ids-only"]["dir"]) == []
+    assert run_checkov(with_capacity["block"]["dir"]) == []
+
+
+def test_capacity_block_sets_the_market_type(with_capacity, stacks):
+    # A Capacity Block admits only launches of market type capacity-block; no other pool
+    # sets a market (On-Demand is EC2's default).
+    lt = one(with_capacity["block"]["json"], "aws_launch_template")
+    assert lt["instance_market_options"] == {"market_type": "capacity-block"}
+    for doc in [*(v["json"] for k, v in with_capacity.items() if k != "block"),
+                *(s["json"] for s in stacks.values())]:
+        assert "instance_market_options" not in one(doc, "aws_launch_template")
 
 
 def test_terraform_manages_no_scheduled_action(stacks):

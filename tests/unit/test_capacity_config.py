@@ -61,7 +61,26 @@ def test_no_capacity_key_is_open():
     (f"{{reservations: [{CR}], preference: none}}", "pools[0].aws.capacity.preference",
      "the named reservations would be ignored"),
     ("{reservation: []}", "pools[0].aws.capacity.reservation", ""),
+    ("{capacity_block: cb-0123456789abcdef0}", "pools[0].aws.capacity.capacity_block",
+     "not an On-Demand Capacity Reservation id"),
+    (f"{{capacity_block: {CR}, reservations: [{CR}]}}", "pools[0].aws.capacity.capacity_block",
+     "is the only reservation a Capacity Block pool launches into"),
+    (f"{{capacity_block: {CR}, preference: reservations-only}}",
+     "pools[0].aws.capacity.capacity_block", "remove aws.capacity.reservations and preference"),
 ])
 def test_capacity_refused_naming_the_key(body, key, says):
     msg = error_of(capacity(body))
     assert f" {key}: " in msg and says in msg, msg
+
+
+def test_capacity_block_is_kept():
+    cap = parse_config(capacity(f"{{capacity_block: {CR}}}")).pools[0].aws.capacity
+    # The block is no reservation of the reservations key: those stay EC2's default.
+    assert (cap.capacity_block, cap.reservation_ids, cap.mode) == (CR, [], "open")
+
+
+def test_capacity_block_with_fallback_types_is_refused():
+    text = pool_yaml(extra_aws=f"      capacity: {{capacity_block: {CR}}}\n"
+                               "      fallback_instance_types: [p5e.48xlarge]\n")
+    msg = error_of(text)
+    assert " pools[0].aws.fallback_instance_types: " in msg and "holds instance_type" in msg, msg

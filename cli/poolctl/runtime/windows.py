@@ -11,7 +11,7 @@ file's warm pool stays behind the window as it is (docs/capacity.md#launch-windo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +28,14 @@ from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.runtime.quota import quota_for_nodes
 from poolctl.sizing import PoolPlan, nodes_for, plan_pool
-from poolctl.windows import Window, block_need, check_window, edges, new_id
+from poolctl.windows import (
+    SCALE_IN_LEAD,
+    Window,
+    block_need,
+    check_window,
+    edges,
+    new_id,
+)
 
 NOT_RUNNING = (
     "--from/--until: a scheduled window puts its nodes in service; add --running. Neither "
@@ -194,13 +201,22 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
         bought = buyer.buy_capacity_block(
             plan.region, fit[0], {naming.TAG_PROJECT: cfg.project, naming.TAG_POOL: pool.name,
                                   "poolctl:window": window.id})
+        # The window lives inside the block: out at its start at the earliest, in more than
+        # 30 minutes before its end (EC2 then terminates what is left in it).
+        start, end = max(start, fit[0].start), min(end, fit[0].end - SCALE_IN_LEAD)
+        window = replace(window, start=start, end=end)
+        windows = [*live, window]
     sched.write_windows(group, windows, base, removed=ended)
     rows = _rows(windows, base, rpn, now)
     rounding = (f" ({replicas} replicas rounded up to {n} node(s) of {rpn})"
                 if n * rpn != replicas else "")
     block = "" if bought is None else (
-        f"; bought Capacity Block {bought} (${offerings[0].upfront_usd:,.2f}): name it in "
-        "aws.capacity.reservations and deploy so the window's nodes launch into it")
+        f"; bought Capacity Block {bought} (${offerings[0].upfront_usd:,.2f}, "
+        f"{offerings[0].start.isoformat(timespec='minutes')} to "
+        f"{offerings[0].end.isoformat(timespec='minutes')}): for the nodes to launch into "
+        f"it, add `capacity_block: {bought}` under the pool's aws.capacity and run "
+        f"`poolctl deploy --pool {pool.name}` before the window (every launch then targets "
+        "the block; docs/capacity.md#capacity-blocks)")
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base, windows=rows,
         window=window.id, quota=quota, offerings=offerings, bought=bought,

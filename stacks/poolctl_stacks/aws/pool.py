@@ -48,10 +48,14 @@ def launch_kw(asg: Any, pool: Pool, template_id: str, version: str) -> dict[str,
     )}
 
 
-def capacity_reservation_specs(cap: AwsCapacity) -> tuple[dict[str, str] | None,
+def capacity_reservation_specs(cap: AwsCapacity) -> tuple[dict[str, object] | None,
                                                           dict[str, object] | None]:
     """(launch template's, group's) capacity_reservation_specification; (None, None) for
-    EC2's default (a matching open reservation is used, else On-Demand)."""
+    EC2's default (a matching open reservation is used, else On-Demand). A Capacity Block
+    is targeted by the launch template alone (instance_market_options sets its market)."""
+    if cap.capacity_block is not None:
+        return ({"capacity_reservation_target": {"capacity_reservation_id": cap.capacity_block}},
+                None)
     mode = cap.mode
     if mode == "open":
         return None, None
@@ -265,6 +269,10 @@ class NodeGroup(Construct):
             )],
             user_data=user_data_choice,
             capacity_reservation_specification=lt_capacity,
+            # A Capacity Block takes only launches of its market type (AWS Auto Scaling user
+            # guide, "Use Capacity Blocks for machine learning workloads").
+            instance_market_options=(None if placement.capacity.capacity_block is None
+                                     else {"market_type": "capacity-block"}),
             tag_specifications=[
                 lt.LaunchTemplateTagSpecifications(resource_type=kind, tags={**tags, "Name": name})
                 for kind in ("instance", "volume")
