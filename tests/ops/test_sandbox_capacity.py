@@ -463,9 +463,61 @@ def test_capacity_block_from_the_admin_endpoint_is_targeted_only(sandbox_capacit
             block["TotalInstanceCount"]) == ("capacity-block", "targeted", "limited", 1)
     with pytest.raises(ClientError):
         _run(ec2)  # an untargeted launch does not get it
-    got = _run(ec2, zone=None, CapacityReservationSpecification={
-        "CapacityReservationTarget": {"CapacityReservationId": made[0]}})
+    target = {"CapacityReservationTarget": {"CapacityReservationId": made[0]}}
+    with pytest.raises(ClientError) as e:
+        _run(ec2, zone=None, CapacityReservationSpecification=target)  # no market type
+    assert e.value.response["Error"]["Code"] == "InvalidParameterCombination"
+    with pytest.raises(ClientError) as e:
+        _run(ec2, InstanceMarketOptions=BLOCK_MARKET)  # the market without a block
+    assert e.value.response["Error"]["Code"] == "InvalidParameterCombination"
+    got = _run(ec2, zone=None, CapacityReservationSpecification=target,
+               InstanceMarketOptions=BLOCK_MARKET)
     assert got[0]["CapacityReservationId"] == made[0]
+    assert got[0].get("InstanceLifecycle") is None  # a block's instance is no Spot one
+
+
+BLOCK_MARKET = {"MarketType": "capacity-block"}
+
+
+def _clock(endpoint: str, seconds: float) -> None:
+    admin(endpoint, "POST", "/_poolctl/clock", {"offset_seconds": seconds})
+
+
+def test_a_group_launches_into_its_block_only_while_it_is_open(sandbox_capacity, clients):
+    ec2, asg = clients
+    (cr,) = admin(sandbox_capacity, "POST", "/_poolctl/capacity", {"capacity_blocks": [
+        {"instance_type": P5, "zone": A, "count": 2, "hours": 1}]})["created"]
+    lt = _template(ec2, InstanceMarketOptions=BLOCK_MARKET, CapacityReservationSpecification={
+        "CapacityReservationTarget": {"CapacityReservationId": cr}})
+    try:
+        _clock(sandbox_capacity, -600)  # 10 min before the block starts: it is scheduled
+        early = _group(asg, lt, 1, zones=(A,))
+        assert _zones(asg, early) == Counter()
+        assert _activities(asg, early, "Failed")[0]["StatusMessage"].startswith(EXCEEDED)
+        _clock(sandbox_capacity, 0)
+        name = _group(asg, lt, 2, zones=(A,))
+        assert _zones(asg, name) == Counter({A: 2})
+        ids = [i["InstanceId"] for i in asg.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["Instances"]]
+        described = [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+                     for i in r["Instances"]]
+        assert {i["CapacityReservationId"] for i in described} == {cr}
+        assert _described(ec2, cr)["AvailableInstanceCount"] == 0  # 2 - 2 launched
+        # The block ends 60 min after it began; EC2 empties it from 60 - 30 = 30 min on.
+        _clock(sandbox_capacity, 29 * 60)
+        states = {i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)[
+            "Reservations"] for i in r["Instances"]}
+        assert states == {"running"}
+        _clock(sandbox_capacity, 31 * 60)
+        states = {i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)[
+            "Reservations"] for i in r["Instances"]}
+        assert states <= {"shutting-down", "terminated"}, states
+        # The group replaces them, but not into the block: its launches fail.
+        running = [i for i in asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+            "AutoScalingGroups"][0]["Instances"] if i["InstanceId"] not in ids]
+        assert running == []
+    finally:
+        _clock(sandbox_capacity, 0)
 
 
 def test_bad_admin_capacity_bodies_are_400(sandbox_capacity):

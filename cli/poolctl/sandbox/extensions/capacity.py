@@ -46,11 +46,21 @@ AvailabilityZoneDistribution, checked as the API reference says, and DescribeAut
 returns them as given (moto drops both). Validation messages are the sandbox's wording, but
 for InstanceCount's (boto/boto3#2962).
 
+Capacity Blocks run on the sandbox clock (schedules.py), so a test moves into and out of
+one in seconds: a block is scheduled, active or expired by that clock. A launch into a block
+must carry market type capacity-block (RunInstances' InstanceMarketOptions, else its launch
+template's), and a launch of that market type must target a block: otherwise HTTP 400
+`InvalidParameterCombination` (the sandbox's wording; AWS's code for it was not found in its
+documentation). A launch into a block that is not active, or in its last 30 minutes, fails
+as a targeted launch that does not fit (`ReservationCapacityExceeded`; AWS's own code for a
+block not yet active was not found either). When the clock passes a block's end minus 30
+minutes, its instances are terminated, as EC2 begins to terminate them then (EC2 user
+guide, Capacity Blocks); a group replacing them cannot launch into the block again.
+
 Not emulated: a reservation taking capacity from its zone (creating one never fails for
 capacity, and the zone limit counts On-Demand use only), a resource group's configuration
-and query (membership only), instance platform and tenancy matching (every
-reservation is treated as the instance's), the market type Capacity Blocks require, and what
-happens to instances when a Capacity Block ends (they keep running, as On-Demand).
+and query (membership only), and instance platform and tenancy matching (every
+reservation is treated as the instance's).
 """
 
 from __future__ import annotations
@@ -65,8 +75,9 @@ from typing import Any
 
 from werkzeug.exceptions import HTTPException
 
-from poolctl.sandbox.extensions import activities
+from poolctl.sandbox.extensions import activities, schedules
 from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored, validation_error
+from poolctl.sandbox.extensions.schedules import clock_now
 
 NAMES = ("ec2.capacity-limits", "ec2.capacity-reservations",
          "resource-groups.capacity-reservation-groups")
@@ -76,6 +87,9 @@ HOLDING = ("pending", "running", "stopping", "shutting-down")
 RESERVATION_EXCEEDED = ("The requested reservation does not have sufficient compatible and "
                         "available capacity for this request.")
 MATCH_CRITERIA = ("open", "targeted")
+BLOCK = "capacity-block"  # a Capacity Block's ReservationType and its launches' MarketType
+# EC2 begins terminating a block's instances 30 minutes before its end (EC2 user guide).
+BLOCK_END_MARGIN = timedelta(minutes=30)
 END_DATE_TYPES = ("unlimited", "limited")
 
 # (instance type, zone) -> how many instances of the type the zone's open capacity holds.
@@ -215,7 +229,8 @@ class Reservation:
         return f"arn:aws:ec2:{self.region}:{self.owner_id}:capacity-reservation/{self.id}"
 
     def state(self, at: datetime | None = None) -> str:
-        moment = at or now()
+        # Blocks are bought for launch windows, whose times the sandbox clock moves past.
+        moment = at or (clock_now() if self.reservation_type == BLOCK else now())
         if self.cancelled:
             return "cancelled"
         if self.end_date is not None and moment >= self.end_date:
@@ -223,6 +238,13 @@ class Reservation:
         if self.start_date > moment:
             return "scheduled"
         return "active"
+
+    def launchable(self) -> bool:
+        """Active, and for a block not yet in the 30 minutes EC2 empties it in."""
+        if self.state() != "active":
+            return False
+        return (self.reservation_type != BLOCK or self.end_date is None
+                or clock_now() < self.end_date - BLOCK_END_MARGIN)
 
     def to_api(self, in_use: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -345,7 +367,7 @@ def eligible(ec2: Any, instance_type: str, zone: str | None, spec: CapacitySpec
     else:
         pool = [r for r in mine.values()
                 if r.match_criteria == "open" and r.reservation_type == "default"]
-    return [r for r in pool if r.state() == "active" and r.instance_type == instance_type
+    return [r for r in pool if r.launchable() and r.instance_type == instance_type
             and (zone is None or r.zone == zone)]
 
 
@@ -405,11 +427,55 @@ def _launch_spec(ec2: Any, kwargs: dict[str, Any]) -> CapacitySpec:
     return ec2_spec(raw)
 
 
+def _market_type(ec2: Any, kwargs: dict[str, Any]) -> str | None:
+    """The launch's market type (RunInstances', else its launch template's); a
+    capacity-block one is taken out of kwargs: moto would make the instance a Spot one."""
+    market = kwargs.get("instance_market_options") or None
+    if market == BLOCK:
+        kwargs.pop("instance_market_options")
+    if market is None and kwargs.get("launch_template"):
+        data = ec2._get_template_from_args(kwargs["launch_template"]).data
+        market = (data.get("InstanceMarketOptions") or {}).get("MarketType")
+    return market if isinstance(market, str) else None
+
+
+def check_market(ec2: Any, spec: CapacitySpec, market: str | None) -> None:
+    """A block takes launches of its market type only, and that market needs a block."""
+    mine = reservations(ec2)
+    named = [mine[i] for i in spec.ids if i in mine]
+    into_block = any(r.reservation_type == BLOCK for r in named)
+    if into_block and market != BLOCK:
+        raise ec2_error("InvalidParameterCombination",
+                        "A launch into a Capacity Block needs InstanceMarketOptions."
+                        "MarketType capacity-block")
+    if market == BLOCK and not into_block:
+        raise ec2_error("InvalidParameterCombination",
+                        "MarketType capacity-block needs a CapacityReservationTarget naming "
+                        "a Capacity Block")
+
+
+def end_capacity_blocks() -> None:
+    """Terminate the instances of every block the clock has taken within 30 minutes of its
+    end (the sandbox clock's tick: schedules.ON_TICK)."""
+    from moto.ec2.models import ec2_backends
+
+    moment = clock_now()
+    for ec2 in all_backends(ec2_backends):
+        ending = {r.id for r in reservations(ec2).values()
+                  if r.reservation_type == BLOCK and r.end_date is not None
+                  and moment >= r.end_date - BLOCK_END_MARGIN}
+        doomed = [i.id for i in _instances(ec2)
+                  if _holds(i) and i.__dict__.get("_poolctl_cr") in ending]
+        if doomed:
+            ec2.terminate_instances(doomed)
+
+
 def _wrap_run_instances(orig: Callable[..., Any]) -> Callable[..., Any]:
     def run_instances(self: Any, image_id: str, count: int, user_data: Any,
                       security_group_names: list[str], **kwargs: Any) -> Any:
         with LOCK:
             spec = _launch_spec(self, kwargs)
+            check_market(self, spec, _market_type(self, kwargs))
             itype = _launch_type(self, kwargs)
             zone = _launch_zone(self, kwargs)
             if zone is not None:
@@ -884,7 +950,7 @@ def add_capacity_block(body: dict[str, Any]) -> Reservation:
     zones = {z.name: z.zone_id for z in ec2.describe_availability_zones()}
     if zone not in zones:
         raise ValueError(f"zone {zone} is not a zone of {region}")
-    start = now()
+    start = clock_now()  # the sandbox clock: blocks run on it
     r = Reservation(
         id=f"cr-{uuid.uuid4().hex[:17]}", owner_id=ec2.account_id, region=region,
         instance_type=itype, platform="Linux/UNIX", zone=zone, zone_id=zones[zone],
@@ -925,6 +991,8 @@ def install() -> None:
     from moto.ec2.responses import EC2Response
     from moto.ec2.responses.instances import InstanceResponse
 
+    if end_capacity_blocks not in schedules.ON_TICK:
+        schedules.ON_TICK.append(end_capacity_blocks)
     orig_stop = EC2Backend.stop_instances
     EC2Backend.run_instances = _wrap_run_instances(  # type: ignore[method-assign]  # moto extension: capacity
         EC2Backend.run_instances)

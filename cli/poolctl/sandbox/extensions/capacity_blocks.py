@@ -13,7 +13,8 @@ Prices: UpfrontFee is the catalog's On-Demand price of the type x instances x ho
 sandbox's stand-in; real block prices move with supply and are usually below On-Demand).
 Errors: InvalidParameterValue for a duration or count AWS does not sell, MissingParameter,
 and InvalidCapacityBlockOfferingId.NotFound for an unknown offering (the sandbox's wording).
-Not emulated: the terminations AWS begins 30 minutes before a block's end.
+The terminations AWS begins 30 minutes before a block's end, and the market type a launch
+into a block needs: capacity.py.
 """
 
 from __future__ import annotations

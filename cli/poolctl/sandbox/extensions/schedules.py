@@ -18,14 +18,16 @@ when the clock moves.
 
 THE CLOCK: the sandbox's time is the machine's plus an offset, which POST /_poolctl/clock
 {"offset_seconds": S} or {"advance_seconds": S} sets (admin.py), so a test moves past a
-window's start in a second. The offset applies to scheduled actions only; boot times,
-refreshes and activities keep the machine's time. moto's reset puts it back to 0.
+window's start in a second. The offset applies to scheduled actions and Capacity Blocks
+(capacity.py) only; boot times, refreshes and activities keep the machine's time. moto's
+reset puts it back to 0.
 Not emulated: Recurrence and TimeZone (stored and listed, never run); EndTime.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,6 +49,8 @@ MAX_BATCH = 50  # BatchPut/BatchDelete: "The maximum number allowed is 50"
 _SIZES = ("MinSize", "MaxSize", "DesiredCapacity")
 
 _offset_s = 0.0
+# What else runs on the clock's tick (after the due actions): Capacity Blocks ending.
+ON_TICK: list[Callable[[], None]] = []
 
 
 def clock_now() -> datetime:
@@ -161,6 +165,8 @@ def run_due_everywhere() -> None:
     with LOCK:
         for backend in all_backends(autoscaling_backends):
             run_due(backend)
+        for tick in ON_TICK:
+            tick()
 
 
 def _rendered(action: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +260,8 @@ def install() -> None:
     def call_action(self: Any) -> Any:
         with LOCK:
             run_due(self.autoscaling_backend)
+            for tick in ON_TICK:
+                tick()
             return orig_call_action(self)
 
     AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: due actions first
