@@ -146,6 +146,33 @@ def test_reserve_shows_the_blocks_and_buys_only_with_yes(cli, sandbox, sandbox_c
     assert actions(sandbox_client) == []
 
 
+def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
+        cli, sandbox, sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    nxt = day + timedelta(days=1)
+    # --until 11:00 the next day: the 24 h block from 11:30 ends at 11:30 = --until + 30 min
+    # (it covers the window); AWS advises scaling in *more* than 30 min before the end, so
+    # the window's nodes go at 11:30 - 35 min = 10:55, not at --until.
+    made = js(cli("warm", "--replicas", "8", "--running", "--from", f"{day}T12:00:00Z",
+                  "--until", f"{nxt}T11:00:00Z", "--reserve", "--yes", "--json"))
+    assert made["offerings"][0]["end"] == f"{nxt}T11:30:00+00:00"
+    (row,) = made["windows"]
+    assert (row["start"], row["end"]) == (f"{day}T12:00:00+00:00", f"{nxt}T10:55:00+00:00")
+    until = [a for a in sandbox_client("autoscaling").describe_scheduled_actions(
+        AutoScalingGroupName=ASG)["ScheduledUpdateGroupActions"]
+        if a["ScheduledActionName"].endswith("-until")]
+    assert [a["StartTime"].astimezone(UTC).isoformat() for a in until] == [
+        f"{nxt}T10:55:00+00:00"]
+    # The one line and the deploy that put the pool's launches into the block.
+    assert f"capacity_block: {made['bought']}" in made["message"]
+    assert "poolctl deploy --pool chat-70b" in made["message"]
+    cli("warm", "--cancel", made["window"])
+    assert actions(sandbox_client) == []
+
+
 @pytest.mark.parametrize("args", [
     ("--replicas", "8", "--from", "2020-01-01T00:00:00Z", "--until", "+1h", "--running"),
     ("--replicas", "8", "--from", "+2h", "--until", "+1h", "--running"),  # until <= from
