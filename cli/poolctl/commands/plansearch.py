@@ -6,6 +6,9 @@ import sys
 import time
 from pathlib import Path
 
+from rich import box
+from rich.table import Table
+
 from poolctl.cloud import Cloud
 from poolctl.commands.common import console
 from poolctl.config import Config, Pool, Target, find_config, parse_config
@@ -55,8 +58,6 @@ def _row(c: Candidate, mark: str, lens: bool) -> list[str]:
 
 
 def render_search(pool: Pool, r: SearchResult) -> None:
-    from rich import box
-    from rich.table import Table
 
     out = console()
     if not out.is_terminal:  # a file or a pipe: room for the table's columns
