@@ -236,7 +236,6 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
                 for k, v in r.outputs.items():
                     sys.stdout.write(f"{r.stack}: {k} = {v}\n")
     if failing:
-
         for line in failing[:-1]:
             sys.stderr.write(f"poolctl: {line}\n")
         raise OperationFailed(failing[-1])
@@ -246,7 +245,6 @@ def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult
                       endpoints: CloudEndpoints, started: float) -> list[str]:
     """Applied pools whose group could not launch since the deploy began: the apply does not
     wait for nodes, so this one look says it instead of a pool that silently never grows."""
-
     out = []
     for t, r in zip(tgts, results, strict=True):
         if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(
