@@ -47,7 +47,7 @@ from poolctl.errors import OperationFailed
 from poolctl.rules import errors, run_checks
 from poolctl.servingmodel import replica_model
 from poolctl.simulate import SimSummary, json_safe, summary
-from poolctl.sizing import plan_pool
+from poolctl.sizing import nodes_for, plan_pool
 from poolctl.traces import Trace
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -160,6 +160,37 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Sizes:
+    """The scaling sizes `--write` gives the choice: its minimum from the recommendation,
+    the file's headroom above it (and its warm pool) kept, in nodes."""
+
+    min_replicas: int
+    max_replicas: int
+    warm_replicas: int
+    headroom_nodes: int  # max nodes - min nodes
+    warm_nodes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "warm_replicas": self.warm_replicas, "headroom_nodes": self.headroom_nodes,
+                "warm_nodes": self.warm_nodes}
+
+
+def keep_headroom(file_nodes: tuple[int, int, int], rec_nodes: tuple[int, int, int],
+                  replicas_per_node: int) -> Sizes:
+    """Sizes from the recommendation's (min, max, warm) nodes that keep the file's: the
+    recommendation sizes max and warm to this one trace, while a user's max and warm pool
+    are for spikes the trace does not show. New min = the recommendation's; new max =
+    max(its max, new min + the file's max - min); new warm = max(its warm, the file's)."""
+    f_min, f_max, f_warm = file_nodes
+    r_min, r_max, r_warm = rec_nodes
+    top = max(r_max, r_min + max(0, f_max - f_min))
+    warm = max(r_warm, f_warm)
+    rpn = replicas_per_node
+    return Sizes(r_min * rpn, top * rpn, warm * rpn, top - r_min, warm)
+
+
+@dataclass(frozen=True)
 class SearchResult:
     pool: str
     cloud: Cloud
@@ -172,6 +203,7 @@ class SearchResult:
     recommendation: Recommendation | None = None
     changes: tuple[Change, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sizes: Sizes | None = None  # what --write sets scaling and warm_pool to
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -193,6 +225,7 @@ class SearchResult:
             "recommendation": None if self.recommendation is None
             else self.recommendation.to_json(),
             "changes": [c.to_json() for c in self.changes],
+            "sizes": None if self.sizes is None else self.sizes.to_json(),
             "notes": list(self.notes),
         }
 
@@ -425,9 +458,18 @@ def choose(cands: list[Candidate]) -> Candidate | None:
     return min(ok, key=Candidate.key) if ok else None
 
 
-def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation
-                ) -> list[Change]:
-    """The pool's lines that differ from the choice (sizes from its recommendation)."""
+def sizes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation) -> Sizes:
+    """keep_headroom with the file's node counts (its own configuration's replicas per
+    node) and the recommendation's (the choice's)."""
+    f = plan_pool(pool, cloud).nodes
+    rpn = chosen.replicas_per_node
+    rec_nodes = (nodes_for(rec.min_replicas, rpn), nodes_for(rec.max_replicas, rpn),
+                 nodes_for(rec.warm_replicas, rpn))
+    return keep_headroom((f.min, f.max, f.warm), rec_nodes, rpn)
+
+
+def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, sizes: Sizes) -> list[Change]:
+    """The pool's lines that differ from the choice (sizes: sizes_for's)."""
     p = pool.placement(cloud)
     assert p is not None  # targets pair a pool with a cloud it has a placement on
     c = chosen.config
@@ -439,9 +481,9 @@ def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation
         ("serving.max_num_batched_tokens", pool.serving.max_num_batched_tokens,
          c.max_num_batched_tokens),
         ("serving.max_model_len", pool.serving.max_model_len, c.max_model_len),
-        ("scaling.min_replicas", pool.scaling.min_replicas, rec.min_replicas),
-        ("scaling.max_replicas", pool.scaling.max_replicas, rec.max_replicas),
-        ("warm_pool.replicas", pool.warm_pool.replicas, rec.warm_replicas),
+        ("scaling.min_replicas", pool.scaling.min_replicas, sizes.min_replicas),
+        ("scaling.max_replicas", pool.scaling.max_replicas, sizes.max_replicas),
+        ("warm_pool.replicas", pool.warm_pool.replicas, sizes.warm_replicas),
     ]
     return [Change(k, str(old), str(new)) for k, old, new in fields if old != new]
 
@@ -511,9 +553,10 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
         raise OperationFailed(infeasible(pool, cloud, trace, outcomes))
     rec = recommend(variant(pool, cloud, chosen.config), cloud, trace,
                     start_replicas=chosen.replicas)
+    sizes = sizes_for(pool, cloud, chosen, rec)
     return SearchResult(
         pool=pool.name, cloud=cloud, configurations=len(configs), refused=refused,
         outcomes=tuple(outcomes), front=tuple(pareto_front(cands)), chosen=chosen,
         file_config=file_configuration(pool, cloud), recommendation=rec,
-        changes=tuple(changes_for(pool, cloud, chosen, rec)),
+        changes=tuple(changes_for(pool, cloud, chosen, sizes)), sizes=sizes,
     )

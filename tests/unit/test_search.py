@@ -150,20 +150,45 @@ def test_workers_do_not_change_the_outcome(setup, monkeypatch):
 
 def test_changes_name_the_differing_keys(setup, result):
     cfg, pool, tr = setup
-    ch, rec = result.chosen, result.recommendation
+    ch, sz = result.chosen, result.sizes
+    assert sz is not None and sz.min_replicas == result.recommendation.min_replicas
     want = {"aws.instance_type": ch.config.instance_type,
             "serving.tensor_parallel": str(ch.config.tensor_parallel),
             "serving.max_num_seqs": str(ch.config.max_num_seqs),
             "serving.max_num_batched_tokens": str(ch.config.max_num_batched_tokens),
-            "scaling.min_replicas": str(rec.min_replicas),
-            "scaling.max_replicas": str(rec.max_replicas),
-            "warm_pool.replicas": str(rec.warm_replicas)}
+            "scaling.min_replicas": str(sz.min_replicas),
+            "scaling.max_replicas": str(sz.max_replicas),
+            "warm_pool.replicas": str(sz.warm_replicas)}
     file = {"aws.instance_type": "p5.48xlarge", "serving.tensor_parallel": "2",
             "serving.max_num_seqs": "256", "serving.max_num_batched_tokens": "8192",
             "scaling.min_replicas": "4", "scaling.max_replicas": "24",
             "warm_pool.replicas": "8"}
     assert {c.key: c.new for c in result.changes} == {k: v for k, v in want.items()
                                                       if file[k] != v}
+
+
+def test_write_keeps_the_files_headroom_in_nodes():
+    # The example: 4..24 replicas of TP 2 at 4 a node = 1..6 nodes, 8 warm = 2 warm nodes.
+    # A TP 4 choice (2 a node) recommended at 1..1 nodes, no warm: min 1 node; max
+    # max(1, 1 + (6 - 1)) = 6 nodes = 12 replicas; warm max(0, 2) = 2 nodes = 4 replicas.
+    assert S.keep_headroom((1, 6, 2), (1, 1, 0), 2) == S.Sizes(2, 12, 4, 5, 2)
+    # A recommendation above the file's headroom wins: rec 3..10 nodes, 3 warm, 4 a node:
+    # max(10, 3 + 5) = 10 nodes = 40 replicas; warm max(3, 2) = 3 nodes = 12 replicas.
+    assert S.keep_headroom((1, 6, 2), (3, 10, 3), 4) == S.Sizes(12, 40, 12, 7, 3)
+    # A file with no headroom and no warm pool: the recommendation as it is.
+    assert S.keep_headroom((2, 2, 0), (1, 3, 1), 8) == S.Sizes(8, 24, 8, 2, 1)
+
+
+def test_sizes_use_the_files_nodes_and_the_choices_replicas_per_node(setup, result):
+    cfg, pool, tr = setup
+    ch, rec, sz = result.chosen, result.recommendation, result.sizes
+    rpn = ch.replicas_per_node
+    # The example's file: 1..6 nodes, 2 warm (4 replicas of TP 2 a node).
+    rec_min, rec_max, rec_warm = (-(-x // rpn) for x in (rec.min_replicas, rec.max_replicas,
+                                                          rec.warm_replicas))
+    top = max(rec_max, rec_min + 5)
+    assert (sz.min_replicas, sz.max_replicas, sz.warm_replicas) == (
+        rec_min * rpn, top * rpn, max(rec_warm, 2) * rpn)
 
 
 # ------------------------------------------------------------------------ the command

@@ -96,6 +96,9 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     for change in r.changes:
         old = change.old if change.old is not None else "(default)"
         out.print(f"  {change.key}: {old} -> {change.new}")
+    if r.sizes is not None:
+        out.print(f"  (keeps the file's headroom: {r.sizes.headroom_nodes} node(s) above the "
+                  f"minimum, {r.sizes.warm_nodes} warm node(s))")
 
 
 def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud], SearchResult]
