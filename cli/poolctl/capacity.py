@@ -140,23 +140,28 @@ def monotone_percentile(sorted_xs: list[int], f: Callable[[int], float], q: floa
     return a + (b - a) * (pos - lo)
 
 
-def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
+def ttft_floor(m: ReplicaModel, trace: Trace,
+               transfer_s: Callable[[int], float] | None = None) -> Floor:
     """The lowest TTFT p90 possible for `trace` on replicas of `m`: the p90 of each served
     request's prefill compute floor. Every TTFT is at least its floor, so the p90 of the TTFTs
     is at least the p90 of the floors; with a replica per request in flight each request
-    gets its floor, so it is reached as the replicas grow."""
+    gets its floor, so it is reached as the replicas grow. `transfer_s`: a disaggregated
+    replica's KV hand-off of a prompt, which its TTFT waits for (it grows with the prompt)."""
     limit = m.max_model_len
     lens = [(max(1, i), max(1, o)) for i, o in zip(trace.inputs, trace.outputs, strict=True)]
     prompts = sorted(i for i, o in lens if i + o <= limit)
     p90_prompt = percentile([float(p) for p in prompts], 0.9)
     # The floor grows with the prompt, so the floors sort as the prompts do: their p90 needs
     # only the floors of the two prompts it interpolates between.
-    p90_floor = monotone_percentile(prompts, m.ttft_floor_s, 0.9)
+    def floor(x: int) -> float:
+        return m.ttft_floor_s(x) + (0.0 if transfer_s is None else transfer_s(x))
+
+    p90_floor = monotone_percentile(prompts, floor, 0.9)
     return Floor(
         served=len(prompts), over_max_model_len=len(lens) - len(prompts),
         shortest=min(i + o for i, o in lens),
         p90_prompt=math.nan if p90_prompt is None else p90_prompt,
-        p90_prompt_floor_s=math.nan if p90_prompt is None else m.ttft_floor_s(round(p90_prompt)),
+        p90_prompt_floor_s=math.nan if p90_prompt is None else floor(round(p90_prompt)),
         ttft_p90_floor_s=math.nan if p90_floor is None else p90_floor,
     )
 

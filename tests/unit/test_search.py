@@ -386,18 +386,62 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
     assert says in line, line
 
 
-def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
+def test_write_writes_the_best_aggregated_candidate_beside_a_disaggregated_choice(
+        setup, result, tmp_path, capsys):
+    cfg, pool, tr = setup
+    f = tmp_path / "poolctl.yaml"
+    shutil.copy(EXAMPLE, f)
+    agg = result.deployable
+    assert agg is not None and agg.config.topology == S.AGGREGATED
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    done = write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(
+        result, chosen=disagg)})
+    assert len(done) == len(result.changes)
+    assert "wrote the best aggregated candidate" in capsys.readouterr().err
+    p = load_config(f).pools[0]
+    assert (p.aws.instance_type, p.serving.tensor_parallel) == (agg.config.instance_type,
+                                                               agg.config.tensor_parallel)
+
+
+def test_write_refuses_a_disaggregated_choice_with_no_aggregated_one(setup, result, tmp_path):
     cfg, pool, tr = setup
     f = tmp_path / "poolctl.yaml"
     shutil.copy(EXAMPLE, f)
     before = f.read_text()
     disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
-        result.chosen.config, topology="disaggregated"))
-    with pytest.raises(UsageError, match="disaggregated serving, which poolctl does not "
-                       "deploy yet; nothing was written"):
-        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(result,
-                                                                            chosen=disagg)})
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    with pytest.raises(UsageError, match="disagg-node serving, which poolctl does not "
+                       "deploy yet, and no aggregated candidate meets the SLOs; nothing was "
+                       "written"):
+        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(
+            result, chosen=disagg, deployable=None)})
     assert f.read_text() == before
+
+
+def test_disaggregated_configurations_only_where_each_side_fits(setup, result):
+    cfg, pool, tr = setup
+    cat = load_catalog()
+    dis = [o.config for o in result.outcomes if o.config.topology != S.AGGREGATED]
+    assert {c.topology for c in dis} == {S.DISAGG_NODE, S.DISAGG_CROSS}
+    for c in dis:
+        # A side is a TP degree and two of them divide the node (even splits only); each
+        # holds the weights and one max_model_len sequence.
+        assert c.split == c.tensor_parallel and c.split in (1, 2, 4)
+        assert replica_model(S.variant(pool, Cloud.aws, c), Cloud.aws).kv_tokens >= \
+            c.max_model_len
+        row = next(r for r in cat.instance_types if r.name == c.instance_type)
+        if c.topology == S.DISAGG_CROSS:
+            assert row.vpc is not None  # a sourced per-flow figure
+        # The aggregated configuration at the side's TP passed the rules.
+        assert any(o.config == dataclasses.replace(c, topology=S.AGGREGATED, split=0)
+                   for o in result.outcomes)
+    # 70B in 16-bit (~141 GB) never fits one 80 GB H100: no 1:1 on p5.
+    assert not [c for c in dis if c.instance_type == "p5.48xlarge" and c.split == 1]
+    # A disaggregated replica of s:s holds 2s GPUs: 8 / 2s share a node.
+    for cand in result.candidates:
+        if cand.config.split:
+            assert cand.replicas_per_node == 8 // (2 * cand.config.split)
 
 
 def test_plan_names_the_nearest_slo_met_and_its_cost(tmp_path, monkeypatch, capsys):
