@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
 from poolctl.errors import OperationFailed
-from poolctl.servingmodel import ReplicaModel, replica_model
+from poolctl.servingmodel import ReplicaModel, at_tp, replica_model
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -173,14 +173,13 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
     slo = pool.slo.ttft_p90_s
     need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
     helps = [f"raise slo.ttft_p90_s to at least {need:g} s" + _nearest(pool, cloud, trace, fl)]
-    # The same replica at a higher TP (this pool's efficiency factors, the weights and the KV
-    # cache split over more GPUs): the first that brings the floor under the SLO, or TP 8's.
+    # The pool at a higher TP, built as the file would be (that TP's fitted factors, the
+    # weights and the KV cache split over more GPUs): the first that brings the floor under
+    # the SLO, or TP 8's.
     tp, better = m.tp, None
     for t in (2, 4, 8):
         if tp < t <= gpus_per_node:
-            k = tp / t
-            mt = replace(m, tp=t, weights_bytes_per_gpu=m.weights_bytes_per_gpu * k,
-                         kv_bytes_per_token_per_gpu=m.kv_bytes_per_token_per_gpu * k)
+            mt = replica_model(at_tp(pool, t), cloud)
             better = (t, ttft_floor(mt, trace).ttft_p90_floor_s)
             if better[1] <= slo:
                 break
