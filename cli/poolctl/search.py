@@ -329,7 +329,9 @@ def configurations(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace | None = 
                                                      base.max_num_batched_tokens):
                 # The rules passed at TP `tp`, so each side of a tp:tp split holds the
                 # weights and one max_model_len sequence; topology() says what else refuses.
-                for kind in (DISAGG_NODE, DISAGG_CROSS):
+                # Across nodes only at 4:4: every split's KV crosses the same VPC link, and
+                # the smaller splits would cost a configuration's time each.
+                for kind in (DISAGG_NODE, DISAGG_CROSS)[:1 if tp != 4 else 2]:
                     d = replace(c, topology=kind, split=tp)
                     try:
                         topology(v, cloud, kind, tp, tp)
@@ -344,11 +346,12 @@ def configurations(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace | None = 
 
 
 def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
-             start_nodes: int = 1) -> Outcome:
+             start_nodes: int = 1, max_usd_per_hour: float = math.inf) -> Outcome:
     """The smallest node count of `c` meeting the SLOs; every count simulated to the end is
     a candidate (counts stopped early, being sure failures, are not). A disaggregated `c`
     runs its split (servingmodel.topology): the floors are its prefill side's (plus the KV
-    hand-off) and its decode side's, and fewer replicas share a node."""
+    hand-off) and its decode side's, and fewer replicas share a node. No node count costing
+    over `max_usd_per_hour` is tried."""
     v = variant(pool, cloud, c)
     plan = plan_pool(v, cloud)
     topo = None if not c.split else topology(v, cloud, c.topology, c.split, c.split)
@@ -386,8 +389,13 @@ def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
         return Outcome(c, tuple(seen[n] for n in sorted(seen)), fl.ttft_p90_floor_s, tf,
                        fl.p90_prompt_floor_s, reason, fl.served)
 
+    limit = MAX_NODES if math.isinf(max_usd_per_hour) else \
+        min(MAX_NODES, math.floor(max_usd_per_hour / price + 1e-9))
     if not fl.served:
         return outcome(f"every request is longer than max_model_len {c.max_model_len:,}")
+    if limit < 1:
+        return outcome(f"one node costs over ${max_usd_per_hour:,.2f}/h, the search's cap "
+                       "for it")
     if fl.ttft_p90_floor_s > slo.ttft_p90_s:
         return outcome(f"TTFT p90 floor {fl.ttft_p90_floor_s:.2f} s (the p90 prompt of "
                        f"{fl.p90_prompt:,.0f} tokens prefills in {fl.p90_prompt_floor_s:.2f} s "
@@ -396,11 +404,12 @@ def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
         return outcome(f"TPOT p90 floor {tf:.4f} s (one sequence decoding alone)")
     try:
         found = smallest_count(probe, lambda s: judge(s, slo), start=start_nodes,
-                               limit=MAX_NODES)
+                               limit=limit)
     except _Flat as e:
         return outcome(f"TPOT p90 stays at {e.tpot_s:.4f} s however many nodes serve")
-    return outcome(None if found is not None else f"no node count up to {MAX_NODES} meets "
-                   "the SLOs")
+    return outcome(None if found is not None else f"no node count up to {limit} meets "
+                   "the SLOs" + ("" if limit == MAX_NODES else
+                                f" (${max_usd_per_hour:,.2f}/h, the search's cap for it)"))
 
 
 class _Flat(Exception):  # noqa: N818 - a signal inside evaluate, never raised out
@@ -408,20 +417,20 @@ class _Flat(Exception):  # noqa: N818 - a signal inside evaluate, never raised o
         self.tpot_s = tpot_s
 
 
-Evaluator = Callable[[Pool, Cloud, Trace, Configuration, int], Outcome]
+Evaluator = Callable[[Pool, Cloud, Trace, Configuration, int, float], Outcome]
 # One evaluator per topology (evaluate runs each through its Topology).
 EVALUATORS: dict[str, Evaluator] = {AGGREGATED: evaluate, DISAGG_NODE: evaluate,
                                     DISAGG_CROSS: evaluate}
 
 
-def evaluate_group(pool: Pool, cloud: Cloud, trace: Trace, group: list[Configuration]
-                   ) -> list[Outcome]:
+def evaluate_group(pool: Pool, cloud: Cloud, trace: Trace, group: list[Configuration],
+                   max_usd_per_hour: float = math.inf) -> list[Outcome]:
     """Configurations sharing a type and TP, in order: each starts its node search at the
     previous one's answer (their answers are near), which saves most simulations."""
     out: list[Outcome] = []
     start = 1
     for c in group:
-        o = EVALUATORS[c.topology](pool, cloud, trace, c, start)
+        o = EVALUATORS[c.topology](pool, cloud, trace, c, start, max_usd_per_hour)
         passing = [x.nodes for x in o.candidates if x.meets]
         if passing:
             start = min(passing)
@@ -438,8 +447,9 @@ def _init_worker(pool: Pool, cloud: Cloud, trace: Trace) -> None:
     _SHARED.update(pool=pool, cloud=cloud, trace=trace)
 
 
-def _run_group(group: list[Configuration]) -> list[Outcome]:
-    return evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group)
+def _run_group(group: list[Configuration], max_usd_per_hour: float) -> list[Outcome]:
+    return evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group,
+                          max_usd_per_hour)
 
 
 def _groups(configs: list[Configuration]) -> list[list[Configuration]]:
@@ -451,8 +461,8 @@ def _groups(configs: list[Configuration]) -> list[list[Configuration]]:
 
 
 def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configuration],
-                 workers: int = 1, progress: Callable[[int, int, str], None] | None = None
-                 ) -> list[Outcome]:
+                 workers: int = 1, progress: Callable[[int, int, str], None] | None = None,
+                 max_usd_per_hour: float = math.inf) -> list[Outcome]:
     groups = _groups(configs)
     results: list[list[Outcome] | None] = [None] * len(groups)
 
@@ -465,14 +475,15 @@ def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configura
 
     if workers <= 1 or len(groups) <= 1:
         for i, g in enumerate(groups):
-            done(i, evaluate_group(pool, cloud, trace, g))
+            done(i, evaluate_group(pool, cloud, trace, g, max_usd_per_hour))
     else:
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(pool, cloud, trace)) as ex:
             # The biggest groups first, so that no worker is left with a long one at the end.
             order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
-            futs: dict[Future[list[Outcome]], int] = {ex.submit(_run_group, groups[i]): i
+            futs: dict[Future[list[Outcome]], int] = {ex.submit(_run_group, groups[i],
+                                                                        max_usd_per_hour): i
                                                       for i in order}
             for fut in as_completed(futs):
                 done(futs[fut], fut.result())
@@ -597,7 +608,7 @@ def nearest_met(pool: Pool, cloud: Cloud, trace: Trace, fast: Outcome,
         tpot = max(tpot, math.ceil(max(floor, fast.tpot_p90_floor_s) * 1.25 * 1000) / 1000)
     loose = pool.model_copy(update={"slo": slo.model_copy(update={"ttft_p90_s": ttft,
                                                                   "tpot_p90_s": tpot})})
-    o = EVALUATORS[fast.config.topology](loose, cloud, trace, fast.config, 1)
+    o = EVALUATORS[fast.config.topology](loose, cloud, trace, fast.config, 1, math.inf)
     return choose(list(o.candidates))
 
 
@@ -606,7 +617,15 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
     """Evaluate every configuration of the placement on `trace`; the front, the choice, and
     the file's lines it changes. No configuration meeting the SLOs: OperationFailed."""
     configs, refused = configurations(cfg, pool, cloud, trace)
-    outcomes = evaluate_all(pool, cloud, trace, configs, workers, progress)
+    agg = [c for c in configs if c.topology == AGGREGATED]
+    outcomes = evaluate_all(pool, cloud, trace, agg, workers, progress)
+    cands = [c for o in outcomes for c in o.candidates]
+    # Disaggregated configurations after the aggregated ones, at no more than the priciest
+    # aggregated point on the front costs: above it they would be on the front only by being
+    # faster than all (and the node counts they gallop through there dominate the time).
+    cap = max((c.cost_per_hour_usd for c in pareto_front(cands)), default=math.inf)
+    outcomes += evaluate_all(pool, cloud, trace, [c for c in configs if c not in agg],
+                             workers, progress, cap)
     cands = [c for o in outcomes for c in o.candidates]
     if trace.blocks is not None and pool.serving.prefix_caching:
         # The other balancer for the front's configurations only: routing changes the

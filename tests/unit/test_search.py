@@ -105,6 +105,23 @@ def test_pareto_front_of_a_hand_built_list(setup):
     assert S.choose([a, b, c, d, e, f]) is b  # cheapest passing; b beats c on TTFT at $20
 
 
+def test_choose_prefers_serving_every_request_over_a_cheaper_pool_refusing_some(setup):
+    cfg, pool, tr = setup
+    base = summary(simulate(Trace("t", [0.0], [10], [5]), ONE_MS, replicas=1), 1.0)
+    conf = S.file_configuration(pool, "aws")
+
+    def cand(name, price, refused):
+        s = dataclasses.replace(base, requests_over_max_model_len=refused)
+        return S.Candidate(dataclasses.replace(conf, instance_type=name), 1, 1, price, s, True)
+
+    short = cand("short", 10, 3)  # cheaper, but refuses 3 requests for max_model_len
+    fewer = cand("fewer", 15, 1)
+    full = cand("full", 20, 0)
+    assert S.choose([short, fewer, full]) is full
+    assert S.choose([short, fewer]) is fewer  # none serves all: the fewest refused
+    assert S.choose([short, cand("short2", 12, 3)]) is short  # a tie: the cheaper
+
+
 def test_more_gpus_never_raise_p90_ttft_for_a_fixed_configuration(setup, result):
     cfg, pool, tr = setup
     ch = result.chosen
@@ -189,6 +206,40 @@ def test_sizes_use_the_files_nodes_and_the_choices_replicas_per_node(setup, resu
     top = max(rec_max, rec_min + 5)
     assert (sz.min_replicas, sz.max_replicas, sz.warm_replicas) == (
         rec_min * rpn, top * rpn, max(rec_warm, 2) * rpn)
+
+
+def test_sticky_routing_is_searched_on_a_trace_with_prefix_hashes(monkeypatch):
+    monkeypatch.setattr(S, "MAX_NUM_SEQS", ())
+    monkeypatch.setattr(S, "MAX_NUM_BATCHED_TOKENS", ())
+    monkeypatch.setattr(S, "LONGER_LENS", 0)
+    cfg = load_config(EXAMPLE)
+    pool = cfg.pools[0]
+    # The sample's prompts are long: a loose TTFT target so that configurations pass.
+    pool = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": 6.0})})
+    cfg = cfg.model_copy(update={"pools": [pool]})
+    tr = load_trace(MOONCAKE)
+    assert tr.blocks is not None
+    r = S.search(cfg, pool, Cloud.aws, tr)
+    by = {c.config.balancer for c in r.candidates}
+    assert by == {"lor", "sticky"}
+    # sticky runs only the front's configurations (and the choice's) again
+    lor_front = {c.config for c in S.pareto_front([c for c in r.candidates
+                                                    if c.config.balancer == "lor"])}
+    sticky = {dataclasses.replace(c.config, balancer="lor") for c in r.candidates
+              if c.config.balancer == "sticky"}
+    assert sticky <= lor_front | {dataclasses.replace(r.chosen.config, balancer="lor")}
+    # Every candidate of a trace with hashes reports its hit rate, and the change names
+    # the balancer when sticky is chosen.
+    assert all(c.hit_rate is not None and 0 <= c.hit_rate <= 1 for c in r.candidates)
+    ch = r.deployable
+    assert (("serving.balancer" in {c.key for c in r.changes})
+            == (ch is not None and ch.config.balancer == "sticky"))
+
+
+def test_no_sticky_axis_without_prefix_hashes(result):
+    # Azure traces carry no hashes: least-outstanding routing only, no hit rate.
+    assert {c.config.balancer for c in result.candidates} == {"lor"}
+    assert all(c.hit_rate is None for c in result.candidates)
 
 
 # ------------------------------------------------------------------------ the command
@@ -404,6 +455,15 @@ def test_write_writes_the_best_aggregated_candidate_beside_a_disaggregated_choic
                                                                agg.config.tensor_parallel)
 
 
+def test_a_cost_cap_below_one_node_simulates_nothing(setup):
+    cfg, pool, tr = setup
+    c = S.file_configuration(pool, Cloud.aws)
+    price = plan_pool(pool, Cloud.aws).price_per_node_hour_usd  # one p5: $55.04/h
+    o = S.evaluate(pool, Cloud.aws, tr, c, 1, price - 0.01)
+    assert o.candidates == () and o.reason == (f"one node costs over ${price - 0.01:,.2f}/h, "
+                                               "the search's cap for it")
+
+
 def test_write_refuses_a_disaggregated_choice_with_no_aggregated_one(setup, result, tmp_path):
     cfg, pool, tr = setup
     f = tmp_path / "poolctl.yaml"
@@ -424,6 +484,7 @@ def test_disaggregated_configurations_only_where_each_side_fits(setup, result):
     cat = load_catalog()
     dis = [o.config for o in result.outcomes if o.config.topology != S.AGGREGATED]
     assert {c.topology for c in dis} == {S.DISAGG_NODE, S.DISAGG_CROSS}
+    assert all(c.split == 4 for c in dis if c.topology == S.DISAGG_CROSS)
     for c in dis:
         # A side is a TP degree and two of them divide the node (even splits only); each
         # holds the weights and one max_model_len sequence.
@@ -436,6 +497,10 @@ def test_disaggregated_configurations_only_where_each_side_fits(setup, result):
         # The aggregated configuration at the side's TP passed the rules.
         assert any(o.config == dataclasses.replace(c, topology=S.AGGREGATED, split=0)
                    for o in result.outcomes)
+    # Disaggregated node counts stop at the priciest aggregated point of the front.
+    cap = max(c.cost_per_hour_usd for c in S.pareto_front(
+        [c for c in result.candidates if c.config.topology == S.AGGREGATED]))
+    assert all(c.cost_per_hour_usd <= cap for c in result.candidates if c.config.split)
     # 70B in 16-bit (~141 GB) never fits one 80 GB H100: no 1:1 on p5.
     assert not [c for c in dis if c.instance_type == "p5.48xlarge" and c.split == 1]
     # A disaggregated replica of s:s holds 2s GPUs: 8 / 2s share a node.
