@@ -7,6 +7,7 @@ from typing import Any
 from cdktf import LocalBackend, TerraformOutput, TerraformStack
 from constructs import Construct
 
+from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl_stacks.literal import literal_view
 
@@ -20,7 +21,7 @@ PROVIDER_REQUIREMENTS = {
     "google": {"source": "hashicorp/google", "version": ">= 6.16.0, < 7.0.0"},
 }
 # poolctl's cloud name -> the Terraform provider's local name.
-PROVIDER_NAMES = {"aws": "aws", "gcp": "google"}
+PROVIDER_NAMES = {Cloud.aws: "aws", Cloud.gcp: "google"}
 # Lifetime of the session-affinity cookie (`serving.balancer: sticky`): a day, ALB's default
 # and the longest GCP allows (affinity_cookie_ttl_sec).
 STICKY_COOKIE_S = 86_400
@@ -35,7 +36,7 @@ class PoolStack(TerraformStack):
     defaults, backend settings); `user_data` is the rendered script as is.
     """
 
-    cloud: str
+    cloud: Cloud
 
     def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
                  user_data: str) -> None:

@@ -103,3 +103,12 @@ def test_gcp_refuses_a_window_beyond_the_group_and_schedules_nothing(fake, setup
         runtime.schedule_window(cfg, pool, "gcp", ops, 24, start, start + timedelta(hours=1),
                                 running=True, now=NOW)
     assert schedules(fake) == {}
+
+
+def test_gcp_reserve_is_refused_before_anything_is_written(fake, setup):
+    cfg, pool, ops = setup
+    start = NOW + timedelta(days=2)
+    with pytest.raises(UsageError, match="--reserve"):
+        runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, start + timedelta(hours=2),
+                                running=True, now=NOW, reserve=True, yes=True)
+    assert schedules(fake) == {}

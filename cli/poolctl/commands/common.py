@@ -220,7 +220,6 @@ def one_target(cfg: Config, pool: str | None, cloud: Cloud | None,
     """The single target a command that changes one pool acts on."""
     tgts = cloud_targets(cfg, pool, cloud, endpoints)
     if len(tgts) != 1:
-
         names = ", ".join(t.pool.name for t in tgts)
         raise UsageError(f"--pool: this acts on one pool, the file gives {names}; pick one "
                          "with --pool")

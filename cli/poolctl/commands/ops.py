@@ -82,7 +82,7 @@ def warm(
     reserve: Annotated[
         bool, typer.Option("--reserve", help="With --from/--until: the Capacity Blocks (AWS) "
                            "that hold the window's nodes, with their prices; buys the cheapest "
-                           "only with --yes.")] = False,
+                           "only with --yes (or a yes at the prompt on a terminal).")] = False,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="With --reserve: buy it, then schedule the "
                            "window.")] = False,
@@ -155,6 +155,17 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
         _refuse_useless_warm(p, c, replicas)
         result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
                                          running, now, reserve=reserve, yes=yes)
+        if result.action == "offered" and sys.stdin.isatty() and not json_out:
+            best = result.offerings[0]
+            _print_offerings(result)
+            # An interactive yes buys as --yes would (the offers are looked up again).
+            if typer.confirm(f"buy {best.id} for ${best.upfront_usd:,.2f} and schedule the "
+                             "window?", default=False):
+                result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from,
+                                                 t_until, running, now, reserve=True,
+                                                 yes=True)
+            sys.stderr.write(result.message + "\n")
+            return
     if json_out:
         emit_json(result.to_json())
         return
@@ -163,12 +174,16 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
             f"{p.name}: no scheduled windows"]
         sys.stdout.write("\n".join(out) + "\n")
     else:
-        for o in result.offerings:
-            sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
-                             f"{o.start.isoformat(timespec='minutes')} to "
-                             f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
-                             f"${o.upfront_usd:,.2f} upfront\n")
+        _print_offerings(result)
         sys.stderr.write(result.message + "\n")
+
+
+def _print_offerings(result: runtime.WindowsResult) -> None:
+    for o in result.offerings:
+        sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
+                         f"{o.start.isoformat(timespec='minutes')} to "
+                         f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
+                         f"${o.upfront_usd:,.2f} upfront\n")
 
 
 def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:

@@ -121,7 +121,7 @@ def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolP
     return tuple(ln.to_json() for ln in lines)
 
 
-def _blocks(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
+def _blocks(pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
             start: datetime, end: datetime) -> tuple[BuysCapacityBlocks, list[BlockOffering]]:
     """The Capacity Blocks that hold the window's nodes from its start to 30 minutes past
     its end (AWS terminates a block's instances 30 minutes before it ends), cheapest first."""
@@ -176,7 +176,7 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     offerings: tuple[BlockOffering, ...] = ()
     bought = None
     if reserve:
-        buyer, fit = _blocks(cfg, pool, cloud, ops, plan, n, start, end)
+        buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end)
         offerings = tuple(fit)
         if not yes:
             best = fit[0]

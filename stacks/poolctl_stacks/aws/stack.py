@@ -19,7 +19,7 @@ from poolctl_stacks.base import PoolStack
 
 
 class AwsPoolStack(PoolStack):
-    cloud = "aws"
+    cloud = Cloud.aws
 
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement, raw_placement = pool.aws, self.raw_pool.aws

@@ -24,7 +24,7 @@ from poolctl_stacks.gcp.scaling import QueueAutoscaler
 
 
 class GcpPoolStack(PoolStack):
-    cloud = "gcp"
+    cloud = Cloud.gcp
 
     def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
         placement = pool.gcp
