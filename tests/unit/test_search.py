@@ -17,7 +17,7 @@ import poolctl.search as S
 from poolctl.capacity import judge, run_pool, smallest_count, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
-from poolctl.commands.plansearch import write_changes
+from poolctl.commands.plansearch import render_search, write_changes
 from poolctl.config import Target, load_config
 from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
@@ -231,9 +231,16 @@ def test_sticky_routing_is_searched_on_a_trace_with_prefix_hashes(monkeypatch):
     # Every candidate of a trace with hashes reports its hit rate, and the change names
     # the balancer when sticky is chosen.
     assert all(c.hit_rate is not None and 0 <= c.hit_rate <= 1 for c in r.candidates)
-    ch = r.deployable
-    assert (("serving.balancer" in {c.key for c in r.changes})
-            == (ch is not None and ch.config.balancer == "sticky"))
+    # On 2 nodes sticky routing keeps a conversation's turns on the node caching its
+    # prefix, so it hits more than least-outstanding routing of the same configuration and
+    # is chosen (same cost); the change names the balancer.
+    ch = r.chosen
+    assert ch.config.balancer == "sticky" and ch.nodes >= 2
+    lor = next(c for c in r.candidates if c.nodes == ch.nodes
+               and c.config == dataclasses.replace(ch.config, balancer="lor"))
+    assert ch.hit_rate > lor.hit_rate
+    assert {"key": "serving.balancer", "old": "lor", "new": "sticky"} in [
+        c.to_json() for c in r.changes]
 
 
 def test_no_sticky_axis_without_prefix_hashes(result):
@@ -462,6 +469,19 @@ def test_a_cost_cap_below_one_node_simulates_nothing(setup):
     o = S.evaluate(pool, Cloud.aws, tr, c, 1, price - 0.01)
     assert o.candidates == () and o.reason == (f"one node costs over ${price - 0.01:,.2f}/h, "
                                                "the search's cap for it")
+
+
+def test_a_disaggregated_choice_names_the_aggregated_one_beside_it(setup, result, capsys):
+    cfg, pool, tr = setup
+    agg = result.deployable
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    render_search(pool, dataclasses.replace(result, chosen=disagg))
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"poolctl does not deploy disagg-node serving yet: the best aggregated candidate "
+            f"is {agg.nodes} node(s) of {agg.config.label()} at ${agg.cost_per_hour_usd:,.2f}/h"
+            in out) and "`--write` writes that one" in out
+    assert "keeps the file's headroom: 5 node(s) above the minimum" in out  # 6 - 1 file nodes
 
 
 def test_write_refuses_a_disaggregated_choice_with_no_aggregated_one(setup, result, tmp_path):
