@@ -22,7 +22,7 @@ from poolctl.simulate import (
     simulate,
     summary,
 )
-from poolctl.sizing import PoolPlan, instance_row, nodes_for, plan_pool
+from poolctl.sizing import PoolPlan, instance_row, nodes_for, plan_pool, reserved_nodes
 from poolctl.traces import MAX_REPLICAS, Trace
 
 if TYPE_CHECKING:
@@ -72,11 +72,13 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
     rpn = (plan.replicas_per_node if topology is None
            else plan.gpus_per_node // topology.gpus)
     power = power_kw_per_node(pool, cloud)
+    reserved = reserved_nodes(pool, cloud)
     if not autoscale:
         return simulate(trace, m, replicas=replicas, price_per_node_hour=price,
                         replicas_per_node=rpn, balancer=balancer,
                         stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
-                        prefix_caching=pool.serving.prefix_caching, topology=topology)
+                        prefix_caching=pool.serving.prefix_caching, topology=topology,
+                        reserved_nodes=reserved)
     sc = autoscale_for(pool, cloud, plan, warm_replicas)
     sc.replicas_per_node = rpn
     if min_replicas is not None:
@@ -86,7 +88,7 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
     sc.windows = windows
     return simulate(trace, m, scale=sc, price_per_node_hour=price, balancer=balancer,
                     power_kw_per_node=power, prefix_caching=pool.serving.prefix_caching,
-                    topology=topology, run_until_s=run_until_s)
+                    topology=topology, run_until_s=run_until_s, reserved_nodes=reserved)
 
 
 def power_kw_per_node(pool: Pool, cloud: Cloud) -> float | None:

@@ -162,6 +162,9 @@ ReservationGroupArn = Annotated[str, Shape(
     rf"arn:{formats.AWS_PARTITION}:resource-groups:{formats.AWS_REGION}:\d{{12}}"
     r":group/[A-Za-z0-9_.-]{1,128}",
     "a resource group ARN like arn:aws:resource-groups:us-east-1:123456789012:group/NAME")]
+# A GCE reservation's name (Compute API reference, reservations: RFC 1035, 1-63 characters).
+GcpReservationName = Annotated[str, Shape(
+    r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", "a reservation name like p5-reserved (RFC 1035)")]
 GcpCertificate = Annotated[str, Shape(
     r"((https://www\.googleapis\.com/compute/v1/)?projects/[a-z][a-z0-9-]{4,28}[a-z0-9]"
     r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
@@ -605,6 +608,18 @@ def _reservations_form(v: object) -> str | None:
     return "ReservationIds" if isinstance(v, list | tuple) else None
 
 
+ReservedNodes = Annotated[Int, Field(ge=0, le=10_000)]
+RESERVED_NODES_DOC = ("Nodes the reservations hold, for `plan`, `simulate` and `status`, which "
+                      "ask no cloud: capacity held, and the fixed cost (a reservation is paid "
+                      "whether used or not); `capacity check` reads the cloud's count.")
+
+
+def _each_once(title: str, names: list[str]) -> None:
+    if len(set(names)) < len(names):
+        raise invalid(title, ("reservations",), "names a reservation twice; list each once",
+                      names)
+
+
 class AwsCapacity(CoreModel):
     reservations: Annotated[
         Annotated[list[CapacityReservationId], Tag("ReservationIds")]
@@ -624,6 +639,7 @@ class AwsCapacity(CoreModel):
         "reservations, then On-Demand; `reservations-only`: a launch beyond them fails; `none`: "
         "never a reservation, not even a matching open one (On-Demand only).",
     )
+    reserved_nodes: ReservedNodes = Field(default=0, description=RESERVED_NODES_DOC)
 
     @property
     def reservation_ids(self) -> list[str]:
@@ -644,9 +660,7 @@ class AwsCapacity(CoreModel):
     @model_validator(mode="after")
     def _consistent(self) -> AwsCapacity:
         if isinstance(self.reservations, list):
-            if len(set(self.reservations)) < len(self.reservations):
-                raise invalid("AwsCapacity", ("reservations",),
-                              "names a reservation twice; list each once", self.reservations)
+            _each_once("AwsCapacity", self.reservations)
         if self.preference == "reservations-only" and not self.reservations:
             raise invalid("AwsCapacity", ("preference",),
                           "reservations-only needs aws.capacity.reservations (ids or a "
@@ -657,6 +671,40 @@ class AwsCapacity(CoreModel):
                           "none launches outside every reservation, so the named reservations "
                           "would be ignored; remove them or choose reservations-first",
                           self.preference)
+        if self.preference == "none" and self.reserved_nodes:
+            raise invalid("AwsCapacity", ("reserved_nodes",),
+                          "preference none launches outside every reservation, so no node is "
+                          "reserved; remove reserved_nodes or choose another preference",
+                          self.reserved_nodes)
+        return self
+
+
+class GcpCapacity(CoreModel):
+    reservations: list[GcpReservationName] | Literal["any", "none"] = Field(
+        default="any",
+        description="The instance template's reservation affinity: `any` (GCE's default: a "
+        "matching reservation is used if there is one), `none` (never one), or the names of "
+        "specific reservations in the pool's project (only they are used; a VM beyond them "
+        "is not created).",
+    )
+    reserved_nodes: ReservedNodes = Field(default=0, description=RESERVED_NODES_DOC)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.reservations) if isinstance(self.reservations, list) else []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GcpCapacity:
+        if isinstance(self.reservations, list):
+            if not self.reservations:
+                raise invalid("GcpCapacity", ("reservations",),
+                              "an empty list names no reservation; name them, or say any or "
+                              "none", self.reservations)
+            _each_once("GcpCapacity", self.reservations)
+        if self.reservations == "none" and self.reserved_nodes:
+            raise invalid("GcpCapacity", ("reserved_nodes",),
+                          "reservations none uses no reservation, so no node is reserved; "
+                          "remove reserved_nodes or name the reservations", self.reserved_nodes)
         return self
 
 
@@ -696,6 +744,12 @@ class AwsPlacement(CoreModel):
         default_factory=AwsCapacity,
         description="Capacity Reservations the nodes launch into, and whether launches may "
         "go beyond them.",
+    )
+    fallback_instance_types: list[AwsInstanceType] = Field(
+        default_factory=list, max_length=10,
+        description="Types the group launches, in this order, when instance_type has no "
+        "capacity (each 8 GPUs over NVLink in the catalog, holding the model); the pool then "
+        "has no warm pool: AWS refuses one beside the mixed instances policy this needs.",
     )
     certificate_arn: AcmCertificateArn | None = Field(
         default=None,
@@ -741,6 +795,9 @@ class AwsPlacement(CoreModel):
     def type_name(self) -> str:
         return self.instance_type
 
+    @property
+    def fallback_types(self) -> list[str]:
+        return list(self.fallback_instance_types)
     @model_validator(mode="after")
     def _certificate_in_region(self) -> AwsPlacement:
         arn = self.certificate_arn
@@ -821,6 +878,11 @@ class GcpPlacement(CoreModel):
     standby_suspended: Bool = Field(
         default=False, description="Suspend standby VMs; unsupported for GPU VMs (rule)."
     )
+    capacity: GcpCapacity = Field(
+        default_factory=GcpCapacity,
+        description="Reservations the VMs consume (the instance template's reservation "
+        "affinity).",
+    )
     price_per_hour_usd: Num | None = Field(
         default=None, gt=0, le=1_000_000,
         description="Override of the catalog's on-demand price per VM.",
@@ -839,6 +901,9 @@ class GcpPlacement(CoreModel):
     def type_name(self) -> str:
         return self.machine_type
 
+    @property
+    def fallback_types(self) -> list[str]:
+        return []  # GCP: not yet (each A3/A2 type bundles its own Local SSD count)
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)

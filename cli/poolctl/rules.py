@@ -108,6 +108,10 @@ def _type_key(cloud: Cloud) -> str:
     return "aws.instance_type" if cloud == Cloud.aws else "gcp.machine_type"
 
 
+def _capacity_key(cloud: Cloud) -> str:
+    return "aws.capacity" if cloud == Cloud.aws else "gcp.capacity"
+
+
 # The placement a placement check on that cloud looks at: run_checks runs them only for the
 # clouds the pool has a placement on.
 def _aws(c: Ctx) -> AwsPlacement:
@@ -399,23 +403,38 @@ def _boot_size(c: Ctx) -> Iterator[Finding]:
         )
 
 
+def hbm_problem(pool: Pool, row: InstanceType) -> str | None:
+    """Why `row`'s GPUs cannot hold a replica's weights and one max_model_len sequence."""
+    w_gpu = sizing.weights_bytes(pool) / pool.serving.tensor_parallel
+    one_seq = sizing.kv_bytes_per_token_per_gpu(pool) * pool.serving.max_model_len
+    reserved = pool.serving.reserved_gib_per_gpu * 2**30
+    usable = row.hbm_bytes_per_gpu * pool.serving.gpu_memory_utilization
+    need = w_gpu + one_seq + reserved
+    if need <= usable:
+        return None
+    return (f"needs {need / 1e9:.1f} GB per GPU (weights {w_gpu / 1e9:.1f} + one "
+            f"{pool.serving.max_model_len}-token sequence {one_seq / 1e9:.1f} + reserve "
+            f"{reserved / 1e9:.1f}) but {row.name} offers {usable / 1e9:.1f} GB at "
+            f"gpu_memory_utilization {pool.serving.gpu_memory_utilization}")
+
+
+def nvme_problem(pool: Pool, row: InstanceType) -> str | None:
+    """Why `row`'s local NVMe cannot cache the weights with headroom."""
+    need = sizing.weights_bytes(pool) * sizing.NVME_HEADROOM
+    have = row.local_nvme.total_bytes
+    if have >= need:
+        return None
+    return (f"{row.name} has {have / 1e9:.0f} GB of local NVMe; the weights need "
+            f"{need / 1e9:.0f} GB with {sizing.NVME_HEADROOM:.0%} headroom")
+
+
 @check("fits-hbm", "weights per GPU + KV of one max_model_len sequence fit in usable HBM")
 def _fits(c: Ctx) -> Iterator[Finding]:
     if c.row is None or c.pool.serving.tensor_parallel not in (1, 2, 4, 8):
         return
-    pool = c.pool
-    w_gpu = sizing.weights_bytes(pool) / pool.serving.tensor_parallel
-    one_seq = sizing.kv_bytes_per_token_per_gpu(pool) * pool.serving.max_model_len
-    reserved = pool.serving.reserved_gib_per_gpu * 2**30
-    usable = c.row.hbm_bytes_per_gpu * pool.serving.gpu_memory_utilization
-    need = w_gpu + one_seq + reserved
-    if need > usable:
+    if problem := hbm_problem(c.pool, c.row):
         yield c.find(
-            "error", "serving.tensor_parallel",
-            f"needs {need / 1e9:.1f} GB per GPU (weights {w_gpu / 1e9:.1f} + one "
-            f"{pool.serving.max_model_len}-token sequence {one_seq / 1e9:.1f} + reserve "
-            f"{reserved / 1e9:.1f}) but {c.row.name} offers {usable / 1e9:.1f} GB at "
-            f"gpu_memory_utilization {pool.serving.gpu_memory_utilization}",
+            "error", "serving.tensor_parallel", problem,
             "raise tensor_parallel, lower max_model_len, quantize, or pick a type with more HBM",
         )
 
@@ -441,15 +460,55 @@ def _nvme(c: Ctx) -> Iterator[Finding]:
     if c.row is None:
         return
     assert c.cloud is not None  # a placement check: run_checks gives it the cloud
-    need = sizing.weights_bytes(c.pool) * sizing.NVME_HEADROOM
-    have = c.row.local_nvme.total_bytes
-    if have < need:
+    if problem := nvme_problem(c.pool, c.row):
+        yield c.find("error", _type_key(c.cloud), problem, "pick a type with more local NVMe")
+
+
+@check("fallback-types", "each fallback type is an 8-GPU NVLink type that holds the model, "
+       "and the pool keeps no warm pool beside them")
+def _fallbacks(c: Ctx) -> Iterator[Finding]:
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
+    placement = c.pool.placement(c.cloud)
+    assert placement is not None  # ... one the pool has a placement on
+    types = placement.fallback_types
+    if not types:
+        return
+    key = "aws.fallback_instance_types"
+    if c.pool.warm_pool.replicas:
+        # PutWarmPool: "cannot be called on an Auto Scaling group that has a mixed instances
+        # policy" (docs/cloud-facts.md, warm pools), and fallbacks need one.
         yield c.find(
-            "error", _type_key(c.cloud),
-            f"{c.row.name} has {have / 1e9:.0f} GB of local NVMe; the weights need "
-            f"{need / 1e9:.0f} GB with {sizing.NVME_HEADROOM:.0%} headroom",
-            "pick a type with more local NVMe",
+            "error", key,
+            "AWS refuses a warm pool on a group with a mixed instances policy, which fallback "
+            "types need",
+            "keep the warm pool and hold the primary type's capacity with aws.capacity "
+            "reservations (remove the fallbacks), or set warm_pool.replicas: 0 to grow on "
+            "fallbacks (`warm --running` still prepares spare nodes, in service)",
         )
+    catalog = load_catalog()
+    seen = {placement.type_name}
+    for i, name in enumerate(types):
+        at = f"{key}[{i}]"
+        row = catalog.get(c.cloud, name)
+        if name in seen:
+            problem, hint = f"{name} is listed already", "list each type once, the primary not"
+        elif row is None:
+            problem = f"{name!r} is not in the catalog"
+            hint = f"use one of: {', '.join(catalog.names(c.cloud))} (`poolctl catalog`)"
+        elif not row.nvlink or row.gpus != 8:
+            problem = (f"{name} has {row.gpus}x {row.gpu} without NVLink: tensor-parallel "
+                       "all-reduce over PCIe throttles every decode step")
+            hint = "use an NVLink 8-GPU type"
+        elif placement.region not in row.regions:
+            problem = f"{name} is not offered in {placement.region} per the catalog"
+            hint = f"use a type offered there, or drop {name}"
+        elif p := (hbm_problem(c.pool, row) or nvme_problem(c.pool, row)):
+            problem, hint = f"cannot hold the model: {p}", "use a type with more HBM and NVMe"
+        else:
+            seen.add(name)
+            continue
+        seen.add(name)
+        yield c.find("error", at, problem, hint)
 
 
 @check("warm-state", "the warm pool's state is possible for the type")
@@ -473,6 +532,16 @@ def _warm(c: Ctx) -> Iterator[Finding]:
             f"~{sum(ph.values()):.0f} s to serve)",
             "use state: running to keep the cache warm at full price",
         )
+        held = sizing.plan_pool(c.pool, c.cloud).capacity
+        if held is not None and held.hoped_nodes:
+            yield c.find(
+                "info", "warm_pool.state",
+                f"{held.hoped_nodes} stopped warm node(s) are capacity hoped for, not held: a "
+                "stopped instance gives its capacity back, so its start is a new launch that "
+                "can fail for capacity exactly when the launch needs it",
+                "hold it with state: running, or a reservation with room for them "
+                f"({_capacity_key(c.cloud)}.reserved_nodes)",
+            )
 
 
 @check("whole-nodes", "replica counts are whole nodes")

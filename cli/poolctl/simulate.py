@@ -566,7 +566,7 @@ class SimResult:
     occupied_s: float
     replica_s: float
     node_s: float
-    fixed_node_s: float
+    fixed_node_s: float  # reservations and nodes that always run, over the horizon
     price_per_node_hour: float
     max_kv_tokens: int
     max_running: int
@@ -576,6 +576,7 @@ class SimResult:
     replicas_fixed: int | None = None
     replicas_per_node: int = 1
     aborted: bool = False
+    reserved_nodes: int = 0
     power_kw_per_node: float | None = None  # the catalog's max system power, for energy
     max_model_len: int | None = None
     prefix_cache: PrefixStats | None = None  # None: no cache simulated (off, or no block ids)
@@ -606,7 +607,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              stop_if_p90_over: float | None = None,
              power_kw_per_node: float | None = None,
              prefix_caching: bool = True, topology: Topology | None = None,
-             run_until_s: float = 0.0) -> SimResult:
+             run_until_s: float = 0.0, reserved_nodes: int = 0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
@@ -708,6 +709,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             if w.start_s > 0:
                 heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
             heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
+    fixed_nodes = max(reserved_nodes, fixed_nodes)
 
     # Autoscaling state
     starting: list[float] = []  # ready times of nodes being started
@@ -789,7 +791,9 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             live = serving_nodes() + len(starting) + len({nodes_of[e.idx] for e in draining})
             warm_billed = warm_free if scale.warm_running else 0
-            node_s += (live + warm_billed) * (now - last_t)
+            # Reserved nodes are billed whether they run or not; a node in one is not
+            # billed again.
+            node_s += max(reserved_nodes, live + warm_billed) * (now - last_t)
         last_t = now
 
     def record(now: float) -> None:
@@ -925,6 +929,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         preemptions=sum(e.preemptions for e in engines),
         timeline=timeline, cold_window=cold_window,
         replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
+        reserved_nodes=reserved_nodes,
         power_kw_per_node=power_kw_per_node, max_model_len=m.max_model_len,
         prefix_cache=PrefixStats(
             block_tokens=trace.block_tokens,
@@ -1012,12 +1017,20 @@ class SloResult:
 
 @dataclass(frozen=True)
 class CostResult:
+    """The bill, fixed (reservations, paid whether used or not; nodes that always run) and
+    marginal (On-Demand nodes beyond them, while they run)."""
+
     node_hours: float
     usd: float
     fixed_usd: float
     marginal_usd: float
     usd_per_1m_output_tokens: float | None
     usd_per_request: float | None
+    reserved_nodes: int = 0
+    fixed_usd_per_hour: float = 0.0
+    marginal_usd_per_hour: float = 0.0
+    fixed_usd_per_1m_output_tokens: float | None = None
+    marginal_usd_per_1m_output_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1111,6 +1124,11 @@ class SimSummary:
                 "marginal_usd": self.cost.marginal_usd,
                 "usd_per_1m_output_tokens": self.cost.usd_per_1m_output_tokens,
                 "usd_per_request": self.cost.usd_per_request,
+                "reserved_nodes": self.cost.reserved_nodes,
+                "fixed_usd_per_hour": self.cost.fixed_usd_per_hour,
+                "marginal_usd_per_hour": self.cost.marginal_usd_per_hour,
+                "fixed_usd_per_1m_output_tokens": self.cost.fixed_usd_per_1m_output_tokens,
+                "marginal_usd_per_1m_output_tokens": self.cost.marginal_usd_per_1m_output_tokens,
             },
             "replicas": {"min": lo, "max": hi, "mean": mean},
             "kv_tokens_max": self.kv_tokens_max,
@@ -1209,6 +1227,13 @@ def summary(r: SimResult, ttft_slo_s: float, tpot_slo_s: float | None = None) ->
             marginal_usd=round(usd - fixed_usd, 2),
             usd_per_1m_output_tokens=rnd(usd / out_tokens * 1e6 if out_tokens else None, 3),
             usd_per_request=rnd(usd / len(done) if done else None, 5),
+            reserved_nodes=r.reserved_nodes,
+            fixed_usd_per_hour=round(fixed_usd / h * 3600, 2),
+            marginal_usd_per_hour=round((usd - fixed_usd) / h * 3600, 2),
+            fixed_usd_per_1m_output_tokens=rnd(
+                fixed_usd / out_tokens * 1e6 if out_tokens else None, 3),
+            marginal_usd_per_1m_output_tokens=rnd(
+                (usd - fixed_usd) / out_tokens * 1e6 if out_tokens else None, 3),
         ),
         energy=EnergyResult(
             power_kw_per_node=kw, kwh=rnd(kwh, 3),

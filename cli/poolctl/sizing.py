@@ -67,6 +67,69 @@ class NodeCounts:
 
 
 @dataclass(frozen=True)
+class HeldCapacity:
+    """Capacity held (running nodes; stopped ones a reservation keeps room for) vs hoped for
+    (stopped nodes without one): a stopped instance gives its capacity back, so its start is
+    a new launch that can fail for capacity when the pool needs it most."""
+
+    running_nodes: int  # the minimum and warm nodes kept running
+    stopped_nodes: int  # warm nodes kept stopped
+    reserved_nodes: int  # what the reservations hold (the placement's capacity.reserved_nodes)
+    held_nodes: int
+    hoped_nodes: int
+
+    def words(self) -> str:
+        """The one phrase plan, status and warm say it in."""
+        h = self
+        held = f"{h.held_nodes} node(s) held ({h.running_nodes} running"
+        if h.held_nodes > h.running_nodes:
+            held += f", {h.held_nodes - h.running_nodes} stopped in reserved room"
+        held += f"; {h.reserved_nodes} reserved)" if h.reserved_nodes else ")"
+        if h.hoped_nodes:
+            held += (f"; {h.hoped_nodes} hoped for (stopped warm nodes without a reservation: "
+                     "each start is a new launch that can fail for capacity)")
+        return held
+
+
+def held_capacity(running: int, stopped: int, reserved: int) -> HeldCapacity:
+    """Running nodes take reservation room first (a launch prefers a matching reservation);
+    what is left of it keeps room for stopped nodes."""
+    covered = min(stopped, max(0, reserved - running))
+    return HeldCapacity(running_nodes=running, stopped_nodes=stopped, reserved_nodes=reserved,
+                        held_nodes=running + covered, hoped_nodes=stopped - covered)
+
+
+@dataclass(frozen=True)
+class CostSplit:
+    """Cost per hour, fixed (reservations, paid whether used or not; nodes that always run)
+    vs marginal (On-Demand nodes beyond those, billed while they run). A node running in a
+    reservation is not billed again, so the bill is max(reserved, running) nodes."""
+
+    price_per_node_hour: float
+    fixed_nodes: int
+    fixed_per_hour: float
+    # Reserved nodes idle at the minimum: scaling out into them costs nothing more.
+    reserved_idle_nodes: int
+    marginal_per_node_hour: float
+    marginal_at_max_per_hour: float
+
+
+def cost_split(running_min: int, running_max: int, reserved: int, price: float) -> CostSplit:
+    fixed = max(reserved, running_min)
+    beyond = max(0, running_max - fixed)
+    return CostSplit(price_per_node_hour=price, fixed_nodes=fixed,
+                     fixed_per_hour=round(fixed * price, 2),
+                     reserved_idle_nodes=max(0, reserved - running_min),
+                     marginal_per_node_hour=round(price, 2),
+                     marginal_at_max_per_hour=round(beyond * price, 2))
+
+
+def reserved_nodes(pool: Pool, cloud: Cloud) -> int:
+    placement = pool.placement(cloud)
+    return placement.capacity.reserved_nodes if placement is not None else 0
+
+
+@dataclass(frozen=True)
 class PoolPlan:
     pool: str
     cloud: Cloud
@@ -100,6 +163,8 @@ class PoolPlan:
     # catalog's maximum system power per node; None when the catalog has no figure.
     power_kw: dict[str, float] | None = None
     power_source: str | None = None
+    capacity: HeldCapacity | None = None
+    cost_split_usd: CostSplit | None = None
 
     @property
     def warm_running_nodes(self) -> int:
@@ -256,6 +321,7 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         surge=surge,
     )
     warm_running = nodes.warm if wp.state == "running" else 0
+    reserved = reserved_nodes(pool, cloud)
     # Running-instance quotas count what can run at once: the pool at max, warm nodes kept
     # running, and the rollout's surge. Stopped warm nodes do not count.
     peak_nodes = nodes.max + nodes.surge + warm_running
@@ -311,8 +377,8 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         quotas=[asdict(q) for q in quotas],
         price_per_node_hour_usd=price,
         cost_per_hour_usd={
-            "min": round((nodes.min + warm_running) * price, 2),
-            "max": round((nodes.max + warm_running) * price, 2),
+            "min": round(max(reserved, nodes.min + warm_running) * price, 2),
+            "max": round(max(reserved, nodes.max + warm_running) * price, 2),
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,
@@ -322,6 +388,10 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
             "max": round((nodes.max + warm_running) * row.power.max_kw, 1),
         },
         power_source=None if row.power is None else row.power.source,
+        capacity=held_capacity(nodes.min + warm_running, nodes.warm - warm_running,
+                               reserved),
+        cost_split_usd=cost_split(nodes.min + warm_running, nodes.max + warm_running,
+                                  reserved, price),
     )
 
 

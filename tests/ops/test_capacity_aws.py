@@ -102,10 +102,3 @@ def test_open_reservations_of_the_type_count_by_default(reserve, sandbox_home, t
     rc, out, _ = check(sandbox_home, tmp_path, {"preference": "none"})
     assert rc == 0 and out is not None and out["pools"][0]["held"] == 0
 
-
-def test_gcp_is_not_supported_yet(sandbox_home, tmp_path):
-    r = run_poolctl(sandbox_home, "capacity", "check", "-f",
-                    str(ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"), "--cloud", "gcp")
-    assert r.returncode == 2
-    assert r.stderr == ("poolctl: --cloud gcp: capacity check is not supported on gcp yet; "
-                        "use --cloud aws\n")

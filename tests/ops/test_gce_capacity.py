@@ -19,6 +19,16 @@ compute_v1 = pytest.importorskip(
 from google.api_core import exceptions as gexc  # noqa: E402
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
+from poolctl import naming, runtime  # noqa: E402
+from poolctl.cloud import Cloud  # noqa: E402
+from poolctl.clouds.base import capacity_needs, failures_line  # noqa: E402
+from poolctl.clouds.gcp.ops import GcpOps  # noqa: E402
+from poolctl.commands.capacity import capacity_problem  # noqa: E402
+from poolctl.config import parse_config  # noqa: E402
+from poolctl.errors import UsageError  # noqa: E402
+from poolctl.runtime.common import stalled_launches  # noqa: E402
+from poolctl.sizing import plan_pool  # noqa: E402
+from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
 
 PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
@@ -295,3 +305,109 @@ def test_a_reservation_for_another_machine_type_does_not_match(fake, migs):
     fake.settle()
     assert _running_zones(migs) == Counter()
     assert {e.error.code for e in _errors(migs)} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+
+
+# -------------------------------------------------------------------------------------
+# poolctl on it: GcpOps.launch_failures, status and warm --wait's stop (issue 21, part 3)
+
+def _pool_ops(fake):
+    cfg = parse_config(pool_yaml())
+    pool = cfg.pools[0]
+    # As deploy leaves the contract's example: 1 serving VM in a, 2 stopped standby VMs.
+    fake.deploy_pool(project=PROJECT, region=REGION, name=MIG,
+                     labels=naming.gcp_labels(cfg, pool), zones=[A, B, C], template=TEMPLATE,
+                     running=1, stopped=2, autoscaler=(1, 6))
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials(), retry_initial_s=0.01, retry_deadline_s=5)
+    return cfg, pool, ops
+
+
+def test_status_skips_an_exhausted_zone_without_a_failure(fake, migs):
+    cfg, pool, ops = _pool_ops(fake)
+    fake.set_capacity(A, MACHINE, 0)
+    _resize(fake, migs, 3)
+    fake.settle()
+    s = runtime.status(cfg, pool, "gcp", ops)
+    assert s.capacity_failures == []  # BALANCED created the 2 new VMs in b and c
+    assert s.counts()["in_service"] == 3
+
+
+def test_every_zone_exhausted_is_named_in_status_and_stops_the_wait(fake, migs):
+    cfg, pool, ops = _pool_ops(fake)
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)  # a's serving VM keeps running; no room for more
+    _resize(fake, migs, 3)
+    fake.settle()
+    s = runtime.status(cfg, pool, "gcp", ops)
+    # Every VM the MIG could not create or start (the standby VMs it starts first need
+    # capacity too) is named once, with its zone and GCE's own code.
+    waiting = {mi.instance.rsplit("/", 1)[1]: _zone(mi) for mi in _managed(migs)
+               if mi.current_action in ("CREATING", "STARTING")}
+    assert waiting and {f.instance: f.zone for f in s.capacity_failures} == waiting
+    zones = sorted(set(waiting.values()))
+    assert {f.code for f in s.capacity_failures} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+    assert failures_line(s.capacity_failures) == (
+        f"ZONE_RESOURCE_POOL_EXHAUSTED: no {MACHINE} capacity in {', '.join(zones)}")
+    assert s.to_json()["capacity_failures"][0]["message"].startswith("The zone 'projects/")
+    # The waiting VMs are pending, but they are the failing ones: nothing else in flight,
+    # so a wait stops now with that line.
+    group = ops.find_group(cfg, pool)
+    assert stalled_launches(ops, group, pool, "gcp", since_wall=0.0) == s.capacity_failures
+    # Room again in c: what can go there is created; a stopped VM of a or b starts only in
+    # its own zone and is still named. Room everywhere: none is left.
+    fake.set_capacity(C, MACHINE, None)
+    fake.settle()
+    assert C not in {f.zone for f in runtime.status(cfg, pool, "gcp", ops).capacity_failures}
+    for zone in (A, B):
+        fake.set_capacity(zone, MACHINE, None)
+    fake.settle()
+    assert runtime.status(cfg, pool, "gcp", ops).capacity_failures == []
+
+
+# -------------------------------------------------------------------------------------
+# capacity check on GCP: the reservations the template's affinity consumes, per zone
+
+def _report(fake, reservations_key: str | None = None):
+    extra = f"      capacity: {{reservations: {reservations_key}}}\n" if reservations_key else ""
+    cfg = parse_config(pool_yaml(extra_gcp=extra))
+    pool = cfg.pools[0]
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials(), retry_initial_s=0.01, retry_deadline_s=5)
+    return ops.capacity_report(cfg, pool, capacity_needs(plan_pool(pool, Cloud.gcp))), cfg
+
+
+@pytest.fixture
+def reserved(fake):
+    fake.add_project(PROJECT)
+    fake.add_reservation(PROJECT, A, "a3-open", machine_type=MACHINE, count=2)
+    fake.add_reservation(PROJECT, B, "a3-named", machine_type=MACHINE, count=3, specific=True)
+    fake.add_reservation(PROJECT, C, "a2-open", machine_type="a2-highgpu-8g", count=4)
+
+
+def test_any_counts_the_open_reservations_of_the_machine_type(fake, reserved):
+    r, _ = _report(fake)
+    # any: a3-open (2) only; a3-named requires naming, a2-open is another machine type.
+    assert r.preference == "open" and r.held == 2 and r.ok
+    assert [(z.zone, [x.id for x in z.reservations]) for z in r.zones] == [
+        (A, ["a3-open"]), (B, []), (C, [])]
+
+
+def test_specific_reservations_short_of_the_peak_fail_the_check(fake, reserved):
+    r, _ = _report(fake, "[a3-open, a3-named]")
+    # Held 2 + 3 = 5; peak = max 6 + surge 3 (one VM per zone) = 9 nodes: 4 beyond, and a VM
+    # beyond specific reservations is not created: reservations-only, not ok.
+    assert (r.preference, r.held, r.needs["peak"], r.beyond["peak"]) == (
+        "reservations-only", 5, 9, 4)
+    assert not r.ok
+    assert "set gcp.capacity.reservations: any" in capacity_problem(r)
+
+
+@pytest.mark.parametrize(("names", "says"), [
+    ("[a2-open]", "a2-open reserves a2-highgpu-8g, the pool runs a3-highgpu-8g"),
+    ("[gone]", "reservation 'gone' not found in acme-prod"),
+])
+def test_a_named_reservation_the_pool_cannot_use_names_the_key(fake, reserved, names, says):
+    with pytest.raises(UsageError) as e:
+        _report(fake, names)
+    assert str(e.value).startswith("pools[0].gcp.capacity.reservations: ") and says in str(
+        e.value)

@@ -520,3 +520,25 @@ def test_bad_capacity_flag_is_one_line_exit_2(tmp_path, item):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--capacity {item}" in lines[0] and "TYPE@ZONE=N" in lines[0]
     assert not (tmp_path / "sandbox" / "state.json").exists()
+
+
+def test_an_update_without_a_template_keeps_the_mixed_instances_policy(sandbox_capacity,
+                                                                       clients):
+    # AWS keeps a group's mixed instances policy across UpdateAutoScalingGroup calls that
+    # do not name one (a new MinSize, as `warm --running` sends); moto dropped it.
+    ec2, asg = clients
+    lt = _template(ec2)
+    name = _name("mixed-kept")
+    policy = {"LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateId": lt,
+                                                                 "Version": "1"},
+                                 "Overrides": [{"InstanceType": P5}, {"InstanceType": P4D}]},
+              "InstancesDistribution": {"OnDemandAllocationStrategy": "prioritized"}}
+    asg.create_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, MaxSize=4,
+                                  DesiredCapacity=0, AvailabilityZones=[A],
+                                  MixedInstancesPolicy=policy)
+    limit(sandbox_capacity, P5_A=0)
+    asg.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=1, DesiredCapacity=1)
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    overrides = group["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"]
+    assert [o["InstanceType"] for o in overrides] == [P5, P4D]
+    assert [i["InstanceType"] for i in group["Instances"]] == [P4D]  # the fallback launched

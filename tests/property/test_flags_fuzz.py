@@ -79,23 +79,25 @@ def test_the_walk_finds_the_options():
 @example(value=str(10**30))
 def test_numeric_flag(path, cmd, param, value, tmp_path_factory):
     flag = next(o for o in param.opts if o.startswith("--"))
-    arg = f"{flag}={value}"
+    # a placeholder for each required argument (e.g. `perf fit RESULT`): the flag is what fails
+    given = [*("placeholder" for p in cmd.params
+               if p.param_type_name == "argument" and p.required), f"{flag}={value}"]
     try:
-        ctx = cmd.make_context(" ".join(path), [arg])
+        ctx = cmd.make_context(" ".join(path), list(given))
     except Exception as e:  # a usage error (click's or poolctl's), or a traceback in waiting
         usage = hasattr(e, "format_message") or isinstance(e, PoolctlError)
         if not (usage and getattr(e, "exit_code", None) == 2):
             raise
     else:
         got = ctx.params[param.name]
-        assert isinstance(got, int | float) and not isinstance(got, bool), (arg, got)
+        assert isinstance(got, int | float) and not isinstance(got, bool), (given, got)
         most = MAX_SEED if param.name == "seed" else MAX_SANE
-        assert math.isfinite(got) and 0 <= got <= most, f"{arg} accepted as {got!r}"
+        assert math.isfinite(got) and 0 <= got <= most, f"{given} accepted as {got!r}"
         return
     # Refused: what the user sees is one line naming the flag.
     home = tmp_path_factory.mktemp("home")
-    r = inproc.run([*path, arg], env={**os.environ, "POOLCTL_HOME": str(home)},
+    r = inproc.run([*path, *given], env={**os.environ, "POOLCTL_HOME": str(home)},
                    cwd=Path(home), timeout=60)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1, (arg, r.returncode, r.stderr[-1000:])
-    assert lines[0].startswith("poolctl: ") and flag in lines[0], (arg, lines[0])
+    assert r.returncode == 2 and len(lines) == 1, (given, r.returncode, r.stderr[-1000:])
+    assert lines[0].startswith("poolctl: ") and flag in lines[0], (given, lines[0])

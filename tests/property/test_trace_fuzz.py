@@ -321,8 +321,9 @@ def cheap(tmp_path_factory):
     (the cap's logic is the same at 1,000,000, the generation 500 times cheaper)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(traces, "MAX_REQUESTS", 2_000)
-    mp.setattr("poolctl.capacity.run_pool", _stop)
-    mp.setattr("poolctl.capacity.recommend", _stop)
+    # where the commands bound the names (they import them at the top)
+    mp.setattr("poolctl.commands.simulate.run_pool", _stop)
+    mp.setattr("poolctl.commands.check.recommend", _stop)
     yield
     mp.undo()
 

@@ -469,3 +469,40 @@ def test_terraform_manages_no_scheduled_action(stacks):
             assert "aws_autoscaling_schedule" not in stack["json"].get("resource", {}), name
             asg = one(stack["json"], "aws_autoscaling_group")
             assert not {k for k in asg if "schedul" in k}, name
+# aws.fallback_instance_types: the group launches through a mixed instances policy over the
+# one launch template, On-Demand in the overrides' order (provider 6.25's names), and has
+# no warm pool (AWS refuses one beside the policy; the rule `fallback-types`).
+FALLBACKS = ["p4de.24xlarge", "p5.48xlarge"]
+
+
+@pytest.fixture(scope="module")
+def with_fallbacks(tmp_path_factory) -> dict:
+    text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
+        "    warm_pool:\n      replicas: 8\n", "    warm_pool:\n      replicas: 0\n").replace(
+        "    aws:\n", f"    aws:\n      fallback_instance_types: [{', '.join(FALLBACKS)}]\n"
+    ).replace("project: acme\n", "project: acme-fallback\n")
+    cfg = parse_config(text)
+    (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("fallback"))
+    return {"dir": d, "json": json.loads((d / "cdk.tf.json").read_text())}
+
+
+def test_fallback_types_as_a_mixed_instances_policy(with_fallbacks):
+    doc = with_fallbacks["json"]
+    asg, lt = one(doc, "aws_autoscaling_group"), one(doc, "aws_launch_template")
+    assert "launch_template" not in asg and "warm_pool" not in asg
+    mip = asg["mixed_instances_policy"]
+    spec = mip["launch_template"]["launch_template_specification"]
+    # The one launch template, at the version the group runs (pinned by a rollout).
+    assert re.fullmatch(r"\$\{aws_launch_template\.\w+\.id\}", spec["launch_template_id"])
+    assert "latest_version" in spec["version"]
+    assert lt["instance_type"] == "p4d.24xlarge"
+    assert mip["launch_template"]["override"] == [
+        {"instance_type": t} for t in ["p4d.24xlarge", *FALLBACKS]]
+    assert mip["instances_distribution"] == {
+        "on_demand_allocation_strategy": "prioritized", "on_demand_base_capacity": 0,
+        "on_demand_percentage_above_base_capacity": 100}
+
+
+def test_fallback_stack_passes_checkov_and_terraform_validate(with_fallbacks, tmp_path):
+    assert run_checkov(with_fallbacks["dir"]) == []
+    terraform_validate(with_fallbacks["dir"], tmp_path / "validate", "aws")

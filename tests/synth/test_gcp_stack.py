@@ -66,6 +66,7 @@ pools:
       network: projects/beta-host/global/networks/shared
       subnetwork: projects/beta-host/regions/us-east4/subnetworks/gpu
       certificate: beta-tls
+      capacity: {reservations: [a3-reserved-a, a3-reserved-b], reserved_nodes: 2}
 """
 
 
@@ -765,3 +766,14 @@ def test_autoscaler_leaves_scaling_schedules_to_the_runtime(stacks):
     a = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_region_autoscaler")
     assert "scaling_schedules" not in a["autoscaling_policy"]
     assert a["lifecycle"]["ignore_changes"] == ["autoscaling_policy[0].scaling_schedules"]
+def test_reservation_affinity_as_the_provider_names_it(stacks):
+    """gcp.capacity.reservations: specific names become the template's reservation_affinity
+    (google provider: type, specific_reservation {key, values}); the default (`any`, GCE's
+    own) writes nothing, so the examples' stacks are unchanged."""
+    named = one(doc_of(stacks, "beta-small-gcp"), "google_compute_instance_template")
+    assert named["reservation_affinity"] == {
+        "type": "SPECIFIC_RESERVATION",
+        "specific_reservation": {"key": "compute.googleapis.com/reservation-name",
+                                 "values": ["a3-reserved-a", "a3-reserved-b"]}}
+    plain = one(doc_of(stacks, "acme-chat-70b-gcp"), "google_compute_instance_template")
+    assert "reservation_affinity" not in plain

@@ -84,8 +84,9 @@ def test_whole_nodes_warning_names_the_rounding():
 
 
 def test_stopped_warm_pool_states_the_refill():
-    (f,) = by_check(findings(pool_yaml()), "warm-state", "info")
-    assert "lose their local NVMe" in f.message and "141 GB" in f.message
+    refill, hoped = by_check(findings(pool_yaml()), "warm-state", "info")
+    assert "lose their local NVMe" in refill.message and "141 GB" in refill.message
+    assert "hoped for, not held" in hoped.message  # tests/unit/test_capacity_held.py
 
 
 def test_running_warm_pool_has_no_refill_note():
@@ -164,7 +165,8 @@ def test_every_check_has_a_test_above():
               "rollout-checkpoints", "region-offered", "nvme-holds-weights", "whole-nodes",
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
               "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
-              "sticky-per-node"}
+              "sticky-per-node",
+              "fallback-types"}  # fallback-types: tests/unit/test_capacity_fallback.py
     assert {c.id for c in CHECKS} <= tested
 
 

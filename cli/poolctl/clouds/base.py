@@ -27,7 +27,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
-from poolctl.sizing import PoolPlan
+from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity
 from poolctl.terraform import Terraform
 from poolctl.windows import Window
 
@@ -187,6 +187,15 @@ class LaunchFailure:
     code: str  # the cloud's code: InsufficientInstanceCapacity, ZONE_RESOURCE_POOL_EXHAUSTED
     at: str  # ISO time
     message: str = ""
+    # The VM that waits to be created (GCE keeps it, CREATING, while it retries); empty on
+    # AWS, where a failed launch leaves no instance.
+    instance: str = ""
+
+
+def is_stopped_warm(n: NodeState) -> bool:
+    """A warm node that is not running (AWS Warmed:Stopped, a stopped GCE standby VM): it
+    has given its capacity back."""
+    return n.phase == "warm" and n.state != "Warmed:Running"
 
 
 @dataclass
@@ -200,6 +209,16 @@ class PoolStatus:
     queue_per_replica: float | None
     # Launches the group could not make since its last successful one (capacity, mostly).
     capacity_failures: list[LaunchFailure] = field(default_factory=list)
+    # What the reservations hold, from the file (capacity.reserved_nodes): status asks the
+    # cloud for no reservation.
+    reserved_nodes: int = 0
+
+    def held(self) -> HeldCapacity:
+        """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
+        (stopped warm nodes beyond it: their start is a new launch)."""
+        stopped = sum(1 for n in self.nodes if is_stopped_warm(n))
+        up = sum(1 for n in self.nodes if n.phase != "terminating" and not is_stopped_warm(n))
+        return held_capacity(up, stopped, self.reserved_nodes)
     # Launch windows still to end (`warm --from`), over the minimum kept before them.
     windows: list[Window] = field(default_factory=list)
     windows_kept_min: int | None = None
@@ -223,6 +242,7 @@ class PoolStatus:
             "queue_per_replica": self.queue_per_replica,
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
+            "capacity": asdict(self.held()),
             "windows": [{"id": w.id, "nodes": w.nodes,
                          "replicas": w.nodes * self.replicas_per_node,
                          "start": w.start.isoformat(timespec="seconds") if w.start else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -205,6 +206,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
          auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
          json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
 
+    started = time.time()
     check_out(out)
     ctx = resolve_targets(file, pool, cloud, sandbox)
     cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, list(ctx.targets)
@@ -223,14 +225,36 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         before_apply=None if destroy else deploy_before_apply(tgts),
     )
     leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
+    failing = [] if destroy else _launches_failing(cfg, tgts, results, endpoints, started)
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
-                   **({"deleted_templates": leftovers} if leftovers else {})})
-        return
-    for r in results:
-        if r.outputs:
-            for k, v in r.outputs.items():
-                sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+                   **({"deleted_templates": leftovers} if leftovers else {}),
+                   **({"launches_failing": failing} if failing else {})})
+    else:
+        for r in results:
+            if r.outputs:
+                for k, v in r.outputs.items():
+                    sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+    if failing:
+        from poolctl.errors import OperationFailed
+
+        for line in failing[:-1]:
+            sys.stderr.write(f"poolctl: {line}\n")
+        raise OperationFailed(failing[-1])
+
+
+def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult],
+                      endpoints: CloudEndpoints, started: float) -> list[str]:
+    """Applied pools whose group could not launch since the deploy began: the apply does not
+    wait for nodes, so this one look says it instead of a pool that silently never grows."""
+    from poolctl import runtime
+
+    out = []
+    for t, r in zip(tgts, results, strict=True):
+        if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(
+                t.cloud, endpoints), started)):
+            out.append(line)
+    return out
 
 
 def _kept_versions(cfg: Config, tgts: list[Target], results: list[StackResult],

@@ -53,18 +53,21 @@ def _render(reports: list[CapacityReport]) -> None:
                         f"beyond them: {beyond}")
 
 
-def _problem(r: CapacityReport) -> str | None:
+def capacity_problem(r: CapacityReport) -> str | None:
     offered = [z.zone for z in r.zones if z.offered]
     if not offered:
         zones = ", ".join(z.zone for z in r.zones)
+        where = "aws.network" if r.cloud == "aws" else "gcp.zones"
         return (f"{r.pool}/{r.cloud}: no zone of the placement ({zones}) offers "
-                f"{r.instance_type}; choose zones that do (aws.network)")
+                f"{r.instance_type}; choose zones that do ({where})")
     if r.ok:
         return None
     return (f"{r.pool}/{r.cloud}: reservations-only: the peak of {r.needs['peak']} node(s) "
             f"needs {r.beyond['peak']} beyond the {r.held} the reservations hold in "
             f"{', '.join(offered)}; reserve {r.beyond['peak']} more {r.instance_type} there, or "
-            "set aws.capacity.preference: reservations-first")
+            + ("set aws.capacity.preference: reservations-first" if r.cloud == "aws" else
+               "set gcp.capacity.reservations: any (specific reservations create no VM "
+               "beyond them)"))
 
 
 @app.command("check")
@@ -86,7 +89,7 @@ def check(
                          "--cloud aws")
     reports = [ops.capacity_report(ctx.cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
                for t in ctx.targets]
-    problems = [m for r in reports if (m := _problem(r))]
+    problems = [m for r in reports if (m := capacity_problem(r))]
     if json_out:
         emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})
     else:

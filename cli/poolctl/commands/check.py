@@ -248,6 +248,7 @@ def render_plans(plans: list[PoolPlan]) -> None:
             ("cost per hour", f"${p.cost_per_hour_usd['min']:,.2f} min, "
                               f"${p.cost_per_hour_usd['max']:,.2f} max "
                               f"(${p.price_per_node_hour_usd:,.2f}/node)"),
+            *_capacity_rows(p),
             ("power", "-" if p.power_kw is None else
              f"{p.power_kw['min']:,.1f} kW min, {p.power_kw['max']:,.1f} kW max (at the "
              "node's maximum system power)"),
@@ -260,6 +261,19 @@ def render_plans(plans: list[PoolPlan]) -> None:
         for k, v in rows:
             t.add_row(k, v)
         out.print(t)
+
+
+def _capacity_rows(p: PoolPlan) -> list[tuple[str, str]]:
+    """Held vs hoped-for capacity and the fixed/marginal split of the cost."""
+    h, c = p.capacity, p.cost_split_usd
+    if h is None or c is None:
+        return []
+    idle = (f", {c.reserved_idle_nodes} of them reserved and idle at the minimum (scaling "
+            "into them costs nothing more)" if c.reserved_idle_nodes else "")
+    cost = (f"${c.fixed_per_hour:,.2f}/h fixed ({c.fixed_nodes} node(s){idle}); "
+            f"${c.marginal_per_node_hour:,.2f}/h per On-Demand node beyond, "
+            f"${c.marginal_at_max_per_hour:,.2f}/h more at max")
+    return [("capacity", h.words()), ("cost fixed / marginal", cost)]
 
 
 def _node_image(img: NodeImage | None, cloud: Cloud) -> str:

@@ -108,6 +108,8 @@ def warm(
     result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
                           exact=exact)
     sys.stderr.write(result.message + "\n")
+    if result.capacity_line:
+        sys.stderr.write(result.capacity_line + "\n")
     if wait and result.mode != "reset":
         result.wait = runtime.wait_warm(cfg, p, c, ctx.ops, result, timeout, ctx.hint())
     if json_out:
@@ -237,6 +239,7 @@ def status(
                                    for k, v in n.items() if v or k in ("in_service", "warm")))
         if s.rollout:
             con.print(f"  rollout {s.rollout.id}: {runtime.rollout_words(s.rollout)}")
+        con.print(f"  capacity: {s.held().words()}", soft_wrap=True)
         if s.capacity_failures:
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
         for w in s.windows:

@@ -182,6 +182,9 @@ def status(
         for cp in data["checkpoints"]))
     if r.get("step") is not None:
         con.print(f"  step: {r['step']}%")
+    if data["paused"]:
+        con.print(f"  paused: {data['paused']}; the nodes not replaced yet keep serving",
+                  markup=False, soft_wrap=True)
     for v in r.get("versions") or []:  # rollouts poolctl steps itself (GCP canaries)
         target = "" if v["target"] is None else f" of {v['target']} wanted"
         con.print(f"  {v['name']} {v['template']}: {v['nodes']} node(s){target}, "

@@ -221,8 +221,13 @@ def render(s: dict[str, Any]) -> None:
          f"{s['slo']['tpot_p90_s']} s: {'met' if s['slo']['tpot_met'] else 'MISSED'}"),
         ("goodput", f"{s['slo']['goodput']:.1%} of requests meet every SLO"),
         ("node-hours, cost", f"{cost['node_hours']:.2f}, ${cost['usd']:,.2f} (fixed "
-                             f"${cost['fixed_usd']:,.2f}, scaled ${cost['marginal_usd']:,.2f})"),
-        ("USD per 1M output tokens", _usd(cost["usd_per_1m_output_tokens"])),
+                             f"${cost['fixed_usd']:,.2f}, marginal ${cost['marginal_usd']:,.2f})"),
+        ("cost per hour fixed / marginal",
+         f"{_usd(cost['fixed_usd_per_hour'], 2)} / {_usd(cost['marginal_usd_per_hour'], 2)}"
+         + (f" ({cost['reserved_nodes']} node(s) reserved)" if cost["reserved_nodes"] else "")),
+        ("USD per 1M output tokens", f"{_usd(cost['usd_per_1m_output_tokens'])} (fixed "
+         f"{_usd(cost['fixed_usd_per_1m_output_tokens'])}, marginal "
+         f"{_usd(cost['marginal_usd_per_1m_output_tokens'])})"),
         ("USD per request", _usd(cost["usd_per_request"], 5)),
         ("energy, per 1M output tokens", _energy(s["energy"])),
         ("prefix cache hit rate", _prefix(s["prefix_cache"])),

@@ -30,6 +30,34 @@ MAX_NODES = Var(
     "time (autoscaling never goes above max_replicas outside one).")
 
 
+# A pool with fallback types launches On-Demand in the overrides' order: the primary type,
+# then each fallback, the first with capacity ("prioritized", the Auto Scaling API
+# reference's InstancesDistribution).
+ON_DEMAND_ALLOCATION = "prioritized"
+
+
+def launch_types(pool: Pool) -> list[str]:
+    """The types the group launches, in order; more than one: a mixed instances policy."""
+    assert pool.aws is not None  # asked for the pool's aws placement
+    return [pool.aws.instance_type, *pool.aws.fallback_instance_types]
+
+
+def mixed_instances_policy(pool: Pool, template_id: str, version: str) -> dict[str, Any]:
+    """The group's MixedInstancesPolicy in the Auto Scaling API's shape (what an instance
+    refresh's DesiredConfiguration carries: giving only a launch template would drop the
+    policy and with it the fallbacks)."""
+    return {
+        "LaunchTemplate": {
+            "LaunchTemplateSpecification": {"LaunchTemplateId": template_id,
+                                            "Version": version},
+            "Overrides": [{"InstanceType": t} for t in launch_types(pool)],
+        },
+        "InstancesDistribution": {"OnDemandAllocationStrategy": ON_DEMAND_ALLOCATION,
+                                  "OnDemandBaseCapacity": 0,
+                                  "OnDemandPercentageAboveBaseCapacity": 100},
+    }
+
+
 def refresh_percentages(desired: int, surge_nodes: int, no_surge: bool = False
                         ) -> tuple[int, int]:
     """(min, max) healthy percentage of an instance refresh for a group of `desired` nodes.

@@ -71,6 +71,7 @@ from poolctl.runtime.status import (
 from poolctl.runtime.warm import (
     WarmResult,
     deploy_keeps,
+    deploy_launches,
     deploy_quota,
     load_warm_record,
     running_nodes,
@@ -103,6 +104,7 @@ __all__ = [
     "cleanup_versions",
     "deploy_before_apply",
     "deploy_keeps",
+    "deploy_launches",
     "deploy_quota",
     "edit_scalar",
     "get_ops",

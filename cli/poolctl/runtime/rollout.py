@@ -19,18 +19,20 @@ from poolctl.clouds.base import (
     CancelsRollouts,
     CloudOps,
     Group,
+    LaunchFailure,
     QuotaLine,
     RolloutState,
     RolloutStatus,
     RollsBackRollouts,
     StepsRollouts,
+    failures_line,
 )
 from poolctl.clouds.registry import get_ops
 from poolctl.config import Config, Pool, Target, load_config, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
 from poolctl.home import write_private
 from poolctl.progress import Progress, log
-from poolctl.runtime.common import ROLLOUT_DONE_OK, poll_interval
+from poolctl.runtime.common import ROLLOUT_DONE_OK, poll_interval, stalled_launches
 from poolctl.runtime.fileedit import (
     NODE_IMAGE_KEYS,
     ROLLOUT_KEYS,
@@ -334,6 +336,17 @@ def _progress_line(pool: Pool, s: RolloutState) -> str:
     return f"{pool.name}: rollout {rollout_words(s)}"
 
 
+def paused_line(pool: Pool, s: RolloutState, failed: list[LaunchFailure], keeps: str,
+                hint: str) -> str:
+    """A rollout whose replacement cannot launch: it holds where it stands (the nodes not
+    replaced yet keep serving) and goes on when capacity returns."""
+    return (f"{pool.name}: rollout {s.id} paused at {s.percentage_complete:g}%: a replacement "
+            f"cannot launch: {failures_line(failed)}; the nodes not replaced yet keep serving; "
+            f"it {keeps} and goes on when capacity returns: free or reserve capacity "
+            f"(`poolctl capacity check`), or stop it with "
+            f"`{hint.replace(' status ', ' cancel ', 1)}`")
+
+
 def _final_line(pool: Pool, s: RolloutState) -> str:
     outcome = {
         RolloutStatus.successful: f"every node runs {s.to_version or 'the new version'}",
@@ -370,6 +383,8 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
     group = ops.find_group(cfg, pool)
     rec = load_record(cfg, pool, cloud)
     t0 = time.monotonic()
+    # The rollout's apply launched just before the wait: its failures count from earlier.
+    wall0 = time.time() - 30
     seen: list[dict[str, Any]] = []
     last = None
     interval = poll_interval(ops.endpoints)
@@ -401,6 +416,9 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
                     cleanup_versions(ops, group, pool)
                 log(_final_line(pool, s))
                 return s, seen
+            if failed := stalled_launches(ops, group, pool, cloud, wall0):
+                progress.stop()
+                raise OperationFailed(paused_line(pool, s, failed, keeps, hint))
             if time.monotonic() - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: rollout {s.id} is still "
@@ -486,10 +504,16 @@ def rollout_status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
             checkpoints.append({"percentage": c, "reached": bool(
                 s.checkpoint_reached and c <= s.checkpoint_reached)
                 or s.status == RolloutStatus.successful})
+    # A rollout in flight whose replacements cannot launch holds where it stands: say why.
+    failed = (stalled_launches(ops, group, pool, cloud, time.time() - 3600)
+              if s is not None and not s.done else [])
     return {"pool": pool.name, "cloud": cloud, "group": group.name,
             "group_version": group.version,
             "rollout": asdict(s) if s else None, "checkpoints": checkpoints,
-            "record": rec.to_json() if rec else None}
+            "record": rec.to_json() if rec else None,
+            "paused": (f"a replacement cannot launch: {failures_line(failed)}" if failed
+                       else None),
+            "capacity_failures": [asdict(f) for f in failed]}
 
 
 def rollout_cancel(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> RolloutState:

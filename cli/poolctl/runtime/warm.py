@@ -18,7 +18,6 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
-    ReportsLaunchFailures,
     SchedulesWindows,
     failures_line,
 )
@@ -26,9 +25,16 @@ from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import poolctl_home, write_private
 from poolctl.progress import Progress, log
-from poolctl.runtime.common import poll_interval
+from poolctl.runtime.common import poll_interval, stalled_launches
 from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
-from poolctl.sizing import PoolPlan, nodes_for, plan_pool
+from poolctl.sizing import (
+    HeldCapacity,
+    PoolPlan,
+    held_capacity,
+    nodes_for,
+    plan_pool,
+    reserved_nodes,
+)
 
 # ---------------------------------------------------------------------------------------
 # Warm
@@ -54,6 +60,9 @@ class WarmResult:
     # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
     # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
     spare: dict[str, dict[str, int]] = field(default_factory=dict)
+    # After the change: capacity held vs hoped for (stopped warm nodes without reserved room).
+    capacity: HeldCapacity | None = None
+    capacity_line: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +115,13 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     if reset and (running or replicas is not None or exact):
         raise UsageError("--reset: give it alone (it returns to the file's sizes), "
                          "without --replicas, --running or --exact")
+    placement = pool.placement(cloud)
+    if not running and not reset and placement is not None and placement.fallback_types:
+        # PutWarmPool refuses a group with a mixed instances policy (docs/cloud-facts.md).
+        raise UsageError(
+            f"--replicas without --running: pool {pool.name!r} grows on fallback types "
+            "(aws.fallback_instance_types), so its group has a mixed instances policy and "
+            "AWS gives it no warm pool; use --running (spare nodes in service)")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
@@ -155,6 +171,13 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                 "kept: warm never lowers spare capacity, --exact or --reset does)")
     if mode == "reset":  # from now on `deploy` applies the file's sizes
         warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
+    result.capacity = held_capacity(
+        running_nodes(new_min, after_desired, new_warm, warm_running),
+        0 if warm_running else new_warm, reserved_nodes(pool, cloud))
+    if result.capacity.hoped_nodes and mode != "reset":
+        # Said where it matters: stopped warm nodes a launch may not get back.
+        result.capacity_line = (f"{pool.name}: capacity: {result.capacity.words()}; "
+                                "`--running` holds it")
     if not changed:
         result.message = f"{pool.name}: already at {label}{kept}; nothing changed"
         if mode != "reset" and not load_warm_record(cfg, pool, cloud):
@@ -238,6 +261,23 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     return (env, lines) if lines else ({}, [])
 
 
+def deploy_launches(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+                    since_wall: float) -> str | None:
+    """After `deploy`'s apply: the one line naming launches the group failed since the
+    deploy began, with nothing in flight (the apply does not wait for nodes, so this is
+    its one look); None when there are none."""
+    try:
+        group = ops.find_group(cfg, pool)
+    except OperationFailed:
+        return None  # nothing deployed to look at (a plan-only run, a refused apply)
+    failed = stalled_launches(ops, group, pool, cloud, since_wall)
+    if not failed:
+        return None
+    return (f"{pool.name}/{cloud}: launches failing: {failures_line(failed)}; the group "
+            "retries when capacity returns: free or reserve capacity (`poolctl capacity "
+            "check`), or try later; watch with `poolctl status`")
+
+
 def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[str]:
     """One line per quota the pool's peak needs fall short of, before `deploy` applies."""
     return [shortfall_line(ln) for ln in quota_check(cfg, pool, cloud, ops) if ln.shortfall > 0]
@@ -257,10 +297,6 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
     t0 = time.monotonic()
     # `warm` launched just before the wait began; its failures count from a little earlier.
     wall0 = time.time() - 30
-    failures = ops if isinstance(ops, ReportsLaunchFailures) else None
-    placement = pool.placement(cloud)
-    assert placement is not None  # a target of the pool's own placements
-    type_name = placement.type_name
     first_seen: dict[str, float] = {}
     ready: dict[str, float] = {}
     already: set[str] | None = None
@@ -294,15 +330,12 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
             # Launches that failed since the wait began, none working after them, nothing
             # still in flight: the group will not grow by waiting (AWS retries, but only
             # when capacity returns); say why now rather than at the timeout.
-            if pending == 0 and failures is not None:
-                failed = failures.launch_failures(group, type_name,
-                                                  since_s=time.time() - wall0)
-                if failed:
-                    raise OperationFailed(
-                        f"{pool.name}: {failures_line(failed)}; {len(done_ids)} of {target} "
-                        f"node(s) {phase.replace('_', ' ')}; the group retries when capacity "
-                        "returns: free or reserve capacity (`poolctl capacity check`), or "
-                        f"try later; watch with `{hint}`")
+            if failed := stalled_launches(ops, group, pool, cloud, wall0, nodes):
+                raise OperationFailed(
+                    f"{pool.name}: {failures_line(failed)}; {len(done_ids)} of {target} "
+                    f"node(s) {phase.replace('_', ' ')}; the group retries when capacity "
+                    "returns: free or reserve capacity (`poolctl capacity check`), or "
+                    f"try later; watch with `{hint}`")
             if now - t0 >= timeout:
                 raise OperationFailed(
                     f"{pool.name}: --timeout {timeout:g} s: {len(done_ids)} of {target} node(s) "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from cdktf import Op, TerraformVariable
 from constructs import Construct
@@ -23,6 +24,28 @@ from poolctl_stacks.literal import hcl_quoted
 # one preference (open | none) or one target, so the list of ids lives on the group.
 _GROUP_PREFERENCE = {"reservations-first": "capacity-reservations-first",
                      "reservations-only": "capacity-reservations-only"}
+
+
+def launch_kw(asg: Any, pool: Pool, template_id: str, version: str) -> dict[str, Any]:
+    """The group's launch template, or with fallback types a mixed instances policy over it
+    (provider 6.25's names; the runtime passes the same policy to an instance refresh:
+    poolctl.contract.aws.mixed_instances_policy)."""
+    types = contract.launch_types(pool)
+    if len(types) == 1:
+        return {"launch_template": {"id": template_id, "version": version}}
+    return {"mixed_instances_policy": asg.AutoscalingGroupMixedInstancesPolicy(
+        launch_template=asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplate(
+            launch_template_specification=(
+                asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecification(
+                    launch_template_id=template_id, version=version)),
+            override=[asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
+                instance_type=t) for t in types],
+        ),
+        instances_distribution=asg.AutoscalingGroupMixedInstancesPolicyInstancesDistribution(
+            on_demand_allocation_strategy=contract.ON_DEMAND_ALLOCATION,
+            on_demand_base_capacity=0, on_demand_percentage_above_base_capacity=100,
+        ),
+    )}
 
 
 def capacity_reservation_specs(cap: AwsCapacity) -> tuple[dict[str, str] | None,
@@ -279,7 +302,7 @@ class NodeGroup(Construct):
             vpc_zone_identifier=subnet_ids, target_group_arns=[lb.tg.arn],
             health_check_type="ELB", health_check_grace_period=cold,
             default_instance_warmup=cold,
-            launch_template={"id": self.lt.id, "version": lt_version},
+            **launch_kw(asg, pool, self.lt.id, lt_version),
             # Nodes start serving only once the boot script completes this hook.
             initial_lifecycle_hook=[asg.AutoscalingGroupInitialLifecycleHook(
                 name=naming.LIFECYCLE_HOOK,

@@ -4,6 +4,7 @@ the internal Application Load Balancer in front of it."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from cdktf import (
     Op,
@@ -16,7 +17,7 @@ from constructs import Construct
 from poolctl import naming
 from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.catalog import InstanceType
-from poolctl.config import Pool
+from poolctl.config import GcpCapacity, Pool
 from poolctl.contract import gcp as contract
 from poolctl.contract.gcp import MigSizes
 from poolctl.sizing import PoolPlan, gcp_zones
@@ -54,6 +55,22 @@ def image_lookup(image: str, project: str) -> dict[str, str]:
 def boot_disk_type(machine_type: str) -> str:
     return "hyperdisk-balanced" if machine_type.startswith(HYPERDISK_ONLY_PREFIXES) else "pd-ssd"
 
+
+
+def reservation_affinity(t: Any, cap: GcpCapacity) -> dict[str, Any]:
+    """The instance template's reservation_affinity; nothing for GCE's default (ANY), so a
+    pool without gcp.capacity synthesizes as before."""
+    if cap.reservations == "any":
+        return {}
+    if cap.reservations == "none":
+        return {"reservation_affinity": t.ComputeInstanceTemplateReservationAffinity(
+            type="NO_RESERVATION")}
+    # The key GCE matches a specific reservation by (Compute API reference,
+    # instances: reservationAffinity).
+    return {"reservation_affinity": t.ComputeInstanceTemplateReservationAffinity(
+        type="SPECIFIC_RESERVATION",
+        specific_reservation=t.ComputeInstanceTemplateReservationAffinitySpecificReservation(
+            key="compute.googleapis.com/reservation-name", values=cap.names))}
 
 class NodeGroup(Construct):
     def __init__(self, scope: Construct, id: str, *, pool: Pool, row: InstanceType,
@@ -127,6 +144,7 @@ class NodeGroup(Construct):
             },
             tags=[node_tag],
             labels=labels,
+            **reservation_affinity(t, p.capacity),
             # A new template per change (name_prefix: a fresh name per content version),
             # created before the old one goes. Terraform would then delete the old one,
             # which the MIG still runs (its versions are poolctl's, see below) and the

@@ -52,8 +52,11 @@ def refresh_state(r: dict[str, Any], group_version: str = "") -> RolloutState:
     forward = not status.startswith(("Rollback", "Cancel"))
     reached = [c for c in cps if c <= live_pct] if forward else []
     rb = r.get("RollbackDetails") or {}
-    to = str(((r.get("DesiredConfiguration") or {}).get("LaunchTemplate") or {}
-              ).get("Version", group_version))
+    desired = r.get("DesiredConfiguration") or {}
+    spec = (desired.get("LaunchTemplate")
+            or ((desired.get("MixedInstancesPolicy") or {}).get("LaunchTemplate") or {}
+                ).get("LaunchTemplateSpecification") or {})
+    to = str(spec.get("Version", group_version))
     return RolloutState(
         id=r["InstanceRefreshId"], cloud_status=status, done=status in REFRESH_DONE,
         status=REFRESH_STATUS.get(status, RolloutStatus.failed if status in REFRESH_DONE
@@ -108,8 +111,11 @@ class InstanceRefreshes(AwsApi, CancelsRollouts, RollsBackRollouts):
         prefs = contract.refresh_api_preferences(pool, plan, desired=group.desired_nodes,
                                                  no_surge=no_surge)
         asg = self.client("autoscaling", group.region)
-        desired = {"LaunchTemplate": {"LaunchTemplateId": group.template,
-                                      "Version": str(latest)}}
+        desired: dict[str, Any] = (
+            {"MixedInstancesPolicy": contract.mixed_instances_policy(pool, group.template,
+                                                                     str(latest))}
+            if len(contract.launch_types(pool)) > 1 else
+            {"LaunchTemplate": {"LaunchTemplateId": group.template, "Version": str(latest)}})
         with self.call(f"autoscaling:StartInstanceRefresh {group.name}"):
             rid = asg.start_instance_refresh(
                 AutoScalingGroupName=group.name, Strategy="Rolling",

@@ -31,7 +31,9 @@ from poolctl.clouds.base import (
     address_order,
 )
 from poolctl.clouds.gcp.api import link_name, link_zone
+from poolctl.clouds.gcp.capacity import GcpReservations
 from poolctl.clouds.gcp.inventory import GcpInventory
+from poolctl.clouds.gcp.launches import MigCapacity
 from poolctl.clouds.gcp.mig import mig_ref, node_phase
 from poolctl.clouds.gcp.quota import GcpQuotas
 from poolctl.clouds.gcp.rollout import CanaryRollouts
@@ -66,8 +68,8 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
     return [(ip, *found[ip]) for ip in sorted(found, key=address_order)]
 
 
-class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, CloudOps,
-             PublishesQueueMetric):
+class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
+             GcpReservations, CloudOps, PublishesQueueMetric):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 

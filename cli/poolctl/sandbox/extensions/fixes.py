@@ -7,6 +7,8 @@
   version for every one).
 - CreateLaunchTemplateVersion stores UserData as moto's CreateLaunchTemplate does (moto kept
   a plain string, and launching from that version failed an assertion: HTTP 500).
+- UpdateAutoScalingGroup without a launch template or mixed instances policy keeps the
+  group's mixed instances policy (moto dropped it on every update, e.g. a new MinSize).
 - CreateAutoScalingGroup on an existing name is AlreadyExists (moto replaced the group), and
   DeleteAutoScalingGroup deletes the group's lifecycle hooks and scaling policies, as AWS
   does (moto kept them, so a new group of the same name inherited them).
@@ -42,6 +44,7 @@ NAMES = (
     "moto-fixes.launch-template-tag-specifications",
     "moto-fixes.security-group-rule-description",
     "moto-fixes.group-create-delete",
+    "moto-fixes.update-keeps-mixed-instances-policy",
 )
 
 
@@ -179,6 +182,25 @@ def install() -> None:
     LaunchTemplates.create_launch_template_version = _wrap_create_launch_template_version(  # type: ignore[method-assign]  # moto extension: wrapped
         LaunchTemplates.create_launch_template_version)
     SecurityGroupRule.description = property(_rule_description)  # type: ignore[method-assign,assignment]  # moto extension: a property replaced
+
+    orig_update = AutoScalingBackend.update_auto_scaling_group
+
+    def update_auto_scaling_group(self: Any, name: str, *args: Any, **kw: Any) -> Any:
+        # Only a request naming a launch template, configuration or policy changes it; the
+        # group's policy is in place before the update launches anything.
+        group = self.autoscaling_groups.get(name)
+        if (group is not None and group.mixed_instances_policy
+                and not kw.get("mixed_instances_policy") and not kw.get("launch_template")
+                and not kw.get("launch_config_name")):
+            policy = copy.deepcopy(group.mixed_instances_policy)
+            # As stored, the spec names the template by id and name; a request gives one.
+            spec = policy["LaunchTemplate"]["LaunchTemplateSpecification"]
+            if spec.get("LaunchTemplateId"):
+                spec.pop("LaunchTemplateName", None)
+            kw["mixed_instances_policy"] = policy
+        return orig_update(self, name, *args, **kw)
+
+    AutoScalingBackend.update_auto_scaling_group = update_auto_scaling_group  # type: ignore[method-assign]  # moto extension: the policy kept
 
     orig_delete = AutoScalingBackend.delete_auto_scaling_group
 
