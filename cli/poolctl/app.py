@@ -8,7 +8,9 @@ stay fast.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,10 +215,8 @@ def _usage_line(e: Exception, message: str) -> str:
 def _internal_error(e: BaseException) -> None:
     """The last net: an exception no command turned into a line is a bug of poolctl. The
     user gets one line and exit 70 (EX_SOFTWARE); the traceback with --debug."""
-    import os
 
     if _debug[0] or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-        import traceback
 
         traceback.print_exception(e, file=sys.stderr)
     first = (str(e).strip().splitlines() or [""])[0][:300]

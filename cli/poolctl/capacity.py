@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from poolctl.cloud import Cloud
 from poolctl.errors import OperationFailed
-from poolctl.servingmodel import ReplicaModel, replica_model
+from poolctl.servingmodel import ReplicaModel, at_tp, replica_model
 from poolctl.simulate import (
     AWS_SCALE_IN_COOLDOWN_S,
     Autoscale,
@@ -142,23 +142,28 @@ def monotone_percentile(sorted_xs: list[int], f: Callable[[int], float], q: floa
     return a + (b - a) * (pos - lo)
 
 
-def ttft_floor(m: ReplicaModel, trace: Trace) -> Floor:
+def ttft_floor(m: ReplicaModel, trace: Trace,
+               transfer_s: Callable[[int], float] | None = None) -> Floor:
     """The lowest TTFT p90 possible for `trace` on replicas of `m`: the p90 of each served
     request's prefill compute floor. Every TTFT is at least its floor, so the p90 of the TTFTs
     is at least the p90 of the floors; with a replica per request in flight each request
-    gets its floor, so it is reached as the replicas grow."""
+    gets its floor, so it is reached as the replicas grow. `transfer_s`: a disaggregated
+    replica's KV hand-off of a prompt, which its TTFT waits for (it grows with the prompt)."""
     limit = m.max_model_len
     lens = [(max(1, i), max(1, o)) for i, o in zip(trace.inputs, trace.outputs, strict=True)]
     prompts = sorted(i for i, o in lens if i + o <= limit)
     p90_prompt = percentile([float(p) for p in prompts], 0.9)
     # The floor grows with the prompt, so the floors sort as the prompts do: their p90 needs
     # only the floors of the two prompts it interpolates between.
-    p90_floor = monotone_percentile(prompts, m.ttft_floor_s, 0.9)
+    def floor(x: int) -> float:
+        return m.ttft_floor_s(x) + (0.0 if transfer_s is None else transfer_s(x))
+
+    p90_floor = monotone_percentile(prompts, floor, 0.9)
     return Floor(
         served=len(prompts), over_max_model_len=len(lens) - len(prompts),
         shortest=min(i + o for i, o in lens),
         p90_prompt=math.nan if p90_prompt is None else p90_prompt,
-        p90_prompt_floor_s=math.nan if p90_prompt is None else m.ttft_floor_s(round(p90_prompt)),
+        p90_prompt_floor_s=math.nan if p90_prompt is None else floor(round(p90_prompt)),
         ttft_p90_floor_s=math.nan if p90_floor is None else p90_floor,
     )
 
@@ -170,14 +175,13 @@ def _unreachable(pool: Pool, cloud: Cloud, m: ReplicaModel, trace: Trace, fl: Fl
     slo = pool.slo.ttft_p90_s
     need = math.ceil(fl.ttft_p90_floor_s * 100) / 100
     helps = [f"raise slo.ttft_p90_s to at least {need:g} s" + _nearest(pool, cloud, trace, fl)]
-    # The same replica at a higher TP (this pool's efficiency factors, the weights and the KV
-    # cache split over more GPUs): the first that brings the floor under the SLO, or TP 8's.
+    # The pool at a higher TP, built as the file would be (that TP's fitted factors, the
+    # weights and the KV cache split over more GPUs): the first that brings the floor under
+    # the SLO, or TP 8's.
     tp, better = m.tp, None
     for t in (2, 4, 8):
         if tp < t <= gpus_per_node:
-            k = tp / t
-            mt = replace(m, tp=t, weights_bytes_per_gpu=m.weights_bytes_per_gpu * k,
-                         kv_bytes_per_token_per_gpu=m.kv_bytes_per_token_per_gpu * k)
+            mt = replica_model(at_tp(pool, t), cloud)
             better = (t, ttft_floor(mt, trace).ttft_p90_floor_s)
             if better[1] <= slo:
                 break

@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,6 @@ SYNTH_KEY_FILE = ".poolctl-synth-key"
 def synth_key(cfg: Config, targets: list[Target]) -> str:
     """What a synthesized stack depends on: the parsed config, the targets, poolctl's own
     code and data (stacks, boot templates, catalog) and the generator's versions."""
-    from importlib import metadata
 
     h = hashlib.sha256(cfg.model_dump_json().encode())
     h.update(repr([(t.pool.name, t.cloud) for t in targets]).encode())

@@ -20,12 +20,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import jinja2
 
 from poolctl import naming
 from poolctl.adaptors.aws import botocore_exceptions
@@ -73,7 +76,6 @@ def hcl_string(value: Any) -> str:
 
 @cache
 def environment() -> jinja2.Environment:
-    import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.ChoiceLoader([jinja2.PackageLoader("poolctl", "packer"),
@@ -382,7 +384,6 @@ class BuildResult:
     files: dict[str, str] | None = None  # the rendered files, with --dry-run
 
     def to_json(self) -> dict[str, Any]:
-        from dataclasses import asdict
 
         return asdict(self)
 
@@ -638,7 +639,6 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep
 
 
 def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
-    import uuid
 
     ops = make_gcp_ops(endpoints)
     what = f"delete image {row.name}"

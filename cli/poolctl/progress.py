@@ -42,9 +42,9 @@ class Progress:
 
     def start(self) -> Progress:
         if self.live and self._bar is None:
-            from rich.console import Console
-            from rich.progress import Progress as Bar
-            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.console import Console  # noqa: PLC0415 (rich on a terminal only)
+            from rich.progress import Progress as Bar  # noqa: PLC0415 (rich on a terminal only)
+            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 (rich on a terminal only)
 
             self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"),
                             TimeElapsedColumn(), transient=True, refresh_per_second=4,

@@ -27,7 +27,7 @@ import math
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from poolctl.capacity import (
@@ -43,11 +43,11 @@ from poolctl.capacity import (
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool, Target
-from poolctl.errors import OperationFailed
+from poolctl.errors import OperationFailed, UsageError
 from poolctl.rules import errors, run_checks
-from poolctl.servingmodel import replica_model
+from poolctl.servingmodel import replica_model, topology
 from poolctl.simulate import SimSummary, json_safe, summary
-from poolctl.sizing import plan_pool
+from poolctl.sizing import nodes_for, plan_pool
 from poolctl.traces import Trace
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
@@ -59,6 +59,13 @@ MAX_NUM_BATCHED_TOKENS = (2048, 8192)
 # Longer max_model_len values tried when the trace holds requests over the file's.
 LONGER_LENS = 3
 AGGREGATED = "aggregated"
+DISAGG_NODE, DISAGG_CROSS = "disagg-node", "disagg-cross"
+# A disaggregated replica splits P:D GPUs, each side a TP degree (1, 2, 4, 8) and P + D
+# dividing the node's 8: only even splits (1:1, 2:2, 4:4) qualify, so 2:6 and 6:2 cannot.
+# Disaggregated configurations keep the file's batching limits (the grid would double the
+# search's time for a topology poolctl does not deploy yet).
+SPLITS = (1, 2, 4)
+STICKY, LOR = "sticky", "lor"
 # A configuration needing more nodes than this for the trace is left out (a TPOT target
 # that only near-empty replicas meet would otherwise gallop to thousands).
 MAX_NODES = 64
@@ -75,12 +82,23 @@ class Configuration:
     max_num_batched_tokens: int
     max_model_len: int
     base_len: int = 0  # the file's max_model_len (a label names a different one)
+    balancer: str = LOR  # serving.balancer
+    # Disaggregated: GPUs of each side (prefill = decode = tensor_parallel); 0: aggregated.
+    split: int = 0
+
+    @property
+    def shape(self) -> str:
+        """TP for an aggregated replica, P:D for a disaggregated one."""
+        return f"{self.split}:{self.split}" if self.split else str(self.tensor_parallel)
 
     def label(self) -> str:
-        return (f"{self.instance_type} TP {self.tensor_parallel}, seqs {self.max_num_seqs}, "
+        how = (f"TP {self.tensor_parallel}" if not self.split
+               else f"{self.topology} {self.shape}")
+        return (f"{self.instance_type} {how}, seqs {self.max_num_seqs}, "
                 f"step {self.max_num_batched_tokens}"
                 + ("" if self.max_model_len == self.base_len else
-                   f", max_model_len {self.max_model_len:,}"))
+                   f", max_model_len {self.max_model_len:,}")
+                + (f", {self.balancer}" if self.balancer != LOR else ""))
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,12 @@ class Candidate:
     def cost_per_hour_usd(self) -> float:
         return round(self.nodes * self.price_per_node_hour_usd, 2)
 
+    @property
+    def hit_rate(self) -> float | None:
+        """The share of prompt tokens the prefix cache served (None: not simulated)."""
+        p = self.summary.prefix_cache
+        return None if p is None else round(p.hit_rate, 4)
+
     def key(self) -> tuple[float, float, float, str, int]:
         """Order of preference: cheaper, then faster first token, then faster tokens."""
         s = self.summary
@@ -113,6 +137,9 @@ class Candidate:
         s, c = self.summary, self.config
         out: dict[str, Any] = json_safe({
             "topology": c.topology,
+            "split": None if not c.split else [c.split, c.split],
+            "balancer": c.balancer,
+            "prefix_cache_hit_rate": self.hit_rate,
             "instance_type": c.instance_type,
             "tensor_parallel": c.tensor_parallel,
             "max_num_seqs": c.max_num_seqs,
@@ -160,6 +187,37 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Sizes:
+    """The scaling sizes `--write` gives the choice: its minimum from the recommendation,
+    the file's headroom above it (and its warm pool) kept, in nodes."""
+
+    min_replicas: int
+    max_replicas: int
+    warm_replicas: int
+    headroom_nodes: int  # max nodes - min nodes
+    warm_nodes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "warm_replicas": self.warm_replicas, "headroom_nodes": self.headroom_nodes,
+                "warm_nodes": self.warm_nodes}
+
+
+def keep_headroom(file_nodes: tuple[int, int, int], rec_nodes: tuple[int, int, int],
+                  replicas_per_node: int) -> Sizes:
+    """Sizes from the recommendation's (min, max, warm) nodes that keep the file's: the
+    recommendation sizes max and warm to this one trace, while a user's max and warm pool
+    are for spikes the trace does not show. New min = the recommendation's; new max =
+    max(its max, new min + the file's max - min); new warm = max(its warm, the file's)."""
+    f_min, f_max, f_warm = file_nodes
+    r_min, r_max, r_warm = rec_nodes
+    top = max(r_max, r_min + max(0, f_max - f_min))
+    warm = max(r_warm, f_warm)
+    rpn = replicas_per_node
+    return Sizes(r_min * rpn, top * rpn, warm * rpn, top - r_min, warm)
+
+
+@dataclass(frozen=True)
 class SearchResult:
     pool: str
     cloud: Cloud
@@ -169,9 +227,13 @@ class SearchResult:
     front: tuple[Candidate, ...]
     chosen: Candidate | None
     file_config: Configuration
+    # What --write applies: the choice, or when it is disaggregated (poolctl does not deploy
+    # that yet) the cheapest aggregated candidate meeting the SLOs (None: none does).
+    deployable: Candidate | None = None
     recommendation: Recommendation | None = None
     changes: tuple[Change, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sizes: Sizes | None = None  # what --write sets scaling and warm_pool to
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -189,10 +251,12 @@ class SearchResult:
             "candidates": [c.to_json() for c in sorted(self.candidates, key=Candidate.key)],
             "front": [c.to_json() for c in self.front],
             "chosen": None if self.chosen is None else self.chosen.to_json(),
+            "deployable": None if self.deployable is None else self.deployable.to_json(),
             "file": None if (f := self.file_candidate()) is None else f.to_json(),
             "recommendation": None if self.recommendation is None
             else self.recommendation.to_json(),
             "changes": [c.to_json() for c in self.changes],
+            "sizes": None if self.sizes is None else self.sizes.to_json(),
             "notes": list(self.notes),
         }
 
@@ -205,7 +269,8 @@ def file_configuration(pool: Pool, cloud: Cloud) -> Configuration:
     assert p is not None  # targets pair a pool with a cloud it has a placement on
     s = pool.serving
     return Configuration(AGGREGATED, p.type_name, s.tensor_parallel, s.max_num_seqs,
-                         s.max_num_batched_tokens, s.max_model_len, s.max_model_len)
+                         s.max_num_batched_tokens, s.max_model_len, s.max_model_len,
+                         s.balancer)
 
 
 def variant(pool: Pool, cloud: Cloud, c: Configuration) -> Pool:
@@ -218,7 +283,8 @@ def variant(pool: Pool, cloud: Cloud, c: Configuration) -> Pool:
         update["price_per_hour_usd"] = None  # the file's price is its own type's
     serving = pool.serving.model_copy(update={
         "tensor_parallel": c.tensor_parallel, "max_num_seqs": c.max_num_seqs,
-        "max_num_batched_tokens": c.max_num_batched_tokens, "max_model_len": c.max_model_len})
+        "max_num_batched_tokens": c.max_num_batched_tokens, "max_model_len": c.max_model_len,
+        "balancer": c.balancer})
     return pool.model_copy(update={"serving": serving, str(cloud): p.model_copy(update=update)})
 
 
@@ -252,35 +318,59 @@ def configurations(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace | None = 
     for name in names:
         for tp, n_seqs, budget, length in grid:
             c = Configuration(AGGREGATED, name, tp, n_seqs, budget, length,
-                              base.max_model_len)
+                              base.max_model_len, base.balancer)
             v = variant(pool, cloud, c)
             trial = cfg.model_copy(update={"pools": [v if q is pool else q for q in cfg.pools]})
             if errors(run_checks(trial, [Target(v, cloud)])):
                 refused += 1
-            else:
-                ok.append(c)
+                continue
+            ok.append(c)
+            if tp in SPLITS and (n_seqs, budget) == (base.max_num_seqs,
+                                                     base.max_num_batched_tokens):
+                # The rules passed at TP `tp`, so each side of a tp:tp split holds the
+                # weights and one max_model_len sequence; topology() says what else refuses.
+                # Across nodes only at 4:4: every split's KV crosses the same VPC link, and
+                # the smaller splits would cost a configuration's time each.
+                for kind in (DISAGG_NODE, DISAGG_CROSS)[:1 if tp != 4 else 2]:
+                    d = replace(c, topology=kind, split=tp)
+                    try:
+                        topology(v, cloud, kind, tp, tp)
+                    except UsageError:  # no sourced VPC figure, or a side too small
+                        refused += 1
+                        continue
+                    ok.append(d)
     return ok, refused
 
 
 # ---------------------------------------------------------------------------- evaluation
 
 
-def evaluate_aggregated(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
-                        start_nodes: int = 1) -> Outcome:
+def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
+             start_nodes: int = 1, max_usd_per_hour: float = math.inf) -> Outcome:
     """The smallest node count of `c` meeting the SLOs; every count simulated to the end is
-    a candidate (counts stopped early, being sure failures, are not)."""
+    a candidate (counts stopped early, being sure failures, are not). A disaggregated `c`
+    runs its split (servingmodel.topology): the floors are its prefill side's (plus the KV
+    hand-off) and its decode side's, and fewer replicas share a node. No node count costing
+    over `max_usd_per_hour` is tried."""
     v = variant(pool, cloud, c)
     plan = plan_pool(v, cloud)
-    m = replica_model(v, cloud)
-    fl = ttft_floor(m, trace)
-    tf = tpot_floor_s(m, trace)
+    topo = None if not c.split else topology(v, cloud, c.topology, c.split, c.split)
+    if topo is None:
+        m = dec = replica_model(v, cloud)
+        rpn = plan.replicas_per_node
+        fl = ttft_floor(m, trace)
+    else:
+        m, dec = topo.prefill, topo.decode
+        rpn = plan.gpus_per_node // topo.gpus
+        fl = ttft_floor(m, trace, topo.transfer_s)
+    tf = tpot_floor_s(dec, trace)
     slo = pool.slo
-    rpn = plan.replicas_per_node
     price = plan.price_per_node_hour_usd
     seen: dict[int, Candidate] = {}
 
     def probe(nodes: int) -> SimSummary | None:
-        res = run_pool(v, cloud, trace, replicas=nodes * rpn, stop_if_p90_over=slo.ttft_p90_s)
+        res = run_pool(v, cloud, trace, replicas=nodes * rpn, stop_if_p90_over=slo.ttft_p90_s,
+                       topology=topo)
         if res.aborted:
             return None
         s = summary(res, slo.ttft_p90_s, slo.tpot_p90_s)
@@ -299,8 +389,13 @@ def evaluate_aggregated(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration
         return Outcome(c, tuple(seen[n] for n in sorted(seen)), fl.ttft_p90_floor_s, tf,
                        fl.p90_prompt_floor_s, reason, fl.served)
 
+    limit = MAX_NODES if math.isinf(max_usd_per_hour) else \
+        min(MAX_NODES, math.floor(max_usd_per_hour / price + 1e-9))
     if not fl.served:
         return outcome(f"every request is longer than max_model_len {c.max_model_len:,}")
+    if limit < 1:
+        return outcome(f"one node costs over ${max_usd_per_hour:,.2f}/h, the search's cap "
+                       "for it")
     if fl.ttft_p90_floor_s > slo.ttft_p90_s:
         return outcome(f"TTFT p90 floor {fl.ttft_p90_floor_s:.2f} s (the p90 prompt of "
                        f"{fl.p90_prompt:,.0f} tokens prefills in {fl.p90_prompt_floor_s:.2f} s "
@@ -309,31 +404,33 @@ def evaluate_aggregated(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration
         return outcome(f"TPOT p90 floor {tf:.4f} s (one sequence decoding alone)")
     try:
         found = smallest_count(probe, lambda s: judge(s, slo), start=start_nodes,
-                               limit=MAX_NODES)
+                               limit=limit)
     except _Flat as e:
         return outcome(f"TPOT p90 stays at {e.tpot_s:.4f} s however many nodes serve")
-    return outcome(None if found is not None else f"no node count up to {MAX_NODES} meets "
-                   "the SLOs")
+    return outcome(None if found is not None else f"no node count up to {limit} meets "
+                   "the SLOs" + ("" if limit == MAX_NODES else
+                                f" (${max_usd_per_hour:,.2f}/h, the search's cap for it)"))
 
 
-class _Flat(Exception):  # noqa: N818 - a signal inside evaluate_aggregated, never raised out
+class _Flat(Exception):  # noqa: N818 - a signal inside evaluate, never raised out
     def __init__(self, tpot_s: float) -> None:
         self.tpot_s = tpot_s
 
 
-Evaluator = Callable[[Pool, Cloud, Trace, Configuration, int], Outcome]
-# One evaluator per topology: the disaggregated one plugs in here.
-EVALUATORS: dict[str, Evaluator] = {AGGREGATED: evaluate_aggregated}
+Evaluator = Callable[[Pool, Cloud, Trace, Configuration, int, float], Outcome]
+# One evaluator per topology (evaluate runs each through its Topology).
+EVALUATORS: dict[str, Evaluator] = {AGGREGATED: evaluate, DISAGG_NODE: evaluate,
+                                    DISAGG_CROSS: evaluate}
 
 
-def evaluate_group(pool: Pool, cloud: Cloud, trace: Trace, group: list[Configuration]
-                   ) -> list[Outcome]:
+def evaluate_group(pool: Pool, cloud: Cloud, trace: Trace, group: list[Configuration],
+                   max_usd_per_hour: float = math.inf) -> list[Outcome]:
     """Configurations sharing a type and TP, in order: each starts its node search at the
     previous one's answer (their answers are near), which saves most simulations."""
     out: list[Outcome] = []
     start = 1
     for c in group:
-        o = EVALUATORS[c.topology](pool, cloud, trace, c, start)
+        o = EVALUATORS[c.topology](pool, cloud, trace, c, start, max_usd_per_hour)
         passing = [x.nodes for x in o.candidates if x.meets]
         if passing:
             start = min(passing)
@@ -350,20 +447,22 @@ def _init_worker(pool: Pool, cloud: Cloud, trace: Trace) -> None:
     _SHARED.update(pool=pool, cloud=cloud, trace=trace)
 
 
-def _run_group(group: list[Configuration]) -> list[Outcome]:
-    return evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group)
+def _run_group(group: list[Configuration], max_usd_per_hour: float) -> list[Outcome]:
+    return evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group,
+                          max_usd_per_hour)
 
 
 def _groups(configs: list[Configuration]) -> list[list[Configuration]]:
-    groups: dict[tuple[str, str, int], list[Configuration]] = {}
+    groups: dict[tuple[str, str, int, str], list[Configuration]] = {}
     for c in configs:
-        groups.setdefault((c.topology, c.instance_type, c.tensor_parallel), []).append(c)
+        groups.setdefault((c.topology, c.instance_type, c.tensor_parallel, c.balancer),
+                          []).append(c)
     return list(groups.values())
 
 
 def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configuration],
-                 workers: int = 1, progress: Callable[[int, int, str], None] | None = None
-                 ) -> list[Outcome]:
+                 workers: int = 1, progress: Callable[[int, int, str], None] | None = None,
+                 max_usd_per_hour: float = math.inf) -> list[Outcome]:
     groups = _groups(configs)
     results: list[list[Outcome] | None] = [None] * len(groups)
 
@@ -372,18 +471,19 @@ def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configura
         if progress is not None:
             n = sum(r is not None for r in results)
             g = groups[i][0]
-            progress(n, len(groups), f"{g.instance_type} TP {g.tensor_parallel}")
+            progress(n, len(groups), f"{g.instance_type} {g.topology} {g.shape} {g.balancer}")
 
     if workers <= 1 or len(groups) <= 1:
         for i, g in enumerate(groups):
-            done(i, evaluate_group(pool, cloud, trace, g))
+            done(i, evaluate_group(pool, cloud, trace, g, max_usd_per_hour))
     else:
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(pool, cloud, trace)) as ex:
             # The biggest groups first, so that no worker is left with a long one at the end.
             order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
-            futs: dict[Future[list[Outcome]], int] = {ex.submit(_run_group, groups[i]): i
+            futs: dict[Future[list[Outcome]], int] = {ex.submit(_run_group, groups[i],
+                                                                        max_usd_per_hour): i
                                                       for i in order}
             for fut in as_completed(futs):
                 done(futs[fut], fut.result())
@@ -421,13 +521,28 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
 
 
 def choose(cands: list[Candidate]) -> Candidate | None:
+    """The cheapest candidate meeting the SLOs, among those refusing the fewest requests for
+    max_model_len (serving every request beats a cheaper pool that turns some away)."""
     ok = [c for c in cands if c.meets]
-    return min(ok, key=Candidate.key) if ok else None
+    if not ok:
+        return None
+    fewest = min(c.summary.requests_over_max_model_len for c in ok)
+    return min((c for c in ok if c.summary.requests_over_max_model_len == fewest),
+               key=Candidate.key)
 
 
-def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation
-                ) -> list[Change]:
-    """The pool's lines that differ from the choice (sizes from its recommendation)."""
+def sizes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation) -> Sizes:
+    """keep_headroom with the file's node counts (its own configuration's replicas per
+    node) and the recommendation's (the choice's)."""
+    f = plan_pool(pool, cloud).nodes
+    rpn = chosen.replicas_per_node
+    rec_nodes = (nodes_for(rec.min_replicas, rpn), nodes_for(rec.max_replicas, rpn),
+                 nodes_for(rec.warm_replicas, rpn))
+    return keep_headroom((f.min, f.max, f.warm), rec_nodes, rpn)
+
+
+def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, sizes: Sizes) -> list[Change]:
+    """The pool's lines that differ from the choice (sizes: sizes_for's)."""
     p = pool.placement(cloud)
     assert p is not None  # targets pair a pool with a cloud it has a placement on
     c = chosen.config
@@ -439,9 +554,10 @@ def changes_for(pool: Pool, cloud: Cloud, chosen: Candidate, rec: Recommendation
         ("serving.max_num_batched_tokens", pool.serving.max_num_batched_tokens,
          c.max_num_batched_tokens),
         ("serving.max_model_len", pool.serving.max_model_len, c.max_model_len),
-        ("scaling.min_replicas", pool.scaling.min_replicas, rec.min_replicas),
-        ("scaling.max_replicas", pool.scaling.max_replicas, rec.max_replicas),
-        ("warm_pool.replicas", pool.warm_pool.replicas, rec.warm_replicas),
+        ("serving.balancer", pool.serving.balancer, c.balancer),
+        ("scaling.min_replicas", pool.scaling.min_replicas, sizes.min_replicas),
+        ("scaling.max_replicas", pool.scaling.max_replicas, sizes.max_replicas),
+        ("warm_pool.replicas", pool.warm_pool.replicas, sizes.warm_replicas),
     ]
     return [Change(k, str(old), str(new)) for k, old, new in fields if old != new]
 
@@ -492,7 +608,7 @@ def nearest_met(pool: Pool, cloud: Cloud, trace: Trace, fast: Outcome,
         tpot = max(tpot, math.ceil(max(floor, fast.tpot_p90_floor_s) * 1.25 * 1000) / 1000)
     loose = pool.model_copy(update={"slo": slo.model_copy(update={"ttft_p90_s": ttft,
                                                                   "tpot_p90_s": tpot})})
-    o = EVALUATORS[fast.config.topology](loose, cloud, trace, fast.config, 1)
+    o = EVALUATORS[fast.config.topology](loose, cloud, trace, fast.config, 1, math.inf)
     return choose(list(o.candidates))
 
 
@@ -501,19 +617,51 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
     """Evaluate every configuration of the placement on `trace`; the front, the choice, and
     the file's lines it changes. No configuration meeting the SLOs: OperationFailed."""
     configs, refused = configurations(cfg, pool, cloud, trace)
-    outcomes = evaluate_all(pool, cloud, trace, configs, workers, progress)
+    agg = [c for c in configs if c.topology == AGGREGATED]
+    outcomes = evaluate_all(pool, cloud, trace, agg, workers, progress)
     cands = [c for o in outcomes for c in o.candidates]
+    # Disaggregated configurations after the aggregated ones, at no more than the priciest
+    # aggregated point on the front costs: above it they would be on the front only by being
+    # faster than all (and the node counts they gallop through there dominate the time).
+    cap = max((c.cost_per_hour_usd for c in pareto_front(cands)), default=math.inf)
+    outcomes += evaluate_all(pool, cloud, trace, [c for c in configs if c not in agg],
+                             workers, progress, cap)
+    cands = [c for o in outcomes for c in o.candidates]
+    if trace.blocks is not None and pool.serving.prefix_caching:
+        # The other balancer for the front's configurations only: routing changes the
+        # prefix-cache hits, not which configurations are worth it (and twice the grid
+        # would double the search's time).
+        other = LOR if pool.serving.balancer == STICKY else STICKY
+        seen: set[Configuration] = set()
+        alt = []
+        for c in pareto_front(cands) + ([x] if (x := choose(cands)) else []):
+            if c.config not in seen:
+                seen.add(c.config)
+                alt.append(replace(c.config, balancer=other))
+        more = evaluate_all(pool, cloud, trace, alt, workers, progress)
+        outcomes += more
+        cands += [c for o in more for c in o.candidates]
     chosen = choose(cands)
     fl = ttft_floor(replica_model(pool, cloud), trace)
     if chosen is None and not fl.served and all(o.served == 0 for o in outcomes):
         raise too_long(pool, cloud, trace, fl, trace.source)
     if chosen is None:
         raise OperationFailed(infeasible(pool, cloud, trace, outcomes))
-    rec = recommend(variant(pool, cloud, chosen.config), cloud, trace,
-                    start_replicas=chosen.replicas)
+    deployable = (chosen if chosen.config.topology == AGGREGATED else
+                  choose([c for c in cands if c.config.topology == AGGREGATED]))
+    front = tuple(pareto_front(cands))
+    if deployable is None:
+        return SearchResult(
+            pool=pool.name, cloud=cloud, configurations=len(configs), refused=refused,
+            outcomes=tuple(outcomes), front=front, chosen=chosen,
+            file_config=file_configuration(pool, cloud))
+    rec = recommend(variant(pool, cloud, deployable.config), cloud, trace,
+                    start_replicas=deployable.replicas)
+    sizes = sizes_for(pool, cloud, deployable, rec)
     return SearchResult(
         pool=pool.name, cloud=cloud, configurations=len(configs), refused=refused,
-        outcomes=tuple(outcomes), front=tuple(pareto_front(cands)), chosen=chosen,
-        file_config=file_configuration(pool, cloud), recommendation=rec,
-        changes=tuple(changes_for(pool, cloud, chosen, rec)),
+        outcomes=tuple(outcomes), front=front, chosen=chosen,
+        file_config=file_configuration(pool, cloud), deployable=deployable,
+        recommendation=rec, changes=tuple(changes_for(pool, cloud, deployable, sizes)),
+        sizes=sizes,
     )

@@ -320,7 +320,8 @@ class Topology:
         return tokens * self.kv_bytes_per_token / self.link_bytes_per_s
 
 
-def _at_tp(pool: Pool, tp: int) -> Pool:
+def at_tp(pool: Pool, tp: int) -> Pool:
+    """The pool at tensor parallelism `tp` (its other keys kept)."""
     return pool.model_copy(update={"serving": pool.serving.model_copy(
         update={"tensor_parallel": tp})})
 
@@ -341,7 +342,7 @@ def topology(pool: Pool, cloud: Cloud, kind: str, prefill_gpus: int,
                          f"{row.name}'s {row.gpus}; e.g. --split 4:4")
     sides = []
     for side, n in (("prefill", prefill_gpus), ("decode", decode_gpus)):
-        m = replica_model(_at_tp(pool, n), cloud)
+        m = replica_model(at_tp(pool, n), cloud)
         if m.kv_tokens < m.max_model_len:
             raise UsageError(f"{flag}: the {side} side's {n} GPU(s) leave KV room for "
                              f"{max(0, m.kv_tokens):,} tokens, less than one max_model_len "

@@ -16,6 +16,7 @@ balancer and the autoscaler see only that interface.
 
 from __future__ import annotations
 
+import csv
 import heapq
 import math
 import os
@@ -1295,7 +1296,6 @@ def _replica_stats(r: SimResult) -> tuple[float, float, float]:
 
 
 def write_requests_csv(r: SimResult, path: str | os.PathLike[str]) -> None:
-    import csv
 
     q = r.req
     with open(path, "w", newline="") as fh:

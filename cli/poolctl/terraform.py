@@ -14,6 +14,7 @@ an interrupted apply created but could not record (`poolctl.deploy.adopt`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -295,7 +296,6 @@ def forget_dead_synth_kernel(wait_s: float = 0.0) -> None:
     would then print a BrokenPipeError traceback writing to it. Drop that hook when (and
     only when) the kernel is dead, after up to `wait_s` for it to die: there is nothing left
     to shut down."""
-    import atexit
 
     runtime = sys.modules.get("jsii._runtime")
     if runtime is None:

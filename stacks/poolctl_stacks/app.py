@@ -7,6 +7,7 @@ can be replaced without touching the rest of poolctl.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,7 @@ def add_stacks(app: App, cfg: Config, targets: list[Target]) -> list[str]:
 
 def synth(configs: list[tuple[Config, list[Target]]], outdir: str | Path) -> list[Path]:
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
-    from cdktf import App
+    from cdktf import App  # noqa: PLC0415 (cdktf starts its jsii kernel on import)
 
     # Absolute: the jsii kernel resolves a relative outdir against its own folder, which is
     # the one it started in (another, in a process that synthesizes more than once).
@@ -86,9 +87,7 @@ def user_config() -> tuple[Config, list[Target]] | None:
 def main() -> None:
     """`cdktf synth`: the user's poolctl.yaml (see user_config), else, at this repository's
     root, every example, every placement."""
-    import sys
-
-    from cdktf import App
+    from cdktf import App  # noqa: PLC0415 (cdktf starts its jsii kernel on import)
 
     try:
         mine = user_config()

@@ -17,7 +17,7 @@ import poolctl.search as S
 from poolctl.capacity import judge, run_pool, smallest_count, ttft_floor
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
-from poolctl.commands.plansearch import write_changes
+from poolctl.commands.plansearch import render_search, write_changes
 from poolctl.config import Target, load_config
 from poolctl.errors import UsageError
 from poolctl.rules import errors, run_checks
@@ -105,6 +105,23 @@ def test_pareto_front_of_a_hand_built_list(setup):
     assert S.choose([a, b, c, d, e, f]) is b  # cheapest passing; b beats c on TTFT at $20
 
 
+def test_choose_prefers_serving_every_request_over_a_cheaper_pool_refusing_some(setup):
+    cfg, pool, tr = setup
+    base = summary(simulate(Trace("t", [0.0], [10], [5]), ONE_MS, replicas=1), 1.0)
+    conf = S.file_configuration(pool, "aws")
+
+    def cand(name, price, refused):
+        s = dataclasses.replace(base, requests_over_max_model_len=refused)
+        return S.Candidate(dataclasses.replace(conf, instance_type=name), 1, 1, price, s, True)
+
+    short = cand("short", 10, 3)  # cheaper, but refuses 3 requests for max_model_len
+    fewer = cand("fewer", 15, 1)
+    full = cand("full", 20, 0)
+    assert S.choose([short, fewer, full]) is full
+    assert S.choose([short, fewer]) is fewer  # none serves all: the fewest refused
+    assert S.choose([short, cand("short2", 12, 3)]) is short  # a tie: the cheaper
+
+
 def test_more_gpus_never_raise_p90_ttft_for_a_fixed_configuration(setup, result):
     cfg, pool, tr = setup
     ch = result.chosen
@@ -150,20 +167,86 @@ def test_workers_do_not_change_the_outcome(setup, monkeypatch):
 
 def test_changes_name_the_differing_keys(setup, result):
     cfg, pool, tr = setup
-    ch, rec = result.chosen, result.recommendation
+    ch, sz = result.chosen, result.sizes
+    assert sz is not None and sz.min_replicas == result.recommendation.min_replicas
     want = {"aws.instance_type": ch.config.instance_type,
             "serving.tensor_parallel": str(ch.config.tensor_parallel),
             "serving.max_num_seqs": str(ch.config.max_num_seqs),
             "serving.max_num_batched_tokens": str(ch.config.max_num_batched_tokens),
-            "scaling.min_replicas": str(rec.min_replicas),
-            "scaling.max_replicas": str(rec.max_replicas),
-            "warm_pool.replicas": str(rec.warm_replicas)}
+            "scaling.min_replicas": str(sz.min_replicas),
+            "scaling.max_replicas": str(sz.max_replicas),
+            "warm_pool.replicas": str(sz.warm_replicas)}
     file = {"aws.instance_type": "p5.48xlarge", "serving.tensor_parallel": "2",
             "serving.max_num_seqs": "256", "serving.max_num_batched_tokens": "8192",
             "scaling.min_replicas": "4", "scaling.max_replicas": "24",
             "warm_pool.replicas": "8"}
     assert {c.key: c.new for c in result.changes} == {k: v for k, v in want.items()
                                                       if file[k] != v}
+
+
+def test_write_keeps_the_files_headroom_in_nodes():
+    # The example: 4..24 replicas of TP 2 at 4 a node = 1..6 nodes, 8 warm = 2 warm nodes.
+    # A TP 4 choice (2 a node) recommended at 1..1 nodes, no warm: min 1 node; max
+    # max(1, 1 + (6 - 1)) = 6 nodes = 12 replicas; warm max(0, 2) = 2 nodes = 4 replicas.
+    assert S.keep_headroom((1, 6, 2), (1, 1, 0), 2) == S.Sizes(2, 12, 4, 5, 2)
+    # A recommendation above the file's headroom wins: rec 3..10 nodes, 3 warm, 4 a node:
+    # max(10, 3 + 5) = 10 nodes = 40 replicas; warm max(3, 2) = 3 nodes = 12 replicas.
+    assert S.keep_headroom((1, 6, 2), (3, 10, 3), 4) == S.Sizes(12, 40, 12, 7, 3)
+    # A file with no headroom and no warm pool: the recommendation as it is.
+    assert S.keep_headroom((2, 2, 0), (1, 3, 1), 8) == S.Sizes(8, 24, 8, 2, 1)
+
+
+def test_sizes_use_the_files_nodes_and_the_choices_replicas_per_node(setup, result):
+    cfg, pool, tr = setup
+    ch, rec, sz = result.chosen, result.recommendation, result.sizes
+    rpn = ch.replicas_per_node
+    # The example's file: 1..6 nodes, 2 warm (4 replicas of TP 2 a node).
+    rec_min, rec_max, rec_warm = (-(-x // rpn) for x in (rec.min_replicas, rec.max_replicas,
+                                                          rec.warm_replicas))
+    top = max(rec_max, rec_min + 5)
+    assert (sz.min_replicas, sz.max_replicas, sz.warm_replicas) == (
+        rec_min * rpn, top * rpn, max(rec_warm, 2) * rpn)
+
+
+def test_sticky_routing_is_searched_on_a_trace_with_prefix_hashes(monkeypatch):
+    monkeypatch.setattr(S, "MAX_NUM_SEQS", ())
+    monkeypatch.setattr(S, "MAX_NUM_BATCHED_TOKENS", ())
+    monkeypatch.setattr(S, "LONGER_LENS", 0)
+    cfg = load_config(EXAMPLE)
+    pool = cfg.pools[0]
+    # The sample's prompts are long: a loose TTFT target so that configurations pass.
+    pool = pool.model_copy(update={"slo": pool.slo.model_copy(update={"ttft_p90_s": 6.0})})
+    cfg = cfg.model_copy(update={"pools": [pool]})
+    tr = load_trace(MOONCAKE)
+    assert tr.blocks is not None
+    r = S.search(cfg, pool, Cloud.aws, tr)
+    by = {c.config.balancer for c in r.candidates}
+    assert by == {"lor", "sticky"}
+    # sticky runs only the front's configurations (and the choice's) again
+    lor_front = {c.config for c in S.pareto_front([c for c in r.candidates
+                                                    if c.config.balancer == "lor"])}
+    sticky = {dataclasses.replace(c.config, balancer="lor") for c in r.candidates
+              if c.config.balancer == "sticky"}
+    assert sticky <= lor_front | {dataclasses.replace(r.chosen.config, balancer="lor")}
+    # Every candidate of a trace with hashes reports its hit rate, and the change names
+    # the balancer when sticky is chosen.
+    assert all(c.hit_rate is not None and 0 <= c.hit_rate <= 1 for c in r.candidates)
+    # On 2 nodes sticky routing keeps a conversation's turns on the node caching its
+    # prefix, so it hits more than least-outstanding routing of the same configuration and
+    # is chosen (same cost); the change names the balancer.
+    ch = r.chosen
+    assert ch.config.balancer == "sticky" and ch.nodes >= 2
+    lor = next(c for c in r.candidates if c.nodes == ch.nodes
+               and c.config == dataclasses.replace(ch.config, balancer="lor"))
+    assert ch.hit_rate > lor.hit_rate
+    assert {"key": "serving.balancer", "old": "lor", "new": "sticky"} in [
+        c.to_json() for c in r.changes]
+
+
+def test_no_sticky_axis_without_prefix_hashes(result):
+    # Azure traces carry no hashes: least-outstanding routing only, no hit rate.
+    assert {c.config.balancer for c in result.candidates} == {"lor"}
+    assert all(c.hit_rate is None for c in result.candidates)
 
 
 # ------------------------------------------------------------------------ the command
@@ -361,18 +444,89 @@ def test_hostile_traffic_is_one_line(tmp_path, monkeypatch, capsys, name, text, 
     assert says in line, line
 
 
-def test_write_refuses_a_topology_poolctl_does_not_deploy(setup, result, tmp_path):
+def test_write_writes_the_best_aggregated_candidate_beside_a_disaggregated_choice(
+        setup, result, tmp_path, capsys):
+    cfg, pool, tr = setup
+    f = tmp_path / "poolctl.yaml"
+    shutil.copy(EXAMPLE, f)
+    agg = result.deployable
+    assert agg is not None and agg.config.topology == S.AGGREGATED
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    done = write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(
+        result, chosen=disagg)})
+    assert len(done) == len(result.changes)
+    assert "wrote the best aggregated candidate" in capsys.readouterr().err
+    p = load_config(f).pools[0]
+    assert (p.aws.instance_type, p.serving.tensor_parallel) == (agg.config.instance_type,
+                                                               agg.config.tensor_parallel)
+
+
+def test_a_cost_cap_below_one_node_simulates_nothing(setup):
+    cfg, pool, tr = setup
+    c = S.file_configuration(pool, Cloud.aws)
+    price = plan_pool(pool, Cloud.aws).price_per_node_hour_usd  # one p5: $55.04/h
+    o = S.evaluate(pool, Cloud.aws, tr, c, 1, price - 0.01)
+    assert o.candidates == () and o.reason == (f"one node costs over ${price - 0.01:,.2f}/h, "
+                                               "the search's cap for it")
+
+
+def test_a_disaggregated_choice_names_the_aggregated_one_beside_it(setup, result, capsys):
+    cfg, pool, tr = setup
+    agg = result.deployable
+    disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    render_search(pool, dataclasses.replace(result, chosen=disagg))
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"poolctl does not deploy disagg-node serving yet: the best aggregated candidate "
+            f"is {agg.nodes} node(s) of {agg.config.label()} at ${agg.cost_per_hour_usd:,.2f}/h"
+            in out) and "`--write` writes that one" in out
+    assert "keeps the file's headroom: 5 node(s) above the minimum" in out  # 6 - 1 file nodes
+
+
+def test_write_refuses_a_disaggregated_choice_with_no_aggregated_one(setup, result, tmp_path):
     cfg, pool, tr = setup
     f = tmp_path / "poolctl.yaml"
     shutil.copy(EXAMPLE, f)
     before = f.read_text()
     disagg = dataclasses.replace(result.chosen, config=dataclasses.replace(
-        result.chosen.config, topology="disaggregated"))
-    with pytest.raises(UsageError, match="disaggregated serving, which poolctl does not "
-                       "deploy yet; nothing was written"):
-        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(result,
-                                                                            chosen=disagg)})
+        result.chosen.config, topology=S.DISAGG_NODE, split=4))
+    with pytest.raises(UsageError, match="disagg-node serving, which poolctl does not "
+                       "deploy yet, and no aggregated candidate meets the SLOs; nothing was "
+                       "written"):
+        write_changes(f, cfg, {("chat-70b", Cloud.aws): dataclasses.replace(
+            result, chosen=disagg, deployable=None)})
     assert f.read_text() == before
+
+
+def test_disaggregated_configurations_only_where_each_side_fits(setup, result):
+    cfg, pool, tr = setup
+    cat = load_catalog()
+    dis = [o.config for o in result.outcomes if o.config.topology != S.AGGREGATED]
+    assert {c.topology for c in dis} == {S.DISAGG_NODE, S.DISAGG_CROSS}
+    assert all(c.split == 4 for c in dis if c.topology == S.DISAGG_CROSS)
+    for c in dis:
+        # A side is a TP degree and two of them divide the node (even splits only); each
+        # holds the weights and one max_model_len sequence.
+        assert c.split == c.tensor_parallel and c.split in (1, 2, 4)
+        assert replica_model(S.variant(pool, Cloud.aws, c), Cloud.aws).kv_tokens >= \
+            c.max_model_len
+        row = next(r for r in cat.instance_types if r.name == c.instance_type)
+        if c.topology == S.DISAGG_CROSS:
+            assert row.vpc is not None  # a sourced per-flow figure
+        # The aggregated configuration at the side's TP passed the rules.
+        assert any(o.config == dataclasses.replace(c, topology=S.AGGREGATED, split=0)
+                   for o in result.outcomes)
+    # Disaggregated node counts stop at the priciest aggregated point of the front.
+    cap = max(c.cost_per_hour_usd for c in S.pareto_front(
+        [c for c in result.candidates if c.config.topology == S.AGGREGATED]))
+    assert all(c.cost_per_hour_usd <= cap for c in result.candidates if c.config.split)
+    # 70B in 16-bit (~141 GB) never fits one 80 GB H100: no 1:1 on p5.
+    assert not [c for c in dis if c.instance_type == "p5.48xlarge" and c.split == 1]
+    # A disaggregated replica of s:s holds 2s GPUs: 8 / 2s share a node.
+    for cand in result.candidates:
+        if cand.config.split:
+            assert cand.replicas_per_node == 8 // (2 * cand.config.split)
 
 
 def test_plan_names_the_nearest_slo_met_and_its_cost(tmp_path, monkeypatch, capsys):

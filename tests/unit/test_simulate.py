@@ -20,7 +20,7 @@ import pytest
 from poolctl.capacity import busiest_window, recommend, run_pool
 from poolctl.config import load_config
 from poolctl.errors import UsageError
-from poolctl.servingmodel import ReplicaModel, replica_model
+from poolctl.servingmodel import ReplicaModel, at_tp, replica_model
 from poolctl.simulate import AWS_SCALE_IN_COOLDOWN_S, METRIC_PERIOD_S, simulate, summary
 from poolctl.sizing import plan_pool
 from poolctl.traces import Trace, load_trace, synthetic
@@ -480,7 +480,7 @@ def test_plan_names_the_floor_when_no_replica_count_meets_the_slo(tmp_path, monk
     from poolctl.capacity import ttft_floor
 
     # Mooncake's long prompts on TP 2: the p90 prompt alone takes longer than a 1.5 s SLO
-    # (1.80 s with the catalog's H100 factors; TP 4 gets it to 1.00 s).
+    # (1.80 s with the catalog's H100 factors; TP 4, at its own fitted factors, to 1.02 s).
     tr = load_trace(MOONCAKE)
     fl = ttft_floor(model, tr)
     cfg = tmp_path / "poolctl.yaml"
@@ -496,9 +496,15 @@ def test_plan_names_the_floor_when_no_replica_count_meets_the_slo(tmp_path, monk
     assert f"the lowest TTFT p90 possible with this configuration is {fl.ttft_p90_floor_s:.2f}" \
         in line
     assert f"raise slo.ttft_p90_s to at least {need:g} s" in line
-    tp4 = dataclasses.replace(model, tp=4, weights_bytes_per_gpu=model.weights_bytes_per_gpu / 2,
-                              kv_bytes_per_token_per_gpu=model.kv_bytes_per_token_per_gpu / 2)
+    # TP 4 as the file would build it: TP 4's fitted factors, not TP 2's with the shards
+    # halved (the catalog fits H100's prefill MFU per TP, so the two floors differ).
+    tp4 = replica_model(at_tp(pool, 4), "aws")
+    assert tp4.prefill_mfu != model.prefill_mfu
     f4 = ttft_floor(tp4, tr).ttft_p90_floor_s
+    halved = dataclasses.replace(model, tp=4,
+                                 weights_bytes_per_gpu=model.weights_bytes_per_gpu / 2,
+                                 kv_bytes_per_token_per_gpu=model.kv_bytes_per_token_per_gpu / 2)
+    assert f"{ttft_floor(halved, tr).ttft_p90_floor_s:.2f}" != f"{f4:.2f}"
     assert f4 < 1.5 and f"raise serving.tensor_parallel to 4 (its floor: {f4:.2f} s)" in line
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.table import Table
 
 from poolctl import runtime
 from poolctl.cloud import Cloud
@@ -109,7 +110,6 @@ def _size(value: int | str | None, rpn: int | None) -> str:
 def _render_summary(name: str, summary: PlanSummary) -> None:
     """Before the confirmation: what the plan adds, changes and destroys per resource type,
     the node counts it changes and what the pool costs per hour."""
-    from rich.table import Table
 
     if summary.empty:
         return
@@ -236,8 +236,6 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
                 for k, v in r.outputs.items():
                     sys.stdout.write(f"{r.stack}: {k} = {v}\n")
     if failing:
-        from poolctl.errors import OperationFailed
-
         for line in failing[:-1]:
             sys.stderr.write(f"poolctl: {line}\n")
         raise OperationFailed(failing[-1])
@@ -247,8 +245,6 @@ def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult
                       endpoints: CloudEndpoints, started: float) -> list[str]:
     """Applied pools whose group could not launch since the deploy began: the apply does not
     wait for nodes, so this one look says it instead of a pool that silently never grows."""
-    from poolctl import runtime
-
     out = []
     for t, r in zip(tgts, results, strict=True):
         if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(

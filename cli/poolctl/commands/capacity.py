@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import typer
+from rich.table import Table
 
 from poolctl.clouds.base import ChecksCapacity, capacity_needs
 from poolctl.commands.common import (
@@ -29,7 +30,6 @@ app = typer.Typer(help="Capacity: zones offering the type, reservations, the pea
 
 
 def _render(reports: list[CapacityReport]) -> None:
-    from rich.table import Table
 
     t = Table(title="capacity", title_justify="left")
     for col in ("pool", "zone", "offered", "reservation", "match", "total", "available",

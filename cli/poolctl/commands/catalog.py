@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rich.table import Table
+
 from poolctl.catalog import load_catalog
 from poolctl.commands.common import CloudAllOpt, JsonOpt, cloud_value, console, emit_json
 from poolctl.models import load_presets
@@ -25,7 +27,6 @@ def catalog(cloud: CloudAllOpt = None, json_out: JsonOpt = False) -> None:
                        for p in presets],
         })
         return
-    from rich.table import Table
 
     out = console()
     t = Table(title="Instance types (pools need an 8-GPU NVLink type)", title_justify="left")

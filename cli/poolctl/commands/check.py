@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.table import Table
 
 from poolctl.capacity import recommend
 from poolctl.cloud import Cloud
@@ -148,7 +149,6 @@ def _quota_totals(cfg: Config, tgts: list[Target]) -> list[dict[str, Any]]:
 
 
 def render_quota_totals(totals: list[dict[str, Any]]) -> None:
-    from rich.table import Table
 
     t = Table(title="quota totals (every pool of the file sharing the quota, at peak)",
               title_justify="left")
@@ -178,7 +178,6 @@ def _recommendations(cfg: Config, tgts: list[Target], traffic: Path | None,
 
 def render_recommendations(tgts: list[Target], plans: list[PoolPlan], recs: Recs
                            ) -> None:
-    from rich.table import Table
 
     out = console()
     for tgt, pl in zip(tgts, plans, strict=True):
@@ -220,7 +219,6 @@ def _gb(n: float) -> str:
 
 
 def render_plans(plans: list[PoolPlan]) -> None:
-    from rich.table import Table
 
     out = console()
     for p in plans:

@@ -294,7 +294,7 @@ def emit_json(data: object) -> None:
 
 
 def console() -> Console:
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 (rich loads when a table prints)
 
     return Console(highlight=False)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -69,7 +70,6 @@ def list_(
     json_out: JsonOpt = False,
 ) -> None:
     """The pool's images, newest first, and what uses each."""
-    from dataclasses import asdict
 
     ctx = resolve_target(file, pool, cloud, sandbox)
     p, c = ctx.pool, ctx.cloud

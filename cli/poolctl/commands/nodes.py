@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from poolctl import nodecheck
 from poolctl.cloud import Cloud
@@ -140,8 +142,6 @@ def check(
 
 def render(results: list[NodeResult]) -> None:
     """Node x check matrix when it fits the terminal, else one row per node and check."""
-    from rich.markup import escape
-    from rich.table import Table
 
     out = console()
 

@@ -6,6 +6,9 @@ import sys
 import time
 from pathlib import Path
 
+from rich import box
+from rich.table import Table
+
 from poolctl.cloud import Cloud
 from poolctl.commands.common import console
 from poolctl.config import Config, Pool, Target, find_config, parse_config
@@ -40,10 +43,15 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def _row(c: Candidate, mark: str, lens: bool) -> list[str]:
+TOPOLOGY_SHORT = {AGGREGATED: "agg", "disagg-node": "P/D node", "disagg-cross": "P/D cross"}
+
+
+def _row(c: Candidate, mark: str, lens: bool, hits: bool) -> list[str]:
     s = c.summary
-    return [mark, c.config.instance_type, str(c.config.tensor_parallel),
-            f"{c.config.max_num_seqs}/{c.config.max_num_batched_tokens}",
+    return [mark, c.config.instance_type, TOPOLOGY_SHORT.get(c.config.topology,
+                                                              c.config.topology),
+            c.config.shape, f"{c.config.max_num_seqs}/{c.config.max_num_batched_tokens}",
+            *([c.config.balancer, _f(c.hit_rate, ".0%")] if hits else []),
             *([f"{c.config.max_model_len:,}", f"{s.requests_over_max_model_len:,}"]
               if lens else []),
             f"{c.nodes}", f"{c.cost_per_hour_usd:,.2f}",
@@ -55,8 +63,6 @@ def _row(c: Candidate, mark: str, lens: bool) -> list[str]:
 
 
 def render_search(pool: Pool, r: SearchResult) -> None:
-    from rich import box
-    from rich.table import Table
 
     out = console()
     if not out.is_terminal:  # a file or a pipe: room for the table's columns
@@ -69,13 +75,21 @@ def render_search(pool: Pool, r: SearchResult) -> None:
               title_justify="left", box=box.SIMPLE_HEAD)
     # max_model_len and the requests refused for it, when the search tried longer ones
     lens = len({c.config.max_model_len for c in r.candidates}) > 1
-    for col in ("", "type", "TP", "seqs/step", *(("max len", "refused") if lens else ()),
+    # the balancer and the prefix cache's hit rate, when the trace has prefix hashes
+    hits = any(c.hit_rate is not None for c in r.candidates)
+    for col in ("", "type", "topology", "TP", "seqs/step",
+                *(("balancer", "hits") if hits else ()),
+                *(("max len", "refused") if lens else ()),
                 "nodes", "$/h", "$/1M out", "TTFT ms", "TPOT ms", "goodput", "kWh/1M", "SLOs"):
         t.add_column(col, justify="left" if col in ("", "type", "SLOs") else "right",
-                     no_wrap=col in ("type", "seqs/step"))
-    for c in r.front:
-        mark = "chosen" if c == r.chosen else "file" if c == r.file_candidate() else ""
-        t.add_row(*_row(c, mark, lens))
+                     no_wrap=col in ("type", "topology", "seqs/step"))
+    rows = list(r.front)
+    if r.deployable is not None and r.deployable not in rows:
+        rows.append(r.deployable)  # beside a disaggregated choice, off the front
+    for c in sorted(rows, key=Candidate.key):
+        mark = ("chosen" if c == r.chosen else "write" if c == r.deployable else
+                "file" if c == r.file_candidate() else "")
+        t.add_row(*_row(c, mark, lens, hits))
     out.print(t)
     ch, f = r.chosen, r.file_candidate()
     assert ch is not None  # search() raises when nothing meets the SLOs
@@ -89,6 +103,16 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     else:
         line += "; the file's configuration meets the SLOs at no node count searched"
     out.print(line)
+    d = r.deployable
+    if ch.config.topology != AGGREGATED:
+        out.print(f"poolctl does not deploy {ch.config.topology} serving yet: "
+                  + ("no aggregated candidate meets the SLOs, so `--write` refuses" if d is None
+                     else f"the best aggregated candidate is {d.nodes} node(s) of "
+                     f"{d.config.label()} at ${d.cost_per_hour_usd:,.2f}/h, "
+                     f"${_f(d.summary.cost.usd_per_1m_output_tokens, ',.3f')} per 1M output "
+                     "tokens; `--write` writes that one"))
+        if d is None:
+            return
     if not r.changes:
         out.print("poolctl.yaml: nothing to change (the file already has the choice)")
         return
@@ -96,6 +120,9 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     for change in r.changes:
         old = change.old if change.old is not None else "(default)"
         out.print(f"  {change.key}: {old} -> {change.new}")
+    if r.sizes is not None:
+        out.print(f"  (keeps the file's headroom: {r.sizes.headroom_nodes} node(s) above the "
+                  f"minimum, {r.sizes.warm_nodes} warm node(s))")
 
 
 def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud], SearchResult]
@@ -108,9 +135,11 @@ def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud
         raise UsageError(f"--write: pool {twice[0]} was searched on two clouds, whose choices "
                          "may differ; give --cloud")
     for (name, c), r in results.items():
-        if r.chosen is not None and r.chosen.config.topology != AGGREGATED:
+        if r.chosen is not None and r.chosen.config.topology != AGGREGATED and \
+                r.deployable is None:
             raise UsageError(f"--write: {name}/{c}: the choice is {r.chosen.config.topology} "
-                             "serving, which poolctl does not deploy yet; nothing was written")
+                             "serving, which poolctl does not deploy yet, and no aggregated "
+                             "candidate meets the SLOs; nothing was written")
     path = find_config(file)
     text = path.read_text()
     done: list[str] = []
@@ -125,6 +154,11 @@ def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud
     parse_config(text, source=str(path))  # the edited file still reads (or nothing written)
     if done:
         write_atomic(path, text)
+    for (name, c), r in results.items():
+        if r.chosen is not None and r.deployable is not None and r.deployable != r.chosen:
+            sys.stderr.write(f"poolctl: {name}/{c}: wrote the best aggregated candidate "
+                             f"({r.deployable.config.label()}), not the {r.chosen.config.topology}"
+                             " choice, which poolctl does not deploy yet\n")
     for (name, c), r in results.items():
         other = Cloud.gcp if c == Cloud.aws else Cloud.aws
         pool = next(p for p in cfg.pools if p.name == name)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.table import Table
 
 from poolctl import runtime
 from poolctl.commands.common import (
@@ -64,7 +65,6 @@ def _lines(file: Path | None, pool: str | None, cloud: Cloud | None, sandbox: bo
 
 
 def _render(rows: list[tuple[Pool, Cloud, QuotaLine]]) -> None:
-    from rich.table import Table
 
     t = Table(title="quota", title_justify="left")
     for col in ("pool", "quota", "scope", "needed", "in use (pool)", "granted", "short"):

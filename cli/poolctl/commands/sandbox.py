@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
+import urllib.error
+import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.table import Table
 
 from poolctl import naming
 from poolctl.commands.common import JsonOpt, console, emit_json, real, region_name, whole
@@ -93,7 +97,6 @@ def _parse_quotas(items: list[str] | None) -> dict[str, float]:
 def _boot_speedup(speedup: float | None, manual: bool) -> tuple[float, bool]:
     """The speedup asked for (flag, else $POOLCTL_SANDBOX_BOOT_SPEEDUP, else 100) and
     whether a flag named it."""
-    import os
 
     if manual and speedup not in (None, 0):
         raise UsageError(f"--boot-speedup {speedup:g} and --manual-boot: give one of them")
@@ -201,7 +204,6 @@ def status(region: RegionOpt = None, json: JsonOpt = False) -> None:
 
 
 def _render_holdings(out: Console, holds: dict[str, Any]) -> None:
-    from rich.table import Table
 
     region = holds.get("region")
     groups = holds.get("auto_scaling_groups") or []
@@ -299,8 +301,6 @@ def approve_quota(
     """Approve a pending quota increase request, as AWS support would: its value applies.
 
     Through the sandbox's admin endpoint POST /_poolctl/quota-requests/ID."""
-    import urllib.error
-    import urllib.parse
 
     endpoint = manager.endpoint()
     # The id is data: quoted into the path, never able to name another endpoint.

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.table import Table
 
 from poolctl.capacity import run_pool
 from poolctl.commands.common import (
@@ -190,7 +191,6 @@ def window_comparison(spec: tuple[float, float, int, bool], w: SimWindow, with_w
 
 
 def render(s: dict[str, Any]) -> None:
-    from rich.table import Table
 
     t = Table(title=f"{s['pool']} on {s['cloud']}: {s['trace']}", show_header=False,
               title_justify="left")
@@ -291,7 +291,7 @@ def _usd(x: float | None, digits: int = 3) -> str:
 
 def _need_matplotlib() -> None:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: PLC0415, F401 (the optional [plot] extra)
     except ImportError:
         raise UsageError("--plot: needs matplotlib; install it with "
                          "pip install 'poolctl[plot]' (or drop --plot)") from None
@@ -299,10 +299,10 @@ def _need_matplotlib() -> None:
 
 def draw(res: SimResult, s: dict[str, Any], path: Path) -> None:
     """Arrivals per minute, replicas in service and TTFT (p90 per minute) over time."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (the optional [plot] extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (the optional [plot] extra)
 
     q = res.req
     bucket = 60.0

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from poolctl.adaptors.aws import botocore_exceptions
 from poolctl.clouds.aws import ops as aws
 from poolctl.clouds.gcp import ops as gcp
@@ -157,7 +161,6 @@ class SshOptions:
 
 
 def load_identity(path: Path) -> Any:
-    import paramiko
 
     p = Path(path).expanduser()
     if not p.is_file():
@@ -241,7 +244,6 @@ def host_matches(patterns: str, name: str) -> bool:
 
 
 def _pkey(entry: KnownHost) -> Any | None:
-    import paramiko
 
     try:
         return paramiko.PKey.from_type_string(entry.key_type, base64.b64decode(entry.key_b64))
@@ -305,7 +307,6 @@ class HostKeyPolicy:
 
 
 def _reject_policy(policy: HostKeyPolicy) -> paramiko.RejectPolicy:
-    import paramiko
 
     class Reject(paramiko.RejectPolicy):
         """RejectPolicy that says why the key was refused and how to trust it on purpose."""
@@ -334,7 +335,6 @@ def _quiet_paramiko() -> None:
 def connect(host: Host, opts: SshOptions) -> tuple[paramiko.SSHClient, str, str | None]:
     """(a connected paramiko SSHClient, the user logged in as, a note for the ssh check), or
     SshFailure with the reason and the fix."""
-    import paramiko
 
     _quiet_paramiko()
     client = paramiko.SSHClient()
@@ -434,7 +434,6 @@ def proxy_argv(template: str, host: Host) -> list[str]:
 
 
 def proxy_socket(template: str, host: Host) -> Any:
-    import paramiko
 
     argv = proxy_argv(template, host)
     values = _placeholders(host)
@@ -453,9 +452,6 @@ def proxy_socket(template: str, host: Host) -> Any:
 
 def _fresh_key() -> Any:
     """A new ed25519 key for one login; the private half never leaves this process."""
-    import paramiko
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,

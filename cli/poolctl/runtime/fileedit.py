@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from poolctl.config import Config, Loc, Pool, _LineLoader, parse_config
 from poolctl.errors import UsageError
 
@@ -22,7 +24,6 @@ if TYPE_CHECKING:
 
 
 def _value_node(text: str, path: Loc) -> yaml.Node | None:
-    import yaml
 
     try:
         node = yaml.compose(text, Loader=_LineLoader)
@@ -48,7 +49,6 @@ def _value_node(text: str, path: Loc) -> yaml.Node | None:
 def _render_scalar(value: str, style: str | None) -> str:
     """`value` as a YAML scalar that reads back as the same string, in the old quote style
     where that style can carry it."""
-    import yaml
 
     if style == "'" and "\n" not in value:
         return "'" + value.replace("'", "''") + "'"
@@ -68,7 +68,6 @@ def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
     Only the scalar's own characters change. `plain` writes `value` unquoted (a number or
     a word YAML reads as it is written: `8`, `p5.48xlarge`). UsageError when the key is not
     literally in the file (a default applies) or is not a plain one-line value."""
-    import yaml
 
     key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(
         ".[", "[")
@@ -94,7 +93,6 @@ def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
                plain: bool = False) -> tuple[str, str | None, int]:
     """`edit_scalar`, or, when the key is not written (its default applies), one new line
     `key: value` at the top of its block-style mapping: (new text, old value or None, line)."""
-    import yaml
 
     if _value_node(text, path) is not None:
         return edit_scalar(text, path, value, source, plain)
@@ -119,7 +117,6 @@ def unset_scalar(text: str, path: Loc, source: str = "poolctl.yaml"
     """The inverse of `set_scalar` adding a line: remove the one line `key: value` at `path`,
     so that the default applies again: (new text, old value or None, line or None). A key
     not written leaves the text as it is."""
-    import yaml
 
     parent = _value_node(text, path[:-1])
     pairs = parent.value if isinstance(parent, yaml.MappingNode) else []
