@@ -8,7 +8,8 @@ it: its size is max(MinSize 2, MaxGroupPreparedCapacity (1 + 2) - desired 3) = 2
 
 Windows survive `deploy` because Terraform manages none of them: the stack has no
 `aws_autoscaling_schedule` (tests/synth/test_aws_stack.py checks it on the synthesized
-JSON); the first test also deploys in between and finds the actions still there.
+JSON); test_the_window_launches_into_the_bought_block deploys in between and the window
+still runs.
 """
 
 from __future__ import annotations
@@ -73,10 +74,8 @@ def test_a_window_raises_the_pool_at_its_start_and_gives_it_back_at_its_end(
     g = group(sandbox_client)
     assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)  # nothing before --from
 
-    # A deploy in between (Terraform plans and applies the stack again) keeps both actions.
-    cli("deploy", "--cloud", "aws", "--auto-approve")
-    assert sorted(actions(sandbox_client)) == [f"poolctl-window-{wid}-2n-from",
-                                               f"poolctl-window-{wid}-2n-until"]
+    # A deploy in between keeps both actions: test_the_window_launches_into_the_bought_block
+    # deploys between scheduling and --from (one deploy fewer for the suite).
 
     # 11 minutes on: the start has run; the nodes boot (the hook completed for them).
     sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
@@ -202,3 +201,55 @@ def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox,
     assert res.stderr.strip() and res.stderr.strip().count("\n") == 0, res.stderr
     assert "Traceback" not in res.stderr
     assert actions(sandbox_client) == [] and capacity_blocks(sandbox) == before
+
+
+def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(
+        cli, deployed_pool, sandbox_home, sandbox, sandbox_client, tmp_path):
+    """The whole path: buy with --yes, add the line the message names, deploy, and the
+    window's 2 nodes launch into the block and are gone 30 min before its end. The file
+    drops its warm pool: stopped warm nodes started by the window would not be in the block
+    (they launched before it). The pool's own deploy is restored at the end."""
+    from datetime import UTC, datetime, timedelta
+
+    def clock_at(at: datetime) -> None:
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock",
+                      {"offset_seconds": (at - datetime.now(UTC)).total_seconds()})
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    cli("warm", "--reset")
+    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    nxt = day + timedelta(days=1)
+    made = js(cli("warm", "--replicas", "8", "--running", "--from", f"{day}T12:00:00Z",
+                  "--until", f"{nxt}T11:00:00Z", "--reserve", "--yes", "--json"))
+    cr = made["bought"]
+    path = tmp_path / "poolctl.yaml"
+    path.write_text(DEPLOYED_EXAMPLE.read_text().replace(
+        "    aws:\n", f"    aws:\n      capacity:\n        capacity_block: {cr}\n", 1).replace(
+        "      replicas: 8\n      state: stopped\n", "      replicas: 0\n      state: stopped\n",
+        1))
+    ec2 = sandbox_client("ec2")
+
+    def instances(ids: list[str]) -> list[dict]:
+        return [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+                for i in r["Instances"]]
+
+    try:
+        pool_cli(sandbox_home, path)("deploy", "--cloud", "aws", "--auto-approve")
+        assert len(actions(sandbox_client)) == 2  # the deploy kept the window
+        clock_at(datetime(day.year, day.month, day.day, 12, 1, tzinfo=UTC))
+        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
+                      {"AutoScalingGroupName": ASG, "LifecycleActionResult": "CONTINUE"})
+        g = group(sandbox_client)
+        assert (g["MinSize"], g["DesiredCapacity"]) == (3, 3)  # 1 + the window's 2
+        nodes = instances([i["InstanceId"] for i in g["Instances"]])
+        in_block = [i["InstanceId"] for i in nodes if i.get("CapacityReservationId") == cr]
+        assert len(in_block) == 2  # the window's; the node from before stays On-Demand
+        # 11:01 the next day: past the window's 10:55 and the block's 11:30 - 30 min.
+        clock_at(datetime(nxt.year, nxt.month, nxt.day, 11, 1, tzinfo=UTC))
+        assert {i["State"]["Name"] for i in instances(in_block)} <= {"shutting-down",
+                                                                     "terminated"}
+        g = group(sandbox_client)
+        assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)
+    finally:
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+        cli("deploy", "--cloud", "aws", "--auto-approve")
