@@ -207,8 +207,8 @@ def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(
         cli, deployed_pool, sandbox_home, sandbox, sandbox_client, tmp_path):
     """The whole path: buy with --yes, add the line the message names, deploy, and the
     window's 2 nodes launch into the block and are gone 30 min before its end. The file
-    drops its warm pool: stopped warm nodes started by the window would not be in the block
-    (they launched before it). The pool's own deploy is restored at the end."""
+    drops its warm pool (a block pool keeps none: config rule). The pool's own deploy is
+    restored at the end."""
     from datetime import UTC, datetime, timedelta
 
     def clock_at(at: datetime) -> None:

@@ -435,6 +435,9 @@ def with_capacity(tmp_path_factory) -> dict[str, dict]:
         text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
             "    aws:\n", f"    aws:\n      capacity: {body}\n").replace(
             "project: acme\n", f"project: acme-{variant}\n")
+        if variant == "block":  # a block pool keeps no warm pool (config rule)
+            text = text.replace("    warm_pool:\n      replicas: 8\n",
+                                "    warm_pool:\n      replicas: 0\n")
         cfg = parse_config(text)
         configs.append((cfg, cfg.targets(None, Cloud.aws)))
         names[f"acme-{variant}-qwen-7b-aws"] = variant

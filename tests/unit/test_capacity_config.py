@@ -73,14 +73,23 @@ def test_capacity_refused_naming_the_key(body, key, says):
     assert f" {key}: " in msg and says in msg, msg
 
 
+def block(**kw) -> str:
+    return pool_yaml(extra_aws=f"      capacity: {{capacity_block: {CR}}}\n", **kw)
+
+
 def test_capacity_block_is_kept():
-    cap = parse_config(capacity(f"{{capacity_block: {CR}}}")).pools[0].aws.capacity
+    cap = parse_config(block(warm=0)).pools[0].aws.capacity
     # The block is no reservation of the reservations key: those stay EC2's default.
     assert (cap.capacity_block, cap.reservation_ids, cap.mode) == (CR, [], "open")
 
 
 def test_capacity_block_with_fallback_types_is_refused():
-    text = pool_yaml(extra_aws=f"      capacity: {{capacity_block: {CR}}}\n"
-                               "      fallback_instance_types: [p5e.48xlarge]\n")
+    text = pool_yaml(warm=0, extra_aws=f"      capacity: {{capacity_block: {CR}}}\n"
+                     "      fallback_instance_types: [p5e.48xlarge]\n")
     msg = error_of(text)
     assert " pools[0].aws.fallback_instance_types: " in msg and "holds instance_type" in msg, msg
+
+
+def test_capacity_block_with_a_warm_pool_is_refused():
+    msg = error_of(block(warm=8))
+    assert " pools[0].warm_pool.replicas: " in msg and "keeps no warm pool" in msg, msg
