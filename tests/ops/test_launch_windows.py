@@ -168,6 +168,7 @@ def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
     # The one line and the deploy that put the pool's launches into the block.
     assert f"capacity_block: {made['bought']}" in made["message"]
     assert "poolctl deploy --pool chat-70b" in made["message"]
+    assert "set warm_pool.replicas: 0" in made["message"]  # the example keeps 2 warm nodes
     cli("warm", "--cancel", made["window"])
     assert actions(sandbox_client) == []
 

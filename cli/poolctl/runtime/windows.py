@@ -214,7 +214,9 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
         f"; bought Capacity Block {bought} (${offerings[0].upfront_usd:,.2f}, "
         f"{offerings[0].start.isoformat(timespec='minutes')} to "
         f"{offerings[0].end.isoformat(timespec='minutes')}): for the nodes to launch into "
-        f"it, add `capacity_block: {bought}` under the pool's aws.capacity and run "
+        f"it, add `capacity_block: {bought}` under the pool's aws.capacity"
+        + (" (and set warm_pool.replicas: 0: a block pool keeps no warm pool)"
+           if pool.warm_pool.replicas else "") + " and run "
         f"`poolctl deploy --pool {pool.name}` before the window (every launch then targets "
         "the block; docs/capacity.md#capacity-blocks)")
     return WindowsResult(
