@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from poolctl.errors import UsageError
 from poolctl.servingmodel import ReplicaModel
-from poolctl.simulate import simulate
+from poolctl.simulate import percentile, simulate
 from poolctl.traces import Trace
 
 FIT = ("prefill_mfu", "decode_mbu", "step_overhead_ms", "decode_us_per_seq")
@@ -191,17 +191,10 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
             continue
         xs.sort()
         out[f"{metric}_mean"] = sum(xs) / len(xs)
-        out[f"{metric}_median"] = _pct(xs, 50)
-        out[f"{metric}_p90"] = _pct(xs, 90)
+        # numpy's default (linear) percentile, as vLLM's benchmark takes it; xs is not empty
+        out[f"{metric}_median"] = percentile(xs, 0.5) or 0.0
+        out[f"{metric}_p90"] = percentile(xs, 0.9) or 0.0
     return out
-
-
-def _pct(xs: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as vLLM's benchmark takes it."""
-    k = (len(xs) - 1) * q / 100
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 # ---------------------------------------------------------------------- the fit
