@@ -964,13 +964,13 @@ class Pool(CoreModel):
     @model_validator(mode="after")
     def _block_without_warm_pool(self) -> Pool:
         if self.aws is not None and self.aws.capacity.capacity_block and self.warm_pool.replicas:
-            # Every launch targets the block, so the warm pool cannot fill outside it, and a
-            # stopped node gives its slot back (EC2 user guide, launch into Capacity Blocks).
+            # AWS Auto Scaling guide, Capacity Blocks, limitations: "Mixed instances groups
+            # and warm pools are not supported" (docs/cloud-facts.md).
             raise invalid("Pool", ("warm_pool", "replicas"),
                           "a pool on a Capacity Block (aws.capacity.capacity_block) keeps no "
-                          "warm pool: its nodes launch only inside the block and a stopped "
-                          "one gives its slot back; set 0 and schedule the window's nodes "
-                          "with `warm --from/--until --running`", self.warm_pool.replicas)
+                          "warm pool: AWS does not support warm pools with Capacity Blocks; "
+                          "set 0 and schedule the window's nodes with `warm --from/--until "
+                          "--running`", self.warm_pool.replicas)
         return self
 
     @model_validator(mode="after")

@@ -77,6 +77,7 @@ class HeldCapacity:
     reserved_nodes: int  # what the reservations hold (the placement's capacity.reserved_nodes)
     held_nodes: int
     hoped_nodes: int
+    capacity_block: str | None = None  # the Capacity Block every node launches into (AWS)
 
     def words(self) -> str:
         """The one phrase plan, status and warm say it in."""
@@ -88,15 +89,21 @@ class HeldCapacity:
         if h.hoped_nodes:
             held += (f"; {h.hoped_nodes} hoped for (stopped warm nodes without a reservation: "
                      "each start is a new launch that can fail for capacity)")
+        if h.capacity_block:
+            held += (f"; every node in Capacity Block {h.capacity_block}: held while the "
+                     "block is active, none launches outside it (`poolctl capacity check` "
+                     "shows its size and end)")
         return held
 
 
-def held_capacity(running: int, stopped: int, reserved: int) -> HeldCapacity:
+def held_capacity(running: int, stopped: int, reserved: int,
+                  capacity_block: str | None = None) -> HeldCapacity:
     """Running nodes take reservation room first (a launch prefers a matching reservation);
     what is left of it keeps room for stopped nodes."""
     covered = min(stopped, max(0, reserved - running))
     return HeldCapacity(running_nodes=running, stopped_nodes=stopped, reserved_nodes=reserved,
-                        held_nodes=running + covered, hoped_nodes=stopped - covered)
+                        held_nodes=running + covered, hoped_nodes=stopped - covered,
+                        capacity_block=capacity_block)
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,11 @@ def cost_split(running_min: int, running_max: int, reserved: int, price: float) 
 def reserved_nodes(pool: Pool, cloud: Cloud) -> int:
     placement = pool.placement(cloud)
     return placement.capacity.reserved_nodes if placement is not None else 0
+
+
+def capacity_block(pool: Pool, cloud: Cloud) -> str | None:
+    """The Capacity Block the pool's every node launches into (aws.capacity.capacity_block)."""
+    return pool.aws.capacity.capacity_block if cloud == Cloud.aws and pool.aws else None
 
 
 @dataclass(frozen=True)
@@ -389,7 +401,7 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         },
         power_source=None if row.power is None else row.power.source,
         capacity=held_capacity(nodes.min + warm_running, nodes.warm - warm_running,
-                               reserved),
+                               reserved, capacity_block(pool, cloud)),
         cost_split_usd=cost_split(nodes.min + warm_running, nodes.max + warm_running,
                                   reserved, price),
     )

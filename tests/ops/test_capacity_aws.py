@@ -102,3 +102,43 @@ def test_open_reservations_of_the_type_count_by_default(reserve, sandbox_home, t
     rc, out, _ = check(sandbox_home, tmp_path, {"preference": "none"})
     assert rc == 0 and out is not None and out["pools"][0]["held"] == 0
 
+
+
+def block_check(home: Path, tmp_path: Path, block: str) -> tuple[int, dict | None, str]:
+    """`capacity check --json` of the example on a Capacity Block: no warm pool (a block pool
+    keeps none), so by hand it needs min 1, warm 0, surge 1, max 6, peak 6 + 1 = 7."""
+    cfg = yaml.safe_load((ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml").read_text())
+    cfg["pools"][0]["warm_pool"]["replicas"] = 0
+    cfg["pools"][0]["aws"]["capacity"] = {"capacity_block": block}
+    path = tmp_path / "poolctl.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = run_poolctl(home, "capacity", "check", "-f", str(path), "--cloud", "aws", "--sandbox",
+                    "--json")
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else None, r.stderr
+
+
+def test_a_capacity_block_is_the_only_capacity_of_a_block_pool(reserve, sandbox_reset,
+                                                                sandbox_home, tmp_path):
+    (block,) = sandbox_admin(sandbox_reset, "POST", "/_poolctl/capacity", {"capacity_blocks": [
+        {"instance_type": P5, "zone": "us-east-1b", "count": 2, "hours": 24}]})["created"]
+    rc, out, err = block_check(sandbox_home, tmp_path, block)
+    assert rc == 1, err
+    assert out is not None
+    (pool,) = out["pools"]
+    assert pool["preference"] == "capacity-block"
+    assert pool["needs"] == {"min": 1, "warm": 0, "surge": 1, "max": 6, "peak": 7}
+    # Every launch targets the block: 2 held, the peak's other 5 would fail.
+    assert (pool["held"], pool["beyond"]) == (2, {"min": 0, "max": 4, "peak": 5})
+    (row,) = {z["zone"]: z for z in pool["zones"]}["us-east-1b"]["reservations"]
+    assert (row["id"], row["kind"], row["state"], row["total"]) == (
+        block, "capacity-block", "active", 2)
+    assert row["start"] and row["end"] and row["start"] < row["end"]
+    assert err.count("\n") == 1 and f"Capacity Block ({block} is active until" in err, err
+    assert "needs 5 beyond the 2 it holds" in err, err
+
+    # An On-Demand reservation named as the block: the key, exit 2.
+    odcr = reserve(P5, "us-east-1a", 1)
+    rc, _, err = block_check(sandbox_home, tmp_path, odcr)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("poolctl: pools[0].aws.capacity.capacity_block: ") and \
+        "not a Capacity Block" in err, err

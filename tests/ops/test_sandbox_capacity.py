@@ -466,7 +466,9 @@ def test_capacity_block_from_the_admin_endpoint_is_targeted_only(sandbox_capacit
     target = {"CapacityReservationTarget": {"CapacityReservationId": made[0]}}
     with pytest.raises(ClientError) as e:
         _run(ec2, zone=None, CapacityReservationSpecification=target)  # no market type
-    assert e.value.response["Error"]["Code"] == "InvalidParameterCombination"
+    assert e.value.response["Error"] == {
+        "Code": "InvalidParameterValue", "Message": "The market type (purchasing) option is "
+        "not valid. Choose a different market type and try again."}
     with pytest.raises(ClientError) as e:
         _run(ec2, InstanceMarketOptions=BLOCK_MARKET)  # the market without a block
     assert e.value.response["Error"]["Code"] == "InvalidParameterCombination"

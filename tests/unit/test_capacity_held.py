@@ -183,4 +183,24 @@ def test_status_holds_running_and_warmed_running_not_warmed_stopped():
                    nodes=nodes, rollout=None, queue_per_replica=None, reserved_nodes=4)
     # up: 1, 2, 3 = 3; stopped warm: 4, 5, 7 = 3; 4 reserved - 3 up = room for 1 of them.
     assert s.to_json()["capacity"] == {"running_nodes": 3, "stopped_nodes": 3,
-                                       "reserved_nodes": 4, "held_nodes": 4, "hoped_nodes": 2}
+                                       "reserved_nodes": 4, "held_nodes": 4, "hoped_nodes": 2,
+                                       "capacity_block": None}
+
+
+def test_a_block_pool_says_its_nodes_are_held_by_the_block_in_plan_and_status():
+    block = "cr-0123456789abcdef0"
+    cfg = parse_config(pool_yaml(
+        warm=0, extra_aws=f"      capacity: {{capacity_block: {block}}}\n"))
+    p = plan_pool(cfg.pools[0], Cloud.aws)
+    # min 4 replicas / 4 per node = 1 running node, no warm pool: 1 held, 0 hoped.
+    assert (p.capacity.held_nodes, p.capacity.hoped_nodes, p.capacity.capacity_block) == (
+        1, 0, block)
+    assert f"every node in Capacity Block {block}" in p.capacity.words()
+    # GCP has no Capacity Block: its plan of the same pool says nothing of one.
+    assert plan_pool(cfg.pools[0], Cloud.gcp).capacity.capacity_block is None
+    # status and warm say it in the same words (PoolStatus.held from the file's block).
+    st = PoolStatus(pool="chat-70b", cloud=Cloud.aws, group=group(), replicas_per_node=4,
+                    nodes=[node(1, "InService", "in_service")],
+                    rollout=None, queue_per_replica=None, capacity_block=block)
+    assert st.held().capacity_block == block and st.to_json()["capacity"]["capacity_block"] \
+        == block

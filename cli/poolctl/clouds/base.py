@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
+from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
 from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity
@@ -212,13 +213,14 @@ class PoolStatus:
     # What the reservations hold, from the file (capacity.reserved_nodes): status asks the
     # cloud for no reservation.
     reserved_nodes: int = 0
+    capacity_block: str | None = None  # from the file too (aws.capacity.capacity_block)
 
     def held(self) -> HeldCapacity:
         """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
         (stopped warm nodes beyond it: their start is a new launch)."""
         stopped = sum(1 for n in self.nodes if is_stopped_warm(n))
         up = sum(1 for n in self.nodes if n.phase != "terminating" and not is_stopped_warm(n))
-        return held_capacity(up, stopped, self.reserved_nodes)
+        return held_capacity(up, stopped, self.reserved_nodes, self.capacity_block)
     # Launch windows still to end (`warm --from`), over the minimum kept before them.
     windows: list[Window] = field(default_factory=list)
     windows_kept_min: int | None = None
@@ -414,6 +416,7 @@ class ReservationRow:
     end: str | None  # ISO time it ends; None: unlimited
     kind: str = "default"  # default | capacity-block
     pool_in_use: int = 0  # the pool's own nodes running in it
+    start: str | None = None  # ISO time it starts (a Capacity Block's, or a future one's)
 
     @property
     def in_use(self) -> int:
@@ -457,8 +460,14 @@ class CapacityReport:
                 if k in ("min", "max", "peak")}
 
     @property
+    def only_reserved(self) -> bool:
+        """Whether a launch beyond the reservations fails (reservations-only, or a pool on a
+        Capacity Block, whose every launch targets the block)."""
+        return self.preference in ("reservations-only", CAPACITY_BLOCK)
+
+    @property
     def ok(self) -> bool:
-        return self.preference != "reservations-only" or self.beyond["peak"] == 0
+        return not self.only_reserved or self.beyond["peak"] == 0
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.pool, "cloud": self.cloud, "region": self.region,

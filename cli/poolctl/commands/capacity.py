@@ -19,6 +19,7 @@ from poolctl.commands.common import (
     emit_json,
     resolve_targets,
 )
+from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import plan_pool
 
@@ -33,16 +34,18 @@ def _render(reports: list[CapacityReport]) -> None:
 
     t = Table(title="capacity", title_justify="left")
     for col in ("pool", "zone", "offered", "reservation", "match", "total", "available",
-                "in use", "ends"):
+                "in use", "starts", "ends"):
         t.add_column(col, justify="right" if col in ("total", "available", "in use") else "left")
     for r in reports:
         for z in r.zones:
             rows: list[ReservationRow | None] = [*z.reservations] or [None]
             for res in rows:
                 t.add_row(f"{r.pool}/{r.cloud}", z.zone, "yes" if z.offered else "no",
-                          *(("-", "-", "-", "-", "-", "-") if res is None else (
-                              f"{res.id} ({res.state})", res.match_criteria, str(res.total),
-                              str(res.available), str(res.in_use), res.end or "unlimited")),
+                          *(("-",) * 7 if res is None else (
+                              f"{res.id} ({res.state}"
+                              f"{', block' if res.kind == CAPACITY_BLOCK else ''})",
+                              res.match_criteria, str(res.total), str(res.available),
+                              str(res.in_use), res.start or "-", res.end or "unlimited")),
                           style=None if z.offered else "dim")
     console().print(t)
     for r in reports:
@@ -62,6 +65,16 @@ def capacity_problem(r: CapacityReport) -> str | None:
                 f"{r.instance_type}; choose zones that do ({where})")
     if r.ok:
         return None
+    if r.preference == CAPACITY_BLOCK:
+        blocks = [res for z in r.zones for res in z.reservations]
+        when = "; ".join(f"{b.id} is {b.state}" + (f" from {b.start}" if b.state == "scheduled"
+                                                    and b.start else "") + f" until {b.end}"
+                         for b in blocks) or "the block was not found"
+        return (f"{r.pool}/{r.cloud}: every launch targets the Capacity Block ({when}): the "
+                f"peak of {r.needs['peak']} node(s) needs {r.beyond['peak']} beyond the "
+                f"{r.held} it holds now; lower scaling.max_replicas and rollout."
+                "max_surge_replicas to fit the block, or schedule the extra nodes with `poolctl "
+                "warm --from/--until --reserve` instead of aws.capacity.capacity_block")
     return (f"{r.pool}/{r.cloud}: reservations-only: the peak of {r.needs['peak']} node(s) "
             f"needs {r.beyond['peak']} beyond the {r.held} the reservations hold in "
             f"{', '.join(offered)}; reserve {r.beyond['peak']} more {r.instance_type} there, or "
@@ -80,7 +93,8 @@ def check(
 ) -> None:
     """Per zone of the placement: whether the type is offered, the reservations that match
     the pool (total, available, in use, end, match criteria), and what its peak (min, warm,
-    surge, max) needs beyond them; exit 1 when reservations-only cannot cover the peak."""
+    surge, max) needs beyond them; exit 1 when reservations-only (or the pool's Capacity Block)
+    cannot cover the peak."""
 
     ctx = resolve_targets(file, pool, cloud, sandbox)
     ops, c = ctx.ops, ctx.cloud

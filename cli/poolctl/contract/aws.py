@@ -35,6 +35,10 @@ MAX_NODES = Var(
 # reference's InstancesDistribution).
 ON_DEMAND_ALLOCATION = "prioritized"
 
+# A Capacity Block's ReservationType, and the InstanceMarketOptions.MarketType a launch into
+# one carries (EC2 API reference; docs/cloud-facts.md, Capacity Blocks).
+CAPACITY_BLOCK = "capacity-block"
+
 
 def launch_types(pool: Pool) -> list[str]:
     """The types the group launches, in order; more than one: a mixed instances policy."""

@@ -19,7 +19,7 @@ from poolctl.clouds.base import (
 from poolctl.config import Config, Pool
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
-from poolctl.sizing import plan_pool, reserved_nodes
+from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
 
 # ---------------------------------------------------------------------------------------
 # Status
@@ -45,6 +45,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
                       reserved_nodes=reserved_nodes(pool, cloud),
+                      capacity_block=capacity_block(pool, cloud),
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept)
 
 

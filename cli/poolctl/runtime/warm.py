@@ -30,6 +30,7 @@ from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
 from poolctl.sizing import (
     HeldCapacity,
     PoolPlan,
+    capacity_block,
     held_capacity,
     nodes_for,
     plan_pool,
@@ -173,7 +174,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
         warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
     result.capacity = held_capacity(
         running_nodes(new_min, after_desired, new_warm, warm_running),
-        0 if warm_running else new_warm, reserved_nodes(pool, cloud))
+        0 if warm_running else new_warm, reserved_nodes(pool, cloud),
+        capacity_block(pool, cloud))
     if result.capacity.hoped_nodes and mode != "reset":
         # Said where it matters: stopped warm nodes a launch may not get back.
         result.capacity_line = (f"{pool.name}: capacity: {result.capacity.words()}; "

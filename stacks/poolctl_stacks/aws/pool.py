@@ -272,7 +272,7 @@ class NodeGroup(Construct):
             # A Capacity Block takes only launches of its market type (AWS Auto Scaling user
             # guide, "Use Capacity Blocks for machine learning workloads").
             instance_market_options=(None if placement.capacity.capacity_block is None
-                                     else {"market_type": "capacity-block"}),
+                                     else {"market_type": contract.CAPACITY_BLOCK}),
             tag_specifications=[
                 lt.LaunchTemplateTagSpecifications(resource_type=kind, tags={**tags, "Name": name})
                 for kind in ("instance", "volume")

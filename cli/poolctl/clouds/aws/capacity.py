@@ -26,6 +26,7 @@ from poolctl.clouds.base import (
     ZoneCapacity,
 )
 from poolctl.config import AwsPlacement, Config, Pool, format_loc
+from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.errors import UsageError
 
 # EC2's messages for the codes a launch fails with for capacity.
@@ -109,8 +110,8 @@ class Ec2Capacity(AwsApi, ChecksCapacity, ReportsLaunchFailures):
         ec2, cap = self.client("ec2", aws.region), aws.capacity
         if cap.mode == "none":
             return []
-        if cap.reservations:
-            ids = self._reservation_ids(aws)
+        if cap.reservations or cap.capacity_block:
+            ids = [cap.capacity_block] if cap.capacity_block else self._reservation_ids(aws)
             if not ids:
                 return []
             try:
@@ -148,13 +149,14 @@ class Ec2Capacity(AwsApi, ChecksCapacity, ReportsLaunchFailures):
                         ) -> CapacityReport:
         aws = pool.aws
         assert aws is not None  # asked for the pool's aws placement (Config.targets)
-        index = cfg.pools.index(pool)
-        loc = format_loc(("pools", index, "aws", "capacity", "reservations"))
+        index, block = cfg.pools.index(pool), aws.capacity.capacity_block
+        loc = format_loc(("pools", index, "aws", "capacity",
+                          "capacity_block" if block else "reservations"))
         zones = self._zones(aws)
         offered = self._offered(aws.region, aws.instance_type)
         mine = self._pool_in(cfg, pool, aws.region)
         by_zone: dict[str, list[ReservationRow]] = {z: [] for z in zones}
-        named = bool(aws.capacity.reservations)
+        named = bool(aws.capacity.reservations) or block is not None
         for r in self._reservations(aws, loc):
             row = ReservationRow(
                 id=r["CapacityReservationId"], instance_type=r["InstanceType"],
@@ -163,7 +165,8 @@ class Ec2Capacity(AwsApi, ChecksCapacity, ReportsLaunchFailures):
                 match_criteria=r.get("InstanceMatchCriteria", "open"),
                 end=_iso(r.get("EndDate")) or None,
                 kind=r.get("ReservationType", "default"),
-                pool_in_use=mine.get(r["CapacityReservationId"], 0))
+                pool_in_use=mine.get(r["CapacityReservationId"], 0),
+                start=_iso(r.get("StartDate")) or None)
             if not named:
                 if row.zone in by_zone:
                     by_zone[row.zone].append(row)
@@ -176,13 +179,19 @@ class Ec2Capacity(AwsApi, ChecksCapacity, ReportsLaunchFailures):
             if row.zone not in by_zone:
                 raise UsageError(f"{loc}: {row.id} is in {row.zone}, outside the pool's zones "
                                  f"({', '.join(zones)}); name reservations of those zones")
-            if row.state in ("cancelled", "expired", "failed"):
+            if row.state in ("cancelled", "expired", "failed", "payment-failed"):
                 raise UsageError(f"{loc}: {row.id} is {row.state}; remove it or name an "
-                                 "active reservation")
+                                 + ("active or scheduled Capacity Block" if block
+                                    else "active reservation"))
+            if block and row.kind != CAPACITY_BLOCK:
+                # Market type capacity-block launches only into a block (docs/cloud-facts.md).
+                raise UsageError(f"{loc}: {row.id} is a {row.kind} Capacity Reservation, not a "
+                                 "Capacity Block; name it under aws.capacity.reservations")
             by_zone[row.zone].append(row)
         return CapacityReport(
             pool=pool.name, cloud=Cloud.aws, region=aws.region,
-            instance_type=aws.instance_type, preference=aws.capacity.mode, needs=needs,
+            instance_type=aws.instance_type,
+            preference=CAPACITY_BLOCK if block else aws.capacity.mode, needs=needs,
             zones=[ZoneCapacity(z, z in offered, by_zone[z]) for z in zones])
 
     def launch_failures(self, group: Group, instance_type: str, since_s: float = 3600

@@ -49,11 +49,13 @@ for InstanceCount's (boto/boto3#2962).
 Capacity Blocks run on the sandbox clock (schedules.py), so a test moves into and out of
 one in seconds: a block is scheduled, active or expired by that clock. A launch into a block
 must carry market type capacity-block (RunInstances' InstanceMarketOptions, else its launch
-template's), and a launch of that market type must target a block: otherwise HTTP 400
-`InvalidParameterCombination` (the sandbox's wording; AWS's code for it was not found in its
-documentation). A launch into a block that is not active, or in its last 30 minutes, fails
-as a targeted launch that does not fit (`ReservationCapacityExceeded`; AWS's own code for a
-block not yet active was not found either). When the clock passes a block's end minus 30
+template's), otherwise HTTP 400 `InvalidParameterValue` "The market type (purchasing) option
+is not valid. ..." (EC2's answer as terraform-aws-modules/terraform-aws-ec2-instance#404
+quotes it); a launch of that market type must target a block, otherwise
+`InvalidParameterCombination` (the sandbox's wording; AWS documents no code for it). A launch
+into a block that is not active, or in its last 30 minutes, fails as a targeted launch that
+does not fit (`ReservationCapacityExceeded`; an assumption: AWS documents no code for a block
+not yet active). When the clock passes a block's end minus 30
 minutes, its instances are terminated, as EC2 begins to terminate them then (EC2 user
 guide, Capacity Blocks); a group replacing them cannot launch into the block again.
 
@@ -445,9 +447,10 @@ def check_market(ec2: Any, spec: CapacitySpec, market: str | None) -> None:
     named = [mine[i] for i in spec.ids if i in mine]
     into_block = any(r.reservation_type == BLOCK for r in named)
     if into_block and market != BLOCK:
-        raise ec2_error("InvalidParameterCombination",
-                        "A launch into a Capacity Block needs InstanceMarketOptions."
-                        "MarketType capacity-block")
+        # EC2's answer as a user quotes it (docs/cloud-facts.md, Capacity Blocks).
+        raise ec2_error("InvalidParameterValue",
+                        "The market type (purchasing) option is not valid. Choose a different "
+                        "market type and try again.")
     if market == BLOCK and not into_block:
         raise ec2_error("InvalidParameterCombination",
                         "MarketType capacity-block needs a CapacityReservationTarget naming "
