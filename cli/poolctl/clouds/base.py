@@ -529,6 +529,9 @@ class SchedulesWindows(ABC):
     (nodes in service): neither cloud schedules a warm pool's / standby pool's size."""
 
     max_windows: ClassVar[int]
+    # Whether an open window shows in the group's own minimum (AWS: its scheduled action set
+    # MinSize) or beside it (GCP: a schedule the autoscaler weighs with its minimum).
+    raises_group_minimum: ClassVar[bool]
 
     @abstractmethod
     def scheduled_windows(self, group: Group) -> tuple[list[Window], int | None]:
@@ -539,7 +542,8 @@ class SchedulesWindows(ABC):
     def write_windows(self, group: Group, windows: list[Window], base_min: int,
                       removed: list[Window]) -> None:
         """Make the cloud's schedule exactly `windows` over the kept minimum `base_min`,
-        deleting what `removed` left behind."""
+        deleting what `removed` left behind; where the group's minimum holds an open
+        window's raise (`raises_group_minimum`), it becomes `base_min` plus that raise."""
 
 
 @dataclass(frozen=True)

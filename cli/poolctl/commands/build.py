@@ -226,8 +226,10 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
     )
     leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
     failing = [] if destroy else _launches_failing(cfg, tgts, results, endpoints, started)
+    rebased = [] if destroy else _windows_rebased(cfg, tgts, results, endpoints)
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
+                   **({"windows_rebased": rebased} if rebased else {}),
                    **({"deleted_templates": leftovers} if leftovers else {}),
                    **({"launches_failing": failing} if failing else {})})
     else:
@@ -249,6 +251,19 @@ def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult
     for t, r in zip(tgts, results, strict=True):
         if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(
                 t.cloud, endpoints), started)):
+            out.append(line)
+    return out
+
+
+def _windows_rebased(cfg: Config, tgts: list[Target], results: list[StackResult],
+                     endpoints: CloudEndpoints) -> list[str]:
+    """Applied pools whose launch windows were written over another minimum than the one
+    the deploy left: they rise over the new one (said on stderr)."""
+    out = []
+    for t, r in zip(tgts, results, strict=True):
+        if r.applied and (line := runtime.deploy_windows(cfg, t.pool, t.cloud, runtime.get_ops(
+                t.cloud, endpoints))):
+            sys.stderr.write(f"== {r.stack}: {line}\n")
             out.append(line)
     return out
 

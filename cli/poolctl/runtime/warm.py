@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from poolctl.home import poolctl_home, write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval, stalled_launches
 from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
+from poolctl.runtime.windows import open_raise, rebase_windows
 from poolctl.sizing import (
     HeldCapacity,
     PoolPlan,
@@ -126,15 +127,23 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node
-    new_min, new_warm, new_desired, n = warm_targets(plan, group, replicas, running, reset,
+    now = datetime.now(UTC)
+    # `warm` sets the minimum kept outside the launch windows; an open window's raise stays
+    # on top of it until the window's end returns the minimum to what `warm` set.
+    windows, open_nodes, _ = open_raise(ops, group, now)
+    outside = replace(group, min_nodes=group.min_nodes - open_nodes)
+    new_min, new_warm, new_desired, n = warm_targets(plan, outside, replicas, running, reset,
                                                      exact)
+    set_min = new_min + open_nodes
+    if new_desired is not None:
+        new_desired = max(new_desired, set_min)
     mode = "reset" if reset else "running" if running else "warm"
     warm_running = pool.warm_pool.state == "running"
     before = _sizes(group)
     after_desired = new_desired if new_desired is not None else max(group.desired_nodes,
-                                                                     new_min)
-    after = {"min_nodes": new_min, "warm_nodes": new_warm, "desired_nodes": after_desired}
-    changed = (new_min, new_warm) != (group.min_nodes, group.warm_min_nodes) or (
+                                                                     set_min)
+    after = {"min_nodes": set_min, "warm_nodes": new_warm, "desired_nodes": after_desired}
+    changed = (set_min, new_warm) != (group.min_nodes, group.warm_min_nodes) or (
         after_desired != group.desired_nodes)
     rounded = replicas is not None and n * rpn != replicas
     result = WarmResult(
@@ -156,7 +165,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     now_running = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
                                 warm_running)
     launching = 0 if warm_running else max(0, new_warm - group.warm_min_nodes)
-    then_running = running_nodes(new_min, after_desired, new_warm, warm_running) + launching
+    then_running = running_nodes(set_min, after_desired, new_warm, warm_running) + launching
     if then_running > now_running:
         lines = quota_for_nodes(cfg, pool, cloud, ops, plan, then_running, "running at once",
                                 "nothing was changed")
@@ -166,6 +175,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
              "running": f"group minimum {new_min} node(s) ({plan.nodes.min} + "
                         f"{new_min - plan.nodes.min})",
              "reset": f"the file's sizes: minimum {new_min}, warm {new_warm} node(s)"}[mode]
+    if open_nodes and mode != "warm":
+        label += f" (+{open_nodes} of the open launch window until its end)"
     kept = ""
     if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
         kept = (f" ({n * rpn} replicas asked for; {_spare(mode, plan, new_min, new_warm) * rpn} "
@@ -173,7 +184,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     if mode == "reset":  # from now on `deploy` applies the file's sizes
         warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
     result.capacity = held_capacity(
-        running_nodes(new_min, after_desired, new_warm, warm_running),
+        running_nodes(set_min, after_desired, new_warm, warm_running),
         0 if warm_running else new_warm, reserved_nodes(pool, cloud),
         capacity_block(pool, cloud))
     if result.capacity.hoped_nodes and mode != "reset":
@@ -185,7 +196,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
         if mode != "reset" and not load_warm_record(cfg, pool, cloud):
             _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
         return result
-    ops.set_capacity(group, min_nodes=new_min, warm_nodes=new_warm, warm_running=warm_running,
+    ops.set_capacity(group, min_nodes=set_min, warm_nodes=new_warm, warm_running=warm_running,
                      desired_nodes=new_desired)
     if mode != "reset":
         _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
@@ -194,6 +205,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                for what, k in (("warm", "warm_nodes"), ("minimum", "min_nodes"),
                                ("desired", "desired_nodes")) if before[k] != after[k]]
     result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
+    if windows and (line := rebase_windows(cfg, pool, ops, new_min, now)):
+        result.message += f"; {line.split(': ', 1)[1]}"
     return result
 
 
@@ -261,6 +274,19 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
                                       ("warm nodes", group.warm_min_nodes, plan.nodes.warm))
              if live != file]
     return (env, lines) if lines else ({}, [])
+
+
+def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> str | None:
+    """After `deploy`'s apply: launch windows scheduled over an earlier minimum rise over
+    the one the deploy left (the file's, or the one `warm` keeps), so that their ends return
+    to it; the line saying so, or None."""
+    rec = load_warm_record(cfg, pool, cloud)
+    base = int(rec["min_nodes"]) if rec and "min_nodes" in rec else plan_pool(
+        pool, cloud).nodes.min
+    try:
+        return rebase_windows(cfg, pool, ops, base, datetime.now(UTC))
+    except OperationFailed:
+        return None  # nothing deployed to look at (a plan-only run, a refused apply)
 
 
 def deploy_launches(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,

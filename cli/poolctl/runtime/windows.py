@@ -35,6 +35,7 @@ from poolctl.windows import (
     check_window,
     edges,
     new_id,
+    raise_at,
 )
 
 NOT_RUNNING = (
@@ -101,6 +102,32 @@ def _current(sched: SchedulesWindows, group: Group, now: datetime
     live = [w for w in windows if w.end > now]
     return live, group.min_nodes if base is None else base, [w for w in windows
                                                             if w.end <= now]
+
+
+def open_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
+    """(windows still to end, the nodes an open window adds to the group's own minimum now,
+    the minimum kept under the windows): what `warm` and `deploy` set the minimum around.
+    ([], 0, the group's minimum) where the cloud schedules no windows."""
+    if not isinstance(ops, SchedulesWindows):
+        return [], 0, group.min_nodes
+    live, base, _ = _current(ops, group, now)
+    return live, raise_at(live, now) if ops.raises_group_minimum else 0, base
+
+
+def rebase_windows(cfg: Config, pool: Pool, ops: CloudOps, base_min: int, now: datetime
+                   ) -> str | None:
+    """After `warm` or `deploy` set the minimum kept outside the windows to `base_min`: the
+    windows rise over it and their ends return to it (they were written over the minimum of
+    their scheduling). A line saying so, or None when nothing changed."""
+    if not isinstance(ops, SchedulesWindows):
+        return None
+    group = ops.find_group(cfg, pool)
+    live, base, ended = _current(ops, group, now)
+    if not live or base == base_min:
+        return None
+    ops.write_windows(group, live, base_min, removed=ended)
+    return (f"{pool.name}: {len(live)} window(s) now rise over a minimum of {base_min} "
+            f"node(s) (was {base}) and return to it at their ends")
 
 
 def window_line(w: WindowRow) -> str:

@@ -37,6 +37,7 @@ class ScheduledActions(AwsApi, SchedulesWindows):
 
     # Auto Scaling quotas: 125 scheduled actions per group, two per window.
     max_windows = 125 // 2
+    raises_group_minimum = True
 
     def _window_actions(self, group: Group) -> list[dict[str, Any]]:
         asg = self.client("autoscaling", group.region)
@@ -91,9 +92,11 @@ class ScheduledActions(AwsApi, SchedulesWindows):
                     AutoScalingGroupName=group.name, ScheduledActionNames=gone[i:i + _BATCH],
                 )["FailedScheduledActions"]
         now = datetime.now(UTC)
-        if not failed and any(w.active(now) for w in removed if w.end > now):
-            # A window that has begun lost its `until` action: its minimum returns now.
-            min_nodes = base_min + raise_at(windows, now)
+        min_nodes = base_min + raise_at(windows, now)
+        if not failed and min_nodes != group.min_nodes and any(
+                w.active(now) for w in [*windows, *removed] if w.end > now):
+            # A window open now already ran its `from` action: the minimum it set follows
+            # (its `until` action is gone, or the kept minimum under it changed).
             kw: dict[str, Any] = {"MinSize": min_nodes}
             if min_nodes < group.min_nodes:
                 kw["DesiredCapacity"] = max(min_nodes, group.desired_nodes

@@ -64,6 +64,7 @@ class ScalingSchedules(MigReader, SchedulesWindows):
 
     # "You can have up to 128 scaling schedules per MIG."
     max_windows = 128
+    raises_group_minimum = False
 
     def _autoscaler(self, group: Group) -> Any:
         project, region, name = mig_ref(group)
@@ -78,8 +79,10 @@ class ScalingSchedules(MigReader, SchedulesWindows):
         found = [w for name, s in a.autoscaling_policy.scaling_schedules.items()
                  if (w := window_of(name, s)) is not None]
         windows = sorted((w for w, _ in found), key=lambda w: (w.end, w.id))
-        # The autoscaler's own minimum is what each schedule rises above.
-        return windows, int(a.autoscaling_policy.min_num_replicas)
+        # The minimum each schedule was written over (its minRequiredReplicas is absolute);
+        # without one, the autoscaler's own.
+        bases = [b for _, b in found]
+        return windows, max(bases) if bases else int(a.autoscaling_policy.min_num_replicas)
 
     def write_windows(self, group: Group, windows: list[Window], base_min: int,
                       removed: list[Window]) -> None:

@@ -1,0 +1,87 @@
+"""`warm` and `deploy` around launch windows (issue 22): the windows rise over the minimum
+kept outside them, so `warm --running` / `--reset` while a window is open keeps its raise on
+top, and a window scheduled over an earlier minimum returns to the one `warm` or `deploy`
+set last. An in-memory cloud with AWS's semantics (scheduled actions set the group's
+MinSize, absolute sizes at each edge); the example pool: 1 node minimum, 4 replicas a
+node, maximum 7 nodes (6 + 1 surge)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from poolctl import runtime
+from poolctl.clouds.base import SchedulesWindows
+from poolctl.windows import Window, raise_at
+from tests.unit.test_runtime_math import FakeOps, group, llama, own_home  # noqa: F401
+
+H = timedelta(hours=1)
+
+
+class FakeWindowOps(FakeOps, SchedulesWindows):
+    max_windows = 62
+    raises_group_minimum = True
+
+    def __init__(self, g, windows: list[Window], base: int) -> None:
+        super().__init__(g, granted=100_000)
+        self.windows, self.base = windows, base
+
+    def scheduled_windows(self, group):
+        return list(self.windows), self.base
+
+    def write_windows(self, group, windows, base_min, removed):
+        self.windows, self.base = list(windows), base_min
+        now = datetime.now(UTC)
+        if any(w.active(now) for w in windows):  # AWS: the open window's raise is in MinSize
+            self.group = replace(self.group, min_nodes=base_min + raise_at(windows, now))
+
+
+def open_window(nodes: int = 2) -> Window:
+    now = datetime.now(UTC)
+    return Window(id="w1", nodes=nodes, start=None, end=now + H)  # begun: its start ran
+
+
+def test_warm_running_in_an_open_window_keeps_the_raise_on_top_and_moves_the_base():
+    cfg, pool = llama()
+    # Kept minimum 1, a window of +2 open: the group's minimum is 3, desired 3.
+    ops = FakeWindowOps(group(min_nodes=3, desired_nodes=3), [open_window(2)], base=1)
+    r = runtime.warm(cfg, pool, "aws", ops, replicas=4, running=True)
+    # Outside the window: 1 + 1 node (4 replicas) = 2; with the window's 2 on top: 4.
+    assert ops.changes == [{"min": 4, "warm": 2, "desired": None}]
+    assert r.after["min_nodes"] == 4 and ops.group.min_nodes == 4
+    # The window's end now returns to 2 (what `warm` set), not to the 1 it was written over.
+    assert ops.base == 2 and [w.id for w in ops.windows] == ["w1"]
+    assert "+2 of the open launch window" in r.message
+    assert "now rise over a minimum of 2 node(s) (was 1)" in r.message
+
+
+def test_warm_reset_in_an_open_window_returns_the_base_and_keeps_the_window():
+    cfg, pool = llama()
+    # `warm --running` had kept 2; a window of +2 is open: minimum 4, desired 4.
+    ops = FakeWindowOps(group(min_nodes=4, desired_nodes=4), [open_window(2)], base=2)
+    runtime.warm(cfg, pool, "aws", ops, replicas=None, reset=True)
+    # The file's 1 + the window's 2 = 3; desired 4 - (2 - 1) = 3: the window's nodes stay.
+    assert ops.changes == [{"min": 3, "warm": 2, "desired": 3}]
+    assert ops.base == 1 and ops.group.min_nodes == 3
+
+
+def test_deploy_moves_windows_scheduled_over_an_earlier_minimum():
+    cfg, pool = llama()
+    now = datetime.now(UTC)
+    later = Window(id="w2", nodes=3, start=now + H, end=now + 2 * H)
+    # Scheduled when a `warm --running` kept 2; since then `warm --reset`, then `deploy`
+    # of the file's minimum of 1 (no warm record): the window must end at 1, not 2.
+    ops = FakeWindowOps(group(min_nodes=1, desired_nodes=1), [later], base=2)
+    line = runtime.deploy_windows(cfg, pool, "aws", ops)
+    assert line == ("chat-70b: 1 window(s) now rise over a minimum of 1 node(s) (was 2) and "
+                    "return to it at their ends")
+    assert ops.base == 1 and ops.group.min_nodes == 1  # not open: the minimum is untouched
+    assert runtime.deploy_windows(cfg, pool, "aws", ops) is None  # already over it
+
+
+def test_no_window_no_change():
+    cfg, pool = llama()
+    ops = FakeWindowOps(group(), [], base=1)
+    assert runtime.deploy_windows(cfg, pool, "aws", ops) is None
+    runtime.warm(cfg, pool, "aws", ops, replicas=4, running=True)
+    assert ops.changes == [{"min": 2, "warm": 2, "desired": None}] and ops.windows == []
