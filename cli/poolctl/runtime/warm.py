@@ -154,7 +154,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     spare_mode = "running" if running else "warm"
     result.spare = {
         k: {"nodes": nodes, "replicas": nodes * rpn} for k, nodes in (
-            ("before", _spare(spare_mode, plan, group.min_nodes, group.warm_min_nodes)),
+            ("before", _spare(spare_mode, plan, outside.min_nodes, group.warm_min_nodes)),
             ("after", _spare(spare_mode, plan, new_min, new_warm)))}
     if rounded:
         result.rounding = (f"{replicas} replicas rounded up to {n} whole node(s) of {rpn} "
