@@ -75,6 +75,8 @@ Behaviour worth knowing:
   reservation names them. inUseCount counts the VMs running in it; they do not count against
   the zone's limit. Not emulated: a reservation taking capacity from its zone (insert never
   fails for capacity), shared and aggregate reservations, reservations.resize/update.
+- machineTypes.get (zonal): every machine type is offered in every zone of a region, but
+  those `withdraw_offer` takes back, which answer 404 as GCE answers a type a zone lacks.
 """
 
 from __future__ import annotations
@@ -188,6 +190,8 @@ class FakeGce:
         # (zone, machine type) -> how many VMs of the type the zone runs On-Demand
         self.capacity: dict[tuple[str, str], int] = {}
         self.reservations: dict[tuple[str, str, str], dict] = {}  # (project, zone, name)
+        # (zone, machine type) a zone does not offer (`withdraw_offer`); others are offered
+        self.not_offered: set[tuple[str, str]] = set()
         self.mig_errors: dict[tuple[str, str, str], list[dict]] = {}  # listErrors, oldest first
         self._consumes: dict[str, tuple[str, str, str] | None] = {}  # VM -> its reservation
         self._waiting: dict[str, str] = {}  # VM -> the action (CREATING, STARTING) held back
@@ -511,6 +515,11 @@ class FakeGce:
             mi.update(instanceStatus="TERMINATED", currentAction="NONE", instanceHealth=[])
 
     # ------------------------------------------------------------------ capacity
+
+    def withdraw_offer(self, zone: str, machine_type: str) -> None:
+        """The zone does not offer the machine type: machineTypes.get answers 404 there."""
+        with self.lock:
+            self.not_offered.add((zone, machine_type))
 
     def set_capacity(self, zone: str, machine_type: str, n: int | None) -> None:
         """The zone runs at most `n` VMs of the machine type On-Demand (None: no limit).
@@ -1053,6 +1062,7 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("GET", _Z + "/reservations/(?P<name>[^/]+)", "res_get"),
         ("DELETE", _Z + "/reservations/(?P<name>[^/]+)", "res_delete"),
         ("GET", _C + "/aggregated/reservations", "res_aggregated"),
+        ("GET", _Z + "/machineTypes/(?P<name>[^/]+)", "mt_get"),
         ("GET", _Z + "/operations/(?P<op>[^/]+)", "zop_get"),
         ("POST", _Z + "/operations/(?P<op>[^/]+)/wait", "zop_get"),
         ("GET", _R + "/autoscalers", "as_list"),
@@ -1429,6 +1439,14 @@ class _Handler(BaseHTTPRequestHandler):
                 "items": {z: {"reservations": rs} for z, rs in by_zone.items()},
                 "selfLink": f"{API}/projects/{project}/aggregated/reservations"}, \
             "ReservationAggregatedList"
+
+    def mt_get(self, *, project, zone, name, **_):
+        self._zone(project, zone)
+        what = f"projects/{project}/zones/{zone}/machineTypes/{name}"
+        if (zone, name) in self.fake.not_offered:
+            raise _not_found(what)
+        return {"kind": "compute#machineType", "name": name, "zone": zone,
+                "selfLink": f"{API}/{what}"}, "MachineType"
 
     def res_get(self, *, project, zone, name, **_):
         key = (project, zone, name)

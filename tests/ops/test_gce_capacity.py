@@ -378,7 +378,7 @@ def _report(fake, reservations_key: str | None = None):
 
 @pytest.fixture
 def reserved(fake):
-    fake.add_project(PROJECT)
+    fake.add_region(PROJECT, REGION, [A, B, C])
     fake.add_reservation(PROJECT, A, "a3-open", machine_type=MACHINE, count=2)
     fake.add_reservation(PROJECT, B, "a3-named", machine_type=MACHINE, count=3, specific=True)
     fake.add_reservation(PROJECT, C, "a2-open", machine_type="a2-highgpu-8g", count=4)
@@ -411,3 +411,18 @@ def test_a_named_reservation_the_pool_cannot_use_names_the_key(fake, reserved, n
         _report(fake, names)
     assert str(e.value).startswith("pools[0].gcp.capacity.reservations: ") and says in str(
         e.value)
+
+
+def test_offered_is_what_gce_answers_per_zone(fake, reserved):
+    # Every zone offers the type until one does not: machineTypes.get answers 404 there.
+    r, _ = _report(fake)
+    assert [z.offered for z in r.zones] == [True, True, True]
+    fake.withdraw_offer(B, MACHINE)
+    r, _ = _report(fake)
+    assert [(z.zone, z.offered) for z in r.zones] == [(A, True), (B, False), (C, True)]
+    # The reservations of zones that offer the type still count (a3-open in A).
+    assert r.held == 2
+    asked = [q["path"] for q in fake.requests if "/machineTypes/" in q["path"]]
+    assert asked[-3:] == [f"/compute/v1/projects/{PROJECT}/zones/{z}/machineTypes/{MACHINE}"
+                          for z in (A, B, C)]
+    assert fake.errors == []

@@ -1,11 +1,12 @@
 """GCE capacity for `capacity check`: per zone of the pool's MIG, the machine type offered
-(the catalog's zones) and the zonal reservations its instance template's affinity consumes
-(reservations.aggregatedList)."""
+(machineTypes.get in that zone: GCE answers 404 where the zone lacks it) and the zonal
+reservations its instance template's affinity consumes (reservations.aggregatedList)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from poolctl.adaptors.gcp import api_exceptions
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import CapacityReport, ChecksCapacity, ReservationRow, ZoneCapacity
 from poolctl.clouds.gcp.api import link_name
@@ -16,18 +17,26 @@ from poolctl.sizing import gcp_zones, instance_row
 
 
 class GcpReservations(MigReader, ChecksCapacity):
-    """`capacity check` on GCP (part of `GcpOps`): per zone of the placement, whether the
-    catalog lists it offering the machine type (GCE's per-zone offer is what the catalog's
-    zones record), and the zonal reservations the instance template's affinity consumes."""
+    """`capacity check` on GCP (part of `GcpOps`): per zone of the placement, whether GCE
+    offers the machine type there, and the zonal reservations the instance template's
+    affinity consumes."""
+
+    def _offered(self, project: str, zone: str, machine_type: str) -> bool:
+        try:
+            self.lookup(f"get machine type {machine_type} in {zone}",
+                        self.client("MachineTypesClient").get, project=project, zone=zone,
+                        machine_type=machine_type)
+        except api_exceptions.NotFound:
+            return False
+        return True
 
     def capacity_report(self, cfg: Config, pool: Pool, needs: dict[str, int]
                         ) -> CapacityReport:
         gcp = pool.gcp
         assert gcp is not None  # asked for the pool's gcp placement (Config.targets)
         loc = format_loc(("pools", cfg.pools.index(pool), "gcp", "capacity", "reservations"))
-        row = instance_row(pool, Cloud.gcp)
-        zones = gcp_zones(pool, row)
-        listed = row.regions.get(gcp.region) or zones  # no zones tracked: take the placement's
+        zones = gcp_zones(pool, instance_row(pool, Cloud.gcp))
+        offered = {z for z in zones if self._offered(gcp.project, z, gcp.machine_type)}
         by_zone: dict[str, list[ReservationRow]] = {z: [] for z in zones}
         cap = gcp.capacity
         found: dict[str, ReservationRow] = {}
@@ -68,4 +77,4 @@ class GcpReservations(MigReader, ChecksCapacity):
         return CapacityReport(
             pool=pool.name, cloud=Cloud.gcp, region=gcp.region, instance_type=gcp.machine_type,
             preference=mode, needs=needs,
-            zones=[ZoneCapacity(z, z in listed, by_zone[z]) for z in zones])
+            zones=[ZoneCapacity(z, z in offered, by_zone[z]) for z in zones])
