@@ -853,6 +853,13 @@ class GcpPlacement(CoreModel):
     machine_type: GcpMachineType = Field(
         description="8-GPU NVLink machine type from the catalog."
     )
+    fallback_machine_types: list[GcpMachineType] = Field(
+        default_factory=list, max_length=10,
+        description="Machine types the MIG creates VMs of, in this order, when machine_type "
+        "has no capacity (the MIG's instance flexibility policy; each 8 GPUs over NVLink in "
+        "the catalog, holding the model, with the primary's Local SSDs); the pool then keeps "
+        "no standby pool.",
+    )
     weights_uri: GsUri = Field(
         description="gs://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
@@ -926,7 +933,7 @@ class GcpPlacement(CoreModel):
 
     @property
     def fallback_types(self) -> list[str]:
-        return []  # GCP: not yet (each A3/A2 type bundles its own Local SSD count)
+        return list(self.fallback_machine_types)
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)

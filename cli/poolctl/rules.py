@@ -17,7 +17,7 @@ from poolctl import bootscript, sizing
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool, Target
-from poolctl.errors import OperationFailed
+from poolctl.errors import OperationFailed, PoolctlError, UsageError
 from poolctl.models import did_you_mean, preset
 from poolctl.node_image import recorded_node_image
 
@@ -37,6 +37,9 @@ class Finding:
     message: str
     hint: str
     where: str = ""  # FILE:LINE of the key, when the config was read from a file
+    # A value of the file that can never serve the pool (a check declared `input=True`):
+    # bad input, exit 2, where other failed rules exit 1.
+    bad_input: bool = False
 
     def line(self) -> str:
         target = f"{self.pool}/{self.cloud}" if self.cloud else self.pool
@@ -67,6 +70,7 @@ class Ctx:
     row: InstanceType | None = None
     traffic: TrafficNeed | None = None  # only when a command was given a trace
     check_id: str = ""
+    check_input: bool = False  # the running check judges input values (its `@check`)
 
     def key(self, path: str) -> str:
         return f"pools[{self.index}].{path}"
@@ -74,7 +78,7 @@ class Ctx:
     def find(self, severity: Severity, path: str, message: str, hint: str) -> Finding:
         key = self.key(path)
         return Finding(self.check_id, severity, self.pool.name, self.cloud, key, message, hint,
-                       self.cfg.where(key))
+                       self.cfg.where(key), self.check_input and severity == "error")
 
 
 CheckFn = Callable[[Ctx], Iterable[Finding]]
@@ -86,19 +90,20 @@ class Check:
     title: str
     scope: Literal["pool", "placement"]
     fn: CheckFn
+    input: bool = False  # its errors are bad input (exit 2), not a broken rule (exit 1)
 
 
 CHECKS: list[Check] = []
 
 
-def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement"
-          ) -> Callable[[CheckFn], CheckFn]:
+def check(id: str, title: str, scope: Literal["pool", "placement"] = "placement",
+          input: bool = False) -> Callable[[CheckFn], CheckFn]:
     def register(fn: CheckFn) -> CheckFn:
         @functools.wraps(fn)
         def run(c: Ctx) -> Iterable[Finding]:
-            return fn(replace(c, check_id=id))
+            return fn(replace(c, check_id=id, check_input=input))
 
-        CHECKS.append(Check(id, title, scope, run))
+        CHECKS.append(Check(id, title, scope, run, input))
         return run
 
     return register
@@ -464,30 +469,20 @@ def _nvme(c: Ctx) -> Iterator[Finding]:
         yield c.find("error", _type_key(c.cloud), problem, "pick a type with more local NVMe")
 
 
-@check("fallback-types", "each fallback type is an 8-GPU NVLink type that holds the model, "
-       "and the pool keeps no warm pool beside them")
+def _fallback_key(cloud: Cloud) -> str:
+    return "aws.fallback_instance_types" if cloud == Cloud.aws else "gcp.fallback_machine_types"
+
+
+@check("fallback-types", "each fallback type is an 8-GPU NVLink type of the region that holds "
+       "the model (and, on GCP, the primary's Local SSDs)", input=True)
 def _fallbacks(c: Ctx) -> Iterator[Finding]:
     assert c.cloud is not None  # a placement check: run_checks gives it the cloud
     placement = c.pool.placement(c.cloud)
     assert placement is not None  # ... one the pool has a placement on
-    types = placement.fallback_types
-    if not types:
-        return
-    key = "aws.fallback_instance_types"
-    if c.pool.warm_pool.replicas:
-        # PutWarmPool: "cannot be called on an Auto Scaling group that has a mixed instances
-        # policy" (docs/cloud-facts.md, warm pools), and fallbacks need one.
-        yield c.find(
-            "error", key,
-            "AWS refuses a warm pool on a group with a mixed instances policy, which fallback "
-            "types need",
-            "keep the warm pool and hold the primary type's capacity with aws.capacity "
-            "reservations (remove the fallbacks), or set warm_pool.replicas: 0 to grow on "
-            "fallbacks (`warm --running` still prepares spare nodes, in service)",
-        )
+    key = _fallback_key(c.cloud)
     catalog = load_catalog()
     seen = {placement.type_name}
-    for i, name in enumerate(types):
+    for i, name in enumerate(placement.fallback_types):
         at = f"{key}[{i}]"
         row = catalog.get(c.cloud, name)
         if name in seen:
@@ -504,11 +499,46 @@ def _fallbacks(c: Ctx) -> Iterator[Finding]:
             hint = f"use a type offered there, or drop {name}"
         elif p := (hbm_problem(c.pool, row) or nvme_problem(c.pool, row)):
             problem, hint = f"cannot hold the model: {p}", "use a type with more HBM and NVMe"
+        elif c.cloud == Cloud.gcp and c.row is not None and row.local_nvme != c.row.local_nvme:
+            # The instance flexibility policy overrides the template's machine type only
+            # (google provider 6.x has no per-selection disks): one Local SSD layout.
+            have, want = row.local_nvme, c.row.local_nvme
+            problem = (f"{name} has {have.count} Local SSD(s) "
+                       f"({'bundled' if have.bundled else 'attached'}), the instance template "
+                       f"{want.count} ({'bundled' if want.bundled else 'attached'}) for "
+                       f"{placement.type_name}: one template cannot create both")
+            hint = "use a type with the primary's Local SSDs"
         else:
             seen.add(name)
             continue
         seen.add(name)
         yield c.find("error", at, problem, hint)
+
+
+@check("fallback-warm-pool", "no warm pool beside fallback types")
+def _fallback_warm_pool(c: Ctx) -> Iterator[Finding]:
+    assert c.cloud is not None  # a placement check: run_checks gives it the cloud
+    placement = c.pool.placement(c.cloud)
+    assert placement is not None  # ... one the pool has a placement on
+    if not placement.fallback_types or not c.pool.warm_pool.replicas:
+        return
+    if c.cloud == Cloud.aws:
+        # PutWarmPool: "cannot be called on an Auto Scaling group that has a mixed instances
+        # policy" (docs/cloud-facts.md, warm pools), and fallbacks need one.
+        why = ("AWS refuses a warm pool on a group with a mixed instances policy, which "
+               "fallback types need")
+        hold = "hold the primary type's capacity with aws.capacity reservations"
+    else:
+        # Not found documented either way for a MIG's instance flexibility policy: poolctl
+        # keeps the AWS rule (docs/capacity.md#fallback-types).
+        why = ("poolctl keeps no standby pool beside an instance flexibility policy (GCP does "
+               "not document the pair; a stopped VM restarts as its own type anyway)")
+        hold = "hold the primary type's capacity with gcp.capacity reservations"
+    yield c.find(
+        "error", _fallback_key(c.cloud), why,
+        f"keep the warm pool and {hold} (remove the fallbacks), or set warm_pool.replicas: 0 "
+        "to grow on fallbacks (`warm --running` still prepares spare nodes, in service)",
+    )
 
 
 @check("warm-state", "the warm pool's state is possible for the type")
@@ -652,6 +682,19 @@ def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
+def exit_code(findings: list[Finding]) -> int:
+    """0 without errors; 2 when one is bad input (a value that can never serve the pool);
+    else 1 (a rule the file's design breaks), as the contract's exit codes have it."""
+    errs = errors(findings)
+    return 0 if not errs else 2 if any(f.bad_input for f in errs) else 1
+
+
+def refusal(findings: list[Finding], message: str) -> PoolctlError:
+    """The error a command refusing on these findings raises: UsageError (exit 2) when one
+    is bad input, else OperationFailed (exit 1)."""
+    return (UsageError if exit_code(findings) == 2 else OperationFailed)(message)
+
+
 def refuse_invalid(cfg: Config, targets: list[Target]) -> None:
     """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
@@ -659,5 +702,6 @@ def refuse_invalid(cfg: Config, targets: list[Target]) -> None:
 
     errs = errors(run_checks(cfg, targets))
     if errs:
-        raise OperationFailed(f"{errs[0].line()} ({len(errs)} rule(s) failed: run `poolctl "
-                              "validate`); nothing was synthesized")
+        first = next((f for f in errs if f.bad_input), errs[0])
+        raise refusal(errs, f"{first.line()} ({len(errs)} rule(s) failed: run `poolctl "
+                            "validate`); nothing was synthesized")

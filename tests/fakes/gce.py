@@ -75,6 +75,11 @@ Behaviour worth knowing:
   reservation names them. inUseCount counts the VMs running in it; they do not count against
   the zone's limit. Not emulated: a reservation taking capacity from its zone (insert never
   fails for capacity), shared and aggregate reservations, reservations.resize/update.
+- Instance flexibility: a MIG's `instanceFlexibilityPolicy` (deploy_pool's
+  `fallback_machine_types`) lets a VM being created take the first machine type, by rank,
+  that has a reservation or room in its zone (BALANCED counts a zone with room for any of
+  them); the managed instance then reports `propertiesFromFlexibilityPolicy.machineType`,
+  and its instance that type.
 - machineTypes.get (zonal): every machine type is offered in every zone of a region, but
   those `withdraw_offer` takes back, which answer 404 as GCE answers a type a zone lacks.
 """
@@ -351,7 +356,7 @@ class FakeGce:
                     running: int = 1, stopped: int = 0, target_stopped_size: int | None = None,
                     standby_delay: int = 440, max_surge: int = 3,
                     autoscaler: tuple[int, int] | None = (1, 6), queue_target: float = 4,
-                    ) -> dict:
+                    fallback_machine_types: tuple[str, ...] = ()) -> dict:
         """What `poolctl deploy --cloud gcp` leaves behind (stacks/gcp), settled: `running`
         healthy serving VMs and `stopped` standby VMs. Returns the names it made."""
         with self.lock:
@@ -396,6 +401,12 @@ class FakeGce:
                 "listManagedInstancesResults": "PAGELESS",
                 "selfLink": f"{rl}/instanceGroupManagers/{name}",
             }
+            if fallback_machine_types:  # instance flexibility, and no standby pool (stacks/gcp)
+                mig["instanceFlexibilityPolicy"] = {"instanceSelections": {
+                    f"rank-{rank}": {"rank": rank, "machineTypes": [t]} for rank, t in
+                    enumerate([machine_type, *fallback_machine_types])}}
+                for k in ("standbyPolicy", "targetStoppedSize", "targetSuspendedSize"):
+                    mig.pop(k)
             key = (project, region, name)
             self.migs[key] = mig
             self.managed[key] = []
@@ -577,6 +588,22 @@ class FakeGce:
         t = self.templates.get((project, _last(template_link)))
         return t["properties"] if t else {}
 
+    def _vm_type(self, project: str, mi: dict) -> str:
+        """The VM's machine type: the one its MIG's instance flexibility policy chose, else
+        its template's."""
+        chosen = (mi.get("propertiesFromFlexibilityPolicy") or {}).get("machineType")
+        return chosen or self._props(project, mi["version"]["instanceTemplate"]).get(
+            "machineType", "")
+
+    def _type_variants(self, key, props: dict) -> list[dict]:
+        """The template's properties once per machine type the MIG may create, in rank
+        order (instance flexibility: lowest rank first), else the template's alone."""
+        sel = (self.migs[key].get("instanceFlexibilityPolicy") or {}).get(
+            "instanceSelections") or {}
+        ranked = sorted(sel.values(), key=lambda s: int(s.get("rank", 0)))
+        types = [t for s in ranked for t in s.get("machineTypes", [])]
+        return [{**props, "machineType": t} for t in types] or [props]
+
     def _in_use(self, rkey) -> int:
         return sum(1 for lst in self.managed.values() for mi in lst
                    if self._holds(mi) and self._consumes.get(mi["name"]) == rkey)
@@ -585,8 +612,7 @@ class FakeGce:
         return sum(1 for (p, _r, _m), lst in self.managed.items() for mi in lst
                    if self._holds(mi) and self._zone_of(mi) == zone
                    and self._consumes.get(mi["name"]) not in self.reservations
-                   and self._props(p, mi["version"]["instanceTemplate"]).get(
-                       "machineType") == machine_type)
+                   and self._vm_type(p, mi) == machine_type)
 
     @staticmethod
     def _matches(r: dict, props: dict) -> bool:
@@ -667,7 +693,8 @@ class FakeGce:
             return max(zones, key=lambda z: (count[z], -index[z]))
         if shape == "EVEN":  # even counts, capacity or not: a stocked-out zone stays asked
             return min(zones, key=lambda z: (count[z], index[z]))
-        fits = {z: self._fits(project, z, props) for z in zones}
+        fits = {z: any(self._fits(project, z, v) for v in self._type_variants(key, props))
+                for z in zones}
         if shape == "BALANCED":
             return min(zones, key=lambda z: (not fits[z], count[z], index[z]))
         reserved = {z: self._reservation_for(project, z, props)[0] is not None for z in zones}
@@ -681,15 +708,29 @@ class FakeGce:
         project = key[0]
         zone = self._zone_of(mi)
         props = self._props(project, mi["version"]["instanceTemplate"])
-        rkey, error = self._reservation_for(project, zone, props)
-        if rkey is None and error is None:
-            machine_type = props.get("machineType", "")
-            cap = self.capacity.get((zone, machine_type))
-            if cap is not None and self._open_use(zone, machine_type) >= cap:
-                error = ("ZONE_RESOURCE_POOL_EXHAUSTED",
-                         f"The zone 'projects/{project}/zones/{zone}' does not have enough "
-                         "resources available to fulfill the request.  Try a different zone, "
-                         "or try again later.")
+        # A VM being created may take any machine type of the MIG's instance flexibility
+        # policy, lowest rank first; a stopped one starts as the type it is.
+        variants = (self._type_variants(key, props) if action == "CREATING"
+                    else [{**props, "machineType": self._vm_type(project, mi)}])
+        first_error: tuple[str, str] | None = None
+        for variant in variants:
+            rkey, error = self._reservation_for(project, zone, variant)
+            if rkey is None and error is None:
+                machine_type = variant.get("machineType", "")
+                cap = self.capacity.get((zone, machine_type))
+                if cap is not None and self._open_use(zone, machine_type) >= cap:
+                    error = ("ZONE_RESOURCE_POOL_EXHAUSTED",
+                             f"The zone 'projects/{project}/zones/{zone}' does not have "
+                             "enough resources available to fulfill the request.  Try a "
+                             "different zone, or try again later.")
+            if error is None:
+                if len(variants) > 1:
+                    mi["propertiesFromFlexibilityPolicy"] = {
+                        "machineType": variant["machineType"]}
+                break
+            first_error = first_error or error
+        else:
+            rkey, error = None, first_error
         if error is not None:
             code, message = error
             if action == "CREATING":
@@ -845,7 +886,7 @@ class FakeGce:
                     "creationTimestamp": _ts(BASE_TIME), "status": mi["instanceStatus"],
                     "zone": f"{API}/projects/{project}/zones/{zone}",
                     "machineType": f"{API}/projects/{project}/zones/{zone}/machineTypes/"
-                                   f"{props.get('machineType', 'a3-highgpu-8g')}",
+                                   f"{self._vm_type(project, mi) or 'a3-highgpu-8g'}",
                     "labels": dict(props.get("labels", {})),
                     "networkInterfaces": [{
                         "kind": "compute#networkInterface", "name": "nic0",
@@ -1957,7 +1998,8 @@ def seed_pool(fake: FakeGce, cfg, pool) -> dict:
         template=f"{naming.short(name, 36)}-20260105090000000000000001",
         running=sizes.target_size, stopped=sizes.standby, standby_delay=min(
             3600, int(plan.start_seconds["cold"])), max_surge=sizes.max_surge,
-        autoscaler=(sizes.min_nodes, sizes.max_nodes), queue_target=pool.scaling.queue_target)
+        autoscaler=(sizes.min_nodes, sizes.max_nodes), queue_target=pool.scaling.queue_target,
+        fallback_machine_types=tuple(p.fallback_machine_types))
 
 
 def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:

@@ -29,7 +29,7 @@ from poolctl.errors import UsageError  # noqa: E402
 from poolctl.runtime.common import stalled_launches  # noqa: E402
 from poolctl.sizing import plan_pool  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
-from tests.fakes.gce import FakeGce  # noqa: E402
+from tests.fakes.gce import FakeGce, seed_pool  # noqa: E402
 
 PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
 A, B, C = "us-central1-a", "us-central1-b", "us-central1-c"
@@ -426,3 +426,40 @@ def test_offered_is_what_gce_answers_per_zone(fake, reserved):
     assert asked[-3:] == [f"/compute/v1/projects/{PROJECT}/zones/{z}/machineTypes/{MACHINE}"
                           for z in (A, B, C)]
     assert fake.errors == []
+
+
+# -------------------------------------------------------------------------------------
+# gcp.fallback_machine_types: the MIG's instance flexibility policy
+
+MEGA = "a3-megagpu-8g"  # H100 80 GB, 16 bundled Local SSDs, as a3-highgpu-8g
+
+
+def test_the_pool_grows_on_the_fallback_type_when_the_primary_is_exhausted(fake, migs):
+    cfg = parse_config(pool_yaml(warm=0, extra_gcp=f"      fallback_machine_types: [{MEGA}]\n"))
+    pool = cfg.pools[0]
+    # As deploy leaves it (quotas granted): 1 serving VM, no standby pool, the policy.
+    assert seed_pool(fake, cfg, pool)["mig"] == MIG
+    assert "standbyPolicy" not in fake.migs[(PROJECT, REGION, MIG)]
+    ops = GcpOps(client_options={"api_endpoint": fake.endpoint},
+                 credentials=AnonymousCredentials(), retry_initial_s=0.01, retry_deadline_s=5)
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MACHINE, 0)  # the serving VM keeps running; no more H100s
+    # 8 replicas at 4 a node: 2 more nodes in service, created as the fallback type.
+    r = runtime.warm(cfg, pool, "gcp", ops, 8, running=True)
+    assert r.after["min_nodes"] == 3
+    fake.settle()
+    s = runtime.status(cfg, pool, "gcp", ops)
+    assert s.capacity_failures == [] and s.counts()["in_service"] == 3
+    chosen = [mi.properties_from_flexibility_policy.machine_type for mi in _managed(migs)]
+    # The first VM was created before the stock-out, as the primary type.
+    assert sorted(chosen) == [MACHINE, MEGA, MEGA]
+    kinds = Counter(vm["machineType"].rsplit("/", 1)[1] for _z, vm in fake.instance_list(PROJECT))
+    assert kinds == {MACHINE: 1, MEGA: 2}
+    # The fallback exhausted too: the next VM waits, named with the primary's failure.
+    for zone in (A, B, C):
+        fake.set_capacity(zone, MEGA, 0)  # those running keep running; no more
+    _resize(fake, migs, 4)
+    fake.settle()
+    s = runtime.status(cfg, pool, "gcp", ops)
+    assert {f.code for f in s.capacity_failures} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+    assert s.counts()["in_service"] == 3

@@ -67,6 +67,20 @@ pools:
       subnetwork: projects/beta-host/regions/us-east4/subnetworks/gpu
       certificate: beta-tls
       capacity: {reservations: [a3-reserved-a, a3-reserved-b], reserved_nodes: 2}
+  - name: flex
+    model: {id: Qwen/Qwen2.5-7B-Instruct, params_b: 7.6, dtype: bfloat16, layers: 28,
+            kv_heads: 4, head_dim: 128}
+    serving: {image: "us-docker.pkg.dev/beta/serving/vllm:v1", tensor_parallel: 1,
+              max_model_len: 8192}
+    scaling: {min_replicas: 8, max_replicas: 16}
+    warm_pool: {replicas: 0}
+    gcp:
+      project: beta-svc
+      region: us-central1
+      machine_type: a3-highgpu-8g
+      fallback_machine_types: [a3-megagpu-8g, a3-edgegpu-8g]
+      weights_uri: gs://beta-weights
+      certificate: beta-tls
 """
 
 
@@ -120,7 +134,7 @@ def resolved(doc: dict, value, env: dict[str, int] | None = None):
 
 
 def test_every_target_has_a_stack(stacks):
-    assert set(stacks) == set(GCP_EXAMPLES) | {"beta-small-gcp"}
+    assert set(stacks) == set(GCP_EXAMPLES) | {"beta-small-gcp", "beta-flex-gcp"}
 
 
 def test_terraform_block_and_local_state(stacks):
@@ -617,7 +631,25 @@ def test_golden(stacks, stack):
     assert_golden(GOLDEN / f"{stack}.json", got)
 
 
-@pytest.mark.parametrize("stack", [*sorted(GCP_EXAMPLES), "beta-small-gcp"])
+def test_fallback_machine_types_as_an_instance_flexibility_policy(stacks):
+    mig = one(doc_of(stacks, "beta-flex-gcp"), "google_compute_region_instance_group_manager")
+    # The primary first, then each fallback in the file's order (lower rank: preferred).
+    assert mig["instance_flexibility_policy"] == {"instance_selections": [
+        {"name": "rank-0", "rank": 0, "machine_types": ["a3-highgpu-8g"]},
+        {"name": "rank-1", "rank": 1, "machine_types": ["a3-megagpu-8g"]},
+        {"name": "rank-2", "rank": 2, "machine_types": ["a3-edgegpu-8g"]}]}
+    # No standby pool beside it (rule fallback-warm-pool); the template keeps the primary's
+    # machine type and its 16 Local SSDs, which every fallback has too (rule fallback-types).
+    assert not {"standby_policy", "target_stopped_size", "target_suspended_size"} & set(mig)
+    tpl = one(doc_of(stacks, "beta-flex-gcp"), "google_compute_instance_template")
+    assert tpl["machine_type"] == "a3-highgpu-8g"
+    assert sum(d.get("type") == "SCRATCH" for d in tpl["disk"]) == 16
+    # A pool without fallbacks has no policy.
+    plain = one(doc_of(stacks, "beta-small-gcp"), "google_compute_region_instance_group_manager")
+    assert "instance_flexibility_policy" not in plain
+
+
+@pytest.mark.parametrize("stack", [*sorted(GCP_EXAMPLES), "beta-small-gcp", "beta-flex-gcp"])
 def test_checkov_passes(stacks, stack):
     failed = run_checkov(stacks[stack]["dir"])
     assert failed == [], failed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from poolctl import runtime
+from poolctl.cloud import Cloud
 from poolctl.clouds.aws.rollout import refresh_state
 from poolctl.config import parse_config
 from poolctl.contract.aws import launch_types, mixed_instances_policy
@@ -22,7 +23,16 @@ def fallback_yaml(types: str, warm: int = 0) -> str:
 
 
 def fallback_findings(text: str) -> list:
-    return [f for f in findings(text) if f.check == "fallback-types"]
+    return [f for f in findings(text) if f.check in ("fallback-types", "fallback-warm-pool")]
+
+
+def gcp_fallback_yaml(types: str, warm: int = 0) -> str:
+    return pool_yaml(warm=warm, extra_gcp=f"      fallback_machine_types: [{types}]\n")
+
+
+def gcp_fallback_findings(text: str) -> list:
+    return [f for f in findings(text, Cloud.gcp)
+            if f.check in ("fallback-types", "fallback-warm-pool")]
 
 
 def test_good_fallbacks_pass():
@@ -45,11 +55,38 @@ def test_bad_fallback_is_one_error_naming_its_key(types, key, says):
     assert f.severity == "error" and f.key == f"pools[0].aws.fallback_instance_types{key}"
     assert says in f.message, f.message
     assert "\n" not in f.line()
+    assert f.bad_input  # a type that can never serve the pool: exit 2 (rules.exit_code)
+
+
+def test_good_gcp_fallbacks_pass():
+    # a3-megagpu-8g and a3-edgegpu-8g: H100 80 GB and 16 bundled Local SSDs, as the
+    # primary a3-highgpu-8g, all offered in us-central1.
+    assert gcp_fallback_findings(gcp_fallback_yaml("a3-megagpu-8g, a3-edgegpu-8g")) == []
+
+
+@pytest.mark.parametrize(("types", "says"), [
+    ("g2-standard-96", "g2-standard-96 has 8x L4 without NVLink"),
+    ("a3-ultragpu-8g", "a3-ultragpu-8g has 32 Local SSD(s) (bundled), the instance template "
+                       "16 (bundled) for a3-highgpu-8g"),
+    ("a9-highgpu-8g", "'a9-highgpu-8g' is not in the catalog"),
+])
+def test_bad_gcp_fallback_is_one_error_naming_its_key(types, says):
+    (f,) = gcp_fallback_findings(gcp_fallback_yaml(types))
+    assert f.key == "pools[0].gcp.fallback_machine_types[0]" and says in f.message, f.message
+    assert f.bad_input
+
+
+def test_gcp_fallbacks_beside_a_standby_pool_are_a_failed_rule_not_bad_input():
+    (f,) = gcp_fallback_findings(gcp_fallback_yaml("a3-megagpu-8g", warm=8))
+    assert (f.check, f.key, f.bad_input) == (
+        "fallback-warm-pool", "pools[0].gcp.fallback_machine_types", False)
+    assert "warm_pool.replicas: 0" in f.hint and "gcp.capacity reservations" in f.hint
 
 
 def test_fallbacks_beside_a_warm_pool_are_refused_saying_why_and_what_to_choose():
     (f,) = fallback_findings(fallback_yaml("p5en.48xlarge", warm=8))
-    assert f.key == "pools[0].aws.fallback_instance_types"
+    assert (f.check, f.key, f.bad_input) == (
+        "fallback-warm-pool", "pools[0].aws.fallback_instance_types", False)
     assert "AWS refuses a warm pool on a group with a mixed instances policy" in f.message
     assert "aws.capacity reservations" in f.hint and "warm_pool.replicas: 0" in f.hint
 

@@ -39,12 +39,12 @@ def serving(lines: str) -> str:
     return after("      port: 8000", lines)
 
 
-def aws(lines: str) -> str:
-    return after("      weights_uri: s3://acme-models/llama-3.1-70b/", lines)
+def aws(lines: str, text: str = BASE) -> str:
+    return after("      weights_uri: s3://acme-models/llama-3.1-70b/", lines, text)
 
 
-def gcp(lines: str) -> str:
-    return after("      weights_uri: gs://acme-models/llama-3.1-70b/", lines)
+def gcp(lines: str, text: str = BASE) -> str:
+    return after("      weights_uri: gs://acme-models/llama-3.1-70b/", lines, text)
 
 
 def bomb(levels: int = 9, width: int = 9) -> str:
@@ -387,6 +387,9 @@ RULE_CASES = [  # (id, text, cloud, key)
     ("gcp-startup-script-over-256k",
      serving('      extra_args: ["--x=' + "y" * 270_000 + '"]\n'), "gcp",
      "pools[0].serving.extra_args"),
+    # A good fallback type beside a warm pool: the pool's design, not its input (exit 1).
+    ("fallback-beside-warm-pool", gcp("      fallback_machine_types: [a3-megagpu-8g]\n"),
+     "gcp", "pools[0].gcp.fallback_machine_types"),
 ]
 
 
@@ -402,6 +405,42 @@ def test_rule_refusals_name_the_key_and_write_nothing(content, cloud, expect, wo
         # each finding starts with FILE:LINE of its key, then its severity
         errors = [x for x in err.splitlines() if x.startswith(f"{f}:") and ": error: " in x]
         assert len(errors) == 1 and expect in errors[0], err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in workdir.iterdir()) == ["poolctl.yaml"]
+
+
+# A fallback type that can never serve the pool is bad input (issue 21): exit 2, one error
+# line naming the list item, nothing written. No warm pool, so that is the only finding.
+NO_WARM = sub("      replicas: 8\n", "      replicas: 0\n")
+FALLBACK_CASES = [  # (id, text, cloud, key, says)
+    ("aws-no-nvlink", aws("      fallback_instance_types: [g5.48xlarge]\n", NO_WARM), "aws",
+     "pools[0].aws.fallback_instance_types[0]", "without NVLink"),
+    ("aws-not-in-catalog", aws("      fallback_instance_types: [p5en.48xlarge, p9.48xlarge]\n",
+                               NO_WARM), "aws",
+     "pools[0].aws.fallback_instance_types[1]", "not in the catalog"),
+    # A100 40 GB: 39.5 GB usable per GPU < the 75.4 GB a TP 2 replica of Llama 70B needs.
+    ("aws-cannot-hold", aws("      fallback_instance_types: [p4d.24xlarge]\n", NO_WARM), "aws",
+     "pools[0].aws.fallback_instance_types[0]", "cannot hold the model"),
+    ("gcp-no-nvlink", gcp("      fallback_machine_types: [g2-standard-96]\n", NO_WARM), "gcp",
+     "pools[0].gcp.fallback_machine_types[0]", "without NVLink"),
+    ("gcp-cannot-hold", gcp("      fallback_machine_types: [a2-highgpu-8g]\n", NO_WARM), "gcp",
+     "pools[0].gcp.fallback_machine_types[0]", "cannot hold the model"),
+    # a3-ultragpu-8g bundles 32 Local SSDs; a3-highgpu-8g's template attaches 16.
+    ("gcp-local-ssd", gcp("      fallback_machine_types: [a3-ultragpu-8g]\n", NO_WARM), "gcp",
+     "pools[0].gcp.fallback_machine_types[0]", "32 Local SSD(s) (bundled)"),
+]
+
+
+@pytest.mark.parametrize(("content", "cloud", "key", "says"), [c[1:] for c in FALLBACK_CASES],
+                         ids=[c[0] for c in FALLBACK_CASES])
+def test_a_fallback_type_that_cannot_serve_is_bad_input_exit_2(content, cloud, key, says,
+                                                              workdir, monkeypatch, capsys):
+    f = _write(workdir, content)
+    for command in ("validate", "synth"):
+        code, _, err = run([command, "-f", str(f), "--cloud", cloud], monkeypatch, capsys)
+        assert code == 2, err
+        errors = [x for x in err.splitlines() if ": error: " in x]
+        assert len(errors) == 1 and f" {key}: " in errors[0] and says in errors[0], err
         assert "Traceback" not in err
     assert sorted(p.name for p in workdir.iterdir()) == ["poolctl.yaml"]
 

@@ -33,7 +33,7 @@ from poolctl.config import Target, json_schema
 from poolctl.errors import UsageError
 from poolctl.home import replace_file
 from poolctl.node_image import NodeImage, recorded_node_image
-from poolctl.rules import TrafficNeed, errors, run_checks
+from poolctl.rules import TrafficNeed, errors, exit_code, run_checks
 from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def validate(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = No
         sys.stderr.write(f"{status}: {len(errs)} error(s), "
                          f"{len(findings) - len(errs)} note(s) over {checked}\n")
     if errs:
-        raise typer.Exit(1)
+        raise typer.Exit(exit_code(findings))
 
 
 SearchOpt = Annotated[bool, typer.Option(

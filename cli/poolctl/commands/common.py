@@ -21,9 +21,9 @@ from poolctl.clouds.registry import get_ops
 from poolctl.config import Config, Pool, Target, find_config, load_config
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints, real_clouds
 from poolctl.envcheck import REGION_RE
-from poolctl.errors import OperationFailed, UsageError
+from poolctl.errors import UsageError
 from poolctl.home import cannot_create
-from poolctl.rules import errors, run_checks
+from poolctl.rules import errors, refusal, run_checks
 from poolctl.runtime.common import watch_hint
 from poolctl.sandbox import manager
 
@@ -330,7 +330,5 @@ def require_valid(cfg: Config, tgts: list[Target]) -> None:
     print_findings(findings)
     errs = errors(findings)
     if errs:
-        raise OperationFailed(
-            f"{len(errs)} rule(s) failed (listed above); nothing was changed — fix them and "
-            "run `poolctl validate`"
-        )
+        raise refusal(errs, f"{len(errs)} rule(s) failed (listed above); nothing was changed "
+                      "— fix them and run `poolctl validate`")

@@ -119,11 +119,14 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                          "without --replicas, --running or --exact")
     placement = pool.placement(cloud)
     if not running and not reset and placement is not None and placement.fallback_types:
-        # PutWarmPool refuses a group with a mixed instances policy (docs/cloud-facts.md).
+        # PutWarmPool refuses a group with a mixed instances policy (docs/cloud-facts.md);
+        # on GCP poolctl keeps no standby pool beside instance flexibility (rule
+        # fallback-warm-pool).
+        key = ("aws.fallback_instance_types" if cloud == Cloud.aws
+               else "gcp.fallback_machine_types")
         raise UsageError(
             f"--replicas without --running: pool {pool.name!r} grows on fallback types "
-            "(aws.fallback_instance_types), so its group has a mixed instances policy and "
-            "AWS gives it no warm pool; use --running (spare nodes in service)")
+            f"({key}), so it keeps no warm pool; use --running (spare nodes in service)")
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     rpn = plan.replicas_per_node

@@ -176,18 +176,29 @@ class NodeGroup(Construct):
 
         self._variables(pool, plan, sizes, len(zones))
         m = google("compute_region_instance_group_manager")
-        standby_kw = {}
-        if pool.warm_pool.state != "running":
+        mig_kw: dict[str, Any] = {}
+        if p.fallback_machine_types:
+            # Instance flexibility: the MIG creates the primary type first, then each
+            # fallback in rank order, where there is capacity ("About instance flexibility
+            # in MIGs", docs/cloud-facts.md). No standby pool beside it (rule
+            # fallback-warm-pool).
+            mig_kw["instance_flexibility_policy"] = (
+                m.ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicy(instance_selections=[
+                    m.ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelections(
+                        name=f"rank-{rank}", rank=rank, machine_types=[machine_type])
+                    for rank, machine_type in enumerate([row.name, *p.fallback_machine_types])
+                ]))
+        elif pool.warm_pool.state != "running":
             # Also with no warm pool in the file (an empty standby pool costs nothing):
             # `warm --replicas N` may fill it at runtime, the apply of a later rollout keeps
             # it (var.warm_nodes), and new standby VMs get the initial delay.
-            standby_kw["standby_policy"] = m.ComputeRegionInstanceGroupManagerStandbyPolicy(
+            mig_kw["standby_policy"] = m.ComputeRegionInstanceGroupManagerStandbyPolicy(
                 # Let a fresh VM finish its first boot (image pulled onto the boot disk)
                 # before the MIG stops it.
                 mode="SCALE_OUT_POOL", initial_delay_sec=min(MAX_DELAY_S, cold),
             )
             key = "target_suspended_size" if p.standby_suspended else "target_stopped_size"
-            standby_kw[key] = self.warm_nodes.number_value
+            mig_kw[key] = self.warm_nodes.number_value
         self.mig = m.ComputeRegionInstanceGroupManager(
             self, "mig", name=naming.short(name, 63), project=p.project, region=p.region,
             base_instance_name=naming.short(name, 50),
@@ -202,7 +213,7 @@ class NodeGroup(Construct):
             # could put the whole pool in one zone.
             distribution_policy_target_shape="BALANCED",
             target_size=sizes.target_size,
-            **standby_kw,
+            **mig_kw,
             named_port=[m.ComputeRegionInstanceGroupManagerNamedPort(name="http", port=port)],
             auto_healing_policies=m.ComputeRegionInstanceGroupManagerAutoHealingPolicies(
                 health_check=self.heal_check.id, initial_delay_sec=min(MAX_DELAY_S, cold),
