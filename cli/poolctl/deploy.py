@@ -206,8 +206,8 @@ def run_stacks(
     | None = None,
 ) -> list[StackResult]:
     """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
-    `before_apply(tf)`: runs after a plan with changes, before the confirmation; True means
-    it changed the state (GCP rollouts forget the template they keep), so plan again.
+    `before_apply(tf)`: runs after the confirmation, before the apply (or the destroy); True
+    means it changed the state (GCP rollouts forget the template they keep), so plan again.
     `preflight(targets)`: cloud checks of every target before anything is synthesized or
     applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
     Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
@@ -274,7 +274,8 @@ def run_stacks(
             # After the answer: a state change (GCP keeps the template a rollout replaces)
             # then a plan again, which only drops what the change took out of Terraform's
             # hands (it destroys less than the plan shown).
-            if before_apply is not None and not destroy and before_apply(tf):
+            # A destroy's step (what Terraform does not own goes first) never re-plans.
+            if before_apply is not None and before_apply(tf) and not destroy:
                 log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
                 summary = tf.plan()
                 res.summary = summary.to_json()

@@ -26,6 +26,10 @@ ROLE = "inference"
 # On the AWS group only (GCP labels cannot hold them): what `poolctl ls` shows.
 TAG_MODEL = "poolctl:model"
 TAG_IMAGE = "poolctl:image"
+# A launch window's own group (AWS: the nodes of a Capacity Block bought for the window) and
+# the block it launches into: not the pool's group, whatever else its tags say.
+TAG_WINDOW = "poolctl:window"
+TAG_BLOCK = "poolctl:capacity-block"
 
 # The queue metric each node publishes and the autoscaler targets.
 METRIC_NAMESPACE = "poolctl"

@@ -8,18 +8,25 @@ it: its size is max(MinSize 2, MaxGroupPreparedCapacity (1 + 2) - desired 3) = 2
 
 Windows survive `deploy` because Terraform manages none of them: the stack has no
 `aws_autoscaling_schedule` (tests/synth/test_aws_stack.py checks it on the synthesized
-JSON); test_the_window_launches_into_the_bought_block deploys in between and the window
-still runs.
+JSON); the first test deploys in between and the window still runs.
+
+A window on a bought Capacity Block runs in a group of its own (`<pool group>-<window id>`,
+clouds/aws/blocks.py), scaled by its own two actions; the pool's group is not touched.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from poolctl import runtime
+from poolctl.cloud import Cloud
+from poolctl.config import load_config
+from poolctl.sandbox import manager
 from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE
 from tests.plugins.sandbox import pool_cli, sandbox_admin
 
@@ -74,8 +81,10 @@ def test_a_window_raises_the_pool_at_its_start_and_gives_it_back_at_its_end(
     g = group(sandbox_client)
     assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)  # nothing before --from
 
-    # A deploy in between keeps both actions: test_the_window_launches_into_the_bought_block
-    # deploys between scheduling and --from (one deploy fewer for the suite).
+    # A deploy in between keeps both actions (Terraform manages no scheduled action).
+    cli("deploy", "--cloud", "aws", "--auto-approve")
+    assert sorted(actions(sandbox_client)) == [f"poolctl-window-{wid}-2n-from",
+                                               f"poolctl-window-{wid}-2n-until"]
 
     # 11 minutes on: the start has run; the nodes boot (the hook completed for them).
     sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
@@ -116,6 +125,18 @@ def capacity_blocks(sandbox) -> list[dict]:
             if r["ReservationType"] == "capacity-block"]
 
 
+def window_group(sandbox_client, wid: str) -> dict | None:
+    found = sandbox_client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[f"{ASG}-{wid}"])["AutoScalingGroups"]
+    return found[0] if found else None
+
+
+def window_actions(sandbox_client, wid: str) -> dict[str, dict]:
+    return {a["ScheduledActionName"]: a for a in sandbox_client("autoscaling")
+            .describe_scheduled_actions(AutoScalingGroupName=f"{ASG}-{wid}")[
+                "ScheduledUpdateGroupActions"]}
+
+
 def test_reserve_shows_the_blocks_and_buys_only_with_yes(cli, sandbox, sandbox_client):
     from datetime import UTC, datetime, timedelta
 
@@ -137,12 +158,26 @@ def test_reserve_shows_the_blocks_and_buys_only_with_yes(cli, sandbox, sandbox_c
 
     made = js(cli("warm", "--replicas", "8", "--running", "--from", start, "--until", end,
                   "--reserve", "--yes", "--json"))
+    wid = made["window"]
     (block,) = [r for r in capacity_blocks(sandbox) if r not in before]
     assert made["bought"] == block["CapacityReservationId"]
     assert (block["TotalInstanceCount"], block["State"]) == (2, "scheduled")
-    assert len(actions(sandbox_client)) == 2
-    cli("warm", "--cancel", made["window"])
+    # The window's own group, in the block's zone, empty until its start; the pool's group
+    # has no action.
+    g = window_group(sandbox_client, wid)
+    assert g is not None and (g["MinSize"], g["MaxSize"], g["DesiredCapacity"]) == (0, 0, 0)
+    assert g["AvailabilityZones"] == [block["AvailabilityZone"]]
+    assert sorted(window_actions(sandbox_client, wid)) == [
+        f"poolctl-window-{wid}-2n-from", f"poolctl-window-{wid}-2n-until"]
     assert actions(sandbox_client) == []
+    (row,) = js(cli("warm", "--list", "--json"))["windows"]
+    assert (row["id"], row["capacity_block"], row["group"]) == (
+        wid, made["bought"], f"{ASG}-{wid}")
+    res = cli("warm", "--cancel", wid)
+    assert "stays bought" in res.stderr
+    assert window_group(sandbox_client, wid) is None
+    lts = sandbox_client("ec2").describe_launch_templates()["LaunchTemplates"]
+    assert f"{ASG}-{wid}" not in {lt["LaunchTemplateName"] for lt in lts}
 
 
 def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
@@ -150,7 +185,7 @@ def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
     from datetime import UTC, datetime, timedelta
 
     sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
-    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    day = (datetime.now(UTC) + timedelta(days=3)).date()
     nxt = day + timedelta(days=1)
     # --until 11:00 the next day: the 24 h block from 11:30 ends at 11:30 = --until + 30 min
     # (it covers the window); AWS advises scaling in *more* than 30 min before the end, so
@@ -160,17 +195,15 @@ def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
     assert made["offerings"][0]["end"] == f"{nxt}T11:30:00+00:00"
     (row,) = made["windows"]
     assert (row["start"], row["end"]) == (f"{day}T12:00:00+00:00", f"{nxt}T10:55:00+00:00")
-    until = [a for a in sandbox_client("autoscaling").describe_scheduled_actions(
-        AutoScalingGroupName=ASG)["ScheduledUpdateGroupActions"]
-        if a["ScheduledActionName"].endswith("-until")]
-    assert [a["StartTime"].astimezone(UTC).isoformat() for a in until] == [
-        f"{nxt}T10:55:00+00:00"]
-    # The one line and the deploy that put the pool's launches into the block.
-    assert f"capacity_block: {made['bought']}" in made["message"]
-    assert "poolctl deploy --pool chat-70b" in made["message"]
-    assert "set warm_pool.replicas: 0" in made["message"]  # the example keeps 2 warm nodes
+    until = window_actions(sandbox_client, made["window"])[
+        f"poolctl-window-{made['window']}-2n-until"]
+    assert until["StartTime"].astimezone(UTC).isoformat() == f"{nxt}T10:55:00+00:00"
+    assert (until["MinSize"], until["MaxSize"], until["DesiredCapacity"]) == (0, 0, 0)
+    # Nothing to edit or deploy: the pool's own group is untouched.
+    assert "capacity_block:" not in made["message"] and "deploy" not in made["message"]
+    assert f"run by group {ASG}-{made['window']}" in made["message"]
     cli("warm", "--cancel", made["window"])
-    assert actions(sandbox_client) == []
+    assert window_group(sandbox_client, made["window"]) is None
 
 
 @pytest.mark.parametrize("args", [
@@ -205,11 +238,10 @@ def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox,
 
 
 def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(
-        cli, deployed_pool, sandbox_home, sandbox, sandbox_client, tmp_path):
-    """The whole path: buy with --yes, add the line the message names, deploy, and the
-    window's 2 nodes launch into the block and are gone 30 min before its end. The file
-    drops its warm pool (a block pool keeps none: config rule). The pool's own deploy is
-    restored at the end."""
+        cli, sandbox, sandbox_client, sandbox_home):
+    """The whole path, with nothing to edit or deploy: buy with --yes; at the window's start
+    the window's group launches 2 nodes into the block, in the pool's target group; they are
+    gone before the block's end, and the pool's own group never changed."""
     from datetime import UTC, datetime, timedelta
 
     def clock_at(at: datetime) -> None:
@@ -218,39 +250,57 @@ def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(
 
     sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
     cli("warm", "--reset")
-    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    day = (datetime.now(UTC) + timedelta(days=4)).date()
     nxt = day + timedelta(days=1)
     made = js(cli("warm", "--replicas", "8", "--running", "--from", f"{day}T12:00:00Z",
                   "--until", f"{nxt}T11:00:00Z", "--reserve", "--yes", "--json"))
-    cr = made["bought"]
-    path = tmp_path / "poolctl.yaml"
-    path.write_text(DEPLOYED_EXAMPLE.read_text().replace(
-        "    aws:\n", f"    aws:\n      capacity:\n        capacity_block: {cr}\n", 1).replace(
-        "      replicas: 8\n      state: stopped\n", "      replicas: 0\n      state: stopped\n",
-        1))
-    ec2 = sandbox_client("ec2")
+    cr, wid = made["bought"], made["window"]
+    ec2, elb = sandbox_client("ec2"), sandbox_client("elbv2")
+    pool_before = group(sandbox_client)
 
     def instances(ids: list[str]) -> list[dict]:
         return [i for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
                 for i in r["Instances"]]
 
     try:
-        pool_cli(sandbox_home, path)("deploy", "--cloud", "aws", "--auto-approve")
-        assert len(actions(sandbox_client)) == 2  # the deploy kept the window
         clock_at(datetime(day.year, day.month, day.day, 12, 1, tzinfo=UTC))
-        sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
-                      {"AutoScalingGroupName": ASG, "LifecycleActionResult": "CONTINUE"})
+        g = window_group(sandbox_client, wid)
+        assert g is not None and (g["MinSize"], g["DesiredCapacity"]) == (2, 2)
+        ids = [i["InstanceId"] for i in g["Instances"]]
+        nodes = instances(ids)
+        assert len(nodes) == 2 and {i.get("CapacityReservationId") for i in nodes} == {cr}
+        assert {i["InstanceLifecycle"] for i in nodes} == {"capacity-block"}
+        tags = {t["Key"]: t["Value"] for t in nodes[0]["Tags"]}
+        assert (tags["poolctl:pool"], tags["poolctl:window"]) == ("chat-70b", wid)
+        # They serve behind the pool's load balancer: its target group has them.
+        (tg,) = pool_before["TargetGroupARNs"]
+        targets = {t["Target"]["Id"] for t in elb.describe_target_health(
+            TargetGroupArn=tg)["TargetHealthDescriptions"]}
+        assert set(ids) <= targets
         g = group(sandbox_client)
-        assert (g["MinSize"], g["DesiredCapacity"]) == (3, 3)  # 1 + the window's 2
-        nodes = instances([i["InstanceId"] for i in g["Instances"]])
-        in_block = [i["InstanceId"] for i in nodes if i.get("CapacityReservationId") == cr]
-        assert len(in_block) == 2  # the window's; the node from before stays On-Demand
+        assert (g["MinSize"], g["DesiredCapacity"], g["MaxSize"]) == (
+            pool_before["MinSize"], pool_before["DesiredCapacity"], pool_before["MaxSize"])
+        (st,) = js(cli("status", "--json"))["pools"]
+        (bw,) = st["block_windows"]
+        assert (bw["id"], bw["capacity_block"], bw["in_service"], bw["block_state"]) == (
+            wid, cr, 2, "active")
         # 11:01 the next day: past the window's 10:55 and the block's 11:30 - 30 min.
         clock_at(datetime(nxt.year, nxt.month, nxt.day, 11, 1, tzinfo=UTC))
-        assert {i["State"]["Name"] for i in instances(in_block)} <= {"shutting-down",
-                                                                     "terminated"}
+        assert {i["State"]["Name"] for i in instances(ids)} <= {"shutting-down", "terminated"}
+        g = window_group(sandbox_client, wid)
+        assert g is not None and (g["MinSize"], g["DesiredCapacity"]) == (0, 0)
         g = group(sandbox_client)
-        assert (g["MinSize"], g["DesiredCapacity"]) == (1, 1)
+        assert (g["MinSize"], g["DesiredCapacity"]) == (
+            pool_before["MinSize"], pool_before["DesiredCapacity"])
     finally:
         sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
-        cli("deploy", "--cloud", "aws", "--auto-approve")
+        # `destroy`'s step before Terraform's: the window's group and launch template go
+        # (they hold the pool's subnets and target group); the pool's own group stays.
+        cfg = load_config(DEPLOYED_EXAMPLE)
+        step = runtime.destroy_before_apply(cfg, cfg.targets(None, Cloud.aws),
+                                            manager.endpoints(sandbox_home))
+        assert step is not None and step(SimpleNamespace(label=f"{ASG}-aws")) is False
+        assert window_group(sandbox_client, wid) is None
+        lts = sandbox_client("ec2").describe_launch_templates()["LaunchTemplates"]
+        assert f"{ASG}-{wid}" not in {lt["LaunchTemplateName"] for lt in lts}
+        assert group(sandbox_client)["AutoScalingGroupName"] == ASG

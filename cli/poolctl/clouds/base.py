@@ -224,6 +224,8 @@ class PoolStatus:
     # Launch windows still to end (`warm --from`), over the minimum kept before them.
     windows: list[Window] = field(default_factory=list)
     windows_kept_min: int | None = None
+    # Windows on bought Capacity Blocks, each run by a group of its own (RunsBlockWindows).
+    block_windows: list[BlockWindow] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -250,6 +252,7 @@ class PoolStatus:
                          "start": w.start.isoformat(timespec="seconds") if w.start else None,
                          "end": w.end.isoformat(timespec="seconds")} for w in self.windows],
             "windows_kept_min_nodes": self.windows_kept_min,
+            "block_windows": [bw.to_json() for bw in self.block_windows],
         }
 
 
@@ -578,8 +581,56 @@ class BuysCapacityBlocks(ABC):
         """Buy it; the Capacity Reservation's id."""
 
 
+@dataclass(frozen=True)
+class BlockWindow:
+    """A window on a bought Capacity Block: its own group in the block's zone, at the
+    window's size from its start to its end, then empty; the pool's group is untouched."""
+
+    window: Window
+    block: str  # the Capacity Reservation id
+    group: str  # the window's own group
+    zone: str
+    in_service: int  # its nodes in service now
+    block_state: str = ""  # scheduled | active | expired ... as the cloud says it
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.window
+        return {"id": w.id, "nodes": w.nodes, "end": w.end.isoformat(timespec="seconds"),
+                "start": None if w.start is None else w.start.isoformat(timespec="seconds"),
+                "capacity_block": self.block, "group": self.group, "zone": self.zone,
+                "in_service": self.in_service, "block_state": self.block_state}
+
+
+class RunsBlockWindows(ABC):
+    """A window's nodes in a bought Capacity Block, run by a group of their own that the
+    cloud scales out at the window's start and in before the block ends (AWS's pattern for
+    Auto Scaling and Capacity Blocks): nothing to undo afterwards."""
+
+    @abstractmethod
+    def block_zones(self, group: Group) -> list[str]:
+        """The zones the pool's group has subnets in: a block elsewhere is of no use."""
+
+    @abstractmethod
+    def unused_block(self, cfg: Config, pool: Pool, instance_type: str, count: int,
+                     start: datetime, end: datetime) -> BlockOffering | None:
+        """A block bought for the pool (its tags) covering start..end with room for
+        `count`, that no window's group uses: an interrupted purchase's, to finish with
+        (its id is the Capacity Reservation's; nothing is left to pay)."""
+
+    @abstractmethod
+    def open_block_window(self, group: Group, window: Window, block: str, zone: str,
+                          tags: dict[str, str]) -> BlockWindow: ...
+
+    @abstractmethod
+    def block_windows(self, cfg: Config, pool: Pool) -> list[BlockWindow]: ...
+
+    @abstractmethod
+    def close_block_window(self, group: Group, bw: BlockWindow) -> None:
+        """Delete the window's group and launch template (the block stays bought)."""
+
+
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
-    BuysCapacityBlocks)
+    BuysCapacityBlocks, RunsBlockWindows)

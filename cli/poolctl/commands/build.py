@@ -222,7 +222,8 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         preflight=None if destroy else _deploy_preflight(cfg, endpoints, skip_quota_check,
                                                          plan_only),
         verbose=verbose,
-        before_apply=None if destroy else deploy_before_apply(tgts),
+        before_apply=(runtime.destroy_before_apply(cfg, tgts, endpoints) if destroy
+                      else deploy_before_apply(tgts)),
     )
     leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
     failing = [] if destroy else _launches_failing(cfg, tgts, results, endpoints, started)

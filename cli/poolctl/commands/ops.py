@@ -247,6 +247,13 @@ def status(
             con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"
                       f"until {w.end.isoformat(timespec='seconds')} (then minimum "
                       f"{s.windows_kept_min})", markup=False, soft_wrap=True)
+        for bw in s.block_windows:
+            w = bw.window
+            when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
+            con.print(f"  window {w.id}: {w.nodes} node(s) ({w.nodes * rpn} replicas) in "
+                      f"Capacity Block {bw.block} ({bw.block_state}, {bw.zone}) {when}until "
+                      f"{w.end.isoformat(timespec='seconds')}: group {bw.group}, "
+                      f"{bw.in_service} in service", markup=False, soft_wrap=True)
         q = s.queue_per_replica
         if s.cloud in unread:
             con.print(f"  queue: queue metric not read on {s.cloud}")

@@ -14,6 +14,7 @@ from poolctl.clouds.base import (
     PoolStatus,
     PublishesQueueMetric,
     ReportsLaunchFailures,
+    RunsBlockWindows,
     SchedulesWindows,
 )
 from poolctl.config import Config, Pool
@@ -46,7 +47,10 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
                       queue_per_replica=queue, capacity_failures=failures,
                       reserved_nodes=reserved_nodes(pool, cloud),
                       capacity_block=capacity_block(pool, cloud),
-                      windows=[w for w in windows if w.end > now], windows_kept_min=kept)
+                      windows=[w for w in windows if w.end > now], windows_kept_min=kept,
+                      block_windows=[bw for bw in (ops.block_windows(cfg, pool)
+                                                   if isinstance(ops, RunsBlockWindows) else [])
+                                     if bw.window.end > now or bw.in_service])
 
 
 

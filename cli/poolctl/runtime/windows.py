@@ -11,6 +11,7 @@ file's warm pool stays behind the window as it is (docs/capacity.md#launch-windo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -19,15 +20,21 @@ from poolctl import naming
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     BlockOffering,
+    BlockWindow,
     BuysCapacityBlocks,
     CloudOps,
     Group,
+    RunsBlockWindows,
     SchedulesWindows,
 )
-from poolctl.config import Config, Pool
+from poolctl.clouds.registry import driver, get_ops
+from poolctl.config import Config, Pool, Target
+from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.progress import log
 from poolctl.runtime.quota import quota_for_nodes
 from poolctl.sizing import PoolPlan, nodes_for, plan_pool
+from poolctl.terraform import Terraform
 from poolctl.windows import (
     SCALE_IN_LEAD,
     Window,
@@ -54,6 +61,10 @@ class WindowRow:
     end: str
     state: str  # scheduled | active
     min_nodes: int  # the group's minimum while this window alone is open
+    # A window on a bought Capacity Block: the block, and the group of its own that runs
+    # the window's nodes in it (the pool's group's minimum is not raised: min_nodes is it).
+    capacity_block: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +143,21 @@ def rebase_windows(cfg: Config, pool: Pool, ops: CloudOps, base_min: int, now: d
 
 def window_line(w: WindowRow) -> str:
     when = f"from {w.start} " if w.start else ""
+    where = (f"; in Capacity Block {w.capacity_block}, group {w.group}" if w.capacity_block
+             else f"; minimum {w.min_nodes}")
     return (f"window {w.id}: +{w.nodes} node(s) ({w.replicas} replicas) in service "
-            f"{when}until {w.end} ({w.state}; minimum {w.min_nodes})")
+            f"{when}until {w.end} ({w.state}{where})")
+
+
+def _block_windows(cfg: Config, pool: Pool, ops: CloudOps) -> list[BlockWindow]:
+    return ops.block_windows(cfg, pool) if isinstance(ops, RunsBlockWindows) else []
+
+
+def _block_rows(bws: list[BlockWindow], base: int, rpn: int, now: datetime
+                ) -> tuple[WindowRow, ...]:
+    return tuple(replace(row, capacity_block=bw.block, group=bw.group, min_nodes=base)
+                 for bw in bws if bw.window.end > now
+                 for row in _rows([bw.window], base, rpn, now))
 
 
 def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: datetime
@@ -141,9 +165,10 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
     live, base, _ = _current(sched, ops.find_group(cfg, pool), now)
+    rows = (*_rows(live, base, plan.replicas_per_node, now),
+            *_block_rows(_block_windows(cfg, pool, ops), base, plan.replicas_per_node, now))
     return WindowsResult(pool=pool.name, cloud=cloud, action="list", kept_min_nodes=base,
-                         windows=_rows(live, base, plan.replicas_per_node, now),
-                         message=f"{pool.name}: {len(live)} window(s)")
+                         windows=rows, message=f"{pool.name}: {len(rows)} window(s)")
 
 
 def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
@@ -181,7 +206,8 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
                     reserve: bool = False, yes: bool = False) -> WindowsResult:
     """Schedule `replicas` more in service from `start` to `end`; nothing is written when
     any check fails. `reserve`: look up the Capacity Blocks for it first; without `yes`
-    nothing is bought and nothing scheduled (the offers are the answer)."""
+    nothing is bought and nothing scheduled (the offers are the answer); with it the
+    cheapest is bought and the window's nodes run in it, in a group of their own."""
     if not running:
         raise UsageError(NOT_RUNNING)
     check_window(start, end, now)
@@ -197,7 +223,7 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
         raise UsageError(f"--from: pool {pool.name!r} has {len(live)} windows, the most "
                          f"{cloud} allows ({sched.max_windows}); cancel one with "
                          "`poolctl warm --cancel ID`")
-    if base + n > group.max_nodes:
+    if not reserve and base + n > group.max_nodes:
         room = max(0, group.max_nodes - base) * rpn
         raise UsageError(f"--replicas {replicas}: {n} node(s) above the kept minimum of {base} "
                          f"exceeds the group's maximum of {group.max_nodes}; ask for at most "
@@ -207,56 +233,90 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     peak = max(e.min_nodes for e in edges(windows, base))
     quota = _quota_for(cfg, pool, cloud, ops, plan, peak)
     on_demand = round(n * plan.price_per_node_hour_usd * (end - start).total_seconds() / 3600, 2)
-    offerings: tuple[BlockOffering, ...] = ()
-    bought = None
     if reserve:
-        buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end)
-        offerings = tuple(fit)
-        if not yes:
-            best = fit[0]
-            return WindowsResult(
-                pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base,
-                windows=_rows(live, base, rpn, now), quota=quota, offerings=offerings,
-                on_demand_usd=on_demand,
-                message=(f"{pool.name}: {len(fit)} Capacity Block(s) hold the window; the "
-                         f"cheapest, {best.id}: {best.count} x {best.instance_type} in "
-                         f"{best.zone} {best.start.isoformat(timespec='minutes')} to "
-                         f"{best.end.isoformat(timespec='minutes')} ({best.hours} h) for "
-                         f"${best.upfront_usd:,.2f} upfront (the window's {n} node(s) "
-                         f"On-Demand: ${on_demand:,.2f}); nothing bought or scheduled: add "
-                         "--yes to buy it and schedule the window"))
-        bought = buyer.buy_capacity_block(
-            plan.region, fit[0], {naming.TAG_PROJECT: cfg.project, naming.TAG_POOL: pool.name,
-                                  "poolctl:window": window.id})
-        # The window lives inside the block: out at its start at the earliest, in more than
-        # 30 minutes before its end (EC2 then terminates what is left in it).
-        start, end = max(start, fit[0].start), min(end, fit[0].end - SCALE_IN_LEAD)
-        window = replace(window, start=start, end=end)
-        windows = [*live, window]
+        return _reserve_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
+                               on_demand, yes, now)
     sched.write_windows(group, windows, base, removed=ended)
     rows = _rows(windows, base, rpn, now)
     rounding = (f" ({replicas} replicas rounded up to {n} node(s) of {rpn})"
                 if n * rpn != replicas else "")
-    block = "" if bought is None else (
-        f"; bought Capacity Block {bought} (${offerings[0].upfront_usd:,.2f}, "
-        f"{offerings[0].start.isoformat(timespec='minutes')} to "
-        f"{offerings[0].end.isoformat(timespec='minutes')}): for the nodes to launch into "
-        f"it, add `capacity_block: {bought}` under the pool's aws.capacity"
-        + (" (and set warm_pool.replicas: 0: a block pool keeps no warm pool)"
-           if pool.warm_pool.replicas else "") + " and run "
-        f"`poolctl deploy --pool {pool.name}` before the window (every launch then targets "
-        "the block; docs/capacity.md#capacity-blocks)")
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base, windows=rows,
-        window=window.id, quota=quota, offerings=offerings, bought=bought,
-        on_demand_usd=on_demand,
+        window=window.id, quota=quota, on_demand_usd=on_demand,
         message=(f"{pool.name}: scheduled window {window.id}: minimum {base} -> {base + n} "
                  f"node(s) (+{n * rpn} replicas in service{rounding}) at "
                  f"{start.isoformat(timespec='seconds')}, back to {base} at "
                  f"{end.isoformat(timespec='seconds')}; nodes serve "
                  f"{plan.start_seconds['warm']:.0f} s (from the warm pool) to "
                  f"{plan.start_seconds['cold']:.0f} s (new) after it: start the window "
-                 "that much before the launch" + block))
+                 "that much before the launch"))
+
+
+def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Group,
+                    plan: PoolPlan, window: Window, live: list[Window], base: int,
+                    quota: tuple[dict[str, Any], ...], on_demand: float, yes: bool,
+                    now: datetime) -> WindowsResult:
+    """`--reserve`: the Capacity Blocks in the pool's zones that hold the window; with `yes`
+    the cheapest is bought (or the one an interrupted run bought, found by its tags) and a
+    group of the window's own runs its nodes in it, scaled by the cloud at the window's
+    start and end. The pool's group is not touched."""
+    assert window.start is not None  # a window being scheduled has its start
+    start, end, n, rpn = window.start, window.end, window.nodes, plan.replicas_per_node
+    buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end)
+    if not isinstance(ops, RunsBlockWindows):
+        raise UsageError(f"--reserve: {cloud} cannot run a window's nodes in a block yet")
+    zones = ops.block_zones(group)
+    usable = [o for o in fit if o.zone in zones]
+    if not usable:
+        raise OperationFailed(
+            f"{pool.name}: the Capacity Blocks that hold the window are in "
+            f"{', '.join(sorted({o.zone for o in fit}))}, where the pool's group has no subnet "
+            f"(its zones: {', '.join(zones)}); nothing was bought or scheduled")
+    rows = _rows(live, base, rpn, now)
+    best = usable[0]
+    if not yes:
+        return WindowsResult(
+            pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base, windows=rows,
+            quota=quota, offerings=tuple(usable), on_demand_usd=on_demand,
+            message=(f"{pool.name}: {len(usable)} Capacity Block(s) hold the window; the "
+                     f"cheapest, {best.id}: {best.count} x {best.instance_type} in "
+                     f"{best.zone} {best.start.isoformat(timespec='minutes')} to "
+                     f"{best.end.isoformat(timespec='minutes')} ({best.hours} h) for "
+                     f"${best.upfront_usd:,.2f} upfront (the window's {n} node(s) "
+                     f"On-Demand: ${on_demand:,.2f}); nothing bought or scheduled: add "
+                     "--yes to buy it and schedule the window"))
+    tags = {naming.TAG_PROJECT: cfg.project, naming.TAG_POOL: pool.name,
+            naming.TAG_ROLE: naming.ROLE}
+    found = ops.unused_block(cfg, pool, plan.instance_type, n, start, end)
+    block = found.id if found else buyer.buy_capacity_block(
+        plan.region, best, {**tags, naming.TAG_WINDOW: window.id})
+    held = found or best
+    # Inside the block: out at its start at the earliest, in more than 30 minutes before its
+    # end (EC2 then terminates what is left in it).
+    window = replace(window, start=max(start, held.start), end=min(end, held.end - SCALE_IN_LEAD))
+    bought = ("found, bought by an earlier run" if found
+              else f"bought for ${best.upfront_usd:,.2f}")
+    try:
+        bw = ops.open_block_window(group, window, block, held.zone, tags)
+    except OperationFailed as e:
+        raise OperationFailed(
+            f"{pool.name}: Capacity Block {block} {bought} (Capacity Blocks cannot be "
+            f"cancelled), but the window's group was not made: {e}; run the same command "
+            "again to finish with it (it is found by its tags, not bought again)") from None
+    assert window.start is not None
+    return WindowsResult(
+        pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base,
+        windows=(*rows, *_block_rows([bw], base, rpn, now)), window=window.id, quota=quota,
+        offerings=(held,) if found else tuple(usable), bought=block, on_demand_usd=on_demand,
+        message=(f"{pool.name}: Capacity Block {block} {bought} ({held.count} x "
+                 f"{held.instance_type} in {held.zone}, "
+                 f"{held.start.isoformat(timespec='minutes')} to "
+                 f"{held.end.isoformat(timespec='minutes')}); window {window.id}: {n} node(s) "
+                 f"({n * rpn} replicas) in service in it from "
+                 f"{window.start.isoformat(timespec='seconds')} to "
+                 f"{window.end.isoformat(timespec='seconds')} (at the latest 35 min before "
+                 f"the block ends), run by group {bw.group}; the pool's group and its "
+                 f"minimum of {base} stay as they are, nothing to undo afterwards"))
 
 
 def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_id: str,
@@ -265,6 +325,16 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     live, base, ended = _current(sched, group, now)
+    for bw in _block_windows(cfg, pool, ops):
+        if bw.window.id == window_id:
+            assert isinstance(ops, RunsBlockWindows)  # it listed the window
+            ops.close_block_window(group, bw)
+            return WindowsResult(
+                pool=pool.name, cloud=cloud, action="cancelled", kept_min_nodes=base,
+                windows=_rows(live, base, plan.replicas_per_node, now), window=window_id,
+                message=(f"{pool.name}: cancelled window {window_id}: deleted its group "
+                         f"{bw.group} ({bw.in_service} node(s) in service); Capacity Block "
+                         f"{bw.block} stays bought (Capacity Blocks cannot be cancelled)"))
     gone = [w for w in live if w.id == window_id]
     if not gone:
         known = ", ".join(w.id for w in live) or "none"
@@ -278,3 +348,31 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
         windows=_rows(rest, base, plan.replicas_per_node, now), window=window_id,
         message=f"{pool.name}: cancelled window {window_id}"
                 + ("; it had begun: the group's minimum returns now" if begun else ""))
+
+
+def destroy_before_apply(cfg: Config, targets: list[Target], endpoints: CloudEndpoints
+                         ) -> Callable[[Terraform], bool] | None:
+    """`destroy`'s step before Terraform's: the pools' window groups (Capacity Block
+    windows) are poolctl's, not Terraform's, and use the pool's subnets, security group and
+    target groups, so they go first."""
+    runners = {naming.stack_name(cfg, t.pool, t.cloud): (t, get_ops(t.cloud, endpoints))
+               for t in targets if RunsBlockWindows in driver(t.cloud).capabilities}
+    if not runners:
+        return None
+
+    def before_apply(tf: Terraform) -> bool:
+        if tf.label not in runners:
+            return False
+        t, ops = runners[tf.label]
+        assert isinstance(ops, RunsBlockWindows)  # picked above
+        try:
+            group = ops.find_group(cfg, t.pool)
+        except OperationFailed:
+            return False  # no pool group left: nothing of the windows either
+        for bw in ops.block_windows(cfg, t.pool):
+            ops.close_block_window(group, bw)
+            log(f"window {bw.window.id}: deleted its group {bw.group} (Capacity Block "
+                f"{bw.block} stays bought)")
+        return False
+
+    return before_apply

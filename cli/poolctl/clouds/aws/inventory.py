@@ -68,6 +68,8 @@ class AwsInventory(AwsApi):
                                "autoscaling:DescribeAutoScalingGroups", Filters=filters):
             for g in page["AutoScalingGroups"]:
                 tags = {t["Key"]: t["Value"] for t in g.get("Tags", [])}
+                if naming.TAG_WINDOW in tags:
+                    continue  # a launch window's own group: `status` shows it with its pool
                 in_service = sum(i["LifecycleState"] == "InService"
                                  for i in g.get("Instances", []))
                 rows.append(PoolRow(

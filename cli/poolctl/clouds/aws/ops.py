@@ -19,6 +19,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.cloud import Cloud
+from poolctl.clouds.aws.blocks import BlockGroups
 from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
@@ -46,7 +47,7 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
 
 
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
-             CapacityBlocks, CloudOps,
+             CapacityBlocks, BlockGroups, CloudOps,
              PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""
@@ -90,7 +91,9 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
         groups: list[dict[str, Any]] = [
             g for page in self.pages(asg, "describe_auto_scaling_groups",
                                      "autoscaling:DescribeAutoScalingGroups", Filters=filters)
-            for g in page["AutoScalingGroups"]]
+            for g in page["AutoScalingGroups"]
+            # A launch window's own group (clouds/aws/blocks.py) carries the pool's tags too.
+            if not any(t["Key"] == naming.TAG_WINDOW for t in g.get("Tags", []))]
         tags = (f"{naming.TAG_PROJECT}={cfg_project}, {naming.TAG_POOL}={pool_name}, "
                 f"{naming.TAG_ROLE}={naming.ROLE}")
         if not groups:

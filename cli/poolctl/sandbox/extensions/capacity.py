@@ -508,6 +508,9 @@ def _wrap_run_instances(orig: Callable[..., Any]) -> Callable[..., Any]:
             for instance, cr in zip(reservation.instances, slots, strict=True):
                 instance._poolctl_cr = cr
                 instance._poolctl_spec = spec
+                if cr is not None and reservations(self)[cr].reservation_type == BLOCK:
+                    # DescribeInstances' InstanceLifecycle of an instance in a block.
+                    instance.lifecycle = BLOCK
             return reservation
 
     return run_instances
