@@ -80,6 +80,10 @@ Behaviour worth knowing:
   that has a reservation or room in its zone (BALANCED counts a zone with room for any of
   them); the managed instance then reports `propertiesFromFlexibilityPolicy.machineType`,
   and its instance that type.
+- Calendar mode: advice.calendarMode (regional) recommends, per spec, the first allowed zone
+  whose `set_capacity` limit leaves room, from the earliest start asked for, for the shortest
+  duration; futureReservations.insert/get (zonal) keep a request in the state
+  `future_reservation_state` (PENDING_APPROVAL unless a test sets another).
 - machineTypes.get (zonal): every machine type is offered in every zone of a region, but
   those `withdraw_offer` takes back, which answer 404 as GCE answers a type a zone lacks.
 """
@@ -197,6 +201,9 @@ class FakeGce:
         self.reservations: dict[tuple[str, str, str], dict] = {}  # (project, zone, name)
         # (zone, machine type) a zone does not offer (`withdraw_offer`); others are offered
         self.not_offered: set[tuple[str, str]] = set()
+        # (project, zone, name) -> FutureReservation JSON; the state a new request gets
+        self.future_reservations: dict[tuple[str, str, str], dict] = {}
+        self.future_reservation_state = "PENDING_APPROVAL"
         self.mig_errors: dict[tuple[str, str, str], list[dict]] = {}  # listErrors, oldest first
         self._consumes: dict[str, tuple[str, str, str] | None] = {}  # VM -> its reservation
         self._waiting: dict[str, str] = {}  # VM -> the action (CREATING, STARTING) held back
@@ -1104,6 +1111,9 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("DELETE", _Z + "/reservations/(?P<name>[^/]+)", "res_delete"),
         ("GET", _C + "/aggregated/reservations", "res_aggregated"),
         ("GET", _Z + "/machineTypes/(?P<name>[^/]+)", "mt_get"),
+        ("POST", _R + "/advice/calendarMode", "advice_calendar"),
+        ("POST", _Z + "/futureReservations", "fr_insert"),
+        ("GET", _Z + "/futureReservations/(?P<name>[^/]+)", "fr_get"),
         ("GET", _Z + "/operations/(?P<op>[^/]+)", "zop_get"),
         ("POST", _Z + "/operations/(?P<op>[^/]+)/wait", "zop_get"),
         ("GET", _R + "/autoscalers", "as_list"),
@@ -1480,6 +1490,63 @@ class _Handler(BaseHTTPRequestHandler):
                 "items": {z: {"reservations": rs} for z, rs in by_zone.items()},
                 "selfLink": f"{API}/projects/{project}/aggregated/reservations"}, \
             "ReservationAggregatedList"
+
+    def advice_calendar(self, *, project, region, body, **_):
+        """Calendar-mode advice: per spec, the first allowed zone of the region whose
+        On-Demand limit (`set_capacity`) leaves room for the VMs, from the earliest start
+        asked for, for the shortest duration asked for."""
+        self._region(project, region)
+        self._check_body(body, "CalendarModeAdviceRequest")
+        zones = [_last(z) for z in self.fake.regions[(project, region)]["zones"]]
+        out = {}
+        for key, spec in body.get("futureResourcesSpecs", {}).items():
+            sku = spec["targetResources"]["specificSkuResources"]
+            count, machine = int(sku["instanceCount"]), sku["machineType"]
+            allowed = {_last(k) for k, v in spec.get("locationPolicy", {}).get(
+                "locations", {}).items() if v.get("preference") != "DENY"} or set(zones)
+            room = [z for z in zones if z in allowed and (z, machine) not in self.fake.not_offered
+                    and self.fake.capacity.get((z, machine), count) >= count]
+            if not room:
+                continue
+            span = spec["timeRangeSpec"]
+            start = datetime.fromisoformat(span["startTimeNotEarlierThan"].replace("Z", "+00:00"))
+            end = start + timedelta(seconds=int(span["minDuration"].rstrip("s")))
+            out[key] = {"recommendationId": f"rec-{self.fake._id()[-8:]}",
+                        "recommendationType": "FUTURE_RESERVATION",
+                        "location": f"zones/{room[0]}",
+                        "startTime": _ts(start), "endTime": _ts(end)}
+        return {"recommendations": [{"recommendationsPerSpec": out}] if out else []}, \
+            "CalendarModeAdviceResponse"
+
+    def fr_insert(self, *, project, zone, body, **_):
+        self._zone(project, zone)
+        self._check_body(body, "FutureReservation")
+        name = body.get("name", "")
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            raise HttpError(400, f"Invalid value for field 'resource.name': '{name}'")
+        key = (project, zone, name)
+        if key in self.fake.future_reservations:
+            raise HttpError(409, f"The resource 'projects/{project}/zones/{zone}/"
+                                 f"futureReservations/{name}' already exists", "alreadyExists",
+                            "ALREADY_EXISTS")
+        fake = self.fake
+        link = f"{API}/projects/{project}/zones/{zone}/futureReservations/{name}"
+
+        def effect():
+            fake.future_reservations[key] = {
+                **body, "kind": "compute#futureReservation", "id": fake._id(),
+                "selfLink": link, "zone": f"{API}/projects/{project}/zones/{zone}",
+                "creationTimestamp": _ts(fake._now()),
+                "status": {"procurementStatus": fake.future_reservation_state}}
+
+        return fake._operation(project, None, "insert", {"selfLink": link, "id": fake._id()},
+                               effect, zone=zone), "Operation"
+
+    def fr_get(self, *, project, zone, name, **_):
+        key = (project, zone, name)
+        if key not in self.fake.future_reservations:
+            raise _not_found(f"projects/{project}/zones/{zone}/futureReservations/{name}")
+        return self.fake.future_reservations[key], "FutureReservation"
 
     def mt_get(self, *, project, zone, name, **_):
         self._zone(project, zone)

@@ -20,7 +20,7 @@ from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from poolctl import naming, runtime  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps  # noqa: E402
 from poolctl.config import parse_config  # noqa: E402
-from poolctl.errors import UsageError  # noqa: E402
+from poolctl.errors import OperationFailed, UsageError  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
 
@@ -105,10 +105,55 @@ def test_gcp_refuses_a_window_beyond_the_group_and_schedules_nothing(fake, setup
     assert schedules(fake) == {}
 
 
-def test_gcp_reserve_is_refused_before_anything_is_written(fake, setup):
+def test_gcp_reserve_offers_calendar_mode_and_requests_only_with_yes(fake, setup):
+    cfg, pool, ops = setup
+    start = (NOW + timedelta(days=2)).replace(minute=0, second=0)
+    end = start + timedelta(hours=2)
+    # 8 replicas = 2 VMs; whole days from a day before the start to the end: 2 days.
+    offered = runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True,
+                                      now=NOW, reserve=True)
+    (offer,) = offered.offerings
+    assert (offered.action, offer.count, offer.zone, offer.instance_type) == (
+        "offered", 2, "us-central1-a", "a3-highgpu-8g")
+    assert (offer.start, offer.end) == (start - timedelta(days=1), start + timedelta(days=1))
+    assert "nothing requested or scheduled" in offered.message
+    assert fake.future_reservations == {} and schedules(fake) == {}
+    (asked,) = [r for r in fake.requests if r["path"].endswith("/advice/calendarMode")]
+    assert asked["method"] == "POST"
+
+    made = runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True,
+                                   now=NOW, reserve=True, yes=True)
+    ((key, fr),) = fake.future_reservations.items()
+    assert key == (PROJECT, "us-central1-a", f"chat-70b-{made.window}")
+    assert (fr["reservationMode"], fr["planningStatus"]) == ("CALENDAR", "SUBMITTED")
+    sku = fr["specificSkuProperties"]
+    # 16 Local SSDs of 375 GB, NVMe: the VMs' own, so that they match the reservation.
+    assert (int(sku["totalCount"]), sku["instanceProperties"]["machineType"],
+            len(sku["instanceProperties"]["localSsds"])) == (2, "a3-highgpu-8g", 16)
+    assert fr["timeWindow"] == {"startTime": offer.start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                "endTime": offer.end.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    assert fr["specificReservationRequired"] is False
+    assert made.bought == key[2] and "PENDING_APPROVAL" in made.message
+    # And the window itself, as without --reserve: a scaling schedule of 1 + 2 VMs.
+    (sched,) = schedules(fake).values()
+    assert sched["minRequiredReplicas"] == 3
+
+
+def test_gcp_reserve_refusals_write_nothing(fake, setup):
     cfg, pool, ops = setup
     start = NOW + timedelta(days=2)
-    with pytest.raises(UsageError, match="--reserve"):
+    with pytest.raises(UsageError, match="60 days ahead"):
+        far = NOW + timedelta(days=70)
+        runtime.schedule_window(cfg, pool, "gcp", ops, 8, far, far + timedelta(hours=2),
+                                running=True, now=NOW, reserve=True, yes=True)
+    for zone in ZONES:  # no room anywhere: no advice, one line, exit 1
+        fake.set_capacity(zone, "a3-highgpu-8g", 1)
+    with pytest.raises(OperationFailed, match="advises no calendar-mode reservation"):
         runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, start + timedelta(hours=2),
                                 running=True, now=NOW, reserve=True, yes=True)
-    assert schedules(fake) == {}
+    named = parse_config(pool_yaml(extra_gcp="      capacity: {reservations: none}\n"))
+    with pytest.raises(UsageError, match="gcp.capacity.reservations"):
+        runtime.schedule_window(named, named.pools[0], "gcp", ops, 8, start,
+                                start + timedelta(hours=2), running=True, now=NOW,
+                                reserve=True, yes=True)
+    assert fake.future_reservations == {} and schedules(fake) == {}

@@ -34,7 +34,8 @@ def test_gcp_declares_its_capabilities():
     gcp = registry.driver(Cloud.gcp)
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures", "SchedulesWindows"]
+        "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures", "SchedulesWindows",
+        "ReservesCalendarCapacity"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 
 

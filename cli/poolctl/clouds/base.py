@@ -581,6 +581,23 @@ class BuysCapacityBlocks(ABC):
         """Buy it; the Capacity Reservation's id."""
 
 
+class ReservesCalendarCapacity(ABC):
+    """Capacity requested ahead for a window (GCP future reservations in calendar mode):
+    the cloud advises when and where it can hold the nodes, and reviews a request; the
+    window's nodes then consume the reservation it creates, as any matching VM does."""
+
+    @abstractmethod
+    def calendar_offers(self, pool: Pool, nodes: int, start: datetime, end: datetime
+                        ) -> list[BlockOffering]:
+        """What the cloud advises for `nodes` from `start` to `end`, each covering it
+        (`upfront_usd` 0: the cloud bills it while it runs, at prices not in the catalog)."""
+
+    @abstractmethod
+    def reserve_calendar(self, pool: Pool, offering: BlockOffering, window_id: str
+                         ) -> tuple[str, str]:
+        """Submit the request; (its name, the state the cloud gives it)."""
+
+
 @dataclass(frozen=True)
 class BlockWindow:
     """A window on a bought Capacity Block: its own group in the block's zone, at the
@@ -633,4 +650,4 @@ class RunsBlockWindows(ABC):
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
-    BuysCapacityBlocks, RunsBlockWindows)
+    BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from poolctl import runtime
-from poolctl.clouds.base import PublishesQueueMetric, failures_line
+from poolctl.cloud import Cloud
+from poolctl.clouds.base import BlockOffering, PublishesQueueMetric, failures_line
 from poolctl.commands.common import (
     WEEK_S,
     CloudOpt,
@@ -33,7 +34,6 @@ from poolctl.windows import parse_time
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from poolctl.cloud import Cloud
     from poolctl.clouds.base import PoolStatus
     from poolctl.config import Pool
     from poolctl.inventory import Endpoint
@@ -81,8 +81,9 @@ def warm(
                                  "(ids: `warm --list`).")] = None,
     reserve: Annotated[
         bool, typer.Option("--reserve", help="With --from/--until: the Capacity Blocks (AWS) "
-                           "that hold the window's nodes, with their prices; buys the cheapest "
-                           "only with --yes (or a yes at the prompt on a terminal).")] = False,
+                           "or calendar-mode future reservations (GCP) that hold the window's "
+                           "nodes; buys or requests the first only with --yes (or a yes at "
+                           "the prompt on a terminal).")] = False,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="With --reserve: buy it, then schedule the "
                            "window.")] = False,
@@ -161,8 +162,8 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
             best = result.offerings[0]
             _print_offerings(result)
             # An interactive yes buys as --yes would (the offers are looked up again).
-            if typer.confirm(f"buy {best.id} for ${best.upfront_usd:,.2f} and schedule the "
-                             "window?", default=False):
+            if typer.confirm(f"buy or request {best.id} ({_price(result, best)}) and "
+                             "schedule the window?", default=False):
                 result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from,
                                                  t_until, running, now, reserve=True,
                                                  yes=True)
@@ -180,12 +181,18 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
         sys.stderr.write(result.message + "\n")
 
 
+def _price(result: runtime.WindowsResult, o: BlockOffering) -> str:
+    # AWS sells a block upfront; GCP bills a calendar-mode reservation while it runs.
+    return (f"${o.upfront_usd:,.2f} upfront" if result.cloud == Cloud.aws
+            else f"billed by {result.cloud} while it runs")
+
+
 def _print_offerings(result: runtime.WindowsResult) -> None:
     for o in result.offerings:
         sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
                          f"{o.start.isoformat(timespec='minutes')} to "
                          f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
-                         f"${o.upfront_usd:,.2f} upfront\n")
+                         f"{_price(result, o)}\n")
 
 
 def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:

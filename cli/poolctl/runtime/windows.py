@@ -24,6 +24,7 @@ from poolctl.clouds.base import (
     BuysCapacityBlocks,
     CloudOps,
     Group,
+    ReservesCalendarCapacity,
     RunsBlockWindows,
     SchedulesWindows,
 )
@@ -185,8 +186,8 @@ def _blocks(pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
     """The Capacity Blocks that hold the window's nodes from its start to 30 minutes past
     its end (AWS terminates a block's instances 30 minutes before it ends), cheapest first."""
     if not isinstance(ops, BuysCapacityBlocks):
-        raise UsageError(f"--reserve: {cloud} capacity for a window is not in poolctl yet "
-                         "(GCP future reservations); schedule the window without --reserve")
+        raise UsageError(f"--reserve: {cloud} sells no capacity for a window that poolctl "
+                         "knows; schedule the window without --reserve")
     need = block_need(n, start, end)
     offers = ops.capacity_block_offerings(plan.region, plan.instance_type, need.count,
                                           need.hours, need.earliest, need.latest)
@@ -262,6 +263,9 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
     start and end. The pool's group is not touched."""
     assert window.start is not None  # a window being scheduled has its start
     start, end, n, rpn = window.start, window.end, window.nodes, plan.replicas_per_node
+    if isinstance(ops, ReservesCalendarCapacity):
+        return _calendar_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
+                                on_demand, yes, now)
     buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end)
     if not isinstance(ops, RunsBlockWindows):
         raise UsageError(f"--reserve: {cloud} cannot run a window's nodes in a block yet")
@@ -317,6 +321,59 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
                  f"{window.end.isoformat(timespec='seconds')} (at the latest 35 min before "
                  f"the block ends), run by group {bw.group}; the pool's group and its "
                  f"minimum of {base} stay as they are, nothing to undo afterwards"))
+
+
+def _calendar_window(cfg: Config, pool: Pool, cloud: Cloud, ops: ReservesCalendarCapacity,
+                     group: Group, plan: PoolPlan, window: Window, live: list[Window],
+                     base: int, quota: tuple[dict[str, Any], ...], on_demand: float,
+                     yes: bool, now: datetime) -> WindowsResult:
+    """`--reserve` where the cloud takes requests for future capacity (GCP calendar mode):
+    its advice for the window; with `yes` the request for the first, then the window's
+    schedule, whose nodes consume the reservation it brings."""
+    assert window.start is not None and isinstance(ops, SchedulesWindows)
+    placement = pool.placement(cloud)
+    if placement is not None and placement.capacity.reservations != "any":
+        key = f"{cloud}.capacity.reservations"
+        raise UsageError(f"--reserve: {key} is {placement.capacity.reservations!r}: the "
+                         "window's VMs consume a reservation made for it only with `any`; "
+                         f"set {key}: any and deploy, or schedule without --reserve")
+    offers = ops.calendar_offers(pool, window.nodes, window.start, window.end)
+    rpn = plan.replicas_per_node
+    if not offers:
+        raise OperationFailed(
+            f"{pool.name}: {cloud} advises no calendar-mode reservation of {window.nodes} x "
+            f"{plan.instance_type} covering the window "
+            f"({window.start.isoformat(timespec='minutes')} to "
+            f"{window.end.isoformat(timespec='minutes')}); nothing was requested or scheduled")
+    best = offers[0]
+    price = (f"billed by {cloud} while it runs, at calendar-mode prices (the window's "
+             f"{window.nodes} node(s) On-Demand: ${on_demand:,.2f})")
+    if not yes:
+        return WindowsResult(
+            pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base,
+            windows=_rows(live, base, rpn, now), quota=quota, offerings=tuple(offers),
+            on_demand_usd=on_demand,
+            message=(f"{pool.name}: {cloud} can hold {best.count} x {best.instance_type} in "
+                     f"{best.zone} from {best.start.isoformat(timespec='minutes')} to "
+                     f"{best.end.isoformat(timespec='minutes')}, {price}; nothing requested "
+                     "or scheduled: add --yes to submit the request (it cannot be cancelled "
+                     "once submitted) and schedule the window"))
+    name, state = ops.reserve_calendar(pool, best, window.id)
+    windows = [*live, window]
+    ops.write_windows(group, windows, base, removed=[])
+    return WindowsResult(
+        pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base,
+        windows=_rows(windows, base, rpn, now), window=window.id, quota=quota,
+        offerings=(best,), bought=name, on_demand_usd=on_demand,
+        message=(f"{pool.name}: submitted future reservation {name} ({best.count} x "
+                 f"{best.instance_type} in {best.zone}, "
+                 f"{best.start.isoformat(timespec='minutes')} to "
+                 f"{best.end.isoformat(timespec='minutes')}, {price}): {state or 'submitted'}"
+                 f" (Google reviews the request); scheduled window {window.id}: minimum "
+                 f"{base} -> {base + window.nodes} node(s) from "
+                 f"{window.start.isoformat(timespec='seconds')} to "
+                 f"{window.end.isoformat(timespec='seconds')}; its VMs consume the "
+                 "reservation once it exists, and run On-Demand if it was declined"))
 
 
 def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_id: str,

@@ -176,11 +176,15 @@ class GceApi:
         their own."""
         return self.call(what, fn, not_found_ok=True, **kw)
 
-    def wait(self, op: Any, project: str, region: str | None, what: str) -> None:
-        """Wait for a region operation (a global one with `region` None) through the
-        injected operations client."""
+    def wait(self, op: Any, project: str, region: str | None, what: str,
+             zone: str | None = None) -> None:
+        """Wait for a region operation (a zone one with `zone`, a global one with neither)
+        through the injected operations client."""
         where: dict[str, Any]
-        if region is None:
+        if zone is not None:
+            ops, where = self.client("ZoneOperationsClient"), {"zone": zone}
+            scope = f"--zone {zone}"
+        elif region is None:
             ops, where, scope = self.client("GlobalOperationsClient"), {}, "--global"
         else:
             ops, where = self.client("RegionOperationsClient"), {"region": region}

@@ -36,6 +36,7 @@ from poolctl.clouds.gcp.inventory import GcpInventory
 from poolctl.clouds.gcp.launches import MigCapacity
 from poolctl.clouds.gcp.mig import mig_ref, node_phase
 from poolctl.clouds.gcp.quota import GcpQuotas
+from poolctl.clouds.gcp.reserve import CalendarReservations
 from poolctl.clouds.gcp.rollout import CanaryRollouts
 from poolctl.clouds.gcp.windows import ScalingSchedules
 from poolctl.config import Config, Pool
@@ -69,7 +70,7 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 
 class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
-             GcpReservations, CloudOps, PublishesQueueMetric):
+             GcpReservations, CalendarReservations, CloudOps, PublishesQueueMetric):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 
