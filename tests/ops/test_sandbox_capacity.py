@@ -475,7 +475,8 @@ def test_capacity_block_from_the_admin_endpoint_is_targeted_only(sandbox_capacit
     got = _run(ec2, zone=None, CapacityReservationSpecification=target,
                InstanceMarketOptions=BLOCK_MARKET)
     assert got[0]["CapacityReservationId"] == made[0]
-    assert got[0].get("InstanceLifecycle") is None  # a block's instance is no Spot one
+    # DescribeInstances' InstanceLifecycle (botocore's InstanceLifecycleType has it).
+    assert got[0].get("InstanceLifecycle") == "capacity-block"
 
 
 BLOCK_MARKET = {"MarketType": "capacity-block"}
