@@ -16,7 +16,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import jinja2
@@ -29,6 +28,7 @@ from poolctl.config import parse_config
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.rules import refuse_invalid
 from tests.plugins.golden import assert_golden
+from tests.synth.util import checkov_bin
 
 from .boot_config import EXTRA_ARGS, config_yaml, load
 
@@ -207,10 +207,10 @@ def test_no_secrets_in_user_data(cfg, monkeypatch, tmp_path):
     )
     for name, text in scripts.items():
         assert not pattern.search(text), (name, pattern.search(text))
-    # A second opinion from a real scanner (a checkov dependency, so in the dev env).
-    scanner = Path(sys.executable).with_name("detect-secrets")
-    if not scanner.exists():
-        pytest.skip("detect-secrets not installed (pip install detect-secrets); regex scan passed")
+    # A second opinion from a real scanner: Yelp's detect-secrets, a checkov dependency, so
+    # it sits beside the checkov scripts/setup installs.
+    scanner = Path(checkov_bin()).with_name("detect-secrets")
+    assert scanner.is_file(), f"no {scanner}: run scripts/setup (checkov brings detect-secrets)"
     for name, text in scripts.items():
         (tmp_path / name).write_text(text)
     report = subprocess.run([str(scanner), "scan", *scripts], cwd=tmp_path, capture_output=True,
