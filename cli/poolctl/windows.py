@@ -127,8 +127,8 @@ SCALE_IN_LEAD = BLOCK_MARGIN + timedelta(minutes=5)
 @dataclass(frozen=True)
 class BlockNeed:
     """The Capacity Block a window needs: `count` instances for `hours`, starting by the
-    window's start (at `earliest`, an 11:30 UTC) and ending 30 minutes after its end or
-    later (by `latest`)."""
+    window's start (at `earliest`: an 11:30 UTC, or now when that is past) and ending 30
+    minutes after its end or later (by `latest`)."""
 
     count: int
     hours: int
@@ -140,7 +140,10 @@ class BlockNeed:
         return block_start <= start and block_end >= end + BLOCK_MARGIN
 
 
-def block_need(nodes: int, start: datetime, end: datetime) -> BlockNeed:
+def block_need(nodes: int, start: datetime, end: datetime, now: datetime) -> BlockNeed:
+    """The block for `nodes` from `start` to `end`: one that began at the 11:30 UTC by the
+    window's start, or, that 11:30 being past, one that begins now or later (EC2 offers blocks
+    starting between two 11:30s, and none in the past)."""
     count = next((c for c in BLOCK_COUNTS if c >= nodes), None)
     if count is None:
         raise UsageError(f"--reserve: {nodes} nodes; a Capacity Block holds at most "
@@ -153,7 +156,7 @@ def block_need(nodes: int, start: datetime, end: datetime) -> BlockNeed:
         days = 7 * math.ceil(days / 7)
     if days > 182:
         raise UsageError("--reserve: the window needs a Capacity Block of more than 182 days")
-    return BlockNeed(count=count, hours=24 * days, earliest=first,
+    return BlockNeed(count=count, hours=24 * days, earliest=max(first, now),
                      latest=first + timedelta(days=days))
 
 

@@ -180,6 +180,24 @@ def test_reserve_shows_the_blocks_and_buys_only_with_yes(cli, sandbox, sandbox_c
     assert f"{ASG}-{wid}" not in {lt["LaunchTemplateName"] for lt in lts}
 
 
+def test_a_window_within_the_hour_is_offered_a_block_that_starts_now_not_in_the_past(
+        cli, sandbox, sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    # Whatever the time of day: EC2 offers no block that has begun, so the search starts now
+    # and the block that holds the window starts at the next 5-minute mark, by --from.
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    before = datetime.now(UTC).replace(microsecond=0)
+    offered = js(cli("warm", "--replicas", "8", "--running", "--from", "+10m", "--until",
+                     "+70m", "--reserve", "--json"))
+    best = offered["offerings"][0]
+    start, end = datetime.fromisoformat(best["start"]), datetime.fromisoformat(best["end"])
+    assert before <= start <= before + timedelta(minutes=10)
+    assert end - start == timedelta(hours=best["hours"], minutes=best["minutes"])
+    assert start.minute % 5 == 0 and offered["bought"] is None
+    assert actions(sandbox_client) == []
+
+
 def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
         cli, sandbox, sandbox_client):
     from datetime import UTC, datetime, timedelta

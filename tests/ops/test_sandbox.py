@@ -1233,6 +1233,44 @@ def test_scheduled_actions_refuse_what_aws_refuses(sandbox_client):
         for a in asg.describe_scheduled_actions()["ScheduledUpdateGroupActions"])
 
 
+@pytest.mark.parametrize("clock, expected", [
+    # 14:16:30: from 14:20 (the next 5-minute mark) to 11:30 tomorrow, 21 h 10 min, the
+    # closest short of the 24 h asked, and to 11:30 the day after, 45 h 10 min; then a day
+    # from tomorrow's 11:30. Fees: 55.04 $/h x 2 x 21 1/6 h = 2,311.68 + 18.35 = 2,330.03 $;
+    # x 45 1/6 h = 4,953.60 + 18.35 = 4,971.95 $; x 24 h = 2,641.92 $.
+    ((14, 16, 30), [((14, 20), 0, 21, 10, "2330.03"), ((14, 20), 0, 45, 10, "4971.95"),
+                    ((11, 30), 1, 24, 0, "2641.92")]),
+    # 08:58: from 09:00 to today's 11:30 (2 h 30 min: 275.20 $) and to tomorrow's (26 h
+    # 30 min: 2,917.12 $), then today's 11:30 for 24 h. (The clock runs on between the admin
+    # call and the search: minutes before the mark, not seconds.)
+    ((8, 58, 0), [((9, 0), 0, 2, 30, "275.20"), ((9, 0), 0, 26, 30, "2917.12"),
+                 ((11, 30), 0, 24, 0, "2641.92")]),
+])
+def test_capacity_block_offerings_from_now_start_at_the_next_5_minute_mark_never_before(
+        sandbox, sandbox_client, clock, expected):
+    from datetime import UTC, datetime, time, timedelta
+
+    today = datetime.now(UTC).date() + timedelta(days=1)
+    moment = datetime.combine(today, time(*clock, tzinfo=UTC))
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock",
+                  {"offset_seconds": (moment - datetime.now(UTC)).total_seconds()})
+    try:
+        # A StartDateRange in the past (yesterday's 11:30) is a search from now.
+        offers = sandbox_client("ec2").describe_capacity_block_offerings(
+            InstanceType="p5.48xlarge", InstanceCount=2, CapacityDurationHours=24,
+            StartDateRange=moment - timedelta(days=1))["CapacityBlockOfferings"]
+    finally:
+        sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    got = [((o["StartDate"].hour, o["StartDate"].minute), (o["StartDate"].date() - today).days,
+            o["CapacityBlockDurationHours"], o["CapacityBlockDurationMinutes"], o["UpfrontFee"])
+           for o in offers]
+    assert got == expected
+    for o in offers:
+        assert o["StartDate"] >= moment and (o["EndDate"].hour, o["EndDate"].minute) == (11, 30)
+        assert o["EndDate"] - o["StartDate"] == timedelta(
+            hours=o["CapacityBlockDurationHours"], minutes=o["CapacityBlockDurationMinutes"])
+
+
 def test_capacity_block_offerings_end_at_1130_utc_and_a_purchase_makes_the_reservation(
         sandbox_client):
     from datetime import UTC, datetime, timedelta

@@ -114,21 +114,40 @@ def test_block_need_covers_the_window_from_an_1130_utc_start_to_30_minutes_past_
     from poolctl.windows import block_need
 
     day = datetime(2026, 12, 7, tzinfo=UTC)
+    now = day - timedelta(days=2)
     # 12:00-14:00: the block from 11:30 that day; 14:00 + 30 min is within 24 h.
-    need = block_need(2, day + timedelta(hours=12), day + timedelta(hours=14))
+    need = block_need(2, day + timedelta(hours=12), day + timedelta(hours=14), now)
     assert (need.count, need.hours) == (2, 24)
     assert need.earliest == day + timedelta(hours=11, minutes=30)
     # 10:00-12:00: 11:30 that day is after the start, so from 11:30 the day before; to
     # 12:30 = 25 h after it -> 2 days.
-    need = block_need(3, day + timedelta(hours=10), day + timedelta(hours=12))
+    need = block_need(3, day + timedelta(hours=10), day + timedelta(hours=12), now)
     assert (need.count, need.hours) == (4, 48)  # 3 nodes: blocks come in 1, 2, 4, 8 ...
     assert need.earliest == day - timedelta(hours=12, minutes=30)
     # 15 days from 12:00: 16 days of blocks -> past 14, 7-day steps -> 21 days.
-    need = block_need(1, day + timedelta(hours=12), day + timedelta(days=15, hours=12))
+    need = block_need(1, day + timedelta(hours=12), day + timedelta(days=15, hours=12), now)
     assert need.hours == 21 * 24
     assert need.covers(day + timedelta(hours=12), day + timedelta(days=15, hours=12),
                        need.earliest, need.latest)
     assert not need.covers(day + timedelta(hours=12), day + timedelta(days=15, hours=12),
                            need.earliest, day + timedelta(days=15, hours=12))  # no 30 min
     with pytest.raises(UsageError, match="--reserve"):
-        block_need(65, day + H, day + 2 * H)
+        block_need(65, day + H, day + 2 * H, now)
+
+
+def test_block_need_for_a_window_today_after_1130_asks_for_blocks_from_now():
+    from poolctl.windows import block_need
+
+    now = datetime(2026, 12, 7, 14, 16, 30, tzinfo=UTC)
+    # 14:26-15:26: today's 11:30 is past and EC2 offers nothing that starts in the past, so
+    # the search starts now; the block still ends by 11:30 tomorrow (15:56 is within a day
+    # of today's 11:30: 24 h asked).
+    need = block_need(2, now + timedelta(minutes=10), now + timedelta(minutes=70), now)
+    assert (need.count, need.hours, need.earliest) == (2, 24, now)
+    assert need.latest == datetime(2026, 12, 8, 11, 30, tzinfo=UTC)
+    # A block from 14:20 (the next 5-minute mark) to 11:30 tomorrow covers it; one from
+    # 14:30 does not (it starts after --from).
+    assert need.covers(now + timedelta(minutes=10), now + timedelta(minutes=70),
+                       datetime(2026, 12, 7, 14, 20, tzinfo=UTC), need.latest)
+    assert not need.covers(now + timedelta(minutes=10), now + timedelta(minutes=70),
+                           datetime(2026, 12, 7, 14, 30, tzinfo=UTC), need.latest)

@@ -561,6 +561,11 @@ class BlockOffering:
     end: datetime
     hours: int
     upfront_usd: float
+    minutes: int = 0  # beyond `hours`: a block that starts between two 11:30s (EC2's field)
+
+    @property
+    def duration(self) -> str:
+        return f"{self.hours} h" + (f" {self.minutes} min" if self.minutes else "")
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "start": self.start.isoformat(timespec="seconds"),

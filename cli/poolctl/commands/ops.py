@@ -191,7 +191,7 @@ def _print_offerings(result: runtime.WindowsResult) -> None:
     for o in result.offerings:
         sys.stdout.write(f"{o.id}: {o.count} x {o.instance_type} in {o.zone}, "
                          f"{o.start.isoformat(timespec='minutes')} to "
-                         f"{o.end.isoformat(timespec='minutes')} ({o.hours} h): "
+                         f"{o.end.isoformat(timespec='minutes')} ({o.duration}): "
                          f"{_price(result, o)}\n")
 
 

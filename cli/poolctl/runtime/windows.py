@@ -182,13 +182,14 @@ def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolP
 
 
 def _blocks(pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
-            start: datetime, end: datetime) -> tuple[BuysCapacityBlocks, list[BlockOffering]]:
+            start: datetime, end: datetime, now: datetime
+            ) -> tuple[BuysCapacityBlocks, list[BlockOffering]]:
     """The Capacity Blocks that hold the window's nodes from its start to 30 minutes past
     its end (AWS terminates a block's instances 30 minutes before it ends), cheapest first."""
     if not isinstance(ops, BuysCapacityBlocks):
         raise UsageError(f"--reserve: {cloud} sells no capacity for a window that poolctl "
                          "knows; schedule the window without --reserve")
-    need = block_need(n, start, end)
+    need = block_need(n, start, end, now)
     offers = ops.capacity_block_offerings(plan.region, plan.instance_type, need.count,
                                           need.hours, need.earliest, need.latest)
     fit = sorted((o for o in offers if need.covers(start, end, o.start, o.end)),
@@ -266,7 +267,7 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
     if isinstance(ops, ReservesCalendarCapacity):
         return _calendar_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
                                 on_demand, yes, now)
-    buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end)
+    buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end, now)
     if not isinstance(ops, RunsBlockWindows):
         raise UsageError(f"--reserve: {cloud} cannot run a window's nodes in a block yet")
     zones = ops.block_zones(group)
@@ -285,7 +286,7 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
             message=(f"{pool.name}: {len(usable)} Capacity Block(s) hold the window; the "
                      f"cheapest, {best.id}: {best.count} x {best.instance_type} in "
                      f"{best.zone} {best.start.isoformat(timespec='minutes')} to "
-                     f"{best.end.isoformat(timespec='minutes')} ({best.hours} h) for "
+                     f"{best.end.isoformat(timespec='minutes')} ({best.duration}) for "
                      f"${best.upfront_usd:,.2f} upfront (the window's {n} node(s) "
                      f"On-Demand: ${on_demand:,.2f}); nothing bought or scheduled: add "
                      "--yes to buy it and schedule the window"))

@@ -128,7 +128,8 @@ class CapacityBlocks(AwsApi, BuysCapacityBlocks):
             id=o["CapacityBlockOfferingId"], instance_type=o["InstanceType"],
             zone=o["AvailabilityZone"], count=int(o["InstanceCount"]),
             start=_utc(o["StartDate"]), end=_utc(o["EndDate"]),
-            hours=int(o["CapacityBlockDurationHours"]), upfront_usd=float(o["UpfrontFee"]))
+            hours=int(o["CapacityBlockDurationHours"]), upfront_usd=float(o["UpfrontFee"]),
+            minutes=int(o.get("CapacityBlockDurationMinutes") or 0))
             for o in offers]
 
     def buy_capacity_block(self, region: str, offering: BlockOffering,

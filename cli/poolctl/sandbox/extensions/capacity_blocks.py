@@ -4,10 +4,12 @@ DescribeCapacityBlockOfferings and PurchaseCapacityBlock in EC2's wire format (m
 neither). As the EC2 user guide documents them: a duration (CapacityDurationHours) in 1-day
 increments up to 14 days, then 7-day increments up to 182 days; an InstanceCount of 1, 2, 4,
 8, 16, 32 or 64; every block ends at 11:30 UTC; up to 3 offerings per search, in the first
-zone of the region that offers the type, starting on the first days of StartDateRange (now
-when not given) whose block ends by EndDateRange. A purchase creates the Capacity Reservation
-(capacity.py: ReservationType capacity-block, targeted, limited, with the offering's
-StartDate and EndDate); an offering bought once is gone.
+zone of the region that offers the type, starting on the first days of StartDateRange (the
+sandbox clock's now when not given or past: nothing is offered to start in the past) whose
+block ends by EndDateRange. A search from now first gets blocks from the next 5-minute
+mark to an 11:30 (CapacityBlockDurationHours and -Minutes: `_spans`). A purchase creates
+the Capacity Reservation (capacity.py: ReservationType capacity-block, targeted, limited,
+with the offering's StartDate and EndDate); an offering bought once is gone.
 
 Prices: UpfrontFee is the catalog's On-Demand price of the type x instances x hours (the
 sandbox's stand-in; real block prices move with supply and are usually below On-Demand).
@@ -20,6 +22,7 @@ into a block needs: capacity.py.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
@@ -34,6 +37,7 @@ from poolctl.sandbox.extensions.capacity import (
     reservations,
 )
 from poolctl.sandbox.extensions.common import now, stored
+from poolctl.sandbox.extensions.schedules import clock_now
 
 NAMES = ("ec2.capacity-block-offerings",)
 
@@ -79,25 +83,54 @@ def _describe_capacity_block_offerings(self: Any) -> Any:
         raise ec2_error("InvalidParameterValue",
                         f"{hours} is an invalid value for CapacityDurationHours: 24 to 336 "
                         "in steps of 24, or up to 4368 in steps of 168")
-    earliest = _moment(self._get_param("StartDateRange")) or now()
+    # Nothing starts in the past: the sandbox clock's now, or later.
+    asked, moment = _moment(self._get_param("StartDateRange")), clock_now()
+    earliest = moment if asked is None or asked < moment else asked
     latest = _moment(self._get_param("EndDateRange"))
-    fee = _price(itype) * count * hours
     zone = offered_zones(ec2, itype)[0]
     out: list[dict[str, Any]] = []
-    day = datetime.combine(earliest.date(), BLOCK_END)
-    while len(out) < OFFERINGS_PER_SEARCH and day < earliest + timedelta(days=60):
-        start, end = day, day + timedelta(hours=hours)
-        day += timedelta(days=1)
-        if start < earliest or (latest is not None and end > latest):
+    for start, end in _spans(earliest, hours, today=earliest == moment):
+        if len(out) == OFFERINGS_PER_SEARCH or start >= earliest + timedelta(days=60):
+            break
+        if latest is not None and end > latest:
             continue
+        minutes = round((end - start).total_seconds() / 60)
         offer = {"CapacityBlockOfferingId": f"cb-{uuid.uuid4().hex[:17]}",
                  "InstanceType": itype, "AvailabilityZone": zone, "InstanceCount": count,
-                 "StartDate": start, "EndDate": end, "CapacityBlockDurationHours": hours,
-                 "CapacityBlockDurationMinutes": 0, "UpfrontFee": f"{fee:.2f}",
+                 "StartDate": start, "EndDate": end,
+                 "CapacityBlockDurationHours": minutes // 60,
+                 "CapacityBlockDurationMinutes": minutes % 60,
+                 "UpfrontFee": f"{_price(itype) * count * minutes / 60:.2f}",
                  "CurrencyCode": "USD", "Tenancy": "default"}
         _offers(ec2)[offer["CapacityBlockOfferingId"]] = offer
         out.append(offer)
     return ActionResult({"CapacityBlockOfferings": out})
+
+
+def _spans(earliest: datetime, hours: int, today: bool) -> Iterator[tuple[datetime, datetime]]:
+    """(start, end) of the blocks offered from `earliest` on, every end at 11:30 UTC. A
+    search from now (`today`) first gets blocks from the next 5-minute mark (EC2's example:
+    "if a Capacity Block starts at 08:55 and ends at 11:30, the minutes field would be 35")
+    to the 11:30 just short of the duration asked and to the one past it ("the closest match
+    to your desired duration"); then one a day from 11:30, of the duration asked."""
+    day = datetime.combine(earliest.date(), BLOCK_END)
+    if today and day != earliest:
+        start = earliest.replace(second=0, microsecond=0)
+        if start < earliest:
+            start += timedelta(minutes=1)
+        start += timedelta(minutes=-start.minute % 5)
+        want = start + timedelta(hours=hours)
+        short = datetime.combine(want.date(), BLOCK_END)
+        if short > want:
+            short -= timedelta(days=1)
+        for end in (short, short + timedelta(days=1)):
+            if end > start:
+                yield start, end
+    if day < earliest:
+        day += timedelta(days=1)
+    while True:
+        yield day, day + timedelta(hours=hours)
+        day += timedelta(days=1)
 
 
 def _purchase_capacity_block(self: Any) -> Any:
