@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -293,10 +294,16 @@ def emit_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+PIPE_WIDTH = 200
+
+
 def console() -> Console:
     from rich.console import Console  # noqa: PLC0415 (rich loads when a table prints)
 
-    return Console(highlight=False)
+    # Rich lays a table out in 80 columns off a terminal and cuts cells to "us-e…": a CI log
+    # or a pipe gets the whole of each cell instead (COLUMNS still rules when set).
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(highlight=False, width=PIPE_WIDTH if wide else None)
 
 
 def print_findings(findings: Iterable[Finding], stream: TextIO | None = None) -> None:
