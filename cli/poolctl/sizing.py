@@ -177,6 +177,9 @@ class PoolPlan:
     power_source: str | None = None
     capacity: HeldCapacity | None = None
     cost_split_usd: CostSplit | None = None
+    # The quotas fallback types draw on beyond `quotas` (each need names its `fallback`):
+    # the pool's peak on that type alone.
+    fallback_quotas: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def warm_running_nodes(self) -> int:
@@ -351,6 +354,18 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
             ),
             QuotaNeed("GPUS_ALL_REGIONS", "GPU", peak_nodes * row.gpus, "global"),
         ]
+    # A fallback type may draw on a GPU quota of its own (GCP: one per GPU model, e.g.
+    # a3-megagpu-8g on NVIDIA_H100_MEGA_GPUS); the pool's peak could land on it.
+    fallback_quotas: list[dict[str, Any]] = []
+    seen = {row.quota.name}
+    for name in placement.fallback_types:
+        fb = load_catalog().get(Cloud(cloud), name)
+        if fb is None or fb.quota.name in seen:
+            continue  # not in the catalog: rule fallback-types says so
+        seen.add(fb.quota.name)
+        fallback_quotas.append({**asdict(QuotaNeed(
+            fb.quota.name, fb.quota.unit, peak_nodes * fb.quota_per_node, placement.region)),
+            "fallback": name, "description": fb.quota.description or fb.quota.name})
     price = placement.price_per_hour_usd or row.price.usd_per_hour
     if image is None:
         image = file_node_image(pool, Cloud(cloud))
@@ -387,6 +402,7 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
             "region": quotas[0].scope,
         },
         quotas=[asdict(q) for q in quotas],
+        fallback_quotas=fallback_quotas,
         price_per_node_hour_usd=price,
         cost_per_hour_usd={
             "min": round(max(reserved, nodes.min + warm_running) * price, 2),

@@ -1277,6 +1277,35 @@ def after_patch_polls(fake: FakeGce, polls: int, then, deadline_s: float = 60):
     return t
 
 
+def test_cli_quota_check_names_the_quota_a_fallback_type_draws_on(fake, home, tmp_path):
+    # a3-megagpu-8g draws on NVIDIA_H100_MEGA_GPUS, not on the primary's NVIDIA_H100_GPUS:
+    # the pool's peak on it alone is (6 max + 3 surge) x 8 = 72 GPUs; the region grants 16,
+    # none in use: short by 56. Only information: the primary's quotas are enough here.
+    path = tmp_path / "poolctl.yaml"
+    path.write_text(pool_yaml(warm=0, extra_gcp="      fallback_machine_types: [a3-megagpu-8g]\n"))
+    cfg = parse_config(path.read_text())
+    deploy(fake, cfg, cfg.pools[0], stopped=0)
+    fake.add_region(PROJECT, REGION, ZONES, quotas={
+        "NVIDIA_H100_GPUS": (80, 8), "CPUS": (2000, 308), "LOCAL_SSD_TOTAL_GB": (60000, 6000),
+        "NVIDIA_H100_MEGA_GPUS": (16, 0)})
+    fake.set_project_quota(PROJECT, "GPUS_ALL_REGIONS", 80, 8)
+    r = cli(fake, home, "quota", "check", "--cloud", "gcp", "--json", "-f", str(path))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["ok"] is True
+    (mega,) = [q for q in data["quotas"] if q["fallback"]]
+    assert {k: mega[k] for k in ("name", "fallback", "scope", "needed", "granted", "in_use",
+                                 "shortfall", "ok")} == {
+        "name": "NVIDIA_H100_MEGA_GPUS", "fallback": "a3-megagpu-8g", "scope": REGION,
+        "needed": 72, "granted": 16.0, "in_use": 0.0, "shortfall": 56.0, "ok": False}
+    assert all(q["ok"] for q in data["quotas"] if not q["fallback"])
+    (line,) = [ln for ln in r.stderr.splitlines() if "fallback a3-megagpu-8g" in ln]
+    assert "quota NVIDIA_H100_MEGA_GPUS in us-central1: short by 56 GPU of the 72" in line
+    # The table says which type the line is for.
+    r = cli(fake, home, "quota", "check", "--cloud", "gcp", "-f", str(path))
+    assert r.returncode == 0 and "(fallback a3-megagpu-8g)" in r.stdout
+
+
 def test_cli_quota_check(fake, home, cfg_file, cfg, pool):
     deploy(fake, cfg, pool)
     _seed_quotas(fake)

@@ -113,3 +113,20 @@ def test_the_instance_refresh_keeps_the_mixed_instances_policy():
     s = refresh_state({"InstanceRefreshId": "r-1", "Status": "InProgress",
                        "DesiredConfiguration": {"MixedInstancesPolicy": mip}}, "6")
     assert (s.from_version, s.to_version) == ("6", "7")
+
+
+def test_a_fallback_with_a_quota_of_its_own_is_planned_for_the_pools_peak():
+    from poolctl.sizing import plan_pool
+
+    # GCP quotas GPUs per model: a3-megagpu-8g draws on NVIDIA_H100_MEGA_GPUS, the primary
+    # a3-highgpu-8g on NVIDIA_H100_GPUS. The peak on the fallback alone: (6 max + 3 surge:
+    # one VM per zone of 3) x 8 GPUs = 72.
+    (gcp,) = plan_pool(parse_config(gcp_fallback_yaml("a3-megagpu-8g")).pools[0],
+                       Cloud.gcp).fallback_quotas
+    assert {k: gcp[k] for k in ("name", "unit", "needed", "scope", "fallback")} == {
+        "name": "NVIDIA_H100_MEGA_GPUS", "unit": "GPU", "needed": 72, "scope": "us-central1",
+        "fallback": "a3-megagpu-8g"}
+    # AWS counts every P instance in one vCPU quota (L-417A185B): a fallback adds none.
+    aws = plan_pool(parse_config(fallback_yaml("p5en.48xlarge, p4de.24xlarge")).pools[0],
+                    Cloud.aws)
+    assert aws.fallback_quotas == [] and aws.quotas[0]["name"] == "L-417A185B"

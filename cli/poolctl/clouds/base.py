@@ -59,6 +59,9 @@ class QuotaLine:
     # Every pool of the file that draws on this quota (same cloud, project, scope and name)
     # with its own need; `needed` and `pool_in_use` are then their sums.
     needed_by_pool: dict[str, int] = field(default_factory=dict)
+    # A quota only a fallback type draws on: the type. Its shortfall limits how far the pool
+    # grows on that type; it fails no check.
+    fallback: str = ""
 
     @property
     def pools(self) -> list[str]:

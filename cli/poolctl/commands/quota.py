@@ -74,10 +74,12 @@ def _render(rows: list[tuple[Pool, Cloud, QuotaLine]]) -> None:
         needed = f"{ln.needed:g} {ln.unit}"
         if len(ln.needed_by_pool) > 1:
             needed += " (" + " + ".join(f"{n:g}" for n in ln.needed_by_pool.values()) + ")"
-        t.add_row(f"{', '.join(ln.pools) or p.name}/{c}", f"{ln.name} {ln.description}".strip(),
+        what = f"{ln.name} {ln.description}".strip() + (
+            f" (fallback {ln.fallback})" if ln.fallback else "")
+        t.add_row(f"{', '.join(ln.pools) or p.name}/{c}", what,
                   ln.scope, needed, f"{ln.in_use:g} ({ln.pool_in_use:g})", granted,
                   f"{ln.shortfall:g}" if ln.shortfall else "ok",
-                  style="bold red" if ln.shortfall else None)
+                  style=None if not ln.shortfall else "yellow" if ln.fallback else "bold red")
     console().print(t)
 
 
@@ -92,14 +94,20 @@ def check(
     """Quota needed at peak (max nodes + surge + running warm nodes) vs. granted and in use;
     exit 1 when short."""
 
-    _, _, found = _lines(file, pool, cloud, sandbox)
+    cfg, ops, found = _lines(file, pool, cloud, sandbox)
     rows = [(p, c, ln) for p, c, lines in found for ln in lines]
     short = [ln for _, _, ln in rows if ln.shortfall > 0]
+    fallbacks = [(p, c, ln) for p, c, _ in found
+                 for ln in runtime.fallback_quota_lines(cfg, p, c, ops)]
     if json_out:
         emit_json({"ok": not short,
-                   "quotas": [{"pool": p.name, "cloud": c, **ln.to_json()} for p, c, ln in rows]})
+                   "quotas": [{"pool": p.name, "cloud": c, **ln.to_json()}
+                              for p, c, ln in [*rows, *fallbacks]]})
     else:
-        _render(rows)
+        _render([*rows, *fallbacks])
+    for p, c, ln in fallbacks:
+        if ln.shortfall > 0:
+            sys.stderr.write(runtime.fallback_line(p, c, ln) + "\n")
     if short:
         raise OperationFailed("; ".join(runtime.shortfall_line(ln) for ln in short)
                               + f"; file an increase with `poolctl quota request --cloud "

@@ -36,6 +36,8 @@ from poolctl.runtime.fileedit import (
     write_atomic,
 )
 from poolctl.runtime.quota import (
+    fallback_line,
+    fallback_quota_lines,
     quota_check,
     quota_request,
     scaled_needs,
@@ -115,6 +117,8 @@ __all__ = [
     "load_warm_record",
     "node_json",
     "poll_interval",
+    "fallback_line",
+    "fallback_quota_lines",
     "quota_check",
     "quota_request",
     "record_in_file",

@@ -67,6 +67,28 @@ def quota_check(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[Qu
     return shared_quota_lines(cfg, pool, cloud, ops, plan_pool(pool, cloud).quotas)
 
 
+def fallback_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
+                         ) -> list[QuotaLine]:
+    """The quotas the pool's fallback types draw on beyond its own (`PoolPlan.fallback_quotas`),
+    each for the pool's peak on that type; information, never a refusal: the primary type's
+    quota is what the pool needs."""
+    needs = plan_pool(pool, cloud).fallback_quotas
+    lines = ops.quota_lines(cfg, pool, needs) if needs else []
+    for need, ln in zip(needs, lines, strict=True):
+        ln.fallback = need["fallback"]
+        ln.needed_by_pool = {pool.name: ln.needed}
+    return lines
+
+
+def fallback_line(pool: Pool, cloud: Cloud, line: QuotaLine) -> str:
+    granted = "unknown" if line.granted is None else f"{line.granted:g}"
+    return (f"{pool.name}/{cloud}: fallback {line.fallback} draws on quota {line.name} in "
+            f"{line.scope}: short by {line.shortfall:g} {line.unit} of the {line.needed:g} its "
+            f"peak needs (granted {granted}, {line.in_use:g} in use); the pool grows on "
+            f"{line.fallback} only within the grant: raise it in the console if the "
+            "fallback should carry the pool")
+
+
 def quota_for_nodes(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
                     nodes: int, what: str, undone: str) -> list[QuotaLine]:
     """The quota lines for `nodes` running at once; OperationFailed naming each shortfall

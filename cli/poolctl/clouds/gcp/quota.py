@@ -120,7 +120,7 @@ class GcpQuotas(MigReader, RequestsQuota):
                 # The quota's usage includes the pool's own running VMs; never claim more
                 # than the region reports.
                 pool_in_use=min(mine, float(q.usage)),
-                description=titles.get(name, "")))
+                description=titles.get(name, need.get("description", ""))))
         return lines
 
     def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
