@@ -1264,7 +1264,7 @@ def test_capacity_block_offerings_from_now_start_at_the_next_5_minute_mark_never
     got = [((o["StartDate"].hour, o["StartDate"].minute), (o["StartDate"].date() - today).days,
             o["CapacityBlockDurationHours"], o["CapacityBlockDurationMinutes"], o["UpfrontFee"])
            for o in offers]
-    assert got == expected
+    assert len(got) == 6 and got[:3] == expected  # then a day from 11:30, 24 h each
     for o in offers:
         assert o["StartDate"] >= moment and (o["EndDate"].hour, o["EndDate"].minute) == (11, 30)
         assert o["EndDate"] - o["StartDate"] == timedelta(
@@ -1280,7 +1280,7 @@ def test_capacity_block_offerings_end_at_1130_utc_and_a_purchase_makes_the_reser
     offers = ec2.describe_capacity_block_offerings(
         InstanceType="p5.48xlarge", InstanceCount=2, CapacityDurationHours=48,
         StartDateRange=start)["CapacityBlockOfferings"]
-    assert len(offers) == 3
+    assert len(offers) == 6  # AWS: "up to 6 available blocks"
     for o in offers:
         assert (o["StartDate"].hour, o["StartDate"].minute) == (11, 30)
         assert o["EndDate"] - o["StartDate"] == timedelta(hours=48)

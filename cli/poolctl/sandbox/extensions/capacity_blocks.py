@@ -3,7 +3,7 @@
 DescribeCapacityBlockOfferings and PurchaseCapacityBlock in EC2's wire format (moto 5.2 has
 neither). As the EC2 user guide documents them: a duration (CapacityDurationHours) in 1-day
 increments up to 14 days, then 7-day increments up to 182 days; an InstanceCount of 1, 2, 4,
-8, 16, 32 or 64; every block ends at 11:30 UTC; up to 3 offerings per search, in the first
+8, 16, 32 or 64; every block ends at 11:30 UTC; up to 6 offerings per search, in the first
 zone of the region that offers the type, starting on the first days of StartDateRange (the
 sandbox clock's now when not given or past: nothing is offered to start in the past) whose
 block ends by EndDateRange. A search from now first gets blocks from the next 5-minute
@@ -43,7 +43,7 @@ NAMES = ("ec2.capacity-block-offerings",)
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64)
 BLOCK_END = time(11, 30, tzinfo=UTC)  # "All Capacity Blocks end at 11:30AM UTC"
-OFFERINGS_PER_SEARCH = 3
+OFFERINGS_PER_SEARCH = 6  # "we provide the details of up to 6 available blocks" (find and purchase)
 
 
 def valid_hours(hours: int) -> bool:
