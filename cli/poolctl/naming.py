@@ -67,9 +67,14 @@ def gcp_labels(cfg: Config, pool: Pool) -> dict[str, str]:
 # that pass through `short()` (load balancers, target groups, every GCP resource) always fit;
 # a test synthesizes the longest accepted names and checks every name in both stacks.
 AWS_IAM_ROLE_LIMIT = 64
+# EventBridge Scheduler: "Name: 1-64 characters" for schedule groups (CreateScheduleGroup).
+AWS_SCHEDULE_GROUP_LIMIT = 64
+WINDOWS_ROLE_SUFFIX = "-windows"
 AWS_VERBATIM_NAMES = (  # (what, suffix, limit)
     ("the nodes' IAM role", "", AWS_IAM_ROLE_LIMIT),
     ("the VPC flow-log IAM role", "-vpc-flow", AWS_IAM_ROLE_LIMIT),
+    ("the launch windows' IAM role", WINDOWS_ROLE_SUFFIX, AWS_IAM_ROLE_LIMIT),
+    ("the launch windows' schedule group", "", AWS_SCHEDULE_GROUP_LIMIT),
 )
 MAX_BASE_AWS = min(limit - len(suffix) for _, suffix, limit in AWS_VERBATIM_NAMES)
 _RFC1035_START = re.compile(r"^[a-z]")

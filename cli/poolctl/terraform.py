@@ -49,7 +49,7 @@ from poolctl.progress import Progress
 
 # Services the AWS stack and runtime commands call; the sandbox answers them all.
 ENDPOINT_SERVICES = ("autoscaling", "cloudwatch", "ec2", "elbv2", "iam", "kms", "logs", "s3",
-                    "ssm", "sts", "servicequotas")
+                    "scheduler", "ssm", "sts", "servicequotas")
 
 
 def find_binary() -> str:

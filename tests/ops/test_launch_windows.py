@@ -230,7 +230,8 @@ def test_a_bought_block_ends_the_window_more_than_30_minutes_before_its_own_end(
     ("--replicas", "8", "--from", "+1h", "--until", "+40d", "--running"),  # too long
     ("--replicas", "8", "--from", "tomorrow", "--until", "+2h", "--running"),
     ("--replicas", "8", "--from", "+1h", "--until", "2026-12-05T10:00:00", "--running"),
-    ("--replicas", "8", "--from", "+1h", "--until", "+2h"),  # no --running
+    ("--replicas", "8", "--from", "+1h", "--until", "+2h", "--reserve"),  # a block, stopped
+    ("--replicas", "16", "--from", "+1h", "--until", "+2h"),  # 1 + 2 + 4 warm > max 6
     ("--replicas", "8", "--from", "+1h", "--running"),  # no --until
     ("--replicas", "8", "--until", "+1h", "--running"),  # no --from
     ("--from", "+1h", "--until", "+2h", "--running"),  # no --replicas
@@ -253,6 +254,64 @@ def test_bad_window_input_is_one_line_exit_2_and_schedules_nothing(cli, sandbox,
     assert res.stderr.strip() and res.stderr.strip().count("\n") == 0, res.stderr
     assert "Traceback" not in res.stderr
     assert actions(sandbox_client) == [] and capacity_blocks(sandbox) == before
+    assert warm_schedules(sandbox_client) == {}
+
+
+def warm_schedules(sandbox_client) -> dict[str, dict]:
+    """The pool's window schedules (EventBridge Scheduler, the stack's group), by name."""
+    sched = sandbox_client("scheduler")
+    return {s["Name"]: sched.get_schedule(GroupName=ASG, Name=s["Name"])
+            for s in sched.list_schedules(GroupName=ASG)["Schedules"]}
+
+
+def warm_pool(sandbox_client) -> tuple[int, int]:
+    """(the warm pool's MinSize, its instances)."""
+    w = sandbox_client("autoscaling").describe_warm_pool(AutoScalingGroupName=ASG)
+    return w["WarmPoolConfiguration"]["MinSize"], len(w["Instances"])
+
+
+def test_a_window_of_warm_nodes_raises_the_warm_pool_at_its_start_and_returns_it_at_its_end(
+        cli, sandbox, sandbox_client):
+    # Without --running: 8 replicas = 2 nodes more in the warm pool, stopped as the file's:
+    # MinSize 2 -> 4 at --from (MaxGroupPreparedCapacity, as the stack sets it, min 1 + 4 =
+    # 5), back to 2 (1 + 2 = 3) at --until; the group's minimum stays 1.
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    made = js(cli("warm", "--replicas", "8", "--from", "+10m", "--until", "+70m", "--json"))
+    wid = made["window"]
+    (row,) = made["windows"]
+    assert (row["id"], row["nodes"], row["in_service"], row["min_nodes"]) == (wid, 2, False, 4)
+    got = warm_schedules(sandbox_client)
+    assert sorted(got) == [f"poolctl-window-{wid}-2n-from", f"poolctl-window-{wid}-2n-until"]
+    for kind, warm in (("from", 4), ("until", 2)):
+        s = got[f"poolctl-window-{wid}-2n-{kind}"]
+        assert s["Target"]["Arn"] == "arn:aws:scheduler:::aws-sdk:autoscaling:putWarmPool"
+        assert s["Target"]["RoleArn"] == f"arn:aws:iam::123456789012:role/{ASG}-windows"
+        assert json.loads(s["Target"]["Input"]) == {
+            "AutoScalingGroupName": ASG, "MinSize": warm, "MaxGroupPreparedCapacity": 1 + warm,
+            "PoolState": "Stopped", "InstanceReusePolicy": {"ReuseOnScaleIn": True}}
+        assert (s["ActionAfterCompletion"], s["FlexibleTimeWindow"]["Mode"],
+                s["ScheduleExpressionTimezone"]) == ("DELETE", "OFF", "UTC")
+    (listed,) = js(cli("warm", "--list", "--json"))["windows"]
+    assert (listed["id"], listed["in_service"], listed["state"]) == (wid, False, "scheduled")
+    assert warm_pool(sandbox_client) == (2, 2) and actions(sandbox_client) == []
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 11 * 60})
+    assert warm_pool(sandbox_client) == (4, 4)
+    assert group(sandbox_client)["MinSize"] == 1
+    assert sorted(warm_schedules(sandbox_client)) == [f"poolctl-window-{wid}-2n-until"]
+    (status,) = js(cli("status", "--json"))["pools"]
+    assert ([w["id"] for w in status["warm_windows"]], status["warm_windows_kept_nodes"]) == (
+        [wid], 2)
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 71 * 60})
+    assert warm_pool(sandbox_client) == (2, 2) and warm_schedules(sandbox_client) == {}
+
+    # --cancel before the start leaves nothing behind.
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    made = js(cli("warm", "--replicas", "4", "--from", "+1h", "--until", "+2h", "--json"))
+    assert len(warm_schedules(sandbox_client)) == 2
+    cli("warm", "--cancel", made["window"])
+    assert warm_schedules(sandbox_client) == {} and warm_pool(sandbox_client)[0] == 2
 
 
 def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(

@@ -487,6 +487,28 @@ def test_terraform_manages_no_scheduled_action(stacks):
             assert "aws_autoscaling_schedule" not in stack["json"].get("resource", {}), name
             asg = one(stack["json"], "aws_autoscaling_group")
             assert not {k for k in asg if "schedul" in k}, name
+def test_windows_of_warm_nodes_get_a_schedule_group_and_a_role_to_put_the_warm_pool(stacks):
+    # Windows without --running are EventBridge Scheduler schedules poolctl writes at runtime
+    # into the stack's group; the stack makes the group and the role they run as (only
+    # this account's schedules of this group; only PutWarmPool on this pool's group), and no
+    # schedule, so a deploy leaves them alone.
+    doc = stacks["acme-chat-70b-aws"]["json"]
+    assert one(doc, "aws_scheduler_schedule_group")["name"] == "acme-chat-70b"
+    assert "aws_scheduler_schedule" not in doc["resource"]
+    roles = {r["name"]: json.loads(r["assume_role_policy"])
+             for r in resources(doc, "aws_iam_role")}
+    (trust,) = roles["acme-chat-70b-windows"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert set(trust["Condition"]) == {"StringEquals", "ArnLike"}
+    assert trust["Condition"]["ArnLike"]["aws:SourceArn"].endswith(
+        ":schedule/acme-chat-70b/*")
+    policies = {v["name"]: json.loads(v["policy"]) for v in resources(doc, "aws_iam_role_policy")}
+    (stmt,) = policies["acme-chat-70b-windows"]["Statement"]
+    assert stmt["Action"] == ["autoscaling:PutWarmPool"]
+    assert [r.rsplit(":", 1)[1] for r in stmt["Resource"]] == [
+        "autoScalingGroupName/acme-chat-70b"]
+
+
 # aws.fallback_instance_types: the group launches through a mixed instances policy over the
 # one launch template, On-Demand in the overrides' order (provider 6.25's names), and has
 # no warm pool (AWS refuses one beside the policy; the rule `fallback-types`).

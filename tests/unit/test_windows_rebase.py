@@ -11,7 +11,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from poolctl import runtime
-from poolctl.clouds.base import SchedulesWindows
+from poolctl.clouds.base import SchedulesWarmWindows, SchedulesWindows
+from poolctl.config import parse_config
 from poolctl.windows import Window, raise_at
 from tests.unit.test_runtime_math import FakeOps, group, llama, own_home  # noqa: F401
 
@@ -85,3 +86,54 @@ def test_no_window_no_change():
     assert runtime.deploy_windows(cfg, pool, "aws", ops) is None
     runtime.warm(cfg, pool, "aws", ops, replicas=4, running=True)
     assert ops.changes == [{"min": 2, "warm": 2, "desired": None}] and ops.windows == []
+
+
+# Windows of warm nodes (no --running): the warm pool's size rises over the one kept
+# outside them, the same way.
+
+class FakeWarmWindowOps(FakeOps, SchedulesWarmWindows):
+    max_warm_windows = 62
+
+    def __init__(self, g, windows: list[Window], base: int) -> None:
+        super().__init__(g, granted=100_000)
+        self.windows, self.base = windows, base
+
+    def scheduled_warm_windows(self, group):
+        return list(self.windows), self.base
+
+    def write_warm_windows(self, group, windows, base_warm, removed, *, kept_min, running):
+        self.windows, self.base = list(windows), base_warm
+        now = datetime.now(UTC)
+        if any(w.active(now) for w in windows):  # AWS: the open window's PutWarmPool ran
+            self.group = replace(self.group, warm_min_nodes=base_warm + raise_at(windows, now))
+
+
+def test_warm_in_an_open_window_of_warm_nodes_keeps_the_raise_on_top_and_moves_the_base():
+    cfg, pool = llama()
+    # Warm pool kept at 2, a window of +2 warm nodes open: the warm pool is 4.
+    ops = FakeWarmWindowOps(group(warm_min_nodes=4), [open_window(2)], base=2)
+    r = runtime.warm(cfg, pool, "aws", ops, replicas=12)
+    # Outside the window: 12 replicas = 3 nodes; with the window's 2 on top: 5.
+    assert ops.changes == [{"min": 1, "warm": 5, "desired": None}]
+    assert r.before["warm_nodes"] == 4 and r.after["warm_nodes"] == 5
+    assert ops.base == 3  # the window's end returns to what `warm` set
+    assert "+2 warm of the open launch window" in r.message
+    # Asking for what the warm pool holds outside the window changes nothing.
+    assert not runtime.warm(cfg, pool, "aws", ops, replicas=12).changed
+
+
+def test_warm_windows_are_refused_where_they_cannot_be_with_the_flag_named():
+    import pytest
+
+    from poolctl.errors import UsageError
+    from tests.configs import pool_yaml
+
+    cfg, pool = llama()
+    with pytest.raises(UsageError, match="targetStoppedSize.*add --running"):
+        runtime.check_warm_window(pool, "gcp", reserve=False)
+    with pytest.raises(UsageError, match="--reserve without --running"):
+        runtime.check_warm_window(pool, "aws", reserve=True)
+    no_warm = parse_config(pool_yaml(warm=0)).pools[0]
+    with pytest.raises(UsageError, match=r"warm_pool.replicas: 0"):
+        runtime.check_warm_window(no_warm, "aws", reserve=False)
+    runtime.check_warm_window(pool, "aws", reserve=False)  # the example keeps 2 warm nodes

@@ -229,6 +229,9 @@ class PoolStatus:
     windows_kept_min: int | None = None
     # Windows on bought Capacity Blocks, each run by a group of its own (RunsBlockWindows).
     block_windows: list[BlockWindow] = field(default_factory=list)
+    # Windows of warm nodes still to end, over the warm pool kept before them.
+    warm_windows: list[Window] = field(default_factory=list)
+    warm_windows_kept: int | None = None
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -250,13 +253,17 @@ class PoolStatus:
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
             "capacity": asdict(self.held()),
-            "windows": [{"id": w.id, "nodes": w.nodes,
-                         "replicas": w.nodes * self.replicas_per_node,
-                         "start": w.start.isoformat(timespec="seconds") if w.start else None,
-                         "end": w.end.isoformat(timespec="seconds")} for w in self.windows],
+            "windows": [self._window(w) for w in self.windows],
             "windows_kept_min_nodes": self.windows_kept_min,
             "block_windows": [bw.to_json() for bw in self.block_windows],
+            "warm_windows": [self._window(w) for w in self.warm_windows],
+            "warm_windows_kept_nodes": self.warm_windows_kept,
         }
+
+    def _window(self, w: Window) -> dict[str, Any]:
+        return {"id": w.id, "nodes": w.nodes, "replicas": w.nodes * self.replicas_per_node,
+                "start": w.start.isoformat(timespec="seconds") if w.start else None,
+                "end": w.end.isoformat(timespec="seconds")}
 
 
 class CloudOps(ABC):
@@ -530,9 +537,9 @@ class ReportsLaunchFailures(ABC):
 
 
 class SchedulesWindows(ABC):
-    """Launch windows the cloud applies itself at their times (`warm --from/--until`): AWS
-    scheduled actions, GCP autoscaler scaling schedules. Windows raise the group's minimum
-    (nodes in service): neither cloud schedules a warm pool's / standby pool's size."""
+    """Launch windows the cloud applies itself at their times (`warm --from/--until
+    --running`): AWS scheduled actions, GCP autoscaler scaling schedules. These windows raise
+    the group's minimum (nodes in service); windows of warm nodes: SchedulesWarmWindows."""
 
     max_windows: ClassVar[int]
     # Whether an open window shows in the group's own minimum (AWS: its scheduled action set
@@ -550,6 +557,26 @@ class SchedulesWindows(ABC):
         """Make the cloud's schedule exactly `windows` over the kept minimum `base_min`,
         deleting what `removed` left behind; where the group's minimum holds an open
         window's raise (`raises_group_minimum`), it becomes `base_min` plus that raise."""
+
+
+class SchedulesWarmWindows(ABC):
+    """Launch windows of warm nodes (`warm --from/--until` without `--running`): the warm
+    pool's size raised at a window's start and returned at its end, by the cloud with nobody
+    watching (AWS: EventBridge Scheduler one-time schedules calling PutWarmPool)."""
+
+    max_warm_windows: ClassVar[int]
+
+    @abstractmethod
+    def scheduled_warm_windows(self, group: Group) -> tuple[list[Window], int | None]:
+        """poolctl's warm windows still to end, and the warm size kept before them (None: no
+        window, the group's own)."""
+
+    @abstractmethod
+    def write_warm_windows(self, group: Group, windows: list[Window], base_warm: int,
+                           removed: list[Window], *, kept_min: int, running: bool) -> None:
+        """Make the schedules exactly `windows` over the kept warm size `base_warm` (the
+        pool's state `running` or stopped, the group's kept minimum `kept_min`), deleting
+        what `removed` left behind; an open window's raise is applied now."""
 
 
 @dataclass(frozen=True)
@@ -658,4 +685,4 @@ class RunsBlockWindows(ABC):
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
-    BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity)
+    SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity)

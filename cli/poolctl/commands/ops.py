@@ -154,7 +154,7 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
     else:
         assert replicas is not None  # checked above
         if not running:
-            raise UsageError(runtime.NOT_RUNNING)
+            runtime.check_warm_window(p, c, reserve)
         _refuse_useless_warm(p, c, replicas)
         result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
                                          running, now, reserve=reserve, yes=yes)
@@ -254,6 +254,11 @@ def status(
             con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"
                       f"until {w.end.isoformat(timespec='seconds')} (then minimum "
                       f"{s.windows_kept_min})", markup=False, soft_wrap=True)
+        for w in s.warm_windows:
+            when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
+            con.print(f"  window {w.id}: +{w.nodes} warm node(s) ({w.nodes * rpn} replicas) "
+                      f"{when}until {w.end.isoformat(timespec='seconds')} (then warm pool "
+                      f"{s.warm_windows_kept})", markup=False, soft_wrap=True)
         for bw in s.block_windows:
             w = bw.window
             when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "

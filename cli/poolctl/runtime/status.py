@@ -15,6 +15,7 @@ from poolctl.clouds.base import (
     PublishesQueueMetric,
     ReportsLaunchFailures,
     RunsBlockWindows,
+    SchedulesWarmWindows,
     SchedulesWindows,
 )
 from poolctl.config import Config, Pool
@@ -42,6 +43,9 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     windows, kept = (ops.scheduled_windows(group) if isinstance(ops, SchedulesWindows)
                      else ([], None))
     now = datetime.now(UTC)
+    warm_windows, warm_kept = (ops.scheduled_warm_windows(group)
+                               if isinstance(ops, SchedulesWarmWindows) and plan.nodes.warm
+                               else ([], None))
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
@@ -50,7 +54,9 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept,
                       block_windows=[bw for bw in (ops.block_windows(cfg, pool)
                                                    if isinstance(ops, RunsBlockWindows) else [])
-                                     if bw.window.end > now or bw.in_service])
+                                     if bw.window.end > now or bw.in_service],
+                      warm_windows=[w for w in warm_windows if w.end > now],
+                      warm_windows_kept=warm_kept)
 
 
 

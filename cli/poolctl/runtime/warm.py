@@ -27,7 +27,12 @@ from poolctl.home import poolctl_home, write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval, stalled_launches
 from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
-from poolctl.runtime.windows import open_raise, rebase_windows
+from poolctl.runtime.windows import (
+    open_raise,
+    open_warm_raise,
+    rebase_warm_windows,
+    rebase_windows,
+)
 from poolctl.sizing import (
     HeldCapacity,
     PoolPlan,
@@ -134,10 +139,15 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     # `warm` sets the minimum kept outside the launch windows; an open window's raise stays
     # on top of it until the window's end returns the minimum to what `warm` set.
     windows, open_nodes, _ = open_raise(ops, group, now)
-    outside = replace(group, min_nodes=group.min_nodes - open_nodes)
+    # The same for the warm pool and an open window of warm nodes.
+    warm_windows, open_warm, _ = (open_warm_raise(ops, group, now) if plan.nodes.warm
+                                  else ([], 0, group.warm_min_nodes))
+    outside = replace(group, min_nodes=group.min_nodes - open_nodes,
+                      warm_min_nodes=group.warm_min_nodes - open_warm)
     new_min, new_warm, new_desired, n = warm_targets(plan, outside, replicas, running, reset,
                                                      exact)
     set_min = new_min + open_nodes
+    set_warm = new_warm + open_warm
     if new_desired is not None:
         new_desired = max(new_desired, set_min)
     mode = "reset" if reset else "running" if running else "warm"
@@ -145,8 +155,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     before = _sizes(group)
     after_desired = new_desired if new_desired is not None else max(group.desired_nodes,
                                                                      set_min)
-    after = {"min_nodes": set_min, "warm_nodes": new_warm, "desired_nodes": after_desired}
-    changed = (set_min, new_warm) != (group.min_nodes, group.warm_min_nodes) or (
+    after = {"min_nodes": set_min, "warm_nodes": set_warm, "desired_nodes": after_desired}
+    changed = (set_min, set_warm) != (group.min_nodes, group.warm_min_nodes) or (
         after_desired != group.desired_nodes)
     rounded = replicas is not None and n * rpn != replicas
     result = WarmResult(
@@ -157,7 +167,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     spare_mode = "running" if running else "warm"
     result.spare = {
         k: {"nodes": nodes, "replicas": nodes * rpn} for k, nodes in (
-            ("before", _spare(spare_mode, plan, outside.min_nodes, group.warm_min_nodes)),
+            ("before", _spare(spare_mode, plan, outside.min_nodes, outside.warm_min_nodes)),
             ("after", _spare(spare_mode, plan, new_min, new_warm)))}
     if rounded:
         result.rounding = (f"{replicas} replicas rounded up to {n} whole node(s) of {rpn} "
@@ -167,8 +177,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     # Quota: what runs at once after the change; new warm nodes run while they launch.
     now_running = running_nodes(group.min_nodes, group.desired_nodes, group.warm_min_nodes,
                                 warm_running)
-    launching = 0 if warm_running else max(0, new_warm - group.warm_min_nodes)
-    then_running = running_nodes(set_min, after_desired, new_warm, warm_running) + launching
+    launching = 0 if warm_running else max(0, set_warm - group.warm_min_nodes)
+    then_running = running_nodes(set_min, after_desired, set_warm, warm_running) + launching
     if then_running > now_running:
         lines = quota_for_nodes(cfg, pool, cloud, ops, plan, then_running, "running at once",
                                 "nothing was changed")
@@ -180,6 +190,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
              "reset": f"the file's sizes: minimum {new_min}, warm {new_warm} node(s)"}[mode]
     if open_nodes and mode != "warm":
         label += f" (+{open_nodes} of the open launch window until its end)"
+    if open_warm and mode != "running":
+        label += f" (+{open_warm} warm of the open launch window until its end)"
     kept = ""
     if mode != "reset" and n * rpn < _spare(mode, plan, new_min, new_warm) * rpn:
         kept = (f" ({n * rpn} replicas asked for; {_spare(mode, plan, new_min, new_warm) * rpn} "
@@ -187,8 +199,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     if mode == "reset":  # from now on `deploy` applies the file's sizes
         warm_record_path(cfg, pool, cloud).unlink(missing_ok=True)
     result.capacity = held_capacity(
-        running_nodes(set_min, after_desired, new_warm, warm_running),
-        0 if warm_running else new_warm, reserved_nodes(pool, cloud),
+        running_nodes(set_min, after_desired, set_warm, warm_running),
+        0 if warm_running else set_warm, reserved_nodes(pool, cloud),
         capacity_block(pool, cloud))
     if result.capacity.hoped_nodes and mode != "reset":
         # Said where it matters: stopped warm nodes a launch may not get back.
@@ -199,7 +211,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
         if mode != "reset" and not load_warm_record(cfg, pool, cloud):
             _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
         return result
-    ops.set_capacity(group, min_nodes=set_min, warm_nodes=new_warm, warm_running=warm_running,
+    ops.set_capacity(group, min_nodes=set_min, warm_nodes=set_warm, warm_running=warm_running,
                      desired_nodes=new_desired)
     if mode != "reset":
         _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
@@ -209,6 +221,8 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                                ("desired", "desired_nodes")) if before[k] != after[k]]
     result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
     if windows and (line := rebase_windows(cfg, pool, ops, new_min, now)):
+        result.message += f"; {line.split(': ', 1)[1]}"
+    if warm_windows and (line := rebase_warm_windows(cfg, pool, ops, new_warm, new_min, now)):
         result.message += f"; {line.split(': ', 1)[1]}"
     return result
 
@@ -259,11 +273,14 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     if group is None:
         return {}, []
     if rec is None:
-        # No `warm`, but a window that has begun holds the group's minimum: keep it (its
-        # `until` returns the minimum kept before it).
+        # No `warm`, but a window that has begun holds the group's minimum (or its warm
+        # pool): keep it (its `until` returns the size kept before it).
         assert isinstance(ops, SchedulesWindows)  # else no group was looked up
         now = datetime.now(UTC)
-        if not any(w.active(now) for w in ops.scheduled_windows(group)[0]):
+        begun = [w for w in ops.scheduled_windows(group)[0] if w.active(now)]
+        if not begun and plan_pool(pool, cloud).nodes.warm:
+            begun = [w for w in open_warm_raise(ops, group, now)[0] if w.active(now)]
+        if not begun:
             return {}, []
         rec = {"command": "poolctl warm --from (a window that has begun)",
                "at": "its start"}
@@ -284,12 +301,18 @@ def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> str 
     the one the deploy left (the file's, or the one `warm` keeps), so that their ends return
     to it; the line saying so, or None."""
     rec = load_warm_record(cfg, pool, cloud)
-    base = int(rec["min_nodes"]) if rec and "min_nodes" in rec else plan_pool(
-        pool, cloud).nodes.min
+    plan = plan_pool(pool, cloud)
+    base = int(rec["min_nodes"]) if rec and "min_nodes" in rec else plan.nodes.min
+    warm = int(rec["warm_nodes"]) if rec and "warm_nodes" in rec else plan.nodes.warm
+    now = datetime.now(UTC)
     try:
-        return rebase_windows(cfg, pool, ops, base, datetime.now(UTC))
+        lines = [rebase_windows(cfg, pool, ops, base, now),
+                 rebase_warm_windows(cfg, pool, ops, warm, base, now) if plan.nodes.warm
+                 else None]
     except OperationFailed:
         return None  # nothing deployed to look at (a plan-only run, a refused apply)
+    said = [ln for ln in lines if ln]
+    return "; ".join([said[0], *(ln.split(": ", 1)[1] for ln in said[1:])]) if said else None
 
 
 def deploy_launches(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,

@@ -1,12 +1,13 @@
-"""Launch windows (`warm --replicas N --from T --until T --running`, `warm --list`,
-`warm --cancel ID`): spare nodes in service for a window, applied by the cloud at its times.
+"""Launch windows (`warm --replicas N --from T --until T [--running]`, `warm --list`,
+`warm --cancel ID`): spare nodes for a window, applied by the cloud at its times.
 
-A window raises the group's minimum by N replicas' nodes at `--from` and gives them back at
-`--until`; overlapping windows take the larger raise (`poolctl.windows`). The windows live in
-the cloud (AWS scheduled actions, GCP scaling schedules), which applies them with nobody
-watching; nothing is kept on this machine. Only nodes in service can be scheduled: neither
-cloud schedules a warm pool's (standby pool's) size, so `--from` needs `--running`, and the
-file's warm pool stays behind the window as it is (docs/capacity.md#launch-windows).
+With `--running` a window raises the group's minimum by N replicas' nodes at `--from` and
+gives them back at `--until`; overlapping windows take the larger raise (`poolctl.windows`).
+The windows live in the cloud (AWS scheduled actions, GCP scaling schedules), which applies
+them with nobody watching; nothing is kept on this machine. Without `--running` (AWS) the
+window raises the warm pool instead, through EventBridge Scheduler schedules calling
+PutWarmPool (clouds/aws/windows.py); GCP cannot schedule a standby pool's size, so there it
+is refused (docs/capacity.md#launch-windows).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from poolctl.clouds.base import (
     Group,
     ReservesCalendarCapacity,
     RunsBlockWindows,
+    SchedulesWarmWindows,
     SchedulesWindows,
 )
 from poolctl.clouds.registry import driver, get_ops
@@ -47,10 +49,10 @@ from poolctl.windows import (
 )
 
 NOT_RUNNING = (
-    "--from/--until: a scheduled window puts its nodes in service; add --running. Neither "
-    "cloud schedules a warm pool's size (AWS scheduled actions set the group's MinSize, "
-    "MaxSize and DesiredCapacity; GCP scaling schedules the autoscaler's minimum), and "
-    "stopped nodes hold no capacity for the launch; see docs/capacity.md#launch-windows")
+    "--from/--until without --running: {cloud} cannot schedule a standby pool's size (GCP "
+    "scaling schedules set the autoscaler's minimum, not the MIG's targetStoppedSize); add "
+    "--running to keep the window's nodes in service, or run `poolctl warm --replicas N` at "
+    "the start and `poolctl warm --reset` at the end (docs/capacity.md#launch-windows)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class WindowRow:
     # the window's nodes in it (the pool's group's minimum is not raised: min_nodes is it).
     capacity_block: str | None = None
     group: str | None = None
+    # False: a window of warm nodes; min_nodes is then the warm pool's size while it alone is
+    # open (the group's minimum is not raised).
+    in_service: bool = True
 
 
 @dataclass(frozen=True)
@@ -145,9 +150,10 @@ def rebase_windows(cfg: Config, pool: Pool, ops: CloudOps, base_min: int, now: d
 def window_line(w: WindowRow) -> str:
     when = f"from {w.start} " if w.start else ""
     where = (f"; in Capacity Block {w.capacity_block}, group {w.group}" if w.capacity_block
-             else f"; minimum {w.min_nodes}")
-    return (f"window {w.id}: +{w.nodes} node(s) ({w.replicas} replicas) in service "
-            f"{when}until {w.end} ({w.state}{where})")
+             else f"; minimum {w.min_nodes}" if w.in_service else f"; warm pool {w.min_nodes}")
+    return (f"window {w.id}: +{w.nodes} node(s) ({w.replicas} replicas) "
+            f"{'in service' if w.in_service else 'warm'} {when}until {w.end} "
+            f"({w.state}{where})")
 
 
 def _block_windows(cfg: Config, pool: Pool, ops: CloudOps) -> list[BlockWindow]:
@@ -165,8 +171,11 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
                  ) -> WindowsResult:
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
-    live, base, _ = _current(sched, ops.find_group(cfg, pool), now)
+    group = ops.find_group(cfg, pool)
+    live, base, _ = _current(sched, group, now)
+    warm, warm_base, _ = _warm_current(ops, group, now)
     rows = (*_rows(live, base, plan.replicas_per_node, now),
+            *_warm_rows(warm, warm_base, plan.replicas_per_node, now),
             *_block_rows(_block_windows(cfg, pool, ops), base, plan.replicas_per_node, now))
     return WindowsResult(pool=pool.name, cloud=cloud, action="list", kept_min_nodes=base,
                          windows=rows, message=f"{pool.name}: {len(rows)} window(s)")
@@ -203,18 +212,124 @@ def _blocks(pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan, n: int,
     return ops, fit
 
 
+def check_warm_window(pool: Pool, cloud: Cloud, reserve: bool) -> None:
+    """A window of warm nodes (no --running), refused before any cloud call where it cannot
+    be: one line naming the flag or the key."""
+    if reserve:
+        raise UsageError("--reserve without --running: a Capacity Block holds running "
+                         "instances (a stopped one gives its slot back); add --running")
+    if SchedulesWarmWindows not in driver(cloud).capabilities:
+        raise UsageError(NOT_RUNNING.format(cloud=cloud))
+    placement = pool.placement(cloud)
+    if placement is not None and placement.fallback_types:
+        raise UsageError(f"--from without --running: pool {pool.name!r} grows on fallback "
+                         "types, so it keeps no warm pool; add --running")
+    if not plan_pool(pool, cloud).nodes.warm:
+        raise UsageError(f"--from without --running: pool {pool.name!r} keeps no warm pool "
+                         "(warm_pool.replicas: 0) for the window to raise; give it one and "
+                         "deploy, or add --running")
+
+
+def _warm_current(ops: CloudOps, group: Group, now: datetime
+                  ) -> tuple[list[Window], int, list[Window]]:
+    """Warm windows: (still to end, the warm size kept under them, ended ones listed)."""
+    if not isinstance(ops, SchedulesWarmWindows):
+        return [], group.warm_min_nodes, []
+    windows, base = ops.scheduled_warm_windows(group)
+    live = [w for w in windows if w.end > now]
+    return live, group.warm_min_nodes if base is None else base, [
+        w for w in windows if w.end <= now]
+
+
+def open_warm_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
+    """(warm windows still to end, the warm nodes an open one adds now, the warm size kept
+    under them): what `warm` and `deploy` set the warm pool around."""
+    live, base, _ = _warm_current(ops, group, now)
+    return live, raise_at(live, now), base
+
+
+def rebase_warm_windows(cfg: Config, pool: Pool, ops: CloudOps, base_warm: int,
+                        kept_min: int, now: datetime) -> str | None:
+    """After `warm` or `deploy` set the warm size kept outside the windows: the windows of
+    warm nodes rise over it and their ends return to it. The line saying so, or None."""
+    if not isinstance(ops, SchedulesWarmWindows):
+        return None
+    group = ops.find_group(cfg, pool)
+    live, base, ended = _warm_current(ops, group, now)
+    if not live or base == base_warm:
+        return None
+    ops.write_warm_windows(group, live, base_warm, removed=ended, kept_min=kept_min,
+                           running=pool.warm_pool.state == "running")
+    return (f"{pool.name}: {len(live)} window(s) of warm nodes now rise over a warm pool of "
+            f"{base_warm} node(s) (was {base}) and return to it at their ends")
+
+
+def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, n: int,
+                          replicas: int, start: datetime, end: datetime, now: datetime
+                          ) -> WindowsResult:
+    """`n` more warm nodes (the pool's warm state) from `start` to `end`, set by the cloud."""
+    assert isinstance(ops, SchedulesWarmWindows)  # check_warm_window ran
+    plan = plan_pool(pool, cloud)
+    rpn = plan.replicas_per_node
+    group = ops.find_group(cfg, pool)
+    live, base, ended = _warm_current(ops, group, now)
+    _, _, kept_min = open_raise(ops, group, now)
+    if len(live) >= ops.max_warm_windows:
+        raise UsageError(f"--from: pool {pool.name!r} has {len(live)} windows of warm nodes, "
+                         f"the most poolctl keeps ({ops.max_warm_windows}); cancel one with "
+                         "`poolctl warm --cancel ID`")
+    if kept_min + base + n > group.max_nodes:
+        room = max(0, group.max_nodes - kept_min - base) * rpn
+        raise UsageError(
+            f"--replicas {replicas}: {n} warm node(s) beside the {base} kept and the minimum "
+            f"of {kept_min} exceed the group's maximum of {group.max_nodes} (warm nodes serve "
+            f"only when the group grows onto them); ask for at most {room} replicas, or "
+            "raise scaling.max_replicas and deploy")
+    window = Window(id=new_id(), nodes=n, start=start, end=end)
+    windows = [*live, window]
+    running = pool.warm_pool.state == "running"
+    # Warm nodes launch (and run) before they stop: quota for them beside what runs.
+    quota = _quota_for(cfg, pool, cloud, ops, plan,
+                       max(group.desired_nodes, group.min_nodes)
+                       + max(e.min_nodes for e in edges(windows, base)) - base)
+    ops.write_warm_windows(group, windows, base, removed=ended, kept_min=kept_min,
+                           running=running)
+    state = "running" if running else "stopped"
+    held = ("" if running else "; stopped nodes hold no capacity: each start at scale-out is "
+            "a new launch that can fail for capacity (--running holds it)")
+    return WindowsResult(
+        pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=kept_min,
+        windows=_warm_rows(windows, base, rpn, now), window=window.id, quota=quota,
+        message=(f"{pool.name}: scheduled window {window.id}: warm pool {base} -> {base + n} "
+                 f"node(s) (+{n * rpn} replicas {state}) at "
+                 f"{start.isoformat(timespec='seconds')}, back to {base} at "
+                 f"{end.isoformat(timespec='seconds')}; the nodes are prepared from "
+                 f"{start.isoformat(timespec='seconds')} (about "
+                 f"{plan.start_seconds['cold']:.0f} s each), then serve "
+                 f"{plan.start_seconds['warm']:.0f} s after a scale-out takes them{held}"))
+
+
+def _warm_rows(windows: list[Window], base: int, rpn: int, now: datetime
+               ) -> tuple[WindowRow, ...]:
+    return tuple(replace(row, in_service=False) for row in _rows(windows, base, rpn, now))
+
+
 def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int,
                     start: datetime, end: datetime, running: bool, now: datetime,
                     reserve: bool = False, yes: bool = False) -> WindowsResult:
-    """Schedule `replicas` more in service from `start` to `end`; nothing is written when
-    any check fails. `reserve`: look up the Capacity Blocks for it first; without `yes`
-    nothing is bought and nothing scheduled (the offers are the answer); with it the
-    cheapest is bought and the window's nodes run in it, in a group of their own."""
+    """Schedule `replicas` more in service (`running`), or in the warm pool, from `start` to
+    `end`; nothing is written when any check fails. `reserve`: look up the Capacity Blocks
+    for it first; without `yes` nothing is bought and nothing scheduled (the offers are the
+    answer); with it the cheapest is bought and the window's nodes run in it, in a group of
+    their own."""
     if not running:
-        raise UsageError(NOT_RUNNING)
+        check_warm_window(pool, cloud, reserve)
     check_window(start, end, now)
     if replicas < 1:
         raise UsageError(f"--replicas {replicas}: a window needs at least 1 replica")
+    if not running:
+        n = nodes_for(replicas, plan_pool(pool, cloud).replicas_per_node)
+        return _schedule_warm_window(cfg, pool, cloud, ops, n, replicas, start, end, now)
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node
@@ -393,9 +508,23 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
                 message=(f"{pool.name}: cancelled window {window_id}: deleted its group "
                          f"{bw.group} ({bw.in_service} node(s) in service); Capacity Block "
                          f"{bw.block} stays bought (Capacity Blocks cannot be cancelled)"))
+    warm, warm_base, warm_ended = _warm_current(ops, group, now)
+    if any(w.id == window_id for w in warm):
+        assert isinstance(ops, SchedulesWarmWindows)  # it listed the window
+        rest = [w for w in warm if w.id != window_id]
+        gone = [w for w in warm if w.id == window_id]
+        ops.write_warm_windows(group, rest, warm_base, removed=gone + warm_ended,
+                               kept_min=base, running=pool.warm_pool.state == "running")
+        return WindowsResult(
+            pool=pool.name, cloud=cloud, action="cancelled", kept_min_nodes=base,
+            windows=_warm_rows(rest, warm_base, plan.replicas_per_node, now),
+            window=window_id,
+            message=f"{pool.name}: cancelled window {window_id}" + (
+                f"; it had begun: the warm pool returns to {warm_base} node(s) now"
+                if gone[0].active(now) else ""))
     gone = [w for w in live if w.id == window_id]
     if not gone:
-        known = ", ".join(w.id for w in live) or "none"
+        known = ", ".join(w.id for w in [*live, *warm]) or "none"
         raise UsageError(f"--cancel {window_id}: no such window of pool {pool.name!r} "
                          f"(windows: {known}); `poolctl warm --list` shows them")
     rest = [w for w in live if w.id != window_id]

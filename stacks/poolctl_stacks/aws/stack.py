@@ -15,6 +15,7 @@ from poolctl_stacks.aws.iam import LogsKey, NodeRole
 from poolctl_stacks.aws.network import Network
 from poolctl_stacks.aws.pool import LoadBalancer, NodeGroup
 from poolctl_stacks.aws.scaling import QueueScaling
+from poolctl_stacks.aws.windows import WindowScheduler
 from poolctl_stacks.base import PoolStack
 
 
@@ -71,6 +72,8 @@ class AwsPoolStack(PoolStack):
                                                              from_image=True),
                           ami_id=raw_placement.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
+        if plan.nodes.warm:  # launch windows of warm nodes raise the pool's warm pool
+            WindowScheduler(self, "windows", name=name, asg_name=name, tags=tags)
 
         self.output("autoscaling_group_name", nodes.asg.name, "The pool's Auto Scaling group")
         self.output("autoscaling_group_arn", nodes.asg.arn, "ARN of the Auto Scaling group")

@@ -24,7 +24,7 @@ from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
 from poolctl.clouds.aws.rollout import InstanceRefreshes
-from poolctl.clouds.aws.windows import CapacityBlocks, ScheduledActions
+from poolctl.clouds.aws.windows import CapacityBlocks, ScheduledActions, WarmPoolSchedules
 from poolctl.clouds.base import (
     BoundsGroupMaximum,
     CloudOps,
@@ -47,7 +47,7 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
 
 
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
-             CapacityBlocks, BlockGroups, CloudOps,
+             WarmPoolSchedules, CapacityBlocks, BlockGroups, CloudOps,
              PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""

@@ -6,17 +6,27 @@ Auto Scaling needs nobody at the window's times. The name carries what poolctl n
 a window back (its id and nodes); the `until` action of the last edge carries the minimum
 kept before the windows. AWS deletes a one-time action once it has run, so a window whose
 `from` action is gone has begun. Terraform manages no scheduled action (the stack has no
-`aws_autoscaling_schedule`), so a `deploy` leaves them alone.
+`aws_autoscaling_schedule`), so a `deploy` leaves them alone. Windows of warm nodes are
+EventBridge Scheduler schedules of the same names in the stack's schedule group
+(`WarmPoolSchedules`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
 
+from poolctl import naming
 from poolctl.clouds.aws.api import AwsApi
-from poolctl.clouds.base import BlockOffering, BuysCapacityBlocks, Group, SchedulesWindows
+from poolctl.clouds.base import (
+    BlockOffering,
+    BuysCapacityBlocks,
+    Group,
+    SchedulesWarmWindows,
+    SchedulesWindows,
+)
 from poolctl.errors import OperationFailed
 from poolctl.windows import WINDOW_PREFIX, Window, edges, raise_at
 
@@ -109,6 +119,118 @@ class ScheduledActions(AwsApi, SchedulesWindows):
                 f"aws autoscaling scheduled actions of {group.name}: "
                 f"{first.get('ErrorCode')}: {first.get('ErrorMessage')} "
                 f"({len(failed)} action(s) not written; `poolctl warm --list` shows what is)")
+
+
+PUT_WARM_POOL = "arn:aws:scheduler:::aws-sdk:autoscaling:putWarmPool"
+_AT = re.compile(r"at\((\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\)")
+
+
+class WarmPoolSchedules(AwsApi, SchedulesWarmWindows):
+    """Windows of warm nodes: two EventBridge Scheduler one-time schedules per window in the
+    pool's schedule group (the stack's, named as the group), `poolctl-window-<id>-<n>n-from`
+    and `-until`, each calling PutWarmPool (the universal target) with the warm pool's
+    absolute size at that edge through the stack's role, then deleting itself. Auto Scaling
+    scheduled actions cannot set a warm pool's size; this is the AWS way to have it set with
+    nobody watching. A window whose `from` schedule is gone has begun."""
+
+    # EventBridge Scheduler: 1,000,000 schedules per account; poolctl's own bound, as for
+    # the scheduled actions (docs/cloud-facts.md).
+    max_warm_windows = 125 // 2
+
+    def _role_arn(self, group: Group) -> str:
+        # The group's ARN: arn:<partition>:autoscaling:<region>:<account>:autoScalingGroup:...
+        parts = group.raw_id.split(":")
+        return f"arn:{parts[1]}:iam::{parts[4]}:role/{group.name}{naming.WINDOWS_ROLE_SUFFIX}"
+
+    def _schedules(self, group: Group, must_exist: bool = False
+                   ) -> dict[str, dict[str, Any]]:
+        """The window schedules of the group's schedule group; none without the schedule
+        group (a pool without a warm pool, or deployed before poolctl made one), unless
+        `must_exist` (a window is being written)."""
+        sched = self.client("scheduler", group.region)
+        try:
+            with self.call(f"scheduler:GetScheduleGroup {group.name}"):
+                sched.get_schedule_group(Name=group.name)
+        except OperationFailed as e:
+            if "ResourceNotFoundException" in str(e):
+                if not must_exist:
+                    return {}
+                raise OperationFailed(
+                    f"{group.name}: no schedule group {group.name!r} for windows of warm nodes "
+                    "(the stack makes it for a pool with a warm pool); deploy the pool again, "
+                    "or use --running") from None
+            raise
+        names = [s["Name"] for page in self.pages(
+                     sched, "list_schedules", f"scheduler:ListSchedules {group.name}",
+                     GroupName=group.name, NamePrefix=WINDOW_PREFIX)
+                 for s in page["Schedules"]
+                 if s.get("GroupName", group.name) == group.name and _NAME.fullmatch(s["Name"])]
+        out = {}
+        for name in names:
+            with self.call(f"scheduler:GetSchedule {group.name}/{name}"):
+                out[name] = sched.get_schedule(GroupName=group.name, Name=name)
+        return out
+
+    def scheduled_warm_windows(self, group: Group) -> tuple[list[Window], int | None]:
+        found: dict[str, dict[str, Any]] = {}
+        last: tuple[datetime, int] | None = None
+        for name, s in self._schedules(group).items():
+            m, at_m = _NAME.fullmatch(name), _AT.fullmatch(s.get("ScheduleExpression", ""))
+            if m is None or at_m is None:
+                continue
+            wid, nodes, kind = m.group(1), int(m.group(2)), m.group(3)
+            at = datetime.fromisoformat(at_m.group(1)).replace(tzinfo=UTC)
+            found.setdefault(wid, {"nodes": nodes})[kind] = at
+            if kind == "until" and (last is None or at > last[0]):
+                size = json.loads(s.get("Target", {}).get("Input") or "{}").get("MinSize", 0)
+                last = (at, int(size))
+        windows = [Window(id=wid, nodes=w["nodes"], start=w.get("from"), end=w["until"])
+                   for wid, w in found.items() if "until" in w]
+        windows.sort(key=lambda w: (w.end, w.id))
+        return windows, None if last is None else last[1]
+
+    def _warm_pool_input(self, group: Group, warm: int, kept_min: int, running: bool
+                         ) -> dict[str, Any]:
+        # As the stack and `warm` set it: room for the minimum plus the warm nodes.
+        return {"AutoScalingGroupName": group.name, "MinSize": warm,
+                "MaxGroupPreparedCapacity": kept_min + warm,
+                "PoolState": "Running" if running else "Stopped",
+                "InstanceReusePolicy": {"ReuseOnScaleIn": True}}
+
+    def write_warm_windows(self, group: Group, windows: list[Window], base_warm: int,
+                           removed: list[Window], *, kept_min: int, running: bool) -> None:
+        sched = self.client("scheduler", group.region)
+        existing = self._schedules(group, must_exist=True)
+        by_id = {w.id: w for w in windows}
+        role = self._role_arn(group)
+        for e in edges(windows, base_warm):
+            name = action_name(by_id[e.window], e.kind)
+            spec = {
+                "GroupName": group.name, "Name": name,
+                "ScheduleExpression": f"at({_utc(e.at):%Y-%m-%dT%H:%M:%S})",
+                "ScheduleExpressionTimezone": "UTC", "FlexibleTimeWindow": {"Mode": "OFF"},
+                "ActionAfterCompletion": "DELETE", "State": "ENABLED",
+                "Description": f"poolctl window {e.window}: warm pool {e.min_nodes} node(s)",
+                "Target": {"Arn": PUT_WARM_POOL, "RoleArn": role, "Input": json.dumps(
+                    self._warm_pool_input(group, e.min_nodes, kept_min, running))},
+            }
+            verb = "UpdateSchedule" if name in existing else "CreateSchedule"
+            with self.call(f"scheduler:{verb} {group.name}/{name}"):
+                (sched.update_schedule if name in existing else sched.create_schedule)(**spec)
+        for w in removed:
+            for kind in ("from", "until"):
+                name = action_name(w, kind)
+                if name in existing:
+                    with self.call(f"scheduler:DeleteSchedule {group.name}/{name}"):
+                        sched.delete_schedule(GroupName=group.name, Name=name)
+        now = datetime.now(UTC)
+        warm = base_warm + raise_at(windows, now)
+        if warm != group.warm_min_nodes and any(
+                w.active(now) for w in [*windows, *removed] if w.end > now):
+            # An open window already ran its `from`: the warm pool follows now.
+            asg = self.client("autoscaling", group.region)
+            with self.call(f"autoscaling:PutWarmPool {group.name}"):
+                asg.put_warm_pool(**self._warm_pool_input(group, warm, kept_min, running))
 
 
 class CapacityBlocks(AwsApi, BuysCapacityBlocks):

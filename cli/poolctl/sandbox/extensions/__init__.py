@@ -14,6 +14,7 @@ Features (FEATURES, in the order they are installed):
                     reservation preference
   activities        scaling activities of every launch, launches retried after a failure
   schedules         scheduled actions, run when the sandbox clock (an offset) reaches them
+  scheduler         EventBridge Scheduler one-time schedules (PutWarmPool), run on that clock
   capacity_blocks   Capacity Block offerings priced from the catalog, and their purchase
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
@@ -50,6 +51,7 @@ from poolctl.sandbox.extensions import (
     quotas,
     refresh,
     retries,
+    scheduler,
     schedules,
     self_boot,
     snapshots,
@@ -79,7 +81,7 @@ class Feature(Protocol):
 # capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
     fixes, lifecycle, warm_pool, refresh, capacity, capacity_blocks, activities, schedules,
-    quotas, instance_connect,
+    scheduler, quotas, instance_connect,
     self_boot, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
