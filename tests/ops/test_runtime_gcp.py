@@ -1277,7 +1277,8 @@ def after_patch_polls(fake: FakeGce, polls: int, then, deadline_s: float = 60):
     return t
 
 
-def test_cli_quota_check_names_the_quota_a_fallback_type_draws_on(fake, home, tmp_path):
+def test_cli_quota_check_names_the_quota_a_fallback_type_draws_on(fake, home, tmp_path,
+                                                                 monkeypatch):
     # a3-megagpu-8g draws on NVIDIA_H100_MEGA_GPUS, not on the primary's NVIDIA_H100_GPUS:
     # the pool's peak on it alone is (6 max + 3 surge) x 8 = 72 GPUs; the region grants 16,
     # none in use: short by 56. Only information: the primary's quotas are enough here.
@@ -1301,7 +1302,8 @@ def test_cli_quota_check_names_the_quota_a_fallback_type_draws_on(fake, home, tm
     assert all(q["ok"] for q in data["quotas"] if not q["fallback"])
     (line,) = [ln for ln in r.stderr.splitlines() if "fallback a3-megagpu-8g" in ln]
     assert "quota NVIDIA_H100_MEGA_GPUS in us-central1: short by 56 GPU of the 72" in line
-    # The table says which type the line is for.
+    # The table says which type the line is for (wide enough to show whole cells).
+    monkeypatch.setenv("COLUMNS", "200")
     r = cli(fake, home, "quota", "check", "--cloud", "gcp", "-f", str(path))
     assert r.returncode == 0 and "(fallback a3-megagpu-8g)" in r.stdout
 

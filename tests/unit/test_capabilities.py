@@ -26,7 +26,7 @@ def test_aws_declares_its_capabilities():
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
         "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures",
-        "SchedulesWindows", "BuysCapacityBlocks", "RunsBlockWindows"]
+        "SchedulesWindows", "SchedulesWarmWindows", "BuysCapacityBlocks", "RunsBlockWindows"]
     assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 
 
