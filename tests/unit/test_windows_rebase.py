@@ -137,3 +137,22 @@ def test_warm_windows_are_refused_where_they_cannot_be_with_the_flag_named():
     with pytest.raises(UsageError, match=r"warm_pool.replicas: 0"):
         runtime.check_warm_window(no_warm, "aws", reserve=False)
     runtime.check_warm_window(pool, "aws", reserve=False)  # the example keeps 2 warm nodes
+
+
+def test_deploy_in_an_open_window_keeps_its_raise_and_says_the_window_returns_it():
+    cfg, pool = llama()
+    # No `warm` ran; a window of +2 nodes in service is open: minimum 3 (the file's 1 + 2).
+    from poolctl.clouds.base import KeepsWarmSizes
+    from poolctl.contract.aws import kept_sizes_env
+
+    class KeepingOps(FakeWindowOps, KeepsWarmSizes):  # AWS: deploy passes the live sizes
+        def kept_sizes_env(self, group, plan):
+            return kept_sizes_env(plan, min_nodes=group.min_nodes,
+                                  warm_min_nodes=group.warm_min_nodes)
+
+    w = open_window(2)
+    ops = KeepingOps(group(min_nodes=3, desired_nodes=3), [w], base=1)
+    env, lines = runtime.deploy_keeps(cfg, pool, "aws", ops)
+    assert env == {"TF_VAR_min_nodes": "3", "TF_VAR_warm_nodes": "2"} and lines == [
+        f"chat-70b: keeps minimum nodes 3 (the file says 1; held by launch window w1 until "
+        f"{w.end.isoformat(timespec='seconds')}, whose end returns to the file's 1)"]

@@ -282,13 +282,15 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
             begun = [w for w in open_warm_raise(ops, group, now)[0] if w.active(now)]
         if not begun:
             return {}, []
-        rec = {"command": "poolctl warm --from (a window that has begun)",
-               "at": "its start"}
+        end = max(w.end for w in begun).isoformat(timespec="seconds")
+        since = (f"held by launch window {', '.join(w.id for w in begun)} until {end}, "
+                 "whose end returns to the file's")
+    else:
+        since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
+                 f"`poolctl warm --reset` returns to the file's")
     plan = plan_pool(pool, cloud)
     env = (ops.kept_sizes_env(group, plan) if isinstance(ops, KeepsWarmSizes)
            else ops.rollout_apply_env(group, plan, no_surge=False))
-    since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
-             f"`poolctl warm --reset` returns to the file's")
     lines = [f"{pool.name}: keeps {what} {live} (the file says {file}; {since} {file})"
              for what, live, file in (("minimum nodes", group.min_nodes, plan.nodes.min),
                                       ("warm nodes", group.warm_min_nodes, plan.nodes.warm))
