@@ -167,6 +167,20 @@ def kept_sizes_env(plan: PoolPlan, *, min_nodes: int, warm_min_nodes: int) -> di
     return env
 
 
+# The stack's warm pool returns instances to it on scale-in (pool.py).
+REUSE_ON_SCALE_IN = {"ReuseOnScaleIn": True}
+
+
+def put_warm_pool_request(group_name: str, *, min_nodes: int, warm_nodes: int, running: bool,
+                          reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+    """PutWarmPool's request as the stack sets the warm pool: room for the group's minimum
+    plus the warm nodes, in the pool's state; `warm` and the windows of warm nodes send it."""
+    return {"AutoScalingGroupName": group_name, "MinSize": warm_nodes,
+            "MaxGroupPreparedCapacity": min_nodes + warm_nodes,
+            "PoolState": "Running" if running else "Stopped",
+            "InstanceReusePolicy": reuse or REUSE_ON_SCALE_IN}
+
+
 def log_group_name(cfg: Config, pool: Pool) -> str:
     """The pool's CloudWatch Logs group: the stack creates it, `poolctl logs` reads it."""
     return f"/poolctl/{cfg.project}/{pool.name}"

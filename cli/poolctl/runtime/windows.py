@@ -112,13 +112,19 @@ def _rows(windows: list[Window], base: int, rpn: int, now: datetime) -> tuple[Wi
         for w in sorted(windows, key=lambda w: (w.end, w.id)))
 
 
+def _split(found: tuple[list[Window], int | None], own: int, now: datetime
+           ) -> tuple[list[Window], int, list[Window]]:
+    """(windows still to end, the size kept under them, ended windows the cloud still
+    lists) from what the cloud read back; `own`, the group's, when no window is left."""
+    windows, base = found
+    return ([w for w in windows if w.end > now], own if base is None else base,
+            [w for w in windows if w.end <= now])
+
+
 def _current(sched: SchedulesWindows, group: Group, now: datetime
              ) -> tuple[list[Window], int, list[Window]]:
-    """(windows still to end, kept minimum, ended windows the cloud still lists)."""
-    windows, base = sched.scheduled_windows(group)
-    live = [w for w in windows if w.end > now]
-    return live, group.min_nodes if base is None else base, [w for w in windows
-                                                            if w.end <= now]
+    """Windows in service: (still to end, kept minimum, ended ones listed)."""
+    return _split(sched.scheduled_windows(group), group.min_nodes, now)
 
 
 def open_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
@@ -235,10 +241,7 @@ def _warm_current(ops: CloudOps, group: Group, now: datetime
     """Warm windows: (still to end, the warm size kept under them, ended ones listed)."""
     if not isinstance(ops, SchedulesWarmWindows):
         return [], group.warm_min_nodes, []
-    windows, base = ops.scheduled_warm_windows(group)
-    live = [w for w in windows if w.end > now]
-    return live, group.warm_min_nodes if base is None else base, [
-        w for w in windows if w.end <= now]
+    return _split(ops.scheduled_warm_windows(group), group.warm_min_nodes, now)
 
 
 def open_warm_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
@@ -264,13 +267,14 @@ def rebase_warm_windows(cfg: Config, pool: Pool, ops: CloudOps, base_warm: int,
             f"{base_warm} node(s) (was {base}) and return to it at their ends")
 
 
-def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, n: int,
+def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                           replicas: int, start: datetime, end: datetime, now: datetime
                           ) -> WindowsResult:
-    """`n` more warm nodes (the pool's warm state) from `start` to `end`, set by the cloud."""
+    """`replicas` more warm (the pool's warm state) from `start` to `end`, set by the cloud."""
     assert isinstance(ops, SchedulesWarmWindows)  # check_warm_window ran
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node
+    n = nodes_for(replicas, rpn)
     group = ops.find_group(cfg, pool)
     live, base, ended = _warm_current(ops, group, now)
     _, _, kept_min = open_raise(ops, group, now)
@@ -328,8 +332,7 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     if replicas < 1:
         raise UsageError(f"--replicas {replicas}: a window needs at least 1 replica")
     if not running:
-        n = nodes_for(replicas, plan_pool(pool, cloud).replicas_per_node)
-        return _schedule_warm_window(cfg, pool, cloud, ops, n, replicas, start, end, now)
+        return _schedule_warm_window(cfg, pool, cloud, ops, replicas, start, end, now)
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node

@@ -196,20 +196,14 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
             asg.update_auto_scaling_group(**kw)
         if warm_nodes == 0 and not group.warm_state:
             return  # no warm pool, none wanted
-        reuse = {"ReuseOnScaleIn": True}
         try:
             with self.call(f"autoscaling:DescribeWarmPool {group.name}"):
                 cfg = asg.describe_warm_pool(AutoScalingGroupName=group.name, MaxRecords=1
                                              ).get("WarmPoolConfiguration") or {}
-            reuse = cfg.get("InstanceReusePolicy") or reuse
             with self.call(f"autoscaling:PutWarmPool {group.name}"):
-                asg.put_warm_pool(
-                    AutoScalingGroupName=group.name, MinSize=warm_nodes,
-                    # As the stack sets it: room for the minimum plus the warm nodes.
-                    MaxGroupPreparedCapacity=min_nodes + warm_nodes,
-                    PoolState="Running" if warm_running else "Stopped",
-                    InstanceReusePolicy=reuse,
-                )
+                asg.put_warm_pool(**contract.put_warm_pool_request(
+                    group.name, min_nodes=min_nodes, warm_nodes=warm_nodes,
+                    running=warm_running, reuse=cfg.get("InstanceReusePolicy")))
         except OperationFailed as e:
             raise OperationFailed(
                 f"{e}; partly done: the group's minimum is now {min_nodes} "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,11 +28,32 @@ from poolctl.clouds.base import (
     SchedulesWarmWindows,
     SchedulesWindows,
 )
+from poolctl.contract.aws import put_warm_pool_request
 from poolctl.errors import OperationFailed
 from poolctl.windows import WINDOW_PREFIX, Window, edges, raise_at
 
 _NAME = re.compile(re.escape(WINDOW_PREFIX) + r"(w[0-9a-f]+)-(\d+)n-(from|until)")
 _BATCH = 50  # BatchPut/BatchDeleteScheduledAction take at most 50
+
+
+def _read_back(edges: Iterable[tuple[str, datetime, int]]) -> tuple[list[Window], int | None]:
+    """The windows behind (name, time, size) edges named `action_name`, and the size the last
+    `until` returns to (None: no window). An edge already run is gone: its window has begun
+    (start None), or ended (no `until`: not listed)."""
+    found: dict[str, dict[str, Any]] = {}
+    last: tuple[datetime, int] | None = None
+    for name, at, size in edges:
+        m = _NAME.fullmatch(name)
+        if m is None:
+            continue
+        wid, nodes, kind = m.group(1), int(m.group(2)), m.group(3)
+        found.setdefault(wid, {"nodes": nodes})[kind] = at
+        if kind == "until" and (last is None or at > last[0]):
+            last = (at, size)
+    windows = [Window(id=wid, nodes=w["nodes"], start=w.get("from"), end=w["until"])
+               for wid, w in found.items() if "until" in w]
+    windows.sort(key=lambda w: (w.end, w.id))
+    return windows, None if last is None else last[1]
 
 
 def action_name(window: Window, kind: str) -> str:
@@ -59,20 +81,8 @@ class ScheduledActions(AwsApi, SchedulesWindows):
                 if _NAME.fullmatch(a["ScheduledActionName"])]
 
     def scheduled_windows(self, group: Group) -> tuple[list[Window], int | None]:
-        found: dict[str, dict[str, Any]] = {}
-        last: tuple[datetime, int] | None = None
-        for a in self._window_actions(group):
-            m = _NAME.fullmatch(a["ScheduledActionName"])
-            assert m is not None  # kept by _window_actions
-            wid, nodes, kind = m.group(1), int(m.group(2)), m.group(3)
-            at = _utc(a["StartTime"])
-            found.setdefault(wid, {"nodes": nodes})[kind] = at
-            if kind == "until" and (last is None or at > last[0]):
-                last = (at, int(a.get("MinSize", 0)))
-        windows = [Window(id=wid, nodes=w["nodes"], start=w.get("from"), end=w["until"])
-                   for wid, w in found.items() if "until" in w]
-        windows.sort(key=lambda w: (w.end, w.id))
-        return windows, None if last is None else last[1]
+        return _read_back((a["ScheduledActionName"], _utc(a["StartTime"]),
+                           int(a.get("MinSize", 0))) for a in self._window_actions(group))
 
     def write_windows(self, group: Group, windows: list[Window], base_min: int,
                       removed: list[Window]) -> None:
@@ -172,30 +182,11 @@ class WarmPoolSchedules(AwsApi, SchedulesWarmWindows):
         return out
 
     def scheduled_warm_windows(self, group: Group) -> tuple[list[Window], int | None]:
-        found: dict[str, dict[str, Any]] = {}
-        last: tuple[datetime, int] | None = None
-        for name, s in self._schedules(group).items():
-            m, at_m = _NAME.fullmatch(name), _AT.fullmatch(s.get("ScheduleExpression", ""))
-            if m is None or at_m is None:
-                continue
-            wid, nodes, kind = m.group(1), int(m.group(2)), m.group(3)
-            at = datetime.fromisoformat(at_m.group(1)).replace(tzinfo=UTC)
-            found.setdefault(wid, {"nodes": nodes})[kind] = at
-            if kind == "until" and (last is None or at > last[0]):
-                size = json.loads(s.get("Target", {}).get("Input") or "{}").get("MinSize", 0)
-                last = (at, int(size))
-        windows = [Window(id=wid, nodes=w["nodes"], start=w.get("from"), end=w["until"])
-                   for wid, w in found.items() if "until" in w]
-        windows.sort(key=lambda w: (w.end, w.id))
-        return windows, None if last is None else last[1]
-
-    def _warm_pool_input(self, group: Group, warm: int, kept_min: int, running: bool
-                         ) -> dict[str, Any]:
-        # As the stack and `warm` set it: room for the minimum plus the warm nodes.
-        return {"AutoScalingGroupName": group.name, "MinSize": warm,
-                "MaxGroupPreparedCapacity": kept_min + warm,
-                "PoolState": "Running" if running else "Stopped",
-                "InstanceReusePolicy": {"ReuseOnScaleIn": True}}
+        return _read_back(
+            (name, datetime.fromisoformat(at.group(1)).replace(tzinfo=UTC),
+             int(json.loads(s.get("Target", {}).get("Input") or "{}").get("MinSize", 0)))
+            for name, s in self._schedules(group).items()
+            if (at := _AT.fullmatch(s.get("ScheduleExpression", ""))) is not None)
 
     def write_warm_windows(self, group: Group, windows: list[Window], base_warm: int,
                            removed: list[Window], *, kept_min: int, running: bool) -> None:
@@ -212,7 +203,8 @@ class WarmPoolSchedules(AwsApi, SchedulesWarmWindows):
                 "ActionAfterCompletion": "DELETE", "State": "ENABLED",
                 "Description": f"poolctl window {e.window}: warm pool {e.min_nodes} node(s)",
                 "Target": {"Arn": PUT_WARM_POOL, "RoleArn": role, "Input": json.dumps(
-                    self._warm_pool_input(group, e.min_nodes, kept_min, running))},
+                    put_warm_pool_request(group.name, min_nodes=kept_min,
+                                          warm_nodes=e.min_nodes, running=running))},
             }
             verb = "UpdateSchedule" if name in existing else "CreateSchedule"
             with self.call(f"scheduler:{verb} {group.name}/{name}"):
@@ -230,7 +222,8 @@ class WarmPoolSchedules(AwsApi, SchedulesWarmWindows):
             # An open window already ran its `from`: the warm pool follows now.
             asg = self.client("autoscaling", group.region)
             with self.call(f"autoscaling:PutWarmPool {group.name}"):
-                asg.put_warm_pool(**self._warm_pool_input(group, warm, kept_min, running))
+                asg.put_warm_pool(**put_warm_pool_request(
+                    group.name, min_nodes=kept_min, warm_nodes=warm, running=running))
 
 
 class CapacityBlocks(AwsApi, BuysCapacityBlocks):
