@@ -1151,7 +1151,8 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-_LineLoader = _Loader  # runtime's in-place file edits compose with it too
+# The YAML reader, published: the in-place editor (runtime/fileedit.py) composes with it too.
+LineLoader = _Loader
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from poolctl.errors import UsageError, shown
+from poolctl.files import replace_file
 
 # For processes poolctl starts that write under the home (Terraform, the sandbox server).
 PRIVATE_UMASK = 0o077
@@ -93,38 +94,11 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
 
 
 def write_private(path: Path, data: str | bytes, home: Path | None = None) -> None:
-    """Replace `path` atomically with `data`, 0600 in a 0700 folder."""
+    """Replace `path` atomically with `data`, 0600 in a 0700 folder (files.replace_file: a
+    temporary name of its own, made exclusively, never a planted one followed)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.poolctl-tmp")
-    with os.fdopen(open_private(tmp, home=home), "wb") as fh:
-        fh.write(data.encode() if isinstance(data, str) else data)
-    tmp.replace(path)
-
-
-def replace_file(path: Path, data: str) -> None:
-    """Replace `path` with `data` all at once, for a file meant to be shared (outside the
-    home): a temporary file beside it, renamed over it, so a reader never sees half of it
-    and a failed write leaves the old file and no temporary one. Keeps the mode of the file
-    it replaces (a new one gets the umask's); a symlink at `path` is replaced, not followed."""
-    path = Path(path)
-    try:
-        mode = path.lstat().st_mode & 0o7777 if path.is_file() and not path.is_symlink() \
-            else None
-    except OSError:
-        mode = None
-    if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".poolctl-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    private_dir(path.parent, home)
+    replace_file(path, data, mode=0o600)
 
 
 def tighten(folder: Path) -> None:

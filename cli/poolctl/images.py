@@ -42,10 +42,11 @@ from poolctl.clouds.gcp.ops import make_ops as make_gcp_ops
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Loc, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.files import replace_file
 from poolctl.home import open_private, private_dir, write_private
 from poolctl.node_image import find_record, images_dir, save_record
 from poolctl.progress import log
-from poolctl.runtime import set_scalar, write_atomic
+from poolctl.runtime import set_scalar
 from poolctl.sizing import gcp_zones, instance_row
 from poolctl.terraform import log_path
 
@@ -468,7 +469,7 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
         text = file_path.read_text()
         new_text, old, line = set_scalar(text, key_path, res.image_id, source=str(file_path))
         if new_text != text:
-            write_atomic(file_path, new_text)
+            replace_file(file_path, new_text)
         res.file, res.line = str(file_path), line
         log(f"{file_path}:{line}: {cloud}.{file_key(cloud)[1]}: {old or '(unset)'} -> "
             f"{res.image_id} (recorded)")

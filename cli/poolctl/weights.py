@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.errors import UsageError
+from poolctl.files import replace_file
 from poolctl.readfile import open_regular
 
 MANIFEST = "manifest.json"
@@ -147,13 +148,9 @@ def write_manifest(folder: str | Path, progress: Progress | None = None,
     with the weights."""
     target = manifest_path(folder, out)
     manifest = build_manifest(folder, progress, hashing)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        replace_file(target, json.dumps(manifest, indent=1, sort_keys=True) + "\n", 0o644)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UsageError(f"{target}: cannot be written ({e.strerror}); write it elsewhere "
                          "with --out FILE and upload it as manifest.json beside the "
                          "weights") from None

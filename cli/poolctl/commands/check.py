@@ -31,7 +31,7 @@ from poolctl.commands.traffic import DurationOpt, RateOpt, SeedOpt, TimeScaleOpt
 from poolctl.commands.traffic import traffic as load_traffic
 from poolctl.config import Target, json_schema
 from poolctl.errors import UsageError
-from poolctl.home import replace_file
+from poolctl.files import replace_file
 from poolctl.node_image import NodeImage, recorded_node_image
 from poolctl.rules import TrafficNeed, errors, exit_code, run_checks
 from poolctl.sizing import nodes_for, plan_pool, quota_totals

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -13,7 +14,8 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.commands.common import check_creatable
 from poolctl.config import parse_config
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
+from poolctl.files import create_new, replace_file
 from poolctl.models import preset, suggest_model
 from poolctl.rules import errors, run_checks
 
@@ -170,22 +172,35 @@ def init(
         dir / ".github" / "workflows" / "poolctl.yml": WORKFLOW.format(cloud=cloud.value),
     }
     # Check every file before writing any: nothing half-written.
-    taken = [str(p) for p in files if p.exists()]
+    # lexists: a dangling symlink is taken too (writing through it would land outside --dir)
+    taken = [str(p) for p in files if os.path.lexists(p)]
     if taken and not force:
         raise UsageError(f"--force: {', '.join(taken)} already exist(s); pass --force to "
                          "overwrite, or --dir to write elsewhere")
-    blocked = next((q for p in files for q in (p, *p.parents) if q.exists() and (
-        q.is_dir() if q == p else not q.is_dir())), None)
+    blocked = next((q for p in files for q in (p, *p.parents) if (
+        (q.is_dir() and not q.is_symlink()) if q == p
+        else os.path.lexists(q) and not q.is_dir())), None)
     if blocked is not None:
         raise UsageError(f"--dir: {blocked} is in the way (a file where a folder goes, or a "
                          "folder where a file goes); pick another --dir")
 
+    linked = next((dir / q for p in files for q in p.relative_to(dir).parents
+                   if q != Path(".") and (dir / q).is_symlink()), None)
+    if linked is not None:
+        raise UsageError(f"--dir: {shown(linked)} is a symlink; poolctl writes only inside "
+                         "--dir: remove the link, or pick another --dir")
     check_creatable(dir, "--dir", "pick a folder you can write in")
     try:
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            if force:
+                replace_file(path, text, follow_link=False)
+            else:
+                create_new(path, text)
             sys.stdout.write(f"wrote {path}\n")
+    except FileExistsError as e:  # made meanwhile by another process
+        raise UsageError(f"--force: {shown(e.filename)} appeared while writing; pass --force "
+                         "to overwrite, or --dir to write elsewhere") from None
     except OSError as e:  # the probe passed, the disk did not (full, quota)
         raise UsageError(f"--dir: cannot write {e.filename} ({e.strerror}); pick a folder you "
                          "can write in") from None

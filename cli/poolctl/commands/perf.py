@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 from poolctl.commands.common import CloudOpt, FileOpt, JsonOpt, PoolOpt, emit_json, load
 from poolctl.commands.common import one_target as pick_target
-from poolctl.config import _LineLoader, find_config, parse_config
+from poolctl.config import find_config, parse_config
 from poolctl.errors import UsageError
+from poolctl.files import replace_file
 from poolctl.perffit import fit as fit_runs
 from poolctl.perffit import parse_results
 from poolctl.progress import log
 from poolctl.readfile import open_regular
-from poolctl.runtime.fileedit import write_atomic
+from poolctl.runtime.fileedit import set_scalar
 from poolctl.servingmodel import replica_model
 
 app = typer.Typer(help="The serving model against measurements.", no_args_is_help=True)
@@ -100,42 +100,12 @@ def _write(target: Path, pool: str, factors: dict[str, float]) -> str:
     if measured:
         raise UsageError(f"{target}: pools[{idx}].perf.{measured[0]} calibrates the same "
                          "factors; remove the measured numbers, then run --write again")
-    for k, v in factors.items():
-        text = _set_number(text, idx, k, f"{v:g}", str(target))  # v has 4 digits
+    for k, v in factors.items():  # v has 4 digits
+        text, _, _ = set_scalar(text, ("pools", idx, "perf", k), f"{v:g}", str(target),
+                                plain=True)
     new = parse_config(text, str(target)).pools[idx].perf
     if any(getattr(new, k) != v for k, v in factors.items()):
         raise UsageError(f"{target}: pools[{idx}].perf: cannot write the fitted factors in "
                          "place; paste the block the command prints by hand")
-    write_atomic(target, text)
+    replace_file(target, text)
     return f"{target}: pools[{idx}].perf ({', '.join(factors)})"
-
-
-def _mapping(node: yaml.Node, key: str) -> yaml.Node | None:
-    if isinstance(node, yaml.MappingNode):
-        return next((v for k, v in node.value if k.value == key), None)
-    return None
-
-
-def _set_number(text: str, idx: int, key: str, value: str, source: str) -> str:
-    root = yaml.compose(text, Loader=_LineLoader)
-    pools = _mapping(root, "pools") if root is not None else None
-    item = pools.value[idx] if isinstance(pools, yaml.SequenceNode) else None
-    if not isinstance(item, yaml.MappingNode) or item.flow_style:
-        raise UsageError(f"{source}: pools[{idx}] is not a block mapping poolctl can edit; "
-                         "add the `perf:` block by hand")
-    perf = _mapping(item, "perf")
-    if perf is None:
-        k0, v0 = item.value[0]
-        end = text.find("\n", v0.end_mark.index)
-        end = len(text) if end < 0 else end + 1
-        ind = " " * k0.start_mark.column
-        return text[:end] + f"{ind}perf:\n{ind}  {key}: {value}\n" + text[end:]
-    if not isinstance(perf, yaml.MappingNode) or perf.flow_style or not perf.value:
-        raise UsageError(f"{source}: pools[{idx}].perf is not a block mapping poolctl can "
-                         "edit; write it as one key a line")
-    old = _mapping(perf, key)
-    if isinstance(old, yaml.ScalarNode):
-        return text[:old.start_mark.index] + value + text[old.end_mark.index:]
-    first = perf.value[0][0].start_mark
-    start = first.index - first.column
-    return text[:start] + f"{' ' * first.column}{key}: {value}\n" + text[start:]

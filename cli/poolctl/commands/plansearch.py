@@ -13,7 +13,8 @@ from poolctl.cloud import Cloud
 from poolctl.commands.common import console
 from poolctl.config import Config, Pool, Target, find_config, parse_config
 from poolctl.errors import UsageError
-from poolctl.runtime.fileedit import set_scalar, write_atomic
+from poolctl.files import replace_file
+from poolctl.runtime.fileedit import set_scalar
 from poolctl.search import AGGREGATED, Candidate, SearchResult, search
 from poolctl.traces import Trace
 
@@ -153,7 +154,7 @@ def write_changes(file: Path | None, cfg: Config, results: dict[tuple[str, Cloud
                         f"{ch.old if ch.old is not None else '(default)'} -> {ch.new}")
     parse_config(text, source=str(path))  # the edited file still reads (or nothing written)
     if done:
-        write_atomic(path, text)
+        replace_file(path, text)
     for (name, c), r in results.items():
         if r.chosen is not None and r.deployable is not None and r.deployable != r.chosen:
             sys.stderr.write(f"poolctl: {name}/{c}: wrote the best aggregated candidate "

@@ -33,7 +33,6 @@ from poolctl.runtime.fileedit import (
     record_in_file,
     set_scalar,
     unset_scalar,
-    write_atomic,
 )
 from poolctl.runtime.quota import (
     fallback_line,
@@ -148,7 +147,6 @@ __all__ = [
     "warm_record_path",
     "warm_targets",
     "watch_hint",
-    "write_atomic",
     "NOT_RUNNING",
     "check_warm_window",
     "open_warm_raise",

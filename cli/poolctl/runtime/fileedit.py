@@ -5,37 +5,77 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
-from poolctl.config import Config, Loc, Pool, _LineLoader, parse_config
+from poolctl.config import Config, LineLoader, Loc, Pool, parse_config
 from poolctl.errors import UsageError
-
-if TYPE_CHECKING:
-    import yaml
-
+from poolctl.files import replace_file
 
 # ---------------------------------------------------------------------------------------
 # The config file, edited in place (one scalar line; comments and layout kept)
 
 
-def _value_node(text: str, path: Loc) -> yaml.Node | None:
+class _EditLoader(LineLoader):
+    """The YAML reader, noting which nodes an alias (`*name`) reaches: editing one of them
+    in place would change every place that shares it (another pool's values)."""
 
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.shared: dict[int, str] = {}  # id(node) -> its anchor
+
+        self.names: dict[int, str] = {}  # id(node) -> the anchor it defines
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        alias = self.check_event(yaml.AliasEvent)
+        anchor = getattr(self.peek_event(), "anchor", None)
+        node: yaml.Node = super().compose_node(parent, index)
+        if alias:
+            self.shared[id(node)] = str(anchor)
+        elif anchor is not None:
+            self.names[id(node)] = str(anchor)
+        return node
+
+
+def _compose(text: str) -> tuple[yaml.Node | None, dict[int, str], dict[int, str]]:
+    loader = _EditLoader(text)
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
+        return loader.get_single_node(), loader.shared, loader.names
+    finally:
+        loader.dispose()
+
+
+def _key_name(path: Loc) -> str:
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(
+        ".[", "[")
+
+
+def value_at(text: str, path: Loc, source: str = "poolctl.yaml") -> yaml.Node | None:
+    """The node at `path` as the file writes it, or None (not written: a default applies).
+    UsageError when the way to it passes a node an alias shares (`&name` ... `*name`, a merge
+    key `<<: *name` included): an edit there would change every place that shares it."""
+    try:
+        node, shared, names = _compose(text)
     except yaml.YAMLError:
         return None
-    for part in path:
+    for i, part in enumerate(path):
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 if k.value == part:
                     node = v
                     break
             else:
+                merge = next((v for k, v in node.value if k.tag == "tag:yaml.org,2002:merge"
+                              or k.value == "<<"), None)
+                if merge is not None and i < len(path) - 1:
+                    anchor = shared.get(id(merge)) or names.get(id(merge), "")
+                    raise UsageError(
+                        f"{source}:{merge.start_mark.line + 1}: {_key_name(path[:i + 1])} "
+                        f"comes from the merge key `<<: *{anchor}`; poolctl does not edit a "
+                        f"value shared through &{anchor}: write {_key_name(path[i:i + 1])} "
+                        "out in this pool, or edit the anchor by hand")
                 return None
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
             if part >= len(node.value):
@@ -43,6 +83,13 @@ def _value_node(text: str, path: Loc) -> yaml.Node | None:
             node = node.value[part]
         else:
             return None
+        if id(node) in shared:
+            anchor = shared[id(node)]
+            raise UsageError(
+                f"{source}:{node.start_mark.line + 1}: {_key_name(path[:i + 1])} is shared "
+                f"through the anchor &{anchor} (another place of the file reads it as "
+                f"*{anchor}); poolctl does not edit shared values in place: write "
+                f"{_key_name(path[:i + 1])} out where it is used, or edit &{anchor} by hand")
     return node
 
 
@@ -69,9 +116,8 @@ def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
     a word YAML reads as it is written: `8`, `p5.48xlarge`). UsageError when the key is not
     literally in the file (a default applies) or is not a plain one-line value."""
 
-    key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in path).replace(
-        ".[", "[")
-    node = _value_node(text, path)
+    key = _key_name(path)
+    node = value_at(text, path, source)
     if node is None:
         raise UsageError(
             f"{source}: {key} is not written in the file (its default applies); add it "
@@ -82,7 +128,7 @@ def edit_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
                          "scalar for poolctl to change it in place; write it on one line")
     start, end = node.start_mark.index, node.end_mark.index
     new_text = text[:start] + (value if plain else _render_scalar(value, node.style)) + text[end:]
-    check = _value_node(new_text, path)
+    check = value_at(new_text, path, source)
     if check is None or check.value != value:
         raise UsageError(f"{source}:{node.start_mark.line + 1}: {key}: cannot write "
                          f"{value!r} in place; edit the file by hand")
@@ -94,18 +140,34 @@ def set_scalar(text: str, path: Loc, value: str, source: str = "poolctl.yaml",
     """`edit_scalar`, or, when the key is not written (its default applies), one new line
     `key: value` at the top of its block-style mapping: (new text, old value or None, line)."""
 
-    if _value_node(text, path) is not None:
+    if value_at(text, path, source) is not None:
         return edit_scalar(text, path, value, source, plain)
-    parent = _value_node(text, path[:-1])
+    parent = value_at(text, path[:-1], source)
+    rendered = value if plain else _render_scalar(value, None)
+    if parent is None and len(path) > 1 and isinstance(path[-2], str):
+        # The mapping itself is not written (say a pool's `perf:`): a new block of one line,
+        # after the first line of the mapping above it (a pool's `name:`).
+        grand = value_at(text, path[:-2], source)
+        if isinstance(grand, yaml.MappingNode) and not grand.flow_style and grand.value:
+            k0, v0 = grand.value[0]
+            if isinstance(v0, yaml.ScalarNode) and k0.start_mark.line == v0.end_mark.line:
+                end = text.find("\n", v0.end_mark.index)
+                end = len(text) if end < 0 else end + 1
+                ind = " " * k0.start_mark.column
+                new_text = (text[:end] + ("" if text[:end].endswith("\n") else "\n")
+                            + f"{ind}{path[-2]}:\n{ind}  {path[-1]}: {rendered}\n" + text[end:])
+                check = value_at(new_text, path, source)
+                if check is not None and check.value == value:
+                    return new_text, None, k0.start_mark.line + 3
     where = ".".join(str(p) for p in path[:-1] if not isinstance(p, int))
     if not isinstance(parent, yaml.MappingNode) or parent.flow_style or not parent.value:
         raise UsageError(f"{source}: {where}: not a block mapping poolctl can add "
                          f"`{path[-1]}` to; add `{path[-1]}:` there by hand")
     first = parent.value[0][0].start_mark
     start = first.index - first.column
-    line = f"{' ' * first.column}{path[-1]}: {value if plain else _render_scalar(value, None)}\n"
+    line = f"{' ' * first.column}{path[-1]}: {rendered}\n"
     new_text = text[:start] + line + text[start:]
-    check = _value_node(new_text, path)
+    check = value_at(new_text, path, source)
     if check is None or check.value != value:
         raise UsageError(f"{source}:{first.line + 1}: {where}: cannot add {path[-1]}={value!r} "
                          "in place; edit the file by hand")
@@ -118,7 +180,7 @@ def unset_scalar(text: str, path: Loc, source: str = "poolctl.yaml"
     so that the default applies again: (new text, old value or None, line or None). A key
     not written leaves the text as it is."""
 
-    parent = _value_node(text, path[:-1])
+    parent = value_at(text, path[:-1], source)
     pairs = parent.value if isinstance(parent, yaml.MappingNode) else []
     pair = next(((k, v) for k, v in pairs if k.value == path[-1]), None)
     if pair is None:
@@ -133,20 +195,12 @@ def unset_scalar(text: str, path: Loc, source: str = "poolctl.yaml"
     where = ".".join(str(p) for p in path if not isinstance(p, int))
     if (not isinstance(v, yaml.ScalarNode) or parent.flow_style or len(pairs) < 2
             or k.start_mark.line != v.end_mark.line or text[start:k.start_mark.index].strip()
-            or (rest and not rest.startswith("#")) or _value_node(new_text, path) is not None):
+            or (rest and not rest.startswith("#")) or value_at(new_text, path, source) is not None):
         raise UsageError(f"{source}:{k.start_mark.line + 1}: {where}: not a line of its own "
                          "poolctl can remove; delete it by hand")
     return new_text, v.value, k.start_mark.line + 1
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.poolctl-tmp")
-    tmp.write_text(text)
-    try:
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-    except OSError:
-        pass
-    tmp.replace(path)
 
 
 ROLLOUT_KEYS = {"image": ("serving", "image"), "model_version": ("model", "version"),
@@ -157,7 +211,7 @@ NODE_IMAGE_KEYS = {"aws": "ami_id", "gcp": "gcp_image"}
 ROLLOUT_LABELS = {k: ".".join(v) for k, v in ROLLOUT_KEYS.items()}
 
 
-def _rollout_key(label: str) -> str:
+def rollout_key(label: str) -> str:
     return next(k for k, v in ROLLOUT_LABELS.items() if v == label)
 
 
@@ -165,7 +219,7 @@ def _edit(key: str) -> Callable[..., tuple[str, str | None, int]]:
     return set_scalar if key in NODE_IMAGE_KEYS.values() else edit_scalar
 
 
-def _write_key(key: str, text: str, path: Loc, value: str | None, source: str
+def write_key(key: str, text: str, path: Loc, value: str | None, source: str
                ) -> tuple[str, str | None, int | None]:
     """The file's text with `value` for `key`; None (node images only): the line removed."""
     if value is None:
@@ -180,9 +234,9 @@ def record_in_file(file_path: Path, cfg: Config, pool: Pool, key: str, value: st
     idx = [p.name for p in cfg.pools].index(pool.name)
     path = ("pools", idx, *ROLLOUT_KEYS[key])
     text = file_path.read_text()
-    new_text, old, line = _write_key(key, text, path, value, str(file_path))
+    new_text, old, line = write_key(key, text, path, value, str(file_path))
     changed = new_text != text
     new_cfg = parse_config(new_text, source=str(file_path))
     if changed:
-        write_atomic(file_path, new_text)
+        replace_file(file_path, new_text)
     return new_cfg, old, changed, line

@@ -30,6 +30,7 @@ from poolctl.clouds.base import (
 from poolctl.clouds.registry import get_ops
 from poolctl.config import Config, Pool, Target, load_config, parse_config
 from poolctl.errors import NotConfirmed, OperationFailed, UsageError
+from poolctl.files import replace_file
 from poolctl.home import write_private
 from poolctl.progress import Progress, log
 from poolctl.runtime.common import ROLLOUT_DONE_OK, poll_interval, stalled_launches
@@ -37,11 +38,10 @@ from poolctl.runtime.fileedit import (
     NODE_IMAGE_KEYS,
     ROLLOUT_KEYS,
     ROLLOUT_LABELS,
-    _rollout_key,
-    _value_node,
-    _write_key,
     record_in_file,
-    write_atomic,
+    rollout_key,
+    value_at,
+    write_key,
 )
 from poolctl.runtime.quota import scaled_needs, shared_quota_lines, shortfall_line
 from poolctl.runtime.records import (
@@ -132,8 +132,8 @@ def rollout_start(
         raise UsageError(f"--{key.replace('_', '-')}: empty; give the new value")
     # Refuse before any cloud call when the key is not literally in the file (exit 2).
     idx = [p.name for p in cfg.pools].index(pool.name)
-    _write_key(key, file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
-               str(file_path))
+    write_key(key, file_path.read_text(), ("pools", idx, *ROLLOUT_KEYS[key]), value,
+              str(file_path))
     stack = naming.stack_name(cfg, pool, cloud)
     group = ops.find_group(cfg, pool)
     active = ops.rollout_state(group)
@@ -181,7 +181,7 @@ def rollout_start(
     rec_before = rec_path.read_text() if rec_path.is_file() else None
 
     def undo_and_refuse() -> OperationFailed:
-        write_atomic(file_path, text_before)
+        replace_file(file_path, text_before)
         if rec_before is None:
             rec_path.unlink(missing_ok=True)
         else:
@@ -458,7 +458,7 @@ def _restore_file(cfg: Config, pool: Pool, rec: RolloutRecord) -> RolloutRecord:
 
 def _restored(pool: Pool, rec: RolloutRecord) -> bool:
     path = Path(rec.file)
-    key = _rollout_key(rec.key)
+    key = rollout_key(rec.key)
     back = f"{rec.key}={rec.from_value}"
     if not path.is_absolute():
         # Written by a poolctl that kept the path as typed: its directory is unknown.
@@ -472,19 +472,19 @@ def _restored(pool: Pool, rec: RolloutRecord) -> bool:
         log(f"{path}: cannot read it to restore {back}; set it by hand")
         return False
     where = ("pools", idx, *ROLLOUT_KEYS[key])
-    node = _value_node(text, where)
+    node = value_at(text, where, str(path))
     # Absent (None) matches a node image rollout whose file had no line (`from` None).
     if getattr(node, "value", None) not in (rec.to_value, rec.from_value):
         log(f"{path}: {rec.key} is now {getattr(node, 'value', None)!r}, neither "
             f"{rec.to_value} nor {rec.from_value}; left as is")
         return False
     try:
-        new_text, old, line = _write_key(key, text, where, rec.from_value, str(path))
+        new_text, old, line = write_key(key, text, where, rec.from_value, str(path))
     except UsageError as e:
         log(f"{e}; restore {back} by hand")
         return False
     if new_text != text:
-        write_atomic(path, new_text)
+        replace_file(path, new_text)
         gone = "(line removed: the placement's default image)"
         log(f"{path}:{line}: {rec.key}: {old} -> {rec.from_value or gone} (restored)")
     return True
@@ -587,7 +587,7 @@ def rollout_rollback(
         return out
     # Ended (successful, cancelled or failed): roll the previous version out again, in the
     # file the rollout recorded (wherever this command runs from).
-    key = _rollout_key(rec.key)
+    key = rollout_key(rec.key)
     key = "node_image" if key in NODE_IMAGE_KEYS.values() else key
     # A node image the file did not name before: back to the default, its line removed.
     back = {"unset_node_image": True} if rec.from_value is None else {key: rec.from_value}
