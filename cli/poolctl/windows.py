@@ -17,7 +17,8 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
+from poolctl.traces import MAX_SPAN_S
 
 # poolctl's bound, not a cloud's: a window prepares a launch; a size held for longer belongs
 # in the file (scaling.min_replicas), where `plan` prices it.
@@ -27,9 +28,21 @@ MAX_WINDOW = timedelta(days=31)
 MIN_WINDOW = timedelta(minutes=5)
 WINDOW_PREFIX = "poolctl-window-"
 
-_OFFSET = re.compile(r"\+(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+# How far ahead a TIME flag may name: poolctl's bound, not a cloud's (launch windows are
+# planned within a year; EC2 sells Capacity Blocks weeks ahead, not years). It also keeps
+# every time far from datetime's year 9999, where a zone's conversion overflows.
+MAX_AHEAD = timedelta(days=366)
+# A time from a trace's start (`simulate --warm-window`): within a trace poolctl can replay.
+MAX_SPAN = timedelta(seconds=MAX_SPAN_S)
+
+# ASCII digits only ([0-9], not \d: Python's \d takes ١٢ and other scripts' digits); the
+# sum is taken in Python's integers and held to the bound before any timedelta is made, and
+# a flag over 64 characters is refused before int() meets 5,000 digits.
+_OFFSET = re.compile(r"\+(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_LONGEST = 64
 # RFC 3339 date-time: a date, T (or a space), a time to the second or minute, and a zone.
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})")
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+                      r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
 @dataclass(frozen=True)
@@ -58,41 +71,75 @@ class Edge:
     desired_nodes: int | None
 
 
+def _offset_seconds(m: re.Match[str]) -> int:
+    d, h, mi, s = (int(g or 0) for g in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+def _span_words(td: timedelta) -> str:
+    return f"{td.days} days" if td.days else str(td)
+
+
 def parse_time(flag: str, text: str, now: datetime) -> datetime:
     """RFC 3339 with a zone (2026-12-05T09:30:00Z, ...+01:00) or an offset from now (+2h,
-    +10m, +1d, +1h30m, +90s); UsageError naming the flag otherwise."""
+    +10m, +1d, +1h30m, +90s), at most MAX_AHEAD from now; UsageError naming the flag and the
+    bound otherwise."""
     value = text.strip()
+    if len(value) > _LONGEST:
+        raise UsageError(f"{flag} {shown(text)}: over {_LONGEST} characters; give an RFC 3339 "
+                         "time or an offset such as +2h")
+    far = (f"{flag} {shown(text)}: more than {_span_words(MAX_AHEAD)} from now; poolctl "
+           f"schedules launch windows up to {_span_words(MAX_AHEAD)} ahead")
     if value.startswith("+"):
         m = _OFFSET.fullmatch(value)
         if m is None or not any(m.groups()):
-            raise UsageError(f"{flag} {text!r}: an offset is +N followed by d, h, m or s "
+            raise UsageError(f"{flag} {shown(text)}: an offset is +N followed by d, h, m or s "
                              "(e.g. +2h, +10m, +1h30m)")
-        d, h, mi, s = (int(g or 0) for g in m.groups())
-        return now + timedelta(days=d, hours=h, minutes=mi, seconds=s)
+        seconds = _offset_seconds(m)
+        if seconds > MAX_AHEAD.total_seconds():
+            raise UsageError(far)
+        return now + timedelta(seconds=seconds)
     if not _RFC3339.fullmatch(value):
-        raise UsageError(f"{flag} {text!r}: give an RFC 3339 time with its zone "
+        raise UsageError(f"{flag} {shown(text)}: give an RFC 3339 time with its zone "
                          "(2026-12-05T09:30:00Z, 2026-12-05T10:30:00+01:00) or an offset "
                          "from now (+2h)")
     try:
-        return datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise UsageError(f"{flag} {text!r}: not a valid time ({exc})") from None
+        at = datetime.fromisoformat(value.replace("z", "Z").replace("Z", "+00:00"))
+        ahead = at - now
+    except (ValueError, OverflowError) as exc:
+        raise UsageError(f"{flag} {shown(text)}: not a valid time ({exc})") from None
+    if abs(ahead) > MAX_AHEAD:
+        raise UsageError(far if ahead > timedelta(0) else
+                         f"{flag} {shown(text)}: more than {_span_words(MAX_AHEAD)} ago; give "
+                         "a time from now on")
+    return at
 
 
 def parse_span(flag: str, text: str) -> float:
-    """Seconds from a trace's start: 600, 600s, 10m, 1h30m, 1d."""
+    """Seconds from a trace's start: 600, 600s, 10m, 1h30m, 1d; at most MAX_SPAN (a trace
+    poolctl replays is no longer)."""
     value = text.strip()
+    if len(value) > _LONGEST:
+        raise UsageError(f"{flag}: {shown(text)} is over {_LONGEST} characters; give a time "
+                         "from the trace's start (600, 10m, 1h30m)")
+    bound = (f"{flag}: {shown(text)} is past the longest trace poolctl replays "
+             f"({_span_words(MAX_SPAN)}); give a time within the trace")
     try:
         seconds = float(value)
     except ValueError:
         m = _OFFSET.fullmatch("+" + value)
         if m is None or not any(m.groups()):
-            raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (600, "
-                             "10m, 1h30m)") from None
-        d, h, mi, sec = (int(g or 0) for g in m.groups())
-        return float(timedelta(days=d, hours=h, minutes=mi, seconds=sec).total_seconds())
+            raise UsageError(f"{flag}: {shown(text)} is not a time from the trace's start "
+                             "(600, 10m, 1h30m)") from None
+        whole = _offset_seconds(m)
+        if whole > MAX_SPAN.total_seconds():
+            raise UsageError(bound) from None
+        return float(whole)
     if not math.isfinite(seconds) or seconds < 0:
-        raise UsageError(f"{flag}: {text!r} is not a time from the trace's start (0 or more)")
+        raise UsageError(f"{flag}: {shown(text)} is not a time from the trace's start (0 or "
+                         "more)")
+    if seconds > MAX_SPAN.total_seconds():
+        raise UsageError(bound)
     return seconds
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,7 +34,7 @@ from poolctl.commands.traffic import (
     WarmOpt,
     traffic,
 )
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
 from poolctl.servingmodel import figures, replica_model
 from poolctl.servingmodel import topology as split_topology
 from poolctl.simulate import (
@@ -142,19 +143,20 @@ def _warm_window(text: str) -> tuple[float, float, int, bool]:
     """FROM,UNTIL,N[,running|stopped] -> (from s, until s, replicas, running)."""
     parts = [x.strip() for x in text.split(",")]
     if len(parts) not in (3, 4):
-        raise UsageError(f"--warm-window {text!r}: give FROM,UNTIL,N[,running|stopped] (e.g. "
+        raise UsageError(f"--warm-window {shown(text)}: give FROM,UNTIL,N[,running|stopped] (e.g. "
                          "0,1h,8 or 5m,65m,8,stopped)")
     # FROM below 0: the window began before the trace (its nodes serve from the start).
     start = (-parse_span("--warm-window FROM", parts[0][1:]) if parts[0].startswith("-")
              else parse_span("--warm-window FROM", parts[0]))
     end = parse_span("--warm-window UNTIL", parts[1])
     if end <= start:
-        raise UsageError(f"--warm-window {text!r}: UNTIL must be after FROM")
-    if not parts[2].isdigit() or int(parts[2]) < 1:
-        raise UsageError(f"--warm-window {text!r}: N is a number of replicas, 1 or more")
+        raise UsageError(f"--warm-window {shown(text)}: UNTIL must be after FROM")
+    if re.fullmatch("[0-9]{1,6}", parts[2]) is None or int(parts[2]) < 1:
+        raise UsageError(f"--warm-window {shown(text)}: N is a number of replicas, 1 to "
+                         "999999")
     state = parts[3] if len(parts) == 4 else "running"
     if state not in ("running", "stopped"):
-        raise UsageError(f"--warm-window {text!r}: the state is running or stopped")
+        raise UsageError(f"--warm-window {shown(text)}: the state is running or stopped")
     return start, end, int(parts[2]), state == "running"
 
 
