@@ -21,7 +21,7 @@ from typer._click.utils import make_default_short_help  # the click typer vendor
 
 from poolctl import __version__
 from poolctl.envcheck import check_environment
-from poolctl.errors import INTERNAL_ERROR, PoolctlError, known_error
+from poolctl.errors import INTERNAL_ERROR, EscapingStream, PoolctlError, known_error, printable
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,18 @@ def _root(
 
 
 def main() -> None:
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, EscapingStream):
+        sys.stdout = EscapingStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, EscapingStream):
+        sys.stderr = EscapingStream(sys.stderr)  # type: ignore[assignment]
+    try:
+        _main()
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main() -> None:
 
     _debug[0] = False
     try:
@@ -195,8 +207,7 @@ def _fail(message: str, code: int) -> None:
     # Lines end at "\n" only; any other control character (a carriage return, an ANSI escape,
     # a direction override from a value the message quotes) is shown escaped, never obeyed.
     for line in message.split("\n") if message else ["failed"]:
-        safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-        sys.stderr.write(f"poolctl: {safe}\n")
+        sys.stderr.write(f"poolctl: {printable(line)}\n")
     sys.exit(code)
 
 

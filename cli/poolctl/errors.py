@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
 
 
 class PoolctlError(Exception):
@@ -53,6 +55,40 @@ def shown(value: object, limit: int = 80) -> str:
     direction override."""
     text = str(value)[:limit]
     return text if text.isprintable() else repr(text)
+
+
+# What a terminal obeys rather than shows: C0 controls but the line feed and tab, DEL, C1
+# controls, and the bidirectional overrides and isolates (a "Trojan Source" line reads
+# differently from what it holds).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character a terminal would obey shown escaped (\\x1b,
+    \\r, \\u202e); line feeds and tabs kept."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class EscapingStream:
+    """stdout or stderr as every command writes to it: strings from outside (a benchmark's
+    label, a folder name, a cloud's message, a log line) may hold escape sequences that set
+    a window's title or clear the screen; here they are printed escaped, whatever code path
+    printed them. `raw` is the stream itself, for poolctl's own live progress line."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
 
 
 def _first(e: BaseException | str) -> str:

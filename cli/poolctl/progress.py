@@ -14,6 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
+from poolctl.errors import printable
+
 if TYPE_CHECKING:
     from rich.progress import Progress as Bar
     from rich.progress import TaskID
@@ -46,9 +48,10 @@ class Progress:
             from rich.progress import Progress as Bar  # noqa: PLC0415 (rich on a terminal only)
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415 (rich on a terminal only)
 
-            self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}"),
+            self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}", markup=False),
                             TimeElapsedColumn(), transient=True, refresh_per_second=4,
-                            console=Console(file=self.stream, highlight=False))
+                            console=Console(file=getattr(self.stream, "raw", self.stream),
+                                            highlight=False))
             self._bar.start()
             self._task = self._bar.add_task("", total=None)
         return self
@@ -76,7 +79,8 @@ class Progress:
         with self._lock:
             if self._bar is not None:
                 assert self._task is not None  # start() adds the task with the bar
-                self._bar.update(self._task, description=state)
+                # controls escaped here: the live line writes to the raw stream
+                self._bar.update(self._task, description=printable(state))
             elif state != self.last and not quiet:
                 self.stream.write(f"{state} ({self.elapsed:.0f} s)\n")
                 self.stream.flush()
@@ -87,7 +91,8 @@ class Progress:
         """A line of its own (above the live line on a terminal)."""
         with self._lock:
             if self._bar is not None:
-                self._bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+                self._bar.console.print(printable(line), markup=False, highlight=False,
+                                        soft_wrap=True)
             else:
                 self.stream.write(line + "\n")
                 self.stream.flush()

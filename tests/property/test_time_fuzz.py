@@ -6,7 +6,7 @@ one line naming the flag (exit 2). Never exit 70, never a time past the bounds, 
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import example, given

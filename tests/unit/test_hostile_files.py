@@ -205,3 +205,33 @@ def test_plan_search_write_refuses_a_pool_whose_serving_is_an_alias(tmp_path, mo
     assert "&s" in line, line
     assert cfg.read_text() == before
     json.loads(capsys.readouterr().out or "{}")
+
+
+ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[H\u202e"
+
+
+def test_a_bench_label_with_escape_sequences_is_printed_escaped(tmp_path, monkeypatch, capsys,
+                                                               results):
+    runs = [json.loads(line) for line in results.splitlines()]
+    runs[0]["label"] = ESC
+    f = tmp_path / "result.jsonl"
+    f.write_text("".join(json.dumps(o) + "\n" for o in runs))
+    code, out, err = poolctl_main(monkeypatch, capsys, "perf", "fit", str(f), "-f",
+                                  str(EXAMPLE), "--cloud", "aws")
+    assert code == 0, err
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in out and "\\u202e" in out
+    assert not any(c in out + err for c in "\x1b\x07\u202e")
+
+
+def test_init_dir_with_escape_sequences_is_printed_escaped(tmp_path, monkeypatch, capsys):
+    d = tmp_path / f"d{ESC}"
+    code, out, err = poolctl_main(monkeypatch, capsys, "init", "--dir", str(d))
+    assert code == 0, err
+    assert (d / "poolctl.yaml").is_file()
+    assert "\\x1b[2J" in out and not any(c in out + err for c in "\x1b\x07\u202e")
+
+
+def test_an_error_naming_an_outside_string_is_escaped_too(tmp_path, monkeypatch, capsys):
+    code, _, err = poolctl_main(monkeypatch, capsys, "validate", "-f", str(tmp_path / ESC))
+    line = one_line(code, err)
+    assert "\\x1b" in line and "\x1b" not in err

@@ -303,7 +303,9 @@ def console() -> Console:
     # Rich lays a table out in 80 columns off a terminal and cuts cells to "us-e…": a CI log
     # or a pipe gets the whole of each cell instead (COLUMNS still rules when set).
     wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
-    return Console(highlight=False, width=PIPE_WIDTH if wide else None)
+    # No colours: what a table prints passes stdout's escaping of control characters
+    # (errors.EscapingStream), which would show a colour's escape sequence as text.
+    return Console(highlight=False, width=PIPE_WIDTH if wide else None, color_system=None)
 
 
 def print_findings(findings: Iterable[Finding], stream: TextIO | None = None) -> None:
