@@ -50,11 +50,28 @@ class Run:
     measured: dict[str, float]  # "ttft_mean" -> seconds
 
 
-def _num(obj: dict[str, object], key: str, where: str) -> float:
+# The bounds of a plausible benchmark (vLLM's benchmark writes nothing outside them): a
+# count past them is a corrupt or hand-made file, which the fit would turn into factors.
+MAX_REQUESTS = 10_000_000
+MAX_TOKENS = 10_000_000  # per request
+MAX_LATENCY_MS = 86_400_000.0  # a day
+MIN_RATE, MAX_RATE = 1e-3, 1e6  # requests/s
+MIN_BURST, MAX_BURST = 1e-2, 1e3
+MAX_SPAN_S = 31 * 86_400  # as a trace (traces.MAX_SPAN_S)
+
+
+def _num(obj: dict[str, object], key: str, where: str, lo: float = -math.inf,
+         hi: float = math.inf, whole: bool = False) -> float:
+    """obj[key] as a finite number from `lo` to `hi` (a whole one with `whole`); one line
+    naming the key otherwise. Booleans are no numbers here (JSON's true is not 1)."""
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise UsageError(f"{where}: `{key}` missing or not a number (a `vllm bench serve "
                          "--save-result` file has it); give that file")
+    if not lo <= v <= hi or (whole and v != int(v)):
+        kind = "a whole number" if whole else "a number"
+        raise UsageError(f"{where}: `{key}` is {v:g}; vLLM's benchmark writes {kind} from "
+                         f"{lo:g} to {hi:g} there; give the file it wrote")
     return float(v)
 
 
@@ -86,9 +103,14 @@ def parse_results(text: str, source: str, default_tp: int | None = None) -> list
 
 
 def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
-    completed = int(_num(o, "completed", where))
-    if completed < 1:
-        raise UsageError(f"{where}: `completed` is {completed}: no request finished to fit to")
+    if o.get("completed") == 0:
+        raise UsageError(f"{where}: `completed` is 0: no request finished to fit to")
+    completed = int(_num(o, "completed", where, 1, MAX_REQUESTS, whole=True))
+    if o.get("num_prompts") is not None:
+        prompts = _num(o, "num_prompts", where, 1, MAX_REQUESTS, whole=True)
+        if completed > prompts:
+            raise UsageError(f"{where}: `completed` is {completed:,} of {prompts:,.0f} "
+                             "`num_prompts`; a run completes at most the prompts it sent")
     tp_key = next((k for k in TP_KEYS if k in o), None)
     if tp_key is None and default_tp is None:
         raise UsageError(f"{where}: `tensor_parallel_size` unknown; benchmark with "
@@ -98,38 +120,45 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
     if tp not in (1, 2, 4, 8):
         raise UsageError(f"{where}: `{tp_key}` is {tp:g}; poolctl serves TP 1, 2, 4 or 8")
     rate_raw = o.get("request_rate", "inf")
-    rate = math.inf if rate_raw in ("inf", None) else _num(o, "request_rate", where)
+    rate = math.inf if rate_raw in ("inf", None) else _num(o, "request_rate", where,
+                                                             MIN_RATE, MAX_RATE)
+    if min(completed, MAX_PROMPTS) / rate > MAX_SPAN_S:
+        raise UsageError(f"{where}: `request_rate` {rate:g}/s sends the run's requests over "
+                         f"more than {MAX_SPAN_S // 86_400} days; give the file the benchmark "
+                         "wrote")
     conc = o.get("max_concurrency")
-    concurrency = None if conc is None else int(_num(o, "max_concurrency", where))
-    burst = _num(o, "burstiness", where) if o.get("burstiness") is not None else 1.0
-    for key, v, ok in (("request_rate", rate, rate > 0),
-                       ("max_concurrency", concurrency, concurrency is None or concurrency >= 1),
-                       ("burstiness", burst, 0 < burst <= 1000)):
-        if not ok:
-            raise UsageError(f"{where}: `{key}` is {v}; vLLM's benchmark writes a positive "
-                             "number there (burstiness at most 1000)")
+    concurrency = None if conc is None else int(_num(o, "max_concurrency", where, 1,
+                                                      MAX_REQUESTS, whole=True))
+    burst = (_num(o, "burstiness", where, MIN_BURST, MAX_BURST)
+             if o.get("burstiness") is not None else 1.0)
     if "input_lens" in o and "output_lens" in o:
         ins, outs = o["input_lens"], o["output_lens"]
         if (not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs)
-                or not all(isinstance(x, int) and x >= 0 for x in ins + outs)):
+                or not all(isinstance(x, int) and not isinstance(x, bool)
+                           and 0 <= x <= MAX_TOKENS for x in ins + outs)):
             raise UsageError(f"{where}: `input_lens`/`output_lens` must be lists of token "
-                             "counts of the same length")
+                             f"counts (0 to {MAX_TOKENS:,}) of the same length")
         pairs = [(i, n) for i, n in zip(ins, outs, strict=True) if n > 0][:MAX_PROMPTS]
+        if not pairs:
+            raise UsageError(f"{where}: `output_lens` has no request with an output token; "
+                             "nothing to fit to")
         inputs, outputs = [p[0] for p in pairs], [p[1] for p in pairs]
     else:
         n = min(completed, MAX_PROMPTS)
-        i_mean = _num(o, "total_input_tokens", where) / completed
-        o_mean = _num(o, "total_output_tokens", where) / completed
-        if i_mean < 0 or o_mean < 0:
-            raise UsageError(f"{where}: `total_input_tokens`/`total_output_tokens` must not "
-                             "be negative")
+        i_mean = _num(o, "total_input_tokens", where, 0, MAX_TOKENS * completed,
+                      whole=True) / completed
+        o_mean = _num(o, "total_output_tokens", where, 1, MAX_TOKENS * completed,
+                      whole=True) / completed
         inputs, outputs = [round(i_mean)] * n, [max(1, round(o_mean))] * n
     measured = {}
     for metric in METRICS:
         for stat in STATS:
             key = f"{stat}_{metric}_ms" if stat != "p90" else f"p90_{metric}_ms"
             if key in o:
-                measured[f"{metric}_{stat}"] = _num(o, key, where) / 1000
+                if o[key] == 0 or (isinstance(o[key], int | float) and o[key] < 0):
+                    raise UsageError(f"{where}: `{key}` is {o[key]}; a measured latency is "
+                                     "positive; give the file the benchmark wrote")
+                measured[f"{metric}_{stat}"] = _num(o, key, where, 1e-6, MAX_LATENCY_MS) / 1000
     for need in ("ttft_mean", "tpot_mean"):
         if need not in measured:
             metric = need.split("_")[0]
@@ -164,8 +193,11 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
             t += rng.gammavariate(run.burstiness, 1 / (run.rate * run.burstiness))
             arrivals.append(t)
         # ... rescaled, as vLLM does, so that the last is sent at n / rate
-        k = n / run.rate / arrivals[-1]
-        arrivals = [a * k for a in arrivals]
+        if arrivals[-1] > 0:
+            k = n / run.rate / arrivals[-1]
+            arrivals = [a * k for a in arrivals]
+        else:  # every interval drawn as 0 (a tiny shape): evenly spread instead
+            arrivals = [(i + 1) / run.rate for i in range(n)]
     m = rm
     if run.concurrency is not None:
         # The client's semaphore as the engine's sequence limit: a central queue releases

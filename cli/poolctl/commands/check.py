@@ -335,7 +335,7 @@ def write_schema(out: Path, text: str, force: bool) -> None:
         raise UsageError(f"--out: {out} exists and is not a poolctl schema; give another file, "
                          "or pass --force to replace it")
     try:
-        replace_file(out, text)
+        replace_file(out, text, follow_link=False)
     except OSError as e:
         raise UsageError(f"--out: cannot write {out} ({e.strerror or type(e).__name__}); give "
                          "a file in a folder you can write in") from None
