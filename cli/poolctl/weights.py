@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
 from poolctl.files import replace_file
 from poolctl.readfile import open_regular
 
@@ -86,31 +86,56 @@ def listed_files(folder: str | Path) -> dict[str, Path]:
             rel = path.relative_to(root).as_posix()
             if rel == MANIFEST or name.startswith(NODE_MARKERS) or not path.is_file():
                 continue
+            problem = _name_problem(rel)
+            if problem is not None:
+                raise UsageError(f"{shown(rel, 200)}: its name {problem}, which a manifest "
+                                 "cannot list faithfully; rename it or move it out of the "
+                                 "folder")
             found[rel] = path
     return dict(sorted(found.items()))
 
 
-def _sha256(path: Path, progress: Progress | None, stop: threading.Event) -> str:
+def _name_problem(rel: str) -> str | None:
+    """Why a file's path cannot stand in a manifest as it is, or None: a name with a line
+    break or another control character, or bytes that are not UTF-8 (Python carries them as
+    surrogates, which JSON would write as text no node's file name matches)."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8"
+    if not rel.isprintable():
+        return "holds a line break or another control character"
+    return None
+
+
+def _sha256(path: Path, size: int, progress: Progress | None, stop: threading.Event
+            ) -> tuple[str, int]:
+    """(SHA-256, bytes read) of the file, read to at most one chunk past `size`: a file
+    whose bytes are not its size (a /proc or /sys file, whose size reads 0, or one growing
+    while read) shows as a count that differs, and is never read without end."""
     h = hashlib.sha256()
+    read = 0
     try:
         with path.open("rb") as f:
-            while chunk := f.read(CHUNK):
+            while read <= size and (chunk := f.read(CHUNK)):
                 if stop.is_set():  # Ctrl-C: the other threads end at their next chunk
                     raise KeyboardInterrupt
                 h.update(chunk)
+                read += len(chunk)
                 if progress is not None:
                     progress(len(chunk))
     except OSError as e:
         raise UsageError(f"{path}: cannot be read ({e.strerror}); fix its permissions or "
                          "move it out of the folder") from None
-    return h.hexdigest()
+    return h.hexdigest(), read
 
 
-def _hash_all(paths: list[Path], progress: Progress | None) -> list[str]:
+def _hash_all(paths: list[Path], sizes: list[int], progress: Progress | None
+              ) -> list[tuple[str, int]]:
     stop = threading.Event()
     with ThreadPoolExecutor(HASH_THREADS) as pool:
         try:
-            return list(pool.map(lambda p: _sha256(p, progress, stop), paths))
+            return list(pool.map(lambda p, n: _sha256(p, n, progress, stop), paths, sizes))
         except BaseException:
             stop.set()
             raise
@@ -127,7 +152,14 @@ def build_manifest(folder: str | Path, progress: Progress | None = None,
     sizes = {rel: path.stat().st_size for rel, path in files.items()}
     if hashing is not None:
         hashing(len(files), sum(sizes.values()))
-    digests = _hash_all(list(files.values()), progress)
+    hashed = _hash_all(list(files.values()), list(sizes.values()), progress)
+    for (rel, path), (_, read) in zip(files.items(), hashed, strict=True):
+        if read != sizes[rel]:
+            raise UsageError(f"{shown(path, 200)}: {sizes[rel]:,} bytes by its size, "
+                             f"{read:,}{'+' if read > sizes[rel] else ''} read (a /proc or "
+                             "/sys file, or one being written); move it out of the folder, "
+                             "or wait until it is written")
+    digests = [d for d, _ in hashed]
     return {"files": {rel: {"sha256": digest, "bytes": sizes[rel]}
                       for rel, digest in zip(files, digests, strict=True)}}
 
@@ -245,6 +277,7 @@ def verify(folder: str | Path, progress: Progress | None = None,
     out = Verified(root, len(items), sum(size for _, size, _ in items))
     to_hash: list[tuple[str, Path, str]] = []
     to_read = 0  # bytes of the files to hash: their size is right
+    sizes_by = {rel: size for rel, size, _ in items}
     for rel, size, digest in items:
         path = os.path.join(root, rel)  # inside: _entries refuses '..' and absolute paths
         try:
@@ -263,9 +296,13 @@ def verify(folder: str | Path, progress: Progress | None = None,
         to_read += size
     if hashing is not None:
         hashing(len(to_hash), to_read)
-    digests = _hash_all([p for _, p, _ in to_hash], progress)
-    out.problems += [f"{rel}: sha256 mismatch" for (rel, _, want), got in
-                     zip(to_hash, digests, strict=True) if got != want]
+    hashed = _hash_all([p for _, p, _ in to_hash], [sizes_by[rel] for rel, _, _ in to_hash],
+                       progress)
+    out.problems += [f"{rel}: sha256 mismatch" if read == sizes_by[rel] else
+                     f"{rel}: {read}{'+' if read > sizes_by[rel] else ''} bytes read, "
+                     f"manifest says {sizes_by[rel]}"
+                     for (rel, _, want), (got, read) in zip(to_hash, hashed, strict=True)
+                     if got != want or read != sizes_by[rel]]
     out.problems.sort()
     listed = {rel for rel, _, _ in items}
     out.unlisted = [rel for rel in listed_files(root) if rel not in listed]

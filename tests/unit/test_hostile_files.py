@@ -235,3 +235,56 @@ def test_an_error_naming_an_outside_string_is_escaped_too(tmp_path, monkeypatch,
     code, _, err = poolctl_main(monkeypatch, capsys, "validate", "-f", str(tmp_path / ESC))
     line = one_line(code, err)
     assert "\\x1b" in line and "\x1b" not in err
+
+
+def test_weights_manifest_refuses_a_file_whose_bytes_are_not_its_size(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A link to a /proc file: its size reads 0, its bytes are many; the manifest would list
+    0 bytes that `weights verify` (and every node) then rejects."""
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "model.safetensors").write_bytes(b"x" * 10)
+    (w / "status").symlink_to("/proc/self/status")
+    code, _, err = poolctl_main(monkeypatch, capsys, "weights", "manifest", str(w))
+    line = one_line(code, err)
+    assert "status" in line and "0 bytes by its size" in line and "/proc" in line
+    assert not (w / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("name", ["a\nb.bin", "tab\tname", "esc\x1b[2J"])
+def test_weights_manifest_refuses_a_name_it_cannot_list_faithfully(tmp_path, monkeypatch,
+                                                                   capsys, name):
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "ok.bin").write_bytes(b"1")
+    (w / name).write_bytes(b"2")
+    code, _, err = poolctl_main(monkeypatch, capsys, "weights", "manifest", str(w))
+    assert "cannot list faithfully" in one_line(code, err)
+    assert not (w / "manifest.json").exists()
+
+
+def test_weights_manifest_refuses_a_name_that_is_not_utf8(tmp_path, monkeypatch, capsys):
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "ok.bin").write_bytes(b"1")
+    with open(os.path.join(os.fsencode(w), b"bad\xff.bin"), "wb") as fh:
+        fh.write(b"2")
+    code, _, err = poolctl_main(monkeypatch, capsys, "weights", "manifest", str(w))
+    assert "is not UTF-8" in one_line(code, err)
+
+
+def test_weights_verify_reports_a_file_that_grew_past_its_size(tmp_path, monkeypatch, capsys):
+    from poolctl.weights import verify, write_manifest
+
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "a.bin").write_bytes(b"1234")
+    write_manifest(w)
+    (w / "a.bin").unlink()
+    (w / "a.bin").symlink_to("/proc/self/status")  # size 0, bytes many
+    doc = json.loads((w / "manifest.json").read_text())
+    doc["files"]["a.bin"]["bytes"] = 0
+    (w / "manifest.json").write_text(json.dumps(doc))
+    got = verify(w)
+    assert got.problems == ["a.bin: " + got.problems[0].split(": ", 1)[1]]
+    assert "bytes read, manifest says 0" in got.problems[0]
