@@ -113,6 +113,10 @@ def test_a_saturated_link_fills_the_prefill_side_but_never_past_its_kv(pool):
     (["--topology", "disagg-node", "--split", "4:8"], "do not divide p5.48xlarge's 8"),
     (["--topology", "disagg-node", "--split", "1:1"], "less than one max_model_len"),
     (["--topology", "disagg-node", "--split", "four"], "--split: 'four' is not PREFILL:DECODE"),
+    # issue 31: a flag that does not apply is refused, not silently ignored
+    (["--split", "x;rm -rf /"], "--split: 'x;rm -rf /' is not PREFILL:DECODE"),
+    (["--split", "4:4"], "--split 4:4: applies to a disaggregated topology only"),
+    (["--topology", "aggregated", "--split", "2:6"], "--split 2:6: applies to a disagg"),
 ])
 def test_bad_topology_is_one_line(monkeypatch, capsys, args, msg):
     code, _, err = poolctl_main(monkeypatch, capsys, "simulate", "-f", str(EXAMPLE), "--cloud",

@@ -72,9 +72,9 @@ def simulate(
         "disagg-node: on different GPUs of one node (KV over NVLink); disagg-cross: on "
         "different nodes (KV over the VPC network, no EFA). Simulation only: poolctl does not "
         "deploy a disaggregated pool.")] = "aggregated",
-    split: Annotated[str, typer.Option(
+    split: Annotated[str | None, typer.Option(
         "--split", help="With a disagg topology: prefill:decode GPUs of one replica, each a "
-        "TP degree (4:4 on an 8-GPU node).")] = "4:4",
+        "TP degree (default 4:4 on an 8-GPU node).", show_default=False)] = None,
     json_out: JsonOpt = False,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here.")] = None,
@@ -99,6 +99,10 @@ def simulate(
     if warm_window is not None and replicas is not None:
         raise UsageError("--warm-window: with --autoscale (not with --replicas)")
     spec = _warm_window(warm_window) if warm_window is not None else None
+    gpus = _split(split if split is not None else "4:4")
+    if split is not None and topology == "aggregated":
+        raise UsageError(f"--split {shown(split)}: applies to a disaggregated topology only; "
+                         "add --topology disagg-node or disagg-cross, or drop --split")
     if plot is not None:
         _need_matplotlib()
     cfg = load(file)
@@ -108,7 +112,7 @@ def simulate(
     windows = _window_nodes(p, c, spec) if spec is not None else ()
     topo = None
     if topology != "aggregated":
-        topo = split_topology(p, c, topology, *_split(split))
+        topo = split_topology(p, c, topology, *gpus)
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     # With a window both replays run to its end at least: the same span, billed alike.
     until = max((w.end_s for w in windows), default=0.0)
