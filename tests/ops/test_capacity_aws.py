@@ -142,3 +142,27 @@ def test_a_capacity_block_is_the_only_capacity_of_a_block_pool(reserve, sandbox_
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith("poolctl: pools[0].aws.capacity.capacity_block: ") and \
         "not a Capacity Block" in err, err
+
+
+def test_a_scheduled_capacity_block_has_no_instance_in_use(reserve, sandbox_reset,
+                                                           sandbox_home, tmp_path):
+    """Issue 31: a bought block that has not begun was listed "in use 1" with no instance
+    (EC2 reports AvailableInstanceCount 0 until a block is active). Nothing runs in it, and
+    it holds nothing for the pool yet."""
+    from datetime import UTC, datetime, timedelta
+
+    ec2 = boto3_client(sandbox_reset, "ec2")
+    start = datetime.now(UTC) + timedelta(days=2)
+    (offer, *_) = ec2.describe_capacity_block_offerings(
+        InstanceType=P5, InstanceCount=1, CapacityDurationHours=24, StartDateRange=start,
+        EndDateRange=start + timedelta(days=3))["CapacityBlockOfferings"]
+    block = ec2.purchase_capacity_block(
+        CapacityBlockOfferingId=offer["CapacityBlockOfferingId"],
+        InstancePlatform="Linux/UNIX")["CapacityReservation"]["CapacityReservationId"]
+    rc, out, err = block_check(sandbox_home, tmp_path, block)
+    assert out is not None, err
+    (pool,) = out["pools"]
+    (row,) = [r for z in pool["zones"] for r in z["reservations"]]
+    assert (row["id"], row["state"], row["total"], row["available"], row["in_use"]) == (
+        block, "scheduled", 1, 0, 0)
+    assert pool["held"] == 0  # a block holds the pool's nodes from its start on

@@ -433,7 +433,10 @@ class ReservationRow:
 
     @property
     def in_use(self) -> int:
-        return self.total - self.available
+        """Instances running in it. Only an active reservation holds any: EC2 reports a
+        scheduled (or expired, cancelled) one with AvailableInstanceCount 0, which is no
+        instance in use."""
+        return self.total - self.available if self.state == "active" else 0
 
 
 @dataclass
