@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import signal
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -444,12 +444,18 @@ _SHARED: dict[str, Any] = {}
 
 
 def _init_worker(pool: Pool, cloud: Cloud, trace: Trace) -> None:
+    # Ctrl-C is the main process's to handle: it stops the workers (a terminal sends SIGINT
+    # to the whole process group, and a worker would print its own traceback). The main
+    # process blocked SIGINT around the fork; the worker ignores it, then unblocks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _SHARED.update(pool=pool, cloud=cloud, trace=trace)
 
 
-def _run_group(group: list[Configuration], max_usd_per_hour: float) -> list[Outcome]:
-    return evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group,
-                          max_usd_per_hour)
+def _run_group(task: tuple[int, list[Configuration], float]) -> tuple[int, list[Outcome]]:
+    i, group, max_usd_per_hour = task
+    return i, evaluate_group(_SHARED["pool"], _SHARED["cloud"], _SHARED["trace"], group,
+                             max_usd_per_hour)
 
 
 def _groups(configs: list[Configuration]) -> list[list[Configuration]]:
@@ -478,15 +484,26 @@ def evaluate_all(pool: Pool, cloud: Cloud, trace: Trace, configs: list[Configura
             done(i, evaluate_group(pool, cloud, trace, g, max_usd_per_hour))
     else:
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(pool, cloud, trace)) as ex:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            procs = ctx.Pool(workers, initializer=_init_worker, initargs=(pool, cloud, trace))
+        finally:
+            # A Ctrl-C meanwhile is delivered here, once the workers exist to be stopped.
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        try:
             # The biggest groups first, so that no worker is left with a long one at the end.
             order = sorted(range(len(groups)), key=lambda i: -len(groups[i]))
-            futs: dict[Future[list[Outcome]], int] = {ex.submit(_run_group, groups[i],
-                                                                        max_usd_per_hour): i
-                                                      for i in order}
-            for fut in as_completed(futs):
-                done(futs[fut], fut.result())
+            for i, res in procs.imap_unordered(
+                    _run_group, [(i, groups[i], max_usd_per_hour) for i in order]):
+                done(i, res)
+            procs.close()
+        except BaseException:
+            # Ctrl-C (or a worker's error): stop every worker now rather than wait for the
+            # groups they are in; the interrupt goes on to the CLI (exit 130), nothing written.
+            procs.terminate()
+            raise
+        finally:
+            procs.join()
     return [o for r in results if r is not None for o in r]
 
 
