@@ -30,6 +30,11 @@ TAG_IMAGE = "poolctl:image"
 # the block it launches into: not the pool's group, whatever else its tags say.
 TAG_WINDOW = "poolctl:window"
 TAG_BLOCK = "poolctl:capacity-block"
+# On a bought Capacity Block, set at purchase: the window it was bought for (FROM/UNTIL/NODES,
+# so a block left without its window names the command that uses it), when and by whom.
+TAG_WINDOW_SPAN = "poolctl:window-span"
+TAG_BOUGHT_BY = "poolctl:bought-by"
+TAG_BOUGHT_AT = "poolctl:bought-at"
 
 # The queue metric each node publishes and the autoscaler targets.
 METRIC_NAMESPACE = "poolctl"

@@ -11,6 +11,7 @@ cloud calls, no clock but the `now` given.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import secrets
@@ -209,6 +210,48 @@ def block_need(nodes: int, start: datetime, end: datetime, now: datetime) -> Blo
 
 def new_id() -> str:
     return "w" + secrets.token_hex(3)
+
+
+def window_id(kind: str, nodes: int, start: datetime, end: datetime) -> str:
+    """The id of a window of `kind` (running, warm, block): the same for the same nodes and
+    times to the minute, so a command run twice (a retried CI job) names the same window,
+    and what it bought (a block tagged with the id, a GCP request named by it) is found
+    again instead of bought again."""
+    key = "/".join([kind, str(nodes), *(f"{t.astimezone(UTC):%Y-%m-%dT%H:%M}"
+                                        for t in (start, end))])
+    return "w" + hashlib.sha256(key.encode()).hexdigest()[:6]
+
+
+# Two windows of the same nodes whose starts and ends are this close are one: a command
+# given +1h and run again a few minutes later asks for the window already scheduled.
+SAME_WITHIN = MIN_WINDOW
+
+
+def same_window(a: Window, b: Window) -> bool:
+    """Whether `b` asks for what `a` already is (same nodes, edges within SAME_WITHIN)."""
+    if a.nodes != b.nodes or a.start is None or b.start is None:
+        return False
+    return abs(a.start - b.start) <= SAME_WITHIN and abs(a.end - b.end) <= SAME_WITHIN
+
+
+def span_tag(w: Window) -> str:
+    """The window as a tag value: FROM/UNTIL/NODES (UTC, to the minute)."""
+    assert w.start is not None  # a window being bought for has its start
+    return (f"{w.start.astimezone(UTC):%Y-%m-%dT%H:%MZ}/{w.end.astimezone(UTC):%Y-%m-%dT%H:%MZ}"
+            f"/{w.nodes}")
+
+
+def parse_span_tag(text: str | None) -> tuple[datetime, datetime, int] | None:
+    """`span_tag` read back, or None for a value poolctl did not write."""
+    parts = (text or "").split("/")
+    if len(parts) != 3 or not parts[2].isascii() or not parts[2].isdigit():
+        return None
+    try:
+        start, end = (datetime.strptime(x, "%Y-%m-%dT%H:%MZ").replace(tzinfo=UTC)
+                      for x in parts[:2])
+    except ValueError:
+        return None
+    return start, end, int(parts[2])
 
 
 def edges(windows: list[Window], base_min: int) -> list[Edge]:

@@ -381,3 +381,80 @@ def test_the_window_launches_into_the_bought_block_and_leaves_it_before_its_end(
         lts = sandbox_client("ec2").describe_launch_templates()["LaunchTemplates"]
         assert f"{ASG}-{wid}" not in {lt["LaunchTemplateName"] for lt in lts}
         assert group(sandbox_client)["AutoScalingGroupName"] == ASG
+
+
+def test_concurrent_windows_leave_the_schedule_a_serial_run_leaves(cli, sandbox,
+                                                                    sandbox_client,
+                                                                    sandbox_home):
+    """Issue 31: three `warm --running --from/--until` at once on one pool (three processes)
+    wrote absolute sizes computed without each other, and one window's end dropped the
+    minimum while later windows were open. The pool's lock serializes them; the result is
+    the schedule worked out by hand (kept minimum 1): A 1 node +1h..+3h, B 2 nodes +2h..+4h,
+    C 1 node +150m..+5h:
+      A from  {A}      1 + 1 = 2     A until {B, C}  1 + 2 = 3
+      B from  {A, B}   1 + 2 = 3     B until {C}     1 + 1 = 2 (desired 2)
+      C from  {A,B,C}  1 + 2 = 3     C until {}      1         (desired 1)
+    and the same as the three run one after the other."""
+    import subprocess
+    import sys
+    from datetime import UTC, datetime, timedelta
+
+    from tests.plugins.sandbox import poolctl_env
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    t0 = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+    def at(minutes: int) -> str:
+        return f"{t0 + timedelta(minutes=minutes):%Y-%m-%dT%H:%M:%SZ}"
+
+    windows = {"A": ("4", at(60), at(180)), "B": ("8", at(120), at(240)),
+               "C": ("4", at(150), at(300))}
+    env = poolctl_env(sandbox_home, POOLCTL_POLL_S="0.05")
+    path = cli("warm", "--list").args[cli("warm", "--list").args.index("-f") + 1]
+
+    def schedule() -> dict[str, tuple[int, int | None]]:
+        out = {}
+        for a in sandbox_client("autoscaling").describe_scheduled_actions(
+                AutoScalingGroupName=ASG)["ScheduledUpdateGroupActions"]:
+            out[a["ScheduledActionName"]] = (a["MinSize"], a.get("DesiredCapacity"))
+        return out
+
+    def cancel_all() -> None:
+        for row in js(cli("warm", "--list", "--json"))["windows"]:
+            cli("warm", "--cancel", row["id"])
+
+    def argv(replicas: str, start: str, end: str) -> list[str]:
+        return [sys.executable, "-m", "poolctl", "warm", "--replicas", replicas, "--running",
+                "--from", start, "--until", end, "-f", path, "--sandbox", "--json"]
+
+    cancel_all()
+    procs = [subprocess.Popen(argv(*w), env=env, cwd=str(sandbox_home),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for w in windows.values()]
+    ids = {}
+    for name, p in zip(windows, procs, strict=True):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        ids[name] = json.loads(out)["window"]
+    together = schedule()
+    edge = {(n, k): together[f"poolctl-window-{ids[n]}-{nodes}n-{k}"]
+            for n, nodes in (("A", 1), ("B", 2), ("C", 1)) for k in ("from", "until")}
+    assert edge == {("A", "from"): (2, None), ("B", "from"): (3, None),
+                    ("C", "from"): (3, None), ("A", "until"): (3, None),
+                    ("B", "until"): (2, 2), ("C", "until"): (1, 1)}, edge
+    listed = js(cli("warm", "--list", "--json"))
+    assert listed["consistent"] is True
+    assert {r["id"]: r["min_nodes"] for r in listed["windows"]} == {
+        ids["A"]: 2, ids["B"]: 3, ids["C"]: 3}
+
+    cancel_all()
+    for w in windows.values():
+        cli("warm", "--replicas", w[0], "--running", "--from", w[1], "--until", w[2])
+    assert schedule() == together
+    # run again: the same windows (same ids), nothing changed
+    again = js(cli("warm", "--replicas", "4", "--running", "--from", windows["A"][1],
+                   "--until", windows["A"][2], "--json"))
+    assert (again["action"], again["window"]) == ("exists", ids["A"])
+    assert schedule() == together
+    cancel_all()
+    assert actions(sandbox_client) == []

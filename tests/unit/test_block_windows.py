@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from poolctl import runtime
+from poolctl import naming, runtime
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     BlockOffering,
     BlockWindow,
+    BoughtBlock,
     BuysCapacityBlocks,
     RunsBlockWindows,
     SchedulesWindows,
@@ -37,6 +38,7 @@ class FakeBlockOps(FakeOps, SchedulesWindows, BuysCapacityBlocks, RunsBlockWindo
         super().__init__(group(), granted=100_000)
         self.zones, self.fail_open = zones, fail_open
         self.bought: list[BlockOffering] = []
+        self.tags: list[dict[str, str]] = []
         self.opened: list[BlockWindow] = []
 
     def scheduled_windows(self, group):
@@ -53,19 +55,20 @@ class FakeBlockOps(FakeOps, SchedulesWindows, BuysCapacityBlocks, RunsBlockWindo
 
     def buy_capacity_block(self, region, offering, tags):
         self.bought.append(offering)
+        self.tags.append(dict(tags))
         return f"cr-{len(self.bought):017x}"
 
     def block_zones(self, group):
         return self.zones
 
-    def unused_block(self, cfg, pool, instance_type, count, start, end):
-        used = {bw.block for bw in self.opened}
-        for i, o in enumerate(self.bought, 1):
-            if f"cr-{i:017x}" not in used:
-                return BlockOffering(id=f"cr-{i:017x}", instance_type=o.instance_type,
-                                     zone=o.zone, count=o.count, start=o.start, end=o.end,
-                                     hours=o.hours, upfront_usd=0.0)
-        return None
+    def pool_blocks(self, cfg, pool):
+        return [BoughtBlock(id=f"cr-{i:017x}", instance_type=o.instance_type, zone=o.zone,
+                            count=o.count, start=o.start, end=o.end, state="scheduled",
+                            window=tags.get(naming.TAG_WINDOW),
+                            span=tags.get(naming.TAG_WINDOW_SPAN),
+                            bought_by=tags.get(naming.TAG_BOUGHT_BY),
+                            bought_at=tags.get(naming.TAG_BOUGHT_AT))
+                for i, (o, tags) in enumerate(zip(self.bought, self.tags, strict=True), 1)]
 
     def open_block_window(self, group, window, block, zone, tags):
         if self.fail_open:
@@ -112,7 +115,112 @@ def test_a_failed_group_after_the_purchase_is_finished_by_running_again():
     assert len(ops.bought) == 1  # not bought again
     (bw,) = ops.opened
     assert (r.bought, bw.block, bw.zone) == ("cr-00000000000000001",) * 2 + ("us-east-1a",)
-    assert "found, bought by an earlier run" in r.message
+    assert "found, bought " in r.message and "no window used it" in r.message
     # Inside the block: from 12:00 (after its 11:30 start) to 14:00 (well before its end).
     assert (bw.window.start, bw.window.end) == (START, END)
     assert ops.changes == []  # the pool's group: no size changed
+
+
+# -- issue 31: purchases never lost nor doubled -----------------------------------------
+
+
+class Interrupted(FakeBlockOps):
+    """Ctrl-C at a chosen point: `after_buy` right after the purchase returned (before the
+    window's group); `in_buy` inside the purchase call, the cloud having made it (`made`) or
+    not."""
+
+    def __init__(self, zones, point: str, made: bool = True) -> None:
+        super().__init__(zones)
+        self.point, self.made = point, made
+
+    def buy_capacity_block(self, region, offering, tags):
+        if self.point == "in_buy":
+            self.point = ""
+            if self.made:
+                super().buy_capacity_block(region, offering, tags)
+            raise KeyboardInterrupt
+        return super().buy_capacity_block(region, offering, tags)
+
+    def open_block_window(self, group, window, block, zone, tags):
+        if self.point == "after_buy":
+            self.point = ""
+            raise KeyboardInterrupt
+        return super().open_block_window(group, window, block, zone, tags)
+
+
+def listed(ops):
+    cfg, pool = llama()
+    return runtime.list_windows(cfg, pool, Cloud.aws, ops, datetime.now(UTC))
+
+
+def ledger() -> list[dict]:
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ["POOLCTL_HOME"]) / "purchases.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ctrl_c_right_after_the_purchase_leaves_it_recorded_listed_and_used_next_time():
+    ops = Interrupted(zones=["us-east-1a"], point="after_buy")
+    with pytest.raises(KeyboardInterrupt):
+        schedule(ops, yes=True)
+    assert len(ops.bought) == 1 and ops.opened == []
+    steps = ledger()
+    assert [s["state"] for s in steps] == ["buying", "bought"]
+    assert steps[1]["reservation"] == "cr-00000000000000001"
+    assert steps[0]["window"] == ops.tags[0][naming.TAG_WINDOW]
+    assert steps[0]["by"] == ops.tags[0][naming.TAG_BOUGHT_BY] and "@" in steps[0]["by"]
+    # warm --list (and status) name the block and the command that uses it
+    r = listed(ops)
+    assert [b.id for b in r.unused_blocks] == ["cr-00000000000000001"] and not r.pending
+    (note,) = r.notes()
+    assert "Capacity Block cr-00000000000000001" in note and "has no window" in note
+    assert f"--from {START:%Y-%m-%dT%H:%MZ} --until {END:%Y-%m-%dT%H:%MZ} --reserve --yes" \
+        in note and "cannot be cancelled" in note
+    # A dry run offers that block, not a second purchase; --yes uses it.
+    dry = schedule(ops, yes=False)
+    assert dry.action == "offered" and [o.id for o in dry.offerings] == [
+        "cr-00000000000000001"] and "nothing is bought" in dry.message
+    done = schedule(ops, yes=True)
+    assert len(ops.bought) == 1 and done.bought == "cr-00000000000000001"
+    assert listed(ops).unused_blocks == ()
+
+
+def test_the_same_reserve_run_twice_buys_once_and_says_so():
+    ops = FakeBlockOps(zones=["us-east-1a"])
+    first = schedule(ops, yes=True)
+    again = schedule(ops, yes=True)
+    assert len(ops.bought) == 1 and len(ops.opened) == 1
+    assert again.action == "exists" and again.window == first.window
+    assert again.bought == first.bought and "nothing bought" in again.message
+
+
+def test_a_purchase_whose_answer_never_came_is_pending_until_the_cloud_shows_it():
+    ops = Interrupted(zones=["us-east-1a"], point="in_buy", made=False)
+    with pytest.raises(KeyboardInterrupt):
+        schedule(ops, yes=True)
+    assert [s["state"] for s in ledger()] == ["buying"] and ops.bought == []
+    r = listed(ops)
+    (p,) = r.pending
+    assert p.offering == "cbr-us-east-1a" and "got no answer" in r.notes()[0]
+    # made by the cloud although the answer was lost: the block carries the window's tag
+    ops2 = Interrupted(zones=["us-east-1a"], point="in_buy", made=True)
+    with pytest.raises(KeyboardInterrupt):
+        schedule(ops2, yes=True)
+    r2 = listed(ops2)
+    assert r2.pending == () and [b.id for b in r2.unused_blocks] == ["cr-00000000000000001"]
+    schedule(ops2, yes=True)
+    assert len(ops2.bought) == 1  # the lost answer's block is used, not bought again
+
+
+def test_a_refused_purchase_is_recorded_failed():
+    class Refused(FakeBlockOps):
+        def buy_capacity_block(self, region, offering, tags):
+            raise OperationFailed("aws ec2:PurchaseCapacityBlock: InsufficientCapacity")
+
+    with pytest.raises(OperationFailed):
+        schedule(Refused(zones=["us-east-1a"]), yes=True)
+    assert [s["state"] for s in ledger()] == ["buying", "failed"]
+    assert "InsufficientCapacity" in ledger()[1]["error"]

@@ -232,6 +232,10 @@ class PoolStatus:
     # Windows of warm nodes still to end, over the warm pool kept before them.
     warm_windows: list[Window] = field(default_factory=list)
     warm_windows_kept: int | None = None
+    # Capacity Blocks bought for the pool that no window uses, and purchases whose answer
+    # never came (the ledger's; runtime/purchases.py).
+    unused_blocks: list[BoughtBlock] = field(default_factory=list)
+    pending_purchases: list[Purchase] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -258,6 +262,8 @@ class PoolStatus:
             "block_windows": [bw.to_json() for bw in self.block_windows],
             "warm_windows": [self._window(w) for w in self.warm_windows],
             "warm_windows_kept_nodes": self.warm_windows_kept,
+            "unused_blocks": [b.to_json() for b in self.unused_blocks],
+            "pending_purchases": [p.to_json() for p in self.pending_purchases],
         }
 
     def _window(self, w: Window) -> dict[str, Any]:
@@ -554,6 +560,12 @@ class SchedulesWindows(ABC):
         """poolctl's windows still to end, and the minimum kept before them (None: no
         window, the group's own)."""
 
+    def scheduled_edges(self, group: Group) -> dict[tuple[str, str], int] | None:
+        """The group's minimum each edge sets as the cloud holds it, by (window id, from |
+        until); None where every window carries its own size (GCP's schedules), so no two
+        writers can leave an edge wrong."""
+        return None
+
     @abstractmethod
     def write_windows(self, group: Group, windows: list[Window], base_min: int,
                       removed: list[Window]) -> None:
@@ -656,6 +668,54 @@ class BlockWindow:
                 "in_service": self.in_service, "block_state": self.block_state}
 
 
+@dataclass(frozen=True)
+class BoughtBlock:
+    """A Capacity Block bought for the pool, as the cloud lists it with the tags poolctl
+    gave it at purchase: the window it was bought for, when and by whom."""
+
+    id: str
+    instance_type: str
+    zone: str
+    count: int
+    start: datetime
+    end: datetime
+    state: str  # payment-pending | scheduled | active | expired ...
+    window: str | None = None  # the window's id (tag poolctl:window)
+    span: str | None = None  # the window it was bought for: FROM/UNTIL/NODES (its tag)
+    bought_by: str | None = None
+    bought_at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "start": self.start.isoformat(timespec="minutes"),
+                "end": self.end.isoformat(timespec="minutes")}
+
+
+@dataclass(frozen=True)
+class Purchase:
+    """One step of one purchase of capacity (runtime/purchases.py keeps the ledger of
+    them), as a ledger line."""
+
+    at: str  # ISO 8601, UTC
+    by: str  # user@host
+    state: str  # buying | bought | failed
+    project: str
+    pool: str
+    cloud: str
+    region: str
+    kind: str  # capacity-block | future-reservation
+    window: str  # the window it was bought for
+    offering: str  # the cloud's offering (or advice) id
+    nodes: int
+    start: str  # the capacity's, ISO
+    end: str
+    upfront_usd: float
+    reservation: str | None = None  # the cloud's id, once bought
+    error: str | None = None  # failed: the cloud's answer
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class RunsBlockWindows(ABC):
     """A window's nodes in a bought Capacity Block, run by a group of their own that the
     cloud scales out at the window's start and in before the block ends (AWS's pattern for
@@ -666,11 +726,9 @@ class RunsBlockWindows(ABC):
         """The zones the pool's group has subnets in: a block elsewhere is of no use."""
 
     @abstractmethod
-    def unused_block(self, cfg: Config, pool: Pool, instance_type: str, count: int,
-                     start: datetime, end: datetime) -> BlockOffering | None:
-        """A block bought for the pool (its tags) covering start..end with room for
-        `count`, that no window's group uses: an interrupted purchase's, to finish with
-        (its id is the Capacity Reservation's; nothing is left to pay)."""
+    def pool_blocks(self, cfg: Config, pool: Pool) -> list[BoughtBlock]:
+        """The Capacity Blocks bought for the pool (found by its tags) that have not ended,
+        used by a window or not."""
 
     @abstractmethod
     def open_block_window(self, group: Group, window: Window, block: str, zone: str,

@@ -3,6 +3,7 @@ the pool launches into, against what its peak needs."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import typer
@@ -21,6 +22,7 @@ from poolctl.commands.common import (
 )
 from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.runtime.purchases import pending_line, purchase_view, unused_line
 from poolctl.sizing import plan_pool
 
 if TYPE_CHECKING:
@@ -104,9 +106,18 @@ def check(
     reports = [ops.capacity_report(ctx.cfg, t.pool, capacity_needs(plan_pool(t.pool, t.cloud)))
                for t in ctx.targets]
     problems = [m for r in reports if (m := capacity_problem(r))]
+    bought = [purchase_view(ctx.cfg, t.pool, t.cloud, ops) for t in ctx.targets]
     if json_out:
-        emit_json({"ok": not problems, "pools": [r.to_json() for r in reports]})
+        emit_json({"ok": not problems, "pools": [
+            {**r.to_json(), "unused_blocks": [b.to_json() for b in unused],
+             "pending_purchases": [p.to_json() for p in pending]}
+            for r, (unused, pending) in zip(reports, bought, strict=True)]})
     else:
         _render(reports)
+    for t, (unused, pending) in zip(ctx.targets, bought, strict=True):
+        for b in unused:
+            sys.stderr.write(unused_line(t.pool.name, t.cloud, b) + "\n")
+        for p in pending:
+            sys.stderr.write(pending_line(t.pool.name, p) + "\n")
     if problems:
         raise OperationFailed("; ".join(problems))

@@ -28,6 +28,7 @@ from poolctl.commands.common import (
 )
 from poolctl.errors import UsageError
 from poolctl.inventory import API_KEY_VAR
+from poolctl.runtime.purchases import pending_line, pool_lock, unused_line
 from poolctl.sizing import nodes_for, plan_pool
 from poolctl.windows import parse_time
 
@@ -106,8 +107,9 @@ def warm(
     cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
     if replicas is not None:
         _refuse_useless_warm(p, c, replicas)
-    result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
-                          exact=exact)
+    with pool_lock(cfg, p, c, "warm"):
+        result = runtime.warm(cfg, p, c, ctx.ops, replicas, running=running, reset=reset,
+                              exact=exact)
     sys.stderr.write(result.message + "\n")
     if result.capacity_line:
         sys.stderr.write(result.capacity_line + "\n")
@@ -148,25 +150,29 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
         t_from, t_until = parse_time("--from", start, now), parse_time("--until", until, now)
     ctx = resolve_target(file, pool, cloud, sandbox)
     cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
-    if list_ or cancel is not None:
-        result = (runtime.list_windows(cfg, p, c, ctx.ops, now) if list_
-                  else runtime.cancel_window(cfg, p, c, ctx.ops, str(cancel), now))
+    if list_:
+        result = runtime.list_windows(cfg, p, c, ctx.ops, now)
+    elif cancel is not None:
+        with pool_lock(cfg, p, c, f"warm --cancel {cancel}"):
+            result = runtime.cancel_window(cfg, p, c, ctx.ops, cancel, now)
     else:
         assert replicas is not None  # checked above
         if not running:
             runtime.check_warm_window(p, c, reserve)
         _refuse_useless_warm(p, c, replicas)
-        result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
-                                         running, now, reserve=reserve, yes=yes)
+        with pool_lock(cfg, p, c, "warm --from/--until"):
+            result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from, t_until,
+                                             running, now, reserve=reserve, yes=yes)
         if result.action == "offered" and sys.stdin.isatty() and not json_out:
             best = result.offerings[0]
             _print_offerings(result)
             # An interactive yes buys as --yes would (the offers are looked up again).
             if typer.confirm(f"buy or request {best.id} ({_price(result, best)}) and "
                              "schedule the window?", default=False):
-                result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from,
-                                                 t_until, running, now, reserve=True,
-                                                 yes=True)
+                with pool_lock(cfg, p, c, "warm --from/--until --reserve"):
+                    result = runtime.schedule_window(cfg, p, c, ctx.ops, replicas, t_from,
+                                                     t_until, running, now, reserve=True,
+                                                     yes=True)
             sys.stderr.write(result.message + "\n")
             return
     if json_out:
@@ -175,7 +181,7 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
     if list_:
         out = [runtime.window_line(w) for w in result.windows] or [
             f"{p.name}: no scheduled windows"]
-        sys.stdout.write("\n".join(out) + "\n")
+        sys.stdout.write("\n".join([*out, *result.notes()]) + "\n")
     else:
         _print_offerings(result)
         sys.stderr.write(result.message + "\n")
@@ -266,6 +272,10 @@ def status(
                       f"Capacity Block {bw.block} ({bw.block_state}, {bw.zone}) {when}until "
                       f"{w.end.isoformat(timespec='seconds')}: group {bw.group}, "
                       f"{bw.in_service} in service", markup=False, soft_wrap=True)
+        for b in s.unused_blocks:
+            con.print("  " + unused_line(s.pool, s.cloud, b), markup=False, soft_wrap=True)
+        for pp in s.pending_purchases:
+            con.print("  " + pending_line(s.pool, pp), markup=False, soft_wrap=True)
         q = s.queue_per_replica
         if s.cloud in unread:
             con.print(f"  queue: queue metric not read on {s.cloud}")

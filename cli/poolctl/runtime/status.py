@@ -19,6 +19,7 @@ from poolctl.clouds.base import (
     SchedulesWindows,
 )
 from poolctl.config import Config, Pool
+from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
 from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
@@ -46,17 +47,23 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     warm_windows, warm_kept = (ops.scheduled_warm_windows(group)
                                if isinstance(ops, SchedulesWarmWindows) and plan.nodes.warm
                                else ([], None))
+    bws = [bw for bw in (ops.block_windows(cfg, pool) if isinstance(ops, RunsBlockWindows)
+                         else []) if bw.window.end > now or bw.in_service]
+    blocks = bought_blocks(cfg, pool, ops)
+    used = {bw.block for bw in bws}
+    known = ({b.window or "" for b in blocks} | {w.id for w in windows}
+             | {w.id for w in warm_windows} | {bw.window.id for bw in bws})
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
                       reserved_nodes=reserved_nodes(pool, cloud),
                       capacity_block=capacity_block(pool, cloud),
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept,
-                      block_windows=[bw for bw in (ops.block_windows(cfg, pool)
-                                                   if isinstance(ops, RunsBlockWindows) else [])
-                                     if bw.window.end > now or bw.in_service],
+                      block_windows=bws,
                       warm_windows=[w for w in warm_windows if w.end > now],
-                      warm_windows_kept=warm_kept)
+                      warm_windows_kept=warm_kept,
+                      unused_blocks=[b for b in blocks if b.id not in used],
+                      pending_purchases=unanswered(cfg, pool, cloud, known))
 
 
 

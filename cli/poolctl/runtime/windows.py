@@ -22,6 +22,7 @@ from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     BlockOffering,
     BlockWindow,
+    BoughtBlock,
     BuysCapacityBlocks,
     CloudOps,
     Group,
@@ -35,6 +36,16 @@ from poolctl.config import Config, Pool, Target
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import log
+from poolctl.runtime.purchases import (
+    Purchase,
+    bought_blocks,
+    buyer,
+    now_iso,
+    pending_line,
+    record,
+    unanswered,
+    unused_line,
+)
 from poolctl.runtime.quota import quota_for_nodes
 from poolctl.sizing import PoolPlan, nodes_for, plan_pool
 from poolctl.terraform import Terraform
@@ -44,8 +55,10 @@ from poolctl.windows import (
     block_need,
     check_window,
     edges,
-    new_id,
     raise_at,
+    same_window,
+    span_tag,
+    window_id,
 )
 
 NOT_RUNNING = (
@@ -88,13 +101,31 @@ class WindowsResult:
     offerings: tuple[BlockOffering, ...] = ()
     bought: str | None = None
     on_demand_usd: float | None = None
+    # Capacity Blocks bought for the pool that no window uses (an interrupted purchase, a
+    # cancelled window), and purchases whose answer never came (the ledger's `buying`).
+    unused_blocks: tuple[BoughtBlock, ...] = ()
+    pending: tuple[Purchase, ...] = ()
+    # False: the cloud's edge sizes are not what its windows make (two writers at once).
+    consistent: bool = True
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["windows"] = [asdict(w) for w in self.windows]
         d["quota"] = list(self.quota)
         d["offerings"] = [o.to_json() for o in self.offerings]
+        d["unused_blocks"] = [b.to_json() for b in self.unused_blocks]
+        d["pending"] = [p.to_json() for p in self.pending]
         return d
+
+    def notes(self) -> list[str]:
+        """What `warm --list` and `status` say of the purchases beside the windows."""
+        out = [unused_line(self.pool, self.cloud, b) for b in self.unused_blocks]
+        out += [pending_line(self.pool, p) for p in self.pending]
+        if not self.consistent:
+            out.append(f"{self.pool}: the cloud's scheduled sizes differ from what its windows "
+                       "make (two writers at once?); any `poolctl warm --from ... --until ...` "
+                       "or `poolctl deploy` writes every edge again")
+        return out
 
 
 def _scheduler(ops: CloudOps, cloud: Cloud) -> SchedulesWindows:
@@ -125,6 +156,41 @@ def _current(sched: SchedulesWindows, group: Group, now: datetime
              ) -> tuple[list[Window], int, list[Window]]:
     """Windows in service: (still to end, kept minimum, ended ones listed)."""
     return _split(sched.scheduled_windows(group), group.min_nodes, now)
+
+
+def _converge(read: Callable[[], tuple[list[Window], int, list[Window]]],
+              write: Callable[[list[Window], list[Window]], None], windows: list[Window],
+              removed: list[Window]) -> None:
+    """Write `windows`, then read the cloud back: a window nobody here knew of (another
+    poolctl wrote at the same time, from another machine: this one's lock held ours apart)
+    means edges written without it, so every edge is written again over the union, until
+    the read-back holds nothing new (three rounds at most)."""
+    write(windows, removed)
+    gone = {w.id for w in removed}
+    for _ in range(3):
+        live, _, ended = read()
+        known = {w.id for w in windows}
+        new = [w for w in live if w.id not in known and w.id not in gone]
+        if not new:
+            return
+        windows = [*windows, *new]
+        write(windows, ended)
+
+
+def _duplicate(live: list[Window], window: Window) -> Window | None:
+    return next((w for w in live if w.id == window.id or same_window(w, window)), None)
+
+
+def _exists(pool: Pool, cloud: Cloud, base: int, rows: tuple[WindowRow, ...], dup: Window,
+            what: str) -> WindowsResult:
+    assert dup.start is not None  # a duplicate has not begun (same_window)
+    return WindowsResult(
+        pool=pool.name, cloud=cloud, action="exists", kept_min_nodes=base, windows=rows,
+        window=dup.id,
+        message=(f"{pool.name}: window {dup.id} already schedules +{dup.nodes} node(s) "
+                 f"{what} from {dup.start.isoformat(timespec='seconds')} to "
+                 f"{dup.end.isoformat(timespec='seconds')} (within 5 minutes of the times "
+                 "asked): nothing changed, nothing bought"))
 
 
 def open_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
@@ -180,11 +246,27 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
     group = ops.find_group(cfg, pool)
     live, base, _ = _current(sched, group, now)
     warm, warm_base, _ = _warm_current(ops, group, now)
+    bws = _block_windows(cfg, pool, ops)
     rows = (*_rows(live, base, plan.replicas_per_node, now),
             *_warm_rows(warm, warm_base, plan.replicas_per_node, now),
-            *_block_rows(_block_windows(cfg, pool, ops), base, plan.replicas_per_node, now))
+            *_block_rows(bws, base, plan.replicas_per_node, now))
+    # What the cloud holds, not what the windows should make: each row's minimum is its
+    # `from` edge's as scheduled, and any edge off what the windows make is said.
+    held = sched.scheduled_edges(group)
+    consistent = True
+    if held is not None:
+        want = {(e.window, e.kind): e.min_nodes for e in edges(live, base)}
+        consistent = all(held.get(k) == v for k, v in want.items())
+        rows = tuple(replace(r, min_nodes=held.get((r.id, "from"), r.min_nodes))
+                     if r.in_service and r.capacity_block is None else r for r in rows)
+    blocks = bought_blocks(cfg, pool, ops)
+    used = {bw.block for bw in bws}
+    known = {b.window or "" for b in blocks} | {r.id for r in rows}
     return WindowsResult(pool=pool.name, cloud=cloud, action="list", kept_min_nodes=base,
-                         windows=rows, message=f"{pool.name}: {len(rows)} window(s)")
+                         windows=rows, message=f"{pool.name}: {len(rows)} window(s)",
+                         unused_blocks=tuple(b for b in blocks if b.id not in used),
+                         pending=tuple(unanswered(cfg, pool, cloud, known)),
+                         consistent=consistent)
 
 
 def _quota_for(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, plan: PoolPlan,
@@ -289,15 +371,19 @@ def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
             f"of {kept_min} exceed the group's maximum of {group.max_nodes} (warm nodes serve "
             f"only when the group grows onto them); ask for at most {room} replicas, or "
             "raise scaling.max_replicas and deploy")
-    window = Window(id=new_id(), nodes=n, start=start, end=end)
+    window = Window(id=window_id("warm", n, start, end), nodes=n, start=start, end=end)
+    if (dup := _duplicate(live, window)) is not None:
+        return _exists(pool, cloud, kept_min, _warm_rows(live, base, rpn, now), dup, "warm")
     windows = [*live, window]
     running = pool.warm_pool.state == "running"
     # Warm nodes launch (and run) before they stop: quota for them beside what runs.
     quota = _quota_for(cfg, pool, cloud, ops, plan,
                        max(group.desired_nodes, group.min_nodes)
                        + max(e.min_nodes for e in edges(windows, base)) - base)
-    ops.write_warm_windows(group, windows, base, removed=ended, kept_min=kept_min,
-                           running=running)
+    _converge(lambda: _warm_current(ops, group, now),
+              lambda ws, gone: ops.write_warm_windows(group, ws, base, removed=gone,
+                                                      kept_min=kept_min, running=running),
+              windows, ended)
     state = "running" if running else "stopped"
     held = ("" if running else "; stopped nodes hold no capacity: each start at scale-out is "
             "a new launch that can fail for capacity (--running holds it)")
@@ -348,7 +434,10 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
         raise UsageError(f"--replicas {replicas}: {n} node(s) above the kept minimum of {base} "
                          f"exceeds the group's maximum of {group.max_nodes}; ask for at most "
                          f"{room} replicas, or raise scaling.max_replicas and deploy")
-    window = Window(id=new_id(), nodes=n, start=start, end=end)
+    window = Window(id=window_id("block" if reserve else "running", n, start, end), nodes=n,
+                    start=start, end=end)
+    if not reserve and (dup := _duplicate(live, window)) is not None:
+        return _exists(pool, cloud, base, _rows(live, base, rpn, now), dup, "in service")
     windows = [*live, window]
     peak = max(e.min_nodes for e in edges(windows, base))
     quota = _quota_for(cfg, pool, cloud, ops, plan, peak)
@@ -356,7 +445,9 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     if reserve:
         return _reserve_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
                                on_demand, yes, now)
-    sched.write_windows(group, windows, base, removed=ended)
+    _converge(lambda: _current(sched, group, now),
+              lambda ws, gone: sched.write_windows(group, ws, base, removed=gone),
+              windows, ended)
     rows = _rows(windows, base, rpn, now)
     rounding = (f" ({replicas} replicas rounded up to {n} node(s) of {rpn})"
                 if n * rpn != replicas else "")
@@ -372,30 +463,68 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
                  "that much before the launch"))
 
 
+def _block_for(window: Window, blocks: list[BoughtBlock], zones: list[str]
+               ) -> BoughtBlock | None:
+    """A bought block no window uses that holds `window`: the one bought for it (its tag:
+    an interrupted run's), else any in the pool's zones with room for its nodes from its
+    start to 30 minutes past its end."""
+    assert window.start is not None
+    fits = [b for b in blocks if b.zone in zones and b.count >= window.nodes
+            and b.start <= window.start and b.end >= window.end]
+    return next((b for b in fits if b.window == window.id), fits[0] if fits else None)
+
+
 def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Group,
                     plan: PoolPlan, window: Window, live: list[Window], base: int,
                     quota: tuple[dict[str, Any], ...], on_demand: float, yes: bool,
                     now: datetime) -> WindowsResult:
     """`--reserve`: the Capacity Blocks in the pool's zones that hold the window; with `yes`
-    the cheapest is bought (or the one an interrupted run bought, found by its tags) and a
-    group of the window's own runs its nodes in it, scaled by the cloud at the window's
-    start and end. The pool's group is not touched."""
+    the cheapest is bought and a group of the window's own runs its nodes in it, scaled by
+    the cloud at the window's start and end. The pool's group is not touched.
+
+    Never bought twice: a window already running in a block (the same command run again)
+    is said and left; a block bought for the pool that no window uses and that holds this
+    one (an interrupted run's, found by its tags) is offered first and used with `yes`.
+    Every purchase is in the ledger (runtime/purchases.py) before the call that makes it."""
     assert window.start is not None  # a window being scheduled has its start
     start, end, n, rpn = window.start, window.end, window.nodes, plan.replicas_per_node
     if isinstance(ops, ReservesCalendarCapacity):
         return _calendar_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
                                 on_demand, yes, now)
-    buyer, fit = _blocks(pool, cloud, ops, plan, n, start, end, now)
     if not isinstance(ops, RunsBlockWindows):
         raise UsageError(f"--reserve: {cloud} cannot run a window's nodes in a block yet")
+    rows = _rows(live, base, rpn, now)
+    running = ops.block_windows(cfg, pool)
+    for bw in running:
+        if bw.window.end > now and (dup := _duplicate([bw.window], window)) is not None:
+            return replace(_exists(pool, cloud, base, (*rows, *_block_rows([bw], base, rpn, now)),
+                                   dup, f"in Capacity Block {bw.block}"), bought=bw.block)
     zones = ops.block_zones(group)
+    used = {bw.block for bw in running}
+    held = _block_for(window, [b for b in ops.pool_blocks(cfg, pool) if b.id not in used],
+                      zones)
+    if held is not None:
+        offer = BlockOffering(id=held.id, instance_type=held.instance_type, zone=held.zone,
+                              count=held.count, start=held.start, end=held.end,
+                              hours=round((held.end - held.start).total_seconds() / 3600),
+                              upfront_usd=0.0)
+        if not yes:
+            return WindowsResult(
+                pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base,
+                windows=rows, quota=quota, offerings=(offer,), on_demand_usd=on_demand,
+                message=(f"{unused_line(pool.name, cloud, held)}; it holds this window: add "
+                         "--yes to schedule the window in it (nothing is bought)"))
+        return _open_in_block(cfg, pool, cloud, ops, group, plan, window, rows, base, quota,
+                              on_demand, offer, (offer,),
+                              f"found, bought {held.bought_at or 'earlier'} by "
+                              f"{held.bought_by or 'poolctl'}, no window used it", now)
+    buyer_ops, fit = _blocks(pool, cloud, ops, plan, n, start, end, now)
     usable = [o for o in fit if o.zone in zones]
     if not usable:
         raise OperationFailed(
             f"{pool.name}: the Capacity Blocks that hold the window are in "
             f"{', '.join(sorted({o.zone for o in fit}))}, where the pool's group has no subnet "
             f"(its zones: {', '.join(zones)}); nothing was bought or scheduled")
-    rows = _rows(live, base, rpn, now)
     best = usable[0]
     if not yes:
         return WindowsResult(
@@ -408,17 +537,40 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
                      f"${best.upfront_usd:,.2f} upfront (the window's {n} node(s) "
                      f"On-Demand: ${on_demand:,.2f}); nothing bought or scheduled: add "
                      "--yes to buy it and schedule the window"))
-    tags = {naming.TAG_PROJECT: cfg.project, naming.TAG_POOL: pool.name,
-            naming.TAG_ROLE: naming.ROLE}
-    found = ops.unused_block(cfg, pool, plan.instance_type, n, start, end)
-    block = found.id if found else buyer.buy_capacity_block(
-        plan.region, best, {**tags, naming.TAG_WINDOW: window.id})
-    held = found or best
+    by, at = buyer(), now_iso()
+    tags = {**naming.aws_tags(cfg, pool), naming.TAG_WINDOW: window.id,
+            naming.TAG_WINDOW_SPAN: span_tag(window), naming.TAG_BOUGHT_BY: by[:256],
+            naming.TAG_BOUGHT_AT: at}
+    step = Purchase(at=at, by=by, state="buying", project=cfg.project, pool=pool.name,
+                    cloud=str(cloud), region=plan.region, kind="capacity-block",
+                    window=window.id, offering=best.id, nodes=best.count,
+                    start=best.start.isoformat(timespec="minutes"),
+                    end=best.end.isoformat(timespec="minutes"), upfront_usd=best.upfront_usd)
+    record(step)
+    try:
+        block = buyer_ops.buy_capacity_block(plan.region, best, tags)
+    except OperationFailed as e:
+        record(replace(step, at=now_iso(), state="failed", error=str(e)[:500]))
+        raise
+    record(replace(step, at=now_iso(), state="bought", reservation=block))
+    return _open_in_block(cfg, pool, cloud, ops, group, plan, window, rows, base, quota,
+                          on_demand, replace(best, id=block), tuple(usable),
+                          f"bought for ${best.upfront_usd:,.2f}", now)
+
+
+def _open_in_block(cfg: Config, pool: Pool, cloud: Cloud, ops: RunsBlockWindows, group: Group,
+                   plan: PoolPlan, window: Window, rows: tuple[WindowRow, ...], base: int,
+                   quota: tuple[dict[str, Any], ...], on_demand: float, held: BlockOffering,
+                   offerings: tuple[BlockOffering, ...], bought: str, now: datetime
+                   ) -> WindowsResult:
+    """The window's group in the block `held` (its id the Capacity Reservation's)."""
+    assert window.start is not None
+    n, rpn, block = window.nodes, plan.replicas_per_node, held.id
     # Inside the block: out at its start at the earliest, in more than 30 minutes before its
     # end (EC2 then terminates what is left in it).
-    window = replace(window, start=max(start, held.start), end=min(end, held.end - SCALE_IN_LEAD))
-    bought = ("found, bought by an earlier run" if found
-              else f"bought for ${best.upfront_usd:,.2f}")
+    window = replace(window, start=max(window.start, held.start),
+                     end=min(window.end, held.end - SCALE_IN_LEAD))
+    tags = naming.aws_tags(cfg, pool)
     try:
         bw = ops.open_block_window(group, window, block, held.zone, tags)
     except OperationFailed as e:
@@ -429,8 +581,8 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
     assert window.start is not None
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base,
-        windows=(*rows, *_block_rows([bw], base, rpn, now)), window=window.id, quota=quota,
-        offerings=(held,) if found else tuple(usable), bought=block, on_demand_usd=on_demand,
+        windows=(*rows, *_block_rows([bw], base, rpn, now)), window=window.id,
+        quota=quota, offerings=offerings, bought=block, on_demand_usd=on_demand,
         message=(f"{pool.name}: Capacity Block {block} {bought} ({held.count} x "
                  f"{held.instance_type} in {held.zone}, "
                  f"{held.start.isoformat(timespec='minutes')} to "
@@ -456,8 +608,11 @@ def _calendar_window(cfg: Config, pool: Pool, cloud: Cloud, ops: ReservesCalenda
         raise UsageError(f"--reserve: {key} is {placement.capacity.reservations!r}: the "
                          "window's VMs consume a reservation made for it only with `any`; "
                          f"set {key}: any and deploy, or schedule without --reserve")
-    offers = ops.calendar_offers(pool, window.nodes, window.start, window.end)
     rpn = plan.replicas_per_node
+    if (dup := _duplicate(live, window)) is not None:
+        return _exists(pool, cloud, base, _rows(live, base, rpn, now), dup,
+                       "in service (its reservation requested)")
+    offers = ops.calendar_offers(pool, window.nodes, window.start, window.end)
     if not offers:
         raise OperationFailed(
             f"{pool.name}: {cloud} advises no calendar-mode reservation of {window.nodes} x "
@@ -477,9 +632,22 @@ def _calendar_window(cfg: Config, pool: Pool, cloud: Cloud, ops: ReservesCalenda
                      f"{best.end.isoformat(timespec='minutes')}, {price}; nothing requested "
                      "or scheduled: add --yes to submit the request (it cannot be cancelled "
                      "once submitted) and schedule the window"))
-    name, state = ops.reserve_calendar(pool, best, window.id)
+    step = Purchase(at=now_iso(), by=buyer(), state="buying", project=cfg.project,
+                    pool=pool.name, cloud=str(cloud), region=plan.region,
+                    kind="future-reservation", window=window.id, offering=best.id,
+                    nodes=best.count, start=best.start.isoformat(timespec="minutes"),
+                    end=best.end.isoformat(timespec="minutes"), upfront_usd=0.0)
+    record(step)
+    try:
+        name, state = ops.reserve_calendar(pool, best, window.id)
+    except OperationFailed as e:
+        record(replace(step, at=now_iso(), state="failed", error=str(e)[:500]))
+        raise
+    record(replace(step, at=now_iso(), state="bought", reservation=name))
     windows = [*live, window]
-    ops.write_windows(group, windows, base, removed=[])
+    _converge(lambda: _current(ops, group, now),
+              lambda ws, gone: ops.write_windows(group, ws, base, removed=gone),
+              windows, [])
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=base,
         windows=_rows(windows, base, rpn, now), window=window.id, quota=quota,

@@ -20,7 +20,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.clouds.aws.api import AwsApi
-from poolctl.clouds.base import BlockOffering, BlockWindow, Group, RunsBlockWindows
+from poolctl.clouds.base import BlockWindow, BoughtBlock, Group, RunsBlockWindows
 from poolctl.config import Config, Pool
 from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.errors import OperationFailed
@@ -56,32 +56,29 @@ class BlockGroups(AwsApi, RunsBlockWindows):
     def block_zones(self, group: Group) -> list[str]:
         return sorted(self._subnets(group.region, self._group(group.region, group.name)))
 
-    def unused_block(self, cfg: Config, pool: Pool, instance_type: str, count: int,
-                     start: datetime, end: datetime) -> BlockOffering | None:
+    def pool_blocks(self, cfg: Config, pool: Pool) -> list[BoughtBlock]:
         assert pool.aws is not None  # asked for the pool's aws placement
-        region = pool.aws.region
-        ec2 = self.client("ec2", region)
-        used = {bw.block for bw in self.block_windows(cfg, pool)}
-        blocks = [r for page in self.pages(
+        ec2 = self.client("ec2", pool.aws.region)
+        found = [r for page in self.pages(
             ec2, "describe_capacity_reservations", "ec2:DescribeCapacityReservations",
             Filters=[{"Name": f"tag:{naming.TAG_PROJECT}", "Values": [cfg.project]},
                      {"Name": f"tag:{naming.TAG_POOL}", "Values": [pool.name]},
-                     {"Name": "instance-type", "Values": [instance_type]},
-                     {"Name": "state", "Values": ["scheduled", "active"]}])
+                     {"Name": "state", "Values": ["payment-pending", "scheduled",
+                                                  "active"]}])
             for r in page["CapacityReservations"]]
-        for r in blocks:
-            if (r.get("ReservationType") == CAPACITY_BLOCK
-                    and r["CapacityReservationId"] not in used
-                    and int(r["TotalInstanceCount"]) >= count
-                    and r["StartDate"].astimezone(UTC) <= start
-                    and r["EndDate"].astimezone(UTC) >= end):
-                b_start, b_end = r["StartDate"].astimezone(UTC), r["EndDate"].astimezone(UTC)
-                return BlockOffering(
-                    id=str(r["CapacityReservationId"]), instance_type=r["InstanceType"],
-                    zone=r["AvailabilityZone"], count=int(r["TotalInstanceCount"]),
-                    start=b_start, end=b_end,
-                    hours=round((b_end - b_start).total_seconds() / 3600), upfront_usd=0.0)
-        return None
+        out = []
+        for r in found:
+            if r.get("ReservationType") != CAPACITY_BLOCK:
+                continue
+            tags = {t["Key"]: t["Value"] for t in r.get("Tags", [])}
+            out.append(BoughtBlock(
+                id=str(r["CapacityReservationId"]), instance_type=r["InstanceType"],
+                zone=r["AvailabilityZone"], count=int(r["TotalInstanceCount"]),
+                start=r["StartDate"].astimezone(UTC), end=r["EndDate"].astimezone(UTC),
+                state=str(r["State"]), window=tags.get(naming.TAG_WINDOW),
+                span=tags.get(naming.TAG_WINDOW_SPAN), bought_by=tags.get(naming.TAG_BOUGHT_BY),
+                bought_at=tags.get(naming.TAG_BOUGHT_AT)))
+        return sorted(out, key=lambda b: (b.start, b.id))
 
     def open_block_window(self, group: Group, window: Window, block: str, zone: str,
                           tags: dict[str, str]) -> BlockWindow:

@@ -84,6 +84,14 @@ class ScheduledActions(AwsApi, SchedulesWindows):
         return _read_back((a["ScheduledActionName"], _utc(a["StartTime"]),
                            int(a.get("MinSize", 0))) for a in self._window_actions(group))
 
+    def scheduled_edges(self, group: Group) -> dict[tuple[str, str], int] | None:
+        out = {}
+        for a in self._window_actions(group):
+            m = _NAME.fullmatch(a["ScheduledActionName"])
+            assert m is not None  # _window_actions keeps poolctl's names only
+            out[(m.group(1), m.group(3))] = int(a.get("MinSize", 0))
+        return out
+
     def write_windows(self, group: Group, windows: list[Window], base_min: int,
                       removed: list[Window]) -> None:
         asg = self.client("autoscaling", group.region)

@@ -117,11 +117,23 @@ class CalendarReservations(MigReader, ReservesCalendarCapacity):
             "auto_delete_auto_created_reservations": True,
         }
         client = self.client("FutureReservationsClient")
-        op = self.call(f"insert future reservation {name} in {offering.zone}",
-                       client.insert_unary, request=compute_v1.InsertFutureReservationRequest(
-                           project=gcp.project, zone=offering.zone,
-                           future_reservation_resource=body, request_id=str(uuid.uuid4())))
-        self.wait(op, gcp.project, None, f"insert future reservation {name}", zone=offering.zone)
+        # The name comes from the window's id (the same for the same window), and the request
+        # id from the name: a retry of a request that went through is ignored by Compute
+        # Engine, and a second run finds the request it made (409) instead of a second one.
+        request_id = str(uuid.uuid5(uuid.NAMESPACE_URL,
+                                    f"poolctl/{gcp.project}/{offering.zone}/{name}"))
+        try:
+            op = self.call(f"insert future reservation {name} in {offering.zone}",
+                           client.insert_unary,
+                           request=compute_v1.InsertFutureReservationRequest(
+                               project=gcp.project, zone=offering.zone,
+                               future_reservation_resource=body, request_id=request_id))
+        except OperationFailed as e:
+            if ": 409 " not in str(e):
+                raise
+        else:
+            self.wait(op, gcp.project, None, f"insert future reservation {name}",
+                      zone=offering.zone)
         got = self.call(f"get future reservation {name}", client.get, project=gcp.project,
                         zone=offering.zone, future_reservation=name)
         state = str(got.status.procurement_status or "")
