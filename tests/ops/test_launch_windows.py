@@ -17,6 +17,7 @@ clouds/aws/blocks.py), scaled by its own two actions; the pool's group is not to
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from types import SimpleNamespace
 from typing import Any
@@ -458,3 +459,59 @@ def test_concurrent_windows_leave_the_schedule_a_serial_run_leaves(cli, sandbox,
     assert schedule() == together
     cancel_all()
     assert actions(sandbox_client) == []
+
+
+def test_sigint_at_drawn_points_of_reserve_yes_never_loses_or_doubles_a_purchase(
+        cli, sandbox, sandbox_client, sandbox_home, tmp_path):
+    """Issue 31: Ctrl-C at drawn moments of `warm --reserve --yes` (a child process, the
+    signal to its group as a terminal sends it), then the same command run to its end: every
+    block bought for the pool is in the ledger, at most one was bought for the window, and
+    the window runs in it."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    from poolctl.runtime.purchases import ledger_path
+    from tests.plugins.sandbox import poolctl_env
+
+    sandbox_admin(sandbox, "POST", "/_poolctl/clock", {"offset_seconds": 0})
+    day = (datetime.now(UTC) + timedelta(days=5)).date()
+    window = ["--replicas", "4", "--running", "--from", f"{day}T13:00:00Z", "--until",
+              f"{day}T15:00:00Z", "--reserve", "--yes"]
+    path = cli("warm", "--list").args[cli("warm", "--list").args.index("-f") + 1]
+    env = poolctl_env(sandbox_home, POOLCTL_POLL_S="0.05")
+    before = {r["CapacityReservationId"] for r in capacity_blocks(sandbox)}
+    rng = random.Random(31)
+    for delay in sorted(round(rng.uniform(0.8, 2.5), 2) for _ in range(4)):
+        p = subprocess.Popen([sys.executable, "-m", "poolctl", "warm", *window, "-f", path,
+                              "--sandbox"], env=env, cwd=str(sandbox_home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        time.sleep(delay)
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        _, err = p.communicate(timeout=120)
+        assert p.returncode in (0, 130, -signal.SIGINT), err[-2000:]
+        assert "Traceback" not in err, err[-3000:]
+    done = js(cli("warm", *window, "--json"))
+    assert done["action"] in ("scheduled", "exists")
+    new = [r for r in capacity_blocks(sandbox) if r["CapacityReservationId"] not in before]
+    assert len(new) == 1, [r["CapacityReservationId"] for r in new]  # never two
+    (block,) = new
+    assert done["bought"] == block["CapacityReservationId"]
+    steps = [json.loads(line) for line in
+             ledger_path(sandbox_home).read_text().splitlines()]
+    mine = [s for s in steps if s.get("reservation") == block["CapacityReservationId"]]
+    assert mine and mine[0]["state"] == "bought" and mine[0]["pool"] == "chat-70b"
+    (described,) = sandbox_client("ec2").describe_capacity_reservations(
+        CapacityReservationIds=[block["CapacityReservationId"]])["CapacityReservations"]
+    tags = {t["Key"]: t["Value"] for t in described.get("Tags", [])}
+    assert tags["poolctl:window"] == mine[0]["window"] and tags["poolctl:bought-by"]
+    unused = js(cli("warm", "--list", "--json"))["unused_blocks"]
+    assert block["CapacityReservationId"] not in {b["id"] for b in unused}  # the window's
+    cli("warm", "--cancel", done["window"])
