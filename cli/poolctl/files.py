@@ -38,11 +38,11 @@ def resolved_target(path: Path) -> Path:
     try:
         real = Path(os.path.realpath(path, strict=True))
     except (OSError, RuntimeError):
-        raise UsageError(f"{shown(path)}: a symlink to nothing that can be written "
-                         f"({shown(os.readlink(path))}); point it at the file, or replace "
+        raise UsageError(f"{shown(path, 300)}: a symlink to nothing that can be written "
+                         f"({shown(os.readlink(path), 300)}); point it at the file, or replace "
                          "it with the file") from None
     if not real.is_file():
-        raise UsageError(f"{shown(path)}: links to {shown(real)}, which is not a file; "
+        raise UsageError(f"{shown(path, 300)}: links to {shown(real, 300)}, which is not a file; "
                          "point it at the file")
     return real
 

@@ -187,7 +187,7 @@ def init(
     linked = next((dir / q for p in files for q in p.relative_to(dir).parents
                    if q != Path(".") and (dir / q).is_symlink()), None)
     if linked is not None:
-        raise UsageError(f"--dir: {shown(linked)} is a symlink; poolctl writes only inside "
+        raise UsageError(f"--dir: {shown(linked, 300)} is a symlink; poolctl writes only inside "
                          "--dir: remove the link, or pick another --dir")
     check_creatable(dir, "--dir", "pick a folder you can write in")
     try:
@@ -199,7 +199,7 @@ def init(
                 create_new(path, text)
             sys.stdout.write(f"wrote {path}\n")
     except FileExistsError as e:  # made meanwhile by another process
-        raise UsageError(f"--force: {shown(e.filename)} appeared while writing; pass --force "
+        raise UsageError(f"--force: {shown(e.filename, 300)} appeared while writing; pass --force "
                          "to overwrite, or --dir to write elsewhere") from None
     except OSError as e:  # the probe passed, the disk did not (full, quota)
         raise UsageError(f"--dir: cannot write {e.filename} ({e.strerror}); pick a folder you "
