@@ -689,6 +689,13 @@ class BoughtBlock:
         return {**asdict(self), "start": self.start.isoformat(timespec="minutes"),
                 "end": self.end.isoformat(timespec="minutes")}
 
+    def offering(self) -> BlockOffering:
+        """The block as an offer of what is already paid for (upfront 0)."""
+        return BlockOffering(id=self.id, instance_type=self.instance_type, zone=self.zone,
+                             count=self.count, start=self.start, end=self.end,
+                             hours=round((self.end - self.start).total_seconds() / 3600),
+                             upfront_usd=0.0)
+
 
 @dataclass(frozen=True)
 class Purchase:

@@ -504,10 +504,7 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
     held = _block_for(window, [b for b in ops.pool_blocks(cfg, pool) if b.id not in used],
                       zones)
     if held is not None:
-        offer = BlockOffering(id=held.id, instance_type=held.instance_type, zone=held.zone,
-                              count=held.count, start=held.start, end=held.end,
-                              hours=round((held.end - held.start).total_seconds() / 3600),
-                              upfront_usd=0.0)
+        offer = held.offering()
         if not yes:
             return WindowsResult(
                 pool=pool.name, cloud=cloud, action="offered", kept_min_nodes=base,
