@@ -163,9 +163,9 @@ def _root(
 def main() -> None:
     saved = sys.stdout, sys.stderr
     if not isinstance(sys.stdout, EscapingStream):
-        sys.stdout = EscapingStream(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = EscapingStream(sys.stdout)
     if not isinstance(sys.stderr, EscapingStream):
-        sys.stderr = EscapingStream(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = EscapingStream(sys.stderr)
     try:
         _main()
     finally:

@@ -155,8 +155,10 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
         for stat in STATS:
             key = f"{stat}_{metric}_ms" if stat != "p90" else f"p90_{metric}_ms"
             if key in o:
-                if o[key] == 0 or (isinstance(o[key], int | float) and o[key] < 0):
-                    raise UsageError(f"{where}: `{key}` is {o[key]}; a measured latency is "
+                v = o[key]
+                if v == 0 or (isinstance(v, int | float) and not isinstance(v, bool)
+                              and v < 0):
+                    raise UsageError(f"{where}: `{key}` is {v}; a measured latency is "
                                      "positive; give the file the benchmark wrote")
                 measured[f"{metric}_{stat}"] = _num(o, key, where, 1e-6, MAX_LATENCY_MS) / 1000
     for need in ("ttft_mean", "tpot_mean"):

@@ -20,8 +20,9 @@ from poolctl.perffit import parse_results, replay
 from poolctl.servingmodel import replica_model
 from tests.unit.test_perf_fit import EXAMPLE
 
-HOSTILE = st.sampled_from([0, -5, -1e-300, 1e-300, 1e-320, 1e300, True, False, None, "inf",
-                           "nan", "", "5", [], {}, 2**70, 0.5])
+HOSTILE: st.SearchStrategy = st.sampled_from(
+    [0, -5, -1e-300, 1e-300, 1e-320, 1e300, True, False, None, "inf", "nan", "", "5", [], {},
+     2**70, 0.5])
 SMALL = st.integers(1, 6)
 
 

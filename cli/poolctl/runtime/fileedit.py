@@ -28,10 +28,12 @@ class _EditLoader(LineLoader):
 
         self.names: dict[int, str] = {}  # id(node) -> the anchor it defines
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         alias = self.check_event(yaml.AliasEvent)
-        anchor = getattr(self.peek_event(), "anchor", None)
-        node: yaml.Node = super().compose_node(parent, index)
+        anchor = getattr(self.peek_event(), "anchor", None)  # type: ignore[no-untyped-call]
+        node = super().compose_node(parent, index)
+        if node is None:
+            return None
         if alias:
             self.shared[id(node)] = str(anchor)
         elif anchor is not None:

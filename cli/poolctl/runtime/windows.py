@@ -26,6 +26,7 @@ from poolctl.clouds.base import (
     BuysCapacityBlocks,
     CloudOps,
     Group,
+    Purchase,
     ReservesCalendarCapacity,
     RunsBlockWindows,
     SchedulesWarmWindows,
@@ -37,7 +38,6 @@ from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.progress import log
 from poolctl.runtime.purchases import (
-    Purchase,
     bought_blocks,
     buyer,
     now_iso,
