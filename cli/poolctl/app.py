@@ -168,6 +168,9 @@ def main() -> None:
         sys.stderr = EscapingStream(sys.stderr)
     try:
         _main()
+    except KeyboardInterrupt:
+        # Ctrl-C wherever it lands, handling another error included: exit 130, quietly.
+        sys.exit(130)
     finally:
         sys.stdout, sys.stderr = saved
 

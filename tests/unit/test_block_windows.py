@@ -6,6 +6,7 @@ that block instead of buying another. An in-memory cloud; the sandbox runs the r
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -145,6 +146,13 @@ class Interrupted(FakeBlockOps):
         if self.point == "after_buy":
             self.point = ""
             raise KeyboardInterrupt
+        if self.point == "half_open":  # the group made, its two actions not yet
+            self.point = ""
+            self.opened.append(BlockWindow(
+                window=dataclasses.replace(window, start=None, end=datetime.now(UTC)),
+                block=block, group=f"{group.name}-{window.id}", zone=zone, in_service=0))
+            raise KeyboardInterrupt
+        self.opened = [bw for bw in self.opened if bw.group != f"{group.name}-{window.id}"]
         return super().open_block_window(group, window, block, zone, tags)
 
 
@@ -224,3 +232,16 @@ def test_a_refused_purchase_is_recorded_failed():
         schedule(Refused(zones=["us-east-1a"]), yes=True)
     assert [s["state"] for s in ledger()] == ["buying", "failed"]
     assert "InsufficientCapacity" in ledger()[1]["error"]
+
+
+def test_ctrl_c_between_the_windows_group_and_its_actions_is_finished_by_running_again():
+    ops = Interrupted(zones=["us-east-1a"], point="half_open")
+    with pytest.raises(KeyboardInterrupt):
+        schedule(ops, yes=True)
+    (half,) = ops.opened
+    assert half.window.start is None and len(ops.bought) == 1
+    r = schedule(ops, yes=True)
+    (bw,) = ops.opened
+    assert (bw.window.start, bw.window.end) == (START, END) and len(ops.bought) == 1
+    assert r.action == "scheduled" and "half made" in r.message
+    assert schedule(ops, yes=True).action == "exists"

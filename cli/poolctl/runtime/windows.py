@@ -178,7 +178,9 @@ def _converge(read: Callable[[], tuple[list[Window], int, list[Window]]],
 
 
 def _duplicate(live: list[Window], window: Window) -> Window | None:
-    return next((w for w in live if w.id == window.id or same_window(w, window)), None)
+    """The window of `live` that `window` asks for again, if one is still to begin."""
+    return next((w for w in live if w.start is not None
+                 and (w.id == window.id or same_window(w, window))), None)
 
 
 def _exists(pool: Pool, cloud: Cloud, base: int, rows: tuple[WindowRow, ...], dup: Window,
@@ -496,6 +498,15 @@ def _reserve_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group:
     rows = _rows(live, base, rpn, now)
     running = ops.block_windows(cfg, pool)
     for bw in running:
+        if bw.window.id == window.id and bw.window.start is None and start > now:
+            # This window's group without its actions: a run stopped between the two.
+            # Finish it in its block (each step of the group's making is idempotent).
+            mine = next((b for b in ops.pool_blocks(cfg, pool) if b.id == bw.block), None)
+            if mine is not None:
+                return _open_in_block(cfg, pool, cloud, ops, group, plan, window, rows, base,
+                                      quota, on_demand, mine.offering(), (mine.offering(),),
+                                      "found with its window half made by an earlier run",
+                                      now)
         if bw.window.end > now and (dup := _duplicate([bw.window], window)) is not None:
             return replace(_exists(pool, cloud, base, (*rows, *_block_rows([bw], base, rpn, now)),
                                    dup, f"in Capacity Block {bw.block}"), bought=bw.block)

@@ -107,21 +107,27 @@ class BlockGroups(AwsApi, RunsBlockWindows):
              + [{"Key": k, "Value": v} for k, v in mine.items()]}
             for ts in data.get("TagSpecifications", [])]
         aws_tags = [{"Key": k, "Value": v} for k, v in mine.items()]
-        with self.call(f"ec2:CreateLaunchTemplate {name}"):
-            lt = ec2.create_launch_template(
-                LaunchTemplateName=name, LaunchTemplateData=data,
-                VersionDescription=f"poolctl window {window.id} in {block}",
-                TagSpecifications=[{"ResourceType": "launch-template", "Tags": aws_tags}],
-            )["LaunchTemplate"]
-        with self.call(f"autoscaling:CreateAutoScalingGroup {name}"):
-            asg.create_auto_scaling_group(
-                AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0,
-                LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplateId"], "Version": "1"},
-                VPCZoneIdentifier=subnet, TargetGroupARNs=g.get("TargetGroupARNs", []),
-                HealthCheckType=g.get("HealthCheckType", "EC2"),
-                HealthCheckGracePeriod=int(g.get("HealthCheckGracePeriod", 0)),
-                Tags=[{**t, "ResourceId": name, "ResourceType": "auto-scaling-group",
-                       "PropagateAtLaunch": True} for t in aws_tags])
+        # Each step may have been done by an interrupted earlier run (the window's id, hence
+        # these names, is the same for the same window): made already is done.
+        try:
+            with self.call(f"ec2:CreateLaunchTemplate {name}"):
+                lt_id = ec2.create_launch_template(
+                    LaunchTemplateName=name, LaunchTemplateData=data,
+                    VersionDescription=f"poolctl window {window.id} in {block}",
+                    TagSpecifications=[{"ResourceType": "launch-template", "Tags": aws_tags}],
+                )["LaunchTemplate"]["LaunchTemplateId"]
+        except OperationFailed as e:
+            if "AlreadyExists" not in str(e):
+                raise
+            with self.call(f"ec2:DescribeLaunchTemplates {name}"):
+                (lt,) = ec2.describe_launch_templates(
+                    LaunchTemplateNames=[name])["LaunchTemplates"]
+            lt_id = lt["LaunchTemplateId"]
+        try:
+            self._create_group(asg, name, lt_id, subnet, g, aws_tags)
+        except OperationFailed as e:
+            if "AlreadyExists" not in str(e):
+                raise
         # The one time AWS scales it: out at the window's start, in at its end.
         actions = [
             {"ScheduledActionName": f"{WINDOW_PREFIX}{window.id}-{window.nodes}n-from",
@@ -138,6 +144,18 @@ class BlockGroups(AwsApi, RunsBlockWindows):
             raise OperationFailed(f"aws autoscaling scheduled actions of {name}: "
                                   f"{failed[0].get('ErrorCode')}: {failed[0].get('ErrorMessage')}")
         return BlockWindow(window=window, block=block, group=name, zone=zone, in_service=0)
+
+    def _create_group(self, asg: Any, name: str, lt_id: str, subnet: str,
+                      g: dict[str, Any], aws_tags: list[dict[str, str]]) -> None:
+        with self.call(f"autoscaling:CreateAutoScalingGroup {name}"):
+            asg.create_auto_scaling_group(
+                AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0,
+                LaunchTemplate={"LaunchTemplateId": lt_id, "Version": "1"},
+                VPCZoneIdentifier=subnet, TargetGroupARNs=g.get("TargetGroupARNs", []),
+                HealthCheckType=g.get("HealthCheckType", "EC2"),
+                HealthCheckGracePeriod=int(g.get("HealthCheckGracePeriod", 0)),
+                Tags=[{**t, "ResourceId": name, "ResourceType": "auto-scaling-group",
+                       "PropagateAtLaunch": True} for t in aws_tags])
 
     def block_windows(self, cfg: Config, pool: Pool) -> list[BlockWindow]:
         assert pool.aws is not None  # asked for the pool's aws placement
