@@ -157,3 +157,40 @@ def test_gcp_reserve_refusals_write_nothing(fake, setup):
                                 start + timedelta(hours=2), running=True, now=NOW,
                                 reserve=True, yes=True)
     assert fake.future_reservations == {} and schedules(fake) == {}
+
+
+def test_gcp_reserve_run_again_after_ctrl_c_finds_its_request_instead_of_a_second(
+        fake, setup, tmp_path, monkeypatch):
+    """Issue 31: Ctrl-C after the future reservation was submitted, before the window's
+    schedule: the next run finds the request it made (same name from the window's id, the
+    insert answered 409) and schedules the window; a third run says the window exists."""
+    import json
+    import os
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path))
+    cfg, pool, ops = setup
+    start = (NOW + timedelta(days=2)).replace(minute=0, second=0)
+    end = start + timedelta(hours=2)
+    real = ops.write_windows
+
+    def stop(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ops, "write_windows", stop)
+    with pytest.raises(KeyboardInterrupt):
+        runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True, now=NOW,
+                                reserve=True, yes=True)
+    assert len(fake.future_reservations) == 1 and schedules(fake) == {}
+    monkeypatch.setattr(ops, "write_windows", real)
+    made = runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True,
+                                   now=NOW, reserve=True, yes=True)
+    assert made.action == "scheduled" and len(fake.future_reservations) == 1
+    assert len(schedules(fake)) == 1
+    again = runtime.schedule_window(cfg, pool, "gcp", ops, 8, start, end, running=True,
+                                    now=NOW, reserve=True, yes=True)
+    assert (again.action, again.window) == ("exists", made.window)
+    assert len(fake.future_reservations) == 1
+    steps = [json.loads(x) for x in (tmp_path / "purchases.jsonl").read_text().splitlines()]
+    assert [s["state"] for s in steps] == ["buying", "bought", "buying", "bought"]
+    assert {s["kind"] for s in steps} == {"future-reservation"}
+    assert os.stat(tmp_path / "purchases.jsonl").st_mode & 0o777 == 0o600
