@@ -24,7 +24,7 @@ from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import NotConfirmed, OperationFailed
 from poolctl.home import private_dir, write_private
 from poolctl.progress import log
-from poolctl.sizing import plan_pool
+from poolctl.sizing import hourly_cost, plan_pool, reserved_nodes
 from poolctl.terraform import (
     PlanSummary,
     Terraform,
@@ -73,12 +73,12 @@ def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
     if sized.get("warm_pool.pool_state") == "Running" and isinstance(
             warm_size := sized.get("warm_pool.min_size"), int):
         warm_running = warm_size
-    price = plan.price_per_node_hour_usd
+    price, reserved = plan.price_per_node_hour_usd, reserved_nodes(pool, cloud)
     return {"instance_type": plan.instance_type, "price_per_node_hour_usd": price,
             "replicas_per_node": plan.replicas_per_node, "nodes": nodes,
             "warm_running_nodes": warm_running,
-            "min": round((nodes["min"] + warm_running) * price, 2),
-            "max": round((nodes["max"] + warm_running) * price, 2)}
+            "min": hourly_cost(nodes["min"] + warm_running, reserved, price),
+            "max": hourly_cost(nodes["max"] + warm_running, reserved, price)}
 
 
 SYNTH_KEY_FILE = ".poolctl-synth-key"

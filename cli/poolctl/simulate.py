@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolctl.servingmodel import ReplicaModel, Topology
+from poolctl.sizing import billed_nodes
 from poolctl.traces import Blocks, Trace
 
 INF = math.inf
@@ -710,7 +711,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
             if w.start_s > 0:
                 heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
             heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
-    fixed_nodes = max(reserved_nodes, fixed_nodes)
+    fixed_nodes = billed_nodes(fixed_nodes, reserved_nodes)
 
     # Autoscaling state
     starting: list[float] = []  # ready times of nodes being started
@@ -792,9 +793,7 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
         if scale is not None:
             live = serving_nodes() + len(starting) + len({nodes_of[e.idx] for e in draining})
             warm_billed = warm_free if scale.warm_running else 0
-            # Reserved nodes are billed whether they run or not; a node in one is not
-            # billed again.
-            node_s += max(reserved_nodes, live + warm_billed) * (now - last_t)
+            node_s += billed_nodes(live + warm_billed, reserved_nodes) * (now - last_t)
         last_t = now
 
     def record(now: float) -> None:

@@ -121,8 +121,20 @@ class CostSplit:
     marginal_at_max_per_hour: float
 
 
+def billed_nodes(running: int, reserved: int) -> int:
+    """The nodes billed while `running` nodes are up: reserved capacity is paid whether used
+    or not, and a node running in it is not billed again. The one cost rule, which plan,
+    deploy, status and simulate all price by."""
+    return max(reserved, running)
+
+
+def hourly_cost(running: int, reserved: int, price: float) -> float:
+    """What the pool costs per hour (USD) with `running` nodes up at `price` per node-hour."""
+    return round(billed_nodes(running, reserved) * price, 2)
+
+
 def cost_split(running_min: int, running_max: int, reserved: int, price: float) -> CostSplit:
-    fixed = max(reserved, running_min)
+    fixed = billed_nodes(running_min, reserved)
     beyond = max(0, running_max - fixed)
     return CostSplit(price_per_node_hour=price, fixed_nodes=fixed,
                      fixed_per_hour=round(fixed * price, 2),
@@ -405,8 +417,8 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         fallback_quotas=fallback_quotas,
         price_per_node_hour_usd=price,
         cost_per_hour_usd={
-            "min": round(max(reserved, nodes.min + warm_running) * price, 2),
-            "max": round(max(reserved, nodes.max + warm_running) * price, 2),
+            "min": hourly_cost(nodes.min + warm_running, reserved, price),
+            "max": hourly_cost(nodes.max + warm_running, reserved, price),
         },
         start_seconds={"cold": totals["cold"], "warm": totals[warm_key]},
         start_phases=phases,

@@ -28,7 +28,7 @@ from poolctl.config import Config, Pool
 from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
-from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity
+from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity, hourly_cost
 from poolctl.terraform import Terraform
 from poolctl.windows import Window
 
@@ -236,6 +236,13 @@ class PoolStatus:
     # never came (the ledger's; runtime/purchases.py).
     unused_blocks: list[BoughtBlock] = field(default_factory=list)
     pending_purchases: list[Purchase] = field(default_factory=list)
+    price_per_node_hour_usd: float = 0.0  # the catalog's, as `plan` prices the pool
+
+    def cost_per_hour_usd(self) -> float:
+        """What the pool costs per hour now: its nodes up (stopped warm ones are not
+        billed), priced by the one cost rule (sizing.hourly_cost: reservations included)."""
+        return hourly_cost(self.held().running_nodes, self.reserved_nodes,
+                           self.price_per_node_hour_usd)
 
     def counts(self) -> dict[str, int]:
         c = {"in_service": 0, "warm": 0, "pending": 0, "unhealthy": 0, "terminating": 0}
@@ -257,6 +264,7 @@ class PoolStatus:
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
             "capacity": asdict(self.held()),
+            "cost_per_hour_usd": self.cost_per_hour_usd(),
             "windows": [self._window(w) for w in self.windows],
             "windows_kept_min_nodes": self.windows_kept_min,
             "block_windows": [bw.to_json() for bw in self.block_windows],

@@ -253,6 +253,7 @@ def status(
         if s.rollout:
             con.print(f"  rollout {s.rollout.id}: {runtime.rollout_words(s.rollout)}")
         con.print(f"  capacity: {s.held().words()}", soft_wrap=True)
+        con.print(f"  cost: ${s.cost_per_hour_usd():,.2f}/h now", soft_wrap=True)
         if s.capacity_failures:
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
         for w in s.windows:

@@ -63,7 +63,8 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
                       warm_windows=[w for w in warm_windows if w.end > now],
                       warm_windows_kept=warm_kept,
                       unused_blocks=[b for b in blocks if b.id not in used],
-                      pending_purchases=unanswered(cfg, pool, cloud, known))
+                      pending_purchases=unanswered(cfg, pool, cloud, known),
+                      price_per_node_hour_usd=plan.price_per_node_hour_usd)
 
 
 
