@@ -10,18 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import poolctl
 from poolctl import naming
 from poolctl.adaptors.stacks import poolctl_stacks, stacks_app
 from poolctl.cloud import Cloud
-from poolctl.clouds.aws import adopt as aws_adopt
-from poolctl.clouds.aws import ops as aws
+from poolctl.clouds.base import DeployChecks, Found
+from poolctl.clouds.registry import get_ops
 from poolctl.config import Config, Pool, Target
 from poolctl.contract import aws as contract_aws
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
-from poolctl.errors import NotConfirmed, OperationFailed
+from poolctl.errors import NotConfirmed
 from poolctl.home import private_dir, write_private
 from poolctl.progress import log
 from poolctl.sizing import hourly_cost, plan_pool, reserved_nodes
@@ -33,9 +33,6 @@ from poolctl.terraform import (
     find_binary,
     log_path,
 )
-
-if TYPE_CHECKING:
-    from poolctl.clouds.aws.adopt import Found
 
 # Import blocks for resources an interrupted apply created but did not record (see adopt).
 ADOPT_FILE = "poolctl_adopt.tf.json"
@@ -136,18 +133,17 @@ def endpoint_workdir(stack_dir: Path, region: str, endpoints: CloudEndpoints
                   json.dumps(endpoint_override(region, endpoints.aws, state), indent=2))
     env: dict[str, str] = {}
     if endpoints.stand_in_images:
-
-        ec2 = aws.make_ops(endpoints).client("ec2", region)
-        images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
-        if not images:
-            raise OperationFailed(f"{endpoints.aws.url}: the endpoint offers no AMI to stand "
-                                  "in for the node image; restart the sandbox with "
-                                  "`poolctl sandbox stop && poolctl sandbox start`")
-        env = contract_aws.sandbox_env(sorted(i["ImageId"] for i in images)[0])
+        env = contract_aws.sandbox_env(_checks(Cloud.aws, endpoints).stand_in_image(region))
     # AWS_ENDPOINT_URL as well as the override's per-service endpoints: a service the stack
     # starts to use before ENDPOINT_SERVICES lists it still reaches the endpoint, never AWS.
     env.update(endpoints.aws.env(region))
     return work, env
+
+
+def _checks(cloud: Cloud, endpoints: CloudEndpoints) -> DeployChecks:
+    ops = get_ops(cloud, endpoints)
+    assert isinstance(ops, DeployChecks)  # asked for AWS only, whose ops check deploys
+    return ops
 
 
 def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
@@ -167,14 +163,12 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
            for name in blocks):
         return []
 
-    ops = aws.make_ops(endpoints)
     tags = naming.aws_tags(cfg, pool)
     contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
     stack = naming.stack_name(cfg, pool, cloud)
     assert pool.aws is not None  # run_stacks' targets pair a pool with its own placements
-    region = pool.aws.region
-    found = aws_adopt.find(
-        lambda svc: ops.client(svc, region), config, state, contract,
+    found = _checks(cloud, endpoints).adoptable(
+        pool.aws.region, config, state, contract,
         on_denied=lambda address, code: log(
             f"== {stack}: not looking for {address} left by an interrupted apply ({code}); "
             "if it exists, Terraform reports it"))

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -31,14 +30,10 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from poolctl import naming
-from poolctl.adaptors.aws import botocore_exceptions
-from poolctl.adaptors.gcp import compute_v1
 from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
 from poolctl.cloud import Cloud
-from poolctl.clouds.aws.ops import make_ops as make_aws_ops
-from poolctl.clouds.aws.preflight import check_builder_subnet
-from poolctl.clouds.gcp.api import link_name
-from poolctl.clouds.gcp.ops import make_ops as make_gcp_ops
+from poolctl.clouds.base import ImageRow, KeepsNodeImages, PreparesImageBuilds
+from poolctl.clouds.registry import get_ops
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Loc, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
@@ -60,8 +55,7 @@ PLUGINS_FROM = (1, 7, 0)
 # After SIGINT Packer terminates the builder and deletes its temporary key pair and security
 # group; give it that long before giving up on it.
 CLEANUP_TIMEOUT_S = 600
-TAG_SERVING_IMAGE = "poolctl:serving-image"
-LABEL_SERVING_IMAGE = "poolctl-serving-image"
+TAG_SERVING_IMAGE, LABEL_SERVING_IMAGE = naming.TAG_SERVING_IMAGE, naming.LABEL_SERVING_IMAGE
 DEFAULT_BUILDER = {"aws": "m6i.xlarge", "gcp": "n2-standard-4"}
 _FAMILY = re.compile(r"^(?:projects/(?P<project>[a-z][-a-z0-9.:]*)/global/images/)?"
                      r"family/(?P<family>[a-z][-a-z0-9]*)$")
@@ -173,32 +167,20 @@ def gcp_base(cfg: Config, pool: Pool) -> dict[str, str]:
 
 
 def aws_base(cfg: Config, pool: Pool, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
-    """The Deep Learning Base AMI that `aws.ami_ssm_parameter` names, resolved now (Packer
-    1.6.6 cannot read SSM). An endpoint with stand-in images (the sandbox) has no such
-    parameter: its first Amazon image is used, as `deploy --sandbox` does."""
-    p = pool.aws
-    assert p is not None  # build asks it only for the pool's aws placement, checked there
-    ssm = aws_client("ssm", p.region, endpoints)
-    try:
-        value: str = ssm.get_parameter(Name=p.ami_ssm_parameter)["Parameter"]["Value"]
-        return value
-    except botocore_exceptions.ClientError as e:
-        code = e.response.get("Error", {}).get("Code", "")
-        if code != "ParameterNotFound":
-            raise OperationFailed(f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: "
-                                  f"{e}") from None
-    except botocore_exceptions.BotoCoreError as e:
-        raise OperationFailed(f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: {e}") from None
-    if endpoints.stand_in_images:
-        images = aws_client("ec2", p.region, endpoints).describe_images(
-            Owners=["amazon"]).get("Images", [])
-        if images:
-            first: str = sorted(i["ImageId"] for i in images)[0]
-            return first
-    raise UsageError(
-        f"{_pool_key(cfg, pool, Cloud.aws)}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no "
-        f"image in {p.region}, so the image build has no base; set it to the Deep Learning "
-        "Base AMI's parameter")
+    """The Deep Learning Base AMI that `aws.ami_ssm_parameter` names, resolved now."""
+    return _builds(Cloud.aws, endpoints).image_build_base(pool, _pool_key(cfg, pool, Cloud.aws))
+
+
+def _builds(cloud: Cloud, endpoints: CloudEndpoints) -> PreparesImageBuilds:
+    ops = get_ops(cloud, endpoints)
+    assert isinstance(ops, PreparesImageBuilds)  # asked for AWS, whose ops prepare builds
+    return ops
+
+
+def _images(cloud: Cloud, endpoints: CloudEndpoints) -> KeepsNodeImages:
+    ops = get_ops(cloud, endpoints)
+    assert isinstance(ops, KeepsNodeImages)  # both clouds keep node images
+    return ops
 
 
 def render(cfg: Config, pool: Pool, cloud: Cloud, *, version: tuple[int, int, int],
@@ -479,12 +461,8 @@ def build(cfg: Config, file_path: Path, pool: Pool, cloud: Cloud, *,
 def _aws_builder_subnet(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> None:
     """Before Packer runs: the subnet its builder launches in exists (the file's, or one of
     the pool's private subnets, which its first deploy creates)."""
-
-    p = pool.aws
-    assert p is not None  # build checked the pool's placement on this cloud (aws)
-    check_builder_subnet(f"{_pool_key(cfg, pool, Cloud.aws)}.network", p.region,
-                         builder_subnet_tags(cfg, pool), list(p.network.subnet_ids),
-                         has_vpc=bool(p.network.vpc_id), endpoints=endpoints)
+    _builds(Cloud.aws, endpoints).check_image_builder(
+        pool, _pool_key(cfg, pool, Cloud.aws), builder_subnet_tags(cfg, pool))
 
 
 def builder_subnet_tags(cfg: Config, pool: Pool) -> dict[str, str]:
@@ -509,100 +487,10 @@ def _artifact(workdir: Path, cloud: Cloud, pool: Pool) -> str:
 # List and prune (the cloud's view; the file and the deployed pool say what is in use)
 
 
-def aws_client(service: str, region: str, endpoints: CloudEndpoints = REAL_CLOUDS) -> Any:
-
-    return make_aws_ops(endpoints).client(service, region)
-
-
-@dataclass
-class ImageRow:
-    id: str
-    name: str
-    created: str
-    serving_image: str | None
-    in_use: list[str]
-    snapshots: list[str] = field(default_factory=list)
-
-
 def list_images(cfg: Config, pool: Pool, cloud: Cloud,
                 endpoints: CloudEndpoints = REAL_CLOUDS) -> list[ImageRow]:
-    rows = (_aws_images(cfg, pool, endpoints) if cloud == Cloud.aws
-            else _gcp_images(cfg, pool, endpoints))
+    rows = _images(cloud, endpoints).node_images(cfg, pool)
     return sorted(rows, key=lambda r: (r.created, r.id), reverse=True)
-
-
-def _aws_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-    assert pool.aws is not None  # listed for the pool's aws placement (commands' one_target)
-    region = pool.aws.region
-    ec2 = aws_client("ec2", region, endpoints)
-    tags = naming.aws_tags(cfg, pool)
-    try:
-        images = ec2.describe_images(Owners=["self"], Filters=[
-            {"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()])["Images"]
-        used = _aws_in_use(ec2, cfg, pool)
-    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
-        raise OperationFailed(f"image list --cloud aws: {e}") from None
-    rows = []
-    for im in images:
-        t = {x["Key"]: x["Value"] for x in im.get("Tags", [])}
-        rows.append(ImageRow(
-            id=im["ImageId"], name=im.get("Name", ""), created=im.get("CreationDate", ""),
-            serving_image=t.get(TAG_SERVING_IMAGE), in_use=used.get(im["ImageId"], []),
-            snapshots=[b["Ebs"]["SnapshotId"] for b in im.get("BlockDeviceMappings", [])
-                       if b.get("Ebs", {}).get("SnapshotId")]))
-    return rows
-
-
-def _aws_in_use(ec2: Any, cfg: Config, pool: Pool) -> dict[str, list[str]]:
-    """Image id -> what uses it: the file's placement, the pool's launch template versions
-    (a rollback returns to the previous one), instances that are not terminated."""
-    used: dict[str, list[str]] = {}
-    assert pool.aws is not None  # _aws_images: the pool's aws placement
-    if pool.aws.ami_id:
-        used.setdefault(pool.aws.ami_id, []).append("aws.ami_id in the file")
-    tags = naming.aws_tags(cfg, pool)
-    filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
-    for lt in ec2.describe_launch_templates(Filters=filters).get("LaunchTemplates", []):
-        versions = ec2.describe_launch_template_versions(
-            LaunchTemplateId=lt["LaunchTemplateId"]).get("LaunchTemplateVersions", [])
-        for v in versions:
-            ami = v.get("LaunchTemplateData", {}).get("ImageId")
-            if ami:
-                used.setdefault(ami, []).append(
-                    f"launch template {lt['LaunchTemplateName']} v{v['VersionNumber']}")
-    states = ["pending", "running", "stopping", "stopped"]
-    for page in ec2.get_paginator("describe_instances").paginate(
-            Filters=[*filters, {"Name": "instance-state-name", "Values": states}]):
-        for res in page["Reservations"]:
-            for i in res["Instances"]:
-                used.setdefault(i["ImageId"], []).append(f"instance {i['InstanceId']}")
-    return used
-
-
-def _gcp_images(cfg: Config, pool: Pool, endpoints: CloudEndpoints) -> list[ImageRow]:
-
-    ops = make_gcp_ops(endpoints)
-    labels = naming.gcp_labels(cfg, pool)
-    assert pool.gcp is not None  # listed for the pool's gcp placement (commands' one_target)
-    project = pool.gcp.project
-    # Label values are [a-z0-9_-] (naming.gcp_labels): nothing to escape in the quotes.
-    flt = " AND ".join(f'labels.{k} = "{v}"' for k, v in sorted(labels.items()))
-    images = ops.call(f"list images of {project}", ops.client("ImagesClient").list,
-                      request=compute_v1.ListImagesRequest(project=project, filter=flt))
-    used: dict[str, list[str]] = {}
-    if pool.gcp.image:
-        used.setdefault(link_name(pool.gcp.image), []).append("gcp.image in the file")
-    # The pool's instance templates: the MIG's current one and the one a rollback returns to
-    # (rollout cleanup keeps those and what VMs still run).
-    for tpl in ops.labelled_templates(project, labels):
-        for d in tpl.properties.disks:
-            if src := d.initialize_params.source_image:
-                used.setdefault(link_name(src), []).append(f"instance template {tpl.name}")
-    return [ImageRow(id=f"projects/{project}/global/images/{im.name}", name=im.name,
-                     created=im.creation_timestamp,
-                     serving_image=dict(im.labels).get(LABEL_SERVING_IMAGE),
-                     in_use=used.get(im.name, []))
-            for im in images]
 
 
 def latest_image(cfg: Config, pool: Pool, cloud: Cloud,
@@ -628,35 +516,10 @@ def prune(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints, keep
     spare = [r for r in rows if not r.in_use]
     gone, kept = spare[keep:], [r.id for r in rows if r.in_use] + [r.id for r in spare[:keep]]
     deleted = []
+    images = _images(cloud, endpoints)
     for r in gone:
-        if cloud == Cloud.aws:
-            _aws_delete(pool, endpoints, r)
-        else:
-            _gcp_delete(pool, endpoints, r)
+        images.delete_node_image(pool, r)
         deleted.append({"id": r.id, "name": r.name, "snapshots": r.snapshots})
         log(f"{pool.name}: deleted {r.id} ({r.name}){' and ' if r.snapshots else ''}"
             f"{', '.join(r.snapshots)}")
     return {"pool": pool.name, "cloud": cloud, "kept": kept, "deleted": deleted}
-
-
-def _gcp_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
-
-    ops = make_gcp_ops(endpoints)
-    what = f"delete image {row.name}"
-    assert pool.gcp is not None  # prune: the pool's gcp placement, whose images it listed
-    # A request id: a retried delete is not applied twice.
-    op = ops.call(what, ops.client("ImagesClient").delete_unary,
-                  request=compute_v1.DeleteImageRequest(
-                      project=pool.gcp.project, image=row.name, request_id=str(uuid.uuid4())))
-    ops.wait(op, pool.gcp.project, None, what)
-
-
-def _aws_delete(pool: Pool, endpoints: CloudEndpoints, row: ImageRow) -> None:
-    assert pool.aws is not None  # prune: the pool's aws placement, whose images it listed
-    ec2 = aws_client("ec2", pool.aws.region, endpoints)
-    try:
-        ec2.deregister_image(ImageId=row.id)
-        for snap in row.snapshots:
-            ec2.delete_snapshot(SnapshotId=snap)
-    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
-        raise OperationFailed(f"image prune: {row.id}: {e}") from None

@@ -33,6 +33,9 @@ TAG_BLOCK = "poolctl:capacity-block"
 # On a bought Capacity Block, set at purchase: the window it was bought for (FROM/UNTIL/NODES,
 # so a block left without its window names the command that uses it), when and by whom.
 TAG_WINDOW_SPAN = "poolctl:window-span"
+# On a node image poolctl built: the serving image it pre-pulled (`--node-image latest`).
+TAG_SERVING_IMAGE = "poolctl:serving-image"
+LABEL_SERVING_IMAGE = "poolctl-serving-image"
 TAG_BOUGHT_BY = "poolctl:bought-by"
 TAG_BOUGHT_AT = "poolctl:bought-at"
 

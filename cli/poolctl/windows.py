@@ -144,6 +144,28 @@ def parse_span(flag: str, text: str) -> float:
     return seconds
 
 
+def parse_warm_window(text: str) -> tuple[float, float, int, bool]:
+    """`simulate --warm-window FROM,UNTIL,N[,running|stopped]` -> (from s, until s, replicas,
+    running), each part held to its bounds; one line naming the flag otherwise."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) not in (3, 4):
+        raise UsageError(f"--warm-window {shown(text)}: give FROM,UNTIL,N[,running|stopped] (e.g. "
+                         "0,1h,8 or 5m,65m,8,stopped)")
+    # FROM below 0: the window began before the trace (its nodes serve from the start).
+    start = (-parse_span("--warm-window FROM", parts[0][1:]) if parts[0].startswith("-")
+             else parse_span("--warm-window FROM", parts[0]))
+    end = parse_span("--warm-window UNTIL", parts[1])
+    if end <= start:
+        raise UsageError(f"--warm-window {shown(text)}: UNTIL must be after FROM")
+    if re.fullmatch("[0-9]{1,6}", parts[2]) is None or int(parts[2]) < 1:
+        raise UsageError(f"--warm-window {shown(text)}: N is a number of replicas, 1 to "
+                         "999999")
+    state = parts[3] if len(parts) == 4 else "running"
+    if state not in ("running", "stopped"):
+        raise UsageError(f"--warm-window {shown(text)}: the state is running or stopped")
+    return start, end, int(parts[2]), state == "running"
+
+
 def check_window(start: datetime, end: datetime, now: datetime) -> None:
     """One line naming the flag for a window that cannot be scheduled."""
     if start <= now:

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from poolctl.commands.simulate import _warm_window  # noqa: PLC2701 (the flag's own parser)
 from poolctl.errors import UsageError
-from poolctl.windows import MAX_AHEAD, MAX_SPAN, parse_span, parse_time
+from poolctl.windows import MAX_AHEAD, MAX_SPAN, parse_span, parse_time, parse_warm_window
 from tests import inproc
 from tests.unit.test_simulate import one_line
 
@@ -75,7 +74,7 @@ def test_a_span_is_within_a_trace_or_one_line(text):
 def test_warm_window_is_a_bounded_window_or_one_line(start, end, n, state, neg):
     text = f"{'-' if neg else ''}{start},{end},{n}{state}"
     try:
-        a, b, replicas, _ = _warm_window(text)
+        a, b, replicas, _ = parse_warm_window(text)
     except UsageError as e:
         assert str(e).startswith("--warm-window") and "\n" not in str(e)
         return

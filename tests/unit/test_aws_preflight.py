@@ -19,6 +19,9 @@ NOWHERE = CloudEndpoints(flag="--sandbox", clouds=frozenset({Cloud.aws}), aws=Aw
                                         "aws_secret_access_key": "testing"}))
 
 
+OPS: list = []  # the ops whose ACM client the fixture stubs
+
+
 @pytest.fixture
 def acm(monkeypatch):
     """The ACM client the check uses, stubbed; yields the Stubber to queue answers on."""
@@ -28,7 +31,7 @@ def acm(monkeypatch):
 
     ops = make_ops(NOWHERE)
     stub = Stubber(ops.client("acm", "us-east-1"))
-    monkeypatch.setattr(aws_preflight, "_ops", lambda endpoints: ops)
+    OPS[:] = [ops]
     with stub:
         yield stub
     stub.assert_no_pending_responses()
@@ -40,7 +43,7 @@ def _status(acm, status: str) -> None:
 
 
 def _check() -> str | None:
-    return aws_preflight.check_certificate(KEY, ARN, "us-east-1", NOWHERE)
+    return aws_preflight.check_certificate(KEY, ARN, "us-east-1", OPS[0])
 
 
 def test_issued_certificate_passes(acm):
@@ -77,7 +80,7 @@ def test_unissued_certificate(acm, status, fix):
 def test_another_regions_certificate_needs_no_call(acm):
     with pytest.raises(UsageError) as e:
         aws_preflight.check_certificate(KEY, ARN.replace("us-east-1", "eu-west-1"),
-                                        "us-east-1", NOWHERE)
+                                        "us-east-1", OPS[0])
     assert str(e.value).startswith(f"{KEY}: the certificate is in eu-west-1, the pool's load "
                                    "balancer in us-east-1;")
 
@@ -100,4 +103,4 @@ def test_other_errors_are_one_line(acm):
 
 def test_an_iam_certificate_is_left_to_elb(acm):
     assert aws_preflight.check_certificate(
-        KEY, "arn:aws:iam::111122223333:server-certificate/pool", "us-east-1", NOWHERE) is None
+        KEY, "arn:aws:iam::111122223333:server-certificate/pool", "us-east-1", OPS[0]) is None

@@ -26,7 +26,8 @@ def test_aws_declares_its_capabilities():
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
         "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures",
-        "SchedulesWindows", "SchedulesWarmWindows", "BuysCapacityBlocks", "RunsBlockWindows"]
+        "SchedulesWindows", "SchedulesWarmWindows", "BuysCapacityBlocks", "RunsBlockWindows",
+        "DeployChecks", "SendsInstanceKeys", "KeepsNodeImages", "PreparesImageBuilds"]
     assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 
 
@@ -35,7 +36,7 @@ def test_gcp_declares_its_capabilities():
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
         "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures", "SchedulesWindows",
-        "ReservesCalendarCapacity"]
+        "ReservesCalendarCapacity", "ImportsLoginKeys", "KeepsNodeImages"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 
 

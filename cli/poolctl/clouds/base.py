@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -757,8 +758,100 @@ class RunsBlockWindows(ABC):
         """Delete the window's group and launch template (the block stays bought)."""
 
 
+@dataclass(frozen=True)
+class Found:
+    """A resource an interrupted apply created but did not record, found in the cloud by the
+    tags poolctl gave it: imported (`address`, `id`) instead of created again."""
+
+    address: str
+    id: str
+    what: str
+
+
+class DeployChecks(ABC):
+    """What a deploy asks of the cloud beyond Terraform (AWS): the HTTPS listener's
+    certificate, resources an interrupted apply left behind, and the node image a local
+    endpoint (the sandbox) stands in with."""
+
+    @abstractmethod
+    def certificate_note(self, key: str, arn: str, region: str) -> str | None:
+        """The certificate `key` names is the region's and issued (raises otherwise); a
+        note when the caller may not look."""
+
+    @abstractmethod
+    def adoptable(self, region: str, config: dict[str, Any], state: dict[str, dict[str, Any]],
+                  contract: dict[str, str], on_denied: Callable[[str, str], None]
+                  ) -> list[Found]:
+        """Resources of the synthesized `config` missing from `state` that exist with the
+        `contract` tags (a lookup the caller may not make: `on_denied(address, code)`)."""
+
+    @abstractmethod
+    def stand_in_image(self, region: str) -> str:
+        """The image a local endpoint offers in place of the node image (its first)."""
+
+
+class SendsInstanceKeys(ABC):
+    """A login key pushed to one instance for a minute (AWS EC2 Instance Connect)."""
+
+    @abstractmethod
+    def send_instance_key(self, region: str, instance_id: str, user: str,
+                          public_key: str) -> None:
+        """UsageError without credentials; OperationFailed when the cloud refuses."""
+
+
+class ImportsLoginKeys(ABC):
+    """Login keys in the caller's profile (GCP OS Login)."""
+
+    @abstractmethod
+    def caller_account(self) -> str: ...
+
+    @abstractmethod
+    def import_ssh_key(self, account: str, public_key: str, project: str,
+                       ttl_s: float) -> tuple[str, str]: ...
+
+    @abstractmethod
+    def delete_ssh_key(self, account: str, fingerprint: str) -> None: ...
+
+
+@dataclass
+class ImageRow:
+    """A node image built for the pool, and what uses it (the file, templates, instances)."""
+
+    id: str
+    name: str
+    created: str
+    serving_image: str | None
+    in_use: list[str]
+    snapshots: list[str] = field(default_factory=list)
+
+
+class KeepsNodeImages(ABC):
+    """The node images `poolctl image build` made for the pool (`image list`, `prune`)."""
+
+    @abstractmethod
+    def node_images(self, cfg: Config, pool: Pool) -> list[ImageRow]: ...
+
+    @abstractmethod
+    def delete_node_image(self, pool: Pool, row: ImageRow) -> None:
+        """The image and what only it holds (AWS: its snapshots)."""
+
+
+class PreparesImageBuilds(ABC):
+    """What an image build needs from the cloud before Packer runs (AWS): the base image a
+    parameter names, and a subnet for the builder."""
+
+    @abstractmethod
+    def image_build_base(self, pool: Pool, key: str) -> str:
+        """The base image `aws.ami_ssm_parameter` names now (`key` for the line)."""
+
+    @abstractmethod
+    def check_image_builder(self, pool: Pool, key: str, tags: dict[str, str]) -> None:
+        """The subnet the builder launches in exists (raises before Packer would run)."""
+
+
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
-    SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity)
+    SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity,
+    DeployChecks, SendsInstanceKeys, ImportsLoginKeys, KeepsNodeImages, PreparesImageBuilds)

@@ -13,8 +13,7 @@ from rich.table import Table
 
 from poolctl import runtime
 from poolctl.cloud import Cloud
-from poolctl.clouds.aws.preflight import check_certificate
-from poolctl.clouds.base import StepsRollouts
+from poolctl.clouds.base import DeployChecks, StepsRollouts
 from poolctl.commands.common import (
     AutoApproveOpt,
     CloudAllOpt,
@@ -107,7 +106,7 @@ def _size(value: int | str | None, rpn: int | None) -> str:
         f"{value} ({value * rpn} replicas)")
 
 
-def _render_summary(name: str, summary: PlanSummary) -> None:
+def render_plan_summary(name: str, summary: PlanSummary) -> None:
     """Before the confirmation: what the plan adds, changes and destroys per resource type,
     the node counts it changes and what the pool costs per hour."""
 
@@ -198,8 +197,10 @@ def _certificate(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoint
         return None
 
     idx = [p.name for p in cfg.pools].index(pool.name)
-    return check_certificate(f"pools[{idx}].aws.certificate_arn", placement.certificate_arn,
-                             placement.region, endpoints)
+    ops = get_ops(cloud, endpoints)
+    assert isinstance(ops, DeployChecks)  # AWS's ops check what a deploy needs
+    return ops.certificate_note(f"pools[{idx}].aws.certificate_arn",
+                                placement.certificate_arn, placement.region)
 
 
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
@@ -218,7 +219,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         plan_only=plan_only,
         confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
         # With --json the summary is in the JSON; stdout carries nothing else.
-        render_summary=(lambda name, summary: None) if json_out else _render_summary,
+        render_summary=(lambda name, summary: None) if json_out else render_plan_summary,
         preflight=None if destroy else _deploy_preflight(cfg, endpoints, skip_quota_check,
                                                          plan_only),
         verbose=verbose,

@@ -14,7 +14,7 @@ import typer
 
 from poolctl import images, runtime
 from poolctl.clouds.base import RolloutState, RolloutStatus
-from poolctl.commands.build import VerboseOpt, _render_summary, check_out, make_out
+from poolctl.commands.build import VerboseOpt, check_out, make_out, render_plan_summary
 from poolctl.commands.common import (
     WEEK_S,
     AutoApproveOpt,
@@ -134,7 +134,7 @@ def start(
             cfg, path, p, c, ops, image=image, model_version=model_version,
             node_image=node_image, no_surge=no_surge,
             confirm=lambda q: confirm(q, auto_approve), outdir=make_out(out),
-            mirror=provider_mirror, render_summary=_render_summary, verbose=verbose,
+            mirror=provider_mirror, render_summary=render_plan_summary, verbose=verbose,
         )
     data = res.to_json()
     final = None
@@ -214,7 +214,7 @@ def rollback(
     with _stdout_to_stderr(json_out):
         data = runtime.rollout_rollback(
             ctx.cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
-            outdir=make_out(out), mirror=provider_mirror, render_summary=_render_summary,
+            outdir=make_out(out), mirror=provider_mirror, render_summary=render_plan_summary,
             verbose=verbose)
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -47,7 +46,7 @@ from poolctl.simulate import (
     write_requests_csv,
 )
 from poolctl.sizing import nodes_for, plan_pool
-from poolctl.windows import parse_span
+from poolctl.windows import parse_warm_window
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
@@ -98,7 +97,7 @@ def simulate(
         raise UsageError(f"--balancer: {balancer!r} is not one of {', '.join(BALANCERS)}")
     if warm_window is not None and replicas is not None:
         raise UsageError("--warm-window: with --autoscale (not with --replicas)")
-    spec = _warm_window(warm_window) if warm_window is not None else None
+    spec = parse_warm_window(warm_window) if warm_window is not None else None
     gpus = _split(split if split is not None else "4:4")
     if split is not None and topology == "aggregated":
         raise UsageError(f"--split {shown(split)}: applies to a disaggregated topology only; "
@@ -141,27 +140,6 @@ def simulate(
         emit_json(json_safe(s))  # a step time of 1e305 s is a number, but not JSON's
     else:
         render(s)
-
-
-def _warm_window(text: str) -> tuple[float, float, int, bool]:
-    """FROM,UNTIL,N[,running|stopped] -> (from s, until s, replicas, running)."""
-    parts = [x.strip() for x in text.split(",")]
-    if len(parts) not in (3, 4):
-        raise UsageError(f"--warm-window {shown(text)}: give FROM,UNTIL,N[,running|stopped] (e.g. "
-                         "0,1h,8 or 5m,65m,8,stopped)")
-    # FROM below 0: the window began before the trace (its nodes serve from the start).
-    start = (-parse_span("--warm-window FROM", parts[0][1:]) if parts[0].startswith("-")
-             else parse_span("--warm-window FROM", parts[0]))
-    end = parse_span("--warm-window UNTIL", parts[1])
-    if end <= start:
-        raise UsageError(f"--warm-window {shown(text)}: UNTIL must be after FROM")
-    if re.fullmatch("[0-9]{1,6}", parts[2]) is None or int(parts[2]) < 1:
-        raise UsageError(f"--warm-window {shown(text)}: N is a number of replicas, 1 to "
-                         "999999")
-    state = parts[3] if len(parts) == 4 else "running"
-    if state not in ("running", "stopped"):
-        raise UsageError(f"--warm-window {shown(text)}: the state is running or stopped")
-    return start, end, int(parts[2]), state == "running"
 
 
 def _window_nodes(p: Pool, c: Cloud, spec: tuple[float, float, int, bool]

@@ -26,9 +26,9 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from poolctl.adaptors.aws import botocore_exceptions
-from poolctl.clouds.aws import ops as aws
-from poolctl.clouds.gcp import ops as gcp
+from poolctl.cloud import Cloud
+from poolctl.clouds.base import ImportsLoginKeys, SendsInstanceKeys
+from poolctl.clouds.registry import get_ops
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.nodecheck.checks import CmdResult, Runner
@@ -470,7 +470,8 @@ class OsLogin:
 
     def prepare(self, endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
         if self.ops is None:
-            ops = gcp.make_ops(endpoints)
+            ops = get_ops(Cloud.gcp, endpoints)
+            assert isinstance(ops, ImportsLoginKeys)  # GCP's ops import OS Login keys
             self.account = ops.caller_account()
             self.ops = ops
         assert self.account is not None  # set with self.ops (caller_account gives a str)
@@ -510,19 +511,18 @@ def push_instance_connect_key(host: Host, opts: SshOptions) -> Any:
         raise SshFailure(f"instance-connect needs the instance id of {host.label}",
                          "let poolctl find the nodes through the cloud (no --host), or use "
                          "--access ssh")
+    assert opts.user is not None  # only iap leaves the user to OS Login
     key = _fresh_key()
-    eic = aws.make_ops(opts.endpoints).client("ec2-instance-connect", host.region)
+    ops = get_ops(Cloud.aws, opts.endpoints)
+    assert isinstance(ops, SendsInstanceKeys)  # AWS's ops push instance keys
     try:
-        eic.send_ssh_public_key(InstanceId=host.instance_id, InstanceOSUser=opts.user,
-                                SSHPublicKey=f"{key.get_name()} {key.get_base64()}")
-    except botocore_exceptions.NoCredentialsError:
-        raise SshFailure("no AWS credentials to push the key with",
-                         "configure them (AWS_PROFILE, aws sso login ...)") from None
-    except (botocore_exceptions.ClientError, botocore_exceptions.BotoCoreError) as e:
-        raise SshFailure(f"ec2-instance-connect SendSSHPublicKey to {host.instance_id} "
-                         f"failed: {e}",
-                         "the caller needs ec2-instance-connect:SendSSHPublicKey on the "
-                         "instance, and the node must be running") from None
+        ops.send_instance_key(host.region, host.instance_id, opts.user,
+                              f"{key.get_name()} {key.get_base64()}")
+    except UsageError as e:
+        raise SshFailure(str(e), "configure them (AWS_PROFILE, aws sso login ...)") from None
+    except OperationFailed as e:
+        raise SshFailure(str(e), "the caller needs ec2-instance-connect:SendSSHPublicKey on "
+                         "the instance, and the node must be running") from None
     return key
 
 

@@ -52,8 +52,6 @@ from poolctl.runtime.records import (
 )
 from poolctl.runtime.rollout import (
     RolloutResult,
-    _final_line,
-    _progress_line,
     cleanup_versions,
     deploy_before_apply,
     return_surge,
@@ -105,8 +103,6 @@ __all__ = [
     "RolloutRecord",
     "RolloutResult",
     "WarmResult",
-    "_final_line",
-    "_progress_line",
     "cleanup_versions",
     "deploy_before_apply",
     "deploy_keeps",

@@ -18,17 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from poolctl.clouds.base import Found
 from poolctl.errors import OperationFailed
-
-
-@dataclass(frozen=True)
-class Found:
-    address: str
-    id: str
-    what: str
 
 
 def _literal(value: Any) -> str | None:

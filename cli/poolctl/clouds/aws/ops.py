@@ -21,6 +21,8 @@ from poolctl import naming
 from poolctl.cloud import Cloud
 from poolctl.clouds.aws.blocks import BlockGroups
 from poolctl.clouds.aws.capacity import Ec2Capacity
+from poolctl.clouds.aws.deploys import AwsDeployChecks
+from poolctl.clouds.aws.images import AwsImages
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
 from poolctl.clouds.aws.rollout import InstanceRefreshes
@@ -47,7 +49,8 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
 
 
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
-             WarmPoolSchedules, CapacityBlocks, BlockGroups, CloudOps,
+             WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,
+             CloudOps,
              PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from poolctl.adaptors.aws import botocore_exceptions
-from poolctl.clouds.aws.ops import make_ops
-from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
+from poolctl.clouds.aws.api import AwsApi
 from poolctl.errors import OperationFailed, UsageError
 
 # arn:PARTITION:acm:REGION:ACCOUNT:certificate/ID (an IAM server certificate is left to ELB).
@@ -32,17 +31,13 @@ OTHER_STATUS_FIX = "request or import a new certificate and name its ARN"
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
 
 
-def _ops(endpoints: CloudEndpoints) -> Any:
-    return make_ops(endpoints)
-
 
 def _code(e: Exception) -> str:
     response: Mapping[str, Any] = getattr(e, "response", {}) or {}
     return str(response.get("Error", {}).get("Code", ""))
 
 
-def check_certificate(key: str, arn: str, region: str,
-                      endpoints: CloudEndpoints = REAL_CLOUDS) -> str | None:
+def check_certificate(key: str, arn: str, region: str, ops: AwsApi) -> str | None:
     """`key` (e.g. pools[0].aws.certificate_arn) names `arn` for the HTTPS listener of a
     load balancer in `region`: it must be an ACM certificate of that region, and ISSUED.
     Raises when it is not; returns a note when the caller may not look (None: checked)."""
@@ -54,7 +49,6 @@ def check_certificate(key: str, arn: str, region: str,
             f"{key}: the certificate is in {m['region']}, the pool's load balancer in {region}; "
             f"a load balancer takes a certificate of its own region only: import or request it "
             f"in {region} and name that ARN")
-    ops = _ops(endpoints)
     acm = ops.client("acm", region)
     with ops.call(f"acm DescribeCertificate in {region}"):
         try:
@@ -80,12 +74,10 @@ def check_certificate(key: str, arn: str, region: str,
 
 
 def check_builder_subnet(key: str, region: str, tags: Mapping[str, str],
-                         subnet_ids: list[str], has_vpc: bool,
-                         endpoints: CloudEndpoints = REAL_CLOUDS) -> str:
+                         subnet_ids: list[str], has_vpc: bool, ops: AwsApi) -> str:
     """The subnet an image builder launches in exists: the file's first subnet, else one
     of the pool's private subnets (what Packer's subnet filter looks for: the stack creates
     them at the first deploy). Returns the subnet found; raises before Packer would run."""
-    ops = _ops(endpoints)
     ec2 = ops.client("ec2", region)
     with ops.call(f"ec2 DescribeSubnets in {region}"):
         if subnet_ids:
@@ -113,7 +105,7 @@ def check_builder_subnet(key: str, region: str, tags: Mapping[str, str],
             "the file names none; set aws.network.subnet_ids (private, with NAT egress); "
             "Packer did not run")
     shown = ", ".join(f"{k}={v}" for k, v in tags.items())
-    flag = f" {endpoints.flag}" if endpoints.flag else ""
+    flag = f" {ops.endpoints.flag}" if ops.endpoints.flag else ""
     raise OperationFailed(
         f"{key}: no subnet to build the image in: the pool's private subnets ({shown}) do "
         f"not exist in {region} before its first deploy; deploy the pool first (`poolctl "

@@ -26,12 +26,14 @@ from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
     Group,
+    ImportsLoginKeys,
     NodeState,
     PublishesQueueMetric,
     address_order,
 )
 from poolctl.clouds.gcp.api import link_name, link_zone
 from poolctl.clouds.gcp.capacity import GcpReservations
+from poolctl.clouds.gcp.images import GcpImages
 from poolctl.clouds.gcp.inventory import GcpInventory
 from poolctl.clouds.gcp.launches import MigCapacity
 from poolctl.clouds.gcp.mig import mig_ref, node_phase
@@ -70,7 +72,8 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 
 class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
-             GcpReservations, CalendarReservations, CloudOps, PublishesQueueMetric):
+             GcpReservations, CalendarReservations, GcpImages, CloudOps,
+             PublishesQueueMetric, ImportsLoginKeys):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 

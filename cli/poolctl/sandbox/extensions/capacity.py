@@ -627,7 +627,7 @@ def _install_reservation_groups() -> None:
     for name, fn in {"group_resources": _rg_group_resources,
                      "ungroup_resources": _rg_ungroup_resources,
                      "list_group_resources": _rg_list_group_resources}.items():
-        setattr(ResourceGroupsResponse, name, _locked(fn))
+        setattr(ResourceGroupsResponse, name, locked(fn))
 
 
 # ------------------------------------------------------------------ the API actions
@@ -662,10 +662,10 @@ def _end(self: Any, current_type: str | None = None) -> tuple[str, datetime | No
     if end_type == "unlimited" and end_date is not None:
         raise ec2_error("InvalidParameterCombination",
                         "EndDate cannot be specified when EndDateType is unlimited.")
-    return end_type, _moment(end_date)
+    return end_type, moment_of(end_date)
 
 
-def _moment(raw: Any) -> datetime | None:
+def moment_of(raw: Any) -> datetime | None:
     """A request's timestamp as an aware datetime (moto hands over naive UTC ones)."""
     if raw is None:
         return None
@@ -709,7 +709,7 @@ def _create_capacity_reservation(self: Any) -> Any:
         raise ec2_error("InvalidParameterValue",
                         f"Value ({criteria}) for parameter InstanceMatchCriteria is invalid.")
     end_type, end_date = _end(self)
-    start = _moment(self._get_param("StartDate"))
+    start = moment_of(self._get_param("StartDate"))
     self.error_on_dryrun()
     created = now()
     r = Reservation(
@@ -1024,7 +1024,7 @@ def install() -> None:
         "cancel_capacity_reservation": _cancel_capacity_reservation,
         "modify_capacity_reservation": _modify_capacity_reservation,
     }.items():
-        setattr(EC2Response, name, _locked(fn))
+        setattr(EC2Response, name, locked(fn))
     _install_reservation_groups()
     Instance.capacity_reservation_id = property(  # type: ignore[attr-defined]  # moto extension: new attribute
         _instance_reservation_id)
@@ -1038,7 +1038,7 @@ def install() -> None:
     FakeAutoScalingGroup.availability_zone_distribution = None  # type: ignore[attr-defined]  # moto extension: new attribute
 
 
-def _locked(fn: Callable[..., Any]) -> Callable[..., Any]:
+def locked(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any) -> Any:
         with LOCK:
             return fn(self)

@@ -30,9 +30,9 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.sandbox.extensions.capacity import (
     Reservation,
-    _locked,
-    _moment,
     ec2_error,
+    locked,
+    moment_of,
     offered_zones,
     reservations,
 )
@@ -84,9 +84,9 @@ def _describe_capacity_block_offerings(self: Any) -> Any:
                         f"{hours} is an invalid value for CapacityDurationHours: 24 to 336 "
                         "in steps of 24, or up to 4368 in steps of 168")
     # Nothing starts in the past: the sandbox clock's now, or later.
-    asked, moment = _moment(self._get_param("StartDateRange")), clock_now()
+    asked, moment = moment_of(self._get_param("StartDateRange")), clock_now()
     earliest = moment if asked is None or asked < moment else asked
-    latest = _moment(self._get_param("EndDateRange"))
+    latest = moment_of(self._get_param("EndDateRange"))
     zone = offered_zones(ec2, itype)[0]
     out: list[dict[str, Any]] = []
     for start, end in _spans(earliest, hours, today=earliest == moment):
@@ -164,9 +164,9 @@ def _purchase_capacity_block(self: Any) -> Any:
 def install() -> None:
     from moto.ec2.responses import EC2Response
 
-    EC2Response.describe_capacity_block_offerings = _locked(  # type: ignore[attr-defined]  # moto extension: new action
+    EC2Response.describe_capacity_block_offerings = locked(  # type: ignore[attr-defined]  # moto extension: new action
         _describe_capacity_block_offerings)
-    EC2Response.purchase_capacity_block = _locked(  # type: ignore[attr-defined]  # moto extension: new action
+    EC2Response.purchase_capacity_block = locked(  # type: ignore[attr-defined]  # moto extension: new action
         _purchase_capacity_block)
 
 
