@@ -54,17 +54,17 @@ def state(**kw) -> RolloutState:
 
 def test_rollout_wording():
     _, pool = llama()
-    assert runtime._progress_line(pool, state()) == (
+    assert runtime.rollout_progress_line(pool, state()) == (
         "chat-70b: rollout in progress 25%, checkpoint 25% reached, 3 to update")
     # no percentage once it turns back; no "checkpoint 100%": the final line says the end
-    assert runtime._progress_line(pool, state(status="rolled_back", done=True,
+    assert runtime.rollout_progress_line(pool, state(status="rolled_back", done=True,
                                               percentage_complete=0, reason="unhealthy")
                                   ) == "chat-70b: rollout rolled back (unhealthy)"
-    assert runtime._progress_line(pool, state(status="successful", done=True,
+    assert runtime.rollout_progress_line(pool, state(status="successful", done=True,
                                               percentage_complete=100, checkpoint_reached=100,
                                               instances_to_update=0)
                                   ) == "chat-70b: rollout successful 100%, 0 to update"
-    assert runtime._final_line(pool, state(status="successful", done=True)) == (
+    assert runtime.rollout_final_line(pool, state(status="successful", done=True)) == (
         "chat-70b: rollout r-1 finished: every node runs serving.image=b (v2)")
-    assert runtime._final_line(pool, state(status="rolled_back", done=True)) == (
+    assert runtime.rollout_final_line(pool, state(status="rolled_back", done=True)) == (
         "chat-70b: rollout r-1 finished: rolled back, every node runs serving.image=a (v1)")

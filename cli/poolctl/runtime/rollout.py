@@ -332,7 +332,7 @@ def rollout_words(s: RolloutState) -> str:
     return f"{s.status.words} {s.percentage_complete:g}%{cp}{todo}{why}"
 
 
-def _progress_line(pool: Pool, s: RolloutState) -> str:
+def rollout_progress_line(pool: Pool, s: RolloutState) -> str:
     return f"{pool.name}: rollout {rollout_words(s)}"
 
 
@@ -347,7 +347,7 @@ def paused_line(pool: Pool, s: RolloutState, failed: list[LaunchFailure], keeps:
             f"`{hint.replace(' status ', ' cancel ', 1)}`")
 
 
-def _final_line(pool: Pool, s: RolloutState) -> str:
+def rollout_final_line(pool: Pool, s: RolloutState) -> str:
     outcome = {
         RolloutStatus.successful: f"every node runs {s.to_version or 'the new version'}",
         RolloutStatus.rolled_back: "rolled back, every node runs "
@@ -402,7 +402,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
             annotate_rollout(s, rec)
             key = (s.status, s.percentage_complete, s.checkpoint_reached)
             if key != last:
-                progress.update(_progress_line(pool, s))
+                progress.update(rollout_progress_line(pool, s))
                 seen.append({"status": s.status, "percentage_complete": s.percentage_complete,
                              "checkpoint_reached": s.checkpoint_reached,
                              "instances_to_update": s.instances_to_update,
@@ -414,7 +414,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
                 return_surge(cfg, pool, cloud, ops, ops.find_group(cfg, pool), s)
                 if s.status in ROLLOUT_DONE_OK:
                     cleanup_versions(ops, group, pool)
-                log(_final_line(pool, s))
+                log(rollout_final_line(pool, s))
                 return s, seen
             if failed := stalled_launches(ops, group, pool, cloud, wall0):
                 progress.stop()
