@@ -24,7 +24,7 @@ from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import NotConfirmed
 from poolctl.home import private_dir, write_private
 from poolctl.progress import log
-from poolctl.sizing import hourly_cost, plan_pool, reserved_nodes
+from poolctl.sizing import PoolPlan, hourly_cost, plan_pool, reserved_nodes
 from poolctl.terraform import (
     PlanSummary,
     Terraform,
@@ -54,12 +54,13 @@ class StackResult:
     log: str = ""  # Terraform's output
 
 
-def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary) -> dict[str, Any]:
+def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary, plan: PoolPlan | None = None
+              ) -> dict[str, Any]:
     """The pool's cost per hour at the catalog's price per node: at the group's minimum and
     maximum (plus warm nodes kept running) as the plan leaves them (as they were, for a
     destroy; sizes `warm` set included); `plan`'s figures when the plan has no group."""
 
-    plan = plan_pool(pool, cloud)
+    plan = plan or plan_pool(pool, cloud)
     nodes = {"min": plan.nodes.min, "max": plan.nodes.max}
     warm_running = plan.warm_running_nodes
     sized = summary.size_values
@@ -100,7 +101,8 @@ def synth_key(cfg: Config, targets: list[Target]) -> str:
     return h.hexdigest()
 
 
-def synth_targets(cfg: Config, targets: list[Target], outdir: Path) -> list[Path]:
+def synth_targets(cfg: Config, targets: list[Target], outdir: Path,
+                  plans: list[PoolPlan] | None = None) -> list[Path]:
     """Synthesize, or reuse stacks synthesized from the same inputs: the generator costs
     5-20 s of CPU (jsii), which a `deploy --plan-only` or a rollout's second apply need not
     pay again."""
@@ -112,7 +114,9 @@ def synth_targets(cfg: Config, targets: list[Target], outdir: Path) -> list[Path
         log(f"stacks unchanged since the last synth in {outdir}/stacks: reusing them")
         return dirs
     log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
-    made: list[Path] = stacks_app.synth([(cfg, targets)], outdir)  # the only road to cdktf
+    # the only road to cdktf; each stack built from its plan (the file's view: `plan_pool`
+    # without a node image, so the JSON is the same on every machine)
+    made: list[Path] = stacks_app.synth([(cfg, targets, plans)], outdir)
     for d in made:
         (d / SYNTH_KEY_FILE).write_text(key)
     return made
@@ -182,6 +186,147 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
     return found
 
 
+class StackRun:
+    """One stack's Terraform, step by step, for the workflow that drives it (a deploy, a
+    destroy, a rollout's apply): `prepare` (workdir, init, adoption), `plan`, then `apply`
+    once the caller has its answer, and `finish` (outputs, timings). No callback: the
+    caller renders the plan and asks between the steps."""
+
+    def __init__(self, cfg: Config, target: Target, stack_dir: Path, *, plan: PoolPlan,
+                 endpoints: CloudEndpoints, destroy: bool, mirror: str | None,
+                 extra_env: dict[str, str], kept: list[str], verbose: bool,
+                 synth_s: float) -> None:
+        self.cfg, self.target, self.plan_ = cfg, target, plan
+        self.destroy, self.endpoints, self.synth_s = destroy, endpoints, synth_s
+        pool, cloud = target.pool, target.cloud
+        self.name = naming.stack_name(cfg, pool, cloud)
+        env: dict[str, str] = {}
+        work = self.stack_dir = stack_dir
+        if cloud == Cloud.aws and endpoints.aws is not None:
+            assert pool.aws is not None  # targets pair a pool with its own placements
+            work, env = endpoint_workdir(stack_dir, pool.aws.region, endpoints)
+            if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
+                env.pop(contract_aws.NODE_AMI_ID.env, None)
+        if endpoints.before_deploy is not None:
+            # Before the apply launches nodes: the sandbox boots them in the plan's time.
+            endpoints.before_deploy(cfg, pool)
+        env.update(extra_env)
+        self.work = work
+        self.tf = Terraform(work, mirror=mirror, extra_env=env, label=self.name,
+                            verbose=verbose,
+                            log=log_path(self.name, "destroy" if destroy else "deploy"))
+        self.result = StackResult(stack=self.name, workdir=str(work), kept=kept,
+                                  log=str(self.tf.log))
+        self.summary: PlanSummary | None = None
+
+    @property
+    def binary(self) -> str:
+        return Path(self.tf.bin).name
+
+    def prepare(self) -> None:
+        """Init (skipped when nothing it depends on changed), and the import blocks for what
+        an interrupted apply left behind (a deploy's)."""
+        name, tf = self.name, self.tf
+        log(f"\n== {name}: Terraform's output goes to {tf.log}"
+            + (" (and here)" if tf.verbose else ""))
+        for line in self.result.kept:
+            log(f"== {name}: {line}")
+        if tf.init_current():
+            log(f"== {name}: {self.binary} init skipped: providers, lock file and backend "
+                "unchanged since the last init")
+        else:
+            log(f"== {name}: {self.binary} init")
+            tf.init()
+        if self.destroy:
+            (self.work / ADOPT_FILE).unlink(missing_ok=True)
+        else:
+            self.result.adopted = [f.address for f in adopt(
+                tf, self.work, self.cfg, self.target.pool, self.target.cloud, self.endpoints)]
+
+    def plan(self) -> PlanSummary:
+        log(f"== {self.name}: {self.binary} plan{' -destroy' if self.destroy else ''}")
+        summary = self.tf.plan(destroy=self.destroy)
+        res = self.result
+        res.summary = summary.to_json()
+        res.sizes = [c.to_json() for c in summary.sizes]
+        summary.cost = res.cost_per_hour_usd = pool_cost(self.target.pool, self.target.cloud,
+                                                         summary, self.plan_)
+        self.summary = summary
+        return summary
+
+    def needs_answer(self, plan_only: bool) -> bool:
+        """Whether the plan is to be applied, so the caller asks `question` first; else the
+        line saying why not (no changes, --plan-only)."""
+        assert self.summary is not None  # asked after the plan
+        if self.summary.empty:
+            log(f"== {self.name}: no changes")
+            return False
+        if plan_only:
+            log(f"== {self.name}: --plan-only, nothing applied (plan saved in "
+                f"{self.work}/tfplan)")
+            return False
+        return True
+
+    def refused(self) -> NotConfirmed:
+        return NotConfirmed(f"{self.name}: not confirmed; nothing was applied")
+
+    def question(self) -> str:
+        """What the caller asks before `apply`."""
+        assert self.summary is not None  # asked after the plan
+        add, change, gone = self.summary.totals()
+        adopting = sum(self.summary.imports.values())
+        return (f"{'destroy' if self.destroy else 'apply'} {self.name}: {add} to add, "
+                f"{change} to change, {gone} to destroy"
+                + (f", {adopting} to import (adopt)" if adopting else "") + "?")
+
+    def replan(self) -> None:
+        """After a state change between the answer and the apply (GCP keeps the template a
+        rollout replaces): plan again, which only drops what the change took out of
+        Terraform's hands. A destroy never re-plans."""
+        if self.destroy:
+            return
+        log(f"== {self.name}: {self.binary} plan (again, after the state change)")
+        self.summary = self.tf.plan()
+        self.result.summary = self.summary.to_json()
+
+    def apply(self) -> None:
+        log(f"== {self.name}: {self.binary} apply")
+        self.tf.apply(phase="destroy" if self.destroy else "apply")
+        self.result.applied = True
+
+    def finish(self) -> StackResult:
+        res = self.result
+        if not self.destroy:
+            res.outputs = self.tf.outputs()
+        res.timings = {"synth": round(self.synth_s, 1),
+                       **{k: round(v, 1) for k, v in self.tf.timings.items()}}
+        log(f"== {self.name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings.items()))
+        if self.destroy and res.applied and self.work != self.stack_dir:
+            shutil.rmtree(self.work, ignore_errors=True)  # the endpoint's copy, now empty
+        return res
+
+
+def stack_runs(cfg: Config, targets: list[Target], plans: list[PoolPlan], *, outdir: Path,
+               endpoints: CloudEndpoints, destroy: bool, mirror: str | None,
+               kept: list[tuple[dict[str, str], list[str]]] | None = None,
+               extra_env: dict[str, str] | None = None, verbose: bool = False
+               ) -> list[StackRun]:
+    """The targets' stacks synthesized (each from its plan) and ready to run. Missing
+    prerequisites fail before the synth (seconds of work), not after it."""
+    for t in targets:
+        endpoints.require(t.cloud)
+    find_binary()
+    cli_config(mirror)
+    t0 = time.monotonic()
+    dirs = synth_targets(cfg, targets, outdir, plans)
+    synth_s = time.monotonic() - t0
+    kept = kept or [({}, []) for _ in targets]
+    return [StackRun(cfg, t, d, plan=p, endpoints=endpoints, destroy=destroy, mirror=mirror,
+                     extra_env={**k_env, **(extra_env or {})}, kept=k_lines, verbose=verbose,
+                     synth_s=synth_s)
+            for t, d, p, (k_env, k_lines) in zip(targets, dirs, plans, kept, strict=True)]
+
+
 def run_stacks(
     cfg: Config,
     targets: list[Target],
@@ -196,92 +341,23 @@ def run_stacks(
     extra_env: dict[str, str] | None = None,
     verbose: bool = False,
     before_apply: Callable[[Terraform], bool] | None = None,
-    preflight: Callable[[list[Target]], list[tuple[dict[str, str], list[str]]]]
-    | None = None,
 ) -> list[StackResult]:
-    """`extra_env`: added to Terraform's environment (runtime commands pass TF_VAR_...).
-    `before_apply(tf)`: runs after the confirmation, before the apply (or the destroy); True
-    means it changed the state (GCP rollouts forget the template they keep), so plan again.
-    `preflight(targets)`: cloud checks of every target before anything is synthesized or
-    applied (it raises to stop); per target, TF_VAR_... to add and lines saying why.
-    Terraform's output goes to a log per stack (`verbose`: to stderr too)."""
-    for t in targets:
-        endpoints.require(t.cloud)
-    # Missing prerequisites fail before the synth (seconds of work), not after it.
-    find_binary()
-    cli_config(mirror)
-    checked = preflight(targets) if preflight else [({}, []) for _ in targets]
-    t0 = time.monotonic()
-    dirs = synth_targets(cfg, targets, outdir)
-    synth_s = time.monotonic() - t0
+    """Every stack through plan, the answer and apply: the loop a rollout's apply runs
+    (`runtime/rollout.py`); a deploy or destroy runs the steps itself
+    (`poolctl.workflow.deploy`). `before_apply(tf)`: after the answer, before the apply;
+    True means it changed the state, so plan again."""
+    plans = [plan_pool(t.pool, t.cloud) for t in targets]
     results = []
-    for target, stack_dir, (kept_env, kept) in zip(targets, dirs, checked, strict=True):
-        pool, cloud = target.pool, target.cloud
-        name = naming.stack_name(cfg, pool, cloud)
-        env: dict[str, str] = {}
-        work = stack_dir
-        if cloud == Cloud.aws and endpoints.aws is not None:
-            assert pool.aws is not None  # targets pair a pool with its own placements
-            work, env = endpoint_workdir(stack_dir, pool.aws.region, endpoints)
-            if pool.aws.ami_id:  # a node image (`image build --sandbox`) beats the stand-in
-                env.pop(contract_aws.NODE_AMI_ID.env, None)
-        if endpoints.before_deploy is not None:
-            # Before the apply launches nodes: the sandbox boots them in the plan's time.
-            endpoints.before_deploy(cfg, pool)
-        env.update(kept_env)
-        env.update(extra_env or {})
-        tf = Terraform(work, mirror=mirror, extra_env=env, label=name, verbose=verbose,
-                       log=log_path(name, "destroy" if destroy else "deploy"))
-        res = StackResult(stack=name, workdir=str(work), kept=kept, log=str(tf.log))
-        log(f"\n== {name}: Terraform's output goes to {tf.log}"
-            + (" (and here)" if verbose else ""))
-        for line in kept:
-            log(f"== {name}: {line}")
-        if tf.init_current():
-            log(f"== {name}: {Path(tf.bin).name} init skipped: providers, lock file and "
-                "backend unchanged since the last init")
-        else:
-            log(f"== {name}: {Path(tf.bin).name} init")
-            tf.init()
-        if destroy:
-            (work / ADOPT_FILE).unlink(missing_ok=True)
-        else:
-            res.adopted = [f.address for f in adopt(tf, work, cfg, pool, cloud, endpoints)]
-        log(f"== {name}: {Path(tf.bin).name} plan{' -destroy' if destroy else ''}")
-        summary = tf.plan(destroy=destroy)
-        res.summary = summary.to_json()
-        res.sizes = [c.to_json() for c in summary.sizes]
-        summary.cost = res.cost_per_hour_usd = pool_cost(pool, cloud, summary)
-        render_summary(name, summary)
-        if summary.empty:
-            log(f"== {name}: no changes")
-        elif plan_only:
-            log(f"== {name}: --plan-only, nothing applied (plan saved in {work}/tfplan)")
-        else:
-            add, change, gone = summary.totals()
-            verb = "destroy" if destroy else "apply"
-            adopting = sum(summary.imports.values())
-            if not confirm(f"{verb} {name}: {add} to add, {change} to change, "
-                           f"{gone} to destroy" + (f", {adopting} to import (adopt)"
-                                                   if adopting else "") + "?"):
-                raise NotConfirmed(f"{name}: not confirmed; nothing was applied")
-            # After the answer: a state change (GCP keeps the template a rollout replaces)
-            # then a plan again, which only drops what the change took out of Terraform's
-            # hands (it destroys less than the plan shown).
-            # A destroy's step (what Terraform does not own goes first) never re-plans.
-            if before_apply is not None and before_apply(tf) and not destroy:
-                log(f"== {name}: {Path(tf.bin).name} plan (again, after the state change)")
-                summary = tf.plan()
-                res.summary = summary.to_json()
-            log(f"== {name}: {Path(tf.bin).name} apply")
-            tf.apply(phase="destroy" if destroy else "apply")
-            res.applied = True
-        if not destroy:
-            res.outputs = tf.outputs()
-        res.timings = {"synth": round(synth_s, 1),
-                       **{k: round(v, 1) for k, v in tf.timings.items()}}
-        log(f"== {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in res.timings.items()))
-        if destroy and res.applied and work != stack_dir:
-            shutil.rmtree(work, ignore_errors=True)  # the endpoint's copy, now empty
-        results.append(res)
+    for run in stack_runs(cfg, targets, plans, outdir=outdir, endpoints=endpoints,
+                          destroy=destroy, mirror=mirror, extra_env=extra_env,
+                          verbose=verbose):
+        run.prepare()
+        render_summary(run.name, run.plan())
+        if run.needs_answer(plan_only):
+            if not confirm(run.question()):
+                raise run.refused()
+            if before_apply is not None and before_apply(run.tf):
+                run.replan()
+            run.apply()
+        results.append(run.finish())
     return results

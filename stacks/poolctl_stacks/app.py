@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import Config, Target, load_config
 from poolctl.errors import PoolctlError
 from poolctl.rules import refuse_invalid
+from poolctl.sizing import PoolPlan
 
 if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack is built
     from cdktf import App
@@ -35,19 +37,25 @@ def stack_class(cloud: Cloud) -> type[PoolStack]:
     return GcpPoolStack
 
 
-def add_stacks(app: App, cfg: Config, targets: list[Target]) -> list[str]:
+def add_stacks(app: App, cfg: Config, targets: list[Target],
+               plans: list[PoolPlan] | None = None) -> list[str]:
+    """A stack per target, each from its plan (computed here when none is given)."""
     refuse_invalid(cfg, targets)  # the one validation source: the stacks check nothing
     names = []
-    for target in targets:
+    for i, target in enumerate(targets):
         pool, cloud = target.pool, target.cloud
         name = naming.stack_name(cfg, pool, cloud)
         stack_class(cloud)(app, name, cfg=cfg, pool=pool,
-                           user_data=render_boot_script(cfg, pool, cloud))
+                           user_data=render_boot_script(cfg, pool, cloud),
+                           plan=plans[i] if plans is not None else None)
         names.append(name)
     return names
 
 
-def synth(configs: list[tuple[Config, list[Target]]], outdir: str | Path) -> list[Path]:
+Synthesis = tuple[Config, list[Target]] | tuple[Config, list[Target], list[PoolPlan] | None]
+
+
+def synth(configs: Sequence[Synthesis], outdir: str | Path) -> list[Path]:
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
     from cdktf import App  # noqa: PLC0415 (cdktf starts its jsii kernel on import)
 
@@ -55,8 +63,8 @@ def synth(configs: list[tuple[Config, list[Target]]], outdir: str | Path) -> lis
     # the one it started in (another, in a process that synthesizes more than once).
     app = App(outdir=str(Path(outdir).resolve()), skip_validation=False)
     names: list[str] = []
-    for cfg, targets in configs:
-        names += add_stacks(app, cfg, targets)
+    for cfg, targets, *plans in configs:  # (config, targets[, their plans])
+        names += add_stacks(app, cfg, targets, plans[0] if plans else None)
     app.synth()
     return [Path(outdir) / "stacks" / n for n in names]
 

@@ -9,6 +9,7 @@ from constructs import Construct
 
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
+from poolctl.sizing import PoolPlan, plan_pool
 from poolctl_stacks.literal import literal_view
 
 # Version ranges admit the provider the machines mirror offline (aws 5.100) and the 6.x line
@@ -39,7 +40,7 @@ class PoolStack(TerraformStack):
     cloud: Cloud
 
     def __init__(self, scope: Construct, id: str, *, cfg: Config, pool: Pool,
-                 user_data: str) -> None:
+                 user_data: str, plan: PoolPlan | None = None) -> None:
         super().__init__(scope, id)
         self.raw_cfg, self.raw_pool = cfg, pool
         self.cfg, self.pool = literal_view(cfg), literal_view(pool)
@@ -47,9 +48,13 @@ class PoolStack(TerraformStack):
         self.add_override(
             f"terraform.required_providers.{provider}", PROVIDER_REQUIREMENTS[provider]
         )
-        self.build(self.cfg, self.pool, user_data)
+        # The plan the caller computed (a deploy computes it once for every step); `cdktf
+        # synth` computes it here. Either way the file's view: no local build record, so the
+        # JSON is the same on every machine.
+        self.build(self.cfg, self.pool, user_data,
+                   plan if plan is not None else plan_pool(self.pool, self.cloud))
 
-    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
+    def build(self, cfg: Config, pool: Pool, user_data: str, plan: PoolPlan) -> None:
         raise NotImplementedError
 
     def local_backend(self) -> None:

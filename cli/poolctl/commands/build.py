@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from poolctl import runtime
 from poolctl.cloud import Cloud
-from poolctl.clouds.base import DeployChecks, StepsRollouts
 from poolctl.commands.common import (
     AutoApproveOpt,
     CloudAllOpt,
@@ -34,20 +30,13 @@ from poolctl.commands.common import (
     resolve_targets,
     targets,
 )
-from poolctl.deploy import run_stacks, synth_targets
-from poolctl.endpoints import CloudEndpoints
-from poolctl.errors import OperationFailed, PoolctlError, UsageError
-from poolctl.runtime import deploy_before_apply, get_ops
+from poolctl.deploy import synth_targets
+from poolctl.errors import OperationFailed, UsageError
+from poolctl.workflow.deploy import Deploy
 
 if TYPE_CHECKING:
     from poolctl.cloud import Cloud
-    from poolctl.config import Config, Pool, Target
-    from poolctl.deploy import StackResult
     from poolctl.terraform import PlanSummary
-
-# What a deploy's preflight returns per target: TF_VAR_... to add, and lines saying why.
-Keeps = list[tuple[dict[str, str], list[str]]]
-
 
 def check_out(out: Path) -> None:
     """--out must be (or become) a folder poolctl can write in: refuse a file there, or a
@@ -143,151 +132,55 @@ def render_plan_summary(name: str, summary: PlanSummary) -> None:
                   markup=False, soft_wrap=True)
 
 
-def _deploy_preflight(cfg: Config, endpoints: CloudEndpoints, skip_quota: bool, plan_only: bool
-                      ) -> Callable[[list[Target]], Keeps]:
-    """Before a deploy synthesizes anything: the certificate an HTTPS listener names (a
-    missing, unissued or other region's one stops it; --plan-only only reports), the quota
-    its peak needs (a shortfall stops it, one line each, unless --skip-quota-check;
-    --plan-only only reports), and the sizes `poolctl warm` set, which the apply keeps
-    until `warm --reset`."""
-
-    def check(tgts: list[Target]) -> Keeps:
-
-        for t in tgts:
-            p, c = t.pool, t.cloud
-            try:
-                note = _certificate(cfg, p, c, endpoints)
-            except PoolctlError as e:
-                if not plan_only:
-                    raise
-                note = str(e)
-            if note:
-                sys.stderr.write(f"poolctl: {note}\n")
-        out: Keeps = []
-        short: list[str] = []
-        for t in tgts:
-            p, c = t.pool, t.cloud
-            ops = runtime.get_ops(c, endpoints)
-            if not skip_quota:
-                try:
-                    short += [f"{p.name}/{c}: {line}"
-                              for line in runtime.deploy_quota(cfg, p, c, ops)]
-                except OperationFailed as e:
-                    raise OperationFailed(f"{e}; or deploy with --skip-quota-check") from None
-            out.append(runtime.deploy_keeps(cfg, p, c, ops))
-        for line in short:
-            sys.stderr.write(f"poolctl: {line}\n")
-        if short and not plan_only:
-            raise OperationFailed(
-                f"deploy: not enough quota for the pools' peak ({len(short)} shortfall(s) "
-                "above); nothing was applied. File an increase with `poolctl quota request`, "
-                "or deploy anyway with --skip-quota-check")
-        return out
-
-    return check
-
-
-def _certificate(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints
-                 ) -> str | None:
-    """The AWS placement's certificate exists, is issued and is in its region; else the
-    apply would point port 80 at an HTTPS listener that never comes."""
-
-    placement = pool.aws
-    if cloud != Cloud.aws or placement is None or not placement.certificate_arn:
-        return None
-
-    idx = [p.name for p in cfg.pools].index(pool.name)
-    ops = get_ops(cloud, endpoints)
-    assert isinstance(ops, DeployChecks)  # AWS's ops check what a deploy needs
-    return ops.certificate_note(f"pools[{idx}].aws.certificate_arn",
-                                placement.certificate_arn, placement.region)
-
-
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
          auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
          json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
-
-    started = time.time()
+    """The deploy workflow's steps in order (`poolctl.workflow.deploy`), rendered."""
     check_out(out)
     ctx = resolve_targets(file, pool, cloud, sandbox)
-    cfg, endpoints, tgts = ctx.cfg, ctx.endpoints, list(ctx.targets)
+    cfg, tgts = ctx.cfg, list(ctx.targets)
     if not destroy:
         require_valid(cfg, tgts)
-
-    results = run_stacks(
-        cfg, tgts, outdir=make_out_parent(out), endpoints=endpoints, destroy=destroy,
-        plan_only=plan_only,
-        confirm=lambda q: confirm(q, auto_approve), mirror=mirror,
-        # With --json the summary is in the JSON; stdout carries nothing else.
-        render_summary=(lambda name, summary: None) if json_out else render_plan_summary,
-        preflight=None if destroy else _deploy_preflight(cfg, endpoints, skip_quota_check,
-                                                         plan_only),
-        verbose=verbose,
-        before_apply=(runtime.destroy_before_apply(cfg, tgts, endpoints) if destroy
-                      else deploy_before_apply(tgts)),
-    )
-    leftovers = _kept_versions(cfg, tgts, results, endpoints) if destroy else {}
-    failing = [] if destroy else _launches_failing(cfg, tgts, results, endpoints, started)
-    rebased = [] if destroy else _windows_rebased(cfg, tgts, results, endpoints)
+    run = Deploy(cfg, tgts, ctx.endpoints, destroy=destroy, plan_only=plan_only,
+                 outdir=make_out_parent(out), mirror=mirror,
+                 skip_quota_check=skip_quota_check, verbose=verbose)
+    checked = run.preflight()
+    for c in checked:
+        if c.certificate_note:
+            sys.stderr.write(f"poolctl: {c.certificate_note}\n")
+    for c in checked:
+        for line in c.shortfalls:
+            sys.stderr.write(f"poolctl: {line}\n")
+    if (refused := run.refusal(checked)) is not None:
+        raise refused
+    results = []
+    for stack in run.stacks(checked):
+        stack.prepare()
+        summary = stack.plan()
+        if not json_out:  # with --json the summary is in the JSON; stdout carries no more
+            render_plan_summary(stack.name, summary)
+        if stack.needs_answer(plan_only):
+            if not confirm(stack.question(), auto_approve):
+                raise stack.refused()
+            run.apply(stack)
+        results.append(stack.finish())
+    after = run.finish(results)
     if json_out:
         emit_json({"stacks": [r.__dict__ for r in results],
-                   **({"windows_rebased": rebased} if rebased else {}),
-                   **({"deleted_templates": leftovers} if leftovers else {}),
-                   **({"launches_failing": failing} if failing else {})})
+                   **({"windows_rebased": list(after.windows_rebased)}
+                      if after.windows_rebased else {}),
+                   **({"deleted_templates": after.deleted_templates}
+                      if after.deleted_templates else {}),
+                   **({"launches_failing": list(after.launches_failing)}
+                      if after.launches_failing else {})})
     else:
         for r in results:
-            if r.outputs:
-                for k, v in r.outputs.items():
-                    sys.stdout.write(f"{r.stack}: {k} = {v}\n")
-    if failing:
-        for line in failing[:-1]:
+            for k, v in r.outputs.items():
+                sys.stdout.write(f"{r.stack}: {k} = {v}\n")
+    if after.launches_failing:
+        for line in after.launches_failing[:-1]:
             sys.stderr.write(f"poolctl: {line}\n")
-        raise OperationFailed(failing[-1])
-
-
-def _launches_failing(cfg: Config, tgts: list[Target], results: list[StackResult],
-                      endpoints: CloudEndpoints, started: float) -> list[str]:
-    """Applied pools whose group could not launch since the deploy began: the apply does not
-    wait for nodes, so this one look says it instead of a pool that silently never grows."""
-    out = []
-    for t, r in zip(tgts, results, strict=True):
-        if r.applied and (line := runtime.deploy_launches(cfg, t.pool, t.cloud, runtime.get_ops(
-                t.cloud, endpoints), started)):
-            out.append(line)
-    return out
-
-
-def _windows_rebased(cfg: Config, tgts: list[Target], results: list[StackResult],
-                     endpoints: CloudEndpoints) -> list[str]:
-    """Applied pools whose launch windows were written over another minimum than the one
-    the deploy left: they rise over the new one (said on stderr)."""
-    out = []
-    for t, r in zip(tgts, results, strict=True):
-        if r.applied and (line := runtime.deploy_windows(cfg, t.pool, t.cloud, runtime.get_ops(
-                t.cloud, endpoints))):
-            sys.stderr.write(f"== {r.stack}: {line}\n")
-            out.append(line)
-    return out
-
-
-def _kept_versions(cfg: Config, tgts: list[Target], results: list[StackResult],
-                   endpoints: CloudEndpoints) -> dict[str, dict[str, list[str]]]:
-    """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
-    outside Terraform's state (the rollback target); once the pool is destroyed, delete
-    those too."""
-
-    out: dict[str, dict[str, list[str]]] = {}
-    for t, r in zip(tgts, results, strict=True):
-        if not r.applied or not isinstance(ops := get_ops(t.cloud, endpoints), StepsRollouts):
-            continue
-        done = ops.delete_pool_templates(cfg, t.pool)
-        for line in done["failed"]:
-            sys.stderr.write(f"poolctl: {r.stack}: {line}\n")
-        if done["deleted"]:
-            sys.stderr.write(f"{r.stack}: deleted kept instance templates: "
-                             f"{', '.join(done['deleted'])}\n")
-        out[r.stack] = done
-    return out
+        raise OperationFailed(after.launches_failing[-1])
 
 
 def deploy(

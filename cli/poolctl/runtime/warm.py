@@ -260,10 +260,12 @@ def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int,
     write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
 
 
-def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
-                 ) -> tuple[dict[str, str], list[str]]:
+def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+                 plan: PoolPlan | None = None) -> tuple[dict[str, str], list[str]]:
     """What a `deploy` passes to keep the sizes `warm` set (TF_VAR_...), and the summary
-    lines saying so; nothing when `warm` set none (or `warm --reset` ran since)."""
+    lines saying so; nothing when `warm` set none (or `warm --reset` ran since). `plan`:
+    the pool's, when the caller has it (the deploy workflow computes it once)."""
+    plan = plan or plan_pool(pool, cloud)
     rec = load_warm_record(cfg, pool, cloud)
     try:
         group = ops.find_group(cfg, pool) if rec is not None or isinstance(
@@ -278,7 +280,7 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
         assert isinstance(ops, SchedulesWindows)  # else no group was looked up
         now = datetime.now(UTC)
         begun = [w for w in ops.scheduled_windows(group)[0] if w.active(now)]
-        if not begun and plan_pool(pool, cloud).nodes.warm:
+        if not begun and plan.nodes.warm:
             begun = [w for w in open_warm_raise(ops, group, now)[0] if w.active(now)]
         if not begun:
             return {}, []
@@ -288,7 +290,6 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     else:
         since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
                  f"`poolctl warm --reset` returns to the file's")
-    plan = plan_pool(pool, cloud)
     env = (ops.kept_sizes_env(group, plan) if isinstance(ops, KeepsWarmSizes)
            else ops.rollout_apply_env(group, plan, no_surge=False))
     lines = [f"{pool.name}: keeps {what} {live} (the file says {file}; {since} {file})"
@@ -298,12 +299,13 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     return (env, lines) if lines else ({}, [])
 
 
-def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> str | None:
+def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+                   plan: PoolPlan | None = None) -> str | None:
     """After `deploy`'s apply: launch windows scheduled over an earlier minimum rise over
     the one the deploy left (the file's, or the one `warm` keeps), so that their ends return
     to it; the line saying so, or None."""
     rec = load_warm_record(cfg, pool, cloud)
-    plan = plan_pool(pool, cloud)
+    plan = plan or plan_pool(pool, cloud)
     base = int(rec["min_nodes"]) if rec and "min_nodes" in rec else plan.nodes.min
     warm = int(rec["warm_nodes"]) if rec and "warm_nodes" in rec else plan.nodes.warm
     now = datetime.now(UTC)

@@ -9,7 +9,7 @@ from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
-from poolctl.sizing import instance_row, plan_pool
+from poolctl.sizing import PoolPlan, instance_row
 from poolctl_stacks._providers import aws
 from poolctl_stacks.aws.iam import LogsKey, NodeRole
 from poolctl_stacks.aws.network import Network
@@ -22,13 +22,11 @@ from poolctl_stacks.base import PoolStack
 class AwsPoolStack(PoolStack):
     cloud = Cloud.aws
 
-    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
+    def build(self, cfg: Config, pool: Pool, user_data: str, plan: PoolPlan) -> None:
         placement, raw_placement = pool.aws, self.raw_pool.aws
         # An aws stack is built for a pool's aws placement only (Config.targets).
         assert placement is not None and raw_placement is not None
         row = instance_row(pool, Cloud.aws)
-        # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, Cloud.aws)
         name = naming.base(cfg, pool)
         tags = naming.aws_tags(cfg, pool)
 

@@ -14,7 +14,7 @@ from poolctl import naming
 from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
-from poolctl.sizing import instance_row, plan_pool
+from poolctl.sizing import PoolPlan, instance_row
 from poolctl_stacks._providers import google
 from poolctl_stacks.base import PoolStack
 from poolctl_stacks.gcp.iam import NodeServiceAccount
@@ -26,12 +26,10 @@ from poolctl_stacks.gcp.scaling import QueueAutoscaler
 class GcpPoolStack(PoolStack):
     cloud = Cloud.gcp
 
-    def build(self, cfg: Config, pool: Pool, user_data: str) -> None:
+    def build(self, cfg: Config, pool: Pool, user_data: str, plan: PoolPlan) -> None:
         placement = pool.gcp
         assert placement is not None  # built for a pool's gcp placement only (Config.targets)
         row = instance_row(pool, Cloud.gcp)
-        # The file alone, never a local build record: the JSON is the same on every machine.
-        plan = plan_pool(pool, Cloud.gcp)
         name = naming.base(cfg, pool)
         labels = naming.gcp_labels(cfg, pool)
         node_tag = f"{naming.short(name, 58)}-node"
