@@ -44,6 +44,8 @@ from poolctl.sandbox.extensions import (
     admin,
     capacity,
     capacity_blocks,
+    capacity_groups,
+    capacity_reservations,
     faults,
     fixes,
     instance_connect,
@@ -80,7 +82,8 @@ class Feature(Protocol):
 # fixes first: lifecycle wraps the CreateAutoScalingGroup that fixes corrected.
 # capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
-    fixes, lifecycle, warm_pool, refresh, capacity, capacity_blocks, activities, schedules,
+    fixes, lifecycle, warm_pool, refresh, capacity, capacity_groups, capacity_reservations,
+    capacity_blocks, activities, schedules,
     scheduler, quotas, instance_connect,
     self_boot, retries, faults, snapshots, admin,
 )

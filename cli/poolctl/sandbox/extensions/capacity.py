@@ -21,10 +21,10 @@ us-east-1b, us-east-1c." (the zones of the region that offer the type and have r
 last sentence is left out when none has). RunInstances and StartInstances launch all or
 nothing.
 
-Capacity Reservations (EC2 API reference, CapacityReservation): CreateCapacityReservation,
-DescribeCapacityReservations (ids, filters, paging), ModifyCapacityReservation (count, end
-date, match criteria), CancelCapacityReservation, in EC2's wire format (moto 5.2 has none of
-them). AvailableInstanceCount is TotalInstanceCount minus the instances holding a slot;
+Capacity Reservations (EC2 API reference, CapacityReservation): the reservations and their
+matching are here; their API actions (Create, Describe, Modify, Cancel, in EC2's wire
+format: moto 5.2 has none of them) are capacity_reservations.py's, the resource groups a
+launch may target capacity_groups.py's. AvailableInstanceCount is TotalInstanceCount minus the instances holding a slot;
 State is computed: cancelled, expired (EndDate passed), scheduled (StartDate ahead), else
 active. An instance runs in a reservation per its CapacityReservationSpecification (from
 RunInstances, else its launch template's; a group's own specification, see launches.py):
@@ -68,21 +68,26 @@ reservation is treated as the instance's).
 from __future__ import annotations
 
 import contextvars
-import copy
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from werkzeug.exceptions import HTTPException
 
 from poolctl.sandbox.extensions import activities, schedules
-from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored, validation_error
+from poolctl.sandbox.extensions.capacity_groups import group_members
+from poolctl.sandbox.extensions.common import (
+    LOCK,
+    all_backends,
+    now,
+    stored,
+    validation_error,
+)
 from poolctl.sandbox.extensions.schedules import clock_now
 
-NAMES = ("ec2.capacity-limits", "ec2.capacity-reservations",
-         "resource-groups.capacity-reservation-groups")
+NAMES = ("ec2.capacity-limits",)
 
 # What holds capacity: an instance that runs, or is about to or still does.
 HOLDING = ("pending", "running", "stopping", "shutting-down")
@@ -133,7 +138,7 @@ def ec2_error(code: str, message: str) -> Exception:
     return EC2ClientError(code, message)
 
 
-def _not_found(cr_id: str) -> Exception:
+def not_found(cr_id: str) -> Exception:
     return ec2_error("InvalidCapacityReservationId.NotFound",
                      f"The capacity reservation ID '{cr_id}' does not exist")
 
@@ -296,7 +301,7 @@ def _instances(ec2: Any) -> Iterable[Any]:
         yield from reservation.instances
 
 
-def _holds(instance: Any) -> bool:
+def holds(instance: Any) -> bool:
     name: str = instance._state.name
     return name in HOLDING
 
@@ -310,13 +315,13 @@ def reservation_of(ec2: Any, instance: Any) -> Reservation | None:
 
 def in_use(ec2: Any, r: Reservation) -> int:
     return sum(1 for i in _instances(ec2)
-               if _holds(i) and i.__dict__.get("_poolctl_cr") == r.id)
+               if holds(i) and i.__dict__.get("_poolctl_cr") == r.id)
 
 
 def open_use(region: str, instance_type: str, zone: str) -> int:
     """Instances of the type holding the zone's open capacity (every account's)."""
     return sum(1 for ec2 in _region_backends(region) for i in _instances(ec2)
-               if i.instance_type == instance_type and i.placement.zone == zone and _holds(i)
+               if i.instance_type == instance_type and i.placement.zone == zone and holds(i)
                and reservation_of(ec2, i) is None)
 
 
@@ -468,7 +473,7 @@ def end_capacity_blocks() -> None:
                   if r.reservation_type == BLOCK and r.end_date is not None
                   and moment >= r.end_date - BLOCK_END_MARGIN}
         doomed = [i.id for i in _instances(ec2)
-                  if _holds(i) and i.__dict__.get("_poolctl_cr") in ending]
+                  if holds(i) and i.__dict__.get("_poolctl_cr") in ending]
         if doomed:
             ec2.terminate_instances(doomed)
 
@@ -551,272 +556,6 @@ def _wrap_stop_instances(orig: Callable[..., Any]) -> Callable[..., Any]:
             return out
 
     return stop_instances
-
-
-# ------------------------------------------------------------------ reservation groups
-
-_CR_TYPE = "AWS::EC2::CapacityReservation"
-
-
-def _members(group: Any) -> list[str]:
-    return stored(group, "_poolctl_members", list)
-
-
-def group_members(arn: str) -> list[str]:
-    """The Capacity Reservation ids in a resource group (GroupResources put them there)."""
-    from moto.resourcegroups.models import resourcegroups_backends
-
-    parts = arn.split(":")
-    if len(parts) < 6:
-        return []
-    groups = resourcegroups_backends[parts[4]][parts[3]].groups
-    if arn not in groups:
-        return []
-    return [m.rsplit("/", 1)[1] for m in _members(groups[arn]) if ":capacity-reservation/" in m]
-
-
-def _rg_group(self: Any) -> Any:
-    from moto.core.exceptions import JsonRESTError
-
-    name = self._get_param("Group") or self._get_param("GroupName")
-    groups = self.resourcegroups_backend.groups
-    if not name or name not in groups:
-        raise JsonRESTError("NotFoundException", f"Cannot find group {name}.")
-    return groups[name]
-
-
-def _rg_type(arn: str) -> str:
-    return _CR_TYPE if ":capacity-reservation/" in arn else "AWS::Unknown"
-
-
-def _rg_group_resources(self: Any) -> str:
-    import json
-
-    members = _members(_rg_group(self))
-    arns = list(self._get_param("ResourceArns") or [])
-    members.extend(a for a in arns if a not in members)
-    return json.dumps({"Succeeded": arns, "Failed": [], "Pending": []})
-
-
-def _rg_ungroup_resources(self: Any) -> str:
-    import json
-
-    members = _members(_rg_group(self))
-    arns = list(self._get_param("ResourceArns") or [])
-    members[:] = [m for m in members if m not in arns]
-    return json.dumps({"Succeeded": arns, "Failed": [], "Pending": []})
-
-
-def _rg_list_group_resources(self: Any) -> str:
-    import json
-
-    ids = [{"ResourceArn": a, "ResourceType": _rg_type(a)} for a in _members(_rg_group(self))]
-    return json.dumps({"Resources": [{"Identifier": i} for i in ids],
-                       "ResourceIdentifiers": ids, "QueryErrors": []})
-
-
-def _install_reservation_groups() -> None:
-    """GroupResources, UngroupResources, ListGroupResources (moto has none): membership only,
-    what a Capacity Reservation group (a resource group with an
-    AWS::EC2::CapacityReservationPool configuration) needs to be a launch target."""
-    from moto.resourcegroups import urls
-    from moto.resourcegroups.responses import ResourceGroupsResponse
-
-    for path in ("group-resources", "ungroup-resources", "list-group-resources"):
-        urls.url_paths[f"{{0}}/{path}$"] = ResourceGroupsResponse.dispatch
-    for name, fn in {"group_resources": _rg_group_resources,
-                     "ungroup_resources": _rg_ungroup_resources,
-                     "list_group_resources": _rg_list_group_resources}.items():
-        setattr(ResourceGroupsResponse, name, locked(fn))
-
-
-# ------------------------------------------------------------------ the API actions
-
-def _tags(self: Any) -> list[dict[str, str]]:
-    tags = self._parse_tag_specification().get("capacity-reservation", {})
-    return [{"Key": k, "Value": v} for k, v in tags.items()]
-
-
-def _int_param(self: Any, name: str, low: int, high: int) -> int:
-    raw = self._get_param(name)
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = low - 1
-    if not low <= value <= high:
-        raise ec2_error("InvalidParameterValue",
-                        f"{raw} is an invalid value for {name}. {name} must be between "
-                        f"{low} and {high}.")
-    return value
-
-
-def _end(self: Any, current_type: str | None = None) -> tuple[str, datetime | None]:
-    end_type = self._get_param("EndDateType") or current_type or "unlimited"
-    end_date = self._get_param("EndDate")
-    if end_type not in END_DATE_TYPES:
-        raise ec2_error("InvalidParameterValue",
-                        f"Value ({end_type}) for parameter EndDateType is invalid.")
-    if end_type == "limited" and end_date is None:
-        raise ec2_error("InvalidParameterCombination",
-                        "EndDate is required when EndDateType is limited.")
-    if end_type == "unlimited" and end_date is not None:
-        raise ec2_error("InvalidParameterCombination",
-                        "EndDate cannot be specified when EndDateType is unlimited.")
-    return end_type, moment_of(end_date)
-
-
-def moment_of(raw: Any) -> datetime | None:
-    """A request's timestamp as an aware datetime (moto hands over naive UTC ones)."""
-    if raw is None:
-        return None
-    value = raw if isinstance(raw, datetime) else datetime.fromisoformat(
-        str(raw).replace("Z", "+00:00"))
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _find(self: Any, cr_id: str | None) -> Reservation:
-    r = reservations(self.ec2_backend).get(cr_id or "")
-    if r is None:
-        raise _not_found(str(cr_id))
-    return r
-
-
-def _create_capacity_reservation(self: Any) -> Any:
-    from moto.core.responses import ActionResult
-
-    ec2 = self.ec2_backend
-    token = self._get_param("ClientToken")
-    done: dict[str, str] = stored(ec2, "_poolctl_capacity_tokens", dict)
-    if token and token in done:
-        r = reservations(ec2)[done[token]]
-        return ActionResult({"CapacityReservation": r.to_api(in_use(ec2, r))})
-    itype = self._get_param("InstanceType")
-    platform = self._get_param("InstancePlatform")
-    if not itype or not platform:
-        raise ec2_error("MissingParameter", "The request must contain the parameter "
-                        + ("InstanceType" if not itype else "InstancePlatform"))
-    zones = {z.name: z.zone_id for z in ec2.describe_availability_zones()}
-    zone = self._get_param("AvailabilityZone")
-    zone_id = self._get_param("AvailabilityZoneId")
-    if zone is None and zone_id is not None:
-        zone = next((n for n, i in zones.items() if i == zone_id), None)
-    if zone not in zones:
-        raise ec2_error("InvalidParameterValue",
-                        f"Invalid availability zone: [{zone or zone_id}]")
-    count = _int_param(self, "InstanceCount", 1, 1000)
-    criteria = self._get_param("InstanceMatchCriteria") or "open"
-    if criteria not in MATCH_CRITERIA:
-        raise ec2_error("InvalidParameterValue",
-                        f"Value ({criteria}) for parameter InstanceMatchCriteria is invalid.")
-    end_type, end_date = _end(self)
-    start = moment_of(self._get_param("StartDate"))
-    self.error_on_dryrun()
-    created = now()
-    r = Reservation(
-        id=f"cr-{uuid.uuid4().hex[:17]}", owner_id=ec2.account_id, region=ec2.region_name,
-        instance_type=itype, platform=platform, zone=zone, zone_id=zones[zone],
-        tenancy=self._get_param("Tenancy") or "default", total=count,
-        match_criteria=criteria, end_date_type=end_type, end_date=end_date,
-        start_date=start or created, create_date=created,
-        ebs_optimized=bool(self._get_param("EbsOptimized")), tags=_tags(self))
-    reservations(ec2)[r.id] = r
-    if token:
-        done[token] = r.id
-    return ActionResult({"CapacityReservation": r.to_api(0)})
-
-
-_FILTERS: dict[str, Callable[[Reservation], str]] = {
-    "instance-type": lambda r: r.instance_type,
-    "availability-zone": lambda r: r.zone,
-    "state": lambda r: r.state(),
-    "instance-match-criteria": lambda r: r.match_criteria,
-    "tenancy": lambda r: r.tenancy,
-    "instance-platform": lambda r: r.platform,
-    "end-date-type": lambda r: r.end_date_type,
-    "owner-id": lambda r: r.owner_id,
-    "reservation-type": lambda r: r.reservation_type,
-}
-
-
-def _matches(r: Reservation, name: str, values: list[str]) -> bool:
-    tags = {t["Key"]: t["Value"] for t in r.tags}
-    if name.startswith("tag:"):
-        return tags.get(name[4:]) in values
-    if name == "tag-key":
-        return any(k in values for k in tags)
-    getter = _FILTERS.get(name)
-    if getter is None:
-        raise ec2_error("InvalidParameterValue", f"The filter '{name}' is invalid")
-    return getter(r) in values
-
-
-def _describe_capacity_reservations(self: Any) -> Any:
-    from moto.core.responses import ActionResult
-
-    ec2 = self.ec2_backend
-    mine = reservations(ec2)
-    ids = self._get_param("CapacityReservationIds") or []
-    for cr in ids:
-        if cr not in mine:
-            raise _not_found(cr)
-    listed = [mine[i] for i in ids] if ids else list(mine.values())
-    for name, values in self._filters_from_querystring().items():
-        listed = [r for r in listed if _matches(r, name, list(values))]
-    start = int(self._get_param("NextToken") or 0)
-    size = int(self._get_param("MaxResults") or 1000)
-    page = listed[start:start + size]
-    out: dict[str, Any] = {"CapacityReservations": [r.to_api(in_use(ec2, r)) for r in page]}
-    if start + size < len(listed):
-        out["NextToken"] = str(start + size)
-    return ActionResult(out)
-
-
-def _cancel_capacity_reservation(self: Any) -> Any:
-    from moto.core.responses import ActionResult
-
-    r = _find(self, self._get_param("CapacityReservationId"))
-    if r.reservation_type == "capacity-block":
-        raise ec2_error("UnsupportedOperation", "A Capacity Block cannot be cancelled.")
-    if r.state() in ("cancelled", "expired"):
-        raise ec2_error("IncorrectState", f"The Capacity Reservation {r.id} is {r.state()}.")
-    self.error_on_dryrun()
-    r.cancelled = True
-    return ActionResult({"Return": True})
-
-
-def _modify_capacity_reservation(self: Any) -> Any:
-    from moto.core.responses import ActionResult
-
-    r = _find(self, self._get_param("CapacityReservationId"))
-    if r.state() != "active":
-        raise ec2_error("IncorrectState", f"The Capacity Reservation {r.id} is {r.state()}.")
-    count = r.total
-    if self._get_param("InstanceCount") is not None:
-        count = _int_param(self, "InstanceCount", 0, 1000)
-        used = in_use(self.ec2_backend, r)
-        if count < used:
-            raise ec2_error("InvalidParameterValue",
-                            f"InstanceCount {count} is below the {used} instance(s) running "
-                            f"in {r.id}.")
-    criteria = self._get_param("InstanceMatchCriteria") or r.match_criteria
-    if criteria not in MATCH_CRITERIA:
-        raise ec2_error("InvalidParameterValue",
-                        f"Value ({criteria}) for parameter InstanceMatchCriteria is invalid.")
-    if self._get_param("EndDateType") is not None or self._get_param("EndDate") is not None:
-        r.end_date_type, r.end_date = _end(self, r.end_date_type)
-    self.error_on_dryrun()
-    r.total, r.match_criteria = count, criteria
-    return ActionResult({"Return": True})
-
-
-def _instance_reservation_id(self: Any) -> str | None:
-    r = reservation_of(self.ec2_backend, self) if _holds(self) else None
-    return r.id if r is not None else None
-
-
-def _instance_spec(self: Any) -> dict[str, Any]:
-    spec: CapacitySpec = self.__dict__.get("_poolctl_spec") or DEFAULT_SPEC
-    return copy.deepcopy(spec.reported)
 
 
 _PREFERENCES = ("capacity-reservations-only", "capacity-reservations-first", "none", "default")
@@ -993,8 +732,6 @@ def install() -> None:
     from moto.autoscaling.models import FakeAutoScalingGroup
     from moto.autoscaling.responses import AutoScalingResponse
     from moto.ec2.models import EC2Backend
-    from moto.ec2.models.instances import Instance
-    from moto.ec2.responses import EC2Response
     from moto.ec2.responses.instances import InstanceResponse
 
     if end_capacity_blocks not in schedules.ON_TICK:
@@ -1018,18 +755,6 @@ def install() -> None:
                 _request_spec.reset(token)
 
     InstanceResponse.run_instances = run_instances  # type: ignore[method-assign]  # moto extension: the request's reservation preference
-    for name, fn in {
-        "create_capacity_reservation": _create_capacity_reservation,
-        "describe_capacity_reservations": _describe_capacity_reservations,
-        "cancel_capacity_reservation": _cancel_capacity_reservation,
-        "modify_capacity_reservation": _modify_capacity_reservation,
-    }.items():
-        setattr(EC2Response, name, locked(fn))
-    _install_reservation_groups()
-    Instance.capacity_reservation_id = property(  # type: ignore[attr-defined]  # moto extension: new attribute
-        _instance_reservation_id)
-    Instance.capacity_reservation_specification = property(  # type: ignore[attr-defined]  # moto extension: new attribute
-        _instance_spec)
     for action in ("create_auto_scaling_group", "update_auto_scaling_group"):
         setattr(AutoScalingResponse, action,
                 _wrap_group_request(getattr(AutoScalingResponse, action)))
@@ -1038,13 +763,6 @@ def install() -> None:
     FakeAutoScalingGroup.availability_zone_distribution = None  # type: ignore[attr-defined]  # moto extension: new attribute
 
 
-def locked(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(self: Any) -> Any:
-        with LOCK:
-            return fn(self)
-
-    wrapper.__name__ = fn.__name__
-    return wrapper
 
 
 def reset() -> None:

@@ -31,12 +31,11 @@ from poolctl.cloud import Cloud
 from poolctl.sandbox.extensions.capacity import (
     Reservation,
     ec2_error,
-    locked,
-    moment_of,
     offered_zones,
     reservations,
 )
-from poolctl.sandbox.extensions.common import now, stored
+from poolctl.sandbox.extensions.capacity_reservations import moment_of
+from poolctl.sandbox.extensions.common import locked, now, stored
 from poolctl.sandbox.extensions.schedules import clock_now
 
 NAMES = ("ec2.capacity-block-offerings",)
