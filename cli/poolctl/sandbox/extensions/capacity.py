@@ -24,7 +24,8 @@ nothing.
 Capacity Reservations (EC2 API reference, CapacityReservation): the reservations and their
 matching are here; their API actions (Create, Describe, Modify, Cancel, in EC2's wire
 format: moto 5.2 has none of them) are capacity_reservations.py's, the resource groups a
-launch may target capacity_groups.py's. AvailableInstanceCount is TotalInstanceCount minus the instances holding a slot;
+launch may target capacity_groups.py's. AvailableInstanceCount is TotalInstanceCount minus
+the instances holding a slot;
 State is computed: cancelled, expired (EndDate passed), scheduled (StartDate ahead), else
 active. An instance runs in a reservation per its CapacityReservationSpecification (from
 RunInstances, else its launch template's; a group's own specification, see launches.py):
