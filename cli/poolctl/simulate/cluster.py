@@ -131,315 +131,377 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     that two replays are billed over the same span (a launch hour)."""
     if balancer not in BALANCERS:
         raise ValueError(f"balancer must be one of {BALANCERS}")
-    central: deque[int] = deque()
-    n_req = len(trace)
-    nan = math.nan
-    req = Requests(
-        arrival=trace.arrivals, inputs=[max(1, x) for x in trace.inputs],
-        outputs=[max(1, x) for x in trace.outputs], replica=[None] * n_req,
-        admitted=[nan] * n_req, first=[nan] * n_req, finish=[nan] * n_req,
-        refused=[False] * n_req, blocks=trace.blocks, cached=[0] * n_req,
-    )
-    use_cache = prefix_caching and trace.blocks is not None
+    return _Replay(trace, m, replicas=replicas, scale=scale,
+                   price_per_node_hour=price_per_node_hour,
+                   replicas_per_node=replicas_per_node, balancer=balancer,
+                   stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power_kw_per_node,
+                   prefix_caching=prefix_caching, topology=topology, run_until_s=run_until_s,
+                   reserved_nodes=reserved_nodes).run()
 
-    def new_engine() -> Replica:
-        cache = PrefixCache(trace.block_tokens) if use_cache else None
-        if topology is not None:
-            return DisaggEngine(len(engines), topology, req, cache)
-        return Engine(len(engines), m, req, cache)
 
-    sessions: dict[int, int] = {}  # session key -> node
-    aborted = False
-    miss_limit = n_req + 1
-    if stop_if_p90_over is not None:
-        # More than 10 % of all requests late: the p90 of the completed ones is late too.
-        req.slo_s, miss_limit = stop_if_p90_over, math.ceil(0.1 * n_req) + 1
-    engines: list[Replica] = []
-    serving: list[Replica] = []
-    heap: list[tuple[float, int, int, int]] = []  # (time, kind, id, version)
-    EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW = 0, 1, 2, 3, 4
-    state = {"in": 0, "integral": 0.0, "last": 0.0}
+# The events of a replay, in the heap as (time, kind, id, version).
+EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW = 0, 1, 2, 3, 4
 
-    def on_finish(rid: int, now: float) -> None:
-        state["integral"] += state["in"] * (now - state["last"])
-        state["last"] = now
-        state["in"] -= 1
-        replica = req.replica[rid]
+
+class _Replay:
+    """One replay (`simulate`): the replicas, the balancer, the event heap and the
+    autoscaler's state; each event kind a method of its own."""
+
+    def __init__(self, trace: Trace, m: ReplicaModel, *, replicas: int | None,
+                 scale: Autoscale | None, price_per_node_hour: float, replicas_per_node: int,
+                 balancer: str, stop_if_p90_over: float | None,
+                 power_kw_per_node: float | None, prefix_caching: bool,
+                 topology: Topology | None, run_until_s: float, reserved_nodes: int) -> None:
+        self.trace, self.m, self.replicas, self.scale = trace, m, replicas, scale
+        self.price_per_node_hour, self.balancer = price_per_node_hour, balancer
+        self.power_kw_per_node, self.topology = power_kw_per_node, topology
+        self.run_until_s, self.reserved_nodes = run_until_s, reserved_nodes
+        self.central: deque[int] = deque()
+        self.n_req = n_req = len(trace)
+        nan = math.nan
+        self.req = req = Requests(
+            arrival=trace.arrivals, inputs=[max(1, x) for x in trace.inputs],
+            outputs=[max(1, x) for x in trace.outputs], replica=[None] * n_req,
+            admitted=[nan] * n_req, first=[nan] * n_req, finish=[nan] * n_req,
+            refused=[False] * n_req, blocks=trace.blocks, cached=[0] * n_req,
+        )
+        self.use_cache = prefix_caching and trace.blocks is not None
+        self.sessions: dict[int, int] = {}  # session key -> node
+        self.aborted = False
+        self.miss_limit = n_req + 1
+        if stop_if_p90_over is not None:
+            # More than 10 % of all requests late: the p90 of the completed ones is late too.
+            req.slo_s, self.miss_limit = stop_if_p90_over, math.ceil(0.1 * n_req) + 1
+        self.engines: list[Replica] = []
+        self.serving: list[Replica] = []
+        self.heap: list[tuple[float, int, int, int]] = []  # (time, kind, id, version)
+        # requests in the system, and its integral over time (Little's law)
+        self.in_system, self.in_integral, self.in_last = 0, 0.0, 0.0
+        self.freed: list[Replica] = []
+        self.rpn = scale.replicas_per_node if scale else replicas_per_node
+        self.nodes_of: dict[int, int] = {}
+        self.node_id = 0
+        # Autoscaling state
+        self.starting: list[float] = []  # ready times of nodes being started
+        self.warm_free = scale.warm_nodes if scale else 0
+        self.low_since: float | None = None
+        self.last_scale_in = -INF
+        self.node_s = 0.0
+        self.last_t = 0.0
+        self.timeline: list[tuple[float, int, int]] = []
+        self.cold_window: list[tuple[float, float]] = []
+        self.draining: list[Replica] = []
+        self.i = 0  # the next arrival
+        self.rr = 0  # the balancer's round-robin among equals
+        if scale is None:
+            if not replicas or replicas < 1:
+                raise ValueError("replicas must be >= 1")
+            for k in range(replicas):
+                e = self.new_engine()
+                self.engines.append(e)
+                self.serving.append(e)
+                self.nodes_of[e.idx] = k // self.rpn
+            fixed_nodes = math.ceil(replicas / self.rpn)
+        else:
+            for _ in range(scale.min_nodes):
+                self.add_node()
+            heapq.heappush(self.heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
+            fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
+            for k, w in enumerate(scale.windows):
+                if w.start_s > 0:
+                    heapq.heappush(self.heap, (w.start_s, EV_WINDOW, k, 0))
+                heapq.heappush(self.heap, (w.end_s, EV_WINDOW, k, 1))
+        self.fixed_nodes = billed_nodes(fixed_nodes, reserved_nodes)
+        if scale is not None:
+            self.begun_before(scale)
+        self.record(0.0)
+
+    # -- replicas and the balancer -----------------------------------------------------
+
+    def new_engine(self) -> Replica:
+        cache = PrefixCache(self.trace.block_tokens) if self.use_cache else None
+        if self.topology is not None:
+            return DisaggEngine(len(self.engines), self.topology, self.req, cache)
+        return Engine(len(self.engines), self.m, self.req, cache)
+
+    def add_node(self) -> None:
+        for _ in range(self.rpn):
+            e = self.new_engine()
+            self.engines.append(e)
+            self.serving.append(e)
+            self.nodes_of[e.idx] = self.node_id
+        self.node_id += 1
+
+    def on_finish(self, rid: int, now: float) -> None:
+        self.in_integral += self.in_system * (now - self.in_last)
+        self.in_last = now
+        self.in_system -= 1
+        replica = self.req.replica[rid]
         assert replica is not None  # a request that finishes was dispatched to a replica
-        freed.append(engines[replica])
+        self.freed.append(self.engines[replica])
 
-    def dispatch(e: Replica, rid: int, now: float) -> None:
-        req.replica[rid] = e.idx
+    def dispatch(self, e: Replica, rid: int, now: float) -> None:
+        self.req.replica[rid] = e.idx
         if e.submit(rid, now):
-            heapq.heappush(heap, (e.end, EV_ENGINE, e.idx, e.version))
+            heapq.heappush(self.heap, (e.end, EV_ENGINE, e.idx, e.version))
 
-    def drain_central(now: float) -> None:
-        for e in serving:
-            while central and e.outstanding < m.max_num_seqs:
-                dispatch(e, central.popleft(), now)
-            if not central:
+    def drain_central(self, now: float) -> None:
+        for e in self.serving:
+            while self.central and e.outstanding < self.m.max_num_seqs:
+                self.dispatch(e, self.central.popleft(), now)
+            if not self.central:
                 return
 
-    freed: list[Replica] = []
+    def arrive(self, now: float, rid: int) -> None:
+        req = self.req
+        if req.inputs[rid] + req.outputs[rid] > self.m.max_model_len:
+            req.refused[rid] = True
+            return
+        self.in_integral += self.in_system * (now - self.in_last)
+        self.in_last = now
+        self.in_system += 1
+        if self.balancer == "queue":
+            self.central.append(rid)
+            self.drain_central(now)
+            return
+        if not self.serving:
+            raise ValueError("no replica in service")
+        key = session_key(req.blocks, rid) if self.balancer == "sticky" else None
+        node = self.sessions.get(key) if key is not None else None
+        pick = self.serving
+        if node is not None:
+            pick = [e for e in self.serving if self.nodes_of[e.idx] == node] or self.serving
+        best = least_outstanding(pick, self.rr)
+        self.rr += 1
+        if key is not None:
+            self.sessions[key] = self.nodes_of[best.idx]
+        self.dispatch(best, rid, now)
 
-    def add_node() -> None:
-        for _ in range(rpn):
-            e = new_engine()
-            engines.append(e)
-            serving.append(e)
-            nodes_of[e.idx] = node_id[0]
-        node_id[0] += 1
+    # -- nodes: scaling out and in, windows, the bill ------------------------------------
 
-    rpn = scale.replicas_per_node if scale else replicas_per_node
-    nodes_of: dict[int, int] = {}
-    node_id = [0]
-    if scale is None:
-        if not replicas or replicas < 1:
-            raise ValueError("replicas must be >= 1")
-        for k in range(replicas):
-            e = new_engine()
-            engines.append(e)
-            serving.append(e)
-            nodes_of[e.idx] = k // rpn
-        fixed_nodes = math.ceil(replicas / rpn)
-    else:
-        for _ in range(scale.min_nodes):
-            add_node()
-        heapq.heappush(heap, (METRIC_PERIOD_S, EV_TICK, 0, 0))
-        fixed_nodes = scale.min_nodes + (scale.warm_nodes if scale.warm_running else 0)
-        for k, w in enumerate(scale.windows):
-            if w.start_s > 0:
-                heapq.heappush(heap, (w.start_s, EV_WINDOW, k, 0))
-            heapq.heappush(heap, (w.end_s, EV_WINDOW, k, 1))
-    fixed_nodes = billed_nodes(fixed_nodes, reserved_nodes)
+    def serving_nodes(self) -> int:
+        return len(self.serving) // self.rpn
 
-    # Autoscaling state
-    starting: list[float] = []  # ready times of nodes being started
-    warm_free = scale.warm_nodes if scale else 0
-    low_since: float | None = None
-    last_scale_in = -INF
-    node_s = 0.0
-    last_t = 0.0
-    timeline: list[tuple[float, int, int]] = []
-    cold_window: list[tuple[float, float]] = []
-    draining: list[Replica] = []
-
-    def serving_nodes() -> int:
-        return len(serving) // rpn
-
-    def raised(now: float, running: bool) -> int:
+    def raised(self, now: float, running: bool) -> int:
         """Nodes the open windows of that kind add (overlaps: the larger, not the sum)."""
-        assert scale is not None
-        return max((w.nodes for w in scale.windows if w.running == running and w.open_at(now)),
-                   default=0)
+        assert self.scale is not None
+        return max((w.nodes for w in self.scale.windows
+                    if w.running == running and w.open_at(now)), default=0)
 
-    def floor_nodes(now: float) -> int:
-        assert scale is not None
-        return scale.min_nodes + raised(now, True)
+    def floor_nodes(self, now: float) -> int:
+        assert self.scale is not None
+        return self.scale.min_nodes + self.raised(now, True)
 
-    def start_nodes(count: int, now: float) -> None:
+    def start_nodes(self, count: int, now: float) -> None:
         """Scale out by `count`: warm nodes first (the pool refills from cold), then cold."""
-        nonlocal warm_free
+        scale = self.scale
         assert scale is not None
         for _ in range(count):
-            if warm_free:
-                warm_free -= 1
+            if self.warm_free:
+                self.warm_free -= 1
                 ready = now + scale.warm_start_s
-                heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+                heapq.heappush(self.heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
             else:
                 ready = now + scale.cold_start_s
-            starting.append(ready)
-            heapq.heappush(heap, (ready, EV_READY, 0, 0))
-        cold_window.append((now, max(starting)))
-        record(now)
+            self.starting.append(ready)
+            heapq.heappush(self.heap, (ready, EV_READY, 0, 0))
+        self.cold_window.append((now, max(self.starting)))
+        self.record(now)
 
-    def begun_before(scale: Autoscale) -> None:
+    def begun_before(self, scale: Autoscale) -> None:
         """Windows that start at or before the trace's start: nodes launched at FROM serve
         FROM + their start time later (warm pool first), from 0 at the earliest; a stopped
         window's nodes are prepared from cold by FROM + the cold start."""
-        nonlocal warm_free
         early = [w for w in scale.windows if w.start_s <= 0]
         at = min((w.start_s for w in early if w.running), default=0.0)
         for _ in range(max((w.nodes for w in early if w.running), default=0)):
-            warm = warm_free > 0
-            warm_free -= warm
+            warm = self.warm_free > 0
+            self.warm_free -= warm
             ready = at + (scale.warm_start_s if warm else scale.cold_start_s)
             if warm:
-                heapq.heappush(heap, (max(0.0, at + scale.cold_start_s), EV_WARM, 0, 0))
+                heapq.heappush(self.heap, (max(0.0, at + scale.cold_start_s), EV_WARM, 0, 0))
             if ready <= 0:
-                add_node()
+                self.add_node()
             else:
-                starting.append(ready)
-                heapq.heappush(heap, (ready, EV_READY, 0, 0))
+                self.starting.append(ready)
+                heapq.heappush(self.heap, (ready, EV_READY, 0, 0))
         for w in early:
             if not w.running:
                 for _ in range(w.nodes):
-                    heapq.heappush(heap, (max(0.0, w.start_s + scale.cold_start_s), EV_WARM,
-                                          0, 0))
+                    heapq.heappush(self.heap, (max(0.0, w.start_s + scale.cold_start_s),
+                                               EV_WARM, 0, 0))
 
-    def drain_to(nodes: int, now: float) -> None:
+    def drain_to(self, nodes: int, now: float) -> None:
         """The newest nodes leave the balancer and drain their requests, down to `nodes`."""
-        while serving_nodes() > nodes:
-            leaving = serving[-rpn:]
-            del serving[-rpn:]
+        rpn = self.rpn
+        while self.serving_nodes() > nodes:
+            leaving = self.serving[-rpn:]
+            del self.serving[-rpn:]
             for e in leaving:
                 e.draining = True
                 if e.outstanding:
-                    draining.append(e)
-        record(now)
+                    self.draining.append(e)
+        self.record(now)
 
-    def bill(now: float) -> None:
-        nonlocal node_s, last_t
+    def bill(self, now: float) -> None:
+        scale = self.scale
         if scale is not None:
-            live = serving_nodes() + len(starting) + len({nodes_of[e.idx] for e in draining})
-            warm_billed = warm_free if scale.warm_running else 0
-            node_s += billed_nodes(live + warm_billed, reserved_nodes) * (now - last_t)
-        last_t = now
+            live = (self.serving_nodes() + len(self.starting)
+                    + len({self.nodes_of[e.idx] for e in self.draining}))
+            warm_billed = self.warm_free if scale.warm_running else 0
+            self.node_s += billed_nodes(live + warm_billed, self.reserved_nodes) * (
+                now - self.last_t)
+        self.last_t = now
 
-    def record(now: float) -> None:
-        if scale is not None:
-            timeline.append((now, serving_nodes(), len(starting)))
+    def record(self, now: float) -> None:
+        if self.scale is not None:
+            self.timeline.append((now, self.serving_nodes(), len(self.starting)))
 
-    if scale is not None:
-        begun_before(scale)
-    record(0.0)
-    i = 0
-    rr = 0
-    while True:
-        t_arr = trace.arrivals[i] if i < n_req else INF
-        t_ev = heap[0][0] if heap else INF
-        if t_arr == INF and t_ev == INF:
-            break
-        if t_arr <= t_ev:
-            now = t_arr
-            rid = i
-            i += 1
-            if req.inputs[rid] + req.outputs[rid] > m.max_model_len:
-                req.refused[rid] = True
-                continue
-            state["integral"] += state["in"] * (now - state["last"])
-            state["last"] = now
-            state["in"] += 1
-            if balancer == "queue":
-                central.append(rid)
-                drain_central(now)
-                continue
-            if not serving:
-                raise ValueError("no replica in service")
-            key = session_key(req.blocks, rid) if balancer == "sticky" else None
-            node = sessions.get(key) if key is not None else None
-            pick = serving
-            if node is not None:
-                pick = [e for e in serving if nodes_of[e.idx] == node] or serving
-            best = least_outstanding(pick, rr)
-            rr += 1
-            if key is not None:
-                sessions[key] = nodes_of[best.idx]
-            dispatch(best, rid, now)
-            continue
-        now, kind, ident, version = heapq.heappop(heap)
-        if kind == EV_ENGINE:
-            e = engines[ident]
-            if version != e.version:
-                continue
-            e.handle(now, on_finish)
-            if req.misses > miss_limit:
-                aborted = True
-                break
-            if e.end != INF:
-                heapq.heappush(heap, (e.end, EV_ENGINE, e.idx, e.version))
-            if freed:
-                freed.clear()
-                if central:
-                    drain_central(now)
-            if e.end == INF and e.draining and not e.outstanding:
-                bill(now)
-                draining.remove(e)
-            continue
-        if kind == EV_READY:
-            bill(now)
-            starting.remove(now)
-            add_node()
-            if central:
-                drain_central(now)
-            record(now)
-            continue
-        if kind == EV_WARM:
-            bill(now)
-            assert scale is not None
-            if warm_free < scale.warm_nodes + raised(now, False):  # else a window has ended
-                warm_free += 1
-            continue
-        if kind == EV_WINDOW:
-            bill(now)
-            assert scale is not None
-            w = scale.windows[ident]
-            if w.running and version == 0:  # the minimum rises: nodes launch now
-                short = floor_nodes(now) - serving_nodes() - len(starting)
-                if short > 0:
-                    start_nodes(short, now)
-            elif w.running:  # the minimum and the desired size return (the queue policy
-                drain_to(floor_nodes(now), now)  # grows the pool again if traffic needs it)
-            elif version == 0:  # the warm pool rises: nodes prepared from cold
-                for _ in range(w.nodes):
-                    heapq.heappush(heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
-            else:  # the warm pool returns to its size
-                warm_free = min(warm_free, scale.warm_nodes + raised(now, False))
-            continue
-        # EV_TICK: the metric sample and the policy.
+    # -- the events ------------------------------------------------------------------------
+
+    def on_engine(self, now: float, ident: int, version: int) -> bool:
+        """A replica's next event; False: the replay stops (too many late requests)."""
+        e = self.engines[ident]
+        if version != e.version:
+            return True
+        e.handle(now, self.on_finish)
+        if self.req.misses > self.miss_limit:
+            self.aborted = True
+            return False
+        if e.end != INF:
+            heapq.heappush(self.heap, (e.end, EV_ENGINE, e.idx, e.version))
+        if self.freed:
+            self.freed.clear()
+            if self.central:
+                self.drain_central(now)
+        if e.end == INF and e.draining and not e.outstanding:
+            self.bill(now)
+            self.draining.remove(e)
+        return True
+
+    def on_ready(self, now: float) -> None:
+        self.bill(now)
+        self.starting.remove(now)
+        self.add_node()
+        if self.central:
+            self.drain_central(now)
+        self.record(now)
+
+    def on_warm(self, now: float) -> None:
+        self.bill(now)
+        assert self.scale is not None
+        if self.warm_free < self.scale.warm_nodes + self.raised(now, False):
+            self.warm_free += 1  # (else a window has ended)
+
+    def on_window(self, now: float, ident: int, version: int) -> None:
+        self.bill(now)
+        scale = self.scale
         assert scale is not None
-        bill(now)
+        w = scale.windows[ident]
+        if w.running and version == 0:  # the minimum rises: nodes launch now
+            short = self.floor_nodes(now) - self.serving_nodes() - len(self.starting)
+            if short > 0:
+                self.start_nodes(short, now)
+        elif w.running:  # the minimum and the desired size return (the queue policy
+            self.drain_to(self.floor_nodes(now), now)  # grows the pool again if need be)
+        elif version == 0:  # the warm pool rises: nodes prepared from cold
+            for _ in range(w.nodes):
+                heapq.heappush(self.heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
+        else:  # the warm pool returns to its size
+            self.warm_free = min(self.warm_free, scale.warm_nodes + self.raised(now, False))
+
+    def on_tick(self, now: float) -> None:
+        """The metric sample and the policy."""
+        scale = self.scale
+        assert scale is not None
+        self.bill(now)
+        serving = self.serving
         n_srv = max(1, len(serving))
-        metric = (sum(len(e.waiting) for e in serving) + len(central)) / n_srv
-        cur = serving_nodes() + len(starting)
-        want = min(scale.max_nodes, math.ceil(serving_nodes() * metric / scale.queue_target))
+        metric = (sum(len(e.waiting) for e in serving) + len(self.central)) / n_srv
+        cur = self.serving_nodes() + len(self.starting)
+        want = min(scale.max_nodes,
+                   math.ceil(self.serving_nodes() * metric / scale.queue_target))
         if want > cur:
-            start_nodes(want - cur, now)
+            self.start_nodes(want - cur, now)
         if metric < scale.queue_target / 2:
-            low_since = now if low_since is None else low_since
-            if (now - low_since >= scale.scale_down_stabilization_s
-                    and now - last_scale_in >= scale.scale_in_cooldown_s
-                    and serving_nodes() > floor_nodes(now) and not starting):
-                drain_to(serving_nodes() - 1, now)  # one node at a time
-                last_scale_in = now
+            self.low_since = now if self.low_since is None else self.low_since
+            if (now - self.low_since >= scale.scale_down_stabilization_s
+                    and now - self.last_scale_in >= scale.scale_in_cooldown_s
+                    and self.serving_nodes() > self.floor_nodes(now) and not self.starting):
+                self.drain_to(self.serving_nodes() - 1, now)  # one node at a time
+                self.last_scale_in = now
         else:
-            low_since = None
-        if i < n_req or any(e.outstanding for e in engines) or now < run_until_s:
-            heapq.heappush(heap, (now + METRIC_PERIOD_S, EV_TICK, 0, 0))
-    horizon = max(last_t, max((f for f in req.finish if f == f), default=0.0),
-                  trace.arrivals[-1] if n_req else 0.0)
-    bill(horizon)
-    if scale is None:
-        node_s = fixed_nodes * horizon
-    record(horizon)
-    if scale is not None:  # a running window's nodes are paid whatever the traffic
-        fixed_window_s = sum(w.nodes * max(0.0, min(w.end_s, horizon) - max(0.0, w.start_s))
-                             for w in scale.windows if w.running)
-    else:
-        fixed_window_s = 0.0
-    return SimResult(
-        req=req, horizon_s=horizon, in_system_integral=state["integral"],
-        busy_s=sum(e.busy_s for e in engines),
-        occupied_s=sum(e.occupied_s for e in engines),
-        replica_s=replica_seconds(timeline, rpn, horizon) if scale else len(engines) * horizon,
-        node_s=node_s, fixed_node_s=fixed_nodes * horizon + fixed_window_s,
-        price_per_node_hour=price_per_node_hour,
-        max_kv_tokens=max(e.max_kv for e in engines),
-        max_running=max(e.max_running for e in engines),
-        preemptions=sum(e.preemptions for e in engines),
-        timeline=timeline, cold_window=cold_window,
-        replicas_fixed=replicas, replicas_per_node=rpn, aborted=aborted,
-        reserved_nodes=reserved_nodes,
-        power_kw_per_node=power_kw_per_node, max_model_len=m.max_model_len,
-        prefix_cache=PrefixStats(
-            block_tokens=trace.block_tokens,
-            prompt_tokens=sum(e.prompt_tokens for e in engines),
-            hit_tokens=sum(e.hit_tokens for e in engines),
-            evicted_blocks=sum(e.cache.evicted for e in engines if e.cache is not None),
-        ) if use_cache else None,
-        topology=topology,
-        kv_transfer_s_mean=_transfer_mean(engines),
-    )
+            self.low_since = None
+        if (self.i < self.n_req or any(e.outstanding for e in self.engines)
+                or now < self.run_until_s):
+            heapq.heappush(self.heap, (now + METRIC_PERIOD_S, EV_TICK, 0, 0))
+
+    # -- the loop and the result -----------------------------------------------------------
+
+    def run(self) -> SimResult:
+        arrivals, n_req, heap = self.trace.arrivals, self.n_req, self.heap
+        while True:
+            t_arr = arrivals[self.i] if self.i < n_req else INF
+            t_ev = heap[0][0] if heap else INF
+            if t_arr == INF and t_ev == INF:
+                break
+            if t_arr <= t_ev:
+                self.i += 1
+                self.arrive(t_arr, self.i - 1)
+                continue
+            now, kind, ident, version = heapq.heappop(heap)
+            if kind == EV_ENGINE:
+                if not self.on_engine(now, ident, version):
+                    break
+            elif kind == EV_READY:
+                self.on_ready(now)
+            elif kind == EV_WARM:
+                self.on_warm(now)
+            elif kind == EV_WINDOW:
+                self.on_window(now, ident, version)
+            else:
+                self.on_tick(now)
+        return self.result()
+
+    def result(self) -> SimResult:
+        req, engines, scale, n_req = self.req, self.engines, self.scale, self.n_req
+        horizon = max(self.last_t, max((f for f in req.finish if f == f), default=0.0),
+                      self.trace.arrivals[-1] if n_req else 0.0)
+        self.bill(horizon)
+        if scale is None:
+            self.node_s = self.fixed_nodes * horizon
+        self.record(horizon)
+        if scale is not None:  # a running window's nodes are paid whatever the traffic
+            fixed_window_s = sum(
+                w.nodes * max(0.0, min(w.end_s, horizon) - max(0.0, w.start_s))
+                for w in scale.windows if w.running)
+        else:
+            fixed_window_s = 0.0
+        rpn = self.rpn
+        return SimResult(
+            req=req, horizon_s=horizon, in_system_integral=self.in_integral,
+            busy_s=sum(e.busy_s for e in engines),
+            occupied_s=sum(e.occupied_s for e in engines),
+            replica_s=(replica_seconds(self.timeline, rpn, horizon) if scale
+                       else len(engines) * horizon),
+            node_s=self.node_s, fixed_node_s=self.fixed_nodes * horizon + fixed_window_s,
+            price_per_node_hour=self.price_per_node_hour,
+            max_kv_tokens=max(e.max_kv for e in engines),
+            max_running=max(e.max_running for e in engines),
+            preemptions=sum(e.preemptions for e in engines),
+            timeline=self.timeline, cold_window=self.cold_window,
+            replicas_fixed=self.replicas, replicas_per_node=rpn, aborted=self.aborted,
+            reserved_nodes=self.reserved_nodes,
+            power_kw_per_node=self.power_kw_per_node, max_model_len=self.m.max_model_len,
+            prefix_cache=PrefixStats(
+                block_tokens=self.trace.block_tokens,
+                prompt_tokens=sum(e.prompt_tokens for e in engines),
+                hit_tokens=sum(e.hit_tokens for e in engines),
+                evicted_blocks=sum(e.cache.evicted for e in engines if e.cache is not None),
+            ) if self.use_cache else None,
+            topology=self.topology,
+            kv_transfer_s_mean=_transfer_mean(engines),
+        )
 
 
 def _transfer_mean(engines: list[Replica]) -> float:
