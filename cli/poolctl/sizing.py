@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from poolctl.catalog import InstanceType, load_catalog
@@ -43,10 +43,27 @@ GCE_BOOT_DISK_READ_BPS = 240 * 2**20  # pd-ssd per-disk read baseline (poolctl_s
 
 @dataclass(frozen=True)
 class QuotaNeed:
+    """What a pool needs of one quota at its peak. A fallback type's need names the type
+    (`fallback`) and the quota in words (`description`)."""
+
     name: str
     unit: str
     needed: int
     scope: str  # the region, or "global"
+    fallback: str = ""
+    description: str = ""
+
+    def scaled(self, nodes: int, peak: int) -> QuotaNeed:
+        """The need for `nodes` running at once instead of the `peak` it was sized for."""
+        per_node = self.needed / peak if peak else 0
+        return replace(self, needed=int(round(per_node * nodes)))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "unit": self.unit, "needed": self.needed,
+                               "scope": self.scope}
+        if self.fallback:
+            out.update(fallback=self.fallback, description=self.description)
+        return out
 
 
 @dataclass(frozen=True)
@@ -176,8 +193,8 @@ class PoolPlan:
     replicas: NodeCounts
     nodes: NodeCounts
     warm_state: str
-    quota: dict[str, Any]
-    quotas: list[dict[str, Any]]
+    quota: QuotaNeed  # the type's own (`quotas[0]`)
+    quotas: list[QuotaNeed]
     price_per_node_hour_usd: float
     cost_per_hour_usd: dict[str, float]
     start_seconds: dict[str, float]
@@ -191,7 +208,7 @@ class PoolPlan:
     cost_split_usd: CostSplit | None = None
     # The quotas fallback types draw on beyond `quotas` (each need names its `fallback`):
     # the pool's peak on that type alone.
-    fallback_quotas: list[dict[str, Any]] = field(default_factory=list)
+    fallback_quotas: list[QuotaNeed] = field(default_factory=list)
 
     @property
     def warm_running_nodes(self) -> int:
@@ -199,8 +216,14 @@ class PoolPlan:
         return self.nodes.warm if self.warm_state == "running" else 0
 
     def to_json(self) -> dict[str, Any]:
-        # asdict turns NodeCounts into its fields in order, the dict `--json` always had.
-        return asdict(self)
+        # asdict turns NodeCounts into its fields in order, the dict `--json` always had;
+        # the quota needs are written as they always were (`quota` names its scope region).
+        d = asdict(self)
+        q = self.quota
+        d["quota"] = {"name": q.name, "unit": q.unit, "needed": q.needed, "region": q.scope}
+        d["quotas"] = [n.to_json() for n in self.quotas]
+        d["fallback_quotas"] = [n.to_json() for n in self.fallback_quotas]
+        return d
 
 
 def kv_bytes(pool: Pool) -> float:
@@ -368,16 +391,16 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         ]
     # A fallback type may draw on a GPU quota of its own (GCP: one per GPU model, e.g.
     # a3-megagpu-8g on NVIDIA_H100_MEGA_GPUS); the pool's peak could land on it.
-    fallback_quotas: list[dict[str, Any]] = []
+    fallback_quotas: list[QuotaNeed] = []
     seen = {row.quota.name}
     for name in placement.fallback_types:
         fb = load_catalog().get(Cloud(cloud), name)
         if fb is None or fb.quota.name in seen:
             continue  # not in the catalog: rule fallback-types says so
         seen.add(fb.quota.name)
-        fallback_quotas.append({**asdict(QuotaNeed(
-            fb.quota.name, fb.quota.unit, peak_nodes * fb.quota_per_node, placement.region)),
-            "fallback": name, "description": fb.quota.description or fb.quota.name})
+        fallback_quotas.append(QuotaNeed(
+            fb.quota.name, fb.quota.unit, peak_nodes * fb.quota_per_node, placement.region,
+            fallback=name, description=fb.quota.description or fb.quota.name))
     price = placement.price_per_hour_usd or row.price.usd_per_hour
     if image is None:
         image = file_node_image(pool, Cloud(cloud))
@@ -407,13 +430,8 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
         replicas=nodes.times(rpn),
         nodes=nodes,
         warm_state=wp.state,
-        quota={
-            "name": quotas[0].name,
-            "unit": quotas[0].unit,
-            "needed": quotas[0].needed,
-            "region": quotas[0].scope,
-        },
-        quotas=[asdict(q) for q in quotas],
+        quota=quotas[0],
+        quotas=quotas,
         fallback_quotas=fallback_quotas,
         price_per_node_hour_usd=price,
         cost_per_hour_usd={
@@ -435,8 +453,7 @@ def plan_pool(pool: Pool, cloud: Cloud, image: NodeImage | None = None) -> PoolP
     )
 
 
-def quota_key(pool: Pool, cloud: Cloud, need: dict[str, Any]
-              ) -> tuple[str, str, str, str]:
+def quota_key(pool: Pool, cloud: Cloud, need: QuotaNeed) -> tuple[str, str, str, str]:
     """What makes two needs draw on one quota: cloud, project (GCP quotas are per project;
     AWS pools of one file are taken to be one account's), scope and quota name."""
     if cloud == Cloud.gcp:
@@ -444,7 +461,7 @@ def quota_key(pool: Pool, cloud: Cloud, need: dict[str, Any]
         project = pool.gcp.project
     else:
         project = ""
-    return cloud, project, need["scope"], need["name"]
+    return cloud, project, need.scope, need.name
 
 
 def quota_totals(targets: list[Target]) -> list[dict[str, Any]]:
@@ -456,8 +473,8 @@ def quota_totals(targets: list[Target]) -> list[dict[str, Any]]:
             cloud_, project, scope, name = quota_key(pool, cloud, q)
             t = totals.setdefault((cloud_, project, scope, name), {
                 "cloud": cloud, "project": project or None, "region": scope, "name": name,
-                "unit": q["unit"], "needed": 0, "pools": [], "needed_by_pool": {}})
-            t["needed"] += q["needed"]
+                "unit": q.unit, "needed": 0, "pools": [], "needed_by_pool": {}})
+            t["needed"] += q.needed
             t["pools"].append(pool.name)
-            t["needed_by_pool"][pool.name] = q["needed"]
+            t["needed_by_pool"][pool.name] = q.needed
     return list(totals.values())

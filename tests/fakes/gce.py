@@ -2054,11 +2054,11 @@ def seed_pool(fake: FakeGce, cfg, pool) -> dict:
     name = naming.base(cfg, pool)
     p = pool.gcp
     quotas: dict[str, tuple[float, float]] = {
-        q["name"]: (2 * q["needed"], 0) for q in plan.quotas if q["scope"] != "global"}
+        q.name: (2 * q.needed, 0) for q in plan.quotas if q.scope != "global"}
     fake.add_region(p.project, p.region, zones, quotas=quotas)
     for q in plan.quotas:
-        if q["scope"] == "global":
-            fake.set_project_quota(p.project, q["name"], 2 * q["needed"])
+        if q.scope == "global":
+            fake.set_project_quota(p.project, q.name, 2 * q.needed)
     return fake.deploy_pool(
         project=p.project, region=p.region, name=naming.short(name, 63),
         labels=naming.gcp_labels(cfg, pool), zones=zones, machine_type=row.name,

@@ -262,8 +262,9 @@ def test_quota_lines_hand_computed(fake, ops, cfg, pool):
 
 def test_quota_line_missing_metric_grants_nothing(fake, ops, cfg, pool):
     fake.add_region(PROJECT, REGION, ZONES, quotas={"CPUS": (24, 0)})
-    (line,) = ops.quota_lines(cfg, pool, [
-        {"name": "NVIDIA_H100_GPUS", "unit": "GPU", "needed": 72, "scope": REGION}])
+    from poolctl.sizing import QuotaNeed
+
+    (line,) = ops.quota_lines(cfg, pool, [QuotaNeed("NVIDIA_H100_GPUS", "GPU", 72, REGION)])
     assert (line.granted, line.in_use, line.pool_in_use, line.shortfall) == (0.0, 0.0, 0, 72)
     assert "lists no NVIDIA_H100_GPUS quota in us-central1" in line.description
 

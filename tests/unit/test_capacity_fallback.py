@@ -123,10 +123,10 @@ def test_a_fallback_with_a_quota_of_its_own_is_planned_for_the_pools_peak():
     # one VM per zone of 3) x 8 GPUs = 72.
     (gcp,) = plan_pool(parse_config(gcp_fallback_yaml("a3-megagpu-8g")).pools[0],
                        Cloud.gcp).fallback_quotas
-    assert {k: gcp[k] for k in ("name", "unit", "needed", "scope", "fallback")} == {
+    assert {k: gcp.to_json()[k] for k in ("name", "unit", "needed", "scope", "fallback")} == {
         "name": "NVIDIA_H100_MEGA_GPUS", "unit": "GPU", "needed": 72, "scope": "us-central1",
         "fallback": "a3-megagpu-8g"}
     # AWS counts every P instance in one vCPU quota (L-417A185B): a fallback adds none.
     aws = plan_pool(parse_config(fallback_yaml("p5en.48xlarge, p4de.24xlarge")).pools[0],
                     Cloud.aws)
-    assert aws.fallback_quotas == [] and aws.quotas[0]["name"] == "L-417A185B"
+    assert aws.fallback_quotas == [] and aws.quotas[0].name == "L-417A185B"

@@ -526,7 +526,7 @@ class RollOps(RollsBackRollouts):
     def quota_lines(self, cfg, pool, needs):
         from poolctl.clouds.base import QuotaLine
 
-        return [QuotaLine(n["name"], n["unit"], n["scope"], n["needed"], 10_000, in_use=0,
+        return [QuotaLine(n.name, n.unit, n.scope, n.needed, 10_000, in_use=0,
                           pool_in_use=0) for n in needs]
 
     def rollout_apply_env(self, group, plan, no_surge=False):

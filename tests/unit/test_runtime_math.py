@@ -61,12 +61,12 @@ def test_peak_needs_scale_to_nodes_running_at_once():
     _, pool = llama()
     aws = plan_pool(pool, "aws")
     # peak: 6 max + 1 surge + 0 running warm = 7 nodes x 192 = 1344 vCPU
-    assert aws.quotas[0]["needed"] == 7 * P5_VCPUS == 1344
-    assert runtime.scaled_needs(aws, 2)[0]["needed"] == 384  # 2 x 192
+    assert aws.quotas[0].needed == 7 * P5_VCPUS == 1344
+    assert runtime.scaled_needs(aws, 2)[0].needed == 384  # 2 x 192
     gcp = plan_pool(pool, "gcp")
     # GCP peak: 6 max + 3 surge (whole nodes per zone) = 9 nodes: 72 GPUs, 1872 vCPU,
     # 54,000 GB SSD -> per node 8 GPUs, 208 vCPU, 6,000 GB; for 2 nodes:
-    got = {q["name"]: q["needed"] for q in runtime.scaled_needs(gcp, 2)}
+    got = {q.name: q.needed for q in runtime.scaled_needs(gcp, 2)}
     assert got == {"NVIDIA_H100_GPUS": 16, "CPUS": 416, "LOCAL_SSD_TOTAL_GB": 12000,
                    "GPUS_ALL_REGIONS": 16}
 
@@ -75,8 +75,8 @@ def test_running_warm_nodes_count_stopped_do_not():
     running = plan_pool(parse_config(pool_yaml(warm_state="running")).pools[0], "aws")
     stopped = plan_pool(parse_config(pool_yaml(warm_state="stopped")).pools[0], "aws")
     # running warm: 6 + 1 + 2 = 9 nodes x 192 = 1728; stopped: 7 x 192 = 1344
-    assert running.quotas[0]["needed"] == 1728
-    assert stopped.quotas[0]["needed"] == 1344
+    assert running.quotas[0].needed == 1728
+    assert stopped.quotas[0].needed == 1344
     assert runtime.running_nodes(1, 1, 2, True) == 3
     assert runtime.running_nodes(1, 1, 2, False) == 1
     assert runtime.running_nodes(4, 2, 0, False) == 4  # desired never below the minimum
@@ -158,7 +158,7 @@ class FakeOps(RequestsQuota):
 
     def quota_lines(self, cfg, pool, needs):
         mine = self.group.desired_nodes * P5_VCPUS
-        return [QuotaLine(n["name"], n["unit"], n["scope"], n["needed"], self.granted,
+        return [QuotaLine(n.name, n.unit, n.scope, n.needed, self.granted,
                           in_use=self.others + mine, pool_in_use=mine) for n in needs]
 
     def request_quota(self, line, desired):

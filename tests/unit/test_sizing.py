@@ -39,7 +39,7 @@ def test_llama70b_on_p5_tp2():
     # replicas are whole nodes x 4 per node: 4 / 24 / 8 / 4
     assert p.replicas == NodeCounts(min=4, max=24, warm=8, surge=4)
     # quota: (6 max + 1 surge + 0 running warm) x 192 vCPU = 1,344
-    assert p.quota == {"name": "L-417A185B", "unit": "vCPU", "needed": 1344,
+    assert p.to_json()["quota"] == {"name": "L-417A185B", "unit": "vCPU", "needed": 1344,
                        "region": "us-east-1"}
     # decode floor: 70.6e9 B / 3.35e12 B/s = 21.07 ms
     assert p.decode_step_floor_ms == pytest.approx(21.07, abs=0.01)
@@ -52,7 +52,7 @@ def test_cost_uses_catalog_price_and_running_warm_nodes():
     # running warm nodes are billed: min = (1 + 2) nodes, max = (6 + 2) nodes
     assert p.cost_per_hour_usd == {"min": round(3 * price, 2), "max": round(8 * price, 2)}
     # and counted against the running-instance quota: (6 + 1 + 2) x 192 = 1,728
-    assert p.quota["needed"] == 1728
+    assert p.quota.needed == 1728
 
 
 def test_price_override():
@@ -69,7 +69,7 @@ def test_replicas_round_up_to_whole_nodes():
 
 def test_gcp_quotas_in_gpus():
     p = plan_pool(parse_config(pool_yaml()).pools[0], "gcp")
-    names = {q["name"]: q["needed"] for q in p.quotas}
+    names = {q.name: q.needed for q in p.quotas}
     row = load_catalog().get("gcp", "a3-highgpu-8g")
     assert row.regions["us-central1"] == ["us-central1-a", "us-central1-b", "us-central1-c"]
     # a regional MIG surges by 0 or at least one VM per zone: 1 surge node -> 3 (3 zones)
@@ -79,7 +79,7 @@ def test_gcp_quotas_in_gpus():
     assert names["GPUS_ALL_REGIONS"] == 72
     assert names["CPUS"] == 9 * row.vcpus
     assert names["LOCAL_SSD_TOTAL_GB"] == 9 * 16 * 375
-    assert p.quota["name"] == "NVIDIA_H100_GPUS"
+    assert p.quota.name == "NVIDIA_H100_GPUS"
 
 
 def test_fp8_weights_keep_bf16_kv():

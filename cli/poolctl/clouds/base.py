@@ -29,7 +29,7 @@ from poolctl.config import Config, Pool
 from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
-from poolctl.sizing import HeldCapacity, PoolPlan, held_capacity, hourly_cost
+from poolctl.sizing import HeldCapacity, PoolPlan, QuotaNeed, held_capacity, hourly_cost
 from poolctl.terraform import Terraform
 from poolctl.windows import Window
 
@@ -304,7 +304,7 @@ class CloudOps(ABC):
         """In-service, warm, pending and unhealthy nodes (warm pool / standby included)."""
 
     @abstractmethod
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[QuotaNeed]
                     ) -> list[QuotaLine]:
         """Granted and in-use for each need ({name, unit, needed, scope})."""
 

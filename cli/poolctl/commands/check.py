@@ -241,9 +241,9 @@ def render_plans(plans: list[PoolPlan]) -> None:
             ("KV cache per replica", f"{p.kv_cache_tokens_per_replica:,} tokens, "
                                      f"{p.max_concurrent_sequences_per_replica} full-length seqs"),
             ("decode step floor", f"{p.decode_step_floor_ms} ms (weights / HBM bandwidth)"),
-            ("quota", "; ".join(f"{q['name']} {q['needed']:,} {q['unit']} ({q['scope']})"
+            ("quota", "; ".join(f"{q.name} {q.needed:,} {q.unit} ({q.scope})"
                                 for q in p.quotas) + "".join(
-                f"; on fallback {q['fallback']}: {q['name']} {q['needed']:,} {q['unit']}"
+                f"; on fallback {q.fallback}: {q.name} {q.needed:,} {q.unit}"
                 for q in p.fallback_quotas)),
             ("cost per hour", f"${p.cost_per_hour_usd['min']:,.2f} min, "
                               f"${p.cost_per_hour_usd['max']:,.2f} max "

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
@@ -15,24 +13,20 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed
-from poolctl.sizing import PoolPlan, plan_pool, quota_key
+from poolctl.sizing import PoolPlan, QuotaNeed, plan_pool, quota_key
 
 # ---------------------------------------------------------------------------------------
 # Quota
 
 
-def scaled_needs(plan: PoolPlan, nodes: int) -> list[dict[str, Any]]:
+def scaled_needs(plan: PoolPlan, nodes: int) -> list[QuotaNeed]:
     """The plan's quota needs for `nodes` nodes running at once instead of its peak."""
     peak = plan.nodes.max + plan.nodes.surge + plan.warm_running_nodes
-    out = []
-    for q in plan.quotas:
-        per_node = q["needed"] / peak if peak else 0
-        out.append({**q, "needed": int(round(per_node * nodes))})
-    return out
+    return [q.scaled(nodes, peak) for q in plan.quotas]
 
 
 def shared_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
-                       needs: list[dict[str, Any]]) -> list[QuotaLine]:
+                       needs: list[QuotaNeed]) -> list[QuotaLine]:
     """`needs` of `pool` against the quotas, each summed with the peak needs of every other
     pool of the file that draws on the same quota (`quota_key`): one grant must hold them
     all, so deciding for one pool alone would promise the others' share twice. Each line
@@ -75,7 +69,7 @@ def fallback_quota_lines(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps
     needs = plan_pool(pool, cloud).fallback_quotas
     lines = ops.quota_lines(cfg, pool, needs) if needs else []
     for need, ln in zip(needs, lines, strict=True):
-        ln.fallback = need["fallback"]
+        ln.fallback = need.fallback
         ln.needed_by_pool = {pool.name: ln.needed}
     return lines
 

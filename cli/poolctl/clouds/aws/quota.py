@@ -14,6 +14,7 @@ from poolctl.clouds.aws.api import AwsApi, error_code
 from poolctl.clouds.base import QuotaLine, QuotaRequest, RequestsQuota
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed
+from poolctl.sizing import QuotaNeed
 
 # EC2 running On-Demand quotas by instance family (vCPUs of running instances).
 QUOTA_P = "L-417A185B"
@@ -82,22 +83,22 @@ class ServiceQuotas(AwsApi, RequestsQuota):
             acc[1] += (n or 0) if mine else 0
         return {k: (v[0], v[1]) for k, v in out.items()}
 
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[QuotaNeed]
                     ) -> list[QuotaLine]:
         out = []
         used_by_region: dict[str, dict[str, tuple[int, int]]] = {}
         for need in needs:
             assert pool.aws is not None  # asked for the pool's aws placement (Config.targets)
-            region = need.get("scope") or pool.aws.region
+            region = need.scope or pool.aws.region
             sq = self.client("service-quotas", region)
-            code = need["name"]
+            code = need.name
             quota = self._quota(sq, code)
             if region not in used_by_region:
                 used_by_region[region] = self._in_use(cfg, pool, region)
             used, mine = used_by_region[region].get(code, (0, 0))
             out.append(QuotaLine(
-                name=code, unit=need.get("unit", "vCPU"), scope=region,
-                needed=int(need["needed"]), granted=float(quota["Value"]), in_use=used,
+                name=code, unit=need.unit or "vCPU", scope=region,
+                needed=need.needed, granted=float(quota["Value"]), in_use=used,
                 pool_in_use=mine, description=quota.get("QuotaName", ""),
             ))
         return out

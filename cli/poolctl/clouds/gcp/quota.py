@@ -17,7 +17,7 @@ from poolctl.clouds.gcp.api import one_line
 from poolctl.clouds.gcp.mig import STOPPED_STATUSES, MigReader, mig_ref
 from poolctl.config import Config, Pool
 from poolctl.errors import OperationFailed, UsageError
-from poolctl.sizing import instance_row
+from poolctl.sizing import QuotaNeed, instance_row
 
 CONTACT_ENV = "POOLCTL_QUOTA_CONTACT_EMAIL"
 QUOTA_SERVICE = "compute.googleapis.com"
@@ -68,7 +68,7 @@ class GcpQuotas(MigReader, RequestsQuota):
         return sum(1 for mi in self.managed_instances(project, region, name)
                    if mi.instance_status and mi.instance_status not in STOPPED_STATUSES)
 
-    def quota_lines(self, cfg: Config, pool: Pool, needs: list[dict[str, Any]]
+    def quota_lines(self, cfg: Config, pool: Pool, needs: list[QuotaNeed]
                     ) -> list[QuotaLine]:
         assert pool.gcp is not None  # asked for the pool's gcp placement (Config.targets)
         project = pool.gcp.project
@@ -102,25 +102,25 @@ class GcpQuotas(MigReader, RequestsQuota):
         running = self._pool_running_nodes(cfg, pool)
         lines = []
         for need in needs:
-            name, scope = need["name"], need["scope"]
+            name, scope = need.name, need.scope
             q = quotas(scope).get(name)
             self._quota_project[(name, scope)] = project
             if q is None:
                 # Compute lists every metric a region offers; an absent one grants nothing.
                 lines.append(QuotaLine(
-                    name=name, unit=need["unit"], scope=scope, needed=int(need["needed"]),
+                    name=name, unit=need.unit, scope=scope, needed=need.needed,
                     granted=0.0, in_use=0.0,
                     description=f"{project} lists no {name} quota in {scope}: the region "
                                 "offers none; pick another gcp.region or machine type"))
                 continue
             mine = float(running * per_node.get(name, 0))
             lines.append(QuotaLine(
-                name=name, unit=need["unit"], scope=scope, needed=int(need["needed"]),
+                name=name, unit=need.unit, scope=scope, needed=need.needed,
                 granted=float(q.limit), in_use=float(q.usage),
                 # The quota's usage includes the pool's own running VMs; never claim more
                 # than the region reports.
                 pool_in_use=min(mine, float(q.usage)),
-                description=titles.get(name, need.get("description", ""))))
+                description=titles.get(name, need.description)))
         return lines
 
     def request_quota(self, line: QuotaLine, desired: float) -> QuotaRequest:
