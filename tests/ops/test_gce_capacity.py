@@ -446,7 +446,7 @@ def test_the_pool_grows_on_the_fallback_type_when_the_primary_is_exhausted(fake,
         fake.set_capacity(zone, MACHINE, 0)  # the serving VM keeps running; no more H100s
     # 8 replicas at 4 a node: 2 more nodes in service, created as the fallback type.
     r = runtime.warm(cfg, pool, "gcp", ops, 8, running=True)
-    assert r.after["min_nodes"] == 3
+    assert r.after.min_nodes == 3
     fake.settle()
     s = runtime.status(cfg, pool, "gcp", ops)
     assert s.capacity_failures == [] and s.counts()["in_service"] == 3

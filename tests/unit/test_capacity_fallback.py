@@ -98,7 +98,7 @@ def test_warm_without_running_is_refused_for_a_fallback_pool():
         runtime.warm(cfg, cfg.pools[0], "aws", ops, 4)
     assert "use --running" in str(e.value) and ops.changes == []  # nothing changed
     r = runtime.warm(cfg, cfg.pools[0], "aws", ops, 4, running=True)
-    assert r.after["min_nodes"] == 2  # the file's 1 + 1 node of 4 replicas
+    assert r.after.min_nodes == 2  # the file's 1 + 1 node of 4 replicas
 
 
 def test_the_instance_refresh_keeps_the_mixed_instances_policy():

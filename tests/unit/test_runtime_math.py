@@ -19,6 +19,7 @@ from poolctl.config import parse_config
 from poolctl.contract.aws import refresh_api_preferences, refresh_percentages
 from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.runtime.warm import GroupSizes
 from poolctl.sizing import plan_pool
 from tests.configs import pool_yaml
 
@@ -183,7 +184,7 @@ def test_warm_rounds_replicas_up_and_is_absolute():
     # 10 replicas at 4 per node: ceil(2.5) = 3 nodes = 12 replicas
     r = runtime.warm(cfg, pool, "aws", ops, 10)
     assert (r.nodes, r.replicas, r.rounded_up, r.changed) == (3, 12, True, True)
-    assert r.after == {"min_nodes": 1, "warm_nodes": 3, "desired_nodes": 1}
+    assert r.after == GroupSizes(min_nodes=1, warm_nodes=3, desired_nodes=1)
     assert ops.changes == [{"min": 1, "warm": 3, "desired": None}]
     again = runtime.warm(cfg, pool, "aws", ops, 10)
     assert again.changed is False and "nothing changed" in again.message
@@ -197,11 +198,11 @@ def test_warm_running_then_reset_gives_back_exactly_those_nodes():
     ops = FakeOps(group(), granted=10_000)
     r = runtime.warm(cfg, pool, "aws", ops, 12, running=True)
     # the file's minimum 1 + 3 nodes = 4, in service now
-    assert r.after == {"min_nodes": 4, "warm_nodes": 2, "desired_nodes": 4}
+    assert r.after == GroupSizes(min_nodes=4, warm_nodes=2, desired_nodes=4)
     # the autoscaler then adds 2 more (desired 6): reset removes the 3 that warm added
     ops.group = replace(ops.group, desired_nodes=6)
     back = runtime.warm(cfg, pool, "aws", ops, None, reset=True)
-    assert back.after == {"min_nodes": 1, "warm_nodes": 2, "desired_nodes": 3}
+    assert back.after == GroupSizes(min_nodes=1, warm_nodes=2, desired_nodes=3)
     assert ops.changes[-1] == {"min": 1, "warm": 2, "desired": 3}
 
 
@@ -252,8 +253,8 @@ def test_wait_warm_reports_each_node_once_and_times_out(capsys):
             return next(states)
 
     ops = Ops(group(), granted=10_000)
-    res = runtime.WarmResult(pool.name, "aws", "warm", 4, 4, 1, 4, False, {},
-                             {"min_nodes": 1, "warm_nodes": 1, "desired_nodes": 1}, True, "")
+    res = runtime.WarmResult(pool.name, "aws", "warm", 4, 4, 1, 4, False,
+                             GroupSizes(0, 0, 0), GroupSizes(1, 1, 1), True, "")
     out = runtime.wait_warm(cfg, pool, "aws", ops, res, timeout=60, hint="poolctl status",
                             sleep=lambda s: None)
     assert out["ready"] == 1 and [n["id"] for n in out["nodes"]] == ["i-1"]

@@ -49,7 +49,7 @@ def test_warm_running_in_an_open_window_keeps_the_raise_on_top_and_moves_the_bas
     r = runtime.warm(cfg, pool, "aws", ops, replicas=4, running=True)
     # Outside the window: 1 + 1 node (4 replicas) = 2; with the window's 2 on top: 4.
     assert ops.changes == [{"min": 4, "warm": 2, "desired": None}]
-    assert r.after["min_nodes"] == 4 and ops.group.min_nodes == 4
+    assert r.after.min_nodes == 4 and ops.group.min_nodes == 4
     # The window's end now returns to 2 (what `warm` set), not to the 1 it was written over.
     assert ops.base == 2 and [w.id for w in ops.windows] == ["w1"]
     assert "+2 of the open launch window" in r.message
@@ -115,7 +115,7 @@ def test_warm_in_an_open_window_of_warm_nodes_keeps_the_raise_on_top_and_moves_t
     r = runtime.warm(cfg, pool, "aws", ops, replicas=12)
     # Outside the window: 12 replicas = 3 nodes; with the window's 2 on top: 5.
     assert ops.changes == [{"min": 1, "warm": 5, "desired": None}]
-    assert r.before["warm_nodes"] == 4 and r.after["warm_nodes"] == 5
+    assert r.before.warm_nodes == 4 and r.after.warm_nodes == 5
     assert ops.base == 3  # the window's end returns to what `warm` set
     assert "+2 warm of the open launch window" in r.message
     # Asking for what the warm pool holds outside the window changes nothing.

@@ -47,6 +47,41 @@ from poolctl.sizing import (
 # Warm
 
 
+@dataclass(frozen=True)
+class GroupSizes:
+    """A group's sizes in nodes, before or after `warm` changes them."""
+
+    min_nodes: int
+    warm_nodes: int
+    desired_nodes: int
+
+
+@dataclass(frozen=True)
+class WarmRecord:
+    """What `warm` recorded: the sizes it is in charge of, and what set them when."""
+
+    min_nodes: int | None
+    warm_nodes: int | None
+    command: str = "poolctl warm"
+    at: str = "?"
+
+    @classmethod
+    def from_json(cls, data: object) -> WarmRecord | None:
+        """A record as any poolctl wrote it (a field it did not write: None), or None."""
+        if not isinstance(data, dict):
+            return None
+
+        def size(key: str) -> int | None:
+            v = data.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        return cls(min_nodes=size("min_nodes"), warm_nodes=size("warm_nodes"),
+                   command=str(data.get("command", "poolctl warm")), at=str(data.get("at", "?")))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class WarmResult:
     pool: str
@@ -57,8 +92,8 @@ class WarmResult:
     nodes: int
     replicas: int
     rounded_up: bool
-    before: dict[str, int]
-    after: dict[str, int]
+    before: GroupSizes
+    after: GroupSizes
     changed: bool
     message: str
     rounding: str = ""  # how replicas became whole nodes, when they did not divide evenly
@@ -75,9 +110,9 @@ class WarmResult:
         return asdict(self)
 
 
-def _sizes(g: Group) -> dict[str, int]:
-    return {"min_nodes": g.min_nodes, "warm_nodes": g.warm_min_nodes,
-            "desired_nodes": g.desired_nodes}
+def _sizes(g: Group) -> GroupSizes:
+    return GroupSizes(min_nodes=g.min_nodes, warm_nodes=g.warm_min_nodes,
+                      desired_nodes=g.desired_nodes)
 
 
 def running_nodes(min_nodes: int, desired: int, warm_nodes: int, warm_running: bool) -> int:
@@ -155,7 +190,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     before = _sizes(group)
     after_desired = new_desired if new_desired is not None else max(group.desired_nodes,
                                                                      set_min)
-    after = {"min_nodes": set_min, "warm_nodes": set_warm, "desired_nodes": after_desired}
+    after = GroupSizes(min_nodes=set_min, warm_nodes=set_warm, desired_nodes=after_desired)
     changed = (set_min, set_warm) != (group.min_nodes, group.warm_min_nodes) or (
         after_desired != group.desired_nodes)
     rounded = replicas is not None and n * rpn != replicas
@@ -215,10 +250,11 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                      desired_nodes=new_desired)
     if mode != "reset":
         _save_warm_record(cfg, pool, cloud, new_min, new_warm, replicas, running)
-    changes = [f"{what} {before[k]} -> {after[k]} node(s) ({before[k] * rpn} -> "
-               f"{after[k] * rpn} replicas)"
+    changes = [f"{what} {getattr(before, k)} -> {getattr(after, k)} node(s) "
+               f"({getattr(before, k) * rpn} -> {getattr(after, k) * rpn} replicas)"
                for what, k in (("warm", "warm_nodes"), ("minimum", "min_nodes"),
-                               ("desired", "desired_nodes")) if before[k] != after[k]]
+                               ("desired", "desired_nodes"))
+               if getattr(before, k) != getattr(after, k)]
     result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
     if windows and (line := rebase_windows(cfg, pool, ops, new_min, now)):
         result.message += f"; {line.split(': ', 1)[1]}"
@@ -243,21 +279,22 @@ def warm_record_path(cfg: Config, pool: Pool, cloud: Cloud) -> Path:
     return poolctl_home() / "warm" / f"{naming.stack_name(cfg, pool, cloud)}.json"
 
 
-def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, Any] | None:
+def load_warm_record(cfg: Config, pool: Pool, cloud: Cloud) -> WarmRecord | None:
     try:
         data = json.loads(warm_record_path(cfg, pool, cloud).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return WarmRecord.from_json(data)
 
 
 def _save_warm_record(cfg: Config, pool: Pool, cloud: Cloud, min_nodes: int,
                       warm_nodes: int, replicas: int | None, running: bool) -> None:
 
-    rec = {"min_nodes": min_nodes, "warm_nodes": warm_nodes,
-           "command": f"poolctl warm --replicas {replicas}" + (" --running" if running else ""),
-           "at": datetime.now(UTC).isoformat(timespec="seconds")}
-    write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec, indent=2) + "\n")
+    rec = WarmRecord(min_nodes=min_nodes, warm_nodes=warm_nodes,
+                     command=f"poolctl warm --replicas {replicas}"
+                     + (" --running" if running else ""),
+                     at=datetime.now(UTC).isoformat(timespec="seconds"))
+    write_private(warm_record_path(cfg, pool, cloud), json.dumps(rec.to_json(), indent=2) + "\n")
 
 
 def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
@@ -288,7 +325,7 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
         since = (f"held by launch window {', '.join(w.id for w in begun)} until {end}, "
                  "whose end returns to the file's")
     else:
-        since = (f"set by `{rec.get('command', 'poolctl warm')}` at {rec.get('at', '?')}; "
+        since = (f"set by `{rec.command}` at {rec.at}; "
                  f"`poolctl warm --reset` returns to the file's")
     env = (ops.kept_sizes_env(group, plan) if isinstance(ops, KeepsWarmSizes)
            else ops.rollout_apply_env(group, plan, no_surge=False))
@@ -306,8 +343,8 @@ def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     to it; the line saying so, or None."""
     rec = load_warm_record(cfg, pool, cloud)
     plan = plan or plan_pool(pool, cloud)
-    base = int(rec["min_nodes"]) if rec and "min_nodes" in rec else plan.nodes.min
-    warm = int(rec["warm_nodes"]) if rec and "warm_nodes" in rec else plan.nodes.warm
+    base = rec.min_nodes if rec and rec.min_nodes is not None else plan.nodes.min
+    warm = rec.warm_nodes if rec and rec.warm_nodes is not None else plan.nodes.warm
     now = datetime.now(UTC)
     try:
         lines = [rebase_windows(cfg, pool, ops, base, now),
@@ -349,9 +386,9 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
     group's minimum in service. One progress line per change, seconds per node."""
     group = ops.find_group(cfg, pool)
     if result.mode == "running":
-        phase, target = "in_service", result.after["min_nodes"]
+        phase, target = "in_service", result.after.min_nodes
     else:
-        phase, target = "warm", result.after["warm_nodes"]
+        phase, target = "warm", result.after.warm_nodes
     t0 = time.monotonic()
     # `warm` launched just before the wait began; its failures count from a little earlier.
     wall0 = time.time() - 30
