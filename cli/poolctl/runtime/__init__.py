@@ -89,8 +89,6 @@ from poolctl.runtime.windows import (
     check_warm_window,
     destroy_before_apply,
     list_windows,
-    open_warm_raise,
-    rebase_warm_windows,
     schedule_window,
     window_line,
 )
@@ -149,8 +147,6 @@ __all__ = [
     "watch_hint",
     "NOT_RUNNING",
     "check_warm_window",
-    "open_warm_raise",
-    "rebase_warm_windows",
     "WindowsResult",
     "cancel_window",
     "destroy_before_apply",

@@ -28,10 +28,9 @@ from poolctl.progress import Progress, log
 from poolctl.runtime.common import poll_interval, stalled_launches
 from poolctl.runtime.quota import quota_check, quota_for_nodes, shortfall_line
 from poolctl.runtime.windows import (
+    Kind,
     open_raise,
-    open_warm_raise,
-    rebase_warm_windows,
-    rebase_windows,
+    rebase,
 )
 from poolctl.sizing import (
     HeldCapacity,
@@ -173,9 +172,9 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     now = datetime.now(UTC)
     # `warm` sets the minimum kept outside the launch windows; an open window's raise stays
     # on top of it until the window's end returns the minimum to what `warm` set.
-    windows, open_nodes, _ = open_raise(ops, group, now)
+    windows, open_nodes, _ = open_raise(Kind.RUNNING, ops, group, now)
     # The same for the warm pool and an open window of warm nodes.
-    warm_windows, open_warm, _ = (open_warm_raise(ops, group, now) if plan.nodes.warm
+    warm_windows, open_warm, _ = (open_raise(Kind.WARM, ops, group, now) if plan.nodes.warm
                                   else ([], 0, group.warm_min_nodes))
     outside = replace(group, min_nodes=group.min_nodes - open_nodes,
                       warm_min_nodes=group.warm_min_nodes - open_warm)
@@ -256,9 +255,11 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
                                ("desired", "desired_nodes"))
                if getattr(before, k) != getattr(after, k)]
     result.message = f"{pool.name}: set {label}{kept}: " + ", ".join(changes)
-    if windows and (line := rebase_windows(cfg, pool, ops, new_min, now)):
+    if windows and (line := rebase(Kind.RUNNING, cfg, pool, ops, new_min, now,
+                                       kept_min=new_min)):
         result.message += f"; {line.split(': ', 1)[1]}"
-    if warm_windows and (line := rebase_warm_windows(cfg, pool, ops, new_warm, new_min, now)):
+    if warm_windows and (line := rebase(Kind.WARM, cfg, pool, ops, new_warm, now,
+                                            kept_min=new_min)):
         result.message += f"; {line.split(': ', 1)[1]}"
     return result
 
@@ -318,7 +319,7 @@ def deploy_keeps(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
         now = datetime.now(UTC)
         begun = [w for w in ops.scheduled_windows(group)[0] if w.active(now)]
         if not begun and plan.nodes.warm:
-            begun = [w for w in open_warm_raise(ops, group, now)[0] if w.active(now)]
+            begun = [w for w in open_raise(Kind.WARM, ops, group, now)[0] if w.active(now)]
         if not begun:
             return {}, []
         end = max(w.end for w in begun).isoformat(timespec="seconds")
@@ -347,8 +348,8 @@ def deploy_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     warm = rec.warm_nodes if rec and rec.warm_nodes is not None else plan.nodes.warm
     now = datetime.now(UTC)
     try:
-        lines = [rebase_windows(cfg, pool, ops, base, now),
-                 rebase_warm_windows(cfg, pool, ops, warm, base, now) if plan.nodes.warm
+        lines = [rebase(Kind.RUNNING, cfg, pool, ops, base, now, kept_min=base),
+                 rebase(Kind.WARM, cfg, pool, ops, warm, now, kept_min=base) if plan.nodes.warm
                  else None]
     except OperationFailed:
         return None  # nothing deployed to look at (a plan-only run, a refused apply)

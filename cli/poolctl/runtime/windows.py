@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from poolctl import naming
@@ -134,12 +135,23 @@ def _scheduler(ops: CloudOps, cloud: Cloud) -> SchedulesWindows:
     return ops
 
 
-def _rows(windows: list[Window], base: int, rpn: int, now: datetime) -> tuple[WindowRow, ...]:
+class Kind(StrEnum):
+    """The two kinds of window a pool's own group runs: nodes in service (the group's
+    minimum rises: SchedulesWindows) and warm nodes (its warm pool rises:
+    SchedulesWarmWindows). One set of functions takes either."""
+
+    RUNNING = "running"
+    WARM = "warm"
+
+
+def _rows(windows: list[Window], base: int, rpn: int, now: datetime,
+          kind: Kind = Kind.RUNNING) -> tuple[WindowRow, ...]:
     return tuple(WindowRow(
         id=w.id, nodes=w.nodes, replicas=w.nodes * rpn,
         start=None if w.start is None else w.start.isoformat(timespec="seconds"),
         end=w.end.isoformat(timespec="seconds"),
-        state="active" if w.active(now) else "scheduled", min_nodes=base + w.nodes)
+        state="active" if w.active(now) else "scheduled", min_nodes=base + w.nodes,
+        in_service=kind == Kind.RUNNING)
         for w in sorted(windows, key=lambda w: (w.end, w.id)))
 
 
@@ -152,10 +164,35 @@ def _split(found: tuple[list[Window], int | None], own: int, now: datetime
             [w for w in windows if w.end <= now])
 
 
-def _current(sched: SchedulesWindows, group: Group, now: datetime
-             ) -> tuple[list[Window], int, list[Window]]:
-    """Windows in service: (still to end, kept minimum, ended ones listed)."""
-    return _split(sched.scheduled_windows(group), group.min_nodes, now)
+# What reads or writes windows: a cloud's ops, or the capability it was narrowed to.
+Scheduler = CloudOps | SchedulesWindows | SchedulesWarmWindows
+
+
+def current(kind: Kind, ops: Scheduler, group: Group, now: datetime
+            ) -> tuple[list[Window], int, list[Window]]:
+    """The windows of `kind`: (still to end, the size kept under them: the group's minimum
+    or its warm pool, ended ones the cloud still lists); none where the cloud schedules no
+    such windows."""
+    if kind == Kind.RUNNING:
+        if not isinstance(ops, SchedulesWindows):
+            return [], group.min_nodes, []
+        return _split(ops.scheduled_windows(group), group.min_nodes, now)
+    if not isinstance(ops, SchedulesWarmWindows):
+        return [], group.warm_min_nodes, []
+    return _split(ops.scheduled_warm_windows(group), group.warm_min_nodes, now)
+
+
+def write(kind: Kind, ops: Scheduler, group: Group, windows: list[Window], base: int,
+          removed: list[Window], *, kept_min: int, running: bool) -> None:
+    """Make the cloud's windows of `kind` exactly `windows` over `base` (warm windows: the
+    group's kept minimum `kept_min` and the pool's warm state `running` go with them)."""
+    if kind == Kind.RUNNING:
+        assert isinstance(ops, SchedulesWindows)  # the caller read windows of this kind
+        ops.write_windows(group, windows, base, removed=removed)
+    else:
+        assert isinstance(ops, SchedulesWarmWindows)  # likewise
+        ops.write_warm_windows(group, windows, base, removed=removed, kept_min=kept_min,
+                               running=running)
 
 
 def _converge(read: Callable[[], tuple[list[Window], int, list[Window]]],
@@ -195,29 +232,33 @@ def _exists(pool: Pool, cloud: Cloud, base: int, rows: tuple[WindowRow, ...], du
                  "asked): nothing changed, nothing bought"))
 
 
-def open_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
-    """(windows still to end, the nodes an open window adds to the group's own minimum now,
-    the minimum kept under the windows): what `warm` and `deploy` set the minimum around.
-    ([], 0, the group's minimum) where the cloud schedules no windows."""
-    if not isinstance(ops, SchedulesWindows):
-        return [], 0, group.min_nodes
-    live, base, _ = _current(ops, group, now)
-    return live, raise_at(live, now) if ops.raises_group_minimum else 0, base
+def open_raise(kind: Kind, ops: CloudOps, group: Group, now: datetime
+               ) -> tuple[list[Window], int, int]:
+    """(windows of `kind` still to end, the nodes an open one adds now to the size the group
+    shows, the size kept under them): what `warm` and `deploy` set the group's minimum (or
+    warm pool) around. A GCP schedule raises the autoscaler beside the minimum, not in it."""
+    live, base, _ = current(kind, ops, group, now)
+    shows = kind == Kind.WARM or getattr(ops, "raises_group_minimum", False)
+    return live, raise_at(live, now) if shows else 0, base
 
 
-def rebase_windows(cfg: Config, pool: Pool, ops: CloudOps, base_min: int, now: datetime
-                   ) -> str | None:
-    """After `warm` or `deploy` set the minimum kept outside the windows to `base_min`: the
-    windows rise over it and their ends return to it (they were written over the minimum of
-    their scheduling). A line saying so, or None when nothing changed."""
-    if not isinstance(ops, SchedulesWindows):
+def rebase(kind: Kind, cfg: Config, pool: Pool, ops: CloudOps, base_size: int, now: datetime,
+           *, kept_min: int) -> str | None:
+    """After `warm` or `deploy` set the size kept outside the windows of `kind` to
+    `base_size`: the windows rise over it and their ends return to it (they were written
+    over the size of their scheduling). A line saying so, or None when nothing changed."""
+    if (kind == Kind.RUNNING and not isinstance(ops, SchedulesWindows)) or (
+            kind == Kind.WARM and not isinstance(ops, SchedulesWarmWindows)):
         return None
     group = ops.find_group(cfg, pool)
-    live, base, ended = _current(ops, group, now)
-    if not live or base == base_min:
+    live, base, ended = current(kind, ops, group, now)
+    if not live or base == base_size:
         return None
-    ops.write_windows(group, live, base_min, removed=ended)
-    return (f"{pool.name}: {len(live)} window(s) now rise over a minimum of {base_min} "
+    write(kind, ops, group, live, base_size, ended, kept_min=kept_min,
+          running=pool.warm_pool.state == "running")
+    what = ("a minimum" if kind == Kind.RUNNING else "a warm pool")
+    of = "" if kind == Kind.RUNNING else " of warm nodes"
+    return (f"{pool.name}: {len(live)} window(s){of} now rise over {what} of {base_size} "
             f"node(s) (was {base}) and return to it at their ends")
 
 
@@ -246,11 +287,11 @@ def list_windows(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, now: date
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
-    live, base, _ = _current(sched, group, now)
-    warm, warm_base, _ = _warm_current(ops, group, now)
+    live, base, _ = current(Kind.RUNNING, sched, group, now)
+    warm, warm_base, _ = current(Kind.WARM, ops, group, now)
     bws = _block_windows(cfg, pool, ops)
     rows = (*_rows(live, base, plan.replicas_per_node, now),
-            *_warm_rows(warm, warm_base, plan.replicas_per_node, now),
+            *_rows(warm, warm_base, plan.replicas_per_node, now, Kind.WARM),
             *_block_rows(bws, base, plan.replicas_per_node, now))
     # What the cloud holds, not what the windows should make: each row's minimum is its
     # `from` edge's as scheduled, and any edge off what the windows make is said.
@@ -320,37 +361,6 @@ def check_warm_window(pool: Pool, cloud: Cloud, reserve: bool) -> None:
                          "deploy, or add --running")
 
 
-def _warm_current(ops: CloudOps, group: Group, now: datetime
-                  ) -> tuple[list[Window], int, list[Window]]:
-    """Warm windows: (still to end, the warm size kept under them, ended ones listed)."""
-    if not isinstance(ops, SchedulesWarmWindows):
-        return [], group.warm_min_nodes, []
-    return _split(ops.scheduled_warm_windows(group), group.warm_min_nodes, now)
-
-
-def open_warm_raise(ops: CloudOps, group: Group, now: datetime) -> tuple[list[Window], int, int]:
-    """(warm windows still to end, the warm nodes an open one adds now, the warm size kept
-    under them): what `warm` and `deploy` set the warm pool around."""
-    live, base, _ = _warm_current(ops, group, now)
-    return live, raise_at(live, now), base
-
-
-def rebase_warm_windows(cfg: Config, pool: Pool, ops: CloudOps, base_warm: int,
-                        kept_min: int, now: datetime) -> str | None:
-    """After `warm` or `deploy` set the warm size kept outside the windows: the windows of
-    warm nodes rise over it and their ends return to it. The line saying so, or None."""
-    if not isinstance(ops, SchedulesWarmWindows):
-        return None
-    group = ops.find_group(cfg, pool)
-    live, base, ended = _warm_current(ops, group, now)
-    if not live or base == base_warm:
-        return None
-    ops.write_warm_windows(group, live, base_warm, removed=ended, kept_min=kept_min,
-                           running=pool.warm_pool.state == "running")
-    return (f"{pool.name}: {len(live)} window(s) of warm nodes now rise over a warm pool of "
-            f"{base_warm} node(s) (was {base}) and return to it at their ends")
-
-
 def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                           replicas: int, start: datetime, end: datetime, now: datetime
                           ) -> WindowsResult:
@@ -360,8 +370,8 @@ def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     rpn = plan.replicas_per_node
     n = nodes_for(replicas, rpn)
     group = ops.find_group(cfg, pool)
-    live, base, ended = _warm_current(ops, group, now)
-    _, _, kept_min = open_raise(ops, group, now)
+    live, base, ended = current(Kind.WARM, ops, group, now)
+    _, _, kept_min = open_raise(Kind.RUNNING, ops, group, now)
     if len(live) >= ops.max_warm_windows:
         raise UsageError(f"--from: pool {pool.name!r} has {len(live)} windows of warm nodes, "
                          f"the most poolctl keeps ({ops.max_warm_windows}); cancel one with "
@@ -375,14 +385,14 @@ def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
             "raise scaling.max_replicas and deploy")
     window = Window(id=window_id("warm", n, start, end), nodes=n, start=start, end=end)
     if (dup := _duplicate(live, window)) is not None:
-        return _exists(pool, cloud, kept_min, _warm_rows(live, base, rpn, now), dup, "warm")
+        return _exists(pool, cloud, kept_min, _rows(live, base, rpn, now, Kind.WARM), dup, "warm")
     windows = [*live, window]
     running = pool.warm_pool.state == "running"
     # Warm nodes launch (and run) before they stop: quota for them beside what runs.
     quota = _quota_for(cfg, pool, cloud, ops, plan,
                        max(group.desired_nodes, group.min_nodes)
                        + max(e.min_nodes for e in edges(windows, base)) - base)
-    _converge(lambda: _warm_current(ops, group, now),
+    _converge(lambda: current(Kind.WARM, ops, group, now),
               lambda ws, gone: ops.write_warm_windows(group, ws, base, removed=gone,
                                                       kept_min=kept_min, running=running),
               windows, ended)
@@ -391,7 +401,7 @@ def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
             "a new launch that can fail for capacity (--running holds it)")
     return WindowsResult(
         pool=pool.name, cloud=cloud, action="scheduled", kept_min_nodes=kept_min,
-        windows=_warm_rows(windows, base, rpn, now), window=window.id, quota=quota,
+        windows=_rows(windows, base, rpn, now, Kind.WARM), window=window.id, quota=quota,
         message=(f"{pool.name}: scheduled window {window.id}: warm pool {base} -> {base + n} "
                  f"node(s) (+{n * rpn} replicas {state}) at "
                  f"{start.isoformat(timespec='seconds')}, back to {base} at "
@@ -399,11 +409,6 @@ def _schedule_warm_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                  f"{start.isoformat(timespec='seconds')} (about "
                  f"{plan.start_seconds['cold']:.0f} s each), then serve "
                  f"{plan.start_seconds['warm']:.0f} s after a scale-out takes them{held}"))
-
-
-def _warm_rows(windows: list[Window], base: int, rpn: int, now: datetime
-               ) -> tuple[WindowRow, ...]:
-    return tuple(replace(row, in_service=False) for row in _rows(windows, base, rpn, now))
 
 
 def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int,
@@ -426,7 +431,7 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     rpn = plan.replicas_per_node
     n = nodes_for(replicas, rpn)
     group = ops.find_group(cfg, pool)
-    live, base, ended = _current(sched, group, now)
+    live, base, ended = current(Kind.RUNNING, sched, group, now)
     if len(live) >= sched.max_windows:
         raise UsageError(f"--from: pool {pool.name!r} has {len(live)} windows, the most "
                          f"{cloud} allows ({sched.max_windows}); cancel one with "
@@ -447,7 +452,7 @@ def schedule_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replic
     if reserve:
         return _reserve_window(cfg, pool, cloud, ops, group, plan, window, live, base, quota,
                                on_demand, yes, now)
-    _converge(lambda: _current(sched, group, now),
+    _converge(lambda: current(Kind.RUNNING, sched, group, now),
               lambda ws, gone: sched.write_windows(group, ws, base, removed=gone),
               windows, ended)
     rows = _rows(windows, base, rpn, now)
@@ -653,7 +658,7 @@ def _calendar_window(cfg: Config, pool: Pool, cloud: Cloud, ops: ReservesCalenda
         raise
     record(replace(step, at=now_iso(), state="bought", reservation=name))
     windows = [*live, window]
-    _converge(lambda: _current(ops, group, now),
+    _converge(lambda: current(Kind.RUNNING, ops, group, now),
               lambda ws, gone: ops.write_windows(group, ws, base, removed=gone),
               windows, [])
     return WindowsResult(
@@ -676,7 +681,7 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
     sched = _scheduler(ops, cloud)
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
-    live, base, ended = _current(sched, group, now)
+    live, base, ended = current(Kind.RUNNING, sched, group, now)
     for bw in _block_windows(cfg, pool, ops):
         if bw.window.id == window_id:
             assert isinstance(ops, RunsBlockWindows)  # it listed the window
@@ -687,7 +692,7 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
                 message=(f"{pool.name}: cancelled window {window_id}: deleted its group "
                          f"{bw.group} ({bw.in_service} node(s) in service); Capacity Block "
                          f"{bw.block} stays bought (Capacity Blocks cannot be cancelled)"))
-    warm, warm_base, warm_ended = _warm_current(ops, group, now)
+    warm, warm_base, warm_ended = current(Kind.WARM, ops, group, now)
     if any(w.id == window_id for w in warm):
         assert isinstance(ops, SchedulesWarmWindows)  # it listed the window
         rest = [w for w in warm if w.id != window_id]
@@ -696,7 +701,7 @@ def cancel_window(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, window_i
                                kept_min=base, running=pool.warm_pool.state == "running")
         return WindowsResult(
             pool=pool.name, cloud=cloud, action="cancelled", kept_min_nodes=base,
-            windows=_warm_rows(rest, warm_base, plan.replicas_per_node, now),
+            windows=_rows(rest, warm_base, plan.replicas_per_node, now, Kind.WARM),
             window=window_id,
             message=f"{pool.name}: cancelled window {window_id}" + (
                 f"; it had begun: the warm pool returns to {warm_base} node(s) now"
