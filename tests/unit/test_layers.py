@@ -57,3 +57,15 @@ def test_the_check_finds_a_function_level_import(tmp_path):
     bad.write_text("import json\n\n\ndef f():\n    import yaml\n\n    def g():\n"
                    "        from poolctl import sizing\n        return sizing\n    return g\n")
     assert own_imports_in_functions(bad, tmp_path) == ["mod.py:8"]
+
+
+def test_no_library_module_is_several_modules():
+    """No module of the library is over 800 lines (issue 32): past that a file is several
+    modules, and becomes a package (config/, simulate/, the sandbox's capacity by API)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    long = {str(f.relative_to(root)): n for pkg in ("cli/poolctl", "stacks/poolctl_stacks")
+            for f in (root / pkg).rglob("*.py")
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > 800}
+    assert long == {}
