@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 
@@ -228,10 +227,6 @@ def block_need(nodes: int, start: datetime, end: datetime, now: datetime) -> Blo
         raise UsageError("--reserve: the window needs a Capacity Block of more than 182 days")
     return BlockNeed(count=count, hours=24 * days, earliest=max(first, now),
                      latest=first + timedelta(days=days))
-
-
-def new_id() -> str:
-    return "w" + secrets.token_hex(3)
 
 
 def window_id(kind: str, nodes: int, start: datetime, end: datetime) -> str:
