@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fit the serving model's default factors per GPU type and TP to AIConfigurator's database.
+"""Fit the serving model's default factors per GPU type and TP to AIConfigurator's database,
+and the engine's per-step time to measured end-to-end vLLM serving runs.
 
 AIConfigurator (PyPI `aiconfigurator-core`, Apache-2.0, NVIDIA) holds per-operator times
 measured on real H100/H200 SXM GPUs with the vLLM backend. Over a grid (Llama-3.1-70B and 8B,
@@ -12,23 +13,35 @@ cli/poolctl/data/instance_types.yaml (gpu_specs.<GPU>.serving_fit) with the pack
 
     source scripts/env.sh && python scripts/fit_defaults.py [--write]
 
+The kernel database times GPU kernels only; a real server adds time per step outside them
+(scheduling, sampling, detokenization, Python) and its prefill reaches less than the
+database's kernels. So a second fit, per GPU, on top of the kernel factors: `engine`
+(step_ms, us_per_seq, and a prefill_mfu scale per weight dtype), by least squares on the
+log ratio of the mean TTFT and TPOT of the measured runs in the same package
+(systems/silicon_sample.csv, read by scripts/measured_runs.py; ENGINE_FIT names the runs
+used per GPU), each replayed through the simulator as a closed loop of its clients.
+
 Needs the dev extra (aiconfigurator-core and its numpy/scipy); tests/unit/test_fit_defaults.py
-checks the recorded factors against the database over the same grid.
+checks the recorded factors against the database over the same grid, and
+tests/unit/test_measured_runs.py the engine terms against the measured runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
+import json
 import logging
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from poolctl.catalog import ServingFactors
+from poolctl.catalog import EngineFit, ServingFactors
 from poolctl.config import parse_config
 from poolctl.servingmodel import (
     FACTOR_NAMES,
@@ -48,7 +61,8 @@ MODELS = {
     "meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
 }
 # GPU -> (an AWS type carrying it, AIConfigurator's system name)
-GPUS = {"H100": ("p5.48xlarge", "h100_sxm"), "H200": ("p5e.48xlarge", "h200_sxm")}
+GPUS = {"H100": ("p5.48xlarge", "h100_sxm"), "H200": ("p5e.48xlarge", "h200_sxm"),
+        "B200": ("p6-b200.48xlarge", "b200_sxm")}
 TPS = (1, 2, 4, 8)
 PROMPTS = (512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -171,11 +185,16 @@ def fit(cfg: Config) -> ServingFactors:
     return factors([round(float(v), 4) for v in x])
 
 
+def mae(xs: list[float]) -> float:
+    return sum(map(abs, xs)) / len(xs) if xs else 0.0
+
+
 def spread(xs: list[float]) -> str:
     return f"{min(xs):+.1%}..{max(xs):+.1%}"
 
 
-def catalog_block(fits: dict[int, ServingFactors], system: str, version: str) -> str:
+def catalog_block(fits: dict[int, ServingFactors], system: str, version: str,
+                  engine: EngineFit | None = None) -> str:
     lines = ["    serving_fit:",
              f"      source: {PACKAGE} {version} (PyPI, Apache-2.0), {system} {BACKEND} "
              f"{backend_version()} tables; scripts/fit_defaults.py",
@@ -184,7 +203,105 @@ def catalog_block(fits: dict[int, ServingFactors], system: str, version: str) ->
     for tp, f in fits.items():
         body = ", ".join(f"{k}: {getattr(f, k):g}" for k in FACTOR_NAMES)
         lines.append(f"        {tp}: {{{body}}}")
+    if engine is not None:
+        scale = ", ".join(f"{k}: {v:g}" for k, v in engine.mfu_scale.items())
+        lines += ["      engine:",
+                  f"        step_ms: {engine.step_ms:g}",
+                  f"        us_per_seq: {engine.us_per_seq:g}",
+                  f"        mfu_scale: {{{scale}}}",
+                  f"        source: {json.dumps(engine.source)}",
+                  f"        runs: {engine.runs}"]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- the engine's time
+
+# The measured runs each GPU's engine terms are fitted to: dense models (a mixture of
+# experts and the small Llama-3.1-8B are held out, as checks the fit never saw). A dtype a
+# GPU has no runs of takes the scale of the GPU named (the same kernels' generation).
+ENGINE_FIT = {
+    "H100": ("Qwen/Qwen3-32B", "meta-llama/Llama-3.1-70B-Instruct"),
+    "H200": ("meta-llama/Llama-3.1-70B-Instruct",),
+    "B200": ("meta-llama/Llama-3.1-70B-Instruct",),
+}
+SCALE_FROM = {"H200": "H100"}
+
+
+def engine_runs(gpu: str) -> list[Any]:
+    mr = measured()
+    return [r for r in mr.runs() if r.gpu == gpu and r.model in ENGINE_FIT[gpu]
+            and mr.fits(r)]
+
+
+def measured() -> Any:
+    """scripts/measured_runs.py, loaded beside this script."""
+    if "measured_runs" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "measured_runs", Path(__file__).with_name("measured_runs.py"))
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["measured_runs"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["measured_runs"]
+
+
+def with_engine(rm: ReplicaModel, dtype: str, e: EngineFit) -> ReplicaModel:
+    """A replica of the kernel fit alone (`rm`) with the engine terms `e` added, as
+    servingmodel.replica_model adds the catalog's."""
+    return replace(rm, overhead_s=rm.overhead_s + e.step_ms / 1000,
+                   per_seq_s=rm.per_seq_s + e.us_per_seq / 1e6,
+                   prefill_mfu=min(1.0, rm.prefill_mfu * e.mfu_scale.get(dtype, 1.0)))
+
+
+def kernel_only(rm: ReplicaModel, kernel: dict[int, ServingFactors]) -> ReplicaModel:
+    """`rm` with the kernel factors `kernel` (per TP) alone: no engine terms."""
+    lower = [t for t in kernel if t <= rm.tp]
+    return with_factors(rm, kernel[max(lower) if lower else min(kernel)])
+
+
+def engine_errors(kernel: dict[int, ServingFactors], e: EngineFit,
+                  runs: list[Any]) -> list[tuple[float, float]]:
+    """(TTFT, TPOT) errors, model / measured - 1, of `runs` with kernel and engine terms."""
+    mr = measured()
+    out = []
+    for r in runs:
+        rm = with_engine(kernel_only(mr.replica(r.model, r.dtype, r.instance_type, r.tp), kernel),
+                         r.dtype, e)
+        ttft, tpot = mr.predict(rm, r)
+        out.append((ttft / r.ttft_s - 1, tpot / r.tpot_s - 1))
+    return out
+
+
+def fit_engine(kernel: dict[int, ServingFactors], runs: list[Any],
+               given: dict[str, float]) -> EngineFit:
+    """step_ms, us_per_seq and a prefill_mfu scale per dtype of `runs` (those in `given`
+    are kept as given), by least squares on the log ratio of mean TTFT and TPOT."""
+    from scipy.optimize import least_squares
+
+    dtypes = sorted({r.dtype for r in runs} - set(given))
+    mr = measured()
+
+    def engine(x: list[float]) -> EngineFit:
+        return EngineFit(step_ms=x[0], us_per_seq=x[1],
+                         mfu_scale={**given, **dict(zip(dtypes, x[2:], strict=True))},
+                         source="fit", runs=len(runs))
+
+    def residuals(x: list[float]) -> list[float]:
+        return [math.log1p(v) for pair in engine_errors(kernel, engine(x), runs) for v in pair]
+
+    start = [2.0, 30.0] + [0.8] * len(dtypes)
+    lo, hi = [0.0, 0.0] + [0.2] * len(dtypes), [30.0, 500.0] + [1.0] * len(dtypes)
+    x = least_squares(residuals, start, bounds=(lo, hi), diff_step=0.05, max_nfev=60).x
+    models = sorted({r.model.split("/")[-1] for r in runs})
+    versions = sorted({r.version for r in runs if r.version})
+    known = f"vLLM {', '.join(versions)} where the rows record it" if versions else \
+        "the rows record no vLLM version"
+    source = (f"{mr.PACKAGE} {mr.package_version()} systems/silicon_sample.csv: {len(runs)} "
+              f"measured vLLM runs ({', '.join(models)}; {known}), replayed by "
+              "scripts/measured_runs.py; scripts/fit_defaults.py")
+    return EngineFit(step_ms=round(float(x[0]), 4), us_per_seq=round(float(x[1]), 3),
+                     mfu_scale={k: round(v, 4) for k, v in engine(list(x)).mfu_scale.items()},
+                     source=source, runs=len(runs))
 
 
 def write_catalog(blocks: dict[str, str]) -> None:
@@ -205,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="record the fit in the catalog")
     args = ap.parse_args(argv)
     version = package_version()
-    blocks = {}
+    blocks: dict[str, str] = {}
+    engines: dict[str, EngineFit] = {}
     print(f"{PACKAGE} {version}; errors are model / database - 1 over prompts "
           f"{PROMPTS[0]}-{PROMPTS[-1]}, batch {BATCHES[0]}-{BATCHES[-1]}")
     for gpu in GPUS:
@@ -219,7 +337,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"  before: TTFT {spread(b_pe)}  TPOT {spread(b_de)}\n"
                   f"  after:  TTFT {spread(a_pe)}  TPOT {spread(a_de)}\n"
                   f"  {f.model_dump()}")
-        blocks[gpu] = catalog_block(fits, GPUS[gpu][1], version)
+        runs = engine_runs(gpu)
+        given = ({d: v for d, v in engines[SCALE_FROM[gpu]].mfu_scale.items()
+                  if d not in {r.dtype for r in runs}} if gpu in SCALE_FROM else {})
+        before = engine_errors(fits, EngineFit(step_ms=0, us_per_seq=0, source="-", runs=1),
+                               runs)
+        e = engines[gpu] = fit_engine(fits, runs, given)
+        after = engine_errors(fits, e, runs)
+        print(f"{gpu} engine over {len(runs)} measured runs ({', '.join(ENGINE_FIT[gpu])})\n"
+              f"  kernels only:  TTFT MAE {mae([a for a, _ in before]):.1%}  TPOT MAE "
+              f"{mae([b for _, b in before]):.1%}\n"
+              f"  with engine:   TTFT MAE {mae([a for a, _ in after]):.1%}  TPOT MAE "
+              f"{mae([b for _, b in after]):.1%}\n"
+              f"  step_ms {e.step_ms:g}, us_per_seq {e.us_per_seq:g}, mfu_scale {e.mfu_scale}")
+        blocks[gpu] = catalog_block(fits, GPUS[gpu][1], version, e)
     if args.write:
         write_catalog(blocks)
         print(f"wrote serving_fit for {', '.join(blocks)} in {CATALOG.relative_to(ROOT)}")

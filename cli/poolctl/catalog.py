@@ -119,6 +119,19 @@ class ServingFactors(_Row):
         "1 adds them, large k takes the larger (the roofline).")
 
 
+class EngineFit(_Row):
+    """The engine's time per step outside the GPU kernels, fitted to measured end-to-end
+    serving runs (the kernel database leaves it out): added to `by_tp`'s kernel terms."""
+
+    step_ms: float = Field(ge=0, description="Per step, ms.")
+    us_per_seq: float = Field(ge=0, description="Per running sequence per step, us.")
+    mfu_scale: dict[str, float] = Field(
+        default_factory=dict, description="Per weight dtype: the share of the BF16-fitted "
+        "prefill_mfu its kernels reach of their own peak (FP8 GEMMs fall short of twice BF16).")
+    source: str = Field(description="The measured runs, their versions, and the script.")
+    runs: int = Field(gt=0, description="How many runs the fit used.")
+
+
 class ServingFit(_Row):
     """Default factors fitted to a measured database, per tensor-parallel degree."""
 
@@ -126,6 +139,8 @@ class ServingFit(_Row):
     package: str = Field(description="The database's package and version (name==version).")
     by_tp: dict[int, ServingFactors] = Field(
         min_length=1, description="Factors per TP; a TP not listed takes the next lower one's.")
+    engine: EngineFit | None = Field(
+        default=None, description="Engine time per step, fitted to measured serving runs.")
 
     def for_tp(self, tp: int) -> ServingFactors:
         lower = [t for t in self.by_tp if t <= tp]

@@ -16,8 +16,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-# The `model:` fields a preset or a config.json can fill.
-ARCH_FIELDS = ("params_b", "dtype", "layers", "attention_heads", "kv_heads", "head_dim")
+# The `model:` fields a preset or a config.json can fill ...
+ARCH_FIELDS = ("params_b", "dtype", "layers", "attention_heads", "kv_heads", "head_dim",
+               "hidden_size", "experts", "experts_per_token", "active_params_b")
+# ... and of them those a model may lack: a dense model has no experts; without
+# hidden_size the serving model takes attention_heads x head_dim.
+OPTIONAL_FIELDS = ("attention_heads", "hidden_size", "experts", "experts_per_token",
+                   "active_params_b")
 # Refuse anything larger: a config.json is a few KB, and this one is read during validation.
 MAX_CONFIG_JSON_BYTES = 1 * 2**20
 # No width, count or vocabulary of a real model comes near this; a larger integer is not a
@@ -34,6 +39,15 @@ class Preset(BaseModel):
     attention_heads: int = Field(gt=0, description="num_attention_heads (query heads).")
     kv_heads: int = Field(gt=0, description="num_key_value_heads.")
     head_dim: int = Field(gt=0, description="head_dim, or hidden_size / num_attention_heads.")
+    hidden_size: int = Field(gt=0, description="hidden_size: the width the all-reduce moves.")
+    experts: int | None = Field(
+        default=None, gt=1, description="Routed experts per MoE layer (num_experts, "
+        "num_local_experts or n_routed_experts); null for a dense model.")
+    experts_per_token: int | None = Field(
+        default=None, gt=0, description="num_experts_per_tok: experts each token is routed to.")
+    active_params_b: float | None = Field(
+        default=None, gt=0, description="Parameters one token computes with (the card's "
+        "'activated' figure): shared layers, shared experts and experts_per_token experts.")
     dtype: str = Field(description="Native weight dtype of the checkpoint.")
     max_context: int = Field(gt=0, description="max_position_embeddings.")
     source: str = Field(description="The config.json the numbers were read from.")
@@ -96,14 +110,23 @@ def _int(cfg: dict[str, Any], key: str) -> int | None:
 # The integers estimate_params and read_hf_config read.
 _INT_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
              "num_key_value_heads", "head_dim", "num_experts", "num_local_experts",
-             "moe_intermediate_size", "intermediate_size")
+             "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+             "moe_intermediate_size", "intermediate_size", "shared_expert_intermediate_size")
 
 
-def estimate_params(cfg: dict[str, Any]) -> float | None:
+def _experts(cfg: dict[str, Any]) -> int | None:
+    """Routed experts per layer, under the names Qwen-MoE, Mixtral and DeepSeek use."""
+    return _int(cfg, "num_experts") or _int(cfg, "num_local_experts") or \
+        _int(cfg, "n_routed_experts")
+
+
+def estimate_params(cfg: dict[str, Any], active: bool = False) -> float | None:
     """Parameters (billions) of a decoder-only transformer with a gated MLP (Llama, Qwen,
     Mistral; Mixtral/Qwen-MoE experts), from config.json; None if a needed key is missing.
     Biases and q/k norms are left out (under 0.1 %); embeddings count twice unless
-    tie_word_embeddings is true. Checked against Llama-3.1-8B: 8.03 B as its card says."""
+    tie_word_embeddings is true. Checked against Llama-3.1-8B: 8.03 B as its card says, and
+    Qwen3-30B-A3B: 30.5 B total, 3.3 B active. `active`: the parameters one token computes
+    with (num_experts_per_tok experts of each MoE layer, plus shared experts)."""
     h, layers, vocab = _int(cfg, "hidden_size"), _int(cfg, "num_hidden_layers"), \
         _int(cfg, "vocab_size")
     heads = _int(cfg, "num_attention_heads")
@@ -111,13 +134,19 @@ def estimate_params(cfg: dict[str, Any]) -> float | None:
         return None
     kv = _int(cfg, "num_key_value_heads") or heads
     hd = _int(cfg, "head_dim") or h // heads
-    experts = _int(cfg, "num_experts") or _int(cfg, "num_local_experts")
+    experts = _experts(cfg)
     # Qwen-MoE names its expert width moe_intermediate_size; Mixtral uses intermediate_size
     inter = (experts and _int(cfg, "moe_intermediate_size")) or _int(cfg, "intermediate_size")
     if not inter:
         return None
     attn = h * heads * hd * 2 + h * kv * hd * 2  # q and o, k and v
-    mlp = 3 * h * inter * (experts or 1) + (h * experts if experts else 0)  # + router
+    used = experts
+    if experts and active:
+        used = min(experts, _int(cfg, "num_experts_per_tok") or experts)
+    mlp = 3 * h * inter * (used or 1) + (h * experts if experts else 0)  # + router
+    if experts:  # shared experts (Qwen2-MoE's one wide one, DeepSeek's n_shared_experts)
+        mlp += 3 * h * (_int(cfg, "shared_expert_intermediate_size")
+                        or inter * (_int(cfg, "n_shared_experts") or 0))
     embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
     return round((layers * (attn + mlp + 2 * h) + embed + h) / 1e9, 2)
 
@@ -163,13 +192,19 @@ def read_hf_config(path: Path, shown: str | None = None) -> dict[str, Any]:
                          "style), whose KV cache poolctl does not model; not supported")
     heads = _int(cfg, "num_attention_heads")
     hidden = _int(cfg, "hidden_size")
+    experts = _experts(cfg)
     out: dict[str, Any] = {
         "layers": _int(cfg, "num_hidden_layers"),
         "attention_heads": heads,
         "kv_heads": _int(cfg, "num_key_value_heads") or heads,
         "head_dim": _int(cfg, "head_dim") or (hidden // heads if heads and hidden else None),
+        "hidden_size": hidden,
         "params_b": estimate_params(cfg),
     }
+    if experts and experts > 1:
+        out["experts"] = experts
+        out["experts_per_token"] = _int(cfg, "num_experts_per_tok")
+        out["active_params_b"] = estimate_params(cfg, active=True)
     quant = cfg.get("quantization_config")
     if isinstance(quant, dict):
         out["dtype"] = _QUANT_DTYPES.get(str(quant.get("quant_method")))

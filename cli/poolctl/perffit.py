@@ -33,6 +33,10 @@ PRIOR = 1e-4  # weight of the pull towards the starting factors, per factor scal
 # A run is replayed on its first 500 requests: a closed loop's statistics settle within a
 # few hundred, and the fit replays each run some 500 times.
 MAX_PROMPTS = 500
+# Client and front-end time between a closed-loop client's send and the engine seeing the
+# request, drawn per request (simulate's send_jitter_s): HTTP, the API server's
+# tokenization and its hand-off to the engine core process.
+SEND_JITTER_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,8 @@ def _int_str(o: dict[str, object], key: str, where: str) -> float:
 # ---------------------------------------------------------------------- the forward model
 
 
-def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
+def replay(rm: ReplicaModel, run: Run, seed: int = 0,
+           send_jitter_s: float | None = None) -> dict[str, float]:
     """The statistics `run` would measure on replica `rm` (seconds), as vLLM's benchmark
     computes them: TTFT from the request's send, TPOT = (latency - TTFT) / (output - 1)."""
     n = len(run.inputs)
@@ -200,14 +205,16 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
             arrivals = [a * k for a in arrivals]
         else:  # every interval drawn as 0 (a tiny shape): evenly spread instead
             arrivals = [(i + 1) / run.rate for i in range(n)]
-    m = rm
-    if run.concurrency is not None:
-        # The client's semaphore as the engine's sequence limit: a central queue releases
-        # the next request when one finishes, and TTFT counts from its release.
-        m = replace(rm, max_num_seqs=min(rm.max_num_seqs, run.concurrency))
+    # The client's semaphore (--max-concurrency) as a closed loop: a request is sent when
+    # one of the clients is free, and TTFT counts from that send, so the time it then waits
+    # inside the engine (for KV room, a sequence slot or the step's token budget) is in it,
+    # as in what the benchmark measured.
     trace = Trace(run.label, arrivals, run.inputs, run.outputs)
-    r = simulate(trace, m, replicas=1, balancer="queue").req
-    sent = r.admitted if run.concurrency is not None else r.arrival
+    jitter = SEND_JITTER_S if send_jitter_s is None else send_jitter_s
+    r = simulate(trace, rm, replicas=1, balancer="queue", clients=run.concurrency,
+                 send_jitter_s=jitter if run.concurrency is not None else 0.0,
+                 seed=seed).req
+    sent = r.sent if run.concurrency is not None else r.arrival
     ttft, tpot = [], []
     for i in range(n):
         if r.first[i] != r.first[i]:  # NaN: never served (refused)

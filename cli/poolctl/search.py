@@ -45,7 +45,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool, Target
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.rules import errors, run_checks
-from poolctl.servingmodel import replica_model, topology
+from poolctl.servingmodel import fitted, replica_model, topology
 from poolctl.simulate import SimSummary, json_safe, summary
 from poolctl.sizing import nodes_for, plan_pool
 from poolctl.traces import Trace
@@ -111,6 +111,8 @@ class Candidate:
     price_per_node_hour_usd: float
     summary: SimSummary
     meets: bool  # every SLO met at or below the utilization target
+    # the GPU's factors were fitted to measurements (else: the literature's figures)
+    fitted: bool = True
 
     @property
     def replicas(self) -> int:
@@ -157,6 +159,7 @@ class Candidate:
             "utilization": s.utilization,
             "kwh_per_1m_output_tokens": s.energy.kwh_per_1m_output_tokens,
             "meets_slo": self.meets,
+            "fitted": self.fitted,
         })
         return out
 
@@ -366,6 +369,7 @@ def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
     tf = tpot_floor_s(dec, trace)
     slo = pool.slo
     price = plan.price_per_node_hour_usd
+    is_fitted = fitted(v, cloud)
     seen: dict[int, Candidate] = {}
 
     def probe(nodes: int) -> SimSummary | None:
@@ -374,7 +378,7 @@ def evaluate(pool: Pool, cloud: Cloud, trace: Trace, c: Configuration,
         if res.aborted:
             return None
         s = summary(res, slo.ttft_p90_s, slo.tpot_p90_s)
-        seen[nodes] = Candidate(c, nodes, rpn, price, s, judge(s, slo))
+        seen[nodes] = Candidate(c, nodes, rpn, price, s, judge(s, slo), is_fitted)
         fewer = [n for n in seen if n < nodes and not seen[n].summary.slo.tpot_met]
         if not s.slo.tpot_met and fewer:
             # TPOT is set by each replica's batch, not by the queue: once more nodes stop
@@ -537,10 +541,14 @@ def pareto_front(cands: list[Candidate]) -> list[Candidate]:
     return list(uniq.values())
 
 
-def choose(cands: list[Candidate]) -> Candidate | None:
+def choose(cands: list[Candidate], allow_unfitted: bool = False) -> Candidate | None:
     """The cheapest candidate meeting the SLOs, among those refusing the fewest requests for
-    max_model_len (serving every request beats a cheaper pool that turns some away)."""
+    max_model_len (serving every request beats a cheaper pool that turns some away). A GPU
+    whose factors no measurement fitted is chosen only if no fitted one meets the SLOs, or
+    with `allow_unfitted`: its figures are the literature's, not checked against any run."""
     ok = [c for c in cands if c.meets]
+    if not allow_unfitted and any(c.fitted for c in ok):
+        ok = [c for c in ok if c.fitted]
     if not ok:
         return None
     fewest = min(c.summary.requests_over_max_model_len for c in ok)
@@ -630,7 +638,8 @@ def nearest_met(pool: Pool, cloud: Cloud, trace: Trace, fast: Outcome,
 
 
 def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1,
-           progress: Callable[[int, int, str], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int, str], None] | None = None,
+           allow_unfitted: bool = False) -> SearchResult:
     """Evaluate every configuration of the placement on `trace`; the front, the choice, and
     the file's lines it changes. No configuration meeting the SLOs: OperationFailed."""
     configs, refused = configurations(cfg, pool, cloud, trace)
@@ -651,21 +660,21 @@ def search(cfg: Config, pool: Pool, cloud: Cloud, trace: Trace, workers: int = 1
         other = LOR if pool.serving.balancer == STICKY else STICKY
         seen: set[Configuration] = set()
         alt = []
-        for c in pareto_front(cands) + ([x] if (x := choose(cands)) else []):
+        for c in pareto_front(cands) + ([x] if (x := choose(cands, allow_unfitted)) else []):
             if c.config not in seen:
                 seen.add(c.config)
                 alt.append(replace(c.config, balancer=other))
         more = evaluate_all(pool, cloud, trace, alt, workers, progress)
         outcomes += more
         cands += [c for o in more for c in o.candidates]
-    chosen = choose(cands)
+    chosen = choose(cands, allow_unfitted)
     fl = ttft_floor(replica_model(pool, cloud), trace)
     if chosen is None and not fl.served and all(o.served == 0 for o in outcomes):
         raise too_long(pool, cloud, trace, fl, trace.source)
     if chosen is None:
         raise OperationFailed(infeasible(pool, cloud, trace, outcomes))
     deployable = (chosen if chosen.config.topology == AGGREGATED else
-                  choose([c for c in cands if c.config.topology == AGGREGATED]))
+                  choose([c for c in cands if c.config.topology == AGGREGATED], allow_unfitted))
     front = tuple(pareto_front(cands))
     if deployable is None:
         return SearchResult(

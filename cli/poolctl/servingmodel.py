@@ -5,8 +5,18 @@ processes `tokens` new tokens (prefill chunks plus one token per decoding sequen
 the KV cache of every scheduled sequence:
 
     step = overhead + per-seq x decoding sequences + all-reduce(tokens) + busy(compute, memory)
-    compute = (2 * params * tokens + attention FLOPs) / (TP * peak FLOPs * prefill_mfu)
-    memory  = (weight shard + KV bytes read) / (HBM bandwidth * decode_mbu)      (per GPU)
+    compute = (2 * active params * tokens + attention FLOPs) / (TP * peak FLOPs * prefill_mfu)
+    memory  = (weights read + KV bytes read) / (HBM bandwidth * decode_mbu)      (per GPU)
+
+A mixture of experts keeps every expert in HBM but computes with the active parameters
+only, and a step reads the experts its tokens are routed to: under uniform routing of
+`tokens` tokens to k of E experts, E (1 - (1 - k/E)^tokens) of them per layer (a few at batch
+1, all of them at large batch or in prefill), besides the dense layers.
+
+overhead and per-seq are the sum of two fits: the GPU kernels' fixed and per-sequence
+times (fitted to AIConfigurator's kernel database, `serving_fit.by_tp`) and the engine's own
+time per step outside the kernels (scheduling, sampling, detokenization, Python; fitted to
+measured end-to-end vLLM runs, `serving_fit.engine`).
 
 Prefill is compute-bound (attention's quadratic term counts for long prompts), decode is
 memory-bound: each step streams the GPU's weight shard and the running sequences' KV cache
@@ -66,7 +76,7 @@ class ReplicaModel:
 
     role: str
     tp: int
-    params: float
+    params: float  # all of them (every expert)
     layers: int
     hidden: float
     weights_bytes_per_gpu: float
@@ -87,14 +97,30 @@ class ReplicaModel:
     # How compute and memory time combine in one step: (c^k + m^k)^(1/k); inf is the
     # roofline's max (perfect overlap), 1 their sum.
     overlap_k: float = math.inf
+    # Mixture of experts (0 for a dense model): parameters a token computes with, routed
+    # experts per layer, experts per token, and one expert's bytes (all layers) per GPU.
+    active_params: float = 0.0
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_bytes_per_gpu: float = 0.0
+
+    def weights_read(self, tokens: float) -> float:
+        """Weight bytes per GPU one step of `tokens` tokens reads: all of them for a dense
+        model; for a mixture of experts the dense part and the experts the tokens are
+        routed to (expected distinct experts under uniform routing)."""
+        if not self.experts:
+            return self.weights_bytes_per_gpu
+        e, k = self.experts, self.experts_per_token
+        touched = e * (1 - (1 - k / e) ** max(1.0, float(tokens)))
+        return float(self.weights_bytes_per_gpu - (e - touched) * self.expert_bytes_per_gpu)
 
     # ---- the three parts of a step
     def compute_s(self, tokens: float, attn_flops: float = 0.0) -> float:
-        flops = 2 * self.params * tokens + attn_flops
+        flops = 2 * (self.active_params or self.params) * tokens + attn_flops
         return flops / (self.tp * self.peak_flops_per_gpu * self.prefill_mfu)
 
-    def memory_s(self, kv_tokens_read: float) -> float:
-        nbytes = self.weights_bytes_per_gpu + kv_tokens_read * self.kv_bytes_per_token_per_gpu
+    def memory_s(self, kv_tokens_read: float, tokens: float = math.inf) -> float:
+        nbytes = self.weights_read(tokens) + kv_tokens_read * self.kv_bytes_per_token_per_gpu
         return nbytes / (self.hbm_bytes_per_s * self.decode_mbu)
 
     def comm_s(self, tokens: float) -> float:
@@ -113,7 +139,8 @@ class ReplicaModel:
     def step_s(self, tokens: float, kv_tokens_read: float, attn_flops: float = 0.0,
                decode_seqs: int = 0) -> float:
         return (self.overhead_s + self.per_seq_s * decode_seqs + self.comm_s(tokens)
-                + self._busy(self.compute_s(tokens, attn_flops), self.memory_s(kv_tokens_read)))
+                + self._busy(self.compute_s(tokens, attn_flops),
+                             self.memory_s(kv_tokens_read, tokens)))
 
     def _busy(self, c: float, m: float) -> float:
         k = self.overlap_k
@@ -184,13 +211,24 @@ def figures(rm: ReplicaModel) -> dict[str, Any]:
 
 
 def hidden_size(pool: Pool) -> float:
+    """The model's width: config.json's hidden_size where the preset or the file gives it
+    (Qwen3-32B: 5,120, not its 64 heads x 128), else heads x head_dim, else from the size."""
     m = pool.model
+    if m.hidden_size:
+        return m.hidden_size
     heads: int | None = getattr(m, "attention_heads", None)
     # validation fills these (config.Model) or refuses the file
     assert m.head_dim is not None and m.params_b is not None and m.layers is not None
     if heads:
         return heads * m.head_dim
     return math.sqrt(m.params_b * 1e9 / (PARAMS_PER_LAYER_D2 * m.layers))
+
+
+def fitted(pool: Pool, cloud: Cloud) -> bool:
+    """The pool's GPU has factors fitted to measurements (kernel database and measured
+    serving runs) in the catalog; otherwise the model runs on the literature's figures."""
+    fit = load_catalog().gpu_spec(instance_row(pool, cloud)).serving_fit
+    return fit is not None and fit.engine is not None
 
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
@@ -212,6 +250,21 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     # Defaults: the factors fitted to measurements of this GPU at this TP (the catalog's
     # serving_fit), else the literature's figures above; `perf:` overrides each.
     fit = spec.serving_fit.for_tp(s.tensor_parallel) if spec.serving_fit else LITERATURE
+    engine = spec.serving_fit.engine if spec.serving_fit else None
+    step_ms = fit.step_overhead_ms + (engine.step_ms if engine else 0.0)
+    seq_us = fit.decode_us_per_seq + (engine.us_per_seq if engine else 0.0)
+    if engine is not None and pool.model.dtype in engine.mfu_scale:
+        # measured end to end, a dtype's kernels reach less of its own peak than BF16's
+        fit = fit.model_copy(update={
+            "prefill_mfu": min(1.0, fit.prefill_mfu * engine.mfu_scale[pool.model.dtype])})
+    m = pool.model
+    moe: dict[str, Any] = {}
+    if m.experts and m.experts_per_token and m.active_params_b and m.params_b:
+        # one expert's parameters, all layers: total - active = (E - k) experts
+        expert = (m.params_b - m.active_params_b) * 1e9 / (m.experts - m.experts_per_token)
+        moe = {"active_params": m.active_params_b * 1e9, "experts": m.experts,
+               "experts_per_token": m.experts_per_token,
+               "expert_bytes_per_gpu": plan.weights_bytes_per_gpu * expert / (m.params_b * 1e9)}
     rm = ReplicaModel(
         role="mixed",
         tp=s.tensor_parallel,
@@ -230,10 +283,11 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
         prefill_mfu=pick(perf.prefill_mfu, fit.prefill_mfu),
         decode_mbu=pick(perf.decode_mbu, fit.decode_mbu),
         link_efficiency=pick(perf.link_efficiency, fit.link_efficiency),
-        overhead_s=pick(perf.step_overhead_ms, fit.step_overhead_ms) / 1000,
-        per_seq_s=pick(perf.decode_us_per_seq, fit.decode_us_per_seq) / 1e6,
+        overhead_s=pick(perf.step_overhead_ms, step_ms) / 1000,
+        per_seq_s=pick(perf.decode_us_per_seq, seq_us) / 1e6,
         allreduce_latency_s=fit.allreduce_us / 1e6,
         overlap_k=fit.overlap_k,
+        **moe,
     )
     return calibrated(rm, pool)
 
@@ -255,8 +309,8 @@ def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
         c = perf.measured_context_tokens
         d1, d64 = perf.decode_ms_batch1 / 1000, perf.decode_ms_batch64 / 1000
         bw = rm.hbm_bytes_per_s
-        mem1 = (rm.weights_bytes_per_gpu + c * rm.kv_bytes_per_token_per_gpu) / bw
-        mem64 = (rm.weights_bytes_per_gpu + 64 * c * rm.kv_bytes_per_token_per_gpu) / bw
+        mem1 = (rm.weights_read(1) + c * rm.kv_bytes_per_token_per_gpu) / bw
+        mem64 = (rm.weights_read(64) + 64 * c * rm.kv_bytes_per_token_per_gpu) / bw
         r = mem64 / mem1
         # d1  = o + s      + comm1  + mem1 / mbu
         # d64 = o + 64 s   + comm64 + r mem1 / mbu   =>  eliminate mem1 / mbu:
@@ -279,9 +333,9 @@ def calibrated(rm: ReplicaModel, pool: Pool) -> ReplicaModel:
     if perf.prefill_tokens_per_s is not None:
         n = perf.measured_prompt_tokens
         compute = n / perf.prefill_tokens_per_s - rm.overhead_s - rm.comm_s(n)
-        flops = 2 * rm.params * n + rm.attn_flops(n, 0)
+        flops = 2 * (rm.active_params or rm.params) * n + rm.attn_flops(n, 0)
         mfu = flops / (rm.tp * rm.peak_flops_per_gpu * compute) if compute > 0 else math.inf
-        if not 0 < mfu <= 1 or compute < rm.memory_s(n):
+        if not 0 < mfu <= 1 or compute < rm.memory_s(n, n):
             raise UsageError(
                 f"{key}.prefill_tokens_per_s: {perf.prefill_tokens_per_s:g} tokens/s on "
                 f"{n}-token prompts is beyond this replica's peak compute (or not "

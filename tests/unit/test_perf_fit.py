@@ -174,10 +174,13 @@ def test_fit_of_a_published_result_is_physical_and_closer(tmp_path, monkeypatch,
     # (3.35e12 x 7.56e-3) = 0.634.
     assert f["decode_mbu"] >= 16.06e9 / (3.35e12 * 7.558e-3)
     assert 0 < f["prefill_mfu"] <= 1 and 0 < f["decode_mbu"] <= 1
-    # Closer to the measurement than the catalog's defaults on every statistic fitted, TTFT
-    # within 10 % (the TPOT mean and median disagree: that engine emitted tokens in bursts).
+    # Closer to the measurement than the catalog's defaults, TTFT within 10 %. The TPOT mean
+    # (11.1 ms) and median (7.56 ms) disagree (that engine, vLLM 0.6, emitted tokens in
+    # bursts): one TPOT between them misses both by ~20 %, which bounds how close any fit
+    # gets (a squared error of ~0.077); the catalog's defaults, with the engine's time
+    # per step, already start within 0.13.
     assert set(after) == {"ttft_mean", "ttft_median", "tpot_mean", "tpot_median"}
-    assert sum(e * e for e in after.values()) < sum(e * e for e in before.values()) / 4
+    assert sum(e * e for e in after.values()) < 0.8 * sum(e * e for e in before.values())
     assert abs(after["ttft_mean"]) < 0.10 and abs(after["ttft_median"]) < 0.10
 
 
@@ -200,10 +203,12 @@ def test_an_open_loop_run_at_a_rate_is_fitted_too(tmp_path, monkeypatch, capsys)
     f.write_text("".join(json.dumps(o) + "\n" for o in runs))
     data = fit_json(monkeypatch, capsys, f, EXAMPLE, "--cloud", "aws")
     got = data["perf"]
-    # The runs' statistics are reproduced within 1 %, and MFU within 2 %. In an open loop
-    # the batch hardly varies between runs, so the step overhead and MBU trade against each
-    # other (a closed-loop sweep, as above, pins both): MBU within 3 %.
-    assert max(abs(e) for r in data["errors"].values() for e in r.values()) < 0.01
+    # The runs' statistics are reproduced within 2 % (the fit's weak pull towards its start,
+    # the catalog's factors with the engine's 1.9 ms a step, costs up to that), and MFU
+    # within 2 %. In an open loop the batch hardly varies between runs, so the step overhead
+    # and MBU trade against each other (a closed-loop sweep, as above, pins both): MBU
+    # within 3 %.
+    assert max(abs(e) for r in data["errors"].values() for e in r.values()) < 0.02
     assert got["prefill_mfu"] == pytest.approx(0.6, rel=0.02)
     assert got["decode_mbu"] == pytest.approx(0.8, rel=0.03)
 

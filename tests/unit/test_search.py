@@ -219,7 +219,9 @@ def test_sticky_routing_is_searched_on_a_trace_with_prefix_hashes(monkeypatch):
     cfg = cfg.model_copy(update={"pools": [pool]})
     tr = load_trace(MOONCAKE)
     assert tr.blocks is not None
-    r = S.search(cfg, pool, Cloud.aws, tr)
+    # A100 (p4d) has no measured factors; ranked beside the fitted types here, it is the
+    # cheapest on 2 nodes, where routing matters
+    r = S.search(cfg, pool, Cloud.aws, tr, allow_unfitted=True)
     by = {c.config.balancer for c in r.candidates}
     assert by == {"lor", "sticky"}
     # sticky runs only the front's configurations (and the choice's) again
@@ -239,6 +241,13 @@ def test_sticky_routing_is_searched_on_a_trace_with_prefix_hashes(monkeypatch):
     lor = next(c for c in r.candidates if c.nodes == ch.nodes
                and c.config == dataclasses.replace(ch.config, balancer="lor"))
     assert ch.hit_rate > lor.hit_rate
+    # Without --allow-unfitted the cheapest fitted candidate meeting the SLOs is chosen
+    assert not ch.fitted
+    fitted = S.choose(list(r.candidates))
+    assert fitted is not None and fitted.fitted and fitted.meets
+    assert fitted.cost_per_hour_usd > ch.cost_per_hour_usd
+    assert all(c.cost_per_hour_usd >= fitted.cost_per_hour_usd
+               for c in r.candidates if c.fitted and c.meets)
     assert {"key": "serving.balancer", "old": "lor", "new": "sticky"} in [
         c.to_json() for c in r.changes]
 

@@ -70,6 +70,10 @@ SearchOpt = Annotated[bool, typer.Option(
     "batching limits for the cheapest configuration meeting the SLOs.")]
 WriteOpt = Annotated[bool, typer.Option(
     "--write", help="With --search: apply the chosen configuration to the file in place.")]
+UnfittedOpt = Annotated[bool, typer.Option(
+    "--allow-unfitted", help="With --search: rank GPUs whose serving factors no measurement "
+    "fitted (the literature's figures; the table marks them) beside fitted ones. Without "
+    "it, one is chosen only when no fitted GPU meets the SLOs.")]
 WorkersOpt = Annotated[int, typer.Option(
     "--workers", help="With --search: processes evaluating configurations (0, the default: "
     "up to 2).",
@@ -80,7 +84,8 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          json_out: JsonOpt = False,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
          seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0, search: SearchOpt = False,
-         write: WriteOpt = False, workers: WorkersOpt = 0) -> None:
+         write: WriteOpt = False, workers: WorkersOpt = 0,
+         allow_unfitted: UnfittedOpt = False) -> None:
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
     (or --rate), also the replicas that meet the SLO, found by simulation; with --search,
     the cheapest configuration meeting the SLOs."""
@@ -90,6 +95,8 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
                          "--rate R")
     if write and not search:
         raise UsageError("--write: applies a --search's choice; add --search")
+    if allow_unfitted and not search:
+        raise UsageError("--allow-unfitted: changes what a --search chooses; add --search")
     cfg = load(file)
     tgts = targets(cfg, pool, cloud)
     require_valid(cfg, tgts)
@@ -97,7 +104,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     totals = _quota_totals(cfg, tgts)
     if search:
         _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
-                     json_out, write, workers or min(2, os.cpu_count() or 1))
+                     json_out, write, workers or min(2, os.cpu_count() or 1), allow_unfitted)
         return
     recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
     if json_out:
@@ -116,10 +123,10 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
 def _plan_search(cfg: Config, file: Path | None, tgts: list[Target],
                  plans: list[PoolPlan], totals: list[dict[str, Any]], traffic: Path | None,
                  rate: float | None, duration: float, seed: int, time_scale: float,
-                 json_out: bool, write: bool, workers: int) -> None:
+                 json_out: bool, write: bool, workers: int, allow_unfitted: bool) -> None:
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
-    results = run_searches(cfg, tgts, tr, workers)
+    results = run_searches(cfg, tgts, tr, workers, allow_unfitted)
     written = write_changes(file, cfg, results) if write else []
     if json_out:
         entries = [p.to_json() for p in plans]

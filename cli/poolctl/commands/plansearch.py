@@ -19,8 +19,8 @@ from poolctl.search import AGGREGATED, Candidate, SearchResult, search
 from poolctl.traces import Trace
 
 
-def run_searches(cfg: Config, tgts: list[Target], trace: Trace, workers: int
-                 ) -> dict[tuple[str, Cloud], SearchResult]:
+def run_searches(cfg: Config, tgts: list[Target], trace: Trace, workers: int,
+                 allow_unfitted: bool = False) -> dict[tuple[str, Cloud], SearchResult]:
     out: dict[tuple[str, Cloud], SearchResult] = {}
     for tgt in tgts:
         p, c = tgt.pool, tgt.cloud
@@ -32,7 +32,8 @@ def run_searches(cfg: Config, tgts: list[Target], trace: Trace, workers: int
                              f"({what} done, {time.monotonic() - t0:.0f} s)\n")
             sys.stderr.flush()
 
-        out[(p.name, c)] = search(cfg, p, c, trace, workers=workers, progress=progress)
+        out[(p.name, c)] = search(cfg, p, c, trace, workers=workers, progress=progress,
+                                  allow_unfitted=allow_unfitted)
     return out
 
 
@@ -60,7 +61,7 @@ def _row(c: Candidate, mark: str, lens: bool, hits: bool) -> list[str]:
             f"{_ms(s.ttft_s.p50)}/{_ms(s.ttft_s.p90)}",
             f"{_ms(s.tpot_s.p50)}/{_ms(s.tpot_s.p90)}",
             f"{s.slo.goodput:.1%}", _f(s.energy.kwh_per_1m_output_tokens, ",.1f"),
-            "yes" if c.meets else "no"]
+            "yes" if c.meets else "no", "measured" if c.fitted else "unfitted"]
 
 
 def render_search(pool: Pool, r: SearchResult) -> None:
@@ -81,8 +82,9 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     for col in ("", "type", "topology", "TP", "seqs/step",
                 *(("balancer", "hits") if hits else ()),
                 *(("max len", "refused") if lens else ()),
-                "nodes", "$/h", "$/1M out", "TTFT ms", "TPOT ms", "goodput", "kWh/1M", "SLOs"):
-        t.add_column(col, justify="left" if col in ("", "type", "SLOs") else "right",
+                "nodes", "$/h", "$/1M out", "TTFT ms", "TPOT ms", "goodput", "kWh/1M", "SLOs",
+                "factors"):
+        t.add_column(col, justify="left" if col in ("", "type", "SLOs", "factors") else "right",
                      no_wrap=col in ("type", "topology", "seqs/step"))
     rows = list(r.front)
     if r.deployable is not None and r.deployable not in rows:
@@ -104,6 +106,15 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     else:
         line += "; the file's configuration meets the SLOs at no node count searched"
     out.print(line)
+    cheaper = [c for c in r.candidates if c.meets and not c.fitted and c.key() < ch.key()]
+    if ch.fitted and cheaper:
+        u = min(cheaper, key=Candidate.key)
+        out.print(f"not chosen: {u.nodes} node(s) of {u.config.label()} at "
+                  f"${u.cost_per_hour_usd:,.2f}/h meets the SLOs by the literature's factors, "
+                  f"which no measurement of its GPU checked; --allow-unfitted ranks it")
+    elif not ch.fitted:
+        out.print("chosen on the literature's factors: no measurement of its GPU fitted them "
+                  "(`poolctl perf fit` with a benchmark of it does)")
     d = r.deployable
     if ch.config.topology != AGGREGATED:
         out.print(f"poolctl does not deploy {ch.config.topology} serving yet: "

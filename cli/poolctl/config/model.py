@@ -88,6 +88,25 @@ class Model(CoreModel):
     head_dim: Int | None = Field(
         default=None, gt=0, le=65_536, description="Dimension of one attention head."
     )
+    hidden_size: Int | None = Field(
+        default=None, gt=0, le=1_000_000,
+        description="Model width (hidden_size): what each all-reduce moves per token; "
+        "attention_heads x head_dim when not given (which differs for e.g. Qwen3-32B).",
+    )
+    experts: Int | None = Field(
+        default=None, gt=1, le=100_000,
+        description="Mixture of experts: routed experts per layer (num_experts); all of them "
+        "sit in HBM. Null for a dense model.",
+    )
+    experts_per_token: Int | None = Field(
+        default=None, gt=0, le=100_000,
+        description="Mixture of experts: experts each token is routed to (num_experts_per_tok).",
+    )
+    active_params_b: Num | None = Field(
+        default=None, gt=0, le=100_000,
+        description="Mixture of experts: parameters (billions) one token computes with; "
+        "prefill FLOPs count these, decode reads the experts a batch routes to.",
+    )
     # Where each architecture field came from ("preset", "config.json" or "file").
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -124,7 +143,26 @@ class Model(CoreModel):
             sources.update(dict.fromkeys(values, name))
         m = handler(merged)
         missing = [k for k in models.ARCH_FIELDS
-                   if k != "attention_heads" and getattr(m, k) is None]
+                   if k not in models.OPTIONAL_FIELDS and getattr(m, k) is None]
+        moe = [k for k in ("experts", "experts_per_token", "active_params_b")
+               if getattr(m, k) is not None]
+        if moe and len(moe) < 3:
+            need = next(k for k in ("experts", "experts_per_token", "active_params_b")
+                        if k not in moe)
+            raise invalid("Model", (need,), f"a mixture of experts needs model.experts, "
+                          f"model.experts_per_token and model.active_params_b together; add "
+                          f"model.{need} (config.json and the model card give it)", None)
+        if moe:
+            assert m.experts and m.experts_per_token and m.active_params_b and m.params_b
+            if m.experts_per_token > m.experts:
+                raise invalid("Model", ("experts_per_token",),
+                              f"{m.experts_per_token} is more than the {m.experts} experts; "
+                              "check num_experts_per_tok", m.experts_per_token)
+            if m.active_params_b > m.params_b:
+                raise invalid("Model", ("active_params_b",),
+                              f"{m.active_params_b:g} B is more than params_b "
+                              f"{m.params_b:g} B; active parameters are part of the total",
+                              m.active_params_b)
         if missing:
             need = ", ".join(f"model.{k}" for k in missing)
             if path:

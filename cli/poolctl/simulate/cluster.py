@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -109,7 +110,9 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
              stop_if_p90_over: float | None = None,
              power_kw_per_node: float | None = None,
              prefix_caching: bool = True, topology: Topology | None = None,
-             run_until_s: float = 0.0, reserved_nodes: int = 0) -> SimResult:
+             run_until_s: float = 0.0, reserved_nodes: int = 0,
+             clients: int | None = None, send_jitter_s: float = 0.0,
+             seed: int = 0) -> SimResult:
     """Replay `trace` through a fixed count of replicas, or through the autoscaled pool.
 
     balancer "lor": least outstanding requests at arrival, as the clouds' load balancers
@@ -128,7 +131,19 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
     on the prefill side); None: an `Engine` prefilling and decoding on the same GPUs.
 
     run_until_s: the autoscaled pool keeps running (and scaling in) until then at least, so
-    that two replays are billed over the same span (a launch hour)."""
+    that two replays are billed over the same span (a launch hour).
+
+    clients: a closed loop of that many clients (as `vllm bench serve --max-concurrency`):
+    with balancer "queue" a request is sent when fewer than `clients` are outstanding, and
+    then waits inside the engine (for a sequence slot, KV room or the step's token budget)
+    like any other; `Requests.sent` keeps when it was sent.
+
+    send_jitter_s: a sent request reaches its replica after a delay drawn uniformly from 0
+    to twice this (`seed` seeds it): the client, HTTP and the server's front end
+    (tokenization) take their own time, which differs from request to request. Without it
+    a closed loop of equal requests stays phase-locked: clients that finish in one step
+    send in the same instant and are prefilled in one step again, for ever; real ones
+    drift apart because the first to arrive at a replica starts a step alone."""
     if balancer not in BALANCERS:
         raise ValueError(f"balancer must be one of {BALANCERS}")
     return _Replay(trace, m, replicas=replicas, scale=scale,
@@ -136,11 +151,12 @@ def simulate(trace: Trace, m: ReplicaModel, *, replicas: int | None = None,
                    replicas_per_node=replicas_per_node, balancer=balancer,
                    stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power_kw_per_node,
                    prefix_caching=prefix_caching, topology=topology, run_until_s=run_until_s,
-                   reserved_nodes=reserved_nodes).run()
+                   reserved_nodes=reserved_nodes, clients=clients,
+                   send_jitter_s=send_jitter_s, seed=seed).run()
 
 
 # The events of a replay, in the heap as (time, kind, id, version).
-EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW = 0, 1, 2, 3, 4
+EV_ENGINE, EV_TICK, EV_READY, EV_WARM, EV_WINDOW, EV_SUBMIT = 0, 1, 2, 3, 4, 5
 
 
 class _Replay:
@@ -151,12 +167,20 @@ class _Replay:
                  scale: Autoscale | None, price_per_node_hour: float, replicas_per_node: int,
                  balancer: str, stop_if_p90_over: float | None,
                  power_kw_per_node: float | None, prefix_caching: bool,
-                 topology: Topology | None, run_until_s: float, reserved_nodes: int) -> None:
+                 topology: Topology | None, run_until_s: float, reserved_nodes: int,
+                 clients: int | None = None, send_jitter_s: float = 0.0,
+                 seed: int = 0) -> None:
         self.trace, self.m, self.replicas, self.scale = trace, m, replicas, scale
         self.price_per_node_hour, self.balancer = price_per_node_hour, balancer
         self.power_kw_per_node, self.topology = power_kw_per_node, topology
         self.run_until_s, self.reserved_nodes = run_until_s, reserved_nodes
         self.central: deque[int] = deque()
+        # What the central queue lets a replica hold: its sequence slots, or the clients of
+        # a closed loop (the engine then queues what its slots cannot take).
+        self.cap = clients if clients is not None else m.max_num_seqs
+        self.jitter = send_jitter_s
+        self.rng = random.Random(seed)
+        self.in_flight: dict[int, int] = {}  # replica -> requests sent, not yet arrived
         self.n_req = n_req = len(trace)
         nan = math.nan
         self.req = req = Requests(
@@ -164,6 +188,7 @@ class _Replay:
             outputs=[max(1, x) for x in trace.outputs], replica=[None] * n_req,
             admitted=[nan] * n_req, first=[nan] * n_req, finish=[nan] * n_req,
             refused=[False] * n_req, blocks=trace.blocks, cached=[0] * n_req,
+            sent=[nan] * n_req,
         )
         self.use_cache = prefix_caching and trace.blocks is not None
         self.sessions: dict[int, int] = {}  # session key -> node
@@ -242,12 +267,25 @@ class _Replay:
 
     def dispatch(self, e: Replica, rid: int, now: float) -> None:
         self.req.replica[rid] = e.idx
+        self.req.sent[rid] = now
+        if self.jitter > 0:
+            self.in_flight[e.idx] = self.in_flight.get(e.idx, 0) + 1
+            delay = self.rng.uniform(0, 2 * self.jitter)
+            heapq.heappush(self.heap, (now + delay, EV_SUBMIT, rid, e.idx))
+            return
+        if e.submit(rid, now):
+            heapq.heappush(self.heap, (e.end, EV_ENGINE, e.idx, e.version))
+
+    def on_submit(self, now: float, rid: int, idx: int) -> None:
+        """A sent request reaches replica `idx` (after its send jitter)."""
+        self.in_flight[idx] -= 1
+        e = self.engines[idx]
         if e.submit(rid, now):
             heapq.heappush(self.heap, (e.end, EV_ENGINE, e.idx, e.version))
 
     def drain_central(self, now: float) -> None:
         for e in self.serving:
-            while self.central and e.outstanding < self.m.max_num_seqs:
+            while self.central and e.outstanding + self.in_flight.get(e.idx, 0) < self.cap:
                 self.dispatch(e, self.central.popleft(), now)
             if not self.central:
                 return
@@ -459,6 +497,8 @@ class _Replay:
                 self.on_warm(now)
             elif kind == EV_WINDOW:
                 self.on_window(now, ident, version)
+            elif kind == EV_SUBMIT:
+                self.on_submit(now, ident, version)
             else:
                 self.on_tick(now)
         return self.result()

@@ -57,6 +57,8 @@ class Requests:
     # p90 cannot meet the SLO and the run stops (SimResult.aborted).
     slo_s: float = math.inf
     misses: int = 0
+    # When the balancer handed each request to a replica (a closed loop's send).
+    sent: list[float] = field(default_factory=list)
 
 
 class DecodeRun:
@@ -69,7 +71,7 @@ class DecodeRun:
     def __init__(self, m: ReplicaModel, b: int, kv: int) -> None:
         self.F = m.overhead_s + m.per_seq_s * b + m.comm_s(b)
         self.C = m.compute_s(b)
-        self.M0 = m.memory_s(kv)
+        self.M0 = m.memory_s(kv, b)
         self.Ms = b * m.kv_bytes_per_token_per_gpu / (m.hbm_bytes_per_s * m.decode_mbu)
 
     def time(self, n: int) -> float:
