@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from poolctl.catalog import load_catalog
+
 pytest.importorskip("aiconfigurator_core", reason="aiconfigurator-core (the dev extra) is not "
                     "installed: the measured runs are absent")
 
@@ -75,7 +77,7 @@ def test_the_engine_terms_improve_on_the_kernels_alone():
     # What the issue measured: with the kernel database's factors alone, TPOT is faster than
     # measured on nearly every run. With the engine's terms the bias is gone.
     for gpu in FIT_BOUNDS:
-        fit = fd.load_catalog().gpu_specs[gpu].serving_fit
+        fit = load_catalog().gpu_specs[gpu].serving_fit
         runs = fd.engine_runs(gpu)
         kernel = dict(fit.by_tp)
         bare = fd.EngineFit(step_ms=0, us_per_seq=0, source="-", runs=1)
@@ -99,7 +101,7 @@ def test_fp8_is_held_to_its_measured_runs():
 
 def test_the_catalog_records_the_runs_it_was_fitted_to():
     for gpu in FIT_BOUNDS:
-        e = fd.load_catalog().gpu_specs[gpu].serving_fit.engine
+        e = load_catalog().gpu_specs[gpu].serving_fit.engine
         assert e is not None and e.runs == len(fd.engine_runs(gpu))
         assert f"{mr.PACKAGE} {mr.package_version()}" in e.source
         assert 0 < e.step_ms < 10 and 0 <= e.us_per_seq < 200  # physical: ms, not seconds
