@@ -36,12 +36,13 @@ import logging
 import math
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from poolctl.catalog import EngineFit, ServingFactors
+from poolctl import servingmodel
+from poolctl.catalog import EngineFit, ServingFactors, factors_for_tp
 from poolctl.config import parse_config
 from poolctl.servingmodel import (
     FACTOR_NAMES,
@@ -246,17 +247,14 @@ def measured() -> Any:
 
 
 def with_engine(rm: ReplicaModel, dtype: str, e: EngineFit) -> ReplicaModel:
-    """A replica of the kernel fit alone (`rm`) with the engine terms `e` added, as
-    servingmodel.replica_model adds the catalog's."""
-    return replace(rm, overhead_s=rm.overhead_s + e.step_ms / 1000,
-                   per_seq_s=rm.per_seq_s + e.us_per_seq / 1e6,
-                   prefill_mfu=min(1.0, rm.prefill_mfu * e.mfu_scale.get(dtype, 1.0)))
-
-
-def kernel_only(rm: ReplicaModel, kernel: dict[int, ServingFactors]) -> ReplicaModel:
-    """`rm` with the kernel factors `kernel` (per TP) alone: no engine terms."""
-    lower = [t for t in kernel if t <= rm.tp]
-    return with_factors(rm, kernel[max(lower) if lower else min(kernel)])
+    """A replica of the kernel fit alone (`rm`) with the engine terms `e` added, by the rule
+    servingmodel.replica_model adds the catalog's with."""
+    kernel = ServingFactors(
+        prefill_mfu=rm.prefill_mfu, decode_mbu=rm.decode_mbu,
+        step_overhead_ms=rm.overhead_s * 1000, decode_us_per_seq=rm.per_seq_s * 1e6,
+        link_efficiency=rm.link_efficiency, allreduce_us=rm.allreduce_latency_s * 1e6,
+        overlap_k=rm.overlap_k)
+    return with_factors(rm, servingmodel.with_engine(kernel, e, dtype))
 
 
 def engine_errors(kernel: dict[int, ServingFactors], e: EngineFit,
@@ -265,8 +263,8 @@ def engine_errors(kernel: dict[int, ServingFactors], e: EngineFit,
     mr = measured()
     out = []
     for r in runs:
-        rm = with_engine(kernel_only(mr.replica(r.model, r.dtype, r.instance_type, r.tp), kernel),
-                         r.dtype, e)
+        f = servingmodel.with_engine(factors_for_tp(kernel, r.tp), e, r.dtype)
+        rm = with_factors(mr.replica(r.model, r.dtype, r.instance_type, r.tp), f)
         ttft, tpot = mr.predict(rm, r)
         out.append((ttft / r.ttft_s - 1, tpot / r.tpot_s - 1))
     return out

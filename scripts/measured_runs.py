@@ -32,6 +32,7 @@ from importlib import resources
 
 from poolctl.config import parse_config
 from poolctl.errors import UsageError
+from poolctl.models import preset
 from poolctl.perffit import Run, replay
 from poolctl.servingmodel import ReplicaModel, replica_model
 
@@ -133,8 +134,6 @@ def runs() -> tuple[MeasuredRun, ...]:
 @functools.cache
 def replica(model: str, dtype: str, instance_type: str, tp: int) -> ReplicaModel:
     """The replica those runs served on, as poolctl models it with the catalog's factors."""
-    from poolctl.models import preset
-
     p = preset(model)
     assert p is not None, model
     text = _POOL.format(model=model, dtype=dtype, tp=tp, mml=p.max_context,
@@ -168,16 +167,13 @@ def fits(run: MeasuredRun) -> bool:
     return rm.kv_tokens >= run.isl + run.osl
 
 
-def errors(rm_of=None) -> list[tuple[MeasuredRun, float, float]]:
+def errors() -> list[tuple[MeasuredRun, float, float]]:
     """(run, TTFT error, TPOT error) as model / measured - 1 over every run poolctl serves."""
     out = []
     for run in runs():
         if not fits(run):
             continue
-        rm = replica(run.model, run.dtype, run.instance_type, run.tp)
-        if rm_of is not None:
-            rm = rm_of(rm, run)
-        ttft, tpot = predict(rm, run)
+        ttft, tpot = predict(replica(run.model, run.dtype, run.instance_type, run.tp), run)
         out.append((run, ttft / run.ttft_s - 1, tpot / run.tpot_s - 1))
     return out
 

@@ -143,8 +143,13 @@ class ServingFit(_Row):
         default=None, description="Engine time per step, fitted to measured serving runs.")
 
     def for_tp(self, tp: int) -> ServingFactors:
-        lower = [t for t in self.by_tp if t <= tp]
-        return self.by_tp[max(lower) if lower else min(self.by_tp)]
+        return factors_for_tp(self.by_tp, tp)
+
+
+def factors_for_tp(by_tp: dict[int, ServingFactors], tp: int) -> ServingFactors:
+    """The factors of `tp`, else of the next lower TP listed (the lowest if none is)."""
+    lower = [t for t in by_tp if t <= tp]
+    return by_tp[max(lower) if lower else min(by_tp)]
 
 
 class GpuSpec(_Row):

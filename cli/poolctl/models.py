@@ -21,8 +21,9 @@ ARCH_FIELDS = ("params_b", "dtype", "layers", "attention_heads", "kv_heads", "he
                "hidden_size", "experts", "experts_per_token", "active_params_b")
 # ... and of them those a model may lack: a dense model has no experts; without
 # hidden_size the serving model takes attention_heads x head_dim.
-OPTIONAL_FIELDS = ("attention_heads", "hidden_size", "experts", "experts_per_token",
-                   "active_params_b")
+# The keys of a mixture of experts, given together or not at all.
+MOE_FIELDS = ("experts", "experts_per_token", "active_params_b")
+OPTIONAL_FIELDS = ("attention_heads", "hidden_size", *MOE_FIELDS)
 # Refuse anything larger: a config.json is a few KB, and this one is read during validation.
 MAX_CONFIG_JSON_BYTES = 1 * 2**20
 # No width, count or vocabulary of a real model comes near this; a larger integer is not a

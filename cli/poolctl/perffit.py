@@ -186,8 +186,7 @@ def _int_str(o: dict[str, object], key: str, where: str) -> float:
 # ---------------------------------------------------------------------- the forward model
 
 
-def replay(rm: ReplicaModel, run: Run, seed: int = 0,
-           send_jitter_s: float | None = None) -> dict[str, float]:
+def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
     """The statistics `run` would measure on replica `rm` (seconds), as vLLM's benchmark
     computes them: TTFT from the request's send, TPOT = (latency - TTFT) / (output - 1)."""
     n = len(run.inputs)
@@ -210,9 +209,8 @@ def replay(rm: ReplicaModel, run: Run, seed: int = 0,
     # inside the engine (for KV room, a sequence slot or the step's token budget) is in it,
     # as in what the benchmark measured.
     trace = Trace(run.label, arrivals, run.inputs, run.outputs)
-    jitter = SEND_JITTER_S if send_jitter_s is None else send_jitter_s
     r = simulate(trace, rm, replicas=1, balancer="queue", clients=run.concurrency,
-                 send_jitter_s=jitter if run.concurrency is not None else 0.0,
+                 send_jitter_s=SEND_JITTER_S if run.concurrency is not None else 0.0,
                  seed=seed).req
     sent = r.sent if run.concurrency is not None else r.arrival
     ttft, tpot = [], []

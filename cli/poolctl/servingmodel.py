@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from poolctl.catalog import ServingFactors, load_catalog
+from poolctl.catalog import EngineFit, ServingFactors, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Pool
 from poolctl.errors import UsageError
@@ -188,6 +188,16 @@ LITERATURE = ServingFactors(
 FACTOR_NAMES = tuple(ServingFactors.model_fields)
 
 
+def with_engine(f: ServingFactors, e: EngineFit, dtype: str) -> ServingFactors:
+    """The kernel factors `f` with the engine's measured time added: its time per step and
+    per running sequence, and the share of the kernels' prefill MFU a server reaches with
+    `dtype` weights (a dtype the fit has no runs of keeps the kernels' MFU)."""
+    return f.model_copy(update={
+        "step_overhead_ms": f.step_overhead_ms + e.step_ms,
+        "decode_us_per_seq": f.decode_us_per_seq + e.us_per_seq,
+        "prefill_mfu": min(1.0, f.prefill_mfu * e.mfu_scale.get(dtype, 1.0))})
+
+
 def with_factors(rm: ReplicaModel, f: ServingFactors) -> ReplicaModel:
     """`rm` with every efficiency factor taken from `f` (a catalog row's fit)."""
     return replace(rm, prefill_mfu=f.prefill_mfu, decode_mbu=f.decode_mbu,
@@ -250,13 +260,8 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     # Defaults: the factors fitted to measurements of this GPU at this TP (the catalog's
     # serving_fit), else the literature's figures above; `perf:` overrides each.
     fit = spec.serving_fit.for_tp(s.tensor_parallel) if spec.serving_fit else LITERATURE
-    engine = spec.serving_fit.engine if spec.serving_fit else None
-    step_ms = fit.step_overhead_ms + (engine.step_ms if engine else 0.0)
-    seq_us = fit.decode_us_per_seq + (engine.us_per_seq if engine else 0.0)
-    if engine is not None and pool.model.dtype in engine.mfu_scale:
-        # measured end to end, a dtype's kernels reach less of its own peak than BF16's
-        fit = fit.model_copy(update={
-            "prefill_mfu": min(1.0, fit.prefill_mfu * engine.mfu_scale[pool.model.dtype])})
+    if spec.serving_fit and spec.serving_fit.engine:
+        fit = with_engine(fit, spec.serving_fit.engine, pool.model.dtype or "")
     m = pool.model
     moe: dict[str, Any] = {}
     if m.experts and m.experts_per_token and m.active_params_b and m.params_b:
@@ -283,8 +288,8 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
         prefill_mfu=pick(perf.prefill_mfu, fit.prefill_mfu),
         decode_mbu=pick(perf.decode_mbu, fit.decode_mbu),
         link_efficiency=pick(perf.link_efficiency, fit.link_efficiency),
-        overhead_s=pick(perf.step_overhead_ms, step_ms) / 1000,
-        per_seq_s=pick(perf.decode_us_per_seq, seq_us) / 1e6,
+        overhead_s=pick(perf.step_overhead_ms, fit.step_overhead_ms) / 1000,
+        per_seq_s=pick(perf.decode_us_per_seq, fit.decode_us_per_seq) / 1e6,
         allreduce_latency_s=fit.allreduce_us / 1e6,
         overlap_k=fit.overlap_k,
         **moe,

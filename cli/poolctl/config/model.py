@@ -144,11 +144,9 @@ class Model(CoreModel):
         m = handler(merged)
         missing = [k for k in models.ARCH_FIELDS
                    if k not in models.OPTIONAL_FIELDS and getattr(m, k) is None]
-        moe = [k for k in ("experts", "experts_per_token", "active_params_b")
-               if getattr(m, k) is not None]
-        if moe and len(moe) < 3:
-            need = next(k for k in ("experts", "experts_per_token", "active_params_b")
-                        if k not in moe)
+        moe = [k for k in models.MOE_FIELDS if getattr(m, k) is not None]
+        if moe and len(moe) < len(models.MOE_FIELDS):
+            need = next(k for k in models.MOE_FIELDS if k not in moe)
             raise invalid("Model", (need,), f"a mixture of experts needs model.experts, "
                           f"model.experts_per_token and model.active_params_b together; add "
                           f"model.{need} (config.json and the model card give it)", None)
