@@ -49,6 +49,8 @@ COMMANDS = (
           "synth` runs poolctl's synthesis) and a CI workflow (.github/workflows/poolctl.yml)."),
     Entry("simulate", "simulate", "simulate",
           "Replay traffic through the pool's serving model and scaling policy."),
+    Entry("replay", "replay", "replay", "Send a trace through a pool's endpoint and report "
+          "TTFT, TPOT, errors and goodput."),
     Entry("synth", "build", "synth",
           "Write DIR/stacks/<stack>/cdk.tf.json for each pool and cloud."),
     Entry("deploy", "build", "deploy", "Synth, then Terraform/OpenTofu init, plan and apply."),

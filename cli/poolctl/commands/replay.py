@@ -1,0 +1,155 @@
+"""replay: send a trace's requests to a pool through its load balancer, at their arrival times,
+and report what a client saw (a trace-driven benchmark; on the sandbox, a rehearsal)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from poolctl.commands.common import (
+    CloudOpt,
+    FileOpt,
+    JsonOpt,
+    PoolOpt,
+    SandboxOpt,
+    console,
+    emit_json,
+    load,
+    one_target,
+)
+from poolctl.errors import UsageError, shown
+from poolctl.replay import ReplayReport, report, run_replay, served_model, stderr_progress
+from poolctl.simulate import json_safe, summary
+from poolctl.traces import load_trace
+from poolctl.windows import parse_span
+
+
+def replay(
+    trace: Annotated[Path, typer.Option(
+        "--trace", help="The requests to send: an Azure LLM inference trace (CSV) or a "
+        "Mooncake trace (JSONL).")],
+    url: Annotated[str | None, typer.Option(
+        "--url", help="The pool's endpoint, http(s)://HOST[:PORT] (its load balancer); or "
+        "--sandbox.", show_default=False)] = None,
+    sandbox: SandboxOpt = False,
+    file: FileOpt = None, pool: PoolOpt = None, cloud: CloudOpt = None,
+    api_key_env: Annotated[str | None, typer.Option(
+        "--api-key-env", metavar="VAR", help="Read the API key from this environment "
+        "variable (never from the command line).", show_default=False)] = None,
+    speed: Annotated[float | None, typer.Option(
+        "--speed", help="Send S times faster and report times x S: the sandbox's speed "
+        "(its own by default with --sandbox); 1 against a real pool.",
+        show_default=False)] = None,
+    start: Annotated[str, typer.Option(
+        "--from", help="Start this far into the trace: 600, 10m, 1h.")] = "0",
+    duration: Annotated[str | None, typer.Option(
+        "--duration", help="Send this much of the trace (default: to its end).",
+        show_default=False)] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        "--max-concurrency", min=1, help="At most N requests in flight (default: "
+        "unbounded, an open loop).", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1, help="Give up on a request after this many wall seconds.")] = 600.0,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Also run `simulate` on the same slice and file, and print "
+        "measured beside predicted.")] = False,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", min=1, help="With --compare: the replicas serving (default: the "
+        "pool's min_replicas).", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Send a trace through a pool's endpoint and report TTFT, TPOT, errors and goodput."""
+
+    if (url is None) == (not sandbox):
+        raise UsageError("--url URL or --sandbox: give one")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {shown(url)}: give http://HOST[:PORT] or https://...")
+    if speed is not None and not (math.isfinite(speed) and speed > 0):
+        raise UsageError(f"--speed {speed:g}: give a number above 0")
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {shown(api_key_env)}: that variable is empty or "
+                             "unset; export the key in it")
+    t0 = parse_span("--from", start)
+    span = None if duration is None else parse_span("--duration", duration)
+    if span is not None and span <= 0:
+        raise UsageError("--duration: give a length above 0, e.g. 10m")
+    tr = load_trace(trace)
+    end = math.inf if span is None else t0 + span
+    tr = tr.window(tr.arrivals[0] + t0 if tr.arrivals else t0,
+                   tr.arrivals[0] + end if tr.arrivals else end)
+    if not len(tr):
+        raise UsageError(f"--from/--duration: no request of {shown(str(trace))} arrives in "
+                         "that slice; pick one inside the trace")
+    cfg = tgt = None
+    if compare or file is not None or pool is not None:
+        cfg = load(file)
+        tgt = one_target(cfg, pool, cloud)
+    if sandbox:
+        raise UsageError("--sandbox: the sandbox does not serve yet (issue 34); start the "
+                         "stand-in engine and give --url")
+    assert url is not None
+    speed = speed or 1.0
+    try:
+        model = asyncio.run(served_model(url, api_key))
+    except ValueError as e:
+        raise UsageError(f"--url {shown(url)}: {e}") from None
+    run = asyncio.run(run_replay(tr, url, model, api_key=api_key, speed=speed,
+                                 max_concurrency=max_concurrency, timeout_s=timeout,
+                                 progress=None if json_out else stderr_progress))
+    slo = tgt.pool.slo if tgt is not None else None
+    rep = report(run, slo.ttft_p90_s if slo else None, slo.tpot_p90_s if slo else None)
+    out: dict[str, Any] = {"url": url, "model": model, "trace": tr.source, **rep.to_json()}
+    if compare:
+        assert tgt is not None
+        from poolctl.capacity import run_pool  # noqa: PLC0415 - only with --compare
+
+        n = replicas or tgt.pool.scaling.min_replicas
+        res = run_pool(tgt.pool, tgt.cloud, tr, replicas=n)
+        predicted = summary(res, tgt.pool.slo.ttft_p90_s, tgt.pool.slo.tpot_p90_s).to_json()
+        out["predicted"] = {"replicas": n, "ttft_s": predicted["ttft_s"],
+                            "tpot_s": predicted["tpot_s"], "e2e_s": predicted["e2e_s"]}
+    if json_out:
+        emit_json(json_safe(out))
+    else:
+        render(rep, out)
+    if rep.interrupted:
+        raise typer.Exit(130)  # what was measured is printed; the shell sees the Ctrl-C
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def render(rep: ReplayReport, out: dict[str, Any]) -> None:
+    console().print(f"{out['model']} at {out['url']}: {rep.requests} requests of {out['trace']}"
+                  f", {rep.completed} completed"
+                  + (f", interrupted ({rep.not_sent} not sent)" if rep.interrupted else ""))
+    t = Table(show_edge=False, pad_edge=False)
+    t.add_column("")
+    for h in ("p50 s", "p90 s", "p99 s"):
+        t.add_column(h, justify="right")
+    pred = out.get("predicted")
+    for name, q in (("TTFT", rep.ttft_s), ("TPOT", rep.tpot_s), ("end-to-end", rep.e2e_s)):
+        t.add_row(name, _s(q.p50), _s(q.p90), _s(q.p99))
+        if pred is not None:
+            key = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end-to-end": "e2e_s"}[name]
+            p = pred[key]
+            t.add_row(f"  simulate ({pred['replicas']} replicas)", _s(p.get("p50")),
+                      _s(p.get("p90")), _s(p.get("p99")))
+    console().print(t)
+    errs = ", ".join(f"{k}: {v}" for k, v in rep.errors.items()) or "none"
+    console().print(f"errors: {errs}")
+    if rep.goodput is not None:
+        console().print(f"goodput: {rep.goodput:.1%} of requests met the pool's SLOs")
+    console().print(f"output: {rep.output_tokens_per_s:.0f} tokens/s; wall time "
+                  f"{rep.wall_s:.1f} s at speed x{rep.speed:g} (times are pool time: measured "
+                  "x speed)")

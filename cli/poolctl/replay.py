@@ -1,0 +1,298 @@
+"""`poolctl replay`: a trace's requests sent to a serving endpoint at their arrival times, and
+what a client saw.
+
+Open loop, as users arrive: request i is sent at its arrival time (divided by `speed`),
+whatever the earlier ones are doing, concurrency unbounded unless capped. Each is a streamed
+`/v1/completions` request whose prompt is a list of token ids of the trace's prompt length (so
+a real vLLM server counts exactly the trace's tokens, with no tokenizer in between) and whose
+`max_tokens` is the trace's output length with `ignore_eos` (so it generates all of them), as
+`vllm bench serve` sends them. A trace with prefix-cache block ids (Mooncake) gives two
+requests the same leading token ids where their blocks agree, so a prefix cache finds what the
+trace says it would.
+
+Measured per request: TTFT from the send to the first streamed token, end-to-end to the last,
+TPOT = (end-to-end - TTFT) / (output tokens - 1) as vLLM's benchmark computes it, and the
+error kind of a request that failed. Times are pool time: measured wall time x `speed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from poolctl.simulate import Quantiles, percentile
+from poolctl.traces import Trace
+
+# Token ids the prompts are made of: well inside every vocabulary, clear of special tokens.
+TOKEN_BASE = 1000
+TOKEN_SPAN = 30000
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it; times in pool seconds from its send."""
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    output_tokens: int = 0
+    error: str | None = None  # its kind, e.g. "http 503", "connect", "timeout"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.e2e_s is not None
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass
+class ReplayRun:
+    """Every request sent (and those not sent when interrupted), and the run's wall time."""
+
+    url: str
+    model: str
+    speed: float
+    trace_s: float  # the slice's length, pool seconds
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+    interrupted: bool = False
+    not_sent: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What `replay` prints (`--json`: `to_json`)."""
+
+    requests: int
+    completed: int
+    errors: dict[str, int]
+    not_sent: int
+    interrupted: bool
+    ttft_s: Quantiles
+    tpot_s: Quantiles
+    e2e_s: Quantiles
+    goodput: float | None  # share of sent requests meeting the SLOs (None: no SLO given)
+    output_tokens_per_s: float
+    speed: float
+    wall_s: float
+
+    def to_json(self) -> dict[str, object]:
+        def q(x: Quantiles) -> dict[str, float | None]:
+            return {"p50": x.p50, "p90": x.p90, "p99": x.p99}
+
+        return {"requests": self.requests, "completed": self.completed,
+                "errors": self.errors, "not_sent": self.not_sent,
+                "interrupted": self.interrupted, "ttft_s": q(self.ttft_s),
+                "tpot_s": q(self.tpot_s), "e2e_s": q(self.e2e_s), "goodput": self.goodput,
+                "output_tokens_per_s": self.output_tokens_per_s, "speed": self.speed,
+                "wall_s": self.wall_s}
+
+
+def prompt_ids(trace: Trace, i: int) -> list[int]:
+    """Request i's prompt as token ids: by its block ids where the trace has them, else
+    unique to the request (its first two tokens encode i) so no prefix cache finds it."""
+    n = trace.inputs[i]
+    if trace.blocks is not None and trace.blocks[i]:
+        ids: list[int] = []
+        for b in trace.blocks[i]:
+            ids += [TOKEN_BASE + b % TOKEN_SPAN] * trace.block_tokens
+            if len(ids) >= n:
+                break
+        ids += [TOKEN_BASE] * (n - len(ids))
+        return ids[:n]
+    head = [TOKEN_BASE + (i // TOKEN_SPAN) % TOKEN_SPAN, TOKEN_BASE + i % TOKEN_SPAN]
+    return (head + [TOKEN_BASE + 7] * n)[:n]
+
+
+def quantiles(xs: list[float]) -> Quantiles:
+    s = sorted(xs)
+    return Quantiles(percentile(s, 0.5), percentile(s, 0.9), percentile(s, 0.99))
+
+
+def report(run: ReplayRun, ttft_slo_s: float | None = None,
+           tpot_slo_s: float | None = None) -> ReplayReport:
+    done = [o for o in run.outcomes if o.ok]
+    errors = Counter(o.error for o in run.outcomes if o.error is not None)
+    goodput = None
+    if ttft_slo_s is not None and run.outcomes:
+        good = sum(1 for o in done
+                   if o.ttft_s is not None and o.ttft_s <= ttft_slo_s
+                   and (tpot_slo_s is None or (o.tpot_s or 0.0) <= tpot_slo_s))
+        goodput = good / len(run.outcomes)
+    span = max(run.trace_s, max((o.arrival_s + (o.e2e_s or 0.0) for o in done), default=0.0))
+    tokens = sum(o.output_tokens for o in done)
+    return ReplayReport(
+        requests=len(run.outcomes), completed=len(done), errors=dict(sorted(errors.items())),
+        not_sent=run.not_sent, interrupted=run.interrupted,
+        ttft_s=quantiles([o.ttft_s for o in done if o.ttft_s is not None]),
+        tpot_s=quantiles([t for o in done if (t := o.tpot_s) is not None]),
+        e2e_s=quantiles([o.e2e_s for o in done if o.e2e_s is not None]),
+        goodput=goodput, output_tokens_per_s=tokens / span if span > 0 else 0.0,
+        speed=run.speed, wall_s=run.wall_s)
+
+
+async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
+                body: bytes, speed: float, timeout_s: float) -> None:
+    import aiohttp  # noqa: PLC0415 - replay only; `poolctl --help` does not load it
+
+    assert isinstance(session, aiohttp.ClientSession)
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    o.error = f"http {resp.status}"
+                    await resp.read()
+                    return
+                done = False
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    choices = chunk.get("choices") or []
+                    if choices and choices[0].get("text") and o.ttft_s is None:
+                        o.ttft_s = (time.monotonic() - t0) * speed
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict):
+                        o.output_tokens = int(usage.get("completion_tokens") or 0)
+                if not done:
+                    o.error = "stream ended early"
+                    return
+                o.e2e_s = (time.monotonic() - t0) * speed
+                if o.ttft_s is None:
+                    o.error = "no tokens"
+    except TimeoutError:
+        o.error = "timeout"
+    except aiohttp.ClientConnectorError:
+        o.error = "connect"
+    except (aiohttp.ClientError, ConnectionError):
+        o.error = "disconnected"
+    except (ValueError, AttributeError, TypeError):
+        o.error = "bad stream"
+
+
+async def run_replay(trace: Trace, base_url: str, model: str, *, api_key: str | None = None,
+                     speed: float = 1.0, max_concurrency: int | None = None,
+                     timeout_s: float = 600.0,
+                     progress: Callable[[str], None] | None = None) -> ReplayRun:
+    """Send `trace` to `base_url` (`http://host:port`); returns when every request ended, or
+    what was measured when interrupted (SIGINT). `timeout_s` bounds each request (wall)."""
+    import aiohttp  # noqa: PLC0415 - replay only
+
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    run = ReplayRun(base_url, model, speed, trace.span_s)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        pass
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    tasks: set[asyncio.Task[None]] = set()
+    t0 = time.monotonic()
+    last = t0
+
+    async def one(o: Outcome, body: bytes) -> None:
+        if gate is None:
+            await _send(session, url, headers, o, body, speed, timeout_s)
+            return
+        async with gate:
+            await _send(session, url, headers, o, body, speed, timeout_s)
+
+    def tell() -> None:
+        if progress is None:
+            return
+        failed = sum(1 for o in run.outcomes if o.error)
+        progress(f"replay: {len(run.outcomes)}/{len(trace)} sent, {len(tasks)} in flight, "
+                 f"{failed} failed, {(time.monotonic() - t0) * speed:.0f} s of "
+                 f"{trace.span_s:.0f} s (pool time)")
+
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        for i, at in enumerate(trace.arrivals):
+            wait = at / speed - (time.monotonic() - t0)
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                except TimeoutError:
+                    pass
+            if stop.is_set():
+                run.interrupted = True
+                run.not_sent = len(trace) - i
+                break
+            o = Outcome(i, at, trace.inputs[i], trace.outputs[i])
+            body = json.dumps({"model": model, "prompt": prompt_ids(trace, i),
+                               "max_tokens": trace.outputs[i], "ignore_eos": True,
+                               "stream": True,
+                               "stream_options": {"include_usage": True}}).encode()
+            run.outcomes.append(o)
+            t = asyncio.create_task(one(o, body))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+            if time.monotonic() - last >= PROGRESS_EVERY_S:
+                last = time.monotonic()
+                tell()
+        while tasks and not stop.is_set():
+            await asyncio.wait(set(tasks), timeout=PROGRESS_EVERY_S)
+            tell()
+        if tasks:  # interrupted: what is still in flight is cancelled, and said so
+            run.interrupted = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for o in run.outcomes:
+                if not o.ok and o.error is None:
+                    o.error = "interrupted"
+    run.wall_s = time.monotonic() - t0
+    try:
+        loop.remove_signal_handler(signal.SIGINT)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+    return run
+
+
+async def served_model(base_url: str, api_key: str | None = None) -> str:
+    """The first model `/v1/models` lists (what a pool serves), or ValueError why not."""
+    import aiohttp  # noqa: PLC0415 - replay only
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            async with s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
+                if r.status != 200:
+                    raise ValueError(f"GET /v1/models answered HTTP {r.status}")
+                data = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise ValueError(f"cannot reach {base_url} ({type(e).__name__})") from None
+    try:
+        return str(data["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        raise ValueError("/v1/models lists no model") from None
+
+
+def stderr_progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

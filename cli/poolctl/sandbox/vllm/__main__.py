@@ -1,0 +1,86 @@
+"""`python -m poolctl.sandbox.vllm [vLLM flags]`: the stand-in engine of one node.
+
+Environment (set by the sandbox's `docker` stand-in): POOLCTL_NODE_ADDRESS, the node's
+loopback address to listen on (127.0.0.1 by default; anything outside 127.0.0.0/8 is refused);
+POOLCTL_NODE_INSTANCE_TYPE, the node's type (the GPUs the serving model times);
+POOLCTL_SANDBOX_SPEED, pool seconds per wall second (1); POOLCTL_ENGINE_START_S, the engine's
+planned start (loading weights into HBM, CUDA graphs) in pool seconds, waited before the port
+opens as vLLM's does; VLLM_API_KEY, as vLLM reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import signal
+import sys
+
+from poolctl.errors import UsageError
+from poolctl.sandbox.vllm.flags import PROG, FlagError, known_flags, parse
+from poolctl.sandbox.vllm.live import Live
+from poolctl.sandbox.vllm.model import serving_model
+from poolctl.sandbox.vllm.server import Server
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        v = default if raw is None else float(raw)
+    except ValueError:
+        v = -1.0
+    if not (v >= 0 and v != float("inf")):
+        sys.exit(f"{PROG}: {name}={raw}: not a number of 0 or more")
+    return v
+
+
+async def serve(argv: list[str]) -> None:
+    try:
+        args = parse(argv)
+    except FlagError as e:
+        print(f"usage: {PROG} [model_tag] [options]\n{PROG}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    host = os.environ.get("POOLCTL_NODE_ADDRESS", "127.0.0.1")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        sys.exit(f"{PROG}: POOLCTL_NODE_ADDRESS={host}: the stand-in listens on 127.0.0.0/8 only")
+    speed = _env_float("POOLCTL_SANDBOX_SPEED", 1.0) or 1.0
+    start_s = _env_float("POOLCTL_ENGINE_START_S", 0.0)
+    itype = os.environ.get("POOLCTL_NODE_INSTANCE_TYPE", "p5.48xlarge")
+    try:
+        m = serving_model(args, itype)
+    except UsageError as e:
+        sys.exit(f"{PROG}: {e}")
+    keys = args.api_keys or tuple(k for k in [os.environ.get("VLLM_API_KEY")] if k)
+    version, _ = known_flags()
+    print(f"INFO vLLM API server version {version} (poolctl stand-in): {args.model_name}, "
+          f"TP {args.tensor_parallel_size} x DP {args.data_parallel_size} on {itype}, "
+          f"KV cache {m.kv_tokens} tokens per replica, speed x{speed:g}", flush=True)
+    await asyncio.sleep(start_s / speed)
+    live = Live(m, args.data_parallel_size, speed, args.enable_prefix_caching, args.block_size)
+    server = Server(args, live, keys, m.max_model_len)
+    from aiohttp import web  # noqa: PLC0415 - the server process only
+
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, args.port, backlog=1024).start()
+    print(f"INFO Started server process on http://{host}:{args.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    driver = asyncio.create_task(live.run())
+    await stop.wait()
+    driver.cancel()
+    await runner.cleanup()
+
+
+def main() -> None:
+    asyncio.run(serve(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

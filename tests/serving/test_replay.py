@@ -1,0 +1,115 @@
+"""`poolctl replay --url` against the stand-in engine: the client's TTFT and TPOT beside
+`simulate`'s on the same slice and model (this checks the data path and the wall-time driver,
+not the GPU model: both sides run poolctl's serving model), prefix reuse found through HTTP,
+and the command's errors and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from poolctl.traces import load_trace
+from tests.plugins.sandbox import run_poolctl
+
+from .standin import EXAMPLE_ARGS, standin
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
+AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
+MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl"
+SPEED = 10.0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with standin(EXAMPLE_ARGS, speed=SPEED) as url:
+        yield url
+
+
+def _replay(home, *args):
+    r = run_poolctl(home, "replay", *args, "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.standalone
+def test_replay_matches_simulate_on_a_slice_of_the_azure_trace(engine, tmp_path):
+    # 3 minutes of the conversation trace (~850 requests) through one node of the example
+    # (4 replicas of TP 2), sent 10x faster; simulate runs the same slice on 4 replicas.
+    out = _replay(tmp_path, "--trace", str(AZURE), "--url", engine, "--speed", str(SPEED),
+                  "--duration", "3m", "-f", str(EXAMPLE), "--cloud", "aws", "--compare",
+                  "--replicas", "4")
+    assert out["errors"] == {} and out["completed"] == out["requests"] > 700
+    for metric in ("ttft_s", "tpot_s"):
+        measured, predicted = out[metric]["p90"], out["predicted"][metric]["p90"]
+        assert measured == pytest.approx(predicted, rel=0.15), (metric, measured, predicted)
+    # the example's SLO is TTFT p90 2 s, which 4 replicas meet on this slice
+    assert out["goodput"] is not None and 0.9 <= out["goodput"] <= 1.0
+
+
+@pytest.mark.standalone
+def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path):
+    before = _hits(engine)
+    out = _replay(tmp_path, "--trace", str(MOONCAKE), "--url", engine, "--speed", str(SPEED),
+                  "--duration", "20s")
+    # Prompts past the example's max_model_len (16,384 with the output) are refused as vLLM
+    # refuses them (HTTP 400), counted from the trace itself:
+    tr = load_trace(MOONCAKE).window(0, 20)
+    too_long = sum(1 for i, o in zip(tr.inputs, tr.outputs, strict=True) if i + o > 16384)
+    assert too_long > 0 and out["errors"] == {"http 400": too_long}
+    queries, hits = (a - b for a, b in zip(_hits(engine), before, strict=True))
+    # The sample's requests share leading 512-token blocks (tests/data/traces/README.md):
+    # some of the prompt tokens sent must be found cached, never more than were sent.
+    assert 0 < hits < queries
+
+
+def _hits(url: str) -> tuple[float, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    q = h = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:prefix_cache_queries_total{"):
+            q += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:prefix_cache_hits_total{"):
+            h += float(line.rsplit(" ", 1)[1])
+    return q, h
+
+
+@pytest.mark.standalone
+@pytest.mark.parametrize(("args", "says"), [
+    ([], "--url URL or --sandbox: give one"),
+    (["--url", "ftp://127.0.0.1:9"], "--url ftp://127.0.0.1:9: give http://"),
+    (["--url", "http://127.0.0.1:9", "--speed", "0"], "--speed 0: give a number above 0"),
+    (["--url", "http://127.0.0.1:9", "--api-key-env", "POOLCTL_NO_SUCH_KEY"],
+     "--api-key-env POOLCTL_NO_SUCH_KEY: that variable is empty or unset"),
+    (["--url", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),
+    (["--url", "http://127.0.0.1:9", "--from", "2h"], "no request of"),
+])
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, says):
+    r = run_poolctl(tmp_path, "replay", "--trace", str(AZURE), *args)
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip()
+    assert says in err and "\n" not in err, err
+
+
+@pytest.mark.standalone
+def test_ctrl_c_stops_the_replay_and_reports_what_it_measured(engine, tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "poolctl", "replay", "--trace", str(AZURE),
+                          "--url", engine, "--speed", str(SPEED), "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # start-up, then a few seconds of requests (the hour would take 6 min)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    rep = json.loads(out)
+    assert rep["interrupted"] is True and rep["not_sent"] > 10_000
+    assert rep["requests"] > 0 and rep["requests"] + rep["not_sent"] == 19366
+    assert set(rep["errors"]) <= {"interrupted"}
