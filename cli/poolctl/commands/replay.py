@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from poolctl.capacity import run_pool
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -110,8 +111,6 @@ def replay(
     out: dict[str, Any] = {"url": url, "model": model, "trace": tr.source, **rep.to_json()}
     if compare:
         assert tgt is not None
-        from poolctl.capacity import run_pool  # noqa: PLC0415 - only with --compare
-
         n = replicas or tgt.pool.scaling.min_replicas
         res = run_pool(tgt.pool, tgt.cloud, tr, replicas=n)
         predicted = summary(res, tgt.pool.slo.ttft_p90_s, tgt.pool.slo.tpot_p90_s).to_json()
