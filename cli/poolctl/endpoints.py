@@ -88,6 +88,9 @@ class CloudEndpoints:
     # Called before a deploy's apply may launch the pool's nodes (the sandbox learns how long
     # they take to boot, and boots them in that time).
     before_deploy: Callable[[Config, Pool], None] | None = None
+    # Where a load balancer (by its DNS name) answers on this machine: the sandbox's HAProxy
+    # on a loopback port, as (host, port); None: at its DNS name, or not serving.
+    lb_address: Callable[[str], tuple[str, int] | None] | None = None
     # Image builds only: hold the build this long, or fail it, where provisioning would run
     # (tests interrupt and fail builds with these).
     image_build_hold_s: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
@@ -234,7 +235,12 @@ def status(
         if not isinstance(ctx.ops, PublishesQueueMetric):
             unread.add(t.cloud)
         out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops))
-        lbs.append(ctx.ops.endpoint(ctx.cfg, t.pool))
+        ep = ctx.ops.endpoint(ctx.cfg, t.pool)
+        local = (ctx.endpoints.lb_address(ep.host)
+                 if ep is not None and ctx.endpoints.lb_address is not None else None)
+        if ep is not None and local is not None:  # the sandbox's HAProxy (plain HTTP)
+            ep = replace(ep, scheme="http", host=local[0], port=local[1], internal=False)
+        lbs.append(ep)
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}
                              for s, ep in zip(out, lbs, strict=True)]})

@@ -21,11 +21,13 @@ from poolctl.commands.common import (
     SandboxOpt,
     console,
     emit_json,
+    endpoints_of,
     load,
     one_target,
 )
 from poolctl.errors import UsageError, shown
 from poolctl.replay import ReplayReport, report, run_replay, served_model, stderr_progress
+from poolctl.sandbox.serving import sandbox_endpoint
 from poolctl.simulate import json_safe, summary
 from poolctl.traces import load_trace
 from poolctl.windows import parse_span
@@ -95,8 +97,13 @@ def replay(
         cfg = load(file)
         tgt = one_target(cfg, pool, cloud)
     if sandbox:
-        raise UsageError("--sandbox: the sandbox does not serve yet (issue 34); start the "
-                         "stand-in engine and give --url")
+        eps = endpoints_of(True)
+        if tgt is None:
+            cfg = load(file)
+            tgt = one_target(cfg, pool, cloud)
+        assert eps.aws is not None and cfg is not None
+        url, sandbox_speed = sandbox_endpoint(eps.aws, cfg, tgt.pool)
+        speed = speed or sandbox_speed
     assert url is not None
     speed = speed or 1.0
     try:

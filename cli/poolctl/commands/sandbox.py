@@ -70,6 +70,20 @@ ManualOpt = Annotated[
     bool,
     typer.Option("--manual-boot", help="Nodes wait until `poolctl sandbox boot-nodes`."),
 ]
+ServeOpt = Annotated[
+    bool,
+    typer.Option("--serve", help="Nodes run their boot script and serve (the stand-in "
+                 "engine), HAProxy routes their load balancers (docs/sandbox.md)."),
+]
+ServeSpeedOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--speed", parser=real(0.01, 1000, "a speed"), metavar="S",
+        help="With --serve: everything runs S times faster than real time (default 10).",
+        show_default=False,
+    ),
+]
+DEFAULT_SERVE_SPEED = 10.0
 RegionOpt = Annotated[
     str | None,
     typer.Option("--region", parser=region_name, show_default=False,
@@ -119,8 +133,12 @@ def _boot_words(speedup: float | None) -> str:
 @app.command()
 def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = None,
           boot_speedup: SpeedupOpt = None, manual_boot: ManualOpt = False,
+          serve: ServeOpt = False, speed: ServeSpeedOpt = None,
           json: JsonOpt = False) -> None:
     """Start the sandbox in the background (a running one is reported, not restarted)."""
+
+    if speed is not None and not serve:
+        raise UsageError("--speed: applies with --serve (nodes that serve); add --serve")
 
     quotas = _parse_quotas(quota)
     try:
@@ -129,7 +147,8 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
         raise UsageError(str(exc)) from None
     speedup, named = _boot_speedup(boot_speedup, manual_boot)
     info = manager.start(port=port, quotas=quotas or None, boot_speedup=speedup,
-                         capacity=limits or None)
+                         capacity=limits or None,
+                         serve_speed=(speed or DEFAULT_SERVE_SPEED) if serve else None)
     if info.already_running:
         # How nodes boot, and the capacity limits, are what a running sandbox can change.
         info.boot_speedup = (manager.set_boot_speedup(str(info.endpoint), speedup)["speedup"]
@@ -150,7 +169,8 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
     else:
         out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
         _print_removed(out, info.removed_state, "a previous sandbox")
-    out.print(_boot_words(info.boot_speedup))
+    out.print(f"nodes run their boot script and serve at speed x{speed or DEFAULT_SERVE_SPEED:g}"
+              if serve else _boot_words(info.boot_speedup))
     if limits:
         out.print("capacity limits (On-Demand instances per zone): "
                   + ", ".join(f"{k}={v}" for k, v in limits.items()), soft_wrap=True)

@@ -34,6 +34,8 @@ from poolctl.endpoints import NO_METADATA_ENV, AwsEndpoint, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 from poolctl.node_image import recorded_node_image
+from poolctl.sandbox.serving import lb_address, seed_weights
+from poolctl.sandbox.standins import pid_alive
 from poolctl.sizing import instance_row, start_phases
 
 HOST = "127.0.0.1"
@@ -101,21 +103,6 @@ def _read_state(home: Path | str | None) -> dict[str, Any] | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie has exited; where PID 1 does not reap orphans it lingers for good.
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def health(endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
     """The sandbox's identity card, or None when nothing (or something else) answers."""
     try:
@@ -129,7 +116,7 @@ def health(endpoint: str, timeout: float = 2.0) -> dict[str, Any] | None:
 def _is_ours(state: dict[str, Any]) -> bool:
     """The pid in the state file is still our server (not a recycled pid)."""
     pid = int(state.get("pid") or 0)
-    if pid <= 0 or not _pid_alive(pid):
+    if pid <= 0 or not pid_alive(pid):
         return False
     card = health(state.get("endpoint", ""))
     if card is not None:
@@ -206,8 +193,12 @@ def start(
     parent_pid: int | None = None,
     boot_speedup: float = 0.0,
     capacity: dict[str, int] | None = None,
+    serve_speed: float | None = None,
 ) -> SandboxInfo:
     """Start the sandbox in the background; a running one is reported, not restarted.
+
+    `serve_speed`: nodes run their boot script and serve, HAProxy routes, all at that speed
+    (pool seconds per wall second); None: nodes are records that boot on a timer.
 
     `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with;
     `capacity` its launch limits, {"TYPE@ZONE": N} (moto's reset returns to them).
@@ -240,6 +231,8 @@ def start(
         argv += ["--parent-pid", str(parent_pid)]
     for key, limit in (capacity or {}).items():
         argv += ["--capacity", f"{key}={limit}"]
+    if serve_speed is not None:
+        argv += ["--serve", "--speed", repr(float(serve_speed)), "--state-dir", str(sdir)]
     log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, home_dir(home))
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
@@ -327,7 +320,7 @@ def _terminate(pid: int, timeout: float = STOP_TIMEOUT_S) -> None:
                 return
         except ChildProcessError:
             pass
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.05)
     try:
@@ -413,6 +406,7 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
         poll_s=POLL_S, loopback_only=True, stand_in_images=True,
         terraform_home=state_dir(home),
         before_deploy=lambda cfg, pool: register_start_times(cfg, pool, home),
+        lb_address=lambda dns: lb_address(url, dns),
         image_build_hold_s=hold,
         image_build_fails=os.environ.get(IMAGE_FAIL_ENV, "") not in ("", "0"))
 
@@ -468,9 +462,15 @@ def register_start_times(cfg: Any, pool: Any, home: Path | str | None = None) ->
     before its apply launches any): a node boots by itself after that time divided by the
     sandbox's boot speedup."""
     tags = naming.aws_tags(cfg, pool)
+    phases = start_phases(pool, instance_row(pool, Cloud.aws),
+                          recorded_node_image(pool, Cloud.aws))
     body = {"region": pool.aws.region, "project": tags[naming.TAG_PROJECT],
-            "pool": tags[naming.TAG_POOL], "start_seconds": start_times(pool)}
+            "pool": tags[naming.TAG_POOL], "start_seconds": start_times(pool),
+            # for serving nodes (sandbox start --serve): each phase's time, and the model
+            # the stand-in engine serves as (what `plan` and `simulate` model)
+            "phases": phases, "model": pool.model.model_dump(mode="json", exclude_none=True)}
     url = endpoint(home)
+    seed_weights(AwsEndpoint(url, pool.aws.region, dict(TEST_CREDENTIALS)), pool)
     try:
         admin(url, "POST", "/_poolctl/start-times", body, "take the pool's start times")
     except urllib.error.HTTPError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.sandbox import extensions
-from poolctl.sandbox.extensions import capacity
+from poolctl.sandbox.extensions import capacity, serving_nodes
 from poolctl.sandbox.manager import SERVICE, parse_capacity
 
 # moto settings the sandbox needs, read when moto builds its backends: without AWS managed
@@ -80,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         "this (0: only when told, by `poolctl sandbox boot-nodes`)",
     )
     parser.add_argument(
+        "--serve", action="store_true",
+        help="nodes run their boot script and serve; HAProxy routes their load balancers")
+    parser.add_argument(
+        "--speed", type=float, default=10.0,
+        help="with --serve: pool seconds per wall second (engines, boots, waits)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=None,
+        help="with --serve: where nodes and load balancers keep their folders")
+    parser.add_argument(
         "--capacity", action="append", default=[], metavar="TYPE@ZONE=N",
         help="the zone launches at most N instances of the type On-Demand (repeatable)",
     )
@@ -92,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(args.boot_speedup) or args.boot_speedup < 0:
         print(f"--boot-speedup {args.boot_speedup:g}: give a number >= 0 (0: manual boot)",
               file=sys.stderr)
+        return 2
+    if not math.isfinite(args.speed) or args.speed <= 0:
+        print(f"--speed {args.speed:g}: give a number above 0", file=sys.stderr)
         return 2
     if not _loopback(args.host):
         print(
@@ -132,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     extensions.start_self_boot(args.boot_speedup)
+    if args.serve:
+        root = args.state_dir or (args.port_file.parent if args.port_file else Path.cwd())
+        serving_nodes.enable(args.speed, f"http://{args.host}:{port}", root)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if args.parent_pid:
@@ -146,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.serve_forever()
     server.server_close()
+    serving_nodes.stop_all()  # every process a node started ends with the sandbox
     print(f"{SERVICE} stopped", flush=True)
     return 0
 

@@ -245,7 +245,7 @@ block_metadata() {
 }
 
 wait_ready() {
-  local url="http://127.0.0.1:$PORT$HEALTH_PATH" t0=$SECONDS restarts
+  local url="http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT$HEALTH_PATH" t0=$SECONDS restarts
   until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true) == 200 ]]; do
     restarts=$(docker inspect -f '{{.RestartCount}}' "$CONTAINER" 2>/dev/null || echo 0)
     if ((SECONDS - t0 >= READY_TIMEOUT_S || restarts >= 3)); then
@@ -258,7 +258,7 @@ wait_ready() {
 
 publish_queue() {
   local waiting value
-  waiting=$(curl -fsS --max-time 5 "http://127.0.0.1:$PORT/metrics" |
+  waiting=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics" |
     awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }') || return 0
   value=$(awk -v w="$waiting" -v r="$REPLICAS_PER_NODE" 'BEGIN { printf "%.3f", w / r }')
   [[ $(target_state) == InService ]] || return 0

@@ -19,6 +19,8 @@ Features (FEATURES, in the order they are installed):
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
   self_boot         nodes that finish booting by themselves after their plan's start time
+  serving_nodes     with --serve: nodes run their boot script, an engine serves, HAProxy
+                    (balancers.py) routes
   retries           a retried attempt of a call answered once
   faults            answers held back on purpose (the interrupt tests)
   snapshots         everything the sandbox holds, kept and restored
@@ -56,6 +58,7 @@ from poolctl.sandbox.extensions import (
     scheduler,
     schedules,
     self_boot,
+    serving_nodes,
     snapshots,
     warm_pool,
 )
@@ -85,7 +88,7 @@ FEATURES: tuple[Feature, ...] = (
     fixes, lifecycle, warm_pool, refresh, capacity, capacity_groups, capacity_reservations,
     capacity_blocks, activities, schedules,
     scheduler, quotas, instance_connect,
-    self_boot, retries, faults, snapshots, admin,
+    self_boot, serving_nodes, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
 

@@ -22,8 +22,12 @@ removes one), {"capacity_blocks": [{"instance_type", "zone", "count", "hours"}]}
 Blocks (their ids under "created"); groups short of capacity retry at once; DELETE returns to
 the start-up limits. GET|POST /_poolctl/clock (schedules.py): the sandbox's time; POST
 {"offset_seconds": S} or {"advance_seconds": S} moves it, and the scheduled actions it
-reaches run. moto's own POST /moto-api/reset also resets all of this (the speedup
-stays).
+reaches run. GET /_poolctl/serving (with --serve, serving_nodes.py and balancers.py): the
+nodes (loopback address, running, the boot script's exit code and failure line) and the load
+balancers (their loopback endpoint, listeners, targets); the start-times body may carry the
+pool's "phases" and "model" for them. /_poolctl/imds/<instance id>/latest/...: a serving
+node's instance metadata service (IMDSv2). moto's own POST /moto-api/reset also resets all
+of this (the speedup stays).
 
 Every other request goes to moto, through faults.py (held back answers) and retries.py
 (a retried attempt answered once).
@@ -36,7 +40,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from poolctl.sandbox.extensions import capacity, faults, quotas, retries, schedules
+from poolctl.sandbox.extensions import (
+    balancers,
+    capacity,
+    faults,
+    quotas,
+    retries,
+    schedules,
+    serving_nodes,
+)
 from poolctl.sandbox.extensions.common import LOCK
 from poolctl.sandbox.extensions.instance_connect import instance_connect_keys
 from poolctl.sandbox.extensions.lifecycle import complete_open_actions, lifecycle_report
@@ -49,6 +61,23 @@ from poolctl.sandbox.extensions.self_boot import (
 from poolctl.sandbox.extensions.snapshots import restore_snapshot, snapshot_names, take_snapshot
 
 NAMES = ("admin-endpoints",)
+
+
+IMDS_PREFIX = "/_poolctl/imds/"
+
+
+def _imds(environ: dict[str, Any], start_response: Any, path: str, method: str) -> list[bytes]:
+    """A node's instance metadata service: /_poolctl/imds/<instance id>/latest/<path>."""
+    instance_id, _, rest = path[len(IMDS_PREFIX):].partition("/")
+    rest = rest.removeprefix("latest/")
+    headers = {k[5:].replace("_", "-").lower(): str(v) for k, v in environ.items()
+               if k.startswith("HTTP_")}
+    status, text = serving_nodes.imds(instance_id, method, rest, headers)
+    data = text.encode()
+    reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
+    start_response(f"{status} {reason.get(status, 'OK')}",
+                   [("Content-Type", "text/plain"), ("Content-Length", str(len(data)))])
+    return [data]
 
 
 def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[..., Any]:
@@ -71,6 +100,8 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                 return late
             return retries.answer(app, environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
+        if path.startswith(IMDS_PREFIX):
+            return _imds(environ, start_response, path, method)
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             raw = environ["wsgi.input"].read(length) if length else b""
@@ -78,6 +109,9 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
         except (ValueError, json.JSONDecodeError):
             return respond(start_response, 400, {"error": "the body must be a JSON object"})
         try:
+            if path == "/_poolctl/serving":
+                return respond(start_response, 200, {**serving_nodes.report(),
+                                                     "load_balancers": balancers.report()})
             if path == "/_poolctl/health":
                 return respond(start_response, 200, {**info, "boot_speedup": boot_speedup()})
             if path == "/_poolctl/boot":
@@ -93,6 +127,9 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                     raise ValueError(f"the body needs {', '.join(missing)}")
                 register_start_times(body["region"], body["project"], body["pool"],
                                      dict(body["start_seconds"]))
+                serving_nodes.register_pool(body["region"], body["project"], body["pool"],
+                                            dict(body.get("phases") or {}),
+                                            dict(body.get("model") or {}))
                 return respond(start_response, 200, boot_report())
             if path == "/_poolctl/quotas":
                 with LOCK:

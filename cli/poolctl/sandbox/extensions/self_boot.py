@@ -24,6 +24,7 @@ from poolctl import naming
 from poolctl.sandbox.extensions.common import LOCK, all_backends
 from poolctl.sandbox.extensions.launches import BOOT_WAKE, actions_of, all_states, boot_clock
 from poolctl.sandbox.extensions.lifecycle import finish_action
+from poolctl.sandbox.extensions.serving_nodes import serving
 
 # Reported apart, as /_poolctl/health's boot_speedup.
 NAMES: tuple[str, ...] = ()
@@ -89,6 +90,8 @@ def _booting() -> Iterable[tuple[Any, Any, Any, dict[str, Any], float]]:
 
     for backend in all_backends(autoscaling_backends):
         for group in list(backend.autoscaling_groups.values()):
+            if serving() and any(t["Key"] == naming.TAG_POOL for t in group.tags):
+                continue  # its nodes run their boot script (serving_nodes.py)
             for state in all_states(group):
                 boot = boot_clock(state)
                 if not boot or not actions_of(state):

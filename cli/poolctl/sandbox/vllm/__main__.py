@@ -3,7 +3,8 @@
 Environment (set by the sandbox's `docker` stand-in): POOLCTL_NODE_ADDRESS, the node's
 loopback address to listen on (127.0.0.1 by default; anything outside 127.0.0.0/8 is refused);
 POOLCTL_NODE_INSTANCE_TYPE, the node's type (the GPUs the serving model times);
-POOLCTL_SANDBOX_SPEED, pool seconds per wall second (1); POOLCTL_ENGINE_START_S, the engine's
+POOLCTL_SANDBOX_SPEED, pool seconds per wall second (1); POOLCTL_SANDBOX_MODEL, the pool's
+`model:` fields as JSON (what the engine serves as); POOLCTL_ENGINE_START_S, the engine's
 planned start (loading weights into HBM, CUDA graphs) in pool seconds, waited before the port
 opens as vLLM's does; VLLM_API_KEY, as vLLM reads it.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import signal
 import sys
@@ -51,7 +53,11 @@ async def serve(argv: list[str]) -> None:
     start_s = _env_float("POOLCTL_ENGINE_START_S", 0.0)
     itype = os.environ.get("POOLCTL_NODE_INSTANCE_TYPE", "p5.48xlarge")
     try:
-        m = serving_model(args, itype)
+        facts = json.loads(os.environ.get("POOLCTL_SANDBOX_MODEL") or "{}")
+    except ValueError:
+        sys.exit(f"{PROG}: POOLCTL_SANDBOX_MODEL is not JSON")
+    try:
+        m = serving_model(args, itype, facts if isinstance(facts, dict) else None)
     except UsageError as e:
         sys.exit(f"{PROG}: {e}")
     keys = args.api_keys or tuple(k for k in [os.environ.get("VLLM_API_KEY")] if k)

@@ -33,11 +33,17 @@ def _context_length(cfg: Path) -> int:
     return n if isinstance(n, int) and n > 0 else DEFAULT_MAX_MODEL_LEN
 
 
-def serving_model(args: ServeArgs, instance_type: str) -> ReplicaModel:
-    """The replica model, or UsageError naming what the stand-in cannot serve."""
+def serving_model(args: ServeArgs, instance_type: str,
+                  facts: dict[str, Any] | None = None) -> ReplicaModel:
+    """The replica model, or UsageError naming what the stand-in cannot serve. `facts`: the
+    pool's `model:` fields as poolctl resolved them (the sandbox passes them, so that the
+    engine serves as `simulate` models the pool); else the folder's config.json, else
+    poolctl's preset of the served name."""
     model: dict[str, Any] = {"id": args.model_name}
     cfg = Path(args.model) / "config.json"
-    if cfg.is_file():
+    if facts:
+        model.update({k: v for k, v in facts.items() if k != "id"})
+    elif cfg.is_file():
         try:
             model.update(read_hf_config(cfg))
         except ValueError as e:

@@ -1,0 +1,322 @@
+"""The load balancers' data plane (`sandbox start --serve`): one HAProxy per Elastic Load
+Balancing v2 load balancer, on a loopback port.
+
+HAProxy (Debian's package, `scripts/setup` installs it) is started when a load balancer has a
+listener that forwards to a target group, with a config written from what moto holds: a
+frontend on 127.0.0.1:<free port> per listener, a backend per target group with slots for its
+targets (`server-template`), its health check (protocol HTTP, the group's path and matcher,
+interval / speed, healthy and unhealthy thresholds as HAProxy's rise and fall), least
+outstanding requests routing (`balance leastconn`), and cookie stickiness when the group's
+`stickiness.enabled` attribute is true (lb_cookie: HAProxy inserts the AWSALB cookie).
+
+From then on the sandbox drives it through its runtime API (the admin socket), never by
+reloading: a target registered (an instance InService in its group, which is when Auto
+Scaling registers it on AWS) takes a free slot (`set server addr`, `state ready`); a target
+deregistered goes to `state drain` (no new requests; those in flight finish) for the group's
+deregistration delay / speed, then `state maint`, freeing the slot. The instance itself is
+ended only after that (serving_nodes.py), as Auto Scaling waits for the delay.
+
+Not emulated: HTTPS listeners (served as plain HTTP on their port, said in /_poolctl/serving),
+path and host rules (the default action only), slow start, weights, cross-zone settings.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from poolctl.sandbox.extensions.common import LOCK, all_backends
+
+NAMES = ("elbv2.haproxy",)
+SLOTS = 64  # targets per target group
+HAPROXY = "haproxy"
+
+
+@dataclass
+class Backend:
+    name: str
+    arn: str
+    port: int
+    delay_s: float
+    slots: dict[str, str] = field(default_factory=dict)  # instance id -> slot name
+    # slot -> (when it goes to maint, the instance it served)
+    draining: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Balancer:
+    arn: str
+    name: str
+    dns: str
+    folder: Path
+    ports: dict[int, int]  # listener port -> loopback port
+    backends: dict[str, Backend]  # target group arn -> backend
+    proc: subprocess.Popen[bytes] | None = None
+    https: bool = False
+
+
+balancers: dict[str, Balancer] = {}
+_settings: dict[str, Any] = {"root": None, "speed": 1.0}
+
+
+def configure(root: Path, speed: float) -> None:
+    _settings.update(root=Path(root), speed=float(speed))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _attr(tg: Any, key: str, default: str) -> str:
+    return str((tg.attributes or {}).get(key, default))
+
+
+def _config(b: Balancer, tgs: dict[str, Any], listeners: list[Any], speed: float) -> str:
+    sock = b.folder / "admin.sock"
+    lines = [
+        "global",
+        f"  stats socket {sock} mode 600 level admin",
+        "  maxconn 4000",
+        "defaults",
+        "  mode http",
+        "  timeout connect 5s",
+        "  timeout client 3600s",
+        "  timeout server 3600s",
+        "  timeout http-request 60s",
+        "  option dontlognull",
+        "  maxconn 4000",
+    ]
+    for listener in listeners:
+        arn = _forward_target(listener)
+        if arn is None or arn not in b.backends:
+            continue
+        local = b.ports[int(listener.port)]
+        lines += [f"frontend l{listener.port}", f"  bind 127.0.0.1:{local}",
+                  f"  default_backend {b.backends[arn].name}"]
+    for arn, be in b.backends.items():
+        tg = tgs[arn]
+        interval = max(float(tg.health_check_interval_seconds or 30) / speed, 0.05)
+        path = tg.health_check_path or "/"
+        matcher = (getattr(tg, "matcher", None) or {}).get("HttpCode", "200")
+        rise = int(tg.healthy_threshold_count or 5)
+        fall = int(tg.unhealthy_threshold_count or 2)
+        timeout = max(float(tg.health_check_timeout_seconds or 5) / speed, 0.05)
+        lines += [f"backend {be.name}", "  balance leastconn",
+                  f"  option httpchk GET {path}",
+                  f"  http-check expect status {matcher.split(',')[0].split('-')[0]}",
+                  f"  timeout check {round(timeout * 1000)}ms"]
+        sticky = _attr(tg, "stickiness.enabled", "false") == "true"
+        if sticky:
+            lines.append("  cookie AWSALB insert indirect nocache")
+        cookie = " cookie s" if sticky else ""
+        lines.append(f"  server-template s 1-{SLOTS} 127.0.0.1:{be.port} disabled check "
+                     f"inter {round(interval * 1000)}ms rise {rise} fall {fall}{cookie}")
+    return "\n".join(lines) + "\n"
+
+
+def _forward_target(listener: Any) -> str | None:
+    for action in listener.default_actions or []:
+        data = action.data if hasattr(action, "data") else action
+        if data.get("Type") == "forward":
+            if data.get("TargetGroupArn"):
+                return str(data["TargetGroupArn"])
+            groups = (data.get("ForwardConfig") or {}).get("TargetGroups") or []
+            if groups:
+                return str(groups[0]["TargetGroupArn"])
+    return None
+
+
+def _runtime(b: Balancer, *commands: str) -> str:
+    """Send commands to HAProxy's admin socket; its answer."""
+    sock = b.folder / "admin.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(("; ".join(commands) + "\n").encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out.decode(errors="replace")
+
+
+def _start(b: Balancer, tgs: dict[str, Any], listeners: list[Any]) -> None:
+    b.folder.mkdir(parents=True, exist_ok=True)
+    cfg = b.folder / "haproxy.cfg"
+    cfg.write_text(_config(b, tgs, listeners, float(_settings["speed"])))
+    exe = shutil.which(HAPROXY) or shutil.which(HAPROXY, path="/usr/sbin:/sbin")
+    if exe is None:
+        print("balancers: haproxy is not installed (scripts/setup installs it)", flush=True)
+        return
+    log = open(b.folder / "haproxy.log", "ab")  # noqa: SIM115 - the child holds it
+    try:
+        b.proc = subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    finally:
+        log.close()
+    deadline = time.monotonic() + 10
+    while not (b.folder / "admin.sock").exists() and time.monotonic() < deadline:
+        if b.proc.poll() is not None:
+            return
+        time.sleep(0.02)
+
+
+def _in_service() -> set[str]:
+    from moto.autoscaling.models import autoscaling_backends
+
+    out: set[str] = set()
+    for backend in all_backends(autoscaling_backends):
+        for group in list(backend.autoscaling_groups.values()):
+            for st in group.instance_states:
+                if st.lifecycle_state == "InService":
+                    out.add(st.instance.id)
+    return out
+
+
+def _snapshot() -> list[tuple[Any, dict[str, Any], list[Any], dict[str, set[str]]]]:
+    """Under LOCK: (load balancer, its target groups by arn, its listeners, the InService
+    instance targets of each group)."""
+    from moto.elbv2.models import elbv2_backends
+
+    live = _in_service()
+    out = []
+    for backend in all_backends(elbv2_backends):
+        for lb in list(backend.load_balancers.values()):
+            listeners = list(lb.listeners.values())
+            tgs = {}
+            for listener in listeners:
+                arn = _forward_target(listener)
+                if arn and arn in backend.target_groups:
+                    tgs[arn] = backend.target_groups[arn]
+            if not tgs:
+                continue
+            targets = {arn: {t for t in tg.targets if t in live} for arn, tg in tgs.items()}
+            out.append((lb, tgs, listeners, targets))
+    return out
+
+
+def sync(address_of: Any) -> None:
+    """Bring every HAProxy to what the load balancers hold; `address_of(instance id)` is a
+    node's loopback address (None: not serving)."""
+    if _settings["root"] is None:
+        return
+    with LOCK:
+        snap = _snapshot()
+    speed = float(_settings["speed"])
+    now = time.monotonic()
+    seen = set()
+    for lb, tgs, listeners, targets in snap:
+        seen.add(lb.arn)
+        b = balancers.get(lb.arn)
+        if b is None:
+            b = Balancer(lb.arn, lb.name, lb.dns_name,
+                         Path(_settings["root"]) / "balancers" / lb.name,
+                         {int(li.port): _free_port() for li in listeners},
+                         {arn: Backend(f"tg{k}", arn, int(tg.port or 80), float(
+                             _attr(tg, "deregistration_delay.timeout_seconds", "300")))
+                          for k, (arn, tg) in enumerate(tgs.items())},
+                         https=any(str(li.protocol).upper() == "HTTPS" for li in listeners))
+            balancers[lb.arn] = b
+            _start(b, tgs, listeners)
+        if b.proc is None or b.proc.poll() is not None:
+            continue
+        cmds: list[str] = []
+        for arn, be in b.backends.items():
+            want = {i for i in targets.get(arn, set()) if address_of(i)}
+            used = set(be.slots.values()) | set(be.draining)
+            for inst in sorted(want - set(be.slots)):
+                free = next((f"s{k}" for k in range(1, SLOTS + 1) if f"s{k}" not in used),
+                            None)
+                if free is None:
+                    break
+                used.add(free)
+                be.slots[inst] = free
+                cmds += [f"set server {be.name}/{free} addr {address_of(inst)} port {be.port}",
+                         f"set server {be.name}/{free} state ready"]
+            for inst in sorted(set(be.slots) - want):
+                slot = be.slots.pop(inst)
+                be.draining[slot] = (now + be.delay_s / speed, inst)
+                cmds.append(f"set server {be.name}/{slot} state drain")
+            for slot, (until, _) in list(be.draining.items()):
+                if now >= until:
+                    del be.draining[slot]
+                    cmds.append(f"set server {be.name}/{slot} state maint")
+        if cmds:
+            try:
+                _runtime(b, *cmds)
+            except OSError as exc:
+                print(f"balancers: {b.name}: runtime API: {exc}", flush=True)
+    for arn in [a for a in balancers if a not in seen]:
+        _stop(balancers.pop(arn))
+
+
+def _stop(b: Balancer) -> None:
+    if b.proc is not None and b.proc.poll() is None:
+        b.proc.terminate()
+        try:
+            b.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            b.proc.kill()
+            b.proc.wait()
+
+
+def drain_until(instance_id: str) -> float | None:
+    """When the last target of `instance_id` finishes draining (time.monotonic), or None when
+    no load balancer routes to it."""
+    ends = [until for b in balancers.values() for be in b.backends.values()
+            for until, inst in be.draining.values() if inst == instance_id]
+    return max(ends, default=None)
+
+
+def stop_all() -> None:
+    for b in list(balancers.values()):
+        _stop(b)
+    balancers.clear()
+
+
+def server_states(b: Balancer) -> list[dict[str, str]]:
+    """HAProxy's view of each backend's servers in use (`show servers state`)."""
+    try:
+        text = _runtime(b, "show servers state")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 6 and parts[0].isdigit() and not line.startswith("#"):
+            rows.append({"backend": parts[1], "server": parts[3], "address": parts[4],
+                         "admin_state": parts[6], "operational_state": parts[5]})
+    return [r for r in rows if r["address"] not in ("127.0.0.1", "-")]
+
+
+def report() -> list[dict[str, Any]]:
+    return [{"LoadBalancerName": b.name, "DNSName": b.dns,
+             "Endpoint": (f"http://127.0.0.1:{min(b.ports.values())}" if b.ports else None),
+             "Listeners": {str(k): f"127.0.0.1:{v}" for k, v in b.ports.items()},
+             "HttpsServedAsHttp": b.https,
+             "Running": b.proc is not None and b.proc.poll() is None,
+             "Targets": {be.name: sorted(be.slots) for be in b.backends.values()}}
+            for b in balancers.values()]
+
+
+def endpoint_for(dns: str) -> str | None:
+    for b in balancers.values():
+        if b.dns == dns and b.ports:
+            return f"http://127.0.0.1:{min(b.ports.values())}"
+    return None
+
+
+def install() -> None:
+    """Nothing to patch: serving_nodes' loop calls `sync`."""
+
+
+def reset() -> None:
+    stop_all()
+

@@ -1,0 +1,414 @@
+"""Nodes that serve (`sandbox start --serve`): a poolctl node's boot script runs for real.
+
+When an instance of a group tagged by poolctl starts (a launch, or a start from the warm
+pool: the moments its launch lifecycle actions open), the sandbox runs the instance's user
+data, byte for byte, as `bash user-data boot` (the command the script's systemd unit runs;
+the sandbox plays systemd: it starts that unit and the queue timer), after the plan's node
+boot time over the speed. The node is a process group of its own with:
+
+- its own loopback address, 127.77.X.Y, where its engine listens (POOLCTL_SERVING_HOST in the
+  script, POOLCTL_NODE_ADDRESS for the engine);
+- its own folder under the sandbox's state (`nodes/<instance id>/`): `state/` (the script's
+  state), `cache/` (the NVMe cache: a folder, emptied when the instance stops), `root/`
+  (the image, kept across a stop, as an EBS root volume keeps it), `bin/` (the stand-ins,
+  poolctl/sandbox/standins.py) and `boot.log`, the script's output;
+- the instance metadata service at the sandbox's `/_poolctl/imds/<instance id>/latest/`
+  (IMDSv2: a GET without a session token is 401), and the sandbox as its AWS endpoint, so the
+  script's `aws` calls (S3 weights, Secrets Manager, put-metric-data,
+  complete-lifecycle-action) are real calls to the sandbox.
+
+Beside the boot unit runs the queue timer: `bash user-data publish-queue` 30 s of pool time
+after boot, then every 15 s, as the script's poolctl-queue.timer does. When the instance is
+terminated the node's processes get SIGTERM once its load balancer targets have drained (the target
+groups' deregistration delay over the speed), SIGKILL 5 s later; when it stops (warm pool),
+at once, and its cache empties. Stopping the sandbox stops every node.
+
+Not emulated: systemd itself (the script's `install` step writes to /etc and /usr/local:
+never run here), reboots, the instance store's RAID (a folder), GPUs (the engine is the
+stand-in, poolctl/sandbox/vllm).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from poolctl import naming
+from poolctl.catalog import load_catalog
+from poolctl.cloud import Cloud
+from poolctl.sandbox import standins
+from poolctl.sandbox.extensions import balancers
+from poolctl.sandbox.extensions.common import LOCK, all_backends, ec2_state, warm_states
+from poolctl.sandbox.extensions.launches import actions_of, all_states, boot_clock
+
+NAMES = ("serving.nodes",)
+QUEUE_PERIOD_S = 15.0  # the script's poolctl-queue.timer: OnUnitActiveSec=15
+QUEUE_FIRST_S = 30.0  # ... and OnBootSec=30
+# The node's init, as systemd would run the script's units: after the node boot phase
+# ($1 s), the boot unit (`user-data boot`, its exit code kept in boot.rc) and, beside it, the
+# queue timer (first after $2 s, then every $3 s). $0: the user data; $4: the node's folder.
+INIT = """/bin/sleep "$1"
+bash "$0" boot >>"$4/boot.log" 2>&1 &
+boot=$!
+(/bin/sleep "$2"
+  while :; do bash "$0" publish-queue >>"$4/queue.log" 2>&1; /bin/sleep "$3"; done) &
+wait "$boot"
+echo "$?" >"$4/boot.rc"
+wait
+"""
+NODE_NET = "127.77"  # node k: 127.77.(k // 250).(k % 250 + 2)
+KILL_GRACE_S = 5.0
+
+_serve: dict[str, Any] = {"on": False, "speed": 1.0, "endpoint": "", "root": None}
+# (region, project, pool) -> what deploy --sandbox registered: phases and the model
+pools: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+
+@dataclass
+class Node:
+    instance_id: str
+    region: str
+    group: str
+    key: tuple[str, str, str]
+    address: str
+    folder: Path
+    instance_type: str
+    boot_since: float = 0.0
+    proc: subprocess.Popen[bytes] | None = None
+    pgid: int | None = None
+    exit_code: int | None = None
+    served: bool = False  # the boot script finished with 0
+    tokens: set[str] = field(default_factory=set)
+
+
+nodes: dict[str, Node] = {}
+_count = {"n": 0}
+
+
+def enable(speed: float, endpoint: str, root: Path) -> None:
+    """Serve (called by the server before it answers): nodes boot for real from now on."""
+    _serve.update(on=True, speed=float(speed), endpoint=endpoint, root=Path(root))
+    balancers.configure(Path(root), float(speed))
+    threading.Thread(target=_loop, name="poolctl-serving-nodes", daemon=True).start()
+
+
+def serving() -> bool:
+    return bool(_serve["on"])
+
+
+def speed() -> float:
+    return float(_serve["speed"])
+
+
+def register_pool(region: str, project: str, pool: str, phases: dict[str, Any],
+                  model: dict[str, Any]) -> None:
+    with LOCK:
+        pools[(str(region), str(project), str(pool))] = {"phases": dict(phases),
+                                                          "model": dict(model)}
+
+
+def _group_key(backend: Any, group: Any) -> tuple[str, str, str] | None:
+    tags = {t["Key"]: t["Value"] for t in group.tags}
+    if naming.TAG_POOL not in tags:
+        return None
+    return (backend.region_name, tags.get(naming.TAG_PROJECT, ""), tags[naming.TAG_POOL])
+
+
+def _user_data(instance: Any) -> bytes | None:
+    raw = instance.user_data
+    if isinstance(raw, list):
+        raw = raw[0] if raw else None
+    if not raw:
+        return None
+    if hasattr(raw, "as_bytes"):  # moto's Base64EncodedString
+        raw = raw.as_bytes()
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        return str(raw).encode()
+
+
+def _new_address() -> str:
+    k = _count["n"]
+    _count["n"] += 1
+    return f"{NODE_NET}.{k // 250}.{k % 250 + 2}"
+
+
+def _phases(node: Node, kind: str) -> dict[str, float]:
+    reg = pools.get(node.key, {}).get("phases", {})
+    found: dict[str, float] = reg.get(kind) or reg.get("cold") or {}
+    return found
+
+
+def _start(node: Node, script: bytes, kind: str) -> None:
+    """Run the node's user data as `boot`, after the plan's boot phase over the speed."""
+    f = node.folder
+    for sub in ("state", "cache", "root", "bin", "containers"):
+        (f / sub).mkdir(parents=True, exist_ok=True)
+    (f / "user-data").write_bytes(script)
+    real_aws = shutil.which("aws", path=os.environ.get("PATH")) or "aws"
+    standins.write_bin(f / "bin", sys.executable)
+    phases = _phases(node, kind)
+    reg = pools.get(node.key, {})
+    row = load_catalog().get(Cloud.aws, node.instance_type)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "POOLCTL_"))},
+        "PATH": f"{f / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(f / "root"),
+        "AWS_ENDPOINT_URL": _serve["endpoint"],
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "POOLCTL_IMDS_URL": f"{_serve['endpoint']}/_poolctl/imds/{node.instance_id}/latest",
+        "POOLCTL_STATE_DIR": str(f / "state"),
+        "POOLCTL_CACHE_MOUNT": str(f / "cache"),
+        "POOLCTL_NVME_DEVICES": "none",
+        "POOLCTL_SERVING_HOST": node.address,
+        "POOLCTL_NODE_ADDRESS": node.address,
+        "POOLCTL_NODE_DIR": str(f),
+        "POOLCTL_NODE_ID": node.instance_id,
+        "POOLCTL_NODE_INSTANCE_TYPE": node.instance_type,
+        "POOLCTL_NODE_GPUS": str(row.gpus if row is not None else 8),
+        "POOLCTL_NODE_GPU_NAME": f"NVIDIA {row.gpu}" if row is not None else "NVIDIA GPU",
+        standins.ENV_SPEED: repr(speed()),
+        standins.ENV_IMAGE_S: repr(float(phases.get("image", 0.0))),
+        standins.ENV_WEIGHTS_S: repr(float(phases.get("weights_to_nvme", 0.0))),
+        standins.ENV_REAL_AWS: real_aws,
+        "POOLCTL_ENGINE_START_S": repr(float(phases.get("load_to_gpu", 0.0))
+                                       + float(phases.get("engine_init", 0.0))),
+        "POOLCTL_SANDBOX_MODEL": json.dumps(reg.get("model") or {}),
+    }
+    (f / "boot.rc").unlink(missing_ok=True)
+    log = open(f / "node.log", "ab")  # noqa: SIM115 - the child holds it; closed below
+    try:
+        node.proc = subprocess.Popen(
+            ["bash", "-c", INIT, str(f / "user-data"),
+             f"{float(phases.get('boot', 0.0)) / speed():.3f}",
+             f"{QUEUE_FIRST_S / speed():.3f}", f"{QUEUE_PERIOD_S / speed():.3f}", str(f)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=str(f / "root"), start_new_session=True)
+    finally:
+        log.close()
+    node.pgid = node.proc.pid
+    node.exit_code = None
+    node.served = False
+
+
+def _kill(node: Node, sig: int) -> None:
+    if node.pgid is None:
+        return
+    try:
+        os.killpg(node.pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(node: Node, wipe_cache: bool) -> None:
+    _kill(node, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(node.pgid or 0, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.05)
+    _kill(node, signal.SIGKILL)
+    if node.proc is not None:
+        try:
+            node.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+    node.pgid = None
+    node.served = False
+    shutil.rmtree(node.folder / "containers", ignore_errors=True)
+    if wipe_cache:
+        shutil.rmtree(node.folder / "cache", ignore_errors=True)
+
+
+def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
+    """Under LOCK: nodes to start (node, user data, kind) and nodes whose instance stopped or
+    ended (node, ec2 state)."""
+    from moto.autoscaling.models import autoscaling_backends
+
+    starts: list[tuple[Node, bytes, str]] = []
+    seen: set[str] = set()
+    for backend in all_backends(autoscaling_backends):
+        for group in list(backend.autoscaling_groups.values()):
+            key = _group_key(backend, group)
+            if key is None:
+                continue
+            for state in all_states(group):
+                inst = state.instance
+                seen.add(inst.id)
+                boot = boot_clock(state)
+                if not boot or not actions_of(state):
+                    continue
+                node = nodes.get(inst.id)
+                if node is not None and node.boot_since == boot["since"]:
+                    continue
+                if boot["kind"] == "warm_running" and node is not None and node.served:
+                    node.boot_since = boot["since"]
+                    continue  # serving already; its queue timer completes the hook
+                script = _user_data(inst)
+                if script is None:
+                    continue
+                if node is None:
+                    root = Path(_serve["root"]) / "nodes" / inst.id
+                    node = Node(inst.id, backend.region_name, group.name, key,
+                                _new_address(), root, inst.instance_type)
+                    nodes[inst.id] = node
+                node.boot_since = boot["since"]
+                starts.append((node, script, boot["kind"]))
+    ended: list[tuple[Node, str]] = []
+    from moto.ec2.models import ec2_backends
+
+    for node in list(nodes.values()):
+        if node.pgid is None:
+            continue
+        state = "terminated"
+        for backend in all_backends(ec2_backends):
+            if backend.region_name != node.region:
+                continue
+            try:
+                inst = backend.get_instance(node.instance_id)
+            except Exception:  # moto: InvalidInstanceID.NotFound once it is purged
+                continue
+            state = ec2_state(inst)
+        if state in ("terminated", "shutting-down", "stopped", "stopping"):
+            ended.append((node, state))
+    return starts, ended
+
+
+def tick(now: float | None = None) -> None:
+    now = time.monotonic() if now is None else now
+    with LOCK:
+        starts, ended = _scan()
+    for node, script, kind in starts:
+        _start(node, script, kind)
+    balancers.sync(address_of)  # before the ends below: a node ends once its targets drained
+    for node, state in ended:
+        if state in ("stopped", "stopping"):
+            _stop(node, wipe_cache=True)
+            continue
+        # Auto Scaling ends an instance once its targets drained (the deregistration delay)
+        until = balancers.drain_until(node.instance_id)
+        if until is None or now >= until:
+            _stop(node, wipe_cache=True)
+    for node in list(nodes.values()):
+        if node.pgid is not None and node.exit_code is None:
+            try:
+                node.exit_code = int((node.folder / "boot.rc").read_text())
+            except (OSError, ValueError):
+                continue
+            node.served = node.exit_code == 0
+
+
+def _loop() -> None:
+    while True:
+        try:
+            tick()
+        except Exception as exc:  # moto raises many types; the thread must outlive one
+            print(f"serving nodes: {exc!r}", flush=True)
+        time.sleep(0.1)
+
+
+def stop_all() -> None:
+    balancers.stop_all()
+    for node in list(nodes.values()):
+        if node.pgid is not None:
+            _stop(node, wipe_cache=False)
+
+
+def address_of(instance_id: str) -> str | None:
+    node = nodes.get(instance_id)
+    return None if node is None else node.address
+
+
+def failure_line(instance_id: str) -> str | None:
+    """The node's boot failure, as its log says it (`poolctl: FAILED: ...`), or None."""
+    node = nodes.get(instance_id)
+    if node is None:
+        return None
+    log = node.folder / "boot.log"
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    failed = [ln for ln in lines if "FAILED:" in ln or "error:" in ln]
+    return failed[-1].strip() if failed else None
+
+
+# ---- the instance metadata service, per node (IMDSv2) -------------------------------------
+
+def imds(instance_id: str, method: str, rest: str, headers: dict[str, str]
+         ) -> tuple[int, str]:
+    """(status, body) of the node's metadata request `rest` (after /latest/)."""
+    node = nodes.get(instance_id)
+    if node is None:
+        return 404, "Not Found"
+    if method == "PUT":
+        if rest != "api/token" or not headers.get("x-aws-ec2-metadata-token-ttl-seconds"):
+            return 400, "Bad Request"
+        token = secrets.token_urlsafe(24)
+        node.tokens.add(token)
+        return 200, token
+    if headers.get("x-aws-ec2-metadata-token") not in node.tokens:
+        return 401, "Unauthorized"
+    if rest == "meta-data/instance-id":
+        return 200, node.instance_id
+    if rest == "meta-data/instance-type":
+        return 200, node.instance_type
+    if rest == "meta-data/local-ipv4":
+        return 200, node.address
+    if rest == "user-data":
+        return 200, (node.folder / "user-data").read_text()
+    if rest == "meta-data/autoscaling/target-lifecycle-state":
+        with LOCK:
+            return 200, _target_state(node)
+    return 404, "Not Found"
+
+
+def _target_state(node: Node) -> str:
+    from moto.autoscaling.models import autoscaling_backends
+
+    for backend in all_backends(autoscaling_backends):
+        group = backend.autoscaling_groups.get(node.group)
+        if group is None or backend.region_name != node.region:
+            continue
+        for state in warm_states(group):
+            if state.instance.id == node.instance_id:
+                pool_state = group.warm_pool.pool_state if group.warm_pool else "Stopped"
+                return f"Warmed:{pool_state}"
+        return "InService"
+    return "Terminated"
+
+
+def report() -> dict[str, Any]:
+    return {"serving": serving(), "speed": speed(), "nodes": [
+        {"InstanceId": n.instance_id, "AutoScalingGroupName": n.group, "Address": n.address,
+         "Running": n.pgid is not None, "BootExitCode": n.exit_code,
+         "Failure": failure_line(n.instance_id)} for n in nodes.values()]}
+
+
+def install() -> None:
+    """Nothing to patch: the server calls `enable` with --serve."""
+
+
+def reset() -> None:
+    stop_all()
+    nodes.clear()
+    pools.clear()
