@@ -18,6 +18,7 @@ error kind of a request that failed. Times are pool time: measured wall time x `
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import signal
 import sys
@@ -291,6 +292,20 @@ async def served_model(base_url: str, api_key: str | None = None) -> str:
         return str(data["data"][0]["id"])
     except (KeyError, IndexError, TypeError):
         raise ValueError("/v1/models lists no model") from None
+
+
+def write_requests_csv(run: ReplayRun, path: str) -> None:
+    """One row per request sent: its index in the slice, arrival (pool s from the slice's
+    start), tokens, TTFT, TPOT and end-to-end (pool s), and its error kind."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "arrival_s", "prompt_tokens", "max_tokens", "output_tokens",
+                    "ttft_s", "tpot_s", "e2e_s", "error"])
+        for o in run.outcomes:
+            w.writerow([o.index, f"{o.arrival_s:.3f}", o.prompt_tokens, o.max_tokens,
+                        o.output_tokens, "" if o.ttft_s is None else f"{o.ttft_s:.4f}",
+                        "" if o.tpot_s is None else f"{o.tpot_s:.5f}",
+                        "" if o.e2e_s is None else f"{o.e2e_s:.4f}", o.error or ""])
 
 
 def stderr_progress(line: str) -> None:

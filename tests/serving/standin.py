@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,3 +60,17 @@ def standin(args: list[str], speed: float = 10.0, **env: str) -> Iterator[str]:
             proc.wait()
         if proc.stdout:
             proc.stdout.close()
+
+
+def call(url: str, path: str, body: dict | None = None, key: str | None = None
+         ) -> tuple[int, bytes]:
+    """(status, body) of a JSON request to `url + path` (POST when `body`), with the key."""
+    req = urllib.request.Request(url + path, data=None if body is None else
+                                 json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()

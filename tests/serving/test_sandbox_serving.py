@@ -1,29 +1,45 @@
 """The sandbox serves (`sandbox start --serve`): a deployed pool's nodes run the synthesized
-boot script for real (the aws CLI against the sandbox, the instance metadata service, the
-weights manifest check), the stand-in engine serves vLLM's API on each node's own loopback
-address, and HAProxy, driven by the load balancer's target group, routes to them.
+boot script for real (the aws CLI against the sandbox, the instance metadata service, Secrets
+Manager for the API key, the weights manifest check), the stand-in engine serves vLLM's API
+on each node's own loopback address, HAProxy routes through the load balancer's target group,
+and the autoscaler acts on the queue the nodes publish.
 
-One serving sandbox for the module, with the example pool deployed once (its minimum: one
-node of four replicas, no warm pool: the tests that need one deploy their own)."""
+One serving sandbox for the module, with one pool deployed once (one node of four replicas at
+its minimum, two at most, no warm pool, an API key); its tests run in file order: serving,
+then a burst that scales the pool out and back, then boots that fail."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import subprocess
+import sys
 import time
-import urllib.error
-import urllib.request
+from datetime import datetime, timedelta
 
 import pytest
 
 from poolctl.sandbox import manager
+from poolctl.simulate import percentile
 from tests.configs import pool_yaml
-from tests.plugins.sandbox import run_poolctl, sandbox_admin, terraform_missing
+from tests.plugins.sandbox import (
+    boto3_client,
+    poolctl_env,
+    run_poolctl,
+    sandbox_admin,
+    terraform_missing,
+)
+from tests.serving.standin import call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
                                                   reason=str(terraform_missing()))]
 SPEED = 10.0
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+KEY = "sandbox-pool-key-1"
+KEY_VAR = "POOLCTL_TEST_POOL_KEY"
+# The scale-in alarm waits this long below half the queue target (10 periods of 60 s).
+DOWN_S = 600
 
 
 def wait_for(what, check, timeout=180.0, every=0.25):
@@ -36,54 +52,68 @@ def wait_for(what, check, timeout=180.0, every=0.25):
         time.sleep(every)
 
 
+def serving(url):
+    return sandbox_admin(url, "GET", "/_poolctl/serving")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     home = tmp_path_factory.mktemp("serving-home")
     info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=SPEED)
     url = str(info.endpoint)
+    arn = boto3_client(url, "secretsmanager").create_secret(
+        Name="chat-70b-key", SecretString=KEY)["ARN"]
     cfg = home / "poolctl.yaml"
-    cfg.write_text(pool_yaml(min_replicas=4, max_replicas=8, warm=0, with_gcp=False))
+    text = pool_yaml(min_replicas=4, max_replicas=8, warm=0, with_gcp=False, down_s=DOWN_S)
+    cfg.write_text(text.replace("      port: 8000\n",
+                                f"      port: 8000\n      api_key_secret: {arn}\n"))
     try:
         r = run_poolctl(home, "deploy", "--sandbox", "--auto-approve", "-f", str(cfg),
                         "--cloud", "aws")
         assert r.returncode == 0, r.stderr[-3000:]
 
         def ready():
-            rep = sandbox_admin(url, "GET", "/_poolctl/serving")
-            lbs = [lb for lb in rep["load_balancers"] if lb["Running"]]
+            lbs = [lb for lb in serving(url)["load_balancers"] if lb["Running"]]
             if not lbs or not any(lbs[0]["Targets"].values()):
                 return None
-            try:
-                with urllib.request.urlopen(lbs[0]["Endpoint"] + "/v1/models", timeout=5) as resp:
-                    return lbs[0]["Endpoint"] if resp.status == 200 else None
-            except OSError:
-                return None
+            ok = call(lbs[0]["Endpoint"], "/v1/models", key=KEY)[0] == 200
+            return lbs[0]["Endpoint"] if ok else None
 
         lb = wait_for("a node serving behind the load balancer", ready)
         yield {"home": home, "url": url, "lb": lb, "cfg": cfg}
     finally:
         manager.stop(home=home)
+        # Every process a node or a load balancer started ended with the sandbox.
+        left = subprocess.run(["pgrep", "-af", str(home)], capture_output=True, text=True)
+        assert left.stdout.strip() == "", left.stdout
 
 
 def test_a_completion_streams_through_the_load_balancer_from_a_node_that_booted(served):
-    body = json.dumps({"model": MODEL, "prompt": "hello " * 100, "max_tokens": 20,
-                       "stream": True}).encode()
-    req = urllib.request.Request(served["lb"] + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        assert resp.status == 200
-        events = [ln.decode().strip() for ln in resp if ln.startswith(b"data: ")]
-    assert events[-1] == "data: [DONE]"
-    text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+    status, raw = call(served["lb"], "/v1/completions",
+                       {"model": MODEL, "prompt": "hello " * 100, "max_tokens": 20,
+                        "stream": True}, key=KEY)
+    assert status == 200
+    events = [ln[6:] for ln in raw.decode().splitlines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
     assert len(text.split()) == 20
     # The node's own log: the synthesized script ran its phases and completed its hook.
-    rep = sandbox_admin(served["url"], "GET", "/_poolctl/serving")
-    node = rep["nodes"][0]
+    node = serving(served["url"])["nodes"][0]
     assert node["BootExitCode"] == 0 and node["Address"].startswith("127.77.")
     log = (served["home"] / "sandbox" / "nodes" / node["InstanceId"] / "boot.log").read_text()
     for line in ("phase=weights", "weights: 2 of 2 files verified", "phase=readiness",
                  "lifecycle=CONTINUE", "phase=total"):
         assert line in log, log
+    # The key went secret store -> the server's environment, never the node's files:
+    assert KEY not in log and not any(
+        KEY in p.read_text(errors="replace")
+        for p in (served["home"] / "sandbox" / "nodes").rglob("*") if p.is_file())
+
+
+def test_without_the_api_key_the_load_balancer_answers_401(served):
+    assert call(served["lb"], "/v1/models")[0] == 401
+    assert call(served["lb"], "/v1/completions", {"prompt": "a"}, key="wrong")[0] == 401
+    assert call(served["lb"], "/health")[0] == 200  # the health check needs no key
 
 
 def test_status_shows_the_loopback_endpoint_and_the_published_queue(served):
@@ -94,7 +124,109 @@ def test_status_shows_the_loopback_endpoint_and_the_published_queue(served):
         s = json.loads(r.stdout)["pools"][0]
         return s if s.get("queue_per_replica") is not None else None
 
-    # the node publishes every 15 s of pool time (1.5 s at speed 10)
+    # the queue timer: 30 s after boot, then every 15 s (3 s and 1.5 s at speed 10)
     s = wait_for("a queue datapoint", status, timeout=60)
     assert s["queue_per_replica"] == 0  # nothing waits on an idle pool
-    assert s["endpoint"]["url"] == served["lb"]
+    assert s["endpoint"]["url"] == served["lb"] and s["endpoint"]["api_key"] is True
+    assert s["boot_failure"] is None
+
+
+def _burst(path, rate, seconds, prompt, output):
+    """An Azure-format trace: `rate` requests a second of fixed lengths."""
+    t0 = datetime(2023, 11, 16, 18, 0, 0)
+    with open(path, "w") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        for i in range(int(rate * seconds)):
+            t = t0 + timedelta(seconds=i / rate)
+            f.write(f"{t.strftime('%Y-%m-%d %H:%M:%S.%f')}0,{prompt},{output}\n")
+
+
+def test_a_burst_scales_the_pool_out_then_back_in_one_node_at_a_time(served, tmp_path):
+    # 7 requests/s of 2,000 + 200 tokens for 20 min. `simulate` on this file: 4 replicas
+    # (one node) are saturated (TTFT p90 > 20 s at 6/s), 8 (two) keep it under 1 s at 8/s.
+    trace, rows = tmp_path / "burst.csv", tmp_path / "requests.csv"
+    _burst(trace, 7, 1200, 2000, 200)
+    start = serving(served["url"])["pool_seconds"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "poolctl", "replay", "--sandbox", "-f", str(served["cfg"]),
+         "--cloud", "aws", "--trace", str(trace), "--api-key-env", KEY_VAR,
+         "--requests-out", str(rows), "--json"],
+        env=poolctl_env(served["home"], **{KEY_VAR: KEY}), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    in_service = None
+    while p.poll() is None:  # the second node: booted and routed to
+        rep = serving(served["url"])
+        targets = sum(len(t) for lb in rep["load_balancers"] for t in lb["Targets"].values())
+        if in_service is None and targets == 2:
+            in_service = rep["pool_seconds"] - start
+        time.sleep(0.5)
+    out, err = p.communicate()
+    assert p.returncode == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["errors"] == {} and result["completed"] == 8400
+    rep = serving(served["url"])
+    out_events = [s for s in rep["scaling"] if s["To"] > s["From"]]
+    assert out_events and out_events[0]["Cause"].startswith("target tracking")
+    assert out_events[0]["To"] == 2  # ceil(1 node x metric / 4) capped at the maximum
+    assert in_service is not None, "no second node went into service"
+    # It booted through its boot script, which pulls the image beside the weights fetch: node
+    # boot 120 + max(image 120, weights 45.2) + load 35.3 + engine 90 s, then two health
+    # checks 15 s apart = 395.3 s of pool time (the plan's 440.5 s adds image and weights).
+    took = in_service - (out_events[0]["PoolSeconds"] - start)
+    assert 370 <= took <= 460, took
+    with open(rows) as f:
+        reqs = list(csv.DictReader(f))
+
+    def p90(lo, hi):
+        xs = sorted(float(r["ttft_s"]) for r in reqs if lo <= float(r["arrival_s"]) < hi)
+        return percentile(xs, 0.9)
+
+    # TTFT p90 recovers: past 10 s before the second node (one node saturated), a tenth of
+    # that or less in the burst's last 2 minutes (two nodes, the backlog drained; `simulate`
+    # puts 8 replicas at 8/s at 0.8 s).
+    before, after = p90(in_service - 150, in_service - 20), p90(1080, 1200)
+    assert before > 10 and after < before / 10, (before, after)
+    # Back to one node once the queue stayed low for DOWN_S, one node at a time.
+    def scaled_in():
+        r = serving(served["url"])
+        ins = [s for s in r["scaling"] if s["To"] < s["From"]]
+        running = [n for n in r["nodes"] if n["Running"]]
+        return ins if ins and len(running) == 1 else None
+
+    ins = wait_for("the scale-in", scaled_in, timeout=240, every=1)
+    assert [(s["From"], s["To"]) for s in ins] == [(2, 1)]
+    assert ins[0]["Cause"] == ("policy acme-chat-70b-scale-in: alarm acme-chat-70b-queue-low "
+                               "in ALARM")
+
+
+def test_a_node_whose_weights_do_not_match_the_manifest_is_abandoned_and_replaced(served):
+    url = served["url"]
+    s3 = boto3_client(url, "s3")
+    key = "llama-3.1-70b/model-00001-of-00001.safetensors"
+    good = s3.get_object(Bucket="acme-models", Key=key)["Body"].read()
+    s3.put_object(Bucket="acme-models", Key=key, Body=b"\x01" * len(good))  # same size
+    asg = boto3_client(url, "autoscaling")
+    # The node in service goes; the group launches its replacement (desired stays 1).
+    [serving_node] = [n for n in serving(url)["nodes"] if n["Running"]]
+    asg.terminate_instance_in_auto_scaling_group(InstanceId=serving_node["InstanceId"],
+                                                 ShouldDecrementDesiredCapacity=False)
+
+    def failed():
+        return [n for n in serving(url)["nodes"] if n["Failure"]]
+
+    bad = wait_for("a failed boot", failed, timeout=120)
+    assert "does not match its manifest.json" in bad[0]["Failure"]
+    # The hook was ABANDONed: the group ended that node and launched another, which fails
+    # the same way while the weights stay wrong.
+    wait_for("a replacement that failed too", lambda: len(failed()) >= 2, timeout=120)
+    r = run_poolctl(served["home"], "status", "--sandbox", "-f", str(served["cfg"]),
+                    "--cloud", "aws")
+    assert r.returncode == 0, r.stderr
+    line = [ln for ln in r.stdout.splitlines() if "boot failed:" in ln]
+    assert len(line) == 1 and "weights: s3://acme-models/llama-3.1-70b/ does not match its " \
+        "manifest.json" in line[0], r.stdout
+    # Weights put right: the next replacement boots and serves through the load balancer.
+    s3.put_object(Bucket="acme-models", Key=key, Body=good)
+    wait_for("a node serving again", lambda: call(served["lb"], "/v1/models", key=KEY)[0]
+             == 200 and any(n["Running"] and n["BootExitCode"] == 0
+                            for n in serving(url)["nodes"]), timeout=180)

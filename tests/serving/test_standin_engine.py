@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,12 @@ from poolctl.cloud import Cloud
 from poolctl.config import load_config
 from poolctl.servingmodel import replica_model
 
-from .standin import EXAMPLE_ARGS, MODEL, standin
+from .standin import EXAMPLE_ARGS, MODEL, call, standin
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
 AZURE = ROOT.parent / "shared" / "traces" / "azure-llm-2023-conv.csv"
 AZURE_IN_REPO = ROOT / "tests" / "data" / "traces"
-
-
-def call(url: str, path: str, body: dict | None = None, key: str | None = None
-         ) -> tuple[int, bytes]:
-    req = urllib.request.Request(url + path, data=None if body is None else
-                                 json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 @pytest.fixture(scope="module")

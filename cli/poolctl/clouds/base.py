@@ -226,6 +226,8 @@ class PoolStatus:
     # cloud for no reservation.
     reserved_nodes: int = 0
     capacity_block: str | None = None  # from the file too (aws.capacity.capacity_block)
+    # The newest node that failed its boot, as its console says (ReportsBootFailures).
+    boot_failure: str | None = None
 
     def held(self) -> HeldCapacity:
         """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
@@ -270,6 +272,7 @@ class PoolStatus:
             "replicas_per_node": self.replicas_per_node,
             "rollout": asdict(self.rollout) if self.rollout else None,
             "queue_per_replica": self.queue_per_replica,
+            "boot_failure": self.boot_failure,
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
             "capacity": asdict(self.held()),
@@ -396,6 +399,16 @@ class PublishesQueueMetric(ABC):
     @abstractmethod
     def queue_per_replica(self, group: Group) -> float | None:
         """Latest queue metric (waiting requests per replica), None when not published."""
+
+
+class ReportsBootFailures(ABC):
+    """Reads why the pool's last node failed its boot, from the node's own console
+    (`status`)."""
+
+    @abstractmethod
+    def boot_failure(self, group: Group) -> str | None:
+        """"INSTANCE: the FAILED line of its boot log" for the newest node of the group that
+        ended with a failed boot; None when none did."""
 
 
 class KeepsWarmSizes(ABC):
@@ -739,7 +752,8 @@ class PreparesImageBuilds(ABC):
 
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
-    RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric, KeepsWarmSizes,
+    RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
+    ReportsBootFailures, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
     SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity,
     DeployChecks, SendsInstanceKeys, ImportsLoginKeys, KeepsNodeImages, PreparesImageBuilds)

@@ -262,6 +262,8 @@ def status(
         con.print(f"  cost: ${s.cost_per_hour_usd():,.2f}/h now", soft_wrap=True)
         if s.capacity_failures:
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
+        if s.boot_failure:
+            con.print(f"  boot failed: {s.boot_failure}", markup=False, soft_wrap=True)
         for w in s.windows:
             when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
             con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"

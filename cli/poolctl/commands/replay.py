@@ -26,7 +26,14 @@ from poolctl.commands.common import (
     one_target,
 )
 from poolctl.errors import UsageError, shown
-from poolctl.replay import ReplayReport, report, run_replay, served_model, stderr_progress
+from poolctl.replay import (
+    ReplayReport,
+    report,
+    run_replay,
+    served_model,
+    stderr_progress,
+    write_requests_csv,
+)
 from poolctl.sandbox.serving import sandbox_endpoint
 from poolctl.simulate import json_safe, summary
 from poolctl.traces import load_trace
@@ -65,6 +72,9 @@ def replay(
     replicas: Annotated[int | None, typer.Option(
         "--replicas", min=1, help="With --compare: the replicas serving (default: the "
         "pool's min_replicas).", show_default=False)] = None,
+    requests_out: Annotated[Path | None, typer.Option(
+        "--requests-out", help="Write one CSV row per request here (times in pool seconds).",
+        show_default=False)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Send a trace through a pool's endpoint and report TTFT, TPOT, errors and goodput."""
@@ -113,6 +123,12 @@ def replay(
     run = asyncio.run(run_replay(tr, url, model, api_key=api_key, speed=speed,
                                  max_concurrency=max_concurrency, timeout_s=timeout,
                                  progress=None if json_out else stderr_progress))
+    if requests_out is not None:
+        try:
+            write_requests_csv(run, str(requests_out))
+        except OSError as e:
+            raise UsageError(f"--requests-out: cannot write {requests_out} ({e.strerror}); "
+                             "give a writable path") from None
     slo = tgt.pool.slo if tgt is not None else None
     rep = report(run, slo.ttft_p90_s if slo else None, slo.tpot_p90_s if slo else None)
     out: dict[str, Any] = {"url": url, "model": model, "trace": tr.source, **rep.to_json()}

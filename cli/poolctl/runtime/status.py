@@ -13,6 +13,7 @@ from poolctl.clouds.base import (
     NodeState,
     PoolStatus,
     PublishesQueueMetric,
+    ReportsBootFailures,
     ReportsLaunchFailures,
     RunsBlockWindows,
     SchedulesWarmWindows,
@@ -35,6 +36,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     rollout = ops.rollout_state(group)
     return_surge(cfg, pool, cloud, ops, group, rollout)
     queue = ops.queue_per_replica(group) if isinstance(ops, PublishesQueueMetric) else None
+    boot_failure = ops.boot_failure(group) if isinstance(ops, ReportsBootFailures) else None
     if rollout is not None:
         annotate_rollout(rollout, load_record(cfg, pool, cloud))
     placement = pool.placement(cloud)
@@ -56,6 +58,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
+                      boot_failure=boot_failure,
                       reserved_nodes=reserved_nodes(pool, cloud),
                       capacity_block=capacity_block(pool, cloud),
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept,

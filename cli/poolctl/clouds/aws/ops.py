@@ -35,12 +35,13 @@ from poolctl.clouds.base import (
     NodePhase,
     NodeState,
     PublishesQueueMetric,
+    ReportsBootFailures,
     address_order,
 )
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
-from poolctl.errors import OperationFailed, UsageError
+from poolctl.errors import OperationFailed, UsageError, printable
 from poolctl.sizing import PoolPlan
 
 
@@ -48,10 +49,20 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
     return AwsOps(endpoints)
 
 
+BOOT_LOOKS = 3  # ended nodes whose console `status` reads
+FAILED = "poolctl: FAILED: "  # the boot script's failure line (boot/_lib.sh.j2: fail)
+
+
+def failed_line(console: str) -> str | None:
+    """The last FAILED line the boot script wrote to the console, without its prefix."""
+    hits = [ln.split(FAILED, 1)[1].strip() for ln in console.splitlines() if FAILED in ln]
+    return printable(hits[-1])[:300] if hits else None
+
+
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
              WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,
              CloudOps,
-             PublishesQueueMetric, KeepsWarmSizes, BoundsGroupMaximum):
+             PublishesQueueMetric, ReportsBootFailures, KeepsWarmSizes, BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""
 
@@ -226,6 +237,23 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
             asg.update_auto_scaling_group(AutoScalingGroupName=group.name, MaxSize=max_nodes)
 
     # -- queue ----------------------------------------------------------------------
+
+    def boot_failure(self, group: Group) -> str | None:
+        ec2 = self.client("ec2", group.region)
+        ended = [i for page in self.pages(
+                     ec2, "describe_instances", "ec2:DescribeInstances",
+                     Filters=[{"Name": "tag:aws:autoscaling:groupName", "Values": [group.name]},
+                              {"Name": "instance-state-name",
+                               "Values": ["shutting-down", "terminated"]}])
+                 for r in page["Reservations"] for i in r["Instances"]]
+        # The newest few: a group that keeps failing replaces its nodes one after another.
+        for inst in sorted(ended, key=lambda i: i["LaunchTime"], reverse=True)[:BOOT_LOOKS]:
+            with self.call("ec2:GetConsoleOutput"):
+                out = ec2.get_console_output(InstanceId=inst["InstanceId"], Latest=True)
+            line = failed_line(out.get("Output") or "")
+            if line is not None:
+                return f"{inst['InstanceId']}: {line}"
+        return None
 
     def queue_per_replica(self, group: Group) -> float | None:
         cw = self.client("cloudwatch", group.region)

@@ -19,8 +19,9 @@ Features (FEATURES, in the order they are installed):
   quotas            Service Quotas for ec2 (moto knows only vpc)
   instance_connect  EC2 Instance Connect keys and endpoints
   self_boot         nodes that finish booting by themselves after their plan's start time
-  serving_nodes     with --serve: nodes run their boot script, an engine serves, HAProxy
-                    (balancers.py) routes
+  serving_nodes     with --serve: nodes run their boot script, an engine serves
+  balancers         with --serve: HAProxy routes each load balancer's listeners
+  autoscaler        with --serve: alarms evaluated and scaling policies run, on the clock
   retries           a retried attempt of a call answered once
   faults            answers held back on purpose (the interrupt tests)
   snapshots         everything the sandbox holds, kept and restored
@@ -44,6 +45,8 @@ from typing import Any, Protocol
 from poolctl.sandbox.extensions import (
     activities,
     admin,
+    autoscaler,
+    balancers,
     capacity,
     capacity_blocks,
     capacity_groups,
@@ -88,7 +91,7 @@ FEATURES: tuple[Feature, ...] = (
     fixes, lifecycle, warm_pool, refresh, capacity, capacity_groups, capacity_reservations,
     capacity_blocks, activities, schedules,
     scheduler, quotas, instance_connect,
-    self_boot, serving_nodes, retries, faults, snapshots, admin,
+    self_boot, serving_nodes, balancers, autoscaler, retries, faults, snapshots, admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
 

@@ -276,6 +276,11 @@ def drain_until(instance_id: str) -> float | None:
 
 
 def stop_all() -> None:
+    _settings["root"] = None  # no sync starts another one from now on
+    _stop_processes()
+
+
+def _stop_processes() -> None:
     for b in list(balancers.values()):
         _stop(b)
     balancers.clear()
@@ -318,5 +323,6 @@ def install() -> None:
 
 
 def reset() -> None:
-    stop_all()
+    """Every HAProxy ends with the load balancers (moto's reset); serving goes on."""
+    _stop_processes()
 

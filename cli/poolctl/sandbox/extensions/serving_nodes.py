@@ -49,7 +49,7 @@ from poolctl import naming
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.sandbox import standins
-from poolctl.sandbox.extensions import balancers
+from poolctl.sandbox.extensions import autoscaler, balancers
 from poolctl.sandbox.extensions.common import LOCK, all_backends, ec2_state, warm_states
 from poolctl.sandbox.extensions.launches import actions_of, all_states, boot_clock
 
@@ -101,6 +101,7 @@ def enable(speed: float, endpoint: str, root: Path) -> None:
     """Serve (called by the server before it answers): nodes boot for real from now on."""
     _serve.update(on=True, speed=float(speed), endpoint=endpoint, root=Path(root))
     balancers.configure(Path(root), float(speed))
+    autoscaler.enable(float(speed))
     threading.Thread(target=_loop, name="poolctl-serving-nodes", daemon=True).start()
 
 
@@ -294,6 +295,8 @@ def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
 
 
 def tick(now: float | None = None) -> None:
+    if not _serve["on"]:
+        return  # stopped (or never serving): start nothing
     now = time.monotonic() if now is None else now
     with LOCK:
         starts, ended = _scan()
@@ -321,12 +324,16 @@ def _loop() -> None:
     while True:
         try:
             tick()
+            autoscaler.tick()
         except Exception as exc:  # moto raises many types; the thread must outlive one
             print(f"serving nodes: {exc!r}", flush=True)
         time.sleep(0.1)
 
 
 def stop_all() -> None:
+    """The sandbox stops: nothing starts again, every node's processes and every HAProxy
+    end."""
+    _serve["on"] = False
     balancers.stop_all()
     for node in list(nodes.values()):
         if node.pgid is not None:
@@ -401,14 +408,46 @@ def report() -> dict[str, Any]:
     return {"serving": serving(), "speed": speed(), "nodes": [
         {"InstanceId": n.instance_id, "AutoScalingGroupName": n.group, "Address": n.address,
          "Running": n.pgid is not None, "BootExitCode": n.exit_code,
-         "Failure": failure_line(n.instance_id)} for n in nodes.values()]}
+         "Failure": failure_line(n.instance_id)} for n in nodes.values()],
+        **autoscaler.report()}
+
+
+CONSOLE_BYTES = 64 * 1024  # EC2 keeps the last 64 KB of a console
 
 
 def install() -> None:
-    """Nothing to patch: the server calls `enable` with --serve."""
+    """GetConsoleOutput answers a serving node's boot log (the script logs to the console:
+    its unit's StandardOutput=journal+console), in EC2's shape; other instances keep moto's
+    sample. The server calls `enable` with --serve."""
+    from moto.core.types import Base64EncodedString
+    from moto.ec2.responses.general import General
+
+    orig = General.get_console_output
+
+    def get_console_output(self: Any) -> Any:
+        node = nodes.get(self._get_param("InstanceId"))
+        if node is None:
+            return orig(self)
+        from moto.core.responses import ActionResult
+        from moto.core.utils import utcnow
+
+        try:
+            raw = (node.folder / "boot.log").read_bytes()[-CONSOLE_BYTES:]
+        except OSError:
+            raw = b""
+        return ActionResult({"InstanceId": node.instance_id, "Timestamp": utcnow(),
+                             "Output": Base64EncodedString.from_raw_string(
+                                 raw.decode(errors="replace"))})
+
+    General.get_console_output = get_console_output  # type: ignore[method-assign]  # moto extension: a node's own console
 
 
 def reset() -> None:
+    """moto's reset: every node ends and is forgotten; a serving sandbox goes on serving."""
+    was = dict(_serve)
     stop_all()
     nodes.clear()
     pools.clear()
+    if was["on"]:
+        _serve.update(on=True)
+        balancers.configure(Path(was["root"]), float(was["speed"]))
