@@ -25,8 +25,9 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity", "ReportsLaunchFailures",
-        "SchedulesWindows", "SchedulesWarmWindows", "BuysCapacityBlocks", "RunsBlockWindows",
+        "ReportsBootFailures", "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity",
+        "ReportsLaunchFailures", "SchedulesWindows", "SchedulesWarmWindows",
+        "BuysCapacityBlocks", "RunsBlockWindows",
         "DeployChecks", "SendsInstanceKeys", "KeepsNodeImages", "PreparesImageBuilds"]
     assert issubclass(aws.ops_class, base.CloudOps) and aws.ops_class.cloud == Cloud.aws
 

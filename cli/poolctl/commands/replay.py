@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from poolctl.capacity import run_pool
+from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -25,6 +26,14 @@ from poolctl.commands.common import (
     load,
     one_target,
 )
+from poolctl.commands.traffic import (
+    InputOpt,
+    LengthsOpt,
+    OutputOpt,
+    RateOpt,
+    SeedOpt,
+    traffic,
+)
 from poolctl.errors import UsageError, shown
 from poolctl.replay import (
     ReplayReport,
@@ -36,14 +45,21 @@ from poolctl.replay import (
 )
 from poolctl.sandbox.serving import sandbox_endpoint
 from poolctl.simulate import json_safe, summary
-from poolctl.traces import load_trace
+from poolctl.traces import MAX_REPLICAS
 from poolctl.windows import parse_span
+
+DEFAULT_SYNTHETIC_S = 600.0  # --rate without --duration
+MAX_SPEED = 1000.0
+MAX_CONCURRENCY = 1_000_000
+MAX_TIMEOUT_S = 86_400.0
 
 
 def replay(
-    trace: Annotated[Path, typer.Option(
+    trace: Annotated[Path | None, typer.Option(
         "--trace", help="The requests to send: an Azure LLM inference trace (CSV) or a "
-        "Mooncake trace (JSONL).")],
+        "Mooncake trace (JSONL); or --rate.", show_default=False)] = None,
+    rate: RateOpt = None, seed: SeedOpt = 0, input_tokens: InputOpt = 1000.0,
+    output_tokens: OutputOpt = 200.0, lengths: LengthsOpt = "exponential",
     url: Annotated[str | None, typer.Option(
         "--url", help="The pool's endpoint, http(s)://HOST[:PORT] (its load balancer); or "
         "--sandbox.", show_default=False)] = None,
@@ -53,24 +69,31 @@ def replay(
         "--api-key-env", metavar="VAR", help="Read the API key from this environment "
         "variable (never from the command line).", show_default=False)] = None,
     speed: Annotated[float | None, typer.Option(
-        "--speed", help="Send S times faster and report times x S: the sandbox's speed "
+        "--speed", parser=bounded("--speed", 0, MAX_SPEED, "a speed", above=True),
+        help="Send S times faster and report times x S: the sandbox's speed "
         "(its own by default with --sandbox); 1 against a real pool.",
         show_default=False)] = None,
     start: Annotated[str, typer.Option(
         "--from", help="Start this far into the trace: 600, 10m, 1h.")] = "0",
     duration: Annotated[str | None, typer.Option(
-        "--duration", help="Send this much of the trace (default: to its end).",
+        "--duration", help="Send this much of the trace (default: to its end; with --rate, "
+        "10m).",
         show_default=False)] = None,
     max_concurrency: Annotated[int | None, typer.Option(
-        "--max-concurrency", min=1, help="At most N requests in flight (default: "
+        "--max-concurrency", parser=bounded("--max-concurrency", 1, MAX_CONCURRENCY,
+                                            "requests in flight", integer=True),
+        help="At most N requests in flight (default: "
         "unbounded, an open loop).", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="Give up on a request after this many wall seconds.")] = 600.0,
+        "--timeout", parser=bounded("--timeout", 1, MAX_TIMEOUT_S, "seconds"),
+        help="Give up on a request after this many wall seconds.")] = 600.0,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Also run `simulate` on the same slice and file, and print "
         "measured beside predicted.")] = False,
     replicas: Annotated[int | None, typer.Option(
-        "--replicas", min=1, help="With --compare: the replicas serving (default: the "
+        "--replicas", parser=bounded("--replicas", 1, MAX_REPLICAS, "a count of replicas",
+                                     integer=True),
+        help="With --compare: the replicas serving (default: the "
         "pool's min_replicas).", show_default=False)] = None,
     requests_out: Annotated[Path | None, typer.Option(
         "--requests-out", help="Write one CSV row per request here (times in pool seconds).",
@@ -83,8 +106,6 @@ def replay(
         raise UsageError("--url URL or --sandbox: give one")
     if url is not None and not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {shown(url)}: give http://HOST[:PORT] or https://...")
-    if speed is not None and not (math.isfinite(speed) and speed > 0):
-        raise UsageError(f"--speed {speed:g}: give a number above 0")
     api_key = None
     if api_key_env is not None:
         api_key = os.environ.get(api_key_env)
@@ -95,12 +116,15 @@ def replay(
     span = None if duration is None else parse_span("--duration", duration)
     if span is not None and span <= 0:
         raise UsageError("--duration: give a length above 0, e.g. 10m")
-    tr = load_trace(trace)
+    if rate is not None and span is None:
+        span = DEFAULT_SYNTHETIC_S
+    tr = traffic(trace, rate, (span or 0.0) + t0, seed, input_tokens, output_tokens, lengths,
+                 1.0)
     end = math.inf if span is None else t0 + span
     tr = tr.window(tr.arrivals[0] + t0 if tr.arrivals else t0,
                    tr.arrivals[0] + end if tr.arrivals else end)
     if not len(tr):
-        raise UsageError(f"--from/--duration: no request of {shown(str(trace))} arrives in "
+        raise UsageError(f"--from/--duration: no request of {tr.source} arrives in "
                          "that slice; pick one inside the trace")
     cfg = tgt = None
     if compare or file is not None or pool is not None:
