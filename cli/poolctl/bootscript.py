@@ -40,6 +40,7 @@ from poolctl import formats, naming
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Config, GcpPlacement, Pool
+from poolctl.errors import printable
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
 # Compute Engine caps one metadata value, the startup-script, at 256 KB (GCE docs, "About VM
@@ -58,6 +59,10 @@ LIB_IMAGE_TAG = {"aws": "poolctl:boot-library", "gcp": "poolctl-boot-library"}
 # 4-8 min (docs/cloud-facts.md, "Start-up time"), so 30 min only catches a node that will
 # never serve.
 READY_TIMEOUT_S = 1800
+# What the script's `fail` writes (boot/_lib.sh.j2) before it exits: read back from a node's
+# console by `status` (clouds/aws/ops.py) and from a sandbox node's log.
+FAILED = "poolctl: FAILED: "
+FAILED_LINE_MAX = 300
 
 _ECR = re.compile(r"^(?P<host>\d{12}\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?)/")
 _GAR = re.compile(r"^(?P<host>[a-z0-9-]+-docker\.pkg\.dev)/")
@@ -197,3 +202,9 @@ def render_nvme_script(
     return environment().get_template("nvme-raid.sh.j2").render(
         cloud=cloud, nvme_expected=nvme_expected, cache_mount=cache_mount, standalone=True
     )
+
+
+def failed_line(log: str) -> str | None:
+    """The last failure the boot script logged, without its prefix (None: none)."""
+    hits = [ln.split(FAILED, 1)[1].strip() for ln in log.splitlines() if FAILED in ln]
+    return printable(hits[-1])[:FAILED_LINE_MAX] if hits else None

@@ -15,6 +15,7 @@ from poolctl import naming
 from poolctl.commands.common import JsonOpt, console, emit_json, real, region_name, whole
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.sandbox import manager
+from poolctl.sandbox.admin_api import admin
 from poolctl.sandbox.extensions import EC2_QUOTAS
 from poolctl.sandbox.manager import BOOT_SPEEDUP_ENV, DEFAULT_BOOT_SPEEDUP
 
@@ -326,8 +327,8 @@ def approve_quota(
     # The id is data: quoted into the path, never able to name another endpoint.
     path = f"/_poolctl/quota-requests/{urllib.parse.quote(request_id, safe='')}"
     try:
-        request = manager.admin(endpoint, "POST", path, {"status": "APPROVED"},
-                                "answer the approval")["RequestedQuota"]
+        request = admin(endpoint, "POST", path, {"status": "APPROVED"},
+                        "answer the approval")["RequestedQuota"]
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise UsageError(f"approve-quota {request_id}: no quota increase request with this "

@@ -34,6 +34,7 @@ from poolctl.endpoints import NO_METADATA_ENV, AwsEndpoint, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.home import PRIVATE_UMASK, open_private, private_dir, write_private
 from poolctl.node_image import recorded_node_image
+from poolctl.sandbox.admin_api import admin
 from poolctl.sandbox.serving import lb_address, seed_weights
 from poolctl.sandbox.standins import pid_alive
 from poolctl.sizing import instance_row, start_phases
@@ -411,23 +412,6 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
         image_build_fails=os.environ.get(IMAGE_FAIL_ENV, "") not in ("", "0"))
 
 
-def admin(endpoint_url: str, method: str, path: str, body: dict[str, Any] | None = None,
-          what: str = "answer") -> dict[str, Any]:
-    """Call one of the sandbox's /_poolctl/ admin endpoints; its JSON answer. An HTTP error
-    answer is raised as urllib's HTTPError (callers tell a 404 apart); no answer at all is
-    OperationFailed saying what the call was for."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"{endpoint_url}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return dict(json.loads(resp.read() or b"{}"))
-    except urllib.error.HTTPError:
-        raise
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise OperationFailed(f"the sandbox at {endpoint_url} did not {what}: {exc}") from exc
-
-
 def complete_lifecycle_actions(endpoint_url: str, group: str | None = None,
                                result: str = "CONTINUE") -> list[dict[str, Any]]:
     """Complete the open launch lifecycle actions (of one group, or all) through the admin
@@ -448,13 +432,19 @@ def set_boot_speedup(endpoint_url: str, speedup: float) -> dict[str, Any]:
                  "change how nodes boot")
 
 
+def aws_phases(pool: Any) -> dict[str, dict[str, float]]:
+    """The plan's start-up phases of a node of `pool` on AWS, by how it starts."""
+    return start_phases(pool, instance_row(pool, Cloud.aws), recorded_node_image(pool, Cloud.aws))
+
+
+def totals(phases: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {kind: round(sum(p.values()), 1) for kind, p in phases.items()}
+
+
 def start_times(pool: Any) -> dict[str, float]:
     """The plan's start time of a node of `pool` on AWS, in seconds, by how it starts: cold
     (a new instance), warm_stopped / warm_running (taken from the warm pool)."""
-
-    phases = start_phases(pool, instance_row(pool, Cloud.aws),
-                          recorded_node_image(pool, Cloud.aws))
-    return {kind: round(sum(p.values()), 1) for kind, p in phases.items()}
+    return totals(aws_phases(pool))
 
 
 def register_start_times(cfg: Any, pool: Any, home: Path | str | None = None) -> None:
@@ -462,10 +452,9 @@ def register_start_times(cfg: Any, pool: Any, home: Path | str | None = None) ->
     before its apply launches any): a node boots by itself after that time divided by the
     sandbox's boot speedup."""
     tags = naming.aws_tags(cfg, pool)
-    phases = start_phases(pool, instance_row(pool, Cloud.aws),
-                          recorded_node_image(pool, Cloud.aws))
+    phases = aws_phases(pool)
     body = {"region": pool.aws.region, "project": tags[naming.TAG_PROJECT],
-            "pool": tags[naming.TAG_POOL], "start_seconds": start_times(pool),
+            "pool": tags[naming.TAG_POOL], "start_seconds": totals(phases),
             # for serving nodes (sandbox start --serve): each phase's time, and the model
             # the stand-in engine serves as (what `plan` and `simulate` model)
             "phases": phases, "model": pool.model.model_dump(mode="json", exclude_none=True)}

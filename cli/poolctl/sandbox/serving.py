@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import tempfile
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from poolctl.config import Config, Pool
 from poolctl.endpoints import AwsEndpoint
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.formats import parse_object_prefix
+from poolctl.sandbox.admin_api import admin
 from poolctl.weights import write_manifest
 
 # The stand-in weights: a config.json with the pool's shapes and one small tensor file. The
@@ -27,14 +27,11 @@ TENSOR_BYTES = 1 << 16
 def serving_report(endpoint_url: str) -> dict[str, Any]:
     """GET /_poolctl/serving: the nodes and load balancers of a serving sandbox."""
     try:
-        with urllib.request.urlopen(f"{endpoint_url}/_poolctl/serving", timeout=30) as resp:
-            return dict(json.loads(resp.read() or b"{}"))
+        return admin(endpoint_url, "GET", "/_poolctl/serving", None, "report what it serves")
     except urllib.error.HTTPError as exc:
         raise OperationFailed(f"the sandbox at {endpoint_url} is older than this poolctl "
                               f"({exc}); restart it with `poolctl sandbox stop && poolctl "
                               "sandbox start --serve`") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise OperationFailed(f"the sandbox at {endpoint_url} did not answer: {exc}") from None
 
 
 def _config_json(pool: Pool) -> dict[str, Any]:

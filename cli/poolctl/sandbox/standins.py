@@ -200,28 +200,23 @@ def docker(argv: list[str]) -> int:
         return 0
     if cmd == "run":
         return docker_run(rest)
-    if cmd == "rm":
+    if cmd in ("rm", "inspect"):
         name = rest[-1]
         record = _container(name)
         if not record.exists():
-            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+            print(f"Error response from daemon: No such container: {name}" if cmd == "rm"
+                  else f"Error: No such object: {name}", file=sys.stderr)
             return 1
         pid = int(json.loads(record.read_text())["pid"])
+        if cmd == "inspect":
+            # A server that exited restarts under --restart on-failure until docker gives
+            # up; the stand-in has no daemon to restart it, so an exited one reports docker's
+            # give-up count at once (wait_ready stops at 3).
+            print(0 if pid_alive(pid) else 3)
+            return 0
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL if "-f" in rest else signal.SIGTERM)
         record.unlink()
-        return 0
-    if cmd == "inspect":
-        name = rest[-1]
-        record = _container(name)
-        if not record.exists():
-            print(f"Error: No such object: {name}", file=sys.stderr)
-            return 1
-        # A server that exited restarts under --restart on-failure until docker gives up; the
-        # stand-in has no daemon to restart it, so an exited one reports docker's give-up
-        # count at once (wait_ready stops at 3).
-        pid = int(json.loads(record.read_text())["pid"])
-        print(0 if pid_alive(pid) else 3)
         return 0
     if cmd == "logs":
         name = rest[-1]

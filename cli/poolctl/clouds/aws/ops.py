@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from poolctl import naming
+from poolctl.bootscript import failed_line
 from poolctl.cloud import Cloud
 from poolctl.clouds.aws.blocks import BlockGroups
 from poolctl.clouds.aws.capacity import Ec2Capacity
@@ -41,7 +42,7 @@ from poolctl.clouds.base import (
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
-from poolctl.errors import OperationFailed, UsageError, printable
+from poolctl.errors import OperationFailed, UsageError
 from poolctl.sizing import PoolPlan
 
 
@@ -50,14 +51,6 @@ def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS) -> AwsOps:
 
 
 BOOT_LOOKS = 3  # ended nodes whose console `status` reads
-FAILED = "poolctl: FAILED: "  # the boot script's failure line (boot/_lib.sh.j2: fail)
-
-
-def failed_line(console: str) -> str | None:
-    """The last FAILED line the boot script wrote to the console, without its prefix."""
-    hits = [ln.split(FAILED, 1)[1].strip() for ln in console.splitlines() if FAILED in ln]
-    return printable(hits[-1])[:300] if hits else None
-
 
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
              WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,

@@ -141,8 +141,6 @@ def _execute(asg: Any, policy: Any, why: str, now: float) -> None:
     if last is not None and now - last < cooldown:
         return
     adj = policy.scaling_adjustment
-    if policy.policy_type == "StepScaling":
-        adj = None  # step adjustments need the breach size; _alarm passes it in `why`
     if adj is None:
         return
     cur = group.desired_capacity or 0

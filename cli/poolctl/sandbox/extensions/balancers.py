@@ -286,21 +286,6 @@ def _stop_processes() -> None:
     balancers.clear()
 
 
-def server_states(b: Balancer) -> list[dict[str, str]]:
-    """HAProxy's view of each backend's servers in use (`show servers state`)."""
-    try:
-        text = _runtime(b, "show servers state")
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) > 6 and parts[0].isdigit() and not line.startswith("#"):
-            rows.append({"backend": parts[1], "server": parts[3], "address": parts[4],
-                         "admin_state": parts[6], "operational_state": parts[5]})
-    return [r for r in rows if r["address"] not in ("127.0.0.1", "-")]
-
-
 def report() -> list[dict[str, Any]]:
     return [{"LoadBalancerName": b.name, "DNSName": b.dns,
              "Endpoint": (f"http://127.0.0.1:{min(b.ports.values())}" if b.ports else None),
@@ -309,13 +294,6 @@ def report() -> list[dict[str, Any]]:
              "Running": b.proc is not None and b.proc.poll() is None,
              "Targets": {be.name: sorted(be.slots) for be in b.backends.values()}}
             for b in balancers.values()]
-
-
-def endpoint_for(dns: str) -> str | None:
-    for b in balancers.values():
-        if b.dns == dns and b.ports:
-            return f"http://127.0.0.1:{min(b.ports.values())}"
-    return None
 
 
 def install() -> None:

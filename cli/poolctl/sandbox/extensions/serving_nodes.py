@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl import naming
+from poolctl.bootscript import failed_line
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.sandbox import standins
@@ -350,13 +351,10 @@ def failure_line(instance_id: str) -> str | None:
     node = nodes.get(instance_id)
     if node is None:
         return None
-    log = node.folder / "boot.log"
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        return failed_line((node.folder / "boot.log").read_text(errors="replace"))
     except OSError:
         return None
-    failed = [ln for ln in lines if "FAILED:" in ln or "error:" in ln]
-    return failed[-1].strip() if failed else None
 
 
 # ---- the instance metadata service, per node (IMDSv2) -------------------------------------
