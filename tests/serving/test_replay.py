@@ -57,19 +57,35 @@ def test_replay_matches_simulate_on_a_slice_of_the_azure_trace(engine, tmp_path)
 
 
 @pytest.mark.standalone
-def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path):
-    before = _hits(engine)
+def test_prompts_past_max_model_len_are_refused_as_vllm_refuses_them(engine, tmp_path):
     out = _replay(tmp_path, "--trace", str(MOONCAKE), "--url", engine, "--speed", str(SPEED),
                   "--duration", "20s")
-    # Prompts past the example's max_model_len (16,384 with the output) are refused as vLLM
-    # refuses them (HTTP 400), counted from the trace itself:
+    # Prompts past the example's max_model_len (16,384 with the output) get HTTP 400, counted
+    # from the trace itself; every other request completes.
     tr = load_trace(MOONCAKE).window(0, 20)
     too_long = sum(1 for i, o in zip(tr.inputs, tr.outputs, strict=True) if i + o > 16384)
     assert too_long > 0 and out["errors"] == {"http 400": too_long}
+    assert out["completed"] == len(tr.inputs) - too_long
+
+
+@pytest.mark.standalone
+def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path):
+    # Two requests 20 s (pool) apart, so the first has finished and every engine is idle when
+    # the second arrives: both go to engine 0 (fewest outstanding, then lowest index), and the
+    # second's first three 512-token blocks are the first's. Block ids no other test sends.
+    trace = tmp_path / "two.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 1536, "output_length": 4, '
+        '"hash_ids": [7001, 7002, 7003]}\n'
+        '{"timestamp": 20000, "input_length": 2048, "output_length": 4, '
+        '"hash_ids": [7001, 7002, 7003, 7004]}\n')
+    before = _hits(engine)
+    out = _replay(tmp_path, "--trace", str(trace), "--url", engine, "--speed", str(SPEED))
+    assert out["errors"] == {} and out["completed"] == 2
     queries, hits = (a - b for a, b in zip(_hits(engine), before, strict=True))
-    # The sample's requests share leading 512-token blocks (tests/data/traces/README.md):
-    # some of the prompt tokens sent must be found cached, never more than were sent.
-    assert 0 < hits < queries
+    # vLLM counts every prompt token as queried (1536 + 2048) and the second prompt's cached
+    # leading tokens as hits: 3 blocks x 512 (its 16-token KV blocks chain-hashed alike).
+    assert (queries, hits) == (1536 + 2048, 3 * 512)
 
 
 def _hits(url: str) -> tuple[float, float]:
