@@ -767,6 +767,77 @@ def test_refresh_waits_for_replacements_to_complete_their_launch_hook(sandbox, s
     assert _versions(asg, name) == ["2"]
 
 
+def _surge_refresh(sandbox, ec2, asg, prefix, **prefs):
+    """A one-node group with the launch hook, refreshed to version 2 with MaxHealthyPercentage
+    200; returns once the refresh has launched the replacement: (group name, the old node)."""
+    name = _name(prefix)
+    lt_id = _hooked_group(ec2, asg, name)
+    asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=1)
+    sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions", {"AutoScalingGroupName": name})
+    [old] = _instances(asg, name)
+    asg.start_instance_refresh(
+        AutoScalingGroupName=name,
+        DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
+        Preferences={"MinHealthyPercentage": 100, "MaxHealthyPercentage": 200, **prefs},
+    )
+    _describe(asg, name)  # Pending; then it starts
+    _describe(asg, name)  # InProgress; then floor(1 x 200%) - ceil(1 x 100%) = 1 launched
+    return name, old
+
+
+def test_refresh_with_surge_launches_first_and_retires_the_old_node_once_it_serves(
+        sandbox, sandbox_client):
+    # MaxHealthyPercentage 200 on a one-node group: AWS launches the replacement first and
+    # terminates the old node once the new one is InService, so the pool is never empty.
+    ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
+    name, old = _surge_refresh(sandbox, ec2, asg, "surge")
+    states = {i["InstanceId"]: i["LifecycleState"] for i in _instances(asg, name)}
+    [new_id] = set(states) - {old["InstanceId"]}
+    assert states == {old["InstanceId"]: "InService", new_id: "Pending:Wait"}
+    _describe(asg, name)
+    r = _describe(asg, name)  # still waiting for the replacement: the old node serves on
+    assert new_id in r["StatusReason"] and old["InstanceId"] in {
+        i["InstanceId"] for i in _instances(asg, name)}
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        InstanceId=new_id, LifecycleActionResult="CONTINUE")
+    _describe(asg, name)  # the replacement is InService: the old node is terminated
+    assert [i["InstanceId"] for i in _instances(asg, name)] == [new_id]
+    assert _ec2_instances(ec2, [old["InstanceId"]])[old["InstanceId"]]["State"]["Name"] == (
+        "terminated")
+    assert _run_to_end(asg, name)[-1]["Status"] == "Successful"
+
+
+def test_rollback_before_the_old_node_is_retired_keeps_it(sandbox, sandbox_client):
+    asg = sandbox_client("autoscaling")
+    name, old = _surge_refresh(sandbox, sandbox_client("ec2"), asg, "surgerb")
+    # the replacement launched, the old node still serving
+    asg.rollback_instance_refresh(AutoScalingGroupName=name)
+    assert _run_to_end(asg, name)[-1]["Status"] == "RollbackSuccessful"
+    # the replacement goes without a successor: the old node is the group again
+    assert [i["InstanceId"] for i in _instances(asg, name)] == [old["InstanceId"]]
+
+
+def test_a_replacement_whose_boot_fails_rolls_the_refresh_back_keeping_the_old_node(
+        sandbox, sandbox_client):
+    # The replacement's launch hook is ABANDONed (its boot failed): an EC2 launch failure to
+    # the refresh, which auto-rolls back; the node it was to replace never stopped serving.
+    asg = sandbox_client("autoscaling")
+    name, old = _surge_refresh(sandbox, sandbox_client("ec2"), asg, "surgefail",
+                               AutoRollback=True)
+    [new] = [i["InstanceId"] for i in _instances(asg, name) if i["InstanceId"] != old["InstanceId"]]
+    asg.complete_lifecycle_action(
+        LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
+        InstanceId=new, LifecycleActionResult="ABANDON")
+    seen = _run_to_end(asg, name)
+    assert seen[1]["Status"] == "RollbackInProgress"
+    assert seen[1]["StatusReason"] == (
+        "Instance refresh failed: Replacement instance(s) ended before they were InService "
+        f"(launch failed): {new}")
+    assert seen[-1]["Status"] == "RollbackSuccessful"
+    assert [i["InstanceId"] for i in _instances(asg, name)] == [old["InstanceId"]]
+
+
 def test_refresh_rejects_bad_preferences(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
     lt_id, _ = _launch_template(ec2)

@@ -12,80 +12,29 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
 
 import pytest
 
-from poolctl.sandbox import manager
 from poolctl.simulate import percentile
-from tests.configs import pool_yaml
-from tests.plugins.sandbox import (
-    boto3_client,
-    poolctl_env,
-    run_poolctl,
-    sandbox_admin,
-    terraform_missing,
-)
+from tests.plugins.sandbox import boto3_client, poolctl_env, run_poolctl, terraform_missing
+from tests.serving.pool import KEY, KEY_VAR, MODEL, azure_trace, serving, serving_pool, wait_for
 from tests.serving.standin import call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
                                                   reason=str(terraform_missing()))]
 SPEED = 10.0
-MODEL = "meta-llama/Llama-3.1-70B-Instruct"
-KEY = "sandbox-pool-key-1"
-KEY_VAR = "POOLCTL_TEST_POOL_KEY"
 # The scale-in alarm waits this long below half the queue target (10 periods of 60 s).
 DOWN_S = 600
 
 
-def wait_for(what, check, timeout=180.0, every=0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(every)
-
-
-def serving(url):
-    return sandbox_admin(url, "GET", "/_poolctl/serving")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    home = tmp_path_factory.mktemp("serving-home")
-    info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=SPEED)
-    url = str(info.endpoint)
-    arn = boto3_client(url, "secretsmanager").create_secret(
-        Name="chat-70b-key", SecretString=KEY)["ARN"]
-    cfg = home / "poolctl.yaml"
-    text = pool_yaml(min_replicas=4, max_replicas=8, warm=0, with_gcp=False, down_s=DOWN_S)
-    cfg.write_text(text.replace("      port: 8000\n",
-                                f"      port: 8000\n      api_key_secret: {arn}\n"))
-    try:
-        r = run_poolctl(home, "deploy", "--sandbox", "--auto-approve", "-f", str(cfg),
-                        "--cloud", "aws")
-        assert r.returncode == 0, r.stderr[-3000:]
-
-        def ready():
-            lbs = [lb for lb in serving(url)["load_balancers"] if lb["Running"]]
-            if not lbs or not any(lbs[0]["Targets"].values()):
-                return None
-            ok = call(lbs[0]["Endpoint"], "/v1/models", key=KEY)[0] == 200
-            return lbs[0]["Endpoint"] if ok else None
-
-        lb = wait_for("a node serving behind the load balancer", ready)
-        yield {"home": home, "url": url, "lb": lb, "cfg": cfg}
-    finally:
-        manager.stop(home=home)
-        # Every process a node or a load balancer started ended with the sandbox.
-        left = subprocess.run(["pgrep", "-af", str(home)], capture_output=True, text=True)
-        assert left.stdout.strip() == "", left.stdout
+    with serving_pool(tmp_path_factory.mktemp("serving-home"), SPEED, min_replicas=4,
+                      max_replicas=8, warm=0, down_s=DOWN_S) as pool:
+        yield pool
 
 
 def test_a_completion_streams_through_the_load_balancer_from_a_node_that_booted(served):
@@ -131,21 +80,11 @@ def test_status_shows_the_loopback_endpoint_and_the_published_queue(served):
     assert s["boot_failure"] is None
 
 
-def _burst(path, rate, seconds, prompt, output):
-    """An Azure-format trace: `rate` requests a second of fixed lengths."""
-    t0 = datetime(2023, 11, 16, 18, 0, 0)
-    with open(path, "w") as f:
-        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-        for i in range(int(rate * seconds)):
-            t = t0 + timedelta(seconds=i / rate)
-            f.write(f"{t.strftime('%Y-%m-%d %H:%M:%S.%f')}0,{prompt},{output}\n")
-
-
 def test_a_burst_scales_the_pool_out_then_back_in_one_node_at_a_time(served, tmp_path):
     # 7 requests/s of 2,000 + 200 tokens for 20 min. `simulate` on this file: 4 replicas
     # (one node) are saturated (TTFT p90 > 20 s at 6/s), 8 (two) keep it under 1 s at 8/s.
     trace, rows = tmp_path / "burst.csv", tmp_path / "requests.csv"
-    _burst(trace, 7, 1200, 2000, 200)
+    azure_trace(trace, 7, 1200, 2000, 200)
     start = serving(served["url"])["pool_seconds"]
     p = subprocess.Popen(
         [sys.executable, "-m", "poolctl", "replay", "--sandbox", "-f", str(served["cfg"]),

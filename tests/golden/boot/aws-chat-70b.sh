@@ -245,12 +245,13 @@ block_metadata() {
 }
 
 wait_ready() {
-  local url="http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT$HEALTH_PATH" t0=$SECONDS restarts
+  local url="http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT$HEALTH_PATH" t0=$SECONDS restarts last
   until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true) == 200 ]]; do
     restarts=$(docker inspect -f '{{.RestartCount}}' "$CONTAINER" 2>/dev/null || echo 0)
     if ((SECONDS - t0 >= READY_TIMEOUT_S || restarts >= 3)); then
       docker logs --tail 50 "$CONTAINER" >&2 || true
-      fail "serving: $url not ready after $((SECONDS - t0))s, $restarts restarts"
+      last=$(docker logs --tail 1 "$CONTAINER" 2>&1 | tail -n 1 || true)
+      fail "serving: $url not ready after $((SECONDS - t0))s, $restarts restarts${last:+: $last}"
     fi
     sleep 5
   done

@@ -5,9 +5,11 @@ RollbackInstanceRefresh, added to moto's `AutoScalingResponse`. Preferences hono
 MinHealthyPercentage / MaxHealthyPercentage (batch size), CheckpointPercentages and
 CheckpointDelay (pause at each checkpoint; a last checkpoint below 100 is a partial refresh),
 SkipMatching, AutoRollback, ScaleInProtectedInstances, StandbyInstances, BakeTime. Instances
-are really replaced: old EC2 instances terminated, new ones launched from the desired (or the
-group's current) launch template version; the warm pool is refreshed after the live pool; on
-success the DesiredConfiguration becomes the group's.
+are really replaced, in AWS's order: with MaxHealthyPercentage above 100 a batch's replacements
+are launched first and the instances they replace terminated once the replacements are
+InService (so a one-node pool never has none); at 100, terminated first, then launched. New
+ones come from the desired (or the group's current) launch template version; the warm pool
+is refreshed after the live pool; on success the DesiredConfiguration becomes the group's.
 
 CLOCK: time does not pass on its own. Every DescribeInstanceRefreshes call for a group
 reports the refreshes as they are, then advances the group's active refresh by ONE step:
@@ -19,7 +21,8 @@ A replacement counts in PercentageComplete once it is InService. One that cannot
 capacity, capacity.py) holds the refresh: each step tries it again, StatusReason "Waiting to
 launch N replacement instance(s): <the failed launch's StatusMessage>". A refresh waits while its
 replacements are in Pending:Wait (lifecycle hooks), and fails (or auto-rolls back) when one of
-them is marked Unhealthy (SetInstanceHealth), the sandbox's stand-in for failed health checks.
+them is marked Unhealthy (SetInstanceHealth), the sandbox's stand-in for failed health checks,
+or ends before it was InService (its launch hook ABANDONed: an EC2 launch failure).
 "Wait" for protected or standby instances lasts WAIT_STEPS steps (AWS: one hour), then the
 refresh fails.
 Not emulated: InstanceWarmup (no warm-up time), AlarmSpecification (accepted, never fires).
@@ -113,6 +116,10 @@ class _Refresh:
         self.partial_done = False
         self.rollback: dict[str, Any] | None = None
         self.unlaunched = 0  # replacements that found no capacity yet
+        # Launch before terminate (MaxHealthyPercentage > 100): the old instances of the
+        # batch in flight, terminated once its replacements are InService.
+        self.retiring: list[str] = []
+        self.served: set[str] = set()  # replacements seen InService
 
     # -- reporting --
     def _pct(self, done: int, total: int) -> int:
@@ -341,7 +348,11 @@ def _begin_rollback(group: Any, r: _Refresh, reason: str) -> None:
     live = {s.instance.id for s in group.instance_states}
     warm = {s.instance.id for s in warm_states(group)}
     todo = [i for i in r.launched if i in live] + [i for i in r.warm_launched if i in warm]
-    r.rollback = {"reason": reason, "start": now(), "todo": todo, "total": len(todo), "done": 0}
+    # Old instances not yet retired stay: as many replacements go without a successor.
+    kept = sum(1 for i in r.retiring if i in live)
+    r.retiring = []
+    r.rollback = {"reason": reason, "start": now(), "todo": todo, "total": len(todo), "done": 0,
+                  "kept": kept}
     r.status, r.status_reason = "RollbackInProgress", reason
     r.checkpoint_wait = False
 
@@ -351,15 +362,28 @@ def _step_in_progress(backend: Any, group: Any, r: _Refresh) -> None:
         return
     by_id = {s.instance.id: s for s in group.instance_states}
     launched = [by_id[i] for i in r.launched if i in by_id]
+    r.served |= {s.instance.id for s in launched if s.lifecycle_state == "InService"}
     sick = [s.instance.id for s in launched if s.health_status == "Unhealthy"]
     if sick:
         _fail(backend, group, r, f"Replacement instance(s) failed health checks: {', '.join(sick)}")
+        return
+    # A replacement that ended before it was InService (its launch hook ABANDONed, a boot
+    # that failed) is an EC2 launch failure: the refresh fails (AutoRollback: rolls back).
+    lost = [i for i in r.launched if i not in by_id and i not in r.served]
+    if lost:
+        _fail(backend, group, r, "Replacement instance(s) ended before they were InService "
+                                 f"(launch failed): {', '.join(lost)}")
         return
     waiting = [s.instance.id for s in launched if s.lifecycle_state != "InService"]
     if waiting:
         r.status_reason = (
             f"Waiting for replacement instance(s) to enter InService: {', '.join(waiting)}"
         )
+        return
+    if r.retiring:
+        # The batch's replacements are InService: the instances they replace go (the load
+        # balancer drains them first, serving_nodes.py).
+        _retire(backend, group, r, by_id)
         return
     if r.checkpoint_wait:
         r.checkpoint_wait, r.status_reason = False, ""
@@ -421,6 +445,7 @@ def _replace_live_batch(backend: Any, group: Any, r: _Refresh, by_id: dict[str, 
         room = math.ceil(r.live_total * cp / 100) - r.live_done
         batch = max(1, min(batch, room))
     version = r.target if r.target is not None else group_version(group)
+    surge = int(prefs.get("MaxHealthyPercentage", 100)) > 100
     for iid in eligible[:batch]:
         old = by_id[iid]
         r.live_todo.remove(iid)
@@ -429,7 +454,11 @@ def _replace_live_batch(backend: Any, group: Any, r: _Refresh, by_id: dict[str, 
             group.instance_states.remove(old)
             terminate(backend, [iid])
             continue
-        new = _replace(backend, group, old, version)
+        if surge:
+            r.retiring.append(iid)
+            new = _launch_replacement(backend, group, version)
+        else:
+            new = _replace(backend, group, old, version)
         if new is None:
             r.unlaunched += 1
         else:
@@ -457,6 +486,15 @@ def _replace_live_batch(backend: Any, group: Any, r: _Refresh, by_id: dict[str, 
         )
 
 
+def _retire(backend: Any, group: Any, r: _Refresh, by_id: dict[str, Any]) -> None:
+    old = [by_id[i] for i in r.retiring if i in by_id]
+    for state in old:
+        group.instance_states.remove(state)
+    terminate(backend, [s.instance.id for s in old])
+    r.retiring = []
+    refresh_load_balancers(backend, group)
+
+
 def _succeed(group: Any, r: _Refresh) -> None:
     if r.desired and r.target is not None:
         spec = r.desired.get("LaunchTemplate") or {}
@@ -478,7 +516,11 @@ def _step_rollback(backend: Any, group: Any, r: _Refresh) -> None:
     previous = group_version(group)  # the desired configuration was never applied
     if live:
         for iid in live[: _batch_size(r, group)]:
-            if _replace(backend, group, by_id[iid], previous) is None:
+            if rb["kept"]:
+                rb["kept"] -= 1
+                group.instance_states.remove(by_id[iid])
+                terminate(backend, [iid])
+            elif _replace(backend, group, by_id[iid], previous) is None:
                 activities.note_shortfall(group)  # the group launches it when it can
             rb["todo"].remove(iid)
             rb["done"] += 1
@@ -505,6 +547,9 @@ def _step(backend: Any, group: Any, r: _Refresh) -> None:
         else:
             _step_in_progress(backend, group, r)
     elif r.status == "Cancelling":
+        # Replacements already launched stay (AWS does not undo a cancelled refresh's
+        # work); the instances they were to replace go, leaving the group at its size.
+        _retire(backend, group, r, {s.instance.id: s for s in group.instance_states})
         r.status, r.end_time = "Cancelled", now()
         r.status_reason = r.status_reason or "Cancelled by user"
     elif r.status == "RollbackInProgress":
