@@ -51,7 +51,7 @@ class Progress:
             self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}", markup=False),
                             TimeElapsedColumn(), transient=True, refresh_per_second=4,
                             console=Console(file=getattr(self.stream, "raw", self.stream),
-                                            highlight=False))
+                                            highlight=False, emoji=False))
             self._bar.start()
             self._task = self._bar.add_task("", total=None)
         return self

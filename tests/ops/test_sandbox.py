@@ -1378,3 +1378,18 @@ def test_capacity_block_offerings_end_at_1130_utc_and_a_purchase_makes_the_reser
     with pytest.raises(ClientError) as err:  # an offering is bought once
         ec2.purchase_capacity_block(CapacityBlockOfferingId=first, InstancePlatform="Linux/UNIX")
     assert err.value.response["Error"]["Code"] == "InvalidCapacityBlockOfferingId.NotFound"
+
+
+def test_a_secret_marked_for_deletion_is_refused_with_awss_message_until_restored(
+        sandbox_client):
+    sm = sandbox_client("secretsmanager")
+    arn = sm.create_secret(Name=_name("doomed-key"), SecretString="k-1")["ARN"]
+    sm.delete_secret(SecretId=arn, RecoveryWindowInDays=7)
+    with pytest.raises(ClientError) as err:
+        sm.get_secret_value(SecretId=arn)
+    assert err.value.response["Error"] == {
+        "Code": "InvalidRequestException",
+        "Message": "You can't perform this operation on the secret because it was marked for "
+                   "deletion."}
+    sm.restore_secret(SecretId=arn)
+    assert sm.get_secret_value(SecretId=arn)["SecretString"] == "k-1"

@@ -52,8 +52,8 @@ def serving(url: str) -> Any:
 def serving_pool(home: Path, speed: float, **yaml: Any) -> Iterator[dict[str, Any]]:
     """`sandbox start --serve` in `home`, the test pool (`pool_yaml(**yaml)`, AWS only, an API
     key in Secrets Manager) deployed; yields home, url (the sandbox), lb (the pool's loopback
-    endpoint, once a node answers through it) and cfg. On exit the sandbox stops and no
-    process it started may outlive it."""
+    endpoint, once a node answers through it), cfg and secret (the API key's ARN). On exit
+    the sandbox stops and no process it started may outlive it."""
     info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=speed)
     url = str(info.endpoint)
     arn = boto3_client(url, "secretsmanager").create_secret(
@@ -75,7 +75,7 @@ def serving_pool(home: Path, speed: float, **yaml: Any) -> Iterator[dict[str, An
             return str(lbs[0]["Endpoint"]) if ok else None
 
         lb = wait_for("a node serving behind the load balancer", ready)
-        yield {"home": home, "url": url, "lb": lb, "cfg": cfg}
+        yield {"home": home, "url": url, "lb": lb, "cfg": cfg, "secret": arn}
     finally:
         manager.stop(home=home)
         left = subprocess.run(["pgrep", "-af", str(home)], capture_output=True, text=True)

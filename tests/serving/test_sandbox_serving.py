@@ -48,7 +48,9 @@ def test_a_completion_streams_through_the_load_balancer_from_a_node_that_booted(
     assert len(text.split()) == 20
     # The node's own log: the synthesized script ran its phases and completed its hook.
     node = serving(served["url"])["nodes"][0]
-    assert node["BootExitCode"] == 0 and node["Address"].startswith("127.77.")
+    # the sandbox's first node: its own address, 127.<the sandbox's port as two bytes>.2
+    port = int(served["url"].rsplit(":", 1)[1])
+    assert node["BootExitCode"] == 0 and node["Address"] == f"127.{port // 256}.{port % 256}.2"
     log = (served["home"] / "sandbox" / "nodes" / node["InstanceId"] / "boot.log").read_text()
     for line in ("phase=weights", "weights: 2 of 2 files verified", "phase=readiness",
                  "lifecycle=CONTINUE", "phase=total"):

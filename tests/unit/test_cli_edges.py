@@ -261,3 +261,12 @@ def test_internal_error_names_a_subcommand(env, tmp_path, monkeypatch):
     r = inproc.run(["sandbox", "status", "--json"], env={**env, "POOLCTL_DEBUG": ""},
                    cwd=tmp_path, internal_error_ok=True)
     assert one_line(r, 70).startswith("internal error in sandbox status: KeyError: 'x';")
+
+
+def test_an_arn_prints_as_it_is_not_as_an_emoji(capsys):
+    # Secrets Manager ARNs hold ":secret:", one of rich's emoji codes
+    from poolctl.commands.common import console
+
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:chat-70b-key-AbCdEf"
+    console().print(f"boot failed: {arn}", markup=False)
+    assert capsys.readouterr().out.strip() == f"boot failed: {arn}"

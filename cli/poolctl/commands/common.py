@@ -305,7 +305,9 @@ def console() -> Console:
     wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
     # No colours: what a table prints passes stdout's escaping of control characters
     # (errors.EscapingStream), which would show a colour's escape sequence as text.
-    return Console(highlight=False, width=PIPE_WIDTH if wide else None, color_system=None)
+    # No emoji codes: an ARN's ":secret:" (Secrets Manager) would print as an emoji.
+    return Console(highlight=False, width=PIPE_WIDTH if wide else None, color_system=None,
+                   emoji=False)
 
 
 def print_findings(findings: Iterable[Finding], stream: TextIO | None = None) -> None:

@@ -271,7 +271,7 @@ publish_queue() {
 on_exit() {
   local rc=$?
   if [[ -n ${HB_PID:-} ]]; then kill "$HB_PID" 2>/dev/null || true; fi
-  if ((rc != 0)); then
+  if ((rc != 0)) && [[ -z ${BOOT_DONE:-} ]]; then
     log "phase=failed seconds=$SECONDS"
     lifecycle ABANDON
   fi
@@ -299,6 +299,7 @@ boot() {
     phase serving start_serving
     phase readiness wait_ready
   fi
+  BOOT_DONE=1
   lifecycle CONTINUE
   echo "$target" >"$STATE/lifecycle-done"
   log "phase=total seconds=$((SECONDS - t0)) uptime=$(cut -d' ' -f1 /proc/uptime)"

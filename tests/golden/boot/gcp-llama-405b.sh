@@ -226,7 +226,7 @@ EOF
 
 on_exit() {
   local rc=$?
-  if ((rc != 0)); then
+  if ((rc != 0)) && [[ -z ${BOOT_DONE:-} ]]; then
     log "phase=failed seconds=$SECONDS"
   fi
 }
@@ -249,6 +249,7 @@ boot() {
     phase serving start_serving
     phase readiness wait_ready
   fi
+  BOOT_DONE=1
   log "phase=total seconds=$((SECONDS - t0)) uptime=$(cut -d' ' -f1 /proc/uptime)"
 }
 

@@ -286,13 +286,36 @@ def _stop_processes() -> None:
     balancers.clear()
 
 
+def _health(b: Balancer) -> dict[str, dict[str, str]]:
+    """Each target's state as HAProxy's checks see it (`show stat`'s status: UP, DOWN,
+    "DOWN 1/2" while rising, DRAIN, ...), by backend and instance."""
+    running = b.proc is not None and b.proc.poll() is None
+    try:
+        text = _runtime(b, "show stat") if running else ""
+    except OSError:
+        text = ""
+    rows = [line.split(",") for line in text.splitlines() if line and "," in line]
+    if not rows or not rows[0][0].startswith("# "):
+        return {}
+    col = {name: k for k, name in enumerate([rows[0][0][2:], *rows[0][1:]])}
+    status = {(r[col["pxname"]], r[col["svname"]]): r[col["status"]] for r in rows[1:]
+              if len(r) > col["status"]}
+    out: dict[str, dict[str, str]] = {}
+    for be in b.backends.values():
+        slots = {**{slot: inst for slot, (_, inst) in be.draining.items()},
+                 **{slot: inst for inst, slot in be.slots.items()}}
+        out[be.name] = {inst: status.get((be.name, slot), "?") for slot, inst in slots.items()}
+    return out
+
+
 def report() -> list[dict[str, Any]]:
     return [{"LoadBalancerName": b.name, "DNSName": b.dns,
              "Endpoint": (f"http://127.0.0.1:{min(b.ports.values())}" if b.ports else None),
              "Listeners": {str(k): f"127.0.0.1:{v}" for k, v in b.ports.items()},
              "HttpsServedAsHttp": b.https,
              "Running": b.proc is not None and b.proc.poll() is None,
-             "Targets": {be.name: sorted(be.slots) for be in b.backends.values()}}
+             "Targets": {be.name: sorted(be.slots) for be in b.backends.values()},
+             "Health": _health(b)}
             for b in balancers.values()]
 
 

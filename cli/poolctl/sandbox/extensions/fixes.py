@@ -12,6 +12,10 @@
 - CreateAutoScalingGroup on an existing name is AlreadyExists (moto replaced the group), and
   DeleteAutoScalingGroup deletes the group's lifecycle hooks and scaling policies, as AWS
   does (moto kept them, so a new group of the same name inherited them).
+- GetSecretValue on a secret scheduled for deletion is InvalidRequestException with AWS's
+  message, "You can't perform this operation on the secret because it was marked for
+  deletion." (moto's message repeated the CLI's own "An error occurred ..." prefix and a run
+  of spaces, which a node's boot failure line would carry).
 
 The ones below make a second `terraform plan` after `poolctl deploy --sandbox` empty (the AWS
 provider reads back every attribute it wrote; a missing one is a perpetual diff):
@@ -45,7 +49,10 @@ NAMES = (
     "moto-fixes.security-group-rule-description",
     "moto-fixes.group-create-delete",
     "moto-fixes.update-keeps-mixed-instances-policy",
+    "moto-fixes.secret-marked-for-deletion",
 )
+MARKED_FOR_DELETION = ("You can't perform this operation on the secret because it was marked "
+                       "for deletion.")
 
 
 def _instance_warmup(raw: Any) -> int | None:
@@ -223,6 +230,19 @@ def install() -> None:
                 "Version": str(number)}
 
     InstanceState.launch_template = property(launch_template)  # type: ignore[method-assign,assignment]  # moto extension: a property replaced
+
+    from moto.secretsmanager.exceptions import InvalidRequestException
+    from moto.secretsmanager.models import SecretsManagerBackend
+
+    orig_get_value = SecretsManagerBackend.get_secret_value
+
+    def get_secret_value(self: Any, secret_id: str, *args: Any, **kw: Any) -> Any:
+        secret = self.secrets[secret_id] if self._is_valid_identifier(secret_id) else None
+        if secret is not None and secret.is_deleted():
+            raise InvalidRequestException(MARKED_FOR_DELETION)
+        return orig_get_value(self, secret_id, *args, **kw)
+
+    SecretsManagerBackend.get_secret_value = get_secret_value  # type: ignore[method-assign]  # moto extension: AWS's message
 
 
 def reset() -> None:

@@ -6,8 +6,10 @@ data, byte for byte, as `bash user-data boot` (the command the script's systemd 
 the sandbox plays systemd: it starts that unit and the queue timer), after the plan's node
 boot time over the speed. The node is a process group of its own with:
 
-- its own loopback address, 127.77.X.Y, where its engine listens (POOLCTL_SERVING_HOST in the
-  script, POOLCTL_NODE_ADDRESS for the engine);
+- its own loopback address, 127.A.B.C, where its engine listens (POOLCTL_SERVING_HOST in the
+  script, POOLCTL_NODE_ADDRESS for the engine): A.B is the sandbox's own port (A = port / 256,
+  B = port % 256), so two sandboxes on one machine never hand out the same address (their
+  engines listen on the pool's port, 8000 for both), and C counts the nodes from 2;
 - its own folder under the sandbox's state (`nodes/<instance id>/`): `state/` (the script's
   state), `cache/` (the NVMe cache: a folder, emptied when the instance stops), `root/`
   (the image, kept across a stop, as an EBS root volume keeps it), `bin/` (the stand-ins,
@@ -44,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from poolctl import naming
 from poolctl.bootscript import failed_line
@@ -69,10 +72,11 @@ wait "$boot"
 echo "$?" >"$4/boot.rc"
 wait
 """
-NODE_NET = "127.77"  # node k: 127.77.(k // 250).(k % 250 + 2)
+NODE_LIMIT = 254  # 127.A.B.2 to 127.A.B.255
 KILL_GRACE_S = 5.0
 
-_serve: dict[str, Any] = {"on": False, "speed": 1.0, "endpoint": "", "root": None}
+_serve: dict[str, Any] = {"on": False, "speed": 1.0, "endpoint": "", "root": None,
+                          "net": "127.77.0"}
 # (region, project, pool) -> what deploy --sandbox registered: phases and the model
 pools: dict[tuple[str, str, str], dict[str, Any]] = {}
 
@@ -96,11 +100,15 @@ class Node:
 
 nodes: dict[str, Node] = {}
 _count = {"n": 0}
+_TICK = threading.Lock()
+_over: set[str] = set()  # instances past NODE_LIMIT, said once each
 
 
 def enable(speed: float, endpoint: str, root: Path) -> None:
     """Serve (called by the server before it answers): nodes boot for real from now on."""
-    _serve.update(on=True, speed=float(speed), endpoint=endpoint, root=Path(root))
+    port = urlsplit(endpoint).port or 0
+    _serve.update(on=True, speed=float(speed), endpoint=endpoint, root=Path(root),
+                  net=f"127.{port // 256}.{port % 256}")
     balancers.configure(Path(root), float(speed))
     autoscaler.enable(float(speed))
     threading.Thread(target=_loop, name="poolctl-serving-nodes", daemon=True).start()
@@ -144,10 +152,14 @@ def _user_data(instance: Any) -> bytes | None:
         return str(raw).encode()
 
 
-def _new_address() -> str:
+def _new_address() -> str | None:
+    """The next node's address; None once the sandbox has handed out NODE_LIMIT (the node
+    then stays a record, as nodes of a sandbox without --serve are)."""
     k = _count["n"]
+    if k >= NODE_LIMIT:
+        return None
     _count["n"] += 1
-    return f"{NODE_NET}.{k // 250}.{k % 250 + 2}"
+    return f"{_serve['net']}.{k + 2}"
 
 
 def _phases(node: Node, kind: str) -> dict[str, float]:
@@ -219,26 +231,47 @@ def _kill(node: Node, sig: int) -> None:
         pass
 
 
-def _stop(node: Node, wipe_cache: bool) -> None:
-    _kill(node, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(node.pgid or 0, 0)
-        except (ProcessLookupError, PermissionError):
-            break
-        time.sleep(0.05)
-    _kill(node, signal.SIGKILL)
+def _alive(node: Node) -> bool:
+    """Whether any process of the node's group is left. The leader is this server's child:
+    reaped first, as a zombie still counts as a member of its group."""
+    if node.pgid is None:
+        return False
     if node.proc is not None:
-        try:
-            node.proc.wait(1)
-        except subprocess.TimeoutExpired:
-            pass
-    node.pgid = None
-    node.served = False
-    shutil.rmtree(node.folder / "containers", ignore_errors=True)
-    if wipe_cache:
-        shutil.rmtree(node.folder / "cache", ignore_errors=True)
+        node.proc.poll()
+    try:
+        os.killpg(node.pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _stop_all_of(stopping: list[Node], wipe_cache: bool) -> None:
+    """SIGTERM every node's processes at once, SIGKILL what is left KILL_GRACE_S later (as
+    `docker stop` and systemd do), so stopping many nodes takes one grace, not one each."""
+    for node in stopping:
+        _kill(node, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    left = [n for n in stopping if _alive(n)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [n for n in left if _alive(n)]
+    for node in left:
+        _kill(node, signal.SIGKILL)
+    for node in stopping:
+        if node.proc is not None:
+            try:
+                node.proc.wait(1)
+            except subprocess.TimeoutExpired:
+                pass
+        node.pgid = None
+        node.served = False
+        shutil.rmtree(node.folder / "containers", ignore_errors=True)
+        if wipe_cache:
+            shutil.rmtree(node.folder / "cache", ignore_errors=True)
+
+
+def _stop(node: Node, wipe_cache: bool) -> None:
+    _stop_all_of([node], wipe_cache)
 
 
 def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
@@ -256,6 +289,8 @@ def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
             for state in all_states(group):
                 inst = state.instance
                 seen.add(inst.id)
+                if ec2_state(inst) not in ("pending", "running"):
+                    continue  # ended or stopping: nothing boots on it
                 boot = boot_clock(state)
                 if not boot or not actions_of(state):
                     continue
@@ -269,9 +304,13 @@ def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
                 if script is None:
                     continue
                 if node is None:
+                    address = _new_address()
+                    if address is None:
+                        _note_limit(inst.id)
+                        continue
                     root = Path(_serve["root"]) / "nodes" / inst.id
                     node = Node(inst.id, backend.region_name, group.name, key,
-                                _new_address(), root, inst.instance_type)
+                                address, root, inst.instance_type)
                     nodes[inst.id] = node
                 node.boot_since = boot["since"]
                 starts.append((node, script, boot["kind"]))
@@ -295,13 +334,30 @@ def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
     return starts, ended
 
 
+def _note_limit(instance_id: str) -> None:
+    if instance_id not in _over:
+        _over.add(instance_id)
+        print(f"serving nodes: {instance_id} does not boot: this sandbox has served "
+              f"{NODE_LIMIT} nodes, its limit (restart it: sandbox stop, sandbox start --serve)",
+              flush=True)
+
+
 def tick(now: float | None = None) -> None:
+    with _TICK:  # stop_all waits for a tick under way: nothing starts after it
+        _tick(now)
+
+
+def _tick(now: float | None) -> None:
     if not _serve["on"]:
         return  # stopped (or never serving): start nothing
     now = time.monotonic() if now is None else now
     with LOCK:
         starts, ended = _scan()
     for node, script, kind in starts:
+        if node.pgid is not None:
+            # Stopped and started again between two looks (a warm node taken at once): the
+            # old boot ends first, as it does on EC2, its instance store with it.
+            _stop(node, wipe_cache=True)
         _start(node, script, kind)
     balancers.sync(address_of)  # before the ends below: a node ends once its targets drained
     for node, state in ended:
@@ -334,11 +390,10 @@ def _loop() -> None:
 def stop_all() -> None:
     """The sandbox stops: nothing starts again, every node's processes and every HAProxy
     end."""
-    _serve["on"] = False
+    with _TICK:
+        _serve["on"] = False
     balancers.stop_all()
-    for node in list(nodes.values()):
-        if node.pgid is not None:
-            _stop(node, wipe_cache=False)
+    _stop_all_of([n for n in list(nodes.values()) if n.pgid is not None], wipe_cache=False)
 
 
 def address_of(instance_id: str) -> str | None:
