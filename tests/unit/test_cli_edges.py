@@ -268,5 +268,5 @@ def test_an_arn_prints_as_it_is_not_as_an_emoji(capsys):
     from poolctl.commands.common import console
 
     arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:chat-70b-key-AbCdEf"
-    console().print(f"boot failed: {arn}", markup=False)
+    console().print(f"boot failed: {arn}", markup=False, soft_wrap=True)  # as status prints it
     assert capsys.readouterr().out.strip() == f"boot failed: {arn}"
