@@ -245,7 +245,7 @@ def _alive(node: Node) -> bool:
     return True
 
 
-def _stop_all_of(stopping: list[Node], wipe_cache: bool) -> None:
+def _stop(stopping: list[Node], wipe_cache: bool) -> None:
     """SIGTERM every node's processes at once, SIGKILL what is left KILL_GRACE_S later (as
     `docker stop` and systemd do), so stopping many nodes takes one grace, not one each."""
     for node in stopping:
@@ -268,10 +268,6 @@ def _stop_all_of(stopping: list[Node], wipe_cache: bool) -> None:
         shutil.rmtree(node.folder / "containers", ignore_errors=True)
         if wipe_cache:
             shutil.rmtree(node.folder / "cache", ignore_errors=True)
-
-
-def _stop(node: Node, wipe_cache: bool) -> None:
-    _stop_all_of([node], wipe_cache)
 
 
 def _scan() -> tuple[list[tuple[Node, bytes, str]], list[tuple[Node, str]]]:
@@ -353,21 +349,17 @@ def _tick(now: float | None) -> None:
     now = time.monotonic() if now is None else now
     with LOCK:
         starts, ended = _scan()
+    # Stopped and started again between two looks (a warm node taken at once): the old boot
+    # ends first, as it does on EC2, its instance store with it.
+    _stop([node for node, _, _ in starts if node.pgid is not None], wipe_cache=True)
     for node, script, kind in starts:
-        if node.pgid is not None:
-            # Stopped and started again between two looks (a warm node taken at once): the
-            # old boot ends first, as it does on EC2, its instance store with it.
-            _stop(node, wipe_cache=True)
         _start(node, script, kind)
     balancers.sync(address_of)  # before the ends below: a node ends once its targets drained
-    for node, state in ended:
-        if state in ("stopped", "stopping"):
-            _stop(node, wipe_cache=True)
-            continue
-        # Auto Scaling ends an instance once its targets drained (the deregistration delay)
-        until = balancers.drain_until(node.instance_id)
-        if until is None or now >= until:
-            _stop(node, wipe_cache=True)
+    # A stopped instance ends at once; a terminated one once its targets drained (Auto
+    # Scaling waits for the deregistration delay).
+    _stop([node for node, state in ended if state in ("stopped", "stopping")
+           or (until := balancers.drain_until(node.instance_id)) is None or now >= until],
+          wipe_cache=True)
     for node in list(nodes.values()):
         if node.pgid is not None and node.exit_code is None:
             try:
@@ -393,7 +385,7 @@ def stop_all() -> None:
     with _TICK:
         _serve["on"] = False
     balancers.stop_all()
-    _stop_all_of([n for n in list(nodes.values()) if n.pgid is not None], wipe_cache=False)
+    _stop([n for n in list(nodes.values()) if n.pgid is not None], wipe_cache=False)
 
 
 def address_of(instance_id: str) -> str | None:
