@@ -38,6 +38,16 @@ NO_METADATA_ENV = {
 
 
 @dataclass(frozen=True)
+class LocalAddress:
+    """Where a sandbox's load balancer answers on this machine."""
+
+    scheme: str  # http, or https when its listener has a certificate
+    host: str  # 127.0.0.1
+    port: int
+    ca_file: str | None = None  # with https: the certificate a client trusts
+
+
+@dataclass(frozen=True)
 class AwsEndpoint:
     """One endpoint for every AWS service, with its own credentials (an emulator's)."""
 
@@ -89,8 +99,8 @@ class CloudEndpoints:
     # they take to boot, and boots them in that time).
     before_deploy: Callable[[Config, Pool], None] | None = None
     # Where a load balancer (by its DNS name) answers on this machine: the sandbox's HAProxy
-    # on a loopback port, as (host, port); None: at its DNS name, or not serving.
-    lb_address: Callable[[str], tuple[str, int] | None] | None = None
+    # on a loopback port; None: at its DNS name, or not serving.
+    lb_address: Callable[[str], LocalAddress | None] | None = None
     # Image builds only: hold the build this long, or fail it, where provisioning would run
     # (tests interrupt and fail builds with these).
     image_build_hold_s: int = 0

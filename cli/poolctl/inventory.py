@@ -35,6 +35,7 @@ class Endpoint:
     port: int
     internal: bool = True  # reachable from inside the network only
     api_key_secret: str | None = None  # where the key lives (ARN / secret name), not the key
+    ca_file: str | None = None  # a certificate to trust (the sandbox's, self-signed)
 
     @property
     def url(self) -> str:
@@ -44,6 +45,8 @@ class Endpoint:
     def curl(self) -> str:
         """A test request: the served models (vLLM's OpenAI API)."""
         parts = ["curl", "-sS"]
+        if self.ca_file:
+            parts += ["--cacert", shlex.quote(self.ca_file)]
         if self.api_key_secret:
             parts += ["-H", f'"Authorization: Bearer ${API_KEY_VAR}"']
         return " ".join([*parts, shlex.quote(f"{self.url}/v1/models")])

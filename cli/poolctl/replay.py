@@ -13,6 +13,13 @@ trace says it would.
 Measured per request: TTFT from the send to the first streamed token, end-to-end to the last,
 TPOT = (end-to-end - TTFT) / (output tokens - 1) as vLLM's benchmark computes it, and the
 error kind of a request that failed. Times are pool time: measured wall time x `speed`.
+
+The overhead: a server that streams (vLLM, the sandbox's engine) sends the response headers
+when it admits the request, before any token, so the time from the send to the headers is
+one round trip through the client, the network and the load balancer with no engine time in
+it; the first token pays that round trip once more. Its median, x `speed`, is the share of
+the reported TTFT that is not the pool's: real overhead, magnified by the speed (at speed 10,
+2 ms of HTTP reads as 20 ms of pool time).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import asyncio
 import csv
 import json
 import signal
+import ssl
 import sys
 import time
 from collections import Counter
@@ -47,6 +55,7 @@ class Outcome:
     ttft_s: float | None = None
     e2e_s: float | None = None
     output_tokens: int = 0
+    headers_s: float | None = None  # send -> the response's headers (one round trip)
     error: str | None = None  # its kind, e.g. "http 503", "connect", "timeout"
 
     @property
@@ -90,6 +99,9 @@ class ReplayReport:
     output_tokens_per_s: float
     speed: float
     wall_s: float
+    # the median round trip to the response headers (pool s), and its share of TTFT p90
+    overhead_s: float | None = None
+    overhead_share: float | None = None
 
     def to_json(self) -> dict[str, object]:
         def q(x: Quantiles) -> dict[str, float | None]:
@@ -100,7 +112,8 @@ class ReplayReport:
                 "interrupted": self.interrupted, "ttft_s": q(self.ttft_s),
                 "tpot_s": q(self.tpot_s), "e2e_s": q(self.e2e_s), "goodput": self.goodput,
                 "output_tokens_per_s": self.output_tokens_per_s, "speed": self.speed,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "overhead_s": self.overhead_s,
+                "overhead_share": self.overhead_share}
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:
@@ -134,16 +147,19 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
                    if o.ttft_s is not None and o.ttft_s <= ttft_slo_s
                    and (tpot_slo_s is None or (o.tpot_s or 0.0) <= tpot_slo_s))
         goodput = good / len(run.outcomes)
+    ttft = quantiles([o.ttft_s for o in done if o.ttft_s is not None])
+    overhead = percentile(sorted(o.headers_s for o in done if o.headers_s is not None), 0.5)
+    share = (overhead / ttft.p90 if overhead is not None and ttft.p90 else None)
     span = max(run.trace_s, max((o.arrival_s + (o.e2e_s or 0.0) for o in done), default=0.0))
     tokens = sum(o.output_tokens for o in done)
     return ReplayReport(
         requests=len(run.outcomes), completed=len(done), errors=dict(sorted(errors.items())),
         not_sent=run.not_sent, interrupted=run.interrupted,
-        ttft_s=quantiles([o.ttft_s for o in done if o.ttft_s is not None]),
+        ttft_s=ttft,
         tpot_s=quantiles([t for o in done if (t := o.tpot_s) is not None]),
         e2e_s=quantiles([o.e2e_s for o in done if o.e2e_s is not None]),
         goodput=goodput, output_tokens_per_s=tokens / span if span > 0 else 0.0,
-        speed=run.speed, wall_s=run.wall_s)
+        speed=run.speed, wall_s=run.wall_s, overhead_s=overhead, overhead_share=share)
 
 
 async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
@@ -155,6 +171,7 @@ async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
     try:
         async with asyncio.timeout(timeout_s):
             async with session.post(url, data=body, headers=headers) as resp:
+                o.headers_s = (time.monotonic() - t0) * speed
                 if resp.status != 200:
                     o.error = f"http {resp.status}"
                     await resp.read()
@@ -183,6 +200,8 @@ async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
                     o.error = "no tokens"
     except TimeoutError:
         o.error = "timeout"
+    except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError):
+        o.error = "tls"
     except aiohttp.ClientConnectorError:
         o.error = "connect"
     except (aiohttp.ClientError, ConnectionError):
@@ -191,12 +210,25 @@ async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
         o.error = "bad stream"
 
 
+def tls_context(ca_file: str | None) -> ssl.SSLContext | None:
+    """With `ca_file` (a sandbox's self-signed certificate), a context trusting it alone,
+    as a trust anchor even if it names another issuer (ACM's requested certificates do);
+    None: the system's trust store (aiohttp's default)."""
+    if ca_file is None:
+        return None
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return ctx
+
+
 async def run_replay(trace: Trace, base_url: str, model: str, *, api_key: str | None = None,
                      speed: float = 1.0, max_concurrency: int | None = None,
                      timeout_s: float = 600.0,
-                     progress: Callable[[str], None] | None = None) -> ReplayRun:
-    """Send `trace` to `base_url` (`http://host:port`); returns when every request ended, or
-    what was measured when interrupted (SIGINT). `timeout_s` bounds each request (wall)."""
+                     progress: Callable[[str], None] | None = None,
+                     ca_file: str | None = None) -> ReplayRun:
+    """Send `trace` to `base_url` (`http(s)://host:port`); returns when every request ended,
+    or what was measured when interrupted (SIGINT). `timeout_s` bounds each request (wall).
+    `ca_file`: a certificate to trust (tls_context)."""
     import aiohttp  # noqa: PLC0415 - replay only
 
     url = base_url.rstrip("/") + "/v1/completions"
@@ -230,8 +262,10 @@ async def run_replay(trace: Trace, base_url: str, model: str, *, api_key: str | 
                  f"{failed} failed, {(time.monotonic() - t0) * speed:.0f} s of "
                  f"{trace.span_s:.0f} s (pool time)")
 
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=conn,
+    conn = aiohttp.TCPConnector(limit=0, force_close=False, ssl=tls_context(ca_file) or True)
+    # No cookie jar: each of the trace's requests is its own client, so a sticky load
+    # balancer's cookie does not pin the whole trace to one node.
+    async with aiohttp.ClientSession(connector=conn, cookie_jar=aiohttp.DummyCookieJar(),
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
         for i, at in enumerate(trace.arrivals):
             wait = at / speed - (time.monotonic() - t0)
@@ -275,17 +309,23 @@ async def run_replay(trace: Trace, base_url: str, model: str, *, api_key: str | 
     return run
 
 
-async def served_model(base_url: str, api_key: str | None = None) -> str:
+async def served_model(base_url: str, api_key: str | None = None,
+                       ca_file: str | None = None) -> str:
     """The first model `/v1/models` lists (what a pool serves), or ValueError why not."""
     import aiohttp  # noqa: PLC0415 - replay only
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        conn = aiohttp.TCPConnector(ssl=tls_context(ca_file) or True)
+        async with aiohttp.ClientSession(connector=conn,
+                                         timeout=aiohttp.ClientTimeout(total=30)) as s:
             async with s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
                 if r.status != 200:
                     raise ValueError(f"GET /v1/models answered HTTP {r.status}")
                 data = await r.json(content_type=None)
+    except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
+        raise ValueError(f"TLS with {base_url} failed ({e}); a private certificate: point "
+                         "SSL_CERT_FILE at its CA") from None
     except (aiohttp.ClientError, TimeoutError) as e:
         raise ValueError(f"cannot reach {base_url} ({type(e).__name__})") from None
     try:

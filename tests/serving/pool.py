@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +48,57 @@ def serving(url: str) -> Any:
     return sandbox_admin(url, "GET", "/_poolctl/serving")
 
 
+def self_signed(home: Path) -> tuple[bytes, bytes]:
+    """(certificate, key) PEM of a self-signed certificate for 127.0.0.1, a day long."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    start = datetime.now(UTC) - timedelta(minutes=5)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(start + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM,
+                              serialization.PrivateFormat.TraditionalOpenSSL,
+                              serialization.NoEncryption()))
+
+
 @contextmanager
-def serving_pool(home: Path, speed: float, **yaml: Any) -> Iterator[dict[str, Any]]:
+def serving_pool(home: Path, speed: float, certificate: bool = False, serving_extra: str = "",
+                 **yaml: Any) -> Iterator[dict[str, Any]]:
     """`sandbox start --serve` in `home`, the test pool (`pool_yaml(**yaml)`, AWS only, an API
-    key in Secrets Manager) deployed; yields home, url (the sandbox), lb (the pool's loopback
-    endpoint, once a node answers through it), cfg and secret (the API key's ARN). On exit
+    key in Secrets Manager; `serving_extra`: more lines of its `serving:`) deployed; yields
+    home, url (the sandbox), lb (the pool's loopback endpoint, once a node answers through
+    it), cfg, secret (the API key's ARN) and with `certificate` cert (a self-signed one for
+    127.0.0.1 imported into the sandbox's ACM and named by certificate_arn: HTTPS). On exit
     the sandbox stops and no process it started may outlive it."""
     info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=speed)
     url = str(info.endpoint)
     arn = boto3_client(url, "secretsmanager").create_secret(
         Name="chat-70b-key", SecretString=KEY)["ARN"]
+    extra_aws, cert_file = "", None
+    if certificate:
+        pem, key = self_signed(home)
+        cert_file = home / "cert.pem"
+        cert_file.write_bytes(pem)
+        cert_arn = boto3_client(url, "acm").import_certificate(
+            Certificate=pem, PrivateKey=key)["CertificateArn"]
+        extra_aws = f"      certificate_arn: {cert_arn}\n"
     cfg = home / "poolctl.yaml"
-    text = pool_yaml(with_gcp=False, **yaml)
+    text = pool_yaml(with_gcp=False, extra_aws=extra_aws, **yaml)
     cfg.write_text(text.replace("      port: 8000\n",
-                                f"      port: 8000\n      api_key_secret: {arn}\n"))
+                                f"      port: 8000\n      api_key_secret: {arn}\n"
+                                f"{serving_extra}"))
     try:
         r = run_poolctl(home, "deploy", "--sandbox", "--auto-approve", "-f", str(cfg),
                         "--cloud", "aws", "--out", str(home / "cdktf.out"))
@@ -71,11 +108,11 @@ def serving_pool(home: Path, speed: float, **yaml: Any) -> Iterator[dict[str, An
             lbs = [lb for lb in serving(url)["load_balancers"] if lb["Running"]]
             if not lbs or not any(lbs[0]["Targets"].values()):
                 return None
-            ok = call(lbs[0]["Endpoint"], "/v1/models", key=KEY)[0] == 200
+            ok = call(lbs[0]["Endpoint"], "/v1/models", key=KEY, ca=cert_file)[0] == 200
             return str(lbs[0]["Endpoint"]) if ok else None
 
         lb = wait_for("a node serving behind the load balancer", ready)
-        yield {"home": home, "url": url, "lb": lb, "cfg": cfg, "secret": arn}
+        yield {"home": home, "url": url, "lb": lb, "cfg": cfg, "secret": arn, "cert": cert_file}
     finally:
         manager.stop(home=home)
         left = subprocess.run(["pgrep", "-af", str(home)], capture_output=True, text=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 # The example pool's line (examples/llama-70b-p5): TP 2 x DP 4 on one p5.48xlarge.
@@ -62,15 +64,19 @@ def standin(args: list[str], speed: float = 10.0, **env: str) -> Iterator[str]:
             proc.stdout.close()
 
 
-def call(url: str, path: str, body: dict | None = None, key: str | None = None
+def call(url: str, path: str, body: dict | None = None, key: str | None = None,
+         ca: Path | None = None, headers: dict[str, str] | None = None
          ) -> tuple[int, bytes]:
-    """(status, body) of a JSON request to `url + path` (POST when `body`), with the key."""
+    """(status, body) of a JSON request to `url + path` (POST when `body`), with the key;
+    an https URL is verified against `ca` (a self-signed certificate) strictly."""
     req = urllib.request.Request(url + path, data=None if body is None else
                                  json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+                                          **({"Authorization": f"Bearer {key}"} if key else {}),
+                                          **(headers or {})})
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=ctx) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

@@ -1,7 +1,6 @@
-"""`poolctl replay --url` against the stand-in engine: the client's TTFT and TPOT beside
-`simulate`'s on the same slice and model (this checks the data path and the wall-time driver,
-not the GPU model: both sides run poolctl's serving model), prefix reuse found through HTTP,
-and the command's errors and Ctrl-C."""
+"""`poolctl replay --url` against the stand-in engine: vLLM's 400 for prompts past the
+model's length, prefix reuse found through HTTP, and the command's errors and Ctrl-C. (Replay
+beside `simulate` runs through a whole serving pool: test_sandbox_https.py.)"""
 
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-70b-p5" / "poolctl.yaml"
 AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
 MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake-sample.jsonl"
-# Client and HTTP overhead is magnified by the speed; on a loaded 2-core CI machine at 10 it
-# reached 17 % of this slice's TTFT p90 (0.45 s measured, 0.39 s simulated), at 4 it stays
-# within the 15 % the issue asks.
 SPEED = 4.0
 
 
@@ -39,21 +35,6 @@ def _replay(home, *args):
     r = run_poolctl(home, "replay", *args, "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
-
-
-@pytest.mark.standalone
-def test_replay_matches_simulate_on_a_slice_of_the_azure_trace(engine, tmp_path):
-    # 3 minutes of the conversation trace (~850 requests) through one node of the example
-    # (4 replicas of TP 2), sent 4x faster; simulate runs the same slice on 4 replicas.
-    out = _replay(tmp_path, "--trace", str(AZURE), "--url", engine, "--speed", str(SPEED),
-                  "--duration", "3m", "-f", str(EXAMPLE), "--cloud", "aws", "--compare",
-                  "--replicas", "4")
-    assert out["errors"] == {} and out["completed"] == out["requests"] > 700
-    for metric in ("ttft_s", "tpot_s"):
-        measured, predicted = out[metric]["p90"], out["predicted"][metric]["p90"]
-        assert measured == pytest.approx(predicted, rel=0.15), (metric, measured, predicted)
-    # the example's SLO is TTFT p90 2 s, which 4 replicas meet on this slice
-    assert out["goodput"] is not None and 0.9 <= out["goodput"] <= 1.0
 
 
 @pytest.mark.standalone

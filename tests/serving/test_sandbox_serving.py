@@ -75,7 +75,7 @@ def test_status_shows_the_loopback_endpoint_and_the_published_queue(served):
         s = json.loads(r.stdout)["pools"][0]
         return s if s.get("queue_per_replica") is not None else None
 
-    # the queue timer: 30 s after boot, then every 15 s (3 s and 1.5 s at speed 10)
+    # the queue timer: 30 s of pool time after boot (3 s at speed 10), then every 5 wall s
     s = wait_for("a queue datapoint", status, timeout=60)
     assert s["queue_per_replica"] == 0  # nothing waits on an idle pool
     assert s["endpoint"]["url"] == served["lb"] and s["endpoint"]["api_key"] is True

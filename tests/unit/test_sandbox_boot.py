@@ -77,3 +77,16 @@ def test_docs_list_every_admin_endpoint_the_server_answers():
     assert {"/_poolctl/boot", "/_poolctl/start-times", "/_poolctl/health"} <= paths
     page = (Path(__file__).resolve().parents[2] / "docs" / "sandbox.md").read_text()
     assert [p for p in sorted(paths) if p not in page] == []
+
+
+@pytest.mark.parametrize(("speed", "wall"), [
+    (1.0, 15.0),  # real time: the script's timer, every 15 s
+    (2.0, 7.5),  # 15 / 2, already past the 5-s floor
+    (10.0, 5.0),  # 1.5 s would start 0.4 s of aws CLI per node every 1.5 s: the floor
+    (20.0, 2.7),  # the floor would skip 60-s periods (100 s of pool): 0.9 x 60 / 20
+])
+def test_a_serving_nodes_queue_timer_spares_the_cpu_but_fills_every_period(speed, wall):
+    from poolctl.sandbox.extensions.serving_nodes import queue_period_wall
+
+    assert queue_period_wall(speed) == pytest.approx(wall)
+    assert queue_period_wall(speed) * speed <= 60  # a datapoint in every metric period

@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TextIO
@@ -27,6 +28,7 @@ from poolctl.home import cannot_create
 from poolctl.rules import errors, refusal, run_checks
 from poolctl.runtime.common import watch_hint
 from poolctl.sandbox import manager
+from poolctl.sandbox.serving import sandbox_clock
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
@@ -186,6 +188,17 @@ def endpoints_of(sandbox: bool) -> CloudEndpoints:
         return real_clouds()
 
     return manager.endpoints()
+
+
+def now_of(sandbox: bool) -> datetime:
+    """The time a command schedules against: the machine's, or with --sandbox the sandbox's
+    clock (which tests move, and a serving sandbox runs S times faster), so that `--from
+    +10m` means ten minutes of the pool's time."""
+    if not sandbox:
+        return datetime.now(UTC)
+    aws = manager.endpoints().aws
+    assert aws is not None  # a sandbox emulates AWS
+    return sandbox_clock(aws.url)
 
 
 def pick_cloud(cfg: Config, pool: str | None, cloud: Cloud | None,

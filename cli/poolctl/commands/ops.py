@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -22,6 +21,7 @@ from poolctl.commands.common import (
     SandboxOpt,
     console,
     emit_json,
+    now_of,
     real,
     resolve_target,
     resolve_targets,
@@ -125,7 +125,6 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
              until: str | None, list_: bool, cancel: str | None, reserve: bool, yes: bool,
              sandbox: bool, json_out: bool) -> None:
     """`warm --from/--until`, `--list`, `--cancel`: every flag checked before a cloud call."""
-    now = datetime.now(UTC)
     others = {"--replicas": replicas is not None, "--running": running, "--wait": wait,
               "--reset": reset, "--exact": exact, "--from": start is not None,
               "--until": until is not None}
@@ -148,6 +147,8 @@ def _windows(replicas: int | None, cloud: Cloud | None, file: Path | None, pool:
                              f"drop {', '.join(extra)}")
         if replicas is None:
             raise UsageError("--from/--until: give --replicas N, the window's spare replicas")
+    now = now_of(sandbox)  # after every flag: with --sandbox, a call to the sandbox
+    if start is not None and until is not None:
         t_from, t_until = parse_time("--from", start, now), parse_time("--until", until, now)
     ctx = resolve_target(file, pool, cloud, sandbox)
     cfg, p, c = ctx.cfg, ctx.pool, ctx.cloud
@@ -238,8 +239,9 @@ def status(
         ep = ctx.ops.endpoint(ctx.cfg, t.pool)
         local = (ctx.endpoints.lb_address(ep.host)
                  if ep is not None and ctx.endpoints.lb_address is not None else None)
-        if ep is not None and local is not None:  # the sandbox's HAProxy (plain HTTP)
-            ep = replace(ep, scheme="http", host=local[0], port=local[1], internal=False)
+        if ep is not None and local is not None:  # the sandbox's HAProxy on loopback
+            ep = replace(ep, scheme=local.scheme, host=local.host, port=local.port,
+                         internal=False, ca_file=local.ca_file)
         lbs.append(ep)
     if json_out:
         emit_json({"pools": [{**s.to_json(), "endpoint": ep.to_json() if ep else None}

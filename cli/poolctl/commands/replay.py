@@ -4,6 +4,7 @@ and report what a client saw (a trace-driven benchmark; on the sandbox, a rehear
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -43,7 +44,7 @@ from poolctl.replay import (
     stderr_progress,
     write_requests_csv,
 )
-from poolctl.sandbox.serving import sandbox_endpoint
+from poolctl.sandbox.serving import NodesTimeline, sandbox_endpoint
 from poolctl.simulate import json_safe, summary
 from poolctl.traces import MAX_REPLICAS
 from poolctl.windows import parse_span
@@ -52,6 +53,8 @@ DEFAULT_SYNTHETIC_S = 600.0  # --rate without --duration
 MAX_SPEED = 1000.0
 MAX_CONCURRENCY = 1_000_000
 MAX_TIMEOUT_S = 86_400.0
+# Past this share of TTFT p90, the magnified overhead distorts what replay reports (docs).
+OVERHEAD_WARN = 0.05
 
 
 def replay(
@@ -130,23 +133,28 @@ def replay(
     if compare or file is not None or pool is not None:
         cfg = load(file)
         tgt = one_target(cfg, pool, cloud)
+    pool_ep = None
     if sandbox:
         eps = endpoints_of(True)
         if tgt is None:
             cfg = load(file)
             tgt = one_target(cfg, pool, cloud)
         assert eps.aws is not None and cfg is not None
-        url, sandbox_speed = sandbox_endpoint(eps.aws, cfg, tgt.pool)
-        speed = speed or sandbox_speed
+        pool_ep = sandbox_endpoint(eps.aws, cfg, tgt.pool)
+        url, speed = pool_ep.url, speed or pool_ep.speed
     assert url is not None
+    ca_file = pool_ep.ca_file if pool_ep is not None else None
     speed = speed or 1.0
     try:
-        model = asyncio.run(served_model(url, api_key))
+        model = asyncio.run(served_model(url, api_key, ca_file))
     except ValueError as e:
         raise UsageError(f"--url {shown(url)}: {e}") from None
-    run = asyncio.run(run_replay(tr, url, model, api_key=api_key, speed=speed,
-                                 max_concurrency=max_concurrency, timeout_s=timeout,
-                                 progress=None if json_out else stderr_progress))
+    # On the sandbox, the nodes behind the load balancer are sampled while the trace runs.
+    with (NodesTimeline(pool_ep) if pool_ep is not None else contextlib.nullcontext()) as tl:
+        run = asyncio.run(run_replay(tr, url, model, api_key=api_key, speed=speed,
+                                     max_concurrency=max_concurrency, timeout_s=timeout,
+                                     progress=None if json_out else stderr_progress,
+                                     ca_file=ca_file))
     if requests_out is not None:
         try:
             write_requests_csv(run, str(requests_out))
@@ -156,6 +164,8 @@ def replay(
     slo = tgt.pool.slo if tgt is not None else None
     rep = report(run, slo.ttft_p90_s if slo else None, slo.tpot_p90_s if slo else None)
     out: dict[str, Any] = {"url": url, "model": model, "trace": tr.source, **rep.to_json()}
+    if tl is not None:
+        out["nodes_in_service"] = [{"pool_s": p.pool_s, "nodes": p.nodes} for p in tl.points]
     if compare:
         assert tgt is not None
         n = replicas or tgt.pool.scaling.min_replicas
@@ -199,3 +209,15 @@ def render(rep: ReplayReport, out: dict[str, Any]) -> None:
     console().print(f"output: {rep.output_tokens_per_s:.0f} tokens/s; wall time "
                   f"{rep.wall_s:.1f} s at speed x{rep.speed:g} (times are pool time: measured "
                   "x speed)")
+    if rep.overhead_s is not None and rep.overhead_share is not None:
+        console().print(f"overhead: {rep.overhead_s:.3f} s per request (the round trip to the "
+                        f"response headers, x{rep.speed:g}), {rep.overhead_share:.1%} of TTFT "
+                        "p90")
+        if rep.overhead_share > OVERHEAD_WARN and rep.speed > 1:
+            console().print(f"  over {OVERHEAD_WARN:.0%}: this TTFT is this machine's more than "
+                            "the pool's; rehearse at a lower speed (`poolctl sandbox start "
+                            "--serve --speed S`) or with fewer nodes", soft_wrap=True)
+    nodes = out.get("nodes_in_service")
+    if nodes:
+        console().print("nodes in service: " + " -> ".join(
+            f"{p['nodes']} ({p['pool_s']:.0f} s)" for p in nodes))

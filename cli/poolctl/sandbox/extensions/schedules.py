@@ -18,14 +18,20 @@ when the clock moves.
 
 THE CLOCK: the sandbox's time is the machine's plus an offset, which POST /_poolctl/clock
 {"offset_seconds": S} or {"advance_seconds": S} sets (admin.py), so a test moves past a
-window's start in a second. The offset applies to scheduled actions and Capacity Blocks
-(capacity.py) only; boot times, refreshes and activities keep the machine's time. moto's
-reset puts it back to 0.
+window's start in a second. A sandbox that serves at speed S (`sandbox start --serve
+--speed S`) paces it: from the start, the clock runs S times faster than the machine's (the
+machine's time at the start + S x the wall seconds since + the offset), the one clock the
+nodes, the alarms and policies (autoscaler.py) run on, so a scheduled action 10 minutes
+ahead runs after a minute at speed 10; the serving loop runs due actions on every tick.
+The clock applies to scheduled actions and Capacity Blocks (capacity.py); boot times,
+refreshes and activities keep the machine's time stamps. moto's reset puts the offset back
+to 0.
 Not emulated: Recurrence and TimeZone (stored and listed, never run); EndTime.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -49,16 +55,28 @@ MAX_BATCH = 50  # BatchPut/BatchDelete: "The maximum number allowed is 50"
 _SIZES = ("MinSize", "MaxSize", "DesiredCapacity")
 
 _offset_s = 0.0
+# (the machine's time when pacing began, time.monotonic() then, speed); None: not paced
+_paced: tuple[datetime, float, float] | None = None
 # What else runs on the clock's tick (after the due actions): Capacity Blocks ending.
 ON_TICK: list[Callable[[], None]] = []
 
 
+def pace(speed: float) -> None:
+    """From now on the clock runs `speed` times faster than the machine's."""
+    global _paced
+    _paced = (now(), time.monotonic(), float(speed))
+
+
 def clock_now() -> datetime:
-    return now() + timedelta(seconds=_offset_s)
+    if _paced is None:
+        return now() + timedelta(seconds=_offset_s)
+    start, mono0, speed = _paced
+    return start + timedelta(seconds=(time.monotonic() - mono0) * speed + _offset_s)
 
 
 def clock_report() -> dict[str, Any]:
-    return {"now": clock_now().isoformat(timespec="seconds"), "offset_seconds": _offset_s}
+    return {"now": clock_now().isoformat(timespec="seconds"), "offset_seconds": _offset_s,
+            "speed": 1.0 if _paced is None else _paced[2]}
 
 
 def set_clock(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,198 @@
+"""The serving sandbox with HTTPS, stickiness and a steady pool: a certificate imported into
+the sandbox's ACM serves TLS on the HTTPS listener (port 80 redirects to it), a sticky pool's
+cookie keeps a client on one node, `replay --compare` through the load balancer agrees with
+`simulate` on ten minutes of the Azure conversation trace, and scheduled actions run on the
+sandbox's one clock.
+
+One pool for the module: two nodes of four replicas (min = max, so nothing scales), sticky
+routing, an API key, a self-signed certificate for 127.0.0.1. The tests do not change the
+pool; they run in any order."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.plugins.sandbox import (
+    boto3_client,
+    poolctl_env,
+    run_poolctl,
+    sandbox_admin,
+    terraform_missing,
+)
+from tests.serving.pool import KEY, KEY_VAR, MODEL, serving, serving_pool, wait_for
+from tests.serving.standin import call
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
+                                                  reason=str(terraform_missing()))]
+SPEED = 10.0
+ROOT = Path(__file__).resolve().parents[2]
+AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    with serving_pool(tmp_path_factory.mktemp("tls-home"), SPEED, certificate=True,
+                      serving_extra="      balancer: sticky\n", min_replicas=8,
+                      max_replicas=8, warm=0, down_s=7200) as pool:
+        # both nodes behind the load balancer before any test routes
+        def both():
+            rep = serving(pool["url"])
+            return sum(len(t) for lb in rep["load_balancers"]
+                       for t in lb["Targets"].values()) == 2
+        wait_for("two nodes behind the load balancer", both, timeout=240)
+        yield pool
+
+
+def _listeners(tls) -> dict[str, str]:
+    [lb] = serving(tls["url"])["load_balancers"]
+    return lb["Listeners"]
+
+
+def test_https_serves_the_imported_certificate_and_port_80_redirects_to_it(tls):
+    assert tls["lb"].startswith("https://127.0.0.1:")
+    # verified strictly (chain and host name) against the certificate imported into ACM
+    status, body = call(tls["lb"], "/v1/models", key=KEY, ca=tls["cert"])
+    assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
+    # a client that does not trust it is refused at the handshake: TLS is real
+    with pytest.raises(urllib.error.URLError) as exc:
+        call(tls["lb"], "/v1/models", key=KEY, ca=None)
+    assert isinstance(exc.value.reason, ssl.SSLCertVerificationError)
+    # the port-80 listener redirects to the HTTPS one, path and query kept, as the stack's
+    # redirect action (HTTP_301 to port 443) does on AWS
+    ports = _listeners(tls)
+    host, port = ports["80"].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/v1/models?x=1")
+    resp = conn.getresponse()
+    assert resp.status == 301
+    assert resp.getheader("Location") == f"https://{ports['443']}/v1/models?x=1"
+    conn.close()
+
+
+def test_status_prints_the_https_endpoint_and_a_curl_that_works(tls):
+    r = run_poolctl(tls["home"], "status", "--sandbox", "-f", str(tls["cfg"]), "--cloud",
+                    "aws", "--json")
+    assert r.returncode == 0, r.stderr
+    ep = json.loads(r.stdout)["pools"][0]["endpoint"]
+    assert ep["url"] == tls["lb"] and ep["ca_file"]
+    # the printed line, run by a shell with the key in VLLM_API_KEY
+    out = subprocess.run(["bash", "-c", ep["curl"]], capture_output=True, text=True,
+                         timeout=30, env={**poolctl_env(tls["home"]), "VLLM_API_KEY": KEY})
+    assert out.returncode == 0, (ep["curl"], out.stderr)
+    assert json.loads(out.stdout)["data"][0]["id"] == MODEL
+
+
+def _served_by_node(tls) -> dict[str, float]:
+    """Requests each node's engine has finished (vLLM's vllm:request_success_total, read
+    from the node's own /metrics), by node address."""
+    out = {}
+    for node in serving(tls["url"])["nodes"]:
+        if not node["Running"]:
+            continue
+        with urllib.request.urlopen(f"http://{node['Address']}:8000/metrics",
+                                    timeout=10) as r:
+            text = r.read().decode()
+        out[node["Address"]] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                   if line.startswith("vllm:request_success_total"))
+    return out
+
+
+def _burst(tls, n: int, cookie: str | None) -> None:
+    """n requests at once (each a 2,000-token prompt, so they overlap), with the cookie."""
+    ctx = ssl.create_default_context(cafile=str(tls["cert"]))
+    errors: list[str] = []
+
+    def one():
+        body = json.dumps({"model": MODEL, "prompt": "a " * 2000, "max_tokens": 8}).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        if cookie:
+            headers["Cookie"] = cookie
+        req = urllib.request.Request(tls["lb"] + "/v1/completions", data=body,
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60, context=ctx) as r:
+                r.read()
+        except OSError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_sticky_pools_cookie_keeps_a_client_on_one_node(tls):
+    ctx = ssl.create_default_context(cafile=str(tls["cert"]))
+    req = urllib.request.Request(tls["lb"] + "/v1/models",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        cookie = r.headers["Set-Cookie"]
+    assert cookie and cookie.startswith("AWSALB=")  # the lb_cookie stickiness cookie
+    # Eight overlapping requests without the cookie: least outstanding requests spreads them
+    # over both nodes. With it: all eight on the node the cookie names.
+    before = _served_by_node(tls)
+    _burst(tls, 8, None)
+    spread = _served_by_node(tls)
+    _burst(tls, 8, cookie.split(";")[0])
+    pinned = _served_by_node(tls)
+    assert sorted(spread[a] - before[a] for a in before) != [0, 8]
+    assert sorted(pinned[a] - spread[a] for a in spread) == [0, 8]
+
+
+def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(tls, tmp_path):
+    # The first 10 minutes of the conversation trace (2,800 requests or so), sent through the
+    # load balancer (TLS, HAProxy) at speed 10 to both nodes; simulate runs the same slice on
+    # the same 8 replicas. Same serving model on both sides: this checks the control loop
+    # and the data path, not the GPU model.
+    r = run_poolctl(tls["home"], "replay", "--sandbox", "-f", str(tls["cfg"]), "--cloud",
+                    "aws", "--trace", str(AZURE), "--duration", "10m", "--compare",
+                    "--replicas", "8", "--api-key-env", KEY_VAR, "--json", timeout=900,
+                    **{KEY_VAR: KEY})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["errors"] == {} and out["completed"] == out["requests"] > 2000
+    assert out["predicted"]["replicas"] == 8
+    for metric in ("ttft_s", "tpot_s"):
+        measured, predicted = out[metric]["p90"], out["predicted"][metric]["p90"]
+        assert measured == pytest.approx(predicted, rel=0.15), (metric, measured, predicted)
+    # The overhead (a round trip to the response headers, x10) is reported and small.
+    assert 0 < out["overhead_s"] and out["overhead_share"] < 0.15
+    # min = max: both nodes served the whole slice
+    assert [p["nodes"] for p in out["nodes_in_service"]] == [2]
+
+
+def test_scheduled_actions_run_on_the_sandbox_clock(tls):
+    # The sandbox's clock runs 10x the machine's: two wall seconds are ~20 of its own.
+    t0 = datetime.fromisoformat(sandbox_admin(tls["url"], "GET", "/_poolctl/clock")["now"])
+    time.sleep(2)
+    t1 = datetime.fromisoformat(sandbox_admin(tls["url"], "GET", "/_poolctl/clock")["now"])
+    assert 15 <= (t1 - t0).total_seconds() <= 40
+    # An action two minutes ahead on that clock runs after ~12 wall seconds, not 120.
+    asg = boto3_client(tls["url"], "autoscaling")
+    [g] = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
+    name = g["AutoScalingGroupName"]
+    asg.put_scheduled_update_group_action(
+        AutoScalingGroupName=name, ScheduledActionName="clock-check",
+        StartTime=t1 + timedelta(seconds=120), MinSize=g["MinSize"], MaxSize=g["MaxSize"])
+    wall = time.monotonic()
+
+    def ran():
+        acts = asg.describe_scheduled_actions(AutoScalingGroupName=name)
+        return not acts["ScheduledUpdateGroupActions"]
+
+    wait_for("the scheduled action", ran, timeout=60, every=0.5)
+    took = time.monotonic() - wall
+    assert 5 <= took <= 40, took

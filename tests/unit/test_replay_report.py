@@ -1,0 +1,52 @@
+"""`replay`'s report from measured outcomes (numbers worked by hand), and the endpoint's
+`try: curl` line with a sandbox's certificate."""
+
+from __future__ import annotations
+
+import pytest
+
+from poolctl.inventory import Endpoint
+from poolctl.replay import Outcome, ReplayRun, report
+
+
+def _run() -> ReplayRun:
+    run = ReplayRun("https://127.0.0.1:1", "m", speed=10.0, trace_s=10.0)
+    # (ttft, e2e, output tokens, headers): pool seconds
+    for i, (ttft, e2e, out, hdr) in enumerate([(0.2, 2.2, 11, 0.02), (0.4, 4.4, 21, 0.01),
+                                               (1.0, 3.0, 5, 0.03), (0.6, 1.6, 3, 0.05)]):
+        run.outcomes.append(Outcome(i, float(i), 100, out, ttft_s=ttft, e2e_s=e2e,
+                                    output_tokens=out, headers_s=hdr))
+    run.outcomes.append(Outcome(4, 4.0, 100, 10, error="http 503"))
+    return run
+
+
+def test_overhead_is_the_median_round_trip_to_the_headers_over_ttft_p90():
+    rep = report(_run(), ttft_slo_s=0.5, tpot_slo_s=0.3)
+    # headers 0.01, 0.02, 0.03, 0.05: median 0.025. TTFT 0.2, 0.4, 0.6, 1.0: p90 by linear
+    # interpolation at rank 2.7 = 0.6 + 0.7 x 0.4 = 0.88.
+    assert rep.overhead_s == pytest.approx(0.025)
+    assert rep.ttft_s.p90 == pytest.approx(0.88)
+    assert rep.overhead_share == pytest.approx(0.025 / 0.88)
+    # TPOT: 2.0/10 = 0.2, 4.0/20 = 0.2, 2.0/4 = 0.5, 1.0/2 = 0.5; within TTFT 0.5 and TPOT
+    # 0.3: the first two; of five sent (the 503 counts against it): 40 %.
+    assert rep.goodput == pytest.approx(0.4)
+    assert rep.errors == {"http 503": 1} and rep.completed == 4
+    j = rep.to_json()
+    assert j["overhead_s"] == rep.overhead_s and j["overhead_share"] == rep.overhead_share
+
+
+def test_no_completed_request_has_no_overhead():
+    run = ReplayRun("http://127.0.0.1:1", "m", speed=1.0, trace_s=1.0)
+    run.outcomes.append(Outcome(0, 0.0, 10, 10, error="connect"))
+    rep = report(run)
+    assert rep.overhead_s is None and rep.overhead_share is None
+
+
+def test_the_curl_line_trusts_the_sandboxs_certificate():
+    ep = Endpoint("https", "127.0.0.1", 40443, internal=False, api_key_secret="arn:secret",
+                  ca_file="/home/u/.poolctl/sandbox/balancers/acme chat/ca.pem")
+    assert ep.curl() == ("curl -sS --cacert '/home/u/.poolctl/sandbox/balancers/acme chat/"
+                         "ca.pem' -H \"Authorization: Bearer $VLLM_API_KEY\" "
+                         "https://127.0.0.1:40443/v1/models")
+    plain = Endpoint("http", "lb.example", 80)
+    assert plain.curl() == "curl -sS http://lb.example/v1/models"
