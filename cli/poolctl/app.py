@@ -59,7 +59,7 @@ COMMANDS = (
     Entry("warm", "ops", "warm",
           "Prepare N replicas of spare capacity before a launch, now or for a window."),
     Entry("status", "ops", "status",
-          "Nodes in service / warm / pending, rollout progress, queue."),
+          "Nodes in service / warm / pending, rollout progress, queue, and the SLO as served."),
     Entry("ls", "pools", "ls", "Pools deployed in a region, found by their poolctl "
           "tags/labels (no file needed)."),
     Entry("logs", "pools", "logs", "The pool's logs: its CloudWatch Logs group (AWS) or its "

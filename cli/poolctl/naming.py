@@ -42,6 +42,16 @@ TAG_BOUGHT_AT = "poolctl:bought-at"
 # The queue metric each node publishes and the autoscaler targets.
 METRIC_NAMESPACE = "poolctl"
 METRIC_NAME = "RequestsWaitingPerReplica"
+# What a node publishes beside the queue, per pool (boot/_node_lib.sh.j2 latency_metrics;
+# docs/metrics.md): latency histograms as value/count arrays, counters' increases, gauges.
+TTFT_METRIC = "TimeToFirstToken"
+TPOT_METRIC = "TimePerOutputToken"
+E2E_METRIC = "EndToEndLatency"
+REQUESTS_METRIC = "Requests"
+PROMPT_TOKENS_METRIC = "PromptTokens"
+OUTPUT_TOKENS_METRIC = "GenerationTokens"
+RUNNING_METRIC = "RunningRequests"
+KV_USAGE_METRIC = "KvCacheUsage"
 GCP_METRIC_TYPE = "custom.googleapis.com/poolctl/requests_waiting_per_replica"
 LIFECYCLE_HOOK = "poolctl-node-ready"
 CACHE_MOUNT = "/mnt/poolctl-cache"

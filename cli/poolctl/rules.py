@@ -399,7 +399,8 @@ def _boot_size(c: Ctx) -> Iterator[Finding]:
         return
     assert c.cloud is not None  # a placement check: run_checks gives it the cloud
 
-    size = len(bootscript.render_boot_script(c.cfg, c.pool, c.cloud).encode())
+    size = len(bootscript.user_data(bootscript.render_boot_script(c.cfg, c.pool, c.cloud),
+                                    c.cloud))
     if problem := bootscript.size_problem(size, c.cloud):
         yield c.find(
             "error", "serving.extra_args", problem,

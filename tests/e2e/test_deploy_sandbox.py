@@ -15,6 +15,7 @@ capacity 1 + 2 = 3.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import re
@@ -173,7 +174,8 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
     assert {s["ResourceType"] for s in data["TagSpecifications"]} == {"instance", "volume"}
     # The emulator's stock AMI carries no boot-library tag: the plan chose the whole boot
     # script (a built image gets the image variant: tests/ops/test_image_build.py).
-    user_data = base64.b64decode(data["UserData"]).decode()
+    # gzip: cloud-init decompresses it (bootscript.user_data)
+    user_data = gzip.decompress(base64.b64decode(data["UserData"])).decode()
     assert "verify_weights() {" in user_data and "POOLCTL_LIB_VERSION=" not in user_data
 
     [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]

@@ -210,13 +210,15 @@ def test_status_json_endpoint_field_by_field(monkeypatch, capsys, aws_pools):
     dns = aws_pools["dns"]
     assert plain == {
         "scheme": "http", "host": dns["chat-70b"], "port": 80, "internal": True,
-        "api_key_secret": None, "url": f"http://{dns['chat-70b']}", "api_key": False,
+        "api_key_secret": None,
+        "ca_file": None, "url": f"http://{dns['chat-70b']}", "api_key": False,
         "curl": f"curl -sS http://{dns['chat-70b']}/v1/models"}
     # The HTTPS listener wins over the port-80 one; the key is a placeholder, never the
     # secret (its ARN says where it lives).
     assert keyed == {
         "scheme": "https", "host": dns["keyed"], "port": 443, "internal": True,
-        "api_key_secret": SECRET_ARN, "url": f"https://{dns['keyed']}", "api_key": True,
+        "api_key_secret": SECRET_ARN,
+        "ca_file": None, "url": f"https://{dns['keyed']}", "api_key": True,
         "curl": f'curl -sS -H "Authorization: Bearer $VLLM_API_KEY" '
                 f"https://{dns['keyed']}/v1/models"}
     assert SECRET_VALUE not in out
@@ -385,7 +387,7 @@ def test_gcp_status_defaults_to_the_only_placement_and_prints_the_endpoint(
     (s,) = json.loads(out)["pools"]
     assert s["cloud"] == "gcp" and s["endpoint"] == {
         "scheme": "http", "host": "10.8.0.5", "port": 80, "internal": True,
-        "api_key_secret": None, "url": "http://10.8.0.5", "api_key": False,
+        "api_key_secret": None, "ca_file": None, "url": "http://10.8.0.5", "api_key": False,
         "curl": "curl -sS http://10.8.0.5/v1/models"}
 
 

@@ -9,6 +9,7 @@ below, with stand-in `docker`/`s5cmd`.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import re
@@ -140,7 +141,7 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
            if rc["type"] == "aws_launch_template"]
     assert [lt["image_id"] for lt in lts] == [ami]
     # Its user data sources the boot library the image carries instead of holding it.
-    user_data = base64.b64decode(lts[0]["user_data"]).decode()
+    user_data = gzip.decompress(base64.b64decode(lts[0]["user_data"])).decode()
     assert f"POOLCTL_LIB_VERSION={lib_version}\n" in user_data
     assert "verify_weights() {" not in user_data
 

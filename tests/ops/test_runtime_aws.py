@@ -181,6 +181,7 @@ def test_status_endpoint_is_the_stacks_load_balancer(cli, aws):
     dns = lbs[0]["DNSName"]
     assert s["endpoint"] == {
         "scheme": "http", "host": dns, "port": 80, "internal": True, "api_key_secret": None,
+        "ca_file": None,
         "url": f"http://{dns}", "api_key": False, "curl": f"curl -sS http://{dns}/v1/models"}
 
 

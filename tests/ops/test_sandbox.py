@@ -1393,3 +1393,43 @@ def test_a_secret_marked_for_deletion_is_refused_with_awss_message_until_restore
                    "deletion."}
     sm.restore_secret(SecretId=arn)
     assert sm.get_secret_value(SecretId=arn)["SecretString"] == "k-1"
+
+
+# -------------------------------------------------------------------------------------
+# CloudWatch: value/count arrays kept weighted, percentiles and percentile rank of them
+
+
+def test_percentiles_of_published_value_count_arrays(sandbox_client):
+    from datetime import UTC, datetime, timedelta
+
+    cw = sandbox_client("cloudwatch")
+    dims = [{"Name": "AutoScalingGroupName", "Value": _name("pct")}]
+    # What a node's agent publishes for 10 requests (tests/unit/test_boot_runtime.py works
+    # the arrays out from a histogram): 10 points of 0.2 in (0.1, 0.25], 10 of 0.8 in
+    # [0.3125, 0.5]. Fractional counts: moto alone truncated each to 0 and kept nothing.
+    values = [0.1 + (j + 0.5) * 0.015 for j in range(10)] + [
+        0.3125 + (j + 0.5) * 0.01875 for j in range(10)]
+    counts = [0.2] * 10 + [0.8] * 10
+    cw.put_metric_data(Namespace="poolctl", MetricData=[
+        {"MetricName": "TimeToFirstToken", "Dimensions": dims, "Unit": "Seconds",
+         "Values": values, "Counts": counts}])
+    end = datetime.now(UTC) + timedelta(minutes=1)
+
+    def stat(s):
+        got = cw.get_metric_data(
+            MetricDataQueries=[{"Id": "q", "MetricStat": {
+                "Metric": {"Namespace": "poolctl", "MetricName": "TimeToFirstToken",
+                           "Dimensions": dims}, "Period": 600, "Stat": s}}],
+            StartTime=end - timedelta(minutes=10), EndTime=end)["MetricDataResults"][0]
+        return got["Values"][0]
+
+    # Nearest rank over the counts, by hand: p90 needs 9 of 10, 2 + 0.8 n >= 9 at the 9th
+    # point of the second bucket; p50 needs 5, at its 4th.
+    assert stat("p90") == pytest.approx(0.3125 + 8.5 * 0.01875)
+    assert stat("p50") == pytest.approx(0.3125 + 3.5 * 0.01875)
+    assert stat("SampleCount") == pytest.approx(10)
+    assert stat("Sum") == pytest.approx(sum(v * c for v, c in zip(values, counts, strict=True)))
+    # Percentile rank: the share at or below 0.25 (the first bucket's 2 of 10) and within
+    # (0.25, 0.4] (the second bucket's points up to 0.396875: 5 of them, 4.0).
+    assert stat("PR(:0.25)") == pytest.approx(20.0)
+    assert stat("PR(0.25:0.4)") == pytest.approx(40.0)

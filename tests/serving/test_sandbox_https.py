@@ -35,7 +35,10 @@ from tests.serving.standin import call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
                                                   reason=str(terraform_missing()))]
-SPEED = 10.0
+# Half the default: the replay compare's client and HTTP overhead, and the engine's lag on a
+# busy machine, are magnified by the speed (at 10, CI's four workers on two cores put TTFT p90
+# 17 % over simulate's; a quiet machine 3.9 %: docs/sandbox.md).
+SPEED = 5.0
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
 
@@ -154,7 +157,7 @@ def test_a_sticky_pools_cookie_keeps_a_client_on_one_node(tls):
 
 def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(tls, tmp_path):
     # The first 10 minutes of the conversation trace (2,800 requests or so), sent through the
-    # load balancer (TLS, HAProxy) at speed 10 to both nodes; simulate runs the same slice on
+    # load balancer (TLS, HAProxy) at speed 5 to both nodes; simulate runs the same slice on
     # the same 8 replicas. Same serving model on both sides: this checks the control loop
     # and the data path, not the GPU model.
     r = run_poolctl(tls["home"], "replay", "--sandbox", "-f", str(tls["cfg"]), "--cloud",
@@ -168,19 +171,38 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     for metric in ("ttft_s", "tpot_s"):
         measured, predicted = out[metric]["p90"], out["predicted"][metric]["p90"]
         assert measured == pytest.approx(predicted, rel=0.15), (metric, measured, predicted)
-    # The overhead (a round trip to the response headers, x10) is reported and small.
+    # The overhead (a round trip to the response headers, x5) is reported and small.
     assert 0 < out["overhead_s"] and out["overhead_share"] < 0.15
     # min = max: both nodes served the whole slice
     assert [p["nodes"] for p in out["nodes_in_service"]] == [2]
+    # What the engines published (their vLLM histograms, through the node agent into the
+    # sandbox's CloudWatch) says the same as the client: status over the last three minutes
+    # (the replay's two, the sticky test's 16 requests before) within 10 % of its p90s.
+    time.sleep(7)  # the nodes' last interval published (every 5 wall seconds)
+    r = run_poolctl(tls["home"], "status", "--sandbox", "-f", str(tls["cfg"]), "--cloud",
+                    "aws", "--window", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    served = json.loads(r.stdout)["pools"][0]["serving"]
+    print("replay vs simulate vs status (p90, pool s):", json.dumps({
+        m: [out[f"{m}_s"]["p90"], out["predicted"][f"{m}_s"]["p90"], served[f"{m}_p90_s"]]
+        for m in ("ttft", "tpot")}), "overhead", out["overhead_s"], out["overhead_share"])
+    assert served["requests"] == pytest.approx(out["requests"], abs=20)  # + the sticky test's
+    # TTFT within 10 % (measured: +1.4 %). TPOT within 15 %: this slice's TPOTs all fall in
+    # vLLM's one bucket (25, 50] ms, which the agent narrows around its mean but cannot see
+    # inside (measured: 39.1 ms read back, 35.6 ms seen by the client, +9.6 %).
+    for metric, rel in (("ttft", 0.10), ("tpot", 0.15)):
+        assert served[f"{metric}_p90_s"] == pytest.approx(out[f"{metric}_s"]["p90"], rel=rel), (
+            metric, served, out[f"{metric}_s"])
 
 
 def test_scheduled_actions_run_on_the_sandbox_clock(tls):
-    # The sandbox's clock runs 10x the machine's: two wall seconds are ~20 of its own.
+    # The sandbox's clock runs 5x the machine's: two wall seconds are ~10 of its own (whole
+    # seconds: 9 to 11, more on a busy machine).
     t0 = datetime.fromisoformat(sandbox_admin(tls["url"], "GET", "/_poolctl/clock")["now"])
     time.sleep(2)
     t1 = datetime.fromisoformat(sandbox_admin(tls["url"], "GET", "/_poolctl/clock")["now"])
-    assert 15 <= (t1 - t0).total_seconds() <= 40
-    # An action two minutes ahead on that clock runs after ~12 wall seconds, not 120.
+    assert 9 <= (t1 - t0).total_seconds() <= 20
+    # An action two minutes ahead on that clock runs after ~24 wall seconds, not 120.
     asg = boto3_client(tls["url"], "autoscaling")
     [g] = asg.describe_auto_scaling_groups()["AutoScalingGroups"]
     name = g["AutoScalingGroupName"]
@@ -193,6 +215,6 @@ def test_scheduled_actions_run_on_the_sandbox_clock(tls):
         acts = asg.describe_scheduled_actions(AutoScalingGroupName=name)
         return not acts["ScheduledUpdateGroupActions"]
 
-    wait_for("the scheduled action", ran, timeout=60, every=0.5)
+    wait_for("the scheduled action", ran, timeout=90, every=0.5)
     took = time.monotonic() - wall
-    assert 5 <= took <= 40, took
+    assert 18 <= took <= 60, took

@@ -96,7 +96,7 @@ def test_metrics_carry_vllms_names_and_count_what_was_served(engine):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_count",
-                 "vllm:time_per_output_token_seconds_count",
+                 "vllm:request_time_per_output_token_seconds_count",
                  "vllm:e2e_request_latency_seconds_count"):
         engines = {k for k in after if k.startswith(name + "{")}
         assert len(engines) == 4, (name, engines)  # one series per data-parallel engine

@@ -7,6 +7,7 @@ Regenerate the golden files with `POOLCTL_UPDATE_GOLDEN=1 pytest tests/synth`.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import re
 from pathlib import Path
@@ -159,10 +160,12 @@ _CHOICE = re.compile(r'^\$\{lookup\(data\.aws_ami\.(?P<ami>[\w-]+)\.tags, '
 
 def boot_variants(user_data: str) -> dict[str, str]:
     """The launch template's user data: a choice on the node image's boot-library tag
-    between the image variant and the whole script (both base64)."""
+    between the image variant and the whole script (both gzip in base64: cloud-init
+    decompresses them)."""
     m = _CHOICE.match(user_data)
     assert m, user_data[:300]
-    return {k: base64.b64decode(m[k]).decode() for k in ("image", "whole")} | {
+    return {k: gzip.decompress(base64.b64decode(m[k])).decode()
+            for k in ("image", "whole")} | {
         "version": m["version"], "ami": m["ami"]}
 
 

@@ -13,6 +13,7 @@ hostile value must arrive whole, and both boot script variants must be the rende
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import re
@@ -317,8 +318,9 @@ def test_every_hostile_value_arrives_whole(synthesized, evaluated):
             continue
         _, values, literal = evaluated[label]
         seen = [v for v in values if isinstance(v, str)] + literal
-        # AWS user data is base64 (no template syntax): the script inside it.
-        seen += [base64.b64decode(v).decode() for v in values if isinstance(v, str)
+        # AWS user data is gzip in base64 (no template syntax): the script inside it.
+        seen += [gzip.decompress(base64.b64decode(v)).decode() for v in values
+                 if isinstance(v, str)
                  and re.fullmatch(r"[A-Za-z0-9+/]{400,}={0,2}", v)]
         for item in value if isinstance(value, list) else [value]:
             text = "\n".join(seen)
@@ -327,15 +329,15 @@ def test_every_hostile_value_arrives_whole(synthesized, evaluated):
 
 def test_both_boot_script_variants_are_the_rendered_scripts(synthesized, evaluated):
     """Each stack holds the whole script and the image variant (the plan picks one from the
-    node image's tag): Terraform hands both over byte for byte (base64 on AWS)."""
+    node image's tag): Terraform hands both over byte for byte (gzip in base64 on AWS)."""
     checked = 0
     for label, (cfg, cloud, _, _, doc) in synthesized.items():
         if isinstance(doc, Exception):
             continue
         _, values, _ = evaluated[label]
         if cloud == "aws":
-            values = [base64.b64decode(v).decode() for v in values if isinstance(v, str)
-                      and re.fullmatch(r"[A-Za-z0-9+/]{400,}={0,2}", v)]
+            values = [gzip.decompress(base64.b64decode(v)).decode() for v in values
+                      if isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9+/]{400,}={0,2}", v)]
         for from_image in (False, True):
             script = render_boot_script(cfg, cfg.pools[0], cloud, from_image=from_image)
             assert script in values, f"{label}: Terraform changed the script ({from_image=})"

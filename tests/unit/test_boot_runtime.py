@@ -337,35 +337,134 @@ def test_aws_warm_pool_stopped_node_only_pulls_the_image(node):
     assert (node.state / "lifecycle-done").read_text() == "Warmed:Stopped\n"
 
 
+def _published(node: Node) -> dict[str, dict]:
+    """The metric data of the last put-metric-data, by metric name."""
+    data = json.loads((node.state / "metric-data.json").read_text())
+    assert all(m["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "acme-chat-70b"}]
+               for m in data)
+    return {m["MetricName"]: m for m in data}
+
+
 def test_aws_publish_queue(node):
     script = _script(node, 0, "aws")
-    put = ("cloudwatch put-metric-data --namespace poolctl --metric-name "
-           "RequestsWaitingPerReplica --dimensions AutoScalingGroupName=acme-chat-70b "
-           "--unit Count --value")
+    put = (f"cloudwatch put-metric-data --namespace poolctl --metric-data "
+           f"file://{node.state}/metric-data.json")
 
     # Warm-pool node (serving, no traffic): publishes nothing.
     node.target_state = "Warmed:Running"
     assert node.run(script, "publish-queue").returncode == 0
     assert node.log("aws") == []
 
-    # In service: 10 waiting over 4 replicas.
+    # In service: 10 waiting over 4 replicas; 7 running; no histogram in this scrape.
     node.target_state = "InService"
     assert node.run(script, "publish-queue").returncode == 0
-    assert node.log("aws") == [f"{put} 2.500"]
+    assert node.log("aws") == [put]
+    got = _published(node)
+    assert got["RequestsWaitingPerReplica"]["Value"] == 2.5
+    assert got["RequestsWaitingPerReplica"]["Unit"] == "Count"
+    assert got["RunningRequests"]["Value"] == 7 and got["Requests"]["Value"] == 0
+    assert "TimeToFirstToken" not in got  # no request finished: no latency datapoint
 
     # A Warmed:Running node moved in service without a restart: the timer completes the hook.
     (node.state / "lifecycle-done").write_text("Warmed:Running\n")
     assert node.run(script, "publish-queue").returncode == 0
-    assert node.log("aws")[1:] == [_continue_line("CONTINUE"), f"{put} 2.500"]
+    assert node.log("aws")[1:] == [_continue_line("CONTINUE"), put]
     assert (node.state / "lifecycle-done").read_text() == "InService\n"
     assert node.run(script, "publish-queue").returncode == 0
-    assert node.log("aws")[3:] == [f"{put} 2.500"]
+    assert node.log("aws")[3:] == [put]
 
     # Not serving: no data point at all rather than a zero.
     node.serving = False
     assert node.run(script, "publish-queue").returncode == 0
     assert len(node.log("aws")) == 4
     assert node.tokenless_gets == []
+
+
+def _hist(name: str, engine: int, edges: tuple[str, ...], cum: tuple[float, ...],
+          total_s: float) -> str:
+    lab = f'engine="{engine}",model_name="m"'
+    lines = [f'{name}_bucket{{{lab.split(",")[0]},le="{le}",model_name="m"}} {c}'
+             for le, c in zip(edges, cum, strict=True)]
+    return "\n".join([*lines, f"{name}_count{{{lab}}} {cum[-1]}",
+                      f"{name}_sum{{{lab}}} {total_s}"]) + "\n"
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+EDGES = ("0.1", "0.25", "0.5", "+Inf")
+
+
+def _latency(node: Node, prev: str, cur: str) -> tuple[dict[str, dict], str]:
+    """latency_metrics of the rendered script on two scrapes: (metrics by name, stderr)."""
+    text = _script(node, 0, "aws")
+    start = text.index("latency_metrics() {\n")
+    end = text.index("\n}\n", text.index("}' \"$prev\" \"$2\"", start)) + 3
+    fn = node.root / "latency_metrics.sh"  # the function as rendered, alone
+    fn.write_text(text[start:end])
+    (node.root / "prev").write_text(prev)
+    (node.root / "cur").write_text(cur)
+    r = subprocess.run(
+        ["bash", "-c", 'POOL=acme-chat-70b METRIC_NAME=RequestsWaitingPerReplica; source "$0"; '
+         'latency_metrics "$1" "$2" 1.000', str(fn), str(node.root / "prev"),
+         str(node.root / "cur")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return {m["MetricName"]: m for m in json.loads(r.stdout)}, r.stderr
+
+
+def _weighted(values: list[float], counts: list[float], q: float) -> float:
+    """Nearest rank over weights: the smallest value whose cumulative count reaches q."""
+    run, need = 0.0, q * sum(counts)
+    for v, c in sorted(zip(values, counts, strict=True)):
+        run += c
+        if run >= need - 1e-9:
+            return v
+    raise AssertionError("no value")
+
+
+def test_latency_histograms_publish_as_value_count_arrays(node):
+    # Two engines. Since the last scrape: engine 0 finished 5 requests (1 in (0.1, 0.25],
+    # 4 in (0.25, 0.5], 1.45 s in all), engine 1 five (1 and 4, 2.15 s): 10 requests, 2 in
+    # (0.1, 0.25], 8 in (0.25, 0.5], 3.6 s. Counters: engine 0's request counter went from
+    # 100 to 7 (a restarted engine: 7 since), tokens 1,000 -> 1,800.
+    prev = (_hist(TTFT, 0, EDGES, (1, 1, 1, 1), 0.05)
+            + 'vllm:request_success_total{engine="0",finished_reason="length"} 100\n'
+            + 'vllm:generation_tokens_total{engine="0"} 1000\n')
+    cur = (_hist(TTFT, 0, EDGES, (1, 2, 6, 6), 1.5) + _hist(TTFT, 1, EDGES, (0, 1, 5, 5), 2.15)
+           + 'vllm:request_success_total{engine="0",finished_reason="length"} 7\n'
+           + 'vllm:generation_tokens_total{engine="0"} 1800\n'
+           + 'vllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n')
+    got, _ = _latency(node, prev, cur)
+    t = got["TimeToFirstToken"]
+    assert t["Unit"] == "Seconds" and sum(t["Counts"]) == pytest.approx(10)
+    # By hand: two buckets hold requests, so each spreads over 10 points. (0.1, 0.25]: 10
+    # points 0.015 apart from 0.1075, 0.2 each. The most held, (0.25, 0.5], is narrowed
+    # around its mean: (3.6 - 2 x 0.175) / 8 = 0.40625, past the bucket's middle, so
+    # [2 x 0.40625 - 0.5, 0.5] = [0.3125, 0.5]: 10 points 0.01875 apart from 0.321875, 0.8 each.
+    want_v = [0.1 + (j + 0.5) * 0.015 for j in range(10)] + [
+        0.3125 + (j + 0.5) * 0.01875 for j in range(10)]
+    assert t["Values"] == pytest.approx(want_v)
+    assert t["Counts"] == pytest.approx([0.2] * 10 + [0.8] * 10)
+    # Percentiles as CloudWatch reads them back (the sandbox: nearest rank over weights): p90
+    # needs 9 of 10: 2 + 0.8 n >= 9 at the 9th point of the second bucket, 0.471875; p50 at
+    # the 4th, 0.378125.
+    assert _weighted(t["Values"], t["Counts"], 0.9) == pytest.approx(0.471875)
+    assert _weighted(t["Values"], t["Counts"], 0.5) == pytest.approx(0.378125)
+    assert got["Requests"]["Value"] == 7 and got["GenerationTokens"]["Value"] == 800
+    assert got["KvCacheUsage"]["Value"] == pytest.approx(0.3)
+
+
+def test_a_histogram_that_goes_back_is_left_out_with_a_line(node):
+    # The bucket counts fall while the count does not: not a restart, nothing to trust.
+    prev = _hist(TTFT, 0, EDGES, (5, 6, 9, 9), 2.0)
+    cur = _hist(TTFT, 0, EDGES, (5, 4, 10, 10), 2.5)
+    got, err = _latency(node, prev, cur)
+    assert "TimeToFirstToken" not in got
+    assert "vllm:time_to_first_token_seconds: bucket le=0.25 went down; left out" in err
+    # A restarted engine (its count below the last one): the new values are the increase.
+    got, _ = _latency(node, prev, _hist(TTFT, 0, EDGES, (0, 2, 2, 2), 0.4))
+    assert got["TimeToFirstToken"]["Counts"] == pytest.approx([0.2] * 10)
+    # the one bucket held, narrowed around its mean 0.2: [0.15, 0.25]
+    assert got["TimeToFirstToken"]["Values"] == pytest.approx(
+        [0.15 + (j + 0.5) * 0.01 for j in range(10)])
 
 
 GCP_URI = "gs://acme-models/llama-3.1-405b-fp8/"

@@ -12,7 +12,10 @@ test_boot_runtime.py; the NVMe step on real loop devices in tests/ops/test_nvme_
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -165,7 +168,11 @@ def test_api_key_secret_is_named_never_held(cfg):
 def test_queue_metric_names(aws_script, gcp_script):
     assert f"METRIC_NAMESPACE={naming.METRIC_NAMESPACE}\n" in aws_script
     assert f"METRIC_NAME={naming.METRIC_NAME}\n" in aws_script
-    assert '--dimensions "AutoScalingGroupName=$POOL"' in aws_script
+    assert '--metric-data "file://$STATE/metric-data.json"' in aws_script
+    for name in (naming.TTFT_METRIC, naming.TPOT_METRIC, naming.E2E_METRIC,
+                 naming.REQUESTS_METRIC, naming.PROMPT_TOKENS_METRIC,
+                 naming.OUTPUT_TOKENS_METRIC, naming.RUNNING_METRIC, naming.KV_USAGE_METRIC):
+        assert f'"{name}"' in aws_script, name  # what status reads, as the agent names it
     assert f"METRIC_TYPE={naming.GCP_METRIC_TYPE}\n" in gcp_script
     assert "OnUnitActiveSec=15\n" in aws_script and "OnUnitActiveSec=15\n" in gcp_script
 
@@ -219,12 +226,17 @@ def test_no_secrets_in_user_data(cfg, monkeypatch, tmp_path):
 
 
 def test_user_data_fits_aws_limit(aws_script, cfg):
-    assert len(aws_script.encode()) <= bootscript.AWS_USER_DATA_LIMIT == 16384
+    # EC2 takes the script gzip-compressed (cloud-init decompresses it): the cap is on that.
+    packed = bootscript.user_data(aws_script, "aws")
+    assert gzip.decompress(packed).decode() == aws_script
+    assert len(packed) <= bootscript.AWS_USER_DATA_LIMIT == 16384
+    # Random letters do not compress much: 24 KB of them stay over the cap.
+    noise = base64.b64encode(random.Random(7).randbytes(18000)).decode()
     huge = config_yaml().replace('"--chat-template-content-format=openai"',
-                                 json.dumps("--x=" + "y" * 4000))
+                                 json.dumps("--x=" + noise))
     big = parse_config(huge)
     # Rendering checks nothing; the rule does, and synthesis runs the rules first.
-    assert len(render_boot_script(big, big.pools[0], "aws").encode()) > 16384
+    assert len(bootscript.user_data(render_boot_script(big, big.pools[0], "aws"), "aws")) > 16384
     with pytest.raises(OperationFailed, match=r"error: \[boot-script-size\] chat-70b/aws: "
                        r"pools\[0\]\.serving\.extra_args: .* limit of 16384"):
         refuse_invalid(big, big.targets(None, "aws"))

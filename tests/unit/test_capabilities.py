@@ -25,7 +25,8 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsBootFailures", "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity",
+        "ReportsBootFailures", "ReportsServing", "KeepsWarmSizes", "BoundsGroupMaximum",
+        "ChecksCapacity",
         "ReportsLaunchFailures", "SchedulesWindows", "SchedulesWarmWindows",
         "BuysCapacityBlocks", "RunsBlockWindows",
         "DeployChecks", "SendsInstanceKeys", "KeepsNodeImages", "PreparesImageBuilds"]

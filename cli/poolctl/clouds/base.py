@@ -33,6 +33,7 @@ from poolctl.clouds.records import BoughtBlock as BoughtBlock
 from poolctl.clouds.records import Found as Found
 from poolctl.clouds.records import ImageRow as ImageRow
 from poolctl.clouds.records import Purchase as Purchase
+from poolctl.clouds.records import ServingWindow as ServingWindow
 from poolctl.config import Config, Pool
 from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
@@ -228,6 +229,8 @@ class PoolStatus:
     capacity_block: str | None = None  # from the file too (aws.capacity.capacity_block)
     # The newest node that failed its boot, as its console says (ReportsBootFailures).
     boot_failure: str | None = None
+    # What its engines served lately (ReportsServing); None: nothing published.
+    serving: ServingWindow | None = None
 
     def held(self) -> HeldCapacity:
         """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
@@ -272,6 +275,8 @@ class PoolStatus:
             "replicas_per_node": self.replicas_per_node,
             "rollout": asdict(self.rollout) if self.rollout else None,
             "queue_per_replica": self.queue_per_replica,
+            "serving": (self.serving.to_json(self.cost_per_hour_usd())
+                        if self.serving else None),
             "boot_failure": self.boot_failure,
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
@@ -399,6 +404,16 @@ class PublishesQueueMetric(ABC):
     @abstractmethod
     def queue_per_replica(self, group: Group) -> float | None:
         """Latest queue metric (waiting requests per replica), None when not published."""
+
+
+class ReportsServing(ABC):
+    """Reads back what the pool's engines served: latency percentiles, requests, tokens,
+    KV-cache usage (`status`)."""
+
+    @abstractmethod
+    def serving_window(self, group: Group, window_s: float, ttft_slo_s: float,
+                       tpot_slo_s: float | None) -> ServingWindow | None:
+        """The last `window_s` seconds; None when the nodes published nothing in them."""
 
 
 class ReportsBootFailures(ABC):
@@ -753,7 +768,7 @@ class PreparesImageBuilds(ABC):
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
-    ReportsBootFailures, KeepsWarmSizes,
+    ReportsBootFailures, ReportsServing, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
     SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity,
     DeployChecks, SendsInstanceKeys, ImportsLoginKeys, KeepsNodeImages, PreparesImageBuilds)

@@ -130,3 +130,45 @@ class ImageRow:
     serving_image: str | None
     in_use: list[str]
     snapshots: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServingWindow:
+    """What a pool's engines served over the last `window_s` seconds (`status`), read back
+    from the histograms and counters its nodes publish (docs/metrics.md). Latencies are
+    percentiles over the window's requests; None where no request finished."""
+
+    window_s: float
+    requests: float  # finished
+    prompt_tokens: float
+    output_tokens: float
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    ttft_slo_s: float | None = None  # the pool's SLOs, which the shares below are within
+    tpot_slo_s: float | None = None
+    ttft_within: float | None = None  # share of requests within the TTFT SLO (0-1)
+    tpot_within: float | None = None  # ... within the TPOT SLO (None: the pool sets none)
+    kv_usage: float | None = None  # KV-cache usage, mean over the window (0-1)
+    running: float | None = None  # requests running, mean over the window
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.window_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.window_s
+
+    def usd_per_million_output_tokens(self, usd_per_hour: float) -> float | None:
+        """What a million output tokens cost at the observed rate and `usd_per_hour`."""
+        if self.output_tokens <= 0:
+            return None
+        return usd_per_hour * self.window_s / 3600 / self.output_tokens * 1e6
+
+    def to_json(self, usd_per_hour: float) -> dict[str, Any]:
+        return {**asdict(self), "requests_per_s": self.requests_per_s,
+                "output_tokens_per_s": self.output_tokens_per_s,
+                "usd_per_million_output_tokens": self.usd_per_million_output_tokens(
+                    usd_per_hour)}

@@ -11,7 +11,12 @@ import typer
 
 from poolctl import runtime
 from poolctl.cloud import Cloud
-from poolctl.clouds.base import BlockOffering, PublishesQueueMetric, failures_line
+from poolctl.clouds.base import (
+    BlockOffering,
+    PublishesQueueMetric,
+    ReportsServing,
+    failures_line,
+)
 from poolctl.commands.common import (
     WEEK_S,
     CloudOpt,
@@ -46,6 +51,7 @@ TimeoutOpt = Annotated[
 ]
 # Far above any pool (scaling.max_replicas bounds the useful count: `_refuse_useless_warm`).
 MAX_REPLICAS = 100_000
+MAX_WINDOW_MIN = 24 * 60  # status --window
 
 
 def warm(
@@ -203,6 +209,33 @@ def _print_offerings(result: runtime.WindowsResult) -> None:
                          f"{_price(result, o)}\n")
 
 
+def _ms_or_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def serving_line(s: PoolStatus, window: int) -> str:
+    """What the engines served over the window, against the pool's SLOs, in one line."""
+    w = s.serving
+    head = f"served (last {window} min): "
+    if w is None or w.requests <= 0:
+        return head + "no request finished (nothing published, or no traffic)"
+    parts = [f"{w.requests_per_s:.2f} req/s, {w.output_tokens_per_s:,.0f} output tokens/s"]
+    within = (f" ({w.ttft_within:.1%} within {_ms_or_s(w.ttft_slo_s)})"
+              if w.ttft_within is not None else "")
+    parts.append(f"TTFT p50 {_ms_or_s(w.ttft_p50_s)}, p90 {_ms_or_s(w.ttft_p90_s)}{within}")
+    within = (f" ({w.tpot_within:.1%} within {_ms_or_s(w.tpot_slo_s)})"
+              if w.tpot_within is not None else "")
+    parts.append(f"TPOT p50 {_ms_or_s(w.tpot_p50_s)}, p90 {_ms_or_s(w.tpot_p90_s)}{within}")
+    if w.kv_usage is not None:
+        parts.append(f"KV cache {w.kv_usage:.0%}")
+    cost = w.usd_per_million_output_tokens(s.cost_per_hour_usd())
+    if cost is not None:
+        parts.append(f"${cost:,.2f} per 1M output tokens")
+    return head + "; ".join(parts)
+
+
 def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     """Warm nodes serve only when the group scales out onto them, which it does up to its
     maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
@@ -223,9 +256,13 @@ def status(
     file: FileOpt = None,
     pool: PoolOpt = None,
     sandbox: SandboxOpt = False,
+    window: Annotated[int, typer.Option(
+        "--window", parser=whole(1, MAX_WINDOW_MIN, "minutes"), metavar="MIN",
+        help="What the engines served over the last MIN minutes: TTFT and TPOT against the "
+        "SLOs, requests and tokens per second, KV cache, cost per 1M output tokens.")] = 10,
     json_out: JsonOpt = False,
 ) -> None:
-    """Nodes in service / warm / pending, rollout progress, queue."""
+    """Nodes in service / warm / pending, rollout progress, queue, and the SLO as served."""
 
     ctx = resolve_targets(file, pool, cloud, sandbox)
     out: list[PoolStatus] = []
@@ -235,7 +272,7 @@ def status(
     for t in ctx.targets:
         if not isinstance(ctx.ops, PublishesQueueMetric):
             unread.add(t.cloud)
-        out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops))
+        out.append(runtime.status(ctx.cfg, t.pool, t.cloud, ctx.ops, window_s=60.0 * window))
         ep = ctx.ops.endpoint(ctx.cfg, t.pool)
         local = (ctx.endpoints.lb_address(ep.host)
                  if ep is not None and ctx.endpoints.lb_address is not None else None)
@@ -293,6 +330,10 @@ def status(
         else:
             con.print("  queue: " + ("no datapoints in the last 10 min" if q is None
                                      else f"{q:g} waiting per replica"))
+        if isinstance(ctx.ops, ReportsServing):
+            con.print("  " + serving_line(s, window), markup=False, soft_wrap=True)
+        else:
+            con.print(f"  served: latency and tokens not read on {s.cloud} yet")
         if ep is None:
             con.print("  endpoint: no load balancer carries the pool's tags/labels")
             continue

@@ -1,4 +1,5 @@
-"""Status (`poolctl status`): nodes, rollout and queue of a deployed pool.
+"""Status (`poolctl status`): nodes, rollout, queue and what the engines served lately
+(latency against the SLOs, requests, tokens, KV cache) of a deployed pool.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from poolctl.clouds.base import (
     PublishesQueueMetric,
     ReportsBootFailures,
     ReportsLaunchFailures,
+    ReportsServing,
     RunsBlockWindows,
     SchedulesWarmWindows,
     SchedulesWindows,
@@ -29,7 +31,11 @@ from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
 # Status
 
 
-def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
+DEFAULT_WINDOW_S = 600.0  # `status --window`: what the engines served over the last 10 min
+
+
+def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
+           window_s: float = DEFAULT_WINDOW_S) -> PoolStatus:
     plan = plan_pool(pool, cloud)
     group = ops.find_group(cfg, pool)
     nodes = ops.nodes(group)
@@ -37,6 +43,8 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     return_surge(cfg, pool, cloud, ops, group, rollout)
     queue = ops.queue_per_replica(group) if isinstance(ops, PublishesQueueMetric) else None
     boot_failure = ops.boot_failure(group) if isinstance(ops, ReportsBootFailures) else None
+    serving = (ops.serving_window(group, window_s, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
+               if isinstance(ops, ReportsServing) else None)
     if rollout is not None:
         annotate_rollout(rollout, load_record(cfg, pool, cloud))
     placement = pool.placement(cloud)
@@ -58,7 +66,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> PoolStatus:
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
-                      boot_failure=boot_failure,
+                      boot_failure=boot_failure, serving=serving,
                       reserved_nodes=reserved_nodes(pool, cloud),
                       capacity_block=capacity_block(pool, cloud),
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept,

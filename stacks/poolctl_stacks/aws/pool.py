@@ -10,7 +10,9 @@ from constructs import Construct
 
 from poolctl import naming
 from poolctl.bootscript import LIB_IMAGE_TAG, boot_library
+from poolctl.bootscript import user_data as boot_user_data
 from poolctl.catalog import InstanceType
+from poolctl.cloud import Cloud
 from poolctl.config import AwsCapacity, Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan
@@ -230,7 +232,8 @@ class NodeGroup(Construct):
             self, "node-ami", include_deprecated=True,
             filter=[{"name": "image-id", "values": [image_id]}],
         )
-        b64 = {k: base64.b64encode(text.encode()).decode()  # base64: no template syntax
+        # gzip, then base64 (no template syntax): bootscript.user_data
+        b64 = {k: base64.b64encode(boot_user_data(text, Cloud.aws)).decode()
                for k, text in (("whole", user_data), ("image", image_user_data))}
         user_data_choice = (
             f"${{lookup(data.aws_ami.{node_ami.friendly_unique_id}.tags, "

@@ -258,14 +258,80 @@ wait_ready() {
 }
 
 publish_queue() {
-  local waiting value
-  waiting=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics" |
-    awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }') || return 0
+  local waiting value scrape
+  scrape=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics") || return 0
+  waiting=$(awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }' <<<"$scrape")
   value=$(awk -v w="$waiting" -v r="$REPLICAS_PER_NODE" 'BEGIN { printf "%.3f", w / r }')
   [[ $(target_state) == InService ]] || return 0
   promote
-  aws cloudwatch put-metric-data --namespace "$METRIC_NAMESPACE" --metric-name "$METRIC_NAME" \
-    --dimensions "AutoScalingGroupName=$POOL" --unit Count --value "$value"
+  mkdir -p "$STATE"
+  printf '%s\n' "$scrape" >"$STATE/metrics.new"
+  latency_metrics "$STATE/metrics.prev" "$STATE/metrics.new" "$value" >"$STATE/metric-data.json"
+  aws cloudwatch put-metric-data --namespace "$METRIC_NAMESPACE" \
+    --metric-data "file://$STATE/metric-data.json"
+  mv "$STATE/metrics.new" "$STATE/metrics.prev"
+}
+
+latency_metrics() {
+  local prev=$1
+  [[ -f $prev ]] || prev=/dev/null
+  awk -v pool="$POOL" -v queue="$3" -v qname="$METRIC_NAME" '
+function P(a, l,  n, f, e) {
+if (l ~ /^#/ || l == "") return
+n = l; sub(/[{ ].*/, "", n); e = ""
+if (match(l, /le="[^"]*"/)) e = substr(l, RSTART + 4, RLENGTH - 5)
+k = split(l, f, " "); a[n, e] += f[k]
+}
+function D(x) { return cur[x, ""] < prev[x, ""] ? cur[x, ""] : cur[x, ""] - prev[x, ""] }
+function M(name, unit, body) {
+out = out (out == "" ? "" : ",\n") "{\"MetricName\": \"" name "\", \"Dimensions\": [{\"Name\": \"AutoScalingGroupName\", \"Value\": \"" pool "\"}], \"Unit\": \"" unit "\", " body "}"
+}
+function H(x, name,  r, t, n, i, e, cum, last, c, lo, hi, d, nz, m, k, j, w, v, q) {
+r = cur[x "_count", ""] < prev[x "_count", ""]
+t = r ? cur[x "_count", ""] : D(x "_count")
+if (t <= 0) return
+m = r ? cur[x "_sum", ""] : D(x "_sum")
+n = edges[x]; last = 0; nz = 0; d = 0
+for (i = 1; i <= n; i++) {
+e = edge[x, i]; cum = cur[x "_bucket", e] - (r ? 0 : prev[x "_bucket", e])
+c[i] = cum - last; last = cum
+if (c[i] < -1e-9) { print "metrics: " x ": bucket le=" e " went down; left out" > "/dev/stderr"; return }
+lo[i] = i == 1 ? 0 : edge[x, i - 1] + 0; hi[i] = e == "+Inf" ? lo[i] : e + 0
+if (c[i] > 0) { nz++; if (!d || c[i] > c[d]) d = i }
+}
+for (i = 1; i <= n; i++) if (i != d && c[i] > 0) m -= c[i] * (lo[i] + hi[i]) / 2
+m /= c[d]; if (m < lo[d]) m = lo[d]; if (m > hi[d]) m = hi[d]
+if (m <= (lo[d] + hi[d]) / 2) hi[d] = 2 * m - lo[d]; else lo[d] = 2 * m - hi[d]
+k = int(150 / nz); if (k > 10) k = 10
+v = ""; q = ""
+for (i = 1; i <= n; i++) if (c[i] > 0) {
+w = hi[i] > lo[i] ? k : 1
+for (j = 0; j < w; j++) {
+v = v (v == "" ? "" : ", ") sprintf("%.6g", lo[i] + (j + 0.5) * (hi[i] - lo[i]) / w)
+q = q (q == "" ? "" : ", ") sprintf("%.6g", c[i] / w)
+}
+}
+M(name, "Seconds", "\"Values\": [" v "], \"Counts\": [" q "]")
+}
+FILENAME == ARGV[1] { P(prev, $0); next }
+{ P(cur, $0) }
+/_bucket[{]/ && match($0, /le="[^"]*"/) {
+e = substr($0, RSTART + 4, RLENGTH - 5); n = $0; sub(/_bucket[{].*/, "", n)
+if (!((n, e) in seen)) { seen[n, e] = 1; edge[n, ++edges[n]] = e }
+}
+/^vllm:kv_cache_usage_perc[{ ]/ { kv++ }
+END {
+M(qname, "Count", "\"Value\": " queue)
+H("vllm:time_to_first_token_seconds", "TimeToFirstToken")
+H("vllm:request_time_per_output_token_seconds", "TimePerOutputToken")
+H("vllm:e2e_request_latency_seconds", "EndToEndLatency")
+M("Requests", "Count", "\"Value\": " D("vllm:request_success_total"))
+M("PromptTokens", "Count", "\"Value\": " D("vllm:prompt_tokens_total"))
+M("GenerationTokens", "Count", "\"Value\": " D("vllm:generation_tokens_total"))
+M("RunningRequests", "Count", "\"Value\": " (cur["vllm:num_requests_running", ""] + 0))
+if (kv) M("KvCacheUsage", "None", "\"Value\": " sprintf("%.4f", cur["vllm:kv_cache_usage_perc", ""] / kv))
+print "[" out "]"
+}' "$prev" "$2"
 }
 
 on_exit() {

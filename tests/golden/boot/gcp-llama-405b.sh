@@ -206,9 +206,9 @@ wait_ready() {
 }
 
 publish_queue() {
-  local waiting value
-  waiting=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics" |
-    awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }') || return 0
+  local waiting value scrape
+  scrape=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics") || return 0
+  waiting=$(awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }' <<<"$scrape")
   value=$(awk -v w="$waiting" -v r="$REPLICAS_PER_NODE" 'BEGIN { printf "%.3f", w / r }')
   local token id zone
   token=$(gce instance/service-accounts/default/token |

@@ -14,6 +14,7 @@ allows.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +38,8 @@ from poolctl.clouds.base import (
     NodeState,
     PublishesQueueMetric,
     ReportsBootFailures,
+    ReportsServing,
+    ServingWindow,
     address_order,
 )
 from poolctl.config import Config, Pool
@@ -55,7 +58,8 @@ BOOT_LOOKS = 3  # ended nodes whose console `status` reads
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
              WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,
              CloudOps,
-             PublishesQueueMetric, ReportsBootFailures, KeepsWarmSizes, BoundsGroupMaximum):
+             PublishesQueueMetric, ReportsBootFailures, ReportsServing, KeepsWarmSizes,
+             BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""
 
@@ -271,3 +275,53 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
                 if res.get("Values"):
                     return float(res["Values"][0])
         return None
+
+    def serving_window(self, group: Group, window_s: float, ttft_slo_s: float,
+                       tpot_slo_s: float | None) -> ServingWindow | None:
+        """One GetMetricData call with one period covering the window: percentiles and the
+        share within each SLO (percentile rank, PR(:SLO)) of the latency arrays, the
+        counters' sums, the gauges' means."""
+        cw = self.client("cloudwatch", group.region)
+        end = datetime.now(UTC)
+        # A period of whole minutes covering the window, ending a minute past now (this
+        # machine's clock may lag CloudWatch's).
+        period = 60 * (math.ceil(window_s / 60) + 1)
+        start = end + timedelta(seconds=60 - period)
+        asked = {
+            "ttft50": (naming.TTFT_METRIC, "p50"), "ttft90": (naming.TTFT_METRIC, "p90"),
+            "ttftin": (naming.TTFT_METRIC, f"PR(:{ttft_slo_s:g})"),
+            "tpot50": (naming.TPOT_METRIC, "p50"), "tpot90": (naming.TPOT_METRIC, "p90"),
+            "req": (naming.REQUESTS_METRIC, "Sum"),
+            "prompt": (naming.PROMPT_TOKENS_METRIC, "Sum"),
+            "output": (naming.OUTPUT_TOKENS_METRIC, "Sum"),
+            "kv": (naming.KV_USAGE_METRIC, "Average"),
+            "running": (naming.RUNNING_METRIC, "Average"),
+        }
+        if tpot_slo_s is not None:
+            asked["tpotin"] = (naming.TPOT_METRIC, f"PR(:{tpot_slo_s:g})")
+        query = [{"Id": key, "MetricStat": {
+            "Metric": {"Namespace": naming.METRIC_NAMESPACE, "MetricName": name,
+                       "Dimensions": [{"Name": "AutoScalingGroupName", "Value": group.name}]},
+            "Period": period, "Stat": stat}} for key, (name, stat) in asked.items()]
+        got: dict[str, float] = {}
+        for page in self.pages(cw, "get_metric_data", "cloudwatch:GetMetricData",
+                               MetricDataQueries=query, StartTime=start,
+                               EndTime=end + timedelta(seconds=60)):
+            for res in page.get("MetricDataResults", []):
+                values = [v for v in res.get("Values") or [] if v is not None]
+                if values and res.get("Id") in asked:
+                    got[str(res["Id"])] = float(values[0])
+        if not got:
+            return None
+
+        def share(key: str) -> float | None:
+            return got[key] / 100 if key in got else None
+
+        return ServingWindow(
+            window_s=float(window_s), requests=got.get("req", 0.0),
+            prompt_tokens=got.get("prompt", 0.0), output_tokens=got.get("output", 0.0),
+            ttft_p50_s=got.get("ttft50"), ttft_p90_s=got.get("ttft90"),
+            tpot_p50_s=got.get("tpot50"), tpot_p90_s=got.get("tpot90"),
+            ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+            ttft_within=share("ttftin"), tpot_within=share("tpotin"),
+            kv_usage=got.get("kv"), running=got.get("running"))

@@ -22,6 +22,7 @@ Features (FEATURES, in the order they are installed):
   serving_nodes     with --serve: nodes run their boot script, an engine serves
   balancers         with --serve: HAProxy routes each load balancer's listeners
   autoscaler        with --serve: alarms evaluated and scaling policies run, on the clock
+  percentiles       CloudWatch value/count arrays kept weighted, pNN statistics of them
   retries           a retried attempt of a call answered once
   faults            answers held back on purpose (the interrupt tests)
   snapshots         everything the sandbox holds, kept and restored
@@ -55,6 +56,7 @@ from poolctl.sandbox.extensions import (
     fixes,
     instance_connect,
     lifecycle,
+    percentiles,
     quotas,
     refresh,
     retries,
@@ -91,7 +93,8 @@ FEATURES: tuple[Feature, ...] = (
     fixes, lifecycle, warm_pool, refresh, capacity, capacity_groups, capacity_reservations,
     capacity_blocks, activities, schedules,
     scheduler, quotas, instance_connect,
-    self_boot, serving_nodes, balancers, autoscaler, retries, faults, snapshots, admin,
+    self_boot, serving_nodes, balancers, autoscaler, percentiles, retries, faults, snapshots,
+    admin,
 )
 EXTENSIONS = tuple(name for feature in FEATURES for name in feature.NAMES)
 

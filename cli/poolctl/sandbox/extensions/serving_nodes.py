@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gzip
 import json
 import os
 import secrets
@@ -161,9 +162,15 @@ def _user_data(instance: Any) -> bytes | None:
     if isinstance(raw, bytes):
         raw = raw.decode()
     try:
-        return base64.b64decode(raw, validate=True)
+        data = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         return str(raw).encode()
+    if data[:2] == b"\x1f\x8b":  # gzip: cloud-init decompresses it before it runs it
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError):
+            return None
+    return data
 
 
 def _new_address() -> str | None:

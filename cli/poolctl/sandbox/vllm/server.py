@@ -91,8 +91,11 @@ class Metrics(Collector):
         # prometheus_client appends _seconds nowhere: the names are vLLM's as written
         self.ttft = hist("vllm:time_to_first_token_seconds",
                          "Histogram of time to first token in seconds.", TTFT_BUCKETS)
-        self.tpot = hist("vllm:time_per_output_token_seconds",
-                         "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+        # per request (its mean time per output token), as vLLM V1 observes this one; its
+        # per-token histograms (vllm:inter_token_latency_seconds) are not served
+        self.tpot = hist("vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.",
+                         TPOT_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds",
                         "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
         self.queue = hist("vllm:request_queue_time_seconds",

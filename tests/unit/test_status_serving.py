@@ -1,0 +1,41 @@
+"""`status`'s line of what the engines served (numbers worked by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from poolctl.cloud import Cloud
+from poolctl.clouds.base import Group, NodeState, PoolStatus, ServingWindow
+from poolctl.commands.ops import serving_line
+
+
+def _status(serving: ServingWindow | None) -> PoolStatus:
+    group = Group(Cloud.aws, "acme-chat-70b", "us-east-1", 1, 6, 2, 0, "", "1")
+    nodes = [NodeState(f"i-{k}", "InService", "in_service") for k in range(2)]
+    return PoolStatus(pool="chat-70b", cloud=Cloud.aws, group=group, replicas_per_node=4,
+                      nodes=nodes, rollout=None, queue_per_replica=0.0, serving=serving,
+                      price_per_node_hour_usd=55.04)
+
+
+def test_cost_per_million_output_tokens_at_the_observed_rate():
+    w = ServingWindow(window_s=600, requests=2880, prompt_tokens=2.9e6, output_tokens=7.2e5,
+                      ttft_p50_s=0.21, ttft_p90_s=0.62, tpot_p50_s=0.038, tpot_p90_s=0.044,
+                      ttft_slo_s=2.0, tpot_slo_s=0.05, ttft_within=0.991, tpot_within=0.97,
+                      kv_usage=0.34)
+    # two nodes at $55.04/h for 10 min: $18.347, over 0.72 M output tokens: $25.48 per 1 M
+    assert w.usd_per_million_output_tokens(2 * 55.04) == pytest.approx(
+        2 * 55.04 / 6 / 0.72)
+    line = serving_line(_status(w), 10)
+    assert line == ("served (last 10 min): 4.80 req/s, 1,200 output tokens/s; TTFT p50 210 ms, "
+                    "p90 620 ms (99.1% within 2.00 s); TPOT p50 38 ms, p90 44 ms (97.0% within "
+                    "50 ms); KV cache 34%; $25.48 per 1M output tokens")
+    j = _status(w).to_json()["serving"]
+    assert j["requests_per_s"] == pytest.approx(4.8)
+    assert j["usd_per_million_output_tokens"] == pytest.approx(25.48, abs=0.005)
+
+
+@pytest.mark.parametrize("w", [None, ServingWindow(600, 0, 0, 0)])
+def test_a_pool_without_traffic_says_so(w):
+    assert serving_line(_status(w), 10) == (
+        "served (last 10 min): no request finished (nothing published, or no traffic)")
+    assert ServingWindow(600, 0, 0, 0).usd_per_million_output_tokens(100.0) is None
