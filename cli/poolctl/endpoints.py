@@ -103,6 +103,9 @@ class CloudEndpoints:
     lb_address: Callable[[str], LocalAddress | None] | None = None
     # Image builds only: hold the build this long, or fail it, where provisioning would run
     # (tests interrupt and fail builds with these).
+    # Pool seconds per wall second: a serving sandbox runs S times faster, so `status
+    # --window 10` reads 10 minutes of the pool's time, 10 / S of the machine's.
+    time_scale: float = 1.0
     image_build_hold_s: int = 0
     image_build_fails: bool = False
     # Compute Engine's base URL, for OS Login, Monitoring, Logging and Cloud Quotas too;

@@ -205,13 +205,28 @@ _ACM_ARN = re.compile(
     rf"arn:{AWS_PARTITION}:acm:(?P<region>{AWS_REGION}):\d{{12}}:certificate/{_UUID}", re.ASCII)
 
 
+def _arn_region(pattern: re.Pattern[str], text: str, what: str, example: str) -> str:
+    m = pattern.fullmatch(text)
+    if not m:
+        raise ValueError(f"not an {what} ARN; give the whole ARN, e.g. {example}")
+    return m["region"]
+
+
 def acm_certificate_arn(text: str) -> str:
     """The region of an ACM certificate ARN, else ValueError."""
-    m = _ACM_ARN.fullmatch(text)
-    if not m:
-        raise ValueError("not an ACM certificate ARN; give the whole ARN, e.g. arn:aws:acm:"
-                         "us-east-1:123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789")
-    return m["region"]
+    return _arn_region(_ACM_ARN, text, "ACM certificate", "arn:aws:acm:us-east-1:"
+                       "123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+
+
+_SNS_ARN = re.compile(
+    rf"arn:{AWS_PARTITION}:sns:(?P<region>{AWS_REGION}):\d{{12}}:[A-Za-z0-9_-]{{1,256}}"
+    r"(?:\.fifo)?", re.ASCII)
+
+
+def sns_topic_arn(text: str) -> str:
+    """The region of an SNS topic ARN, else ValueError."""
+    return _arn_region(_SNS_ARN, text, "SNS topic",
+                       "arn:aws:sns:us-east-1:123456789012:pool-alarms")
 
 
 # ------------------------------------------------------------------------------- secrets

@@ -270,15 +270,17 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
                  *_deploy_args("--plan-only", "--json", "--verbose", file=changed, home=home))
     assert f"== {STACK}: --plan-only, nothing applied" in res.stderr
     # --verbose: Terraform's output on stderr too, and in its log
-    assert "Plan: 0 to add, 2 to change, 0 to destroy." in res.stderr
-    assert "Plan: 0 to add, 2 to change, 0 to destroy." in _terraform_log(res.stderr).read_text()
+    assert "Plan: 0 to add, 3 to change, 0 to destroy." in res.stderr
+    assert "Plan: 0 to add, 3 to change, 0 to destroy." in _terraform_log(res.stderr).read_text()
     [stack] = json.loads(res.stdout)["stacks"]  # stdout is the JSON and nothing else
     assert (stack["cost_per_hour_usd"]["min"], stack["cost_per_hour_usd"]["max"]) == (
         55.04, 330.24)
     assert stack["sizes"] == []  # the queue target sizes nothing
-    # The target and the alarm threshold (6 / 2 = 3) change in place; nothing else.
+    # The target, the alarm threshold (6 / 2 = 3) and the dashboard's target line change in
+    # place; nothing else.
     assert stack["summary"] == {
         "aws_autoscaling_policy": {"add": 0, "change": 1, "destroy": 0},
+        "aws_cloudwatch_dashboard": {"add": 0, "change": 1, "destroy": 0},
         "aws_cloudwatch_metric_alarm": {"add": 0, "change": 1, "destroy": 0},
     }
     assert stack["applied"] is False

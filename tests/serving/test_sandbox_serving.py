@@ -138,6 +138,11 @@ def test_a_burst_scales_the_pool_out_then_back_in_one_node_at_a_time(served, tmp
     assert [(s["From"], s["To"]) for s in ins] == [(2, 1)]
     assert ins[0]["Cause"] == ("policy acme-chat-70b-scale-in: alarm acme-chat-70b-queue-low "
                                "in ALARM")
+    # The stack's TTFT alarm (p90 above the SLO, 2 s, for 5 one-minute periods) fired while
+    # one node was saturated and cleared once two served: its state changes, in order.
+    ttft = [(t["From"], t["To"]) for t in serving(served["url"])["alarms"]
+            if t["AlarmName"] == "acme-chat-70b-ttft-slo"]
+    assert ("OK", "ALARM") in ttft and ttft[-1] == ("ALARM", "OK"), ttft
 
 
 def test_a_node_whose_weights_do_not_match_the_manifest_is_abandoned_and_replaced(served):

@@ -215,7 +215,8 @@ def test_queue_scaling_up_fast_down_slow(stacks):
     assert (spec["namespace"], spec["metric_name"]) == ("poolctl", "RequestsWaitingPerReplica")
     down = pols["SimpleScaling"]
     assert (down["scaling_adjustment"], down["cooldown"]) == (-1, 300)
-    alarm = one(doc, "aws_cloudwatch_metric_alarm")
+    (alarm,) = [a for a in resources(doc, "aws_cloudwatch_metric_alarm")
+                if a["alarm_name"].endswith("-queue-low")]
     # 900 s of stabilization = 15 one-minute periods below half the target (2.0).
     assert (alarm["evaluation_periods"], alarm["period"], alarm["threshold"]) == (15, 60, 2.0)
 
@@ -304,8 +305,10 @@ def test_checkov_skips_are_each_needed(stacks):
 
 
 CERTIFICATE = "arn:aws:acm:us-west-2:111122223333:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+TOPIC = "arn:aws:sns:us-west-2:123456789012:pool-alarms"
 OPTIONS = f"""\
       certificate_arn: {CERTIFICATE}
+      alarm_topic_arn: {TOPIC}
       access_logs_bucket: acme-lb-logs
       access_logs_prefix: pools/qwen
       network:
@@ -317,7 +320,9 @@ OPTIONS = f"""\
 def with_options(tmp_path_factory) -> Path:
     text = AWS_EXAMPLES["acme-qwen-7b-aws"].read_text().replace(
         "    aws:\n", f"    aws:\n{OPTIONS}").replace("    serving:\n",
-                                                   "    serving:\n      balancer: sticky\n")
+                                                   "    serving:\n      balancer: sticky\n"
+        ).replace("  - name: qwen-7b\n", "  - name: qwen-7b\n    slo:\n      tpot_p90_s: 0.05\n"
+                  "      alarm_after_s: 600\n")
     cfg = parse_config(text)
     assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
     (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("options"))
@@ -549,3 +554,36 @@ def test_fallback_types_as_a_mixed_instances_policy(with_fallbacks):
 def test_fallback_stack_passes_checkov_and_terraform_validate(with_fallbacks, tmp_path):
     assert run_checkov(with_fallbacks["dir"]) == []
     terraform_validate(with_fallbacks["dir"], tmp_path / "validate", "aws")
+
+
+def test_slo_alarms_and_dashboard(stacks, with_options):
+    # The example: a TTFT SLO only (2 s), no topic: one alarm, on p90 for 5 one-minute
+    # periods (slo.alarm_after_s' default, 300 s), no actions.
+    doc = stacks["acme-chat-70b-aws"]["json"]
+    alarms = {a["alarm_name"]: a for a in resources(doc, "aws_cloudwatch_metric_alarm")}
+    ttft = alarms["acme-chat-70b-ttft-slo"]
+    assert "acme-chat-70b-tpot-slo" not in alarms
+    assert (ttft["namespace"], ttft["metric_name"], ttft["extended_statistic"]) == (
+        "poolctl", "TimeToFirstToken", "p90")
+    assert "statistic" not in ttft  # CloudWatch takes one of statistic / extended_statistic
+    assert (ttft["period"], ttft["evaluation_periods"], ttft["datapoints_to_alarm"],
+            ttft["threshold"], ttft["comparison_operator"]) == (
+        60, 5, 5, 2.0, "GreaterThanThreshold")
+    assert ttft["dimensions"] == {"AutoScalingGroupName": "acme-chat-70b"}
+    assert ttft["alarm_actions"] == [] and ttft["treat_missing_data"] == "notBreaching"
+    dash = one(doc, "aws_cloudwatch_dashboard")
+    body = json.loads(dash["dashboard_body"])
+    titles = [w["properties"]["title"] for w in body["widgets"]]
+    assert titles == ["Nodes", "Queue: requests waiting per replica", "TTFT p50 / p90 (s)",
+                      "TPOT p50 / p90 (s)", "Output tokens per second",
+                      "KV-cache usage (0-1) and requests running"]
+    slo_line = body["widgets"][2]["properties"]["annotations"]["horizontal"]
+    assert slo_line == [{"label": "SLO (p90)", "value": 2.0}]
+    # With a TPOT SLO, 600 s and a topic: two alarms, ten periods, the topic told both ways.
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
+    alarms = {a["alarm_name"]: a for a in resources(doc, "aws_cloudwatch_metric_alarm")}
+    tpot = alarms["acme-qwen-7b-tpot-slo"]
+    assert (tpot["metric_name"], tpot["threshold"], tpot["evaluation_periods"]) == (
+        "TimePerOutputToken", 0.05, 10)
+    for a in (tpot, alarms["acme-qwen-7b-ttft-slo"]):
+        assert a["alarm_actions"] == a["ok_actions"] == [TOPIC]

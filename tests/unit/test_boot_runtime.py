@@ -395,7 +395,7 @@ EDGES = ("0.1", "0.25", "0.5", "+Inf")
 
 def _latency(node: Node, prev: str, cur: str) -> tuple[dict[str, dict], str]:
     """latency_metrics of the rendered script on two scrapes: (metrics by name, stderr)."""
-    text = _script(node, 0, "aws")
+    text = _script(node, 0, Cloud.aws)
     start = text.index("latency_metrics() {\n")
     end = text.index("\n}\n", text.index("}' \"$prev\" \"$2\"", start)) + 3
     fn = node.root / "latency_metrics.sh"  # the function as rendered, alone

@@ -6,7 +6,7 @@ import pytest
 
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import Group, NodeState, PoolStatus, ServingWindow
-from poolctl.commands.ops import serving_line
+from poolctl.commands.ops import model_lines, serving_line
 
 
 def _status(serving: ServingWindow | None) -> PoolStatus:
@@ -39,3 +39,25 @@ def test_a_pool_without_traffic_says_so(w):
     assert serving_line(_status(w), 10) == (
         "served (last 10 min): no request finished (nothing published, or no traffic)")
     assert ServingWindow(600, 0, 0, 0).usd_per_million_output_tokens(100.0) is None
+
+
+def test_the_model_line_and_the_drift_line():
+    from dataclasses import replace
+
+    from poolctl.clouds.base import ServingPrediction
+
+    w = ServingWindow(window_s=600, requests=2880, prompt_tokens=2.9e6, output_tokens=7.2e5,
+                      ttft_p90_s=0.62, tpot_p90_s=0.044)
+    s = replace(_status(w), predicted=ServingPrediction(8, 0.5, 0.04))
+    # 0.62 / 0.5 - 1 = +24 %, 0.044 / 0.04 - 1 = +10 %: both under the 25 % of DRIFT_WARN
+    assert s.drift() == pytest.approx({"ttft": 0.24, "tpot": 0.10})
+    assert model_lines(s) == [
+        "model (this load on 8 replicas): TTFT p90 500 ms, TPOT p90 40 ms; measured "
+        "TTFT +24%, TPOT +10%"]
+    slow = replace(s, predicted=ServingPrediction(8, 0.4, 0.04))  # 0.62 / 0.4: +55 %
+    assert model_lines(slow)[1] == (
+        "drift: measured TTFT p90 55% over the serving model's for this load: plan and "
+        "simulate size this pool too small; calibrate the model (`poolctl perf fit`, "
+        "docs/planning.md#calibration-poolctl-perf-fit)")
+    assert model_lines(replace(s, predicted=None)) == []
+    assert slow.to_json()["drift"]["ttft"] == pytest.approx(0.55)

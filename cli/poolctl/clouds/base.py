@@ -33,6 +33,7 @@ from poolctl.clouds.records import BoughtBlock as BoughtBlock
 from poolctl.clouds.records import Found as Found
 from poolctl.clouds.records import ImageRow as ImageRow
 from poolctl.clouds.records import Purchase as Purchase
+from poolctl.clouds.records import ServingPrediction as ServingPrediction
 from poolctl.clouds.records import ServingWindow as ServingWindow
 from poolctl.config import Config, Pool
 from poolctl.contract.aws import CAPACITY_BLOCK
@@ -231,6 +232,17 @@ class PoolStatus:
     boot_failure: str | None = None
     # What its engines served lately (ReportsServing); None: nothing published.
     serving: ServingWindow | None = None
+    # What the serving model predicts for that load (None: no request finished).
+    predicted: ServingPrediction | None = None
+
+    def drift(self) -> dict[str, float]:
+        """Measured p90 over predicted, less 1, by metric ("ttft", "tpot"), where both
+        exist: 0.25 is 25 % slower than the model says."""
+        w, p = self.serving, self.predicted
+        if w is None or p is None:
+            return {}
+        pairs = {"ttft": (w.ttft_p90_s, p.ttft_p90_s), "tpot": (w.tpot_p90_s, p.tpot_p90_s)}
+        return {k: m / q - 1 for k, (m, q) in pairs.items() if m is not None and q}
 
     def held(self) -> HeldCapacity:
         """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
@@ -277,6 +289,8 @@ class PoolStatus:
             "queue_per_replica": self.queue_per_replica,
             "serving": (self.serving.to_json(self.cost_per_hour_usd())
                         if self.serving else None),
+            "predicted": self.predicted.to_json() if self.predicted else None,
+            "drift": self.drift(),
             "boot_failure": self.boot_failure,
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],

@@ -172,3 +172,17 @@ class ServingWindow:
                 "output_tokens_per_s": self.output_tokens_per_s,
                 "usd_per_million_output_tokens": self.usd_per_million_output_tokens(
                     usd_per_hour)}
+
+
+@dataclass(frozen=True)
+class ServingPrediction:
+    """What the serving model predicts for a ServingWindow's load on the pool as it is now
+    (`status`): its arrival rate and mean prompt and output lengths, Poisson arrivals,
+    exponential lengths, on the replicas in service."""
+
+    replicas: int
+    ttft_p90_s: float | None
+    tpot_p90_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -236,6 +236,26 @@ def serving_line(s: PoolStatus, window: int) -> str:
     return head + "; ".join(parts)
 
 
+def model_lines(s: PoolStatus) -> list[str]:
+    """The serving model's p90s for the load served, beside the measured ones; and a line
+    when the measured ones are past it by more than runtime.DRIFT_WARN."""
+    p = s.predicted
+    if p is None:
+        return []
+    drift = s.drift()
+    words = [f"{k.upper()} p90 {_ms_or_s(v)}" for k, v in
+             (("ttft", p.ttft_p90_s), ("tpot", p.tpot_p90_s)) if v is not None]
+    seen = ", ".join(f"{k.upper()} {v:+.0%}" for k, v in drift.items())
+    out = [f"model (this load on {p.replicas} replicas): {', '.join(words)}"
+           + (f"; measured {seen}" if seen else "")]
+    over = [f"{k.upper()} p90 {v:.0%}" for k, v in drift.items() if v > runtime.DRIFT_WARN]
+    if over:
+        out.append(f"drift: measured {' and '.join(over)} over the serving model's for this "
+                   "load: plan and simulate size this pool too small; calibrate the model "
+                   "(`poolctl perf fit`, docs/planning.md#calibration-poolctl-perf-fit)")
+    return out
+
+
 def _refuse_useless_warm(p: Pool, c: Cloud, replicas: int) -> None:
     """Warm nodes serve only when the group scales out onto them, which it does up to its
     maximum: spare capacity beyond (max - min) nodes would run (or wait) and never serve.
@@ -332,6 +352,8 @@ def status(
                                      else f"{q:g} waiting per replica"))
         if isinstance(ctx.ops, ReportsServing):
             con.print("  " + serving_line(s, window), markup=False, soft_wrap=True)
+            for line in model_lines(s):
+                con.print("  " + line, markup=False, soft_wrap=True)
         else:
             con.print(f"  served: latency and tokens not read on {s.cloud} yet")
         if ep is None:

@@ -36,6 +36,7 @@ from poolctl.config.shapes import (
     ReservedNodes,
     S3Bucket,
     S3Uri,
+    SnsTopicArn,
     SsmName,
     SubnetId,
     VpcCidr,
@@ -246,6 +247,12 @@ class AwsPlacement(CoreModel):
         description="ACM certificate (its whole ARN, in the placement's region) for an HTTPS "
         "listener (HTTP redirects to it); omit for plain HTTP inside the VPC.",
     )
+    alarm_topic_arn: SnsTopicArn | None = Field(
+        default=None,
+        description="SNS topic (its whole ARN, in the placement's region) the pool's SLO "
+        "alarms notify when they fire and when they clear; omit for alarms without "
+        "notification (they still show in CloudWatch and `status`).",
+    )
     access_logs_bucket: S3Bucket | None = Field(
         default=None,
         description="S3 bucket for the load balancer's access logs (yours: same region, SSE-S3, "
@@ -288,6 +295,16 @@ class AwsPlacement(CoreModel):
     @property
     def fallback_types(self) -> list[str]:
         return list(self.fallback_instance_types)
+    @model_validator(mode="after")
+    def _alarm_topic_in_region(self) -> AwsPlacement:
+        arn = self.alarm_topic_arn
+        if arn is not None and (region := formats.sns_topic_arn(arn)) != self.region:
+            # CloudWatch alarms notify topics of their own region only.
+            raise invalid("AwsPlacement", ("alarm_topic_arn",),
+                          f"is in {region}, the pool in {self.region}; an alarm notifies a "
+                          f"topic of its own region: create one in {self.region}", arn)
+        return self
+
     @model_validator(mode="after")
     def _certificate_in_region(self) -> AwsPlacement:
         arn = self.certificate_arn

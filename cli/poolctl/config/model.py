@@ -341,6 +341,12 @@ class Slo(CoreModel):
         description="Target p90 time per output token after the first (seconds; 0.05 is 20 "
         "tokens/s per user); unset: no token-rate target.",
     )
+    alarm_after_s: Int = Field(
+        default=300, ge=60, le=86_400, multiple_of=60,
+        description="The pool's SLO alarms fire once TTFT (or TPOT) p90 has stayed above "
+        "its target this long (whole minutes, as CloudWatch evaluates per minute) and clear "
+        "once it is met again.",
+    )
     target_utilization: Num = Field(
         default=0.6, gt=0, lt=1,
         description="Share of capacity in use the pool is sized for; below 1 (queueing delay "

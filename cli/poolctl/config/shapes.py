@@ -125,6 +125,7 @@ _KEY_PREFIX = Shape(
 KeyPrefix = Annotated[str, _KEY_PREFIX]
 AcmCertificateArn = Annotated[str, AfterValidator(
     lambda v: formats.acm_certificate_arn(v) and v)]
+SnsTopicArn = Annotated[str, AfterValidator(lambda v: formats.sns_topic_arn(v) and v)]
 # Backend settings: literal values (Terraform refuses expressions there, naming none of
 # them), then each its shape.
 _TF_LITERAL = AfterValidator(formats.terraform_literal)

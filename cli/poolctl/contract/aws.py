@@ -181,6 +181,16 @@ def put_warm_pool_request(group_name: str, *, min_nodes: int, warm_nodes: int, r
             "InstanceReusePolicy": reuse or REUSE_ON_SCALE_IN}
 
 
+def dashboard_name(group: str) -> str:
+    """The pool's CloudWatch dashboard (the stack creates it): its group's name."""
+    return group
+
+
+def slo_alarm_name(group: str, metric: str) -> str:
+    """The pool's alarm on `metric` ("ttft" or "tpot") p90 above its SLO."""
+    return f"{group}-{metric}-slo"
+
+
 def log_group_name(cfg: Config, pool: Pool) -> str:
     """The pool's CloudWatch Logs group: the stack creates it, `poolctl logs` reads it."""
     return f"/poolctl/{cfg.project}/{pool.name}"

@@ -66,6 +66,7 @@ from poolctl.runtime.rollout import (
     wait_rollout,
 )
 from poolctl.runtime.status import (
+    DRIFT_WARN,
     node_json,
     status,
 )
@@ -95,6 +96,7 @@ from poolctl.runtime.windows import (
 
 __all__ = [
     "DEFAULT_POLL_S",
+    "DRIFT_WARN",
     "NODE_IMAGE_KEYS",
     "POLL_ENV",
     "ROLLOUT_DONE_OK",

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from poolctl.capacity import run_pool
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
@@ -20,18 +21,41 @@ from poolctl.clouds.base import (
     RunsBlockWindows,
     SchedulesWarmWindows,
     SchedulesWindows,
+    ServingPrediction,
+    ServingWindow,
 )
 from poolctl.config import Config, Pool
 from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
+from poolctl.simulate import summary
 from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
+from poolctl.traces import MAX_REQUESTS, MAX_TOKENS, synthetic
 
 # ---------------------------------------------------------------------------------------
 # Status
 
 
 DEFAULT_WINDOW_S = 600.0  # `status --window`: what the engines served over the last 10 min
+# Measured p90 this far above the serving model's prediction: `status` says the model is
+# optimistic for this pool and names the fix.
+DRIFT_WARN = 0.25
+PREDICT_MIN_S = 600.0  # simulate at least this much of the observed load (steady state)
+
+
+def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
+            ) -> ServingPrediction | None:
+    """The serving model on the window's load: Poisson arrivals at its rate, exponential
+    lengths around its mean prompt and output, on `replicas` (those in service)."""
+    if w.requests <= 0 or replicas <= 0 or w.output_tokens <= 0:
+        return None
+    prompt = min(max(w.prompt_tokens / w.requests, 1.0), float(MAX_TOKENS))
+    output = min(max(w.output_tokens / w.requests, 1.0), float(MAX_TOKENS))
+    span = max(w.window_s, PREDICT_MIN_S)
+    rate = min(w.requests_per_s, MAX_REQUESTS / span)
+    res = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas)
+    s = summary(res, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
+    return ServingPrediction(replicas, s.ttft_s.p90, s.tpot_s.p90)
 
 
 def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
@@ -45,6 +69,9 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     boot_failure = ops.boot_failure(group) if isinstance(ops, ReportsBootFailures) else None
     serving = (ops.serving_window(group, window_s, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
                if isinstance(ops, ReportsServing) else None)
+    in_service = sum(1 for n in nodes if n.phase == "in_service")
+    predicted = (predict(pool, cloud, serving, in_service * plan.replicas_per_node)
+                 if serving is not None else None)
     if rollout is not None:
         annotate_rollout(rollout, load_record(cfg, pool, cloud))
     placement = pool.placement(cloud)
@@ -66,7 +93,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
-                      boot_failure=boot_failure, serving=serving,
+                      boot_failure=boot_failure, serving=serving, predicted=predicted,
                       reserved_nodes=reserved_nodes(pool, cloud),
                       capacity_block=capacity_block(pool, cloud),
                       windows=[w for w in windows if w.end > now], windows_kept_min=kept,

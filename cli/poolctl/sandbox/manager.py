@@ -275,6 +275,7 @@ def start(
         "endpoint": endpoint,
         "log": str(log_path),
         "started_at": time.time(),
+        "serve_speed": serve_speed,  # None: not serving
     }
     write_private(_state_file(home), json.dumps(state, indent=2), home_dir(home))
     info = _info(state)
@@ -394,6 +395,7 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
     runs."""
 
     url = endpoint(home)
+    speed = float((_read_state(home) or {}).get("serve_speed") or 1.0)
     raw = os.environ.get(IMAGE_HOLD_ENV) or "0"
     try:
         hold = max(0, int(raw))
@@ -408,7 +410,7 @@ def endpoints(home: Path | str | None = None) -> CloudEndpoints:
         terraform_home=state_dir(home),
         before_deploy=lambda cfg, pool: register_start_times(cfg, pool, home),
         lb_address=lambda dns: lb_address(url, dns),
-        image_build_hold_s=hold,
+        image_build_hold_s=hold, time_scale=speed,
         image_build_fails=os.environ.get(IMAGE_FAIL_ENV, "") not in ("", "0"))
 
 

@@ -12,6 +12,7 @@ from poolctl.contract import aws as contract
 from poolctl.sizing import PoolPlan, instance_row
 from poolctl_stacks._providers import aws
 from poolctl_stacks.aws.iam import LogsKey, NodeRole
+from poolctl_stacks.aws.monitoring import SloMonitoring
 from poolctl_stacks.aws.network import Network
 from poolctl_stacks.aws.pool import LoadBalancer, NodeGroup
 from poolctl_stacks.aws.scaling import QueueScaling
@@ -70,6 +71,8 @@ class AwsPoolStack(PoolStack):
                                                              from_image=True),
                           ami_id=raw_placement.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
+        SloMonitoring(self, "monitoring", pool=pool, group=name, region=placement.region,
+                      topic_arn=placement.alarm_topic_arn, tags=tags)
         if plan.nodes.warm:  # launch windows of warm nodes raise the pool's warm pool
             WindowScheduler(self, "windows", name=name, asg_name=name, tags=tags)
 

@@ -283,9 +283,11 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
         counters' sums, the gauges' means."""
         cw = self.client("cloudwatch", group.region)
         end = datetime.now(UTC)
-        # A period of whole minutes covering the window, ending a minute past now (this
-        # machine's clock may lag CloudWatch's).
-        period = 60 * (math.ceil(window_s / 60) + 1)
+        # A period of whole minutes covering the window (pool time: a serving sandbox's
+        # runs faster than the machine's clock, which stamps the datapoints), ending a
+        # minute past now (this machine's clock may lag CloudWatch's).
+        wall_s = window_s / self.endpoints.time_scale
+        period = 60 * (math.ceil(wall_s / 60) + 1)
         start = end + timedelta(seconds=60 - period)
         asked = {
             "ttft50": (naming.TTFT_METRIC, "p50"), "ttft90": (naming.TTFT_METRIC, "p90"),

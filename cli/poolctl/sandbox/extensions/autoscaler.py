@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolctl.sandbox.extensions.common import LOCK, all_backends
+from poolctl.sandbox.extensions.percentiles import PCT_STAT, weighted_percentile
 
 NAMES = ("cloudwatch.alarms-act",)
 TT_PERIOD_S = 60.0
@@ -61,6 +62,7 @@ class _State:
     tt_high: dict[str, int] = field(default_factory=dict)
     tt_low: dict[str, int] = field(default_factory=dict)
     log: list[dict[str, Any]] = field(default_factory=list)
+    alarms: list[dict[str, Any]] = field(default_factory=list)  # state changes, in order
 
 
 _state = _State()
@@ -79,23 +81,27 @@ def _pool_time(ts: Any) -> float:
     return float(ts.timestamp() - _clock.wall0) * _clock.speed
 
 
-def _stat(values: list[float], statistic: str) -> float:
+def _stat(points: list[tuple[float, float]], statistic: str) -> float:
+    """A CloudWatch statistic of (value, count) points."""
+    total = sum(c for _, c in points)
     if statistic == "Sum":
-        return sum(values)
+        return sum(v * c for v, c in points)
     if statistic == "Maximum":
-        return max(values)
+        return max(v for v, _ in points)
     if statistic == "Minimum":
-        return min(values)
+        return min(v for v, _ in points)
     if statistic == "SampleCount":
-        return float(len(values))
-    return sum(values) / len(values)
+        return total
+    return sum(v * c for v, c in points) / total if total else 0.0  # Average
 
 
 def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic: str,
              period: float, count: int, now: float) -> list[float | None]:
     """The statistic of each of the last `count` whole periods, newest first (None: no
     datapoint in it)."""
-    buckets: list[list[float]] = [[] for _ in range(count)]
+    # (value, count) of each period: a datum's own value counts once; a value/count array's
+    # values (percentiles.py keeps them as aggregated datums, min = max) count their count.
+    buckets: list[list[tuple[float, float]]] = [[] for _ in range(count)]
     end = math.floor(now / period) * period  # periods end on multiples of the period
     for d in cw.metric_data:
         if d.namespace != namespace or d.name != name:
@@ -103,11 +109,19 @@ def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic
         if {x.name: x.value for x in d.dimensions} != dims:
             continue
         value = getattr(d, "value", None)
-        if value is None:
+        if value is None and getattr(d, "min", None) is not None and d.min == d.max:
+            point = (float(d.min), float(d.sample_count))
+        elif value is not None:
+            point = (float(value), 1.0)
+        else:
             continue
         k = math.floor((end - _pool_time(d.timestamp)) / period)
         if 0 <= k < count:
-            buckets[k].append(float(value))
+            buckets[k].append(point)
+    pct = PCT_STAT.match(statistic)
+    if pct is not None:  # an alarm's ExtendedStatistic
+        q = float(pct.group(1)) / 100
+        return [weighted_percentile(b, q) if b else None for b in buckets]
     return [_stat(b, statistic) if b else None for b in buckets]
 
 
@@ -187,8 +201,8 @@ def _alarm(cw: Any, asgs: list[Any], alarm: Any, now: float) -> None:
     n = int(alarm.evaluation_periods or 1)
     m = int(alarm.datapoints_to_alarm or n)
     dims = {d.name: d.value for d in alarm.dimensions}
-    values = _periods(cw, alarm.namespace, alarm.metric_name, dims, alarm.statistic or "Average",
-                      period, n, now)
+    statistic = alarm.statistic or alarm.extended_statistic or "Average"
+    values = _periods(cw, alarm.namespace, alarm.metric_name, dims, statistic, period, n, now)
     missing = alarm.treat_missing_data or "missing"
     breaching = 0
     present = 0
@@ -206,6 +220,8 @@ def _alarm(cw: Any, asgs: list[Any], alarm: Any, now: float) -> None:
         state = "ALARM" if breaching >= m else "OK"
     if state != alarm.state_value:
         newest = next((v for v in values if v is not None), None)
+        _state.alarms.append({"PoolSeconds": round(now, 1), "AlarmName": alarm.name,
+                              "From": alarm.state_value, "To": state, "Newest": newest})
         alarm.update_state(f"{breaching} of the last {n} datapoints breached the threshold "
                            f"{alarm.threshold} (newest: {newest}; sandbox clock)",
                            '{"sandbox": true}', state)
@@ -279,7 +295,7 @@ def tick() -> None:
 
 def report() -> dict[str, Any]:
     return {"pool_seconds": round(pool_now(), 1) if _clock.on else None,
-            "scaling": list(_state.log)}
+            "scaling": list(_state.log), "alarms": list(_state.alarms)}
 
 
 def install() -> None:

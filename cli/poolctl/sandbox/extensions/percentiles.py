@@ -29,7 +29,7 @@ import re
 from typing import Any
 
 NAMES = ("cloudwatch.percentiles",)
-_PCT = re.compile(r"p(\d{1,2}(?:\.\d+)?)$")
+PCT_STAT = re.compile(r"p(\d{1,2}(?:\.\d+)?)$")
 _RANK = re.compile(r"PR\(([0-9.eE+-]*):([0-9.eE+-]*)\)$")
 
 
@@ -110,7 +110,7 @@ def install() -> None:
     stat_of = Statistics.get_statistics_for_type
 
     def get_statistics_for_type(self: Any, stat: str) -> Any:
-        m = _PCT.match(stat or "")
+        m = PCT_STAT.match(stat or "")
         if m is not None:
             return weighted_percentile(_points(self.metric_data), float(m.group(1)) / 100)
         r = _RANK.match(stat or "")
