@@ -4,7 +4,8 @@ replicas: min = max) deployed on `sandbox start --serve` at the default speed, t
 of the Azure conversation trace rehearsed through its load balancer (`replay --sandbox
 --compare`). Reports the wall time to 8 nodes serving, the peak memory of the sandbox's
 process tree (moto, every node's boot script and engine, HAProxy) with 8 nodes serving and
-through the replay, the replay's wall time, and measured beside predicted.
+through the replay, the replay's wall time, measured beside predicted, and `status`'s wall
+time with the hour's live metrics (and what it reads back).
 
     source scripts/env.sh && python scripts/bench/sandbox_serving.py [--nodes 8] [--duration 1h]
 
@@ -106,6 +107,14 @@ def main() -> None:
                           "--json")
             replay_wall = time.monotonic() - t1
             r = json.loads(out)
+            # status with live metrics: the window covers the replay (pool minutes)
+            walls = []
+            for _ in range(3):
+                t2 = time.monotonic()
+                st = poolctl(home, "status", "--sandbox", "-f", str(cfg), "--cloud", "aws",
+                             "--window", "60", "--json")
+                walls.append(time.monotonic() - t2)
+            served = json.loads(st)["pools"][0]
         finally:
             top = peak.stop()
             poolctl(home, "sandbox", "stop")
@@ -122,6 +131,10 @@ def main() -> None:
               f"({r[m]['p90'] / r['predicted'][m]['p90'] - 1:+.1%})")
     print(f"overhead: {r['overhead_s']:.4f} s per request, {r['overhead_share']:.1%} of TTFT "
           "p90")
+    w = served["serving"] or {}
+    print(f"status --window 60 (live metrics): {min(walls):.2f} s wall (best of 3); TTFT p90 "
+          f"{w.get('ttft_p90_s')}, TPOT p90 {w.get('tpot_p90_s')}, predicted "
+          f"{served['predicted']}, drift {served['drift']}")
 
 
 if __name__ == "__main__":

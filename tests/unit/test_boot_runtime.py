@@ -672,3 +672,20 @@ def test_image_variant_refuses_another_library_version(node):
             f"this script needs {lib['version']}; rebuild the image") in r.stderr
     assert not (node.logs / "sourced").exists()  # refused before it was sourced
     assert node.log("docker") == []
+
+
+def test_phases_count_the_nodes_own_seconds(node):
+    # The script's clock as rendered: on a node x1; the sandbox at speed 10 sets 10000 and a
+    # 0.3-s step is 3 s of the pool's time (integer seconds, rounded down).
+    text = _script(node, 0, Cloud.aws)
+    fns = "\n".join(re.findall(r"^(?:log|clock|since)\(\) \{.*\}$", text, re.M))
+    start = text.index("\nphase() {\n") + 1
+    fns += "\n" + text[start:text.index("\n}\n", start) + 2]
+    for scale, seconds in ((None, "0"), ("10000", "3")):
+        env = {k: v for k, v in os.environ.items() if k != "POOLCTL_TIME_SCALE_MILLI"}
+        if scale is not None:
+            env["POOLCTL_TIME_SCALE_MILLI"] = scale
+        r = subprocess.run(["bash", "-c", fns + "\nphase step sleep 0.3"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stderr == f"poolctl: phase=step seconds={seconds}\n", (
+            scale, r.stderr)

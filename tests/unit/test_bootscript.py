@@ -265,7 +265,9 @@ def test_phase_lines(aws_script):
     # boot's steps (the library), then hydrate: inside the image step (pull_image, the
     # pool's part), when the image is on the root volume already.
     assert phases == ["image", "gpus", "nvme", "weights", "serving", "readiness", "hydrate"]
-    assert 'log "phase=$name seconds=$((SECONDS - t0))"' in aws_script
+    assert 'log "phase=$name seconds=$(since "$t0")"' in aws_script
+    # the node's seconds (x1 on a node; the sandbox sets its speed x 1000)
+    assert "* ${POOLCTL_TIME_SCALE_MILLI:-1000} / 1000000000" in aws_script
 
 
 # --- strictness and errors ------------------------------------------------------------------

@@ -10,13 +10,17 @@ umask 022
 
 log() { printf 'poolctl: %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
+clock() { echo "${EPOCHREALTIME/[.,]/}"; }
+since() { echo $((($(clock) - $1) * ${POOLCTL_TIME_SCALE_MILLI:-1000} / 1000000000)); }
 # phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured.
 phase() {
-  local name=$1 t0=$SECONDS
+  local name=$1 t0
+  t0=$(clock)
   shift
   "$@"
-  log "phase=$name seconds=$((SECONDS - t0))"
+  log "phase=$name seconds=$(since "$t0")"
 }
+START_US=$(clock)  # the script's start, for a failure's phase line (on_exit)
 hydrate_image() {
   local dirs=() d
   mapfile -t dirs < <(docker image inspect --format '{{json .GraphDriver.Data}}' "$IMAGE" |
@@ -245,13 +249,14 @@ block_metadata() {
 }
 
 wait_ready() {
-  local url="http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT$HEALTH_PATH" t0=$SECONDS restarts last
+  local url="http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT$HEALTH_PATH" t0 restarts last
+  t0=$(clock)
   until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || true) == 200 ]]; do
     restarts=$(docker inspect -f '{{.RestartCount}}' "$CONTAINER" 2>/dev/null || echo 0)
-    if ((SECONDS - t0 >= READY_TIMEOUT_S || restarts >= 3)); then
+    if (($(since "$t0") >= READY_TIMEOUT_S || restarts >= 3)); then
       docker logs --tail 50 "$CONTAINER" >&2 || true
       last=$(docker logs --tail 1 "$CONTAINER" 2>&1 | tail -n 1 || true)
-      fail "serving: $url not ready after $((SECONDS - t0))s, $restarts restarts${last:+: $last}"
+      fail "serving: $url not ready after $(since "$t0")s, $restarts restarts${last:+: $last}"
     fi
     sleep 5
   done
@@ -338,13 +343,14 @@ on_exit() {
   local rc=$?
   if [[ -n ${HB_PID:-} ]]; then kill "$HB_PID" 2>/dev/null || true; fi
   if ((rc != 0)) && [[ -z ${BOOT_DONE:-} ]]; then
-    log "phase=failed seconds=$SECONDS"
+    log "phase=failed seconds=$(since "$START_US")"
     lifecycle ABANDON
   fi
 }
 
 boot() {
-  local t0=$SECONDS target=InService pull
+  local t0 target=InService pull
+  t0=$(clock)
   trap on_exit EXIT
   trap 'exit 143' TERM
   log "boot: $POOL serving $MODEL_ID version $MODEL_VERSION, uptime $(cut -d' ' -f1 /proc/uptime)s"
@@ -368,7 +374,7 @@ boot() {
   BOOT_DONE=1
   lifecycle CONTINUE
   echo "$target" >"$STATE/lifecycle-done"
-  log "phase=total seconds=$((SECONDS - t0)) uptime=$(cut -d' ' -f1 /proc/uptime)"
+  log "phase=total seconds=$(since "$t0") uptime=$(cut -d' ' -f1 /proc/uptime)"
 }
 
 install_node() {

@@ -7,12 +7,15 @@ set -Eeuo pipefail
 shopt -s inherit_errexit
 log() { printf 'poolctl: %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
+clock() { echo "${EPOCHREALTIME/[.,]/}"; }
+since() { echo $((($(clock) - $1) * ${POOLCTL_TIME_SCALE_MILLI:-1000} / 1000000000)); }
 # phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured.
 phase() {
-  local name=$1 t0=$SECONDS
+  local name=$1 t0
+  t0=$(clock)
   shift
   "$@"
-  log "phase=$name seconds=$((SECONDS - t0))"
+  log "phase=$name seconds=$(since "$t0")"
 }
 
 CACHE=${POOLCTL_CACHE_MOUNT:-/mnt/poolctl-cache}

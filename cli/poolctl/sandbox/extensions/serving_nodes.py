@@ -226,6 +226,8 @@ def _start(node: Node, script: bytes, kind: str) -> None:
         "POOLCTL_ENGINE_START_S": repr(float(phases.get("load_to_gpu", 0.0))
                                        + float(phases.get("engine_init", 0.0))),
         "POOLCTL_SANDBOX_MODEL": json.dumps(reg.get("model") or {}),
+        # the script's own clock (boot/_lib.sh.j2 `since`): pool seconds, as everything else
+        "POOLCTL_TIME_SCALE_MILLI": str(round(speed() * 1000)),
     }
     (f / "boot.rc").unlink(missing_ok=True)
     log = open(f / "node.log", "ab")  # noqa: SIM115 - the child holds it; closed below
