@@ -61,3 +61,18 @@ def test_the_model_line_and_the_drift_line():
         "docs/planning.md#calibration-poolctl-perf-fit)")
     assert model_lines(replace(s, predicted=None)) == []
     assert slow.to_json()["drift"]["ttft"] == pytest.approx(0.55)
+
+
+def test_no_drift_is_judged_while_requests_wait():
+    from dataclasses import replace
+
+    from poolctl.clouds.base import ServingPrediction
+
+    # A burst on too few nodes: TTFT is queueing (76 s), the model's 0.8 s is for the
+    # replicas in service now. The queue says so, and the line says why no drift is judged.
+    w = ServingWindow(window_s=600, requests=1900, prompt_tokens=3.8e6, output_tokens=3.8e5,
+                      ttft_p90_s=76.5, tpot_p90_s=0.063, queue_per_replica=6.2)
+    s = replace(_status(w), predicted=ServingPrediction(20, 0.832, 0.030))
+    assert model_lines(s)[1] == (
+        "drift: not judged: requests waited (6.2 per replica on average), so this latency "
+        "measures the pool's capacity and scaling, not the model")

@@ -152,6 +152,7 @@ class ServingWindow:
     tpot_within: float | None = None  # ... within the TPOT SLO (None: the pool sets none)
     kv_usage: float | None = None  # KV-cache usage, mean over the window (0-1)
     running: float | None = None  # requests running, mean over the window
+    queue_per_replica: float | None = None  # requests waiting per replica, mean
 
     @property
     def requests_per_s(self) -> float:

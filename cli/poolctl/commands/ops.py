@@ -249,7 +249,11 @@ def model_lines(s: PoolStatus) -> list[str]:
     out = [f"model (this load on {p.replicas} replicas): {', '.join(words)}"
            + (f"; measured {seen}" if seen else "")]
     over = [f"{k.upper()} p90 {v:.0%}" for k, v in drift.items() if v > runtime.DRIFT_WARN]
-    if over:
+    q = s.serving.queue_per_replica if s.serving else None
+    if over and q is not None and q > runtime.DRIFT_QUEUE_MAX:
+        out.append(f"drift: not judged: requests waited ({q:.1f} per replica on average), "
+                   "so this latency measures the pool's capacity and scaling, not the model")
+    elif over:
         out.append(f"drift: measured {' and '.join(over)} over the serving model's for this "
                    "load: plan and simulate size this pool too small; calibrate the model "
                    "(`poolctl perf fit`, docs/planning.md#calibration-poolctl-perf-fit)")

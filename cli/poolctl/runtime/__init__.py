@@ -66,6 +66,7 @@ from poolctl.runtime.rollout import (
     wait_rollout,
 )
 from poolctl.runtime.status import (
+    DRIFT_QUEUE_MAX,
     DRIFT_WARN,
     node_json,
     status,
@@ -96,6 +97,7 @@ from poolctl.runtime.windows import (
 
 __all__ = [
     "DEFAULT_POLL_S",
+    "DRIFT_QUEUE_MAX",
     "DRIFT_WARN",
     "NODE_IMAGE_KEYS",
     "POLL_ENV",

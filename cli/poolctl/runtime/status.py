@@ -40,6 +40,9 @@ DEFAULT_WINDOW_S = 600.0  # `status --window`: what the engines served over the 
 # Measured p90 this far above the serving model's prediction: `status` says the model is
 # optimistic for this pool and names the fix.
 DRIFT_WARN = 0.25
+# Requests waited this much per replica on average over the window: latency measured
+# queueing on the pool's capacity (and its scaling), not the model; no drift is judged.
+DRIFT_QUEUE_MAX = 0.5
 PREDICT_MIN_S = 600.0  # simulate at least this much of the observed load (steady state)
 
 

@@ -298,6 +298,7 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
             "output": (naming.OUTPUT_TOKENS_METRIC, "Sum"),
             "kv": (naming.KV_USAGE_METRIC, "Average"),
             "running": (naming.RUNNING_METRIC, "Average"),
+            "queue": (naming.METRIC_NAME, "Average"),
         }
         if tpot_slo_s is not None:
             asked["tpotin"] = (naming.TPOT_METRIC, f"PR(:{tpot_slo_s:g})")
@@ -326,4 +327,5 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
             tpot_p50_s=got.get("tpot50"), tpot_p90_s=got.get("tpot90"),
             ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
             ttft_within=share("ttftin"), tpot_within=share("tpotin"),
-            kv_usage=got.get("kv"), running=got.get("running"))
+            kv_usage=got.get("kv"), running=got.get("running"),
+            queue_per_replica=got.get("queue"))
