@@ -174,7 +174,9 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
         }
     else:
         assert isinstance(placement, GcpPlacement)  # the placement of a cloud not aws
-        ctx |= {"gcp_project": placement.project, "metric_type": naming.GCP_METRIC_TYPE}
+        ctx |= {"gcp_project": placement.project, "metric_type": naming.GCP_METRIC_TYPE,
+                # the MIG's name (the stack's), which the metrics' pool label carries
+                "mig": naming.short(naming.base(cfg, pool), 63)}
     if from_image:
         lib = boot_library(cloud)
         ctx["boot_lib"] = {k: lib[k] for k in ("dir", "file", "version")}

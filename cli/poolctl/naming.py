@@ -53,6 +53,18 @@ OUTPUT_TOKENS_METRIC = "GenerationTokens"
 RUNNING_METRIC = "RunningRequests"
 KV_USAGE_METRIC = "KvCacheUsage"
 GCP_METRIC_TYPE = "custom.googleapis.com/poolctl/requests_waiting_per_replica"
+# ... and on GCP (boot/_node_lib.sh.j2 gcp_metrics): Cloud Monitoring custom metrics beside
+# the queue's, labelled pool=<the MIG>: CUMULATIVE distributions and counters, GAUGEs.
+GCP_METRIC_PREFIX = GCP_METRIC_TYPE.rsplit("/", 1)[0] + "/"
+GCP_TTFT_TYPE = GCP_METRIC_PREFIX + "time_to_first_token"
+GCP_TPOT_TYPE = GCP_METRIC_PREFIX + "time_per_output_token"
+GCP_E2E_TYPE = GCP_METRIC_PREFIX + "end_to_end_latency"
+GCP_REQUESTS_TYPE = GCP_METRIC_PREFIX + "requests"
+GCP_PROMPT_TOKENS_TYPE = GCP_METRIC_PREFIX + "prompt_tokens"
+GCP_OUTPUT_TOKENS_TYPE = GCP_METRIC_PREFIX + "generation_tokens"
+GCP_RUNNING_TYPE = GCP_METRIC_PREFIX + "running_requests"
+GCP_KV_USAGE_TYPE = GCP_METRIC_PREFIX + "kv_cache_usage"
+GCP_POOL_LABEL = "pool"
 LIFECYCLE_HOOK = "poolctl-node-ready"
 CACHE_MOUNT = "/mnt/poolctl-cache"
 

@@ -10,6 +10,10 @@ drove it (a closed loop of `max_concurrency` clients, or arrivals at the request
 least squares on the log ratio of the TTFT and TPOT statistics fits prefill_mfu, decode_mbu,
 step_overhead_ms and decode_us_per_seq. A weak pull towards the starting factors keeps a
 factor the runs cannot see (say, the per-sequence cost from one batch size) where it was.
+
+A deployed pool is its own benchmark (`perf fit --pool`, runtime/livefit.py): what its
+engines served over a window, read back from their histograms, becomes an open-loop run
+(`open_loop`) fitted the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, replace
 from poolctl.errors import UsageError
 from poolctl.servingmodel import ReplicaModel
 from poolctl.simulate import percentile, simulate
-from poolctl.traces import Trace
+from poolctl.traces import Trace, synthetic
 
 FIT = ("prefill_mfu", "decode_mbu", "step_overhead_ms", "decode_us_per_seq")
 METRICS = ("ttft", "tpot")
@@ -183,6 +187,41 @@ def _int_str(o: dict[str, object], key: str, where: str) -> float:
         raise UsageError(f"{where}: `{key}` is {o[key]!r}, not a whole number") from None
 
 
+def open_loop(label: str, tp: int, rate: float, prompt: float, output: float,
+              measured: dict[str, float], seed: int = 0) -> Run:
+    """A run of what one replica of a live pool served (`perf fit --pool`): Poisson arrivals
+    at its share of the pool's rate, exponential lengths around the observed means (as
+    status's prediction takes them), MAX_PROMPTS requests; `measured` its statistics: the
+    means of TTFT and TPOT, which the histograms' sums give exactly (their percentiles are
+    blurred by the buckets, and a replay read through them moves in steps that a least
+    squares fit cannot follow)."""
+    span = MAX_PROMPTS / rate
+    t = synthetic(rate, span * 1.5, seed, prompt, output)  # a few more than MAX_PROMPTS
+    n = min(MAX_PROMPTS, len(t.arrivals))
+    return Run(label, tp, None, None, rate, 1.0, t.inputs[:n], t.outputs[:n], measured)
+
+
+@dataclass(frozen=True)
+class StepRatio:
+    """How much longer (x) the fitted model's steps are than the current one's, at a load:
+    one prompt of `prompt` tokens prefilled alone, one decode step of `batch` sequences of
+    `context` tokens each."""
+
+    prompt: int
+    prefill: float
+    batch: int
+    context: int
+    decode: float
+
+
+def step_ratio(before: ReplicaModel, after: ReplicaModel, prompt: float, output: float,
+               batch: float) -> StepRatio:
+    p, b = max(1, round(prompt)), max(1, round(batch))
+    ctx = max(1, round(prompt + output / 2))
+    return StepRatio(p, after.ttft_floor_s(p) / before.ttft_floor_s(p), b, ctx,
+                     after.decode_step_s(b, ctx) / before.decode_step_s(b, ctx))
+
+
 # ---------------------------------------------------------------------- the forward model
 
 
@@ -244,6 +283,11 @@ class Fit:
     factors: dict[str, float]  # FIT's names, in the config's units (ms, us)
     errors: dict[str, dict[str, float]]  # run label -> "ttft_mean" -> model / measured - 1
     before: dict[str, dict[str, float]]  # the same with the starting factors
+
+
+def with_fit(rm: ReplicaModel, factors: dict[str, float]) -> ReplicaModel:
+    """`rm` with a Fit's factors."""
+    return _apply(rm, [factors[k] for k in FIT])
 
 
 def _apply(rm: ReplicaModel, x: list[float]) -> ReplicaModel:

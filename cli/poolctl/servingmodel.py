@@ -206,6 +206,17 @@ def with_factors(rm: ReplicaModel, f: ServingFactors) -> ReplicaModel:
                    allreduce_latency_s=f.allreduce_us / 1e6, overlap_k=f.overlap_k)
 
 
+def slowed(rm: ReplicaModel, factor: float) -> ReplicaModel:
+    """`rm` with every step `factor` times as long: each of a step's terms (fixed and
+    per-sequence time, all-reduce latency and bandwidth, compute, memory) scales by it, and
+    their combination is homogeneous, so step_s() is exactly `factor` x. The sandbox's
+    engine slowdown (a GPU that does worse than the model believes)."""
+    return replace(rm, prefill_mfu=rm.prefill_mfu / factor, decode_mbu=rm.decode_mbu / factor,
+                   link_efficiency=rm.link_efficiency / factor,
+                   overhead_s=rm.overhead_s * factor, per_seq_s=rm.per_seq_s * factor,
+                   allreduce_latency_s=rm.allreduce_latency_s * factor)
+
+
 def figures(rm: ReplicaModel) -> dict[str, Any]:
     """The numbers to compare with a measured replica (and to calibrate `perf:` from)."""
     return {

@@ -14,7 +14,10 @@ to it over HTTP on 127.0.0.1:
     Cloud Quotas projects.locations.quotaPreferences.list/get/create/patch,
     OS Login users.importSshPublicKey and users.sshPublicKeys.delete (v1, same host),
     Cloud Monitoring projects.timeSeries.list (v3, same host; points seeded with
-    `write_point`, as the nodes' boot script writes them), forwardingRules.list (regional,
+    `write_point`, or written by projects.timeSeries.create as the nodes' boot script writes
+    them: GAUGE and CUMULATIVE points, INT64, DOUBLE and DISTRIBUTION values; `list` with
+    aggregation: ALIGN_DELTA / ALIGN_MEAN per series, REDUCE_SUM / REDUCE_MEAN across
+    them, in the API's shapes), forwardingRules.list (regional,
     `add_forwarding_rule`), Cloud Logging entries.list (v2, same host; `write_log`),
 and, standing in for the node's side of OS Login (the guest agent's AuthorizedKeysCommand
 asking the metadata server), `GET /_poolctl/instance-connect?instance_id=NAME&user=POSIX`: the
@@ -1135,6 +1138,7 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("DELETE", "/v1/users/(?P<user>[^/:]+)/sshPublicKeys/(?P<fp>[^/]+)", "oslogin_delete"),
         ("GET", "/_poolctl/instance-connect", "node_keys"),
         ("GET", "/v3/projects/(?P<project>[^/]+)/timeSeries", "ts_list"),
+        ("POST", "/v3/projects/(?P<project>[^/]+)/timeSeries", "ts_create"),
         ("GET", _R + "/forwardingRules", "fr_list"),
         ("POST", "/v2/entries:list", "log_list"),
         ("GET", _Q, "qp_list"),
@@ -1856,6 +1860,10 @@ class _Handler(BaseHTTPRequestHandler):
     def ts_list(self, *, project, query, **_):
         return _ts_list(self.fake, project, query), "ListTimeSeriesResponse"
 
+    def ts_create(self, *, project, body, **_):
+        _ts_create(self.fake, project, body)
+        return {}, "Empty"
+
     def node_keys(self, *, query, **_):
         """What a node's sshd is handed for POSIX user `user` on VM `instance_id`."""
         import time
@@ -1954,14 +1962,239 @@ def _ts_list(fake: FakeGce, project: str, query: dict) -> dict:
             continue
         if not all(field(ts, k) == v for k, v in want):
             continue
+        if any(k.startswith("aggregation.") for k in query):
+            hits.append(ts)  # aligned over the whole history below
+            continue
         points = [p for p in ts["points"] if start <= when(p["interval"]["endTime"]) <= end]
         if points:
             hits.append({**copy.deepcopy(ts), "points": copy.deepcopy(points)})
+    if any(k.startswith("aggregation.") for k in query):
+        hits = _ts_aggregate(hits, start, end, query)
     size = int(query.get("pageSize") or fake.page_size)
     first = int(query.get("pageToken") or 0)
     out: dict[str, Any] = {"timeSeries": hits[first:first + size]}
     if first + size < len(hits):
         out["nextPageToken"] = str(first + size)
+    return out
+
+
+# What projects.timeSeries.create takes (CreateTimeSeriesRequest; the fields of each message
+# as the v3 REST reference names them) and refuses, with the API's messages.
+CREATE_FIELDS: dict[str, set[str]] = {
+    "CreateTimeSeriesRequest": {"timeSeries"},
+    "TimeSeries": {"metric", "resource", "metadata", "metricKind", "valueType", "points",
+                   "unit", "description"},
+    "Distribution": {"count", "mean", "sumOfSquaredDeviation", "range", "bucketOptions",
+                     "bucketCounts", "exemplars"},
+}
+MAX_SERIES_PER_CREATE = 200
+ALIGNERS = {"ALIGN_DELTA", "ALIGN_MEAN"}
+REDUCERS = {"REDUCE_SUM", "REDUCE_MEAN"}
+
+
+def _when(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _value(point: dict, vt: str) -> Any:
+    """A point's value as Python: a number, or (bounds, counts, count, sum)."""
+    v = point["value"]
+    if vt == "DISTRIBUTION":
+        d = v["distributionValue"]
+        bounds = [float(b) for b in d.get("bucketOptions", {}).get(
+            "explicitBuckets", {}).get("bounds", [])]
+        counts = [int(c) for c in d.get("bucketCounts", [])]
+        counts += [0] * (len(bounds) + 1 - len(counts))  # trailing zeros may be left out
+        n = int(d.get("count", 0))
+        return (tuple(bounds), counts, n, float(d.get("mean", 0.0)) * n)
+    return float(v["int64Value"] if vt == "INT64" else v["doubleValue"])
+
+
+def _distribution(bounds: tuple, counts: list[int], n: int, total: float) -> dict:
+    return {"distributionValue": {
+        "count": str(n), "mean": total / n if n else 0.0,
+        "bucketOptions": {"explicitBuckets": {"bounds": list(bounds)}},
+        "bucketCounts": [str(c) for c in counts]}}
+
+
+def _ts_create(fake: FakeGce, project: str, body: dict) -> None:
+    """projects.timeSeries.create, checked as Cloud Monitoring checks custom metrics: one
+    point a series, GAUGE or CUMULATIVE (a custom metric cannot be DELTA), a CUMULATIVE
+    point's start before its end and kept until a reset, points in time order, a
+    distribution's count the sum of its bucket counts over increasing bounds."""
+    def bad(i: int, what: str) -> HttpError:
+        return HttpError(400, f"Field timeSeries[{i}].{what}")
+
+    if project not in fake.projects:
+        raise _not_found(f"projects/{project}")
+    unknown = set(body) - CREATE_FIELDS["CreateTimeSeriesRequest"]
+    if unknown:
+        raise HttpError(400, f"Invalid JSON payload received. Unknown name {sorted(unknown)}")
+    series = body.get("timeSeries") or []
+    if not 1 <= len(series) <= MAX_SERIES_PER_CREATE:
+        raise HttpError(400, f"Field timeSeries had an invalid value: between 1 and "
+                             f"{MAX_SERIES_PER_CREATE} time series a request")
+    for i, ts in enumerate(series):
+        unknown = set(ts) - CREATE_FIELDS["TimeSeries"]
+        if unknown:
+            raise HttpError(400, f"Invalid JSON payload received. Unknown name "
+                                 f"{sorted(unknown)} at 'time_series[{i}]'")
+        mtype = ts.get("metric", {}).get("type", "")
+        if not mtype.startswith("custom.googleapis.com/"):
+            raise bad(i, f"metric.type had an invalid value of \"{mtype}\"")
+        kind, vt = ts.get("metricKind", "GAUGE"), ts.get("valueType", "DOUBLE")
+        if kind not in ("GAUGE", "CUMULATIVE"):
+            raise bad(i, f"metricKind had an invalid value of \"{kind}\": a custom metric "
+                         "is GAUGE or CUMULATIVE")
+        if len(ts.get("points", [])) != 1:
+            raise bad(i, "points had an invalid value: exactly one point is required")
+        pt = ts["points"][0]
+        end = _when(pt["interval"]["endTime"])
+        start = pt["interval"].get("startTime")
+        if kind == "CUMULATIVE" and (start is None or _when(start) >= end):
+            raise bad(i, "points[0].interval.start_time had an invalid value: a CUMULATIVE "
+                         "point's start time must be before its end time")
+        if vt == "DISTRIBUTION":
+            d = pt["value"].get("distributionValue", {})
+            unknown = set(d) - CREATE_FIELDS["Distribution"]
+            if unknown:
+                raise HttpError(400, f"Invalid JSON payload received. Unknown name "
+                                     f"{sorted(unknown)}")
+            bounds, counts, n, _ = _value(pt, vt)
+            if any(b >= c for b, c in zip(bounds, bounds[1:], strict=False)):
+                raise bad(i, "points[0].value.distribution_value.bucket_options had an "
+                             "invalid value: bounds must be strictly increasing")
+            if len(counts) > len(bounds) + 1 or sum(counts) != n or min(counts) < 0:
+                raise bad(i, "points[0].value.distribution_value had an invalid value: "
+                             "count must equal the sum of bucket_counts")
+        else:
+            _value(pt, vt)  # KeyError/ValueError: not a value of that type
+        labels = ts.get("resource", {}).get("labels", {})
+        if ts.get("resource", {}).get("type") != "gce_instance" or labels.get(
+                "project_id") != project:
+            raise bad(i, "resource had an invalid value: gce_instance of this project")
+        old = next((t for t in fake.time_series if t["metric"] == {
+            "labels": {}, **ts["metric"]} and t["resource"]["labels"] == labels), None)
+        if old is not None:
+            if (old["metricKind"], old["valueType"]) != (kind, vt):
+                raise bad(i, f"metricKind had an invalid value: the metric is "
+                             f"{old['metricKind']} {old['valueType']}")
+            last = old["points"][0]["interval"]
+            if _when(last["endTime"]) >= end:
+                raise bad(i, "points[0].interval.end_time had an invalid value: Points must "
+                             "be written in order. One or more of the points specified had "
+                             "an older end time than the most recent point.")
+            if kind == "CUMULATIVE" and _when(start) < _when(last["startTime"]):
+                raise bad(i, "points[0].interval.start_time had an invalid value: a "
+                             "CUMULATIVE point's start time cannot go back")
+    for ts in series:  # all checked: the request is taken whole
+        labels = ts["resource"]["labels"]
+        metric = {"labels": {}, **ts["metric"]}
+        old = next((t for t in fake.time_series if t["metric"] == metric
+                    and t["resource"]["labels"] == labels), None)
+        if old is None:
+            old = {"metric": copy.deepcopy(metric), "resource": copy.deepcopy(ts["resource"]),
+                   "metricKind": ts.get("metricKind", "GAUGE"),
+                   "valueType": ts.get("valueType", "DOUBLE"), "points": []}
+            fake.time_series.append(old)
+        pt = copy.deepcopy(ts["points"][0])
+        pt["interval"].setdefault("startTime", pt["interval"]["endTime"])
+        old["points"].insert(0, pt)
+
+
+def _aligned(ts: dict, a: datetime, b: datetime, aligner: str) -> Any:
+    """One series' value over the period (a, b]: ALIGN_DELTA of a CUMULATIVE series, its
+    increase (per start time: a newer start is a reset, counted from 0; the baseline is the
+    newest point at or before `a` of the same start, else 0); ALIGN_MEAN of a GAUGE, the
+    mean of its points. None: no point in the period."""
+    vt = ts["valueType"]
+    pts = [p for p in ts["points"] if a < _when(p["interval"]["endTime"]) <= b]
+    if not pts:
+        return None
+    if aligner == "ALIGN_MEAN":
+        if ts["metricKind"] != "GAUGE" or vt == "DISTRIBUTION":
+            raise HttpError(400, "The aligner ALIGN_MEAN is not valid for this metric")
+        return sum(_value(p, vt) for p in pts) / len(pts)
+    if ts["metricKind"] != "CUMULATIVE":
+        raise HttpError(400, "The aligner ALIGN_DELTA is not valid for a GAUGE metric")
+    total: Any = None
+    for start in {p["interval"]["startTime"] for p in pts}:
+        seg = [p for p in ts["points"] if p["interval"]["startTime"] == start]
+        last = max((p for p in seg if _when(p["interval"]["endTime"]) <= b),
+                   key=lambda p: p["interval"]["endTime"])
+        before = [p for p in seg if _when(p["interval"]["endTime"]) <= a]
+        base = max(before, key=lambda p: p["interval"]["endTime"]) if before else None
+        d = _minus(_value(last, vt), None if base is None else _value(base, vt))
+        total = d if total is None else _plus(total, d)
+    return total
+
+
+def _minus(x: Any, y: Any) -> Any:
+    if y is None:
+        return x
+    if isinstance(x, tuple):
+        return (x[0], [c - d for c, d in zip(x[1], y[1], strict=True)], x[2] - y[2], x[3] - y[3])
+    return x - y
+
+
+def _plus(x: Any, y: Any) -> Any:
+    if isinstance(x, tuple):
+        if x[0] != y[0]:
+            raise HttpError(400, "fake: distributions with different bounds cannot be summed")
+        return (x[0], [c + d for c, d in zip(x[1], y[1], strict=True)], x[2] + y[2], x[3] + y[3])
+    return x + y
+
+
+def _ts_aggregate(hits: list[dict], start: datetime, end: datetime, query: dict) -> list[dict]:
+    """The aggregated answer: each series aligned per period (the periods end at `end`,
+    `aggregation.alignmentPeriod` long, back to `start`), then reduced across series (one
+    series, without labels: no groupByFields); points newest first."""
+    period = query.get("aggregation.alignmentPeriod", "")
+    aligner = query.get("aggregation.perSeriesAligner", "")
+    reducer = query.get("aggregation.crossSeriesReducer", "REDUCE_NONE")
+    m = re.fullmatch(r"(\d+)s", period)
+    if not m or int(m[1]) < 60:
+        raise HttpError(400, "Field aggregation.alignmentPeriod had an invalid value: at "
+                             "least 60s")
+    if aligner not in ALIGNERS or reducer not in REDUCERS | {"REDUCE_NONE"}:
+        raise HttpError(400, f"fake: aggregation {aligner}/{reducer} is not emulated")
+    if query.get("aggregation.groupByFields"):
+        raise HttpError(400, "fake: aggregation.groupByFields is not emulated")
+    step = timedelta(seconds=int(m[1]))
+    out: list[dict] = []
+    groups = [[ts] for ts in hits] if reducer == "REDUCE_NONE" else ([hits] if hits else [])
+    for group in groups:
+        vt = group[0]["valueType"]
+        kind = "DELTA" if aligner == "ALIGN_DELTA" else "GAUGE"
+        rvt = "DOUBLE" if aligner == "ALIGN_MEAN" or reducer == "REDUCE_MEAN" else vt
+        points = []
+        b = end
+        while b > start:
+            a = b - step
+            vals = [v for v in (_aligned(ts, a, b, aligner) for ts in group) if v is not None]
+            if vals:
+                if reducer == "REDUCE_MEAN":
+                    v: Any = sum(vals) / len(vals)
+                else:
+                    v = vals[0]
+                    for x in vals[1:]:
+                        v = _plus(v, x)
+                value = (_distribution(*v) if isinstance(v, tuple)
+                         else {"int64Value": str(int(v))} if rvt == "INT64"
+                         else {"doubleValue": float(v)})
+                points.append({"interval": {"startTime": _ts(a), "endTime": _ts(b)},
+                               "value": value})
+            b = a
+        if not points:
+            continue
+        first = group[0]
+        out.append({
+            "metric": first["metric"] if reducer == "REDUCE_NONE"
+            else {"type": first["metric"]["type"]},
+            "resource": first["resource"] if reducer == "REDUCE_NONE"
+            else {"type": first["resource"]["type"],
+                  "labels": {"project_id": first["resource"]["labels"]["project_id"]}},
+            "metricKind": kind, "valueType": rvt, "points": points})
     return out
 
 

@@ -1133,7 +1133,7 @@ def test_what_gcp_declares_it_can_do(ops):
 
     # a canary can be held: cancel works; poolctl steps it and keeps its templates
     for can in (base.RequestsQuota, base.CancelsRollouts, base.RollsBackRollouts,
-                base.PublishesQueueMetric, base.StepsRollouts):
+                base.PublishesQueueMetric, base.StepsRollouts, base.ReportsServing):
         assert isinstance(ops, can), can.__name__
     # the update's surge sits outside the autoscaler's maximum
     for cannot in (base.KeepsWarmSizes, base.BoundsGroupMaximum):
@@ -1556,3 +1556,136 @@ def test_destroy_deletes_the_kept_templates(fake, ops, cfg, pool):
     assert done["failed"] == []
     assert sorted(n for (_, n) in fake.templates) == ["other-team"]
     assert _calls(fake, "DELETE", "/global/instanceTemplates/acme-chat-70b-old1")
+
+
+# ---------------------------------------------------------------- what the engines served
+
+
+def _agent(cfg, pool):
+    """The node agent's gcp_metrics as the GCP boot script renders it: (scrape text, queue,
+    start, end, instance id, zone) -> the timeSeries.create body it writes."""
+    import subprocess
+
+    from poolctl.bootscript import render_boot_script
+    text = render_boot_script(cfg, pool, Cloud.gcp)
+    a = text.index("gcp_metrics() {\n")
+    b = text.index("\n}\n", text.index("}' \"$1\"", a)) + 3
+    fn = text[a:b]
+
+    def run(scrape: str, queue: float, start: datetime, end: datetime, vm: str, zone: str
+            ) -> dict:
+        res = json.dumps({"type": "gce_instance", "labels": {
+            "project_id": PROJECT, "instance_id": vm, "zone": zone}})
+        r = subprocess.run(
+            ["bash", "-c", 'source /dev/stdin <<<"$0"; gcp_metrics /dev/fd/3 "$@" 3<<<"$5"', fn,
+             f"{queue:.3f}", _stamp_ms(start), _stamp_ms(end), res, scrape],
+            env={"MIG": MIG, "METRIC_TYPE": naming.GCP_METRIC_TYPE, "PATH": "/usr/bin:/bin"},
+            capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    return run
+
+
+def _stamp_ms(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def _scrape(cum: tuple[int, ...], total_s: float, requests: int, tokens: int, running: int,
+            kv: float) -> str:
+    ttft = "vllm:time_to_first_token_seconds"
+    lines = [f'{ttft}_bucket{{engine="0",le="{le}",model_name="m"}} {c}.0'
+             for le, c in zip(("0.1", "0.25", "0.5", "+Inf"), cum, strict=True)]
+    return "\n".join([
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        *lines, f'{ttft}_count{{engine="0",model_name="m"}} {cum[-1]}.0',
+        f'{ttft}_sum{{engine="0",model_name="m"}} {total_s}',
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {requests}.0',
+        f'vllm:generation_tokens_total{{engine="0"}} {tokens}.0',
+        f'vllm:num_requests_running{{engine="0"}} {running}.0',
+        f'vllm:kv_cache_usage_perc{{engine="0"}} {kv}']) + "\n"
+
+
+def test_what_the_node_agent_writes_status_reads_back(fake, ops, cfg, pool):
+    # Two nodes write their cumulative series (the rendered agent's bodies, POSTed to
+    # timeSeries.create over HTTP); status reads the last 10 minutes back.
+    import requests
+
+    deploy(fake, cfg, pool, running=2, stopped=0)
+    (a, za), (b, zb) = [(str(mi["id"]), mi["instance"].split("/zones/")[1].split("/")[0])
+                        for mi in fake.instances(PROJECT, REGION, MIG)]
+    run = _agent(cfg, pool)
+    now = datetime.now(UTC)
+
+    def ago(minutes: float) -> datetime:
+        return now - timedelta(minutes=minutes)
+
+    writes = [  # (vm, zone, engine start, at, TTFT cumulative buckets, sum, requests,
+                #  generation tokens, running, KV)
+        (a, za, ago(30), ago(15), (1, 1, 1, 1), 0.05, 50, 1000, 1, 0.2),  # the baseline
+        (b, zb, ago(30), ago(15), (0, 0, 0, 0), 0.0, 0, 0, 0, 0.4),
+        (a, za, ago(30), ago(5), (1, 2, 3, 3), 0.8, 52, 1400, 3, 0.2),
+        (b, zb, ago(30), ago(6), (0, 1, 3, 3), 1.0, 4, 300, 2, 0.4),
+        (b, zb, ago(3), ago(1), (0, 0, 2, 2), 0.7, 2, 100, 4, 0.4),  # restarted at -3 min
+        (a, za, ago(30), ago(1), (1, 2, 6, 6), 1.5, 55, 1800, 5, 0.2),
+    ]
+    for vm, zone, start, at, cum, total, req, tok, running, kv in writes:
+        body = run(_scrape(cum, total, req, tok, running, kv), 0.5, start, at, vm, zone)
+        r = requests.post(f"{fake.endpoint}/v3/projects/{PROJECT}/timeSeries", json=body,
+                          timeout=10)
+        assert r.status_code == 200, r.text
+    types = {ts["metric"]["type"] for ts in body["timeSeries"]}
+    assert types == {naming.GCP_METRIC_TYPE, naming.GCP_TTFT_TYPE, naming.GCP_REQUESTS_TYPE,
+                     naming.GCP_PROMPT_TOKENS_TYPE, naming.GCP_OUTPUT_TOKENS_TYPE,
+                     naming.GCP_RUNNING_TYPE, naming.GCP_KV_USAGE_TYPE}
+
+    w = ops.serving_window(ops.find_group(cfg, pool), 600, 0.31, 0.05)
+    assert w is not None
+    # By hand. In the window: a's increase since its -15 min point, (0, 1, 5, 5) sum 1.45;
+    # b's first engine since -15 min, (0, 1, 3, 3) sum 1.0; its restarted one from 0,
+    # (0, 0, 2, 2) sum 0.7. Together: 2 in (0.1, 0.25], 8 in (0.25, 0.5], 3.15 s.
+    # Read as the agent spreads it on AWS: the 8 narrowed around their mean (3.15 - 2 x
+    # 0.175) / 8 = 0.35, below the middle: [0.25, 0.45], 10 points 0.02 apart from 0.26,
+    # 0.8 each; the 2 over 10 points of (0.1, 0.25], 0.2 each. p90 needs 9: 2 + 0.8 n >= 9
+    # at n = 9, 0.42; p50 needs 5: n = 4, 0.32. Within 0.31 s: 2 + 3 x 0.8 = 4.4 of 10.
+    assert w.ttft_p90_s == pytest.approx(0.42)
+    assert w.ttft_p50_s == pytest.approx(0.32)
+    assert w.ttft_mean_s == pytest.approx(0.315)
+    assert w.ttft_within == pytest.approx(0.44)
+    assert w.tpot_p90_s is None and w.tpot_mean_s is None  # no TPOT histogram published
+    # Counters: a 55 - 50, b 4 - 0 and 2 since its restart: 11 requests; tokens 800 + 300
+    # + 100. Gauges, each node's mean over its points in the window, then their mean:
+    # running (3 + 5) / 2 and (2 + 4) / 2: 3.5; KV (0.2 + 0.4) / 2.
+    assert (w.requests, w.output_tokens, w.prompt_tokens) == (11, 1200, 0)
+    assert w.running == pytest.approx(3.5) and w.kv_usage == pytest.approx(0.3)
+    calls = _calls(fake, "GET", "/timeSeries")
+    assert len(calls) == 7 and all(
+        f'metric.labels.pool = "{MIG}"' in c["query"]["filter"] for c in calls)
+
+
+def test_monitoring_refuses_what_cloud_monitoring_refuses(fake, cfg, pool):
+    # The fake's timeSeries.create checks what the agent relies on: points in order, a
+    # CUMULATIVE start before its end, a distribution's count its buckets' sum.
+    import requests
+
+    deploy(fake, cfg, pool, running=1, stopped=0)
+    (mi,) = fake.instances(PROJECT, REGION, MIG)
+    vm, zone = str(mi["id"]), mi["instance"].split("/zones/")[1].split("/")[0]
+    run = _agent(cfg, pool)
+    now = datetime.now(UTC)
+    url = f"{fake.endpoint}/v3/projects/{PROJECT}/timeSeries"
+    scrape = _scrape((1, 2, 3, 3), 0.9, 3, 30, 1, 0.1)
+    ok = run(scrape, 0.0, now - timedelta(minutes=5), now - timedelta(minutes=1), vm, zone)
+    assert requests.post(url, json=ok, timeout=10).status_code == 200
+    again = requests.post(url, json=ok, timeout=10)  # the same end time: out of order
+    assert again.status_code == 400 and "written in order" in again.text
+    late = run(scrape, 0.0, now - timedelta(minutes=5), now - timedelta(minutes=6), vm, zone)
+    assert requests.post(url, json=late, timeout=10).status_code == 400
+    bad = json.loads(json.dumps(ok))
+    for ts in bad["timeSeries"]:
+        if ts["valueType"] == "DISTRIBUTION":
+            ts["points"][0]["value"]["distributionValue"]["count"] = "99"
+            ts["points"][0]["interval"]["endTime"] = _stamp_ms(now)
+    r = requests.post(url, json={"timeSeries": [ts for ts in bad["timeSeries"]
+                                                if ts["valueType"] == "DISTRIBUTION"]},
+                      timeout=10)
+    assert r.status_code == 400 and "sum of bucket_counts" in r.text

@@ -18,6 +18,7 @@ from tests.plugins.sandbox import boto3_client, run_poolctl, sandbox_admin
 from tests.serving.standin import call
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+AZURE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "azure-llm-2023-conv.csv"
 KEY = "sandbox-pool-key-1"
 KEY_VAR = "POOLCTL_TEST_POOL_KEY"
 
@@ -48,6 +49,15 @@ def serving(url: str) -> Any:
     return sandbox_admin(url, "GET", "/_poolctl/serving")
 
 
+def wait_for_targets(url: str, nodes: int, timeout: float = 240) -> None:
+    """Until `nodes` nodes are behind the sandbox's load balancers."""
+    def there() -> bool:
+        rep = serving(url)
+        return sum(len(t) for lb in rep["load_balancers"]
+                   for t in lb["Targets"].values()) == nodes
+    wait_for(f"{nodes} nodes behind the load balancer", there, timeout=timeout)
+
+
 def self_signed(home: Path) -> tuple[bytes, bytes]:
     """(certificate, key) PEM of a self-signed certificate for 127.0.0.1, a day long."""
     import ipaddress
@@ -75,14 +85,16 @@ def self_signed(home: Path) -> tuple[bytes, bytes]:
 
 @contextmanager
 def serving_pool(home: Path, speed: float, certificate: bool = False, serving_extra: str = "",
-                 **yaml: Any) -> Iterator[dict[str, Any]]:
+                 engine_slowdown: float = 1.0, **yaml: Any) -> Iterator[dict[str, Any]]:
     """`sandbox start --serve` in `home`, the test pool (`pool_yaml(**yaml)`, AWS only, an API
     key in Secrets Manager; `serving_extra`: more lines of its `serving:`) deployed; yields
     home, url (the sandbox), lb (the pool's loopback endpoint, once a node answers through
     it), cfg, secret (the API key's ARN) and with `certificate` cert (a self-signed one for
-    127.0.0.1 imported into the sandbox's ACM and named by certificate_arn: HTTPS). On exit
+    127.0.0.1 imported into the sandbox's ACM and named by certificate_arn: HTTPS);
+    `engine_slowdown`: the sandbox's engines step that many times slower than the model. On exit
     the sandbox stops and no process it started may outlive it."""
-    info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=speed)
+    info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=speed,
+                         engine_slowdown=engine_slowdown)
     url = str(info.endpoint)
     arn = boto3_client(url, "secretsmanager").create_secret(
         Name="chat-70b-key", SecretString=KEY)["ARN"]

@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,16 @@ from tests.plugins.sandbox import (
     sandbox_admin,
     terraform_missing,
 )
-from tests.serving.pool import KEY, KEY_VAR, MODEL, serving, serving_pool, wait_for
+from tests.serving.pool import (
+    AZURE,
+    KEY,
+    KEY_VAR,
+    MODEL,
+    serving,
+    serving_pool,
+    wait_for,
+    wait_for_targets,
+)
 from tests.serving.standin import call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
@@ -39,8 +47,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not Non
 # busy machine, are magnified by the speed (at 10, CI's four workers on two cores put TTFT p90
 # 17 % over simulate's; a quiet machine 3.9 %: docs/sandbox.md).
 SPEED = 5.0
-ROOT = Path(__file__).resolve().parents[2]
-AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +54,7 @@ def tls(tmp_path_factory):
     with serving_pool(tmp_path_factory.mktemp("tls-home"), SPEED, certificate=True,
                       serving_extra="      balancer: sticky\n", min_replicas=8,
                       max_replicas=8, warm=0, down_s=7200) as pool:
-        # both nodes behind the load balancer before any test routes
-        def both():
-            rep = serving(pool["url"])
-            return sum(len(t) for lb in rep["load_balancers"]
-                       for t in lb["Targets"].values()) == 2
-        wait_for("two nodes behind the load balancer", both, timeout=240)
+        wait_for_targets(pool["url"], 2)  # both, before any test routes
         yield pool
 
 

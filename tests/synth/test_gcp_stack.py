@@ -57,8 +57,10 @@ pools:
     scaling: {min_replicas: 8, max_replicas: 16}
     warm_pool: {replicas: 8, state: running}
     rollout: {max_surge_replicas: 0}
+    slo: {ttft_p90_s: 1.5, tpot_p90_s: 0.05, alarm_after_s: 600}
     gcp:
       project: beta-svc
+      alert_notification_channel: projects/beta-svc/notificationChannels/8675309
       region: us-east4
       machine_type: a3-highgpu-8g
       zones: [us-east4-a, us-east4-b]
@@ -623,6 +625,51 @@ def test_pool_without_warm_pool_keeps_an_empty_standby_pool():
     assert mig["target_stopped_size"] == "${var.warm_nodes}"
     assert doc["variable"]["warm_nodes"]["default"] == 0
     assert mig["standby_policy"] == {"mode": "SCALE_OUT_POOL", "initial_delay_sec": 440}
+
+
+def test_slo_alert_policies_and_dashboard(stacks):
+    # The example (acme-chat-70b): a TTFT SLO only (2 s), no channel: one policy on the p90
+    # (ALIGN_DELTA of the nodes' cumulative distributions, REDUCE_PERCENTILE_90 across
+    # them) above 2 s for slo.alarm_after_s' default 300 s, no notification.
+    doc = doc_of(stacks, "acme-chat-70b-gcp")
+    (ttft,) = resources(doc, "google_monitoring_alert_policy")
+    assert ttft["display_name"] == "acme-chat-70b-ttft-slo" and ttft["combiner"] == "OR"
+    assert "notification_channels" not in ttft
+    (cond,) = ttft["conditions"]
+    th = cond["condition_threshold"]
+    assert th["filter"] == ('metric.type = "custom.googleapis.com/poolctl/time_to_first_token" '
+                            'AND resource.type = "gce_instance" AND '
+                            'metric.labels.pool = "acme-chat-70b"')
+    assert th["aggregations"] == [{"alignment_period": "60s", "per_series_aligner":
+                                   "ALIGN_DELTA", "cross_series_reducer":
+                                   "REDUCE_PERCENTILE_90"}]
+    assert (th["comparison"], th["threshold_value"], th["duration"]) == (
+        "COMPARISON_GT", 2.0, "300s")
+    assert th["evaluation_missing_data"] == "EVALUATION_MISSING_DATA_INACTIVE"
+    assert ttft["user_labels"] == LABELS_70B
+    dash = json.loads(one(doc, "google_monitoring_dashboard")["dashboard_json"])
+    assert dash["displayName"] == "acme-chat-70b"
+    tiles = dash["mosaicLayout"]["tiles"]
+    assert [t["widget"]["title"] for t in tiles] == [
+        "Nodes in the group", "Queue: requests waiting per replica", "TTFT p50 / p90",
+        "TPOT p50 / p90", "Output tokens per second",
+        "KV-cache usage (0-1) and requests running"]
+    assert tiles[2]["widget"]["xyChart"]["thresholds"] == [{"label": "SLO (p90)",
+                                                           "value": 2.0}]
+    assert "thresholds" not in tiles[3]["widget"]["xyChart"]  # no TPOT SLO
+    # every tile inside the 48 columns, none overlapping
+    cells = [(t["xPos"] + i, t["yPos"] + j) for t in tiles for i in range(t["width"])
+             for j in range(t["height"])]
+    assert len(cells) == len(set(cells)) and max(x for x, _ in cells) < 48
+    # With a TPOT SLO, 600 s and a channel: two policies, both notifying the channel.
+    doc = doc_of(stacks, "beta-small-gcp")
+    policies = {p["display_name"]: p for p in resources(doc, "google_monitoring_alert_policy")}
+    assert set(policies) == {"beta-small-ttft-slo", "beta-small-tpot-slo"}
+    tpot = policies["beta-small-tpot-slo"]["conditions"][0]["condition_threshold"]
+    assert (tpot["threshold_value"], tpot["duration"]) == (0.05, "600s")
+    assert "time_per_output_token" in tpot["filter"]
+    for p in policies.values():
+        assert p["notification_channels"] == ["projects/beta-svc/notificationChannels/8675309"]
 
 
 @pytest.mark.parametrize("stack", sorted(GCP_EXAMPLES))

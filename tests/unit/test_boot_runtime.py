@@ -19,12 +19,13 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from poolctl import bootscript, weights
+from poolctl import bootscript, naming, weights
 from poolctl.cloud import Cloud
 from poolctl.errors import UsageError
 from poolctl.weights import write_manifest
@@ -62,6 +63,7 @@ class Node:
             d.mkdir()
         self.target_state = "InService"
         self.serving = True
+        self.metrics = METRICS  # what /metrics answers
         self.tokenless_gets: list[str] = []
         self.posts: list[tuple[dict, dict]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -117,7 +119,7 @@ class Node:
                     started = (node.logs / "docker-run.args").exists()
                     return self._send(200 if started and node.serving else 503)
                 if p == "/metrics" and node.serving:
-                    return self._send(200, METRICS)
+                    return self._send(200, node.metrics)
                 self._send(404)
 
             def do_POST(self):
@@ -452,6 +454,17 @@ def test_latency_histograms_publish_as_value_count_arrays(node):
     assert got["KvCacheUsage"]["Value"] == pytest.approx(0.3)
 
 
+def test_requests_spread_over_buckets_are_not_narrowed(node):
+    # 3 in (0.1, 0.25], 3 in (0.25, 0.5], 3 past 0.5: the largest bucket (the first of the
+    # three) holds a third, under half: no bucket is narrowed (the others' middles would be
+    # too rough a guess of its mean), each spreads evenly, the +Inf three sit at 0.5.
+    got, _ = _latency(node, "", _hist(TTFT, 0, EDGES, (0, 3, 6, 9), 9 * 0.4))
+    t = got["TimeToFirstToken"]
+    assert t["Values"] == pytest.approx([0.1075 + 0.015 * j for j in range(10)]
+                                        + [0.2625 + 0.025 * j for j in range(10)] + [0.5])
+    assert t["Counts"] == pytest.approx([0.3] * 20 + [3])
+
+
 def test_a_histogram_that_goes_back_is_left_out_with_a_line(node):
     # The bucket counts fall while the count does not: not a restart, nothing to trust.
     prev = _hist(TTFT, 0, EDGES, (5, 6, 9, 9), 2.0)
@@ -465,6 +478,30 @@ def test_a_histogram_that_goes_back_is_left_out_with_a_line(node):
     # the one bucket held, narrowed around its mean 0.2: [0.15, 0.25]
     assert got["TimeToFirstToken"]["Values"] == pytest.approx(
         [0.15 + (j + 0.5) * 0.01 for j in range(10)])
+
+
+def test_the_python_twin_of_the_agents_spread_publishes_the_same_arrays(node):
+    # histograms.spread (what status's prediction and perf fit --pool read their model
+    # through) against the agent's awk, on random histograms over vLLM's TPOT buckets: the
+    # same values and counts. One engine, from nothing (the first interval).
+    import random
+
+    from poolctl.histograms import TPOT_BUCKETS, counts, spread
+    name = "vllm:request_time_per_output_token_seconds"
+    edges = tuple(f"{e:g}" for e in TPOT_BUCKETS) + ("+Inf",)
+    rng = random.Random(7)
+    for _ in range(4):
+        xs = [rng.lognormvariate(-3.2, rng.uniform(0.05, 0.8)) for _ in range(rng.randint(5, 400))]
+        per = counts(xs, TPOT_BUCKETS)
+        cum, run = [], 0.0
+        for c in per:
+            run += c
+            cum.append(run)
+        got, _ = _latency(node, "", _hist(name, 0, edges, tuple(cum), sum(xs)))
+        want = spread(per, TPOT_BUCKETS, sum(xs))
+        t = got["TimePerOutputToken"]
+        assert t["Values"] == pytest.approx([v for v, _ in want], rel=1e-5)
+        assert t["Counts"] == pytest.approx([c for _, c in want], rel=1e-5)
 
 
 GCP_URI = "gs://acme-models/llama-3.1-405b-fp8/"
@@ -494,7 +531,7 @@ def test_gcp_publish_queue(node):
     assert r.returncode == 0, r.stderr
     (headers, body), = node.posts
     assert headers["Authorization"] == f"Bearer {GCE_TOKEN}"
-    series, = body["timeSeries"]
+    series, *others = body["timeSeries"]
     assert series["metric"] == {
         "type": "custom.googleapis.com/poolctl/requests_waiting_per_replica"}
     assert series["resource"] == {"type": "gce_instance", "labels": {
@@ -502,7 +539,45 @@ def test_gcp_publish_queue(node):
     point, = series["points"]
     # tensor_parallel 8: one replica per node, so the node's whole queue.
     assert point["value"] == {"doubleValue": float(WAITING_TOTAL)}
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", point["interval"]["endTime"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",
+                        point["interval"]["endTime"])
+    # Beside it, labelled with the pool: the counters (none served yet: 0) from the engine's
+    # start, and the gauges (this scrape has no histogram and no KV-cache gauge).
+    assert {(o["metric"]["type"].rsplit("/", 1)[1], o["metricKind"], o["valueType"])
+            for o in others} == {
+        ("requests", "CUMULATIVE", "INT64"), ("prompt_tokens", "CUMULATIVE", "INT64"),
+        ("generation_tokens", "CUMULATIVE", "INT64"),
+        ("running_requests", "GAUGE", "DOUBLE")}
+    cfg = load(aws_port=node.port, gcp_port=node.port)
+    mig = naming.base(cfg, cfg.pools[1])  # the MIG's name, which status filters on
+    assert all(o["metric"]["labels"] == {"pool": mig} for o in others)
+    running = next(o for o in others if o["metric"]["type"].endswith("running_requests"))
+    assert running["points"][0]["value"] == {"doubleValue": 7.0}
+
+    # Within the minute, the queue alone (Cloud Monitoring bills each point).
+    node.posts.clear()
+    assert node.run(_script(node, 1, "gcp"), "publish-queue").returncode == 0
+    (_, body), = node.posts
+    assert [o["metric"]["type"] for o in body["timeSeries"]] == [
+        "custom.googleapis.com/poolctl/requests_waiting_per_replica"]
+
+    def start_of(served: int) -> str:
+        node.metrics = METRICS + f'vllm:request_success_total{{engine="0"}} {served}.0\n'
+        os.utime(node.state / "gcp-count", (0, 0))  # a minute (and more) later
+        node.posts.clear()
+        assert node.run(_script(node, 1, Cloud.gcp), "publish-queue").returncode == 0
+        (_, body), = node.posts
+        req = next(o for o in body["timeSeries"] if o["metric"]["type"].endswith("/requests"))
+        assert req["points"][0]["value"] == {"int64Value": str(served)}
+        return str(req["points"][0]["interval"]["startTime"])
+
+    # The series run from the engine's start; a count below the last one written is a
+    # restarted engine: its series start again.
+    first = start_of(10)
+    assert start_of(12) == first
+    time.sleep(1.1)
+    restarted = start_of(4)
+    assert restarted > first and start_of(9) == restarted
 
 
 def test_verify_manifest(node, tmp_path):

@@ -37,8 +37,8 @@ def test_gcp_declares_its_capabilities():
     gcp = registry.driver(Cloud.gcp)
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures", "SchedulesWindows",
-        "ReservesCalendarCapacity", "ImportsLoginKeys", "KeepsNodeImages"]
+        "ReportsServing", "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures",
+        "SchedulesWindows", "ReservesCalendarCapacity", "ImportsLoginKeys", "KeepsNodeImages"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 
 

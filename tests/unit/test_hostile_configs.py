@@ -244,6 +244,12 @@ CASES = [
     ("gcp-image-template", gcp("      image: 'projects/x/${var.i}'\n"),
      "pools[0].gcp.image: not a Compute Engine image"),
     ("gcp-image-space", gcp("      image: 'my image'\n"), "pools[0].gcp.image"),
+    ("gcp-channel-shape", gcp("      alert_notification_channel: projects/acme-prod/channels/1\n"),
+     "pools[0].gcp.alert_notification_channel: not a notification channel like "
+     "projects/my-project/notificationChannels/1234567890"),
+    ("gcp-channel-project", gcp(
+        "      alert_notification_channel: projects/other-proj/notificationChannels/42\n"),
+     "pools[0].gcp.alert_notification_channel: is in project other-proj, the pool in "),
     ("gcp-base-image-quote", gcp("      base_image: 'family/x\"'\n"), "pools[0].gcp.base_image"),
     ("gcp-base-image-other-form", gcp("      base_image: debian-cloud/debian-12\n"),
      "pools[0].gcp.base_image"),

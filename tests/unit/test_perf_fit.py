@@ -241,3 +241,101 @@ def test_write_refuses_a_block_with_measured_numbers(tmp_path, monkeypatch, caps
                                 "--cloud", "aws", "--write")
     assert "perf.prefill_tokens_per_s" in one_line(code, err)
     assert cfg.read_text() == before  # nothing half-applied
+
+
+# ---------------------------------------------------------------- perf fit --pool (live)
+
+
+class _Ops:
+    """The two calls pool_fit makes of a cloud that reads its pool's histograms back."""
+
+    def __init__(self, window, nodes: int = 2) -> None:
+        self.window, self.n = window, nodes
+
+    def find_group(self, cfg, pool):
+        from poolctl.clouds.base import Group
+        return Group(Cloud.aws, "acme-chat-70b", "us-east-1", 1, 6, self.n, 0, "", "1")
+
+    def serving_window(self, group, window_s, ttft_slo_s, tpot_slo_s):
+        return self.window
+
+    def nodes(self, group):
+        from poolctl.clouds.base import NodeState
+        return [NodeState(f"i-{k}", "InService", "in_service") for k in range(self.n)]
+
+
+def _live_ops(window, nodes: int = 2):
+    from poolctl.clouds.base import ReportsServing
+
+    class Ops(_Ops, ReportsServing):
+        pass
+    return Ops(window, nodes)
+
+
+def test_a_pools_window_fitted_back_finds_the_slowdown_it_was_made_with():
+    # What 8 replicas of the example would serve with every step 1.5x the model's (its
+    # means, as the histograms' sums give them exactly), at 4 requests/s of 1,000-token
+    # prompts and 250-token answers (exponential): the fitted model's steps at that load
+    # are 1.5x the current one's.
+    from poolctl.clouds.base import ServingWindow
+    from poolctl.perffit import open_loop
+    from poolctl.runtime.livefit import pool_fit
+    from poolctl.servingmodel import slowed
+
+    cfg = load_config(EXAMPLE)
+    pool = cfg.pools[0]
+    rm = dataclasses.replace(replica_model(pool, Cloud.aws),
+                             max_num_seqs=pool.serving.max_num_seqs)
+    truth = replay(slowed(rm, 1.5), open_loop("x", 2, 0.5, 1000, 250, {}))
+    w = ServingWindow(window_s=600, requests=2400, prompt_tokens=2.4e6, output_tokens=6e5,
+                      ttft_mean_s=truth["ttft_mean"], tpot_mean_s=truth["tpot_mean"],
+                      # per node, by Little's law: 4 replicas x 0.5/s x the time in the engine
+                      running=2.0 * (truth["ttft_mean"] + 249 * truth["tpot_mean"]))
+    lf = pool_fit(cfg, pool, Cloud.aws, _live_ops(w), 600)
+    assert lf.replicas == 8
+    # before: at least the slowdown's 1 / 1.5 - 1 = -33 % (slower steps batch more, which
+    # slows each step further)
+    assert lf.fit.before["pool (last 10 min)"]["tpot_mean"] < 1 / 1.5 - 1
+    assert max(abs(v) for v in lf.fit.errors["pool (last 10 min)"].values()) < 0.02
+    assert lf.ratio.prefill == pytest.approx(1.5, rel=0.05)
+    assert lf.ratio.decode == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_pool_without_enough_traffic_or_histograms_is_one_line():
+    from poolctl.clouds.base import ServingWindow
+    from poolctl.errors import OperationFailed, UsageError
+    from poolctl.runtime.livefit import pool_fit
+
+    cfg = load_config(EXAMPLE)
+    pool = cfg.pools[0]
+    with pytest.raises(UsageError, match="0 request.s. finished, fewer than the 200 a fit "
+                       "needs; widen --window"):
+        pool_fit(cfg, pool, Cloud.aws, _live_ops(None), 600)
+    few = ServingWindow(600, 150, 1.5e5, 3e4, ttft_mean_s=0.3, tpot_mean_s=0.03)
+    with pytest.raises(UsageError, match="150 request"):
+        pool_fit(cfg, pool, Cloud.aws, _live_ops(few), 600)
+    bare = ServingWindow(600, 2000, 2e6, 5e5)  # counters, no latency
+    with pytest.raises(OperationFailed, match="no latency histograms"):
+        pool_fit(cfg, pool, Cloud.aws, _live_ops(bare), 600)
+    with pytest.raises(UsageError, match="no node in service"):
+        pool_fit(cfg, pool, Cloud.aws, _live_ops(ServingWindow(
+            600, 2000, 2e6, 5e5, ttft_mean_s=0.3, tpot_mean_s=0.03), nodes=0), 600)
+
+    # a cloud whose ops read no histograms back
+    with pytest.raises(UsageError, match="publish no latency histograms"):
+        pool_fit(cfg, pool, Cloud.gcp, _Ops(None), 600)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (("r.json", "--sandbox"), "--sandbox: reads the deployed pool; drop RESULT"),
+    (("r.json", "--window", "5"), "--window: reads the deployed pool"),
+    (("--tp", "2"), "--tp: the deployed pool's TP is its serving.tensor_parallel"),
+    (("--window", "0"), "--window"),
+])
+def test_perf_fit_flags_that_do_not_go_together_are_one_line(tmp_path, monkeypatch, capsys,
+                                                              results, flags, says):
+    (tmp_path / "r.json").write_text(results)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = poolctl_main(monkeypatch, capsys, "perf", "fit", *flags, "-f", str(EXAMPLE),
+                                "--cloud", "aws")
+    assert says in one_line(code, err)

@@ -55,10 +55,11 @@ def test_the_model_line_and_the_drift_line():
         "model (this load on 8 replicas): TTFT p90 500 ms, TPOT p90 40 ms; measured "
         "TTFT +24%, TPOT +10%"]
     slow = replace(s, predicted=ServingPrediction(8, 0.4, 0.04))  # 0.62 / 0.4: +55 %
-    assert model_lines(slow)[1] == (
+    hint = "poolctl perf fit --cloud aws --pool chat-70b"
+    assert model_lines(slow, hint)[1] == (
         "drift: measured TTFT p90 55% over the serving model's for this load: plan and "
-        "simulate size this pool too small; calibrate the model (`poolctl perf fit`, "
-        "docs/planning.md#calibration-poolctl-perf-fit)")
+        "simulate size this pool too small; fit the model to the pool: `poolctl perf fit "
+        "--cloud aws --pool chat-70b` (docs/metrics.md#fitting-the-model-to-the-pool)")
     assert model_lines(replace(s, predicted=None)) == []
     assert slow.to_json()["drift"]["ttft"] == pytest.approx(0.55)
 

@@ -146,6 +146,8 @@ class ServingWindow:
     ttft_p90_s: float | None = None
     tpot_p50_s: float | None = None
     tpot_p90_s: float | None = None
+    ttft_mean_s: float | None = None  # exact: the histograms' sums over their counts
+    tpot_mean_s: float | None = None
     ttft_slo_s: float | None = None  # the pool's SLOs, which the shares below are within
     tpot_slo_s: float | None = None
     ttft_within: float | None = None  # share of requests within the TTFT SLO (0-1)
@@ -179,7 +181,8 @@ class ServingWindow:
 class ServingPrediction:
     """What the serving model predicts for a ServingWindow's load on the pool as it is now
     (`status`): its arrival rate and mean prompt and output lengths, Poisson arrivals,
-    exponential lengths, on the replicas in service."""
+    exponential lengths, on the replicas in service; p90s as vLLM's histograms read them
+    back (poolctl.histograms), as the measured ones are."""
 
     replicas: int
     ttft_p90_s: float | None

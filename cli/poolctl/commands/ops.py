@@ -34,6 +34,7 @@ from poolctl.commands.common import (
 )
 from poolctl.errors import UsageError
 from poolctl.inventory import API_KEY_VAR
+from poolctl.runtime.common import watch_hint
 from poolctl.runtime.purchases import pending_line, pool_lock, unused_line
 from poolctl.sizing import nodes_for, plan_pool
 from poolctl.windows import parse_time
@@ -236,9 +237,10 @@ def serving_line(s: PoolStatus, window: int) -> str:
     return head + "; ".join(parts)
 
 
-def model_lines(s: PoolStatus) -> list[str]:
+def model_lines(s: PoolStatus, fit_hint: str = "poolctl perf fit") -> list[str]:
     """The serving model's p90s for the load served, beside the measured ones; and a line
-    when the measured ones are past it by more than runtime.DRIFT_WARN."""
+    when the measured ones are past it by more than runtime.DRIFT_WARN, naming the command
+    that fits the model to the pool (`fit_hint`)."""
     p = s.predicted
     if p is None:
         return []
@@ -255,8 +257,8 @@ def model_lines(s: PoolStatus) -> list[str]:
                    "so this latency measures the pool's capacity and scaling, not the model")
     elif over:
         out.append(f"drift: measured {' and '.join(over)} over the serving model's for this "
-                   "load: plan and simulate size this pool too small; calibrate the model "
-                   "(`poolctl perf fit`, docs/planning.md#calibration-poolctl-perf-fit)")
+                   f"load: plan and simulate size this pool too small; fit the model to the "
+                   f"pool: `{fit_hint}` (docs/metrics.md#fitting-the-model-to-the-pool)")
     return out
 
 
@@ -309,7 +311,7 @@ def status(
                              for s, ep in zip(out, lbs, strict=True)]})
         return
     con = console()
-    for s, ep in zip(out, lbs, strict=True):
+    for t, s, ep in zip(ctx.targets, out, lbs, strict=True):
         n = s.counts()
         rpn = s.replicas_per_node
         g = s.group
@@ -356,7 +358,8 @@ def status(
                                      else f"{q:g} waiting per replica"))
         if isinstance(ctx.ops, ReportsServing):
             con.print("  " + serving_line(s, window), markup=False, soft_wrap=True)
-            for line in model_lines(s):
+            hint = watch_hint(s.cloud, file, t.pool, ctx.endpoints, "perf fit")
+            for line in model_lines(s, hint):
                 con.print("  " + line, markup=False, soft_wrap=True)
         else:
             con.print(f"  served: latency and tokens not read on {s.cloud} yet")

@@ -85,6 +85,15 @@ ServeSpeedOpt = Annotated[
     ),
 ]
 DEFAULT_SERVE_SPEED = 10.0
+SlowdownOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--engine-slowdown", parser=real(0.1, 100, "a slowdown"), metavar="X",
+        help="With --serve: every engine step takes X times what the serving model says "
+        "(a GPU slower than the pool's model believes; status's drift line and `perf fit "
+        "--pool` see it). Default 1.", show_default=False,
+    ),
+]
 RegionOpt = Annotated[
     str | None,
     typer.Option("--region", parser=region_name, show_default=False,
@@ -135,11 +144,12 @@ def _boot_words(speedup: float | None) -> str:
 def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = None,
           boot_speedup: SpeedupOpt = None, manual_boot: ManualOpt = False,
           serve: ServeOpt = False, speed: ServeSpeedOpt = None,
-          json: JsonOpt = False) -> None:
+          engine_slowdown: SlowdownOpt = None, json: JsonOpt = False) -> None:
     """Start the sandbox in the background (a running one is reported, not restarted)."""
 
-    if speed is not None and not serve:
-        raise UsageError("--speed: applies with --serve (nodes that serve); add --serve")
+    for flag, given in (("--speed", speed), ("--engine-slowdown", engine_slowdown)):
+        if given is not None and not serve:
+            raise UsageError(f"{flag}: applies with --serve (nodes that serve); add --serve")
 
     quotas = _parse_quotas(quota)
     try:
@@ -149,7 +159,8 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
     speedup, named = _boot_speedup(boot_speedup, manual_boot)
     info = manager.start(port=port, quotas=quotas or None, boot_speedup=speedup,
                          capacity=limits or None,
-                         serve_speed=(speed or DEFAULT_SERVE_SPEED) if serve else None)
+                         serve_speed=(speed or DEFAULT_SERVE_SPEED) if serve else None,
+                         engine_slowdown=engine_slowdown or 1.0)
     if info.already_running:
         # How nodes boot, and the capacity limits, are what a running sandbox can change.
         info.boot_speedup = (manager.set_boot_speedup(str(info.endpoint), speedup)["speedup"]
@@ -171,6 +182,8 @@ def start(port: PortOpt = None, quota: QuotaOpt = None, capacity: CapacityOpt = 
         out.print(f"sandbox started at [bold]{info.endpoint}[/] (pid {info.pid})")
         _print_removed(out, info.removed_state, "a previous sandbox")
     out.print(f"nodes run their boot script and serve at speed x{speed or DEFAULT_SERVE_SPEED:g}"
+              + (f", engine steps x{engine_slowdown:g} the serving model's"
+                 if engine_slowdown not in (None, 1.0) else "")
               if serve else _boot_words(info.boot_speedup))
     if limits:
         out.print("capacity limits (On-Demand instances per zone): "

@@ -23,6 +23,7 @@ from poolctl.config.shapes import (
     GcpImage,
     GcpMachineType,
     GcpNetwork,
+    GcpNotificationChannel,
     GcpProject,
     GcpRegion,
     GcpReservationName,
@@ -122,6 +123,13 @@ class GcpPlacement(CoreModel):
         description="Regional SSL certificate (name or self link) for an HTTPS load balancer "
         "on port 443; omit for plain HTTP on port 80 inside the VPC.",
     )
+    alert_notification_channel: GcpNotificationChannel | None = Field(
+        default=None,
+        description="Cloud Monitoring notification channel (projects/PROJECT/"
+        "notificationChannels/ID, in the placement's project) the pool's SLO alert policies "
+        "notify when they open and close; omit for policies without notification (they "
+        "still show in Cloud Monitoring).",
+    )
     gpudirect: Bool = Field(
         default=False, description="GPUDirect-TCPX/RDMA NICs; must stay off for inference (rule)."
     )
@@ -165,6 +173,17 @@ class GcpPlacement(CoreModel):
             raise invalid("GcpPlacement", ("subnetwork",),
                           f"names a subnetwork outside the placement's region {self.region}; "
                           f"give one in {self.region}", sub)
+        return self
+
+    @model_validator(mode="after")
+    def _channel_in_project(self) -> GcpPlacement:
+        ch = self.alert_notification_channel
+        if ch is not None and ch.split("/")[1] != self.project:
+            # An alert policy notifies the channels of its own project.
+            raise invalid("GcpPlacement", ("alert_notification_channel",),
+                          f"is in project {ch.split('/')[1]}, the pool in {self.project}; an "
+                          f"alert policy notifies a channel of its own project: create one "
+                          f"in {self.project}", ch)
         return self
 
 

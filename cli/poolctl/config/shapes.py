@@ -151,6 +151,12 @@ GcpCertificate = Annotated[str, Shape(
     r"/regions/[a-z]+-[a-z]+\d{1,2}/sslCertificates/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?",
     "a regional SSL certificate: NAME or projects/P/regions/R/sslCertificates/NAME")]
 
+# A Cloud Monitoring notification channel (Monitoring API reference, notificationChannels:
+# projects/PROJECT/notificationChannels/ID, the id numeric).
+GcpNotificationChannel = Annotated[str, Shape(
+    r"projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/notificationChannels/\d{1,30}",
+    "a notification channel like projects/my-project/notificationChannels/1234567890")]
+
 
 # A key path in the file: keys and list indexes, as pydantic's error locations.
 Loc = tuple[int | str, ...]

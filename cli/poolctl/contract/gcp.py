@@ -115,3 +115,15 @@ def rollout_env(*, min_nodes: int, max_nodes: int, warm_min_nodes: int,
         surge, unavailable = update_fixed(0, no_surge_zones, no_surge=True)
         env |= {MAX_SURGE_FIXED.env: str(surge), MAX_UNAVAILABLE_FIXED.env: str(unavailable)}
     return env
+
+
+def dashboard_name(mig: str) -> str:
+    """The pool's Cloud Monitoring dashboard's display name (the stack creates it): its
+    MIG's name."""
+    return mig
+
+
+def slo_policy_name(mig: str, metric: str) -> str:
+    """The display name of the pool's alert policy on `metric` ("ttft" or "tpot") p90 above
+    its SLO."""
+    return f"{mig}-{metric}-slo"

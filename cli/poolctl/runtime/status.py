@@ -25,10 +25,10 @@ from poolctl.clouds.base import (
     ServingWindow,
 )
 from poolctl.config import Config, Pool
+from poolctl.histograms import TPOT_BUCKETS, TTFT_BUCKETS, read_back
 from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
-from poolctl.simulate import summary
 from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
 from poolctl.traces import MAX_REQUESTS, MAX_TOKENS, synthetic
 
@@ -49,16 +49,21 @@ PREDICT_MIN_S = 600.0  # simulate at least this much of the observed load (stead
 def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
             ) -> ServingPrediction | None:
     """The serving model on the window's load: Poisson arrivals at its rate, exponential
-    lengths around its mean prompt and output, on `replicas` (those in service)."""
+    lengths around its mean prompt and output, on `replicas` (those in service); its p90s
+    read through vLLM's histograms as the pool's own are (histograms.read_back), so that
+    the drift is the model's, not the buckets'."""
     if w.requests <= 0 or replicas <= 0 or w.output_tokens <= 0:
         return None
     prompt = min(max(w.prompt_tokens / w.requests, 1.0), float(MAX_TOKENS))
     output = min(max(w.output_tokens / w.requests, 1.0), float(MAX_TOKENS))
     span = max(w.window_s, PREDICT_MIN_S)
     rate = min(w.requests_per_s, MAX_REQUESTS / span)
-    res = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas)
-    s = summary(res, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
-    return ServingPrediction(replicas, s.ttft_s.p90, s.tpot_s.p90)
+    q = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas).req
+    done = [i for i, f in enumerate(q.finish) if f == f]  # not NaN: served
+    ttft = [q.first[i] - q.arrival[i] for i in done]
+    tpot = [(q.finish[i] - q.first[i]) / (q.outputs[i] - 1) for i in done if q.outputs[i] > 1]
+    return ServingPrediction(replicas, read_back(ttft, TTFT_BUCKETS, 0.9),
+                             read_back(tpot, TPOT_BUCKETS, 0.9))
 
 
 def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,

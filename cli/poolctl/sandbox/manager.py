@@ -195,11 +195,14 @@ def start(
     boot_speedup: float = 0.0,
     capacity: dict[str, int] | None = None,
     serve_speed: float | None = None,
+    engine_slowdown: float = 1.0,
 ) -> SandboxInfo:
     """Start the sandbox in the background; a running one is reported, not restarted.
 
     `serve_speed`: nodes run their boot script and serve, HAProxy routes, all at that speed
     (pool seconds per wall second); None: nodes are records that boot on a timer.
+    `engine_slowdown`: with `serve_speed`, the engines' steps take that many times the
+    serving model's (a GPU that does worse than the pool's model believes).
 
     `port` 0 picks a free port. `quotas` sets the ec2 quota values the server starts with;
     `capacity` its launch limits, {"TYPE@ZONE": N} (moto's reset returns to them).
@@ -233,7 +236,8 @@ def start(
     for key, limit in (capacity or {}).items():
         argv += ["--capacity", f"{key}={limit}"]
     if serve_speed is not None:
-        argv += ["--serve", "--speed", repr(float(serve_speed)), "--state-dir", str(sdir)]
+        argv += ["--serve", "--speed", repr(float(serve_speed)), "--state-dir", str(sdir),
+                 "--engine-slowdown", repr(float(engine_slowdown))]
     log_fd = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, home_dir(home))
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(

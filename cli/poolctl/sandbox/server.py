@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         "--speed", type=float, default=10.0,
         help="with --serve: pool seconds per wall second (engines, boots, waits)")
     parser.add_argument(
+        "--engine-slowdown", type=float, default=1.0,
+        help="with --serve: every engine step this many times as long as the serving model "
+        "times it (a GPU that does worse than the pool's model believes)")
+    parser.add_argument(
         "--state-dir", type=Path, default=None,
         help="with --serve: where nodes and load balancers keep their folders")
     parser.add_argument(
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not math.isfinite(args.speed) or args.speed <= 0:
         print(f"--speed {args.speed:g}: give a number above 0", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.engine_slowdown) and 0.1 <= args.engine_slowdown <= 100):
+        print(f"--engine-slowdown {args.engine_slowdown:g}: give 0.1 to 100 (1: the model's "
+              "own speed)", file=sys.stderr)
         return 2
     if not _loopback(args.host):
         print(
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     extensions.start_self_boot(args.boot_speedup)
     if args.serve:
         root = args.state_dir or (args.port_file.parent if args.port_file else Path.cwd())
-        serving_nodes.enable(args.speed, f"http://{args.host}:{port}", root)
+        serving_nodes.enable(args.speed, f"http://{args.host}:{port}", root,
+                             engine_slowdown=args.engine_slowdown)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if args.parent_pid:

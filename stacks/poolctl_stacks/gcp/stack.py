@@ -18,6 +18,7 @@ from poolctl.sizing import PoolPlan, instance_row
 from poolctl_stacks._providers import google
 from poolctl_stacks.base import PoolStack
 from poolctl_stacks.gcp.iam import NodeServiceAccount
+from poolctl_stacks.gcp.monitoring import SloPolicies
 from poolctl_stacks.gcp.network import Network
 from poolctl_stacks.gcp.pool import LoadBalancer, NodeGroup
 from poolctl_stacks.gcp.scaling import QueueAutoscaler
@@ -59,6 +60,7 @@ class GcpPoolStack(PoolStack):
                           labels=labels)
         scaling = QueueAutoscaler(self, "scaling", pool=pool, plan=plan, name=name,
                                   nodes=nodes)
+        SloPolicies(self, "monitoring", pool=pool, mig=naming.short(name, 63), labels=labels)
 
         self.output("instance_group_manager_name", nodes.mig.name, "The pool's regional MIG")
         self.output("instance_group_manager_self_link", nodes.mig.self_link,

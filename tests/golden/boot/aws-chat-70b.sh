@@ -304,9 +304,11 @@ if (c[i] < -1e-9) { print "metrics: " x ": bucket le=" e " went down; left out" 
 lo[i] = i == 1 ? 0 : edge[x, i - 1] + 0; hi[i] = e == "+Inf" ? lo[i] : e + 0
 if (c[i] > 0) { nz++; if (!d || c[i] > c[d]) d = i }
 }
+if (2 * c[d] >= t) {
 for (i = 1; i <= n; i++) if (i != d && c[i] > 0) m -= c[i] * (lo[i] + hi[i]) / 2
 m /= c[d]; if (m < lo[d]) m = lo[d]; if (m > hi[d]) m = hi[d]
 if (m <= (lo[d] + hi[d]) / 2) hi[d] = 2 * m - lo[d]; else lo[d] = 2 * m - hi[d]
+}
 k = int(150 / nz); if (k > 10) k = 10
 v = ""; q = ""
 for (i = 1; i <= n; i++) if (c[i] > 0) {

@@ -11,7 +11,7 @@ export PATH="$PATH:/usr/local/bin:/snap/bin"
 umask 022
 
 POOLCTL_LIB=${POOLCTL_LIB_DIR:-/opt/poolctl/lib}/boot.sh
-POOLCTL_LIB_VERSION=gcp-48fc1740ea12
+POOLCTL_LIB_VERSION=gcp-7246b22d4abb
 lib_failed() {
   printf 'poolctl: FAILED: boot library %s %s\n' "$POOLCTL_LIB" "$*" >&2
   printf 'poolctl: phase=failed seconds=%s\n' "$SECONDS" >&2
@@ -45,6 +45,7 @@ STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
 CONTAINER=poolctl-serving
 GCP_PROJECT=acme-prod
 METRIC_TYPE=custom.googleapis.com/poolctl/requests_waiting_per_replica
+MIG=acme-llama-405b
 MD=${POOLCTL_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}
 MONITORING=${POOLCTL_MONITORING_URL:-https://monitoring.googleapis.com}
 

@@ -215,18 +215,81 @@ publish_queue() {
   scrape=$(curl -fsS --max-time 5 "http://${POOLCTL_SERVING_HOST:-127.0.0.1}:$PORT/metrics") || return 0
   waiting=$(awk '/^vllm:num_requests_waiting[{ ]/ { sub(/^[^{ ]*([{].*[}])? */, ""); s += $1 } END { print s + 0 }' <<<"$scrape")
   value=$(awk -v w="$waiting" -v r="$REPLICAS_PER_NODE" 'BEGIN { printf "%.3f", w / r }')
-  local token id zone
+  local token id zone now start count
   token=$(gce instance/service-accounts/default/token |
     sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p')
   id=$(gce instance/id)
   zone=$(gce instance/zone)
+  now=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+  mkdir -p "$STATE"
+  count=$(awk '/^vllm:request_success_total[{ ]/ { s += $NF } END { printf "%d", s }' <<<"$scrape")
+  start=$(cat "$STATE/gcp-start" 2>/dev/null || true)
+  if [[ -z $start ]] || ((count < $(cat "$STATE/gcp-count" 2>/dev/null || echo 0))); then
+    start=$(date -u -d '-1 sec' +%Y-%m-%dT%H:%M:%S.%3NZ)
+    echo "$start" >"$STATE/gcp-start"
+  fi
+  if (($(date +%s) - $(stat -c %Y "$STATE/gcp-count" 2>/dev/null || echo 0) >= 55)); then
+    printf '%s\n' "$scrape" >"$STATE/metrics.new"
+  else
+    : >"$STATE/metrics.new"
+  fi
+  gcp_metrics "$STATE/metrics.new" "$value" "$start" "$now" \
+    "{\"type\": \"gce_instance\", \"labels\": {\"project_id\": \"$GCP_PROJECT\", \"instance_id\": \"$id\", \"zone\": \"${zone##*/}\"}}" \
+    >"$STATE/time-series.json"
   curl -fsS --max-time 10 -H @<(printf 'Authorization: Bearer %s\n' "$token") \
-    -H 'Content-Type: application/json' -d @- \
-    "$MONITORING/v3/projects/$GCP_PROJECT/timeSeries" >/dev/null <<EOF
-{"timeSeries": [{"metric": {"type": "$METRIC_TYPE"},
-  "resource": {"type": "gce_instance", "labels": {"project_id": "$GCP_PROJECT", "instance_id": "$id", "zone": "${zone##*/}"}},
-  "points": [{"interval": {"endTime": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}, "value": {"doubleValue": $value}}]}]}
-EOF
+    -H 'Content-Type: application/json' -d "@$STATE/time-series.json" \
+    "$MONITORING/v3/projects/$GCP_PROJECT/timeSeries" >/dev/null
+  if [[ -s $STATE/metrics.new ]]; then echo "$count" >"$STATE/gcp-count"; fi
+}
+
+gcp_metrics() {
+  awk -v pool="$MIG" -v queue="$2" -v qtype="$METRIC_TYPE" -v start="$3" -v end="$4" \
+    -v res="$5" '
+function S(type, kind, vt, value, lab) {
+  out = out (out == "" ? "" : ",\n") "{\"metric\": {\"type\": \"" type "\"" lab "}, \"resource\": " res \
+    ", \"metricKind\": \"" kind "\", \"valueType\": \"" vt "\", \"points\": [{\"interval\": {" \
+    (kind == "CUMULATIVE" ? "\"startTime\": \"" start "\", " : "") "\"endTime\": \"" end "\"}, \"value\": " value "}]}"
+}
+function H(x, name,  t, n, i, e, cum, last, b, c) {
+  t = cur[x "_count", ""] + 0
+  if (t <= 0) return
+  n = edges[x]; last = 0; b = ""; c = ""
+  for (i = 1; i <= n; i++) {
+    e = edge[x, i]; cum = cur[x "_bucket", e] + 0
+    c = c (c == "" ? "" : ", ") "\"" sprintf("%d", cum - last) "\""; last = cum
+    if (e != "+Inf") b = b (b == "" ? "" : ", ") e
+  }
+  S(prefix name, "CUMULATIVE", "DISTRIBUTION", "{\"distributionValue\": {\"count\": \"" sprintf("%d", t) \
+    "\", \"mean\": " sprintf("%.9g", cur[x "_sum", ""] / t) ", \"bucketOptions\": {\"explicitBuckets\": " \
+    "{\"bounds\": [" b "]}}, \"bucketCounts\": [" c "]}}", plab)
+}
+function C(x, name) { S(prefix name, "CUMULATIVE", "INT64", "{\"int64Value\": \"" sprintf("%d", cur[x, ""]) "\"}", plab) }
+function G(name, v) { S(prefix name, "GAUGE", "DOUBLE", "{\"doubleValue\": " v "}", plab) }
+BEGIN { prefix = qtype; sub(/[^\/]*$/, "", prefix); plab = ", \"labels\": {\"pool\": \"" pool "\"}" }
+/^#/ || /^$/ { next }
+{
+  n = $0; sub(/[{ ].*/, "", n); e = ""
+  if (match($0, /le="[^"]*"/)) e = substr($0, RSTART + 4, RLENGTH - 5)
+  cur[n, e] += $NF
+}
+/_bucket[{]/ && e != "" {
+  b = n; sub(/_bucket$/, "", b)
+  if (!((b, e) in seen)) { seen[b, e] = 1; edge[b, ++edges[b]] = e }
+}
+/^vllm:kv_cache_usage_perc[{ ]/ { kv++ }
+END {
+  S(qtype, "GAUGE", "DOUBLE", "{\"doubleValue\": " queue "}", "")
+  if (NR == 0) { print "{\"timeSeries\": [" out "]}"; exit }
+  H("vllm:time_to_first_token_seconds", "time_to_first_token")
+  H("vllm:request_time_per_output_token_seconds", "time_per_output_token")
+  H("vllm:e2e_request_latency_seconds", "end_to_end_latency")
+  C("vllm:request_success_total", "requests")
+  C("vllm:prompt_tokens_total", "prompt_tokens")
+  C("vllm:generation_tokens_total", "generation_tokens")
+  G("running_requests", cur["vllm:num_requests_running", ""] + 0)
+  if (kv) G("kv_cache_usage", sprintf("%.4f", cur["vllm:kv_cache_usage_perc", ""] / kv))
+  print "{\"timeSeries\": [" out "]}"
+}' "$1"
 }
 
 on_exit() {
@@ -325,6 +388,7 @@ STATE=${POOLCTL_STATE_DIR:-/var/lib/poolctl}
 CONTAINER=poolctl-serving
 GCP_PROJECT=acme-prod
 METRIC_TYPE=custom.googleapis.com/poolctl/requests_waiting_per_replica
+MIG=acme-llama-405b
 MD=${POOLCTL_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}
 MONITORING=${POOLCTL_MONITORING_URL:-https://monitoring.googleapis.com}
 

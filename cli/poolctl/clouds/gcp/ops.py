@@ -16,6 +16,7 @@ suspended VMs, but suspending GPU VMs is unsupported (docs/cloud-facts.md).
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +30,8 @@ from poolctl.clouds.base import (
     ImportsLoginKeys,
     NodeState,
     PublishesQueueMetric,
+    ReportsServing,
+    ServingWindow,
     address_order,
 )
 from poolctl.clouds.gcp.api import link_name, link_zone
@@ -44,6 +47,7 @@ from poolctl.clouds.gcp.windows import ScalingSchedules
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import UsageError
+from poolctl.histograms import spread, weighted_percentile
 
 QUEUE_WINDOW_S = 600  # how far back `status` looks for the queue metric, as on AWS
 
@@ -73,7 +77,7 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
              GcpReservations, CalendarReservations, GcpImages, CloudOps,
-             PublishesQueueMetric, ImportsLoginKeys):
+             PublishesQueueMetric, ReportsServing, ImportsLoginKeys):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 
@@ -215,6 +219,106 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
             return None
         newest = by_minute[max(by_minute)]  # RFC 3339 in UTC: text order is time order
         return sum(newest) / len(newest)
+
+
+    # ------------------------------------------------------------------ serving
+
+    def serving_window(self, group: Group, window_s: float, ttft_slo_s: float,
+                       tpot_slo_s: float | None) -> ServingWindow | None:
+        """What the pool's engines served over the last `window_s` seconds, from the series
+        its nodes write (labelled pool=<the MIG>): each metric in one timeSeries.list call
+        aligned over one period covering the window and reduced across the nodes (the
+        distributions' and counters' increase, ALIGN_DELTA + REDUCE_SUM; the gauges' mean,
+        ALIGN_MEAN + REDUCE_MEAN). A distribution's percentiles and share within the SLO are
+        taken as on AWS: its buckets spread as the node agent spreads vLLM's there
+        (poolctl.histograms), so both clouds read the same instrument."""
+        project, _, name = mig_ref(group)
+        now = datetime.now(UTC)
+        period = 60 * (math.ceil(window_s / 60) + 1)
+        # a minute past now, as queue_per_replica: this machine's clock may lag Google's
+        end = now + timedelta(minutes=1)
+
+        def read(mtype: str, aligner: str, reducer: str) -> dict[str, Any] | None:
+            params = {
+                "filter": f'metric.type = "{mtype}" AND resource.type = "gce_instance" AND '
+                          f'metric.labels.{naming.GCP_POOL_LABEL} = "{name}"',
+                "interval.startTime": _stamp(end - timedelta(seconds=period)),
+                "interval.endTime": _stamp(end),
+                "aggregation.alignmentPeriod": f"{period}s",
+                "aggregation.perSeriesAligner": aligner,
+                "aggregation.crossSeriesReducer": reducer,
+            }
+            page = self.monitoring(f"projects/{project}/timeSeries", params,
+                                   f"read {mtype} of {name}")
+            for ts in page.get("timeSeries", []):
+                for pt in ts.get("points", []):
+                    value: dict[str, Any] = pt.get("value", {})
+                    return value
+            return None
+
+        def number(v: dict[str, Any] | None) -> float | None:
+            if v is None:
+                return None
+            raw = v.get("int64Value", v.get("doubleValue"))
+            return None if raw is None else float(raw)
+
+        dists = {key: _distribution((read(t, "ALIGN_DELTA", "REDUCE_SUM") or {}).get(
+            "distributionValue")) for key, t in (("ttft", naming.GCP_TTFT_TYPE),
+                                                 ("tpot", naming.GCP_TPOT_TYPE))}
+        sums = {key: number(read(t, "ALIGN_DELTA", "REDUCE_SUM")) for key, t in (
+            ("req", naming.GCP_REQUESTS_TYPE), ("prompt", naming.GCP_PROMPT_TOKENS_TYPE),
+            ("output", naming.GCP_OUTPUT_TOKENS_TYPE))}
+        means = {key: number(read(t, "ALIGN_MEAN", "REDUCE_MEAN")) for key, t in (
+            ("kv", naming.GCP_KV_USAGE_TYPE), ("running", naming.GCP_RUNNING_TYPE))}
+        if all(v is None for v in (*dists.values(), *sums.values(), *means.values())):
+            return None
+        ttft, tpot = dists["ttft"], dists["tpot"]
+        return ServingWindow(
+            window_s=float(window_s), requests=sums["req"] or 0.0,
+            prompt_tokens=sums["prompt"] or 0.0, output_tokens=sums["output"] or 0.0,
+            ttft_p50_s=ttft.quantile(0.5), ttft_p90_s=ttft.quantile(0.9),
+            tpot_p50_s=tpot.quantile(0.5), tpot_p90_s=tpot.quantile(0.9),
+            ttft_mean_s=ttft.mean, tpot_mean_s=tpot.mean,
+            ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+            ttft_within=ttft.within(ttft_slo_s),
+            tpot_within=tpot.within(tpot_slo_s) if tpot_slo_s is not None else None,
+            kv_usage=means["kv"], running=means["running"])
+
+
+class _Dist:
+    """A Distribution value of Cloud Monitoring (explicit buckets) read as the node agent's
+    value/count points (poolctl.histograms.spread); empty when absent or of no request."""
+
+    def __init__(self, points: list[tuple[float, float]], mean: float | None) -> None:
+        self.points, self.mean = points, mean
+
+    def quantile(self, q: float) -> float | None:
+        return weighted_percentile(self.points, q)
+
+    def within(self, slo: float) -> float | None:
+        total = sum(c for _, c in self.points)
+        return sum(c for v, c in self.points if v <= slo) / total if total > 0 else None
+
+
+def _distribution(d: dict[str, Any] | None) -> _Dist:
+    """Cloud Monitoring's bucket i of N bounds is [b(i-1), b(i)), the last [b(N-1), +inf):
+    vLLM's le-buckets published as bounds; the overflow bucket sits at the last bound."""
+    if not d:
+        return _Dist([], None)
+    try:
+        bounds = [float(b) for b in d["bucketOptions"]["explicitBuckets"]["bounds"]]
+        counts = [float(c) for c in d.get("bucketCounts", [])]
+        n, mean = float(d.get("count", 0)), float(d.get("mean", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return _Dist([], None)
+    counts += [0.0] * (len(bounds) + 1 - len(counts))
+    if n <= 0 or min(counts, default=0.0) < 0:
+        return _Dist([], None)
+    return _Dist(spread(counts[:len(bounds) + 1], bounds, mean * n), mean)
+
+
+def _stamp(t: datetime) -> str:
+    return t.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def make_ops(endpoints: CloudEndpoints = REAL_CLOUDS, contact_email: str | None = None

@@ -34,8 +34,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from poolctl.histograms import weighted_percentile
 from poolctl.sandbox.extensions.common import LOCK, all_backends
-from poolctl.sandbox.extensions.percentiles import PCT_STAT, weighted_percentile
+from poolctl.sandbox.extensions.percentiles import PCT_STAT
 
 NAMES = ("cloudwatch.alarms-act",)
 TT_PERIOD_S = 60.0

@@ -28,25 +28,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from poolctl.histograms import weighted_percentile
+
 NAMES = ("cloudwatch.percentiles",)
 PCT_STAT = re.compile(r"p(\d{1,2}(?:\.\d+)?)$")
 _RANK = re.compile(r"PR\(([0-9.eE+-]*):([0-9.eE+-]*)\)$")
-
-
-def weighted_percentile(points: list[tuple[float, float]], q: float) -> float | None:
-    """The smallest value whose cumulative count reaches q (0-1) of the total; None when
-    the total is 0."""
-    pts = sorted((v, c) for v, c in points if c > 0)
-    total = sum(c for _, c in pts)
-    if total <= 0:
-        return None
-    need = q * total
-    run = 0.0
-    for v, c in pts:
-        run += c
-        if run >= need - 1e-9 * total:
-            return v
-    return pts[-1][0]
 
 
 def percent_rank(points: list[tuple[float, float]], lo: float | None,

@@ -83,7 +83,7 @@ NODE_LIMIT = 254  # 127.A.B.2 to 127.A.B.255
 KILL_GRACE_S = 5.0
 
 _serve: dict[str, Any] = {"on": False, "speed": 1.0, "endpoint": "", "root": None,
-                          "net": "127.77.0"}
+                          "net": "127.77.0", "slowdown": 1.0}
 # (region, project, pool) -> what deploy --sandbox registered: phases and the model
 pools: dict[tuple[str, str, str], dict[str, Any]] = {}
 
@@ -118,10 +118,12 @@ _TICK = threading.Lock()
 _over: set[str] = set()  # instances past NODE_LIMIT, said once each
 
 
-def enable(speed: float, endpoint: str, root: Path) -> None:
-    """Serve (called by the server before it answers): nodes boot for real from now on."""
+def enable(speed: float, endpoint: str, root: Path, engine_slowdown: float = 1.0) -> None:
+    """Serve (called by the server before it answers): nodes boot for real from now on.
+    `engine_slowdown`: their engines' steps take this many times the serving model's."""
     port = urlsplit(endpoint).port or 0
     _serve.update(on=True, speed=float(speed), endpoint=endpoint, root=Path(root),
+                  slowdown=float(engine_slowdown),
                   net=f"127.{port // 256}.{port % 256}")
     balancers.configure(Path(root), float(speed))
     autoscaler.enable(float(speed))
@@ -226,6 +228,7 @@ def _start(node: Node, script: bytes, kind: str) -> None:
         "POOLCTL_ENGINE_START_S": repr(float(phases.get("load_to_gpu", 0.0))
                                        + float(phases.get("engine_init", 0.0))),
         "POOLCTL_SANDBOX_MODEL": json.dumps(reg.get("model") or {}),
+        "POOLCTL_ENGINE_SLOWDOWN": repr(float(_serve["slowdown"])),
         # the script's own clock (boot/_lib.sh.j2 `since`): pool seconds, as everything else
         "POOLCTL_TIME_SCALE_MILLI": str(round(speed() * 1000)),
     }
@@ -474,7 +477,8 @@ def _target_state(node: Node) -> str:
 
 
 def report() -> dict[str, Any]:
-    return {"serving": serving(), "speed": speed(), "nodes": [
+    return {"serving": serving(), "speed": speed(),
+            "engine_slowdown": float(_serve["slowdown"]), "nodes": [
         {"InstanceId": n.instance_id, "AutoScalingGroupName": n.group, "Address": n.address,
          "Running": n.pgid is not None, "BootExitCode": n.exit_code,
          "Failure": failure_line(n.instance_id)} for n in nodes.values()],

@@ -4,7 +4,9 @@ Environment (set by the sandbox's `docker` stand-in): POOLCTL_NODE_ADDRESS, the 
 loopback address to listen on (127.0.0.1 by default; anything outside 127.0.0.0/8 is refused);
 POOLCTL_NODE_INSTANCE_TYPE, the node's type (the GPUs the serving model times);
 POOLCTL_SANDBOX_SPEED, pool seconds per wall second (1); POOLCTL_SANDBOX_MODEL, the pool's
-`model:` fields as JSON (what the engine serves as); POOLCTL_ENGINE_START_S, the engine's
+`model:` fields as JSON (what the engine serves as); POOLCTL_ENGINE_SLOWDOWN, every step this
+many times as long as the serving model times it (1; the sandbox's --engine-slowdown: a GPU
+that does worse than the pool's model believes); POOLCTL_ENGINE_START_S, the engine's
 planned start (loading weights into HBM, CUDA graphs) in pool seconds, waited before the port
 opens as vLLM's does; VLLM_API_KEY, as vLLM reads it.
 """
@@ -23,6 +25,7 @@ from poolctl.sandbox.vllm.flags import PROG, FlagError, known_flags, parse
 from poolctl.sandbox.vllm.live import Live
 from poolctl.sandbox.vllm.model import serving_model
 from poolctl.sandbox.vllm.server import Server
+from poolctl.servingmodel import slowed
 
 
 def _env_float(name: str, default: float) -> float:
@@ -51,6 +54,9 @@ async def serve(argv: list[str]) -> None:
         sys.exit(f"{PROG}: POOLCTL_NODE_ADDRESS={host}: the stand-in listens on 127.0.0.0/8 only")
     speed = _env_float("POOLCTL_SANDBOX_SPEED", 1.0) or 1.0
     start_s = _env_float("POOLCTL_ENGINE_START_S", 0.0)
+    slowdown = _env_float("POOLCTL_ENGINE_SLOWDOWN", 1.0)
+    if not 0.1 <= slowdown <= 100:
+        sys.exit(f"{PROG}: POOLCTL_ENGINE_SLOWDOWN={slowdown:g}: give 0.1 to 100")
     itype = os.environ.get("POOLCTL_NODE_INSTANCE_TYPE", "p5.48xlarge")
     try:
         facts = json.loads(os.environ.get("POOLCTL_SANDBOX_MODEL") or "{}")
@@ -60,11 +66,14 @@ async def serve(argv: list[str]) -> None:
         m = serving_model(args, itype, facts if isinstance(facts, dict) else None)
     except UsageError as e:
         sys.exit(f"{PROG}: {e}")
+    if slowdown != 1.0:
+        m = slowed(m, slowdown)
     keys = args.api_keys or tuple(k for k in [os.environ.get("VLLM_API_KEY")] if k)
     version, _ = known_flags()
     print(f"INFO vLLM API server version {version} (poolctl stand-in): {args.model_name}, "
           f"TP {args.tensor_parallel_size} x DP {args.data_parallel_size} on {itype}, "
-          f"KV cache {m.kv_tokens} tokens per replica, speed x{speed:g}", flush=True)
+          f"KV cache {m.kv_tokens} tokens per replica, speed x{speed:g}"
+          + (f", steps x{slowdown:g} the model's" if slowdown != 1.0 else ""), flush=True)
     await asyncio.sleep(start_s / speed)
     live = Live(m, args.data_parallel_size, speed, args.enable_prefix_caching, args.block_size)
     server = Server(args, live, keys, m.max_model_len)

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from poolctl.histograms import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from poolctl.sandbox.vllm.flags import ServeArgs
 from poolctl.sandbox.vllm.live import Live
 
@@ -32,13 +33,6 @@ CHAT_TOKENS_PER_MESSAGE = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM's completions default; chat: the room left
 STREAM_TICK_S = 0.02  # wall seconds between streamed chunks of a decoding request
 FILLER = " the"
-# vLLM's buckets (vllm/v1/metrics/loggers.py)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
 
 
