@@ -70,7 +70,7 @@ COMMANDS = (
     Entry("capacity", "capacity", "app",
           "Capacity: zones offering the type, reservations, the peak beyond them."),
     Entry("rollout", "rollout", "app", "Roll a new image or model version through the pool."),
-    Entry("nodes", "nodes", "app", "Check the nodes of a pool over SSH."),
+    Entry("nodes", "nodes", "app", "The nodes of a pool: start-up phases; checks over SSH."),
     Entry("image", "image", "app",
           "Pre-pulled node images built with Packer (see images/README.md)."),
     Entry("weights", "weights", "app",

@@ -4,7 +4,7 @@ of a pool on a trace, and the replica counts `plan --traffic` recommends."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +28,27 @@ from poolctl.traces import MAX_REPLICAS, Trace
 if TYPE_CHECKING:
     from poolctl.config import Pool, Slo
     from poolctl.servingmodel import Topology
+    from poolctl.starts import KindStarts
+
+
+def measured_start_times(pool: Pool, cloud: Cloud, measured: Mapping[str, KindStarts]
+                         ) -> dict[str, float]:
+    """Start times by kind from the pool's measured ones (poolctl.starts: power-on to
+    serving, p50) plus what the ledger cannot see: joining the load balancer (the plan's
+    `register` phase). A running warm node's start is its registration alone (its boot
+    happened before demand): measured boots do not change it."""
+    register = plan_pool(pool, cloud).start_phases["cold"].get("register", 0.0)
+    return {k: round(v.p50_s + register, 1) for k, v in measured.items()
+            if k in ("cold", "warm_stopped")}
 
 
 def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
-                  warm_replicas: int | None = None) -> Autoscale:
-    """The pool's scaling as the stacks deploy it, with start times from plan's phases."""
+                  warm_replicas: int | None = None,
+                  starts: Mapping[str, float] | None = None) -> Autoscale:
+    """The pool's scaling as the stacks deploy it, with start times from plan's phases, or
+    `starts` by kind ("cold", "warm_stopped", "warm_running": seconds from the decision to
+    a serving node) where given (the pool's measured ones: measured_start_times)."""
+    starts = starts or {}
     rpn = plan.replicas_per_node
     s, wp = pool.scaling, pool.warm_pool
     warm = plan.nodes.warm if warm_replicas is None else math.ceil(warm_replicas / rpn)
@@ -42,8 +58,8 @@ def autoscale_for(pool: Pool, cloud: Cloud, plan: PoolPlan,
         min_nodes=max(1, plan.nodes.min),
         max_nodes=max(1, plan.nodes.max),
         warm_nodes=warm,
-        warm_start_s=sum(plan.start_phases[warm_key].values()),
-        cold_start_s=sum(plan.start_phases["cold"].values()),
+        warm_start_s=starts.get(warm_key, sum(plan.start_phases[warm_key].values())),
+        cold_start_s=starts.get("cold", sum(plan.start_phases["cold"].values())),
         queue_target=s.queue_target,
         scale_down_stabilization_s=s.scale_down_stabilization_s,
         # GCP's scale-in control removes one VM per stabilization window; AWS's simple
@@ -59,11 +75,12 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
              min_replicas: int | None = None, max_replicas: int | None = None,
              balancer: str | None = None, stop_if_p90_over: float | None = None,
              topology: Topology | None = None, windows: tuple[SimWindow, ...] = (),
-             run_until_s: float = 0.0) -> SimResult:
+             run_until_s: float = 0.0, starts: Mapping[str, float] | None = None
+             ) -> SimResult:
     """`trace` through the pool on `cloud`: fixed `replicas`, or its autoscaling. The balancer
     is the file's `serving.balancer` unless given; `topology` splits each replica's prefill
     and decode (servingmodel.topology); `windows` are launch windows (`--warm-window`), and
-    the autoscaled pool runs to `run_until_s` at least."""
+    the autoscaled pool runs to `run_until_s` at least; `starts` as in `autoscale_for`."""
     balancer = balancer or pool.serving.balancer
     plan = plan_pool(pool, cloud)
     m = replica_model(pool, cloud)
@@ -79,7 +96,7 @@ def run_pool(pool: Pool, cloud: Cloud, trace: Trace, *, replicas: int | None = N
                         stop_if_p90_over=stop_if_p90_over, power_kw_per_node=power,
                         prefix_caching=pool.serving.prefix_caching, topology=topology,
                         reserved_nodes=reserved)
-    sc = autoscale_for(pool, cloud, plan, warm_replicas)
+    sc = autoscale_for(pool, cloud, plan, warm_replicas, starts)
     sc.replicas_per_node = rpn
     if min_replicas is not None:
         sc.min_nodes = max(1, nodes_for(min_replicas, rpn))
@@ -360,13 +377,13 @@ def check_reachable(pool: Pool, cloud: Cloud, trace: Trace, what: str | None = N
     return m, fl, tf
 
 
-def recommend(pool: Pool, cloud: Cloud, trace: Trace, start_replicas: int = 1
-              ) -> Recommendation:
+def recommend(pool: Pool, cloud: Cloud, trace: Trace, start_replicas: int = 1,
+              starts: Mapping[str, float] | None = None) -> Recommendation:
     """Smallest replica count meeting the SLOs (TTFT and TPOT p90) at or below the
     utilization target; a max for the busiest window; the smallest warm pool keeping the SLOs
     under autoscaling. An SLO no replica count can meet (the prefill compute floor, the HBM
     floor of a decode step), or a trace whose every request is longer than max_model_len, is
-    an OperationFailed naming the floor."""
+    an OperationFailed naming the floor. `starts` as in `autoscale_for`."""
     plan = plan_pool(pool, cloud)
     rpn = plan.replicas_per_node
     slo = pool.slo
@@ -409,7 +426,7 @@ def recommend(pool: Pool, cloud: Cloud, trace: Trace, start_replicas: int = 1
     for warm_nodes in range(0, (max_r - min_r) // rpn + 1):
         warm_r = warm_nodes * rpn
         s_auto = summary(run_pool(pool, cloud, trace, autoscale=True, warm_replicas=warm_r,
-                                  min_replicas=min_r, max_replicas=max_r),
+                                  min_replicas=min_r, max_replicas=max_r, starts=starts),
                          slo.ttft_p90_s, slo.tpot_p90_s)
         if s_auto.slo.met:
             break

@@ -199,6 +199,7 @@ class FakeGce:
         self.time_series: list[dict] = []  # Cloud Monitoring TimeSeries JSON, points newest first
         self.forwarding_rules: dict[tuple[str, str, str], dict] = {}
         self.log_entries: list[dict] = []  # Cloud Logging LogEntry JSON (`write_log`)
+        self.serial: dict[str, str] = {}  # instance name -> its serial port 1 (`write_serial`)
         # (zone, machine type) -> how many VMs of the type the zone runs On-Demand
         self.capacity: dict[tuple[str, str], int] = {}
         self.reservations: dict[tuple[str, str, str], dict] = {}  # (project, zone, name)
@@ -964,6 +965,12 @@ class FakeGce:
             self.forwarding_rules[(project, region, name)] = r
             return r
 
+    def write_serial(self, instance: str, text: str) -> None:
+        """Lines on a VM's first serial port (its console: the boot script's log)."""
+        with self.lock:
+            self.instance(instance)  # a VM of a MIG, or KeyError
+            self.serial[instance] = self.serial.get(instance, "") + text
+
     def write_log(self, project: str, instance_id: str, text: str, when: datetime,
                   zone: str = "us-central1-a") -> dict:
         """One Cloud Logging entry of a VM (what the guest's logging agent ships)."""
@@ -1134,6 +1141,8 @@ ROUTES: list[tuple[str, re.Pattern, str]] = [
         ("POST", _C + "/global/operations/(?P<op>[^/]+)/wait", "gop_get"),
         ("GET", _C, "project_get"),
         ("GET", _C + "/aggregated/instances", "inst_aggregated"),
+        ("GET", _C + "/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/serialPort",
+         "inst_serial"),
         ("POST", "/v1/users/(?P<user>[^/:]+):importSshPublicKey", "oslogin_import"),
         ("DELETE", "/v1/users/(?P<user>[^/:]+)/sshPublicKeys/(?P<fp>[^/]+)", "oslogin_delete"),
         ("GET", "/_poolctl/instance-connect", "node_keys"),
@@ -1781,6 +1790,23 @@ class _Handler(BaseHTTPRequestHandler):
         return merged, "QuotaPreference"
 
     # -- instances.aggregatedList
+
+    def inst_serial(self, *, project, zone, name, query, **_):
+        """instances.getSerialPortOutput: the port's whole text (GCE keeps the newest 1 MB),
+        `start` and `next` as byte offsets."""
+        if project not in self.fake.projects:
+            raise _not_found(f"projects/{project}")
+        try:
+            mi = self.fake.instance(name)
+        except KeyError:
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}") from None
+        if f"/zones/{zone}/" not in mi["instance"] or query.get("port", "1") != "1":
+            raise _not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        text = self.fake.serial.get(name, "")
+        return {"kind": "compute#serialPortOutput", "contents": text, "start": "0",
+                "next": str(len(text.encode())),
+                "selfLink": f"{API}/projects/{project}/zones/{zone}/instances/{name}/"
+                            "serialPort"}, "SerialPortOutput"
 
     def inst_aggregated(self, *, project, query, **_):
         if project not in self.fake.projects:

@@ -1689,3 +1689,36 @@ def test_monitoring_refuses_what_cloud_monitoring_refuses(fake, cfg, pool):
                                                 if ts["valueType"] == "DISTRIBUTION"]},
                       timeout=10)
     assert r.status_code == 400 and "sum of bucket_counts" in r.text
+
+
+def test_the_phase_ledger_reads_each_vms_serial_port(fake, ops, cfg, pool, tmp_path,
+                                                     monkeypatch):
+    # Two VMs: one booted cold and serves, one failed in its weights phase. Their boot
+    # scripts' lines on their serial ports (with the kernel's around them).
+    from poolctl.runtime.ledger import pool_ledger
+
+    monkeypatch.setenv("POOLCTL_HOME", str(tmp_path))
+    deploy(fake, cfg, pool, running=2, stopped=0)
+    a, b = (mi["name"] for mi in fake.instances(PROJECT, REGION, MIG))
+    fake.write_serial(a, "[    0.0] Linux version 6.8\n"
+                         "poolctl: boot: acme-chat-70b serving m version 1, uptime 41.2s\n"
+                         "poolctl: phase=gpus seconds=2\npoolctl: phase=nvme seconds=3\n"
+                         "poolctl: phase=weights seconds=50\npoolctl: phase=image seconds=95\n"
+                         "poolctl: phase=serving seconds=88\n"
+                         "poolctl: phase=readiness seconds=31\n"
+                         "poolctl: phase=total seconds=267 uptime=308.4\n")
+    fake.write_serial(b, "poolctl: boot: acme-chat-70b serving m version 1, uptime 40s\n"
+                         "poolctl: FAILED: weights: gcloud storage cp failed\n"
+                         "poolctl: phase=failed seconds=20 in=weights\n")
+    lg = pool_ledger(cfg, pool, Cloud.gcp, ops)
+    assert lg is not None
+    rows = {n.node.id: n for n in lg.nodes}
+    ok, bad = rows[a].last, rows[b].last
+    assert ok is not None and bad is not None
+    assert (ok.kind, ok.boot_s, ok.uptime_s) == ("cold", 41.2, 308.4)
+    assert ok.phases == {"gpus": 2, "nvme": 3, "weights": 50, "image": 95, "serving": 88,
+                         "readiness": 31}
+    assert (bad.failed_in, bad.failure, bad.served) == (
+        "weights", "weights: gcloud storage cp failed", False)
+    assert {k: (v.n, v.p50_s) for k, v in lg.starts.items()} == {"cold": (1, 308.4)}
+    assert len(_calls(fake, "GET", "/serialPort")) == 2

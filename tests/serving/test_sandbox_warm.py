@@ -7,6 +7,9 @@ returns the pool to it, so they run in any order."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from tests.plugins.sandbox import boto3_client, run_poolctl, terraform_missing
@@ -97,6 +100,36 @@ def test_a_warm_pool_node_serves_sooner_than_a_new_one_by_the_planned_phases(ser
     # falls anywhere in its own 15-s interval) and 20 s of that overhead's jitter (2 wall s at
     # speed 10; CI's four workers on two cores measured 105.4 s once, warm 281.2 / new 386.6).
     assert cold_s - warm_s - 35 <= serves[new] - serves[warm] <= cold_s - warm_s + 35, serves
+
+    # The phase ledger: what `poolctl nodes` shows for each node is what its boot script
+    # logged (its console, read here with a pattern of this test's own).
+    r = run_poolctl(served["home"], "nodes", "--sandbox", "-f", str(served["cfg"]), "--cloud",
+                    "aws", "--json")
+    assert r.returncode == 0, r.stderr
+    [ledger] = json.loads(r.stdout)["pools"]
+    rows = {n["id"]: n for n in ledger["nodes"]}
+    ec2 = boto3_client(url, "ec2")
+    for inst in (new, warm):
+        log = ec2.get_console_output(InstanceId=inst, Latest=True)["Output"]
+        last = log[log.rindex("poolctl: boot: "):]  # the newest boot
+        logged = {m[0]: float(m[1]) for m in re.findall(
+            r"^poolctl: phase=(image|hydrate|gpus|nvme|weights|serving|readiness) "
+            r"seconds=(\d+)$", last, re.M)}
+        boot = rows[inst]["boots"][-1]
+        assert boot["phases"] == logged and logged, (inst, boot, last)
+        total = re.search(r"^poolctl: phase=total seconds=\d+ uptime=(\d+)$", last, re.M)
+        assert total and boot["start_s"] == float(total[1]), (boot, last)
+    cold, warmed = rows[new]["boots"][-1], rows[warm]["boots"][-1]
+    # The new node's first boot; the warm node's second, after the one that readied it
+    assert cold["kind"] == "cold" and len(rows[new]["boots"]) == 1
+    assert warmed["kind"] == "warm_stopped" and rows[warm]["boots"][0]["kind"] == "warm_prep"
+    assert warmed["image_on_disk"] and not cold["image_on_disk"]
+    # The machine's boot, the node's uptime when its script began: the plan's 120 s (cold)
+    # and 60 s (from stopped) of pool time, plus the real processes' start (a wall second or
+    # two at speed 10); serving by the plan's sums above (less the health checks).
+    assert 120 <= cold["boot_s"] <= 120 + 25 and 60 <= warmed["boot_s"] <= 60 + 25
+    assert cold_s <= cold["start_s"] <= cold_s + 40 and warm_s <= warmed["start_s"] <= warm_s + 40
+    assert {"cold", "warm_stopped"} <= set(ledger["starts"])
     _settle(url, asg, group, 1)
 
 
@@ -132,6 +165,14 @@ def test_a_node_that_cannot_read_its_api_key_is_abandoned_and_replaced(served):
         lines = [ln for ln in r.stdout.splitlines() if "boot failed:" in ln]
         assert len(lines) == 1 and f"api key: cannot read secret {arn}" in lines[0], r.stdout
         assert KEY not in r.stdout  # the failure names the secret, never a key
+        # The ledger of a failed node names the phase it failed in: the engine's start,
+        # which reads the key (its console, as `poolctl nodes` reads every node's).
+        from poolctl.bootlog import parse_boots
+        out = boto3_client(url, "ec2").get_console_output(
+            InstanceId=first[0]["InstanceId"], Latest=True)["Output"]
+        last = parse_boots(out)[-1]
+        assert (last.failed_in, last.uptime_s) == ("serving", None), out
+        assert last.failure is not None and last.failure.startswith("api key: cannot read")
     finally:
         sm.restore_secret(SecretId=arn)
     # The secret back: the next replacement boots and serves through the load balancer.

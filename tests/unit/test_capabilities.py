@@ -25,7 +25,7 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsBootFailures", "ReportsServing", "KeepsWarmSizes", "BoundsGroupMaximum",
+        "ReportsBootFailures", "ReportsBootPhases", "ReportsServing", "KeepsWarmSizes", "BoundsGroupMaximum",
         "ChecksCapacity",
         "ReportsLaunchFailures", "SchedulesWindows", "SchedulesWarmWindows",
         "BuysCapacityBlocks", "RunsBlockWindows",
@@ -37,7 +37,8 @@ def test_gcp_declares_its_capabilities():
     gcp = registry.driver(Cloud.gcp)
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsServing", "StepsRollouts", "ChecksCapacity", "ReportsLaunchFailures",
+        "ReportsBootPhases", "ReportsServing", "StepsRollouts", "ChecksCapacity",
+        "ReportsLaunchFailures",
         "SchedulesWindows", "ReservesCalendarCapacity", "ImportsLoginKeys", "KeepsNodeImages"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp
 

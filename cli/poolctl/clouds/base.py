@@ -24,6 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from poolctl.bootlog import BootRecord
 from poolctl.cloud import Cloud
 
 # The records the capabilities below return, named here too (`X as X`: re-exported).
@@ -40,6 +41,7 @@ from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
 from poolctl.sizing import HeldCapacity, PoolPlan, QuotaNeed, held_capacity, hourly_cost
+from poolctl.starts import KindStarts
 from poolctl.terraform import Terraform
 from poolctl.windows import Window
 
@@ -234,6 +236,7 @@ class PoolStatus:
     serving: ServingWindow | None = None
     # What the serving model predicts for that load (None: no request finished).
     predicted: ServingPrediction | None = None
+    starts: dict[str, KindStarts] = field(default_factory=dict)  # measured (ReportsBootPhases)
 
     def drift(self) -> dict[str, float]:
         """Measured p90 over predicted, less 1, by metric ("ttft", "tpot"), where both
@@ -291,6 +294,7 @@ class PoolStatus:
                         if self.serving else None),
             "predicted": self.predicted.to_json() if self.predicted else None,
             "drift": self.drift(),
+            "starts": {k: asdict(v) for k, v in self.starts.items()},
             "boot_failure": self.boot_failure,
             "instances": [asdict(n) for n in self.nodes],
             "capacity_failures": [asdict(f) for f in self.capacity_failures],
@@ -428,6 +432,13 @@ class ReportsServing(ABC):
     def serving_window(self, group: Group, window_s: float, ttft_slo_s: float,
                        tpot_slo_s: float | None) -> ServingWindow | None:
         """The last `window_s` seconds; None when the nodes published nothing in them."""
+
+
+class ReportsBootPhases(ABC):
+    @abstractmethod
+    def boot_ledger(self, group: Group, nodes: list[NodeState]) -> dict[str, list[BootRecord]]:
+        """Node id -> its boots, oldest first, from its console as its boot script logged
+        them (the phase ledger: `poolctl nodes`, `status`)."""
 
 
 class ReportsBootFailures(ABC):
@@ -782,7 +793,7 @@ class PreparesImageBuilds(ABC):
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
-    ReportsBootFailures, ReportsServing, KeepsWarmSizes,
+    ReportsBootFailures, ReportsBootPhases, ReportsServing, KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
     SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity,
     DeployChecks, SendsInstanceKeys, ImportsLoginKeys, KeepsNodeImages, PreparesImageBuilds)

@@ -18,12 +18,15 @@ from poolctl.commands.common import (
     CloudAllOpt,
     FileOpt,
     JsonOpt,
+    MeasuredOpt,
     PoolOpt,
     console,
     emit_json,
     load,
     print_findings,
     require_valid,
+    start_times,
+    start_words,
     targets,
 )
 from poolctl.commands.plansearch import render_search, run_searches, write_changes
@@ -85,7 +88,7 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
          traffic: TrafficOpt = None, rate: RateOpt = None, duration: DurationOpt = 3600.0,
          seed: SeedOpt = 0, time_scale: TimeScaleOpt = 1.0, search: SearchOpt = False,
          write: WriteOpt = False, workers: WorkersOpt = 0,
-         allow_unfitted: UnfittedOpt = False) -> None:
+         allow_unfitted: UnfittedOpt = False, measured: MeasuredOpt = False) -> None:
     """Sizing, memory, quota and cost per pool and cloud; no cloud calls. With --traffic
     (or --rate), also the replicas that meet the SLO, found by simulation; with --search,
     the cheapest configuration meeting the SLOs."""
@@ -102,19 +105,29 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
     require_valid(cfg, tgts)
     plans = [plan_pool(t.pool, t.cloud, recorded_node_image(t.pool, t.cloud)) for t in tgts]
     totals = _quota_totals(cfg, tgts)
+    starts = {(t.pool.name, t.cloud): start_times(cfg, t.pool, t.cloud, measured)
+              for t in tgts}
     if search:
+        # A measured start is of the configuration that ran; the search's others start as
+        # the catalog says.
         _plan_search(cfg, file, tgts, plans, totals, traffic, rate, duration, seed, time_scale,
                      json_out, write, workers or min(2, os.cpu_count() or 1), allow_unfitted)
         return
-    recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale)
+    recs = _recommendations(cfg, tgts, traffic, rate, duration, seed, time_scale,
+                            {k: v[0] for k, v in starts.items()})
     if json_out:
         entries = [p.to_json() for p in plans]
         for e, t in zip(entries, tgts, strict=True):
+            e["start_times"] = starts[(t.pool.name, t.cloud)][1]
             if (t.pool.name, t.cloud) in recs:
                 e["recommendation"] = recs[(t.pool.name, t.cloud)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
+    for t in tgts:
+        console().print(start_words(f"{t.pool.name}/{t.cloud}",
+                                    starts[(t.pool.name, t.cloud)][1]), markup=False,
+                        soft_wrap=True)
     render_quota_totals(totals)
     if recs:
         render_recommendations(tgts, plans, recs)
@@ -169,14 +182,17 @@ def render_quota_totals(totals: list[dict[str, Any]]) -> None:
 
 
 def _recommendations(cfg: Config, tgts: list[Target], traffic: Path | None,
-                     rate: float | None, duration: float, seed: int, time_scale: float) -> Recs:
+                     rate: float | None, duration: float, seed: int, time_scale: float,
+                     starts: dict[tuple[str, Cloud], dict[str, float]]) -> Recs:
     """Simulated replica counts per (pool, cloud); the traffic rule judges the file's max."""
     if traffic is None and rate is None:
         return {}
 
     tr = load_traffic(traffic, rate, duration, seed, 1000.0, 200.0, "exponential", time_scale,
                       flag="--traffic")
-    recs = {(t.pool.name, t.cloud): recommend(t.pool, t.cloud, tr) for t in tgts}
+    recs = {(t.pool.name, t.cloud): recommend(t.pool, t.cloud, tr,
+                                              starts=starts[(t.pool.name, t.cloud)])
+            for t in tgts}
     needs = {k: TrafficNeed(r.peak_replicas_needed, tr.source) for k, r in recs.items()}
     findings = [f for f in run_checks(cfg, tgts, traffic=needs) if f.check == "traffic-peak"]
     print_findings(findings)  # warnings: the file's values stay the user's call

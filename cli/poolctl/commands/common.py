@@ -9,14 +9,15 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
+from poolctl.capacity import measured_start_times
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import CloudOps
 from poolctl.clouds.registry import get_ops
@@ -29,6 +30,7 @@ from poolctl.rules import errors, refusal, run_checks
 from poolctl.runtime.common import watch_hint
 from poolctl.sandbox import manager
 from poolctl.sandbox.serving import sandbox_clock
+from poolctl.starts import measured_starts
 
 if TYPE_CHECKING:  # the config model (pydantic) loads only when a command runs
     from rich.console import Console
@@ -147,6 +149,12 @@ CloudAllOpt = Annotated[
                                show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+MeasuredOpt = Annotated[
+    bool, typer.Option("--measured", help="Require the pool's measured start times (read "
+                       "from its nodes' boots by `poolctl nodes` and `status`); without them, "
+                       "exit 2. By default they are used where they exist, the catalog's "
+                       "phases elsewhere.")
+]
 SandboxOpt = Annotated[
     bool, typer.Option("--sandbox", help="Target the local sandbox (poolctl sandbox start).")
 ]
@@ -301,6 +309,29 @@ def resolve_target(file: Path | None, pool: str | None, cloud: Cloud | None, san
     tgt = one_target(cfg, pool, cloud, endpoints)
     return TargetContext(file=file, cfg=cfg, cloud=tgt.cloud, endpoints=endpoints,
                          targets=(tgt,))
+
+
+def start_times(cfg: Config, pool: Pool, cloud: Cloud, required: bool
+                ) -> tuple[dict[str, float], dict[str, Any]]:
+    """The start times `plan` and `simulate` use for the pool: its measured ones by kind
+    (capacity.measured_start_times) where they exist, and what they are, for the output."""
+    measured = measured_starts(cfg, pool, cloud)
+    if required and not measured:
+        raise UsageError(f"--measured: no start of pool {pool.name} on {cloud} has been "
+                         f"measured yet; `poolctl nodes --cloud {cloud} --pool {pool.name}` "
+                         "reads them from the deployed pool's nodes")
+    times = measured_start_times(pool, cloud, measured)
+    return times, {"source": "measured" if times else "catalog", "seconds": times,
+                   "measured": {k: asdict(v) for k, v in measured.items()}}
+
+
+def start_words(label: str, info: dict[str, Any]) -> str:
+    """One line saying which start times were used."""
+    if info["source"] == "catalog":
+        return f"{label}: start times from the catalog's phases (none measured yet)"
+    return f"{label}: start times measured: " + "; ".join(
+        f"{k.replace('_', ' ')} {v:g} s (p50 of {info['measured'][k]['n']} boot(s), plus "
+        "joining the load balancer)" for k, v in info["seconds"].items())
 
 
 def emit_json(data: object) -> None:

@@ -1,5 +1,7 @@
-"""poolctl nodes check: SSH into pool nodes and verify GPUs, NVLink, no EFA, NVMe cache, image,
-health. The work is in `poolctl.nodecheck`; this module parses options and renders."""
+"""poolctl nodes: each node's start-up phases as its boot script logged them (the phase
+ledger, `runtime.ledger`); poolctl nodes check: SSH into pool nodes and verify GPUs, NVLink,
+no EFA, NVMe cache, image, health (`poolctl.nodecheck`). This module parses options and
+renders."""
 
 from __future__ import annotations
 
@@ -25,13 +27,16 @@ from poolctl.commands.common import (
     resolve_targets,
     whole,
 )
+from poolctl.commands.ops import starts_line
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.nodecheck import CHECK_NAMES
+from poolctl.runtime import ledger as runtime_ledger
 
 if TYPE_CHECKING:
     from poolctl.nodecheck import Check, NodeResult
 
-app = typer.Typer(help="Check the nodes of a pool over SSH.", no_args_is_help=True)
+app = typer.Typer(help="The nodes of a pool: start-up phases; checks over SSH.",
+                  invoke_without_command=True)
 
 HostOpt = Annotated[
     list[str] | None,
@@ -80,6 +85,72 @@ ProxyOpt = Annotated[
                  "ec2-instance-connect open-tunnel; with iap: gcloud compute "
                  "start-iap-tunnel).", show_default=False),
 ]
+
+
+@app.callback()
+def phases(
+    ctx: typer.Context,
+    file: FileOpt = None,
+    pool: PoolOpt = None,
+    cloud: CloudOpt = None,
+    sandbox: SandboxOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Each node's start-up phases, read from its own console (the boot script's log), and
+    the pool's start times by kind. `poolctl nodes check` checks the nodes over SSH."""
+    if ctx.invoked_subcommand is not None:
+        return
+    tc = resolve_targets(file, pool, cloud, sandbox)
+    out = []
+    for t in tc.targets:
+        lg = runtime_ledger.pool_ledger(tc.cfg, t.pool, t.cloud, tc.ops)
+        if lg is None:
+            raise UsageError(f"--cloud {t.cloud}: poolctl does not read {t.cloud} nodes' "
+                             "consoles yet; `poolctl logs` shows their boot logs")
+        out.append(lg)
+    if json_out:
+        emit_json({"pools": [lg.to_json() for lg in out]})
+        return
+    for lg in out:
+        render_ledger(lg)
+
+
+COLUMNS = ("boot", "image", "gpus", "nvme", "weights", "serving", "readiness")
+
+
+def render_ledger(lg: runtime_ledger.PoolLedger) -> None:
+    """A row a node (its newest boot), then the pool's start times by kind."""
+    out = console()
+    table = Table(title=f"{lg.pool}/{lg.cloud}: start-up phases (s, the newest boot of each "
+                  "node)", title_justify="left")
+    for name in ("node", "state", "kind", *COLUMNS, "start", "notes"):
+        table.add_column(name, no_wrap=name not in ("notes",),
+                         justify="right" if name in (*COLUMNS, "start") else "left")
+    for nb in lg.nodes:
+        b = nb.last
+        if b is None:
+            table.add_row(escape(nb.node.id), escape(nb.node.state), "-", *["-"] * 8,
+                          "nothing logged yet")
+            continue
+        cells = [_secs(b.boot_s), *(_secs(b.phases.get(k, b.phases.get("hydrate")))
+                                    if k == "image" else _secs(b.phases.get(k))
+                                    for k in COLUMNS[1:])]
+        notes = [w for w, on in (("image on disk", b.image_on_disk),
+                                 ("weights cached", b.weights_cached)) if on]
+        if b.failed_in:
+            notes.insert(0, f"failed in {b.failed_in}" + (f": {b.failure}" if b.failure
+                                                           else ""))
+        table.add_row(escape(nb.node.id), escape(nb.node.state), b.kind.replace("_", " "),
+                      *cells, _secs(b.uptime_s), escape("; ".join(notes)))
+    out.print(table)
+    if not lg.starts:
+        out.print("starts: no boot has served yet", markup=False)
+        return
+    out.print(starts_line(lg.starts), markup=False, soft_wrap=True)
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 @app.command("check")

@@ -37,6 +37,7 @@ from poolctl.inventory import API_KEY_VAR
 from poolctl.runtime.common import watch_hint
 from poolctl.runtime.purchases import pending_line, pool_lock, unused_line
 from poolctl.sizing import nodes_for, plan_pool
+from poolctl.starts import KindStarts
 from poolctl.windows import parse_time
 
 if TYPE_CHECKING:
@@ -237,6 +238,13 @@ def serving_line(s: PoolStatus, window: int) -> str:
     return head + "; ".join(parts)
 
 
+def starts_line(starts: dict[str, KindStarts]) -> str:
+    """The pool's measured start times by kind (the phase ledger; `poolctl nodes` per node)."""
+    return "starts (measured, power-on to serving): " + "; ".join(
+        f"{k.replace('_', ' ')} p50 {v.p50_s:g} s, p90 {v.p90_s:g} s ({v.n} boot"
+        f"{'s' if v.n > 1 else ''})" for k, v in starts.items())
+
+
 def model_lines(s: PoolStatus, fit_hint: str = "poolctl perf fit") -> list[str]:
     """The serving model's p90s for the load served, beside the measured ones; and a line
     when the measured ones are past it by more than runtime.DRIFT_WARN, naming the command
@@ -329,6 +337,8 @@ def status(
             con.print(f"  launches failing: {failures_line(s.capacity_failures)}", soft_wrap=True)
         if s.boot_failure:
             con.print(f"  boot failed: {s.boot_failure}", markup=False, soft_wrap=True)
+        if s.starts:
+            con.print("  " + starts_line(s.starts), markup=False, soft_wrap=True)
         for w in s.windows:
             when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
             con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"

@@ -13,12 +13,15 @@ from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
     JsonOpt,
+    MeasuredOpt,
     PoolOpt,
     console,
     emit_json,
     load,
     one_target,
     require_valid,
+    start_times,
+    start_words,
 )
 from poolctl.commands.traffic import (
     DurationOpt,
@@ -34,6 +37,7 @@ from poolctl.commands.traffic import (
     traffic,
 )
 from poolctl.errors import UsageError, shown
+from poolctl.progress import log
 from poolctl.servingmodel import figures, replica_model
 from poolctl.servingmodel import topology as split_topology
 from poolctl.simulate import (
@@ -86,6 +90,7 @@ def simulate(
         "(running, what `warm --from --running` schedules) or in the warm pool (stopped); "
         "the replay is compared with the same one without it.",
         show_default=False)] = None,
+    measured: MeasuredOpt = False,
 ) -> None:
     """Replay traffic through the pool's serving model and scaling policy."""
 
@@ -115,16 +120,19 @@ def simulate(
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
     # With a window both replays run to its end at least: the same span, billed alike.
     until = max((w.end_s for w in windows), default=0.0)
+    times, start_info = start_times(cfg, p, c, measured)
+    if replicas is None:
+        log(start_words(f"{p.name}/{c}", start_info))
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
                    warm_replicas=warm, balancer=balancer, topology=topo, windows=windows,
-                   run_until_s=until)
+                   run_until_s=until, starts=times)
 
     s = {"pool": p.name, "cloud": c, "trace": tr.source,
          **summary(res, p.slo.ttft_p90_s, p.slo.tpot_p90_s).to_json(),
-         "model": figures(replica_model(p, c))}
+         "model": figures(replica_model(p, c)), "start_times": start_info}
     if spec is not None:
         base = run_pool(p, c, tr, autoscale=True, warm_replicas=warm, balancer=balancer,
-                        topology=topo, run_until_s=until)
+                        topology=topo, run_until_s=until, starts=times)
         s["warm_window"] = window_comparison(spec, windows[0], res, base, p.slo.ttft_p90_s,
                                              p.slo.tpot_p90_s)
     try:

@@ -26,6 +26,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.histograms import TPOT_BUCKETS, TTFT_BUCKETS, read_back
+from poolctl.runtime.ledger import pool_ledger
 from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
@@ -78,6 +79,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     serving = (ops.serving_window(group, window_s, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
                if isinstance(ops, ReportsServing) else None)
     in_service = sum(1 for n in nodes if n.phase == "in_service")
+    ledger = pool_ledger(cfg, pool, cloud, ops, nodes)
     predicted = (predict(pool, cloud, serving, in_service * plan.replicas_per_node)
                  if serving is not None else None)
     if rollout is not None:
@@ -110,7 +112,8 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                       warm_windows_kept=warm_kept,
                       unused_blocks=[b for b in blocks if b.id not in used],
                       pending_purchases=unanswered(cfg, pool, cloud, known),
-                      price_per_node_hour_usd=plan.price_per_node_hour_usd)
+                      price_per_node_hour_usd=plan.price_per_node_hour_usd,
+                      starts=ledger.starts if ledger is not None else {})
 
 
 

@@ -12,10 +12,16 @@ log() { printf 'poolctl: %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 clock() { echo "${EPOCHREALTIME/[.,]/}"; }
 since() { echo $((($(clock) - $1) * ${POOLCTL_TIME_SCALE_MILLI:-1000} / 1000000000)); }
-# phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured.
+uptime_s() {
+  if [[ -n ${POOLCTL_BOOTED_AT_US:-} ]]; then since "$POOLCTL_BOOTED_AT_US"; else cut -d' ' -f1 /proc/uptime; fi
+}
+# phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured
+# (poolctl/bootlog.py reads them back); PHASE names the one running, for a failure's line.
 phase() {
   local name=$1 t0
   t0=$(clock)
+  # shellcheck disable=SC2034 # read by the node script's on_exit, not the RAID one's
+  PHASE=$name
   shift
   "$@"
   log "phase=$name seconds=$(since "$t0")"
@@ -295,7 +301,7 @@ END {
 on_exit() {
   local rc=$?
   if ((rc != 0)) && [[ -z ${BOOT_DONE:-} ]]; then
-    log "phase=failed seconds=$(since "$START_US")"
+    log "phase=failed seconds=$(since "$START_US") in=${PHASE:-boot}"
   fi
 }
 
@@ -304,22 +310,24 @@ boot() {
   t0=$(clock)
   trap on_exit EXIT
   trap 'exit 143' TERM
-  log "boot: $POOL serving $MODEL_ID version $MODEL_VERSION, uptime $(cut -d' ' -f1 /proc/uptime)s"
+  log "boot: $POOL serving $MODEL_ID version $MODEL_VERSION, uptime $(uptime_s)s"
   phase image pull_image &
   pull=$!
   phase gpus check_gpus
   if [[ $target == Warmed:Stopped || $target == Warmed:Hibernated ]]; then
+    PHASE=image
     wait "$pull"
     log "boot: warm pool ($target), image ready; the cache fills on start"
   else
     phase nvme nvme_cache
     phase weights fetch_weights
+    PHASE=image
     wait "$pull"
     phase serving start_serving
     phase readiness wait_ready
   fi
   BOOT_DONE=1
-  log "phase=total seconds=$(since "$t0") uptime=$(cut -d' ' -f1 /proc/uptime)"
+  log "phase=total seconds=$(since "$t0") uptime=$(uptime_s)"
 }
 
 install_node() {

@@ -9,10 +9,16 @@ log() { printf 'poolctl: %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 clock() { echo "${EPOCHREALTIME/[.,]/}"; }
 since() { echo $((($(clock) - $1) * ${POOLCTL_TIME_SCALE_MILLI:-1000} / 1000000000)); }
-# phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured.
+uptime_s() {
+  if [[ -n ${POOLCTL_BOOTED_AT_US:-} ]]; then since "$POOLCTL_BOOTED_AT_US"; else cut -d' ' -f1 /proc/uptime; fi
+}
+# phase NAME CMD...: the `phase=NAME seconds=N` lines are how start-up time is measured
+# (poolctl/bootlog.py reads them back); PHASE names the one running, for a failure's line.
 phase() {
   local name=$1 t0
   t0=$(clock)
+  # shellcheck disable=SC2034 # read by the node script's on_exit, not the RAID one's
+  PHASE=$name
   shift
   "$@"
   log "phase=$name seconds=$(since "$t0")"

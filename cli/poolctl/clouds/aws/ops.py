@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from poolctl import naming
+from poolctl.bootlog import BootRecord, parse_boots
 from poolctl.bootscript import failed_line
 from poolctl.cloud import Cloud
 from poolctl.clouds.aws.blocks import BlockGroups
@@ -38,6 +39,7 @@ from poolctl.clouds.base import (
     NodeState,
     PublishesQueueMetric,
     ReportsBootFailures,
+    ReportsBootPhases,
     ReportsServing,
     ServingWindow,
     address_order,
@@ -58,7 +60,8 @@ BOOT_LOOKS = 3  # ended nodes whose console `status` reads
 class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, ScheduledActions,
              WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,
              CloudOps,
-             PublishesQueueMetric, ReportsBootFailures, ReportsServing, KeepsWarmSizes,
+             PublishesQueueMetric, ReportsBootFailures, ReportsBootPhases, ReportsServing,
+             KeepsWarmSizes,
              BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""
@@ -251,6 +254,16 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
             if line is not None:
                 return f"{inst['InstanceId']}: {line}"
         return None
+
+    def boot_ledger(self, group: Group, nodes: list[NodeState]) -> dict[str, list[BootRecord]]:
+        """Each node's console (GetConsoleOutput, the newest 64 KB), its boots parsed."""
+        ec2 = self.client("ec2", group.region)
+        out: dict[str, list[BootRecord]] = {}
+        for n in nodes:
+            with self.call("ec2:GetConsoleOutput"):
+                got = ec2.get_console_output(InstanceId=n.id, Latest=True)
+            out[n.id] = parse_boots(got.get("Output") or "")
+        return out
 
     def queue_per_replica(self, group: Group) -> float | None:
         cw = self.client("cloudwatch", group.region)

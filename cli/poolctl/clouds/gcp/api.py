@@ -214,6 +214,15 @@ class GceApi:
             request=compute_v1.AggregatedListInstancesRequest(project=project, filter=filter))
         return scoped
 
+    def serial_output(self, project: str, zone: str, instance: str) -> str:
+        """The VM's first serial port, as much as GCE keeps (the newest 1 MB): the boot
+        script logs to the console, which is this port."""
+        out = self.call(f"read the serial port of {instance}",
+                        self.client("InstancesClient").get_serial_port_output,
+                        request=compute_v1.GetSerialPortOutputInstanceRequest(
+                            project=project, zone=zone, instance=instance, port=1))
+        return str(out.contents or "")
+
     def _rest(self) -> tuple[Any, str]:
         """(AuthorizedSession, base URL) for OS Login, which has no client library here:
         the endpoint override (anonymous, as above) or Google's."""

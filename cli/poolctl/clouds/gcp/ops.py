@@ -23,6 +23,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.adaptors.gcp import compute_v1
+from poolctl.bootlog import BootRecord, parse_boots
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
@@ -30,6 +31,7 @@ from poolctl.clouds.base import (
     ImportsLoginKeys,
     NodeState,
     PublishesQueueMetric,
+    ReportsBootPhases,
     ReportsServing,
     ServingWindow,
     address_order,
@@ -77,7 +79,7 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
              GcpReservations, CalendarReservations, GcpImages, CloudOps,
-             PublishesQueueMetric, ReportsServing, ImportsLoginKeys):
+             PublishesQueueMetric, ReportsServing, ReportsBootPhases, ImportsLoginKeys):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 
@@ -117,6 +119,18 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
                                  health),
                 version=link_name(mi.version.instance_template), zone=link_zone(mi.instance),
             ))
+        return out
+
+    def boot_ledger(self, group: Group, nodes: list[NodeState]) -> dict[str, list[BootRecord]]:
+        """Each VM's serial port (instances.getSerialPortOutput, port 1), its boots parsed;
+        a VM that does not exist (yet, or any more) has logged nothing."""
+        project = mig_ref(group)[0]
+        out: dict[str, list[BootRecord]] = {}
+        for n in nodes:
+            if not n.zone or n.state.startswith("NONEXISTENT"):
+                out[n.id] = []
+                continue
+            out[n.id] = parse_boots(self.serial_output(project, n.zone, n.id))
         return out
 
     # ------------------------------------------------------------------ capacity

@@ -231,6 +231,8 @@ def _start(node: Node, script: bytes, kind: str) -> None:
         "POOLCTL_ENGINE_SLOWDOWN": repr(float(_serve["slowdown"])),
         # the script's own clock (boot/_lib.sh.j2 `since`): pool seconds, as everything else
         "POOLCTL_TIME_SCALE_MILLI": str(round(speed() * 1000)),
+        # its uptime (`uptime_s`): from now, the node's power-on (the kernel is the machine's)
+        "POOLCTL_BOOTED_AT_US": str(time.time_ns() // 1000),
     }
     (f / "boot.rc").unlink(missing_ok=True)
     log = open(f / "node.log", "ab")  # noqa: SIM115 - the child holds it; closed below
