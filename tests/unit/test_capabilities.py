@@ -25,8 +25,8 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsBootFailures", "ReportsBootPhases", "ReportsServing", "KeepsWarmSizes", "BoundsGroupMaximum",
-        "ChecksCapacity",
+        "ReportsBootFailures", "ReportsBootPhases", "ReportsServing", "KeepsWarmSizes",
+        "BoundsGroupMaximum", "ChecksCapacity",
         "ReportsLaunchFailures", "SchedulesWindows", "SchedulesWarmWindows",
         "BuysCapacityBlocks", "RunsBlockWindows",
         "DeployChecks", "SendsInstanceKeys", "KeepsNodeImages", "PreparesImageBuilds"]
