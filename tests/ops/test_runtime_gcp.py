@@ -1620,16 +1620,16 @@ def test_what_the_node_agent_writes_status_reads_back(fake, ops, cfg, pool):
         return now - timedelta(minutes=minutes)
 
     writes = [  # (vm, zone, engine start, at, TTFT cumulative buckets, sum, requests,
-                #  generation tokens, running, KV)
-        (a, za, ago(30), ago(15), (1, 1, 1, 1), 0.05, 50, 1000, 1, 0.2),  # the baseline
-        (b, zb, ago(30), ago(15), (0, 0, 0, 0), 0.0, 0, 0, 0, 0.4),
-        (a, za, ago(30), ago(5), (1, 2, 3, 3), 0.8, 52, 1400, 3, 0.2),
-        (b, zb, ago(30), ago(6), (0, 1, 3, 3), 1.0, 4, 300, 2, 0.4),
-        (b, zb, ago(3), ago(1), (0, 0, 2, 2), 0.7, 2, 100, 4, 0.4),  # restarted at -3 min
-        (a, za, ago(30), ago(1), (1, 2, 6, 6), 1.5, 55, 1800, 5, 0.2),
+                #  generation tokens, running, KV, queue per replica)
+        (a, za, ago(30), ago(15), (1, 1, 1, 1), 0.05, 50, 1000, 1, 0.2, 9.0),  # the baseline
+        (b, zb, ago(30), ago(15), (0, 0, 0, 0), 0.0, 0, 0, 0, 0.4, 9.0),
+        (a, za, ago(30), ago(5), (1, 2, 3, 3), 0.8, 52, 1400, 3, 0.2, 1.0),
+        (b, zb, ago(30), ago(6), (0, 1, 3, 3), 1.0, 4, 300, 2, 0.4, 2.0),
+        (b, zb, ago(3), ago(1), (0, 0, 2, 2), 0.7, 2, 100, 4, 0.4, 3.0),  # restarted -3 min
+        (a, za, ago(30), ago(1), (1, 2, 6, 6), 1.5, 55, 1800, 5, 0.2, 6.0),
     ]
-    for vm, zone, start, at, cum, total, req, tok, running, kv in writes:
-        body = run(_scrape(cum, total, req, tok, running, kv), 0.5, start, at, vm, zone)
+    for vm, zone, start, at, cum, total, req, tok, running, kv, queue in writes:
+        body = run(_scrape(cum, total, req, tok, running, kv), queue, start, at, vm, zone)
         r = requests.post(f"{fake.endpoint}/v3/projects/{PROJECT}/timeSeries", json=body,
                           timeout=10)
         assert r.status_code == 200, r.text
@@ -1657,9 +1657,12 @@ def test_what_the_node_agent_writes_status_reads_back(fake, ops, cfg, pool):
     # running (3 + 5) / 2 and (2 + 4) / 2: 3.5; KV (0.2 + 0.4) / 2.
     assert (w.requests, w.output_tokens, w.prompt_tokens) == (11, 1200, 0)
     assert w.running == pytest.approx(3.5) and w.kv_usage == pytest.approx(0.3)
+    # The queue (no pool label: the MIG's VMs' series), its points in the window: the
+    # mean of 1, 2, 3 and 6 (the two at -15 min are outside): 3.
+    assert w.queue_per_replica == pytest.approx(3.0)
     calls = _calls(fake, "GET", "/timeSeries")
-    assert len(calls) == 7 and all(
-        f'metric.labels.pool = "{MIG}"' in c["query"]["filter"] for c in calls)
+    assert len(calls) == 8 and sum(
+        f'metric.labels.pool = "{MIG}"' in c["query"]["filter"] for c in calls) == 7
 
 
 def test_monitoring_refuses_what_cloud_monitoring_refuses(fake, cfg, pool):

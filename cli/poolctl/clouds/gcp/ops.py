@@ -197,21 +197,26 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
         series (resource gce_instance, its instance id; cli/poolctl/boot/node.sh.j2), so the
         series kept are those of the MIG's VMs. Cloud Monitoring's REST API
         (projects.timeSeries.list) through the session OS Login uses: no client library."""
+        by_minute = self._queue_points(group, QUEUE_WINDOW_S)
+        if not by_minute:
+            return None
+        newest = by_minute[max(by_minute)]  # RFC 3339 in UTC: text order is time order
+        return sum(newest) / len(newest)
+
+    def _queue_points(self, group: Group, window_s: float) -> dict[str, list[float]]:
+        """The queue's points of the MIG's VMs over the last `window_s` seconds, by minute
+        ("YYYY-MM-DDTHH:MM")."""
         project, region, name = mig_ref(group)
         ids = {str(mi.id) for mi in self.managed_instances(project, region, name) if mi.id}
         if not ids:
-            return None
+            return {}
         now = datetime.now(UTC)
-
-        def stamp(t: datetime) -> str:
-            return t.isoformat(timespec="seconds").replace("+00:00", "Z")
-
         params = {
             "filter": f'metric.type = "{naming.GCP_METRIC_TYPE}" AND '
                       'resource.type = "gce_instance"',
             # A minute past now: this machine's clock may lag Google's.
-            "interval.startTime": stamp(now - timedelta(seconds=QUEUE_WINDOW_S)),
-            "interval.endTime": stamp(now + timedelta(minutes=1)),
+            "interval.startTime": _stamp(now - timedelta(seconds=window_s)),
+            "interval.endTime": _stamp(now + timedelta(minutes=1)),
             "view": "FULL",
         }
         by_minute: dict[str, list[float]] = {}
@@ -229,10 +234,7 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
             if not page.get("nextPageToken"):
                 break
             params["pageToken"] = page["nextPageToken"]
-        if not by_minute:
-            return None
-        newest = by_minute[max(by_minute)]  # RFC 3339 in UTC: text order is time order
-        return sum(newest) / len(newest)
+        return by_minute
 
 
     # ------------------------------------------------------------------ serving
@@ -286,6 +288,10 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
             ("kv", naming.GCP_KV_USAGE_TYPE), ("running", naming.GCP_RUNNING_TYPE))}
         if all(v is None for v in (*dists.values(), *sums.values(), *means.values())):
             return None
+        # The queue's series carry no pool label (the autoscaler reads them per VM): the
+        # mean of the MIG's VMs' points over the window, as CloudWatch's Average on AWS.
+        points = [v for vs in self._queue_points(group, window_s).values() for v in vs]
+        queue = sum(points) / len(points) if points else None
         ttft, tpot = dists["ttft"], dists["tpot"]
         return ServingWindow(
             window_s=float(window_s), requests=sums["req"] or 0.0,
@@ -296,7 +302,7 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
             ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
             ttft_within=ttft.within(ttft_slo_s),
             tpot_within=tpot.within(tpot_slo_s) if tpot_slo_s is not None else None,
-            kv_usage=means["kv"], running=means["running"])
+            kv_usage=means["kv"], running=means["running"], queue_per_replica=queue)
 
 
 class _Dist:
