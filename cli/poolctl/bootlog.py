@@ -23,11 +23,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from poolctl.bootscript import FAILED_LINE_MAX
+from poolctl.bootscript import FAILED, FAILED_LINE_MAX
 from poolctl.errors import printable
 
 BootKind = Literal["cold", "warm_stopped", "warm_running", "warm_prep"]
 _LINE = re.compile(r"poolctl: (.*)$")
+_FAILED = FAILED.removeprefix("poolctl: ")  # the boot script's `fail` line, after the prefix
 _BOOT = re.compile(r"boot: \S+ serving .*, uptime ([0-9.]+)s$")
 _TARGET = re.compile(r"boot: lifecycle target (\S+)$")
 _PHASE = re.compile(r"phase=(\w+) seconds=(\d+)(?: (uptime|in)=(\S+))?$")
@@ -89,8 +90,8 @@ def parse_boots(console: str) -> list[BootRecord]:
             cur.image_on_disk = True
         elif text.startswith("weights: ") and text.endswith("is in the cache already"):
             cur.weights_cached = True
-        elif text.startswith("FAILED: "):
-            cur.failure = printable(text[len("FAILED: "):].strip())[:FAILED_LINE_MAX]
+        elif text.startswith(_FAILED):
+            cur.failure = printable(text[len(_FAILED):].strip())[:FAILED_LINE_MAX]
         elif p := _PHASE.match(text):
             name, secs, key, value = p.group(1), float(p.group(2)), p.group(3), p.group(4)
             if name == "total":

@@ -95,6 +95,18 @@ def weighted_percentile(points: Iterable[tuple[float, float]], q: float) -> floa
     return pts[-1][0]
 
 
+def percent_rank(points: Iterable[tuple[float, float]], lo: float | None,
+                 hi: float | None) -> float | None:
+    """The percentage of the total count with lo < value <= hi (a bound None: open);
+    CloudWatch's `PR(lo:hi)`. None when the total is 0."""
+    pts = [(v, c) for v, c in points if c > 0]
+    total = sum(c for _, c in pts)
+    if total <= 0:
+        return None
+    inside = sum(c for v, c in pts if (lo is None or v > lo) and (hi is None or v <= hi))
+    return 100.0 * inside / total
+
+
 def read_back(values: Sequence[float], edges: Sequence[float], q: float) -> float | None:
     """The q-quantile of `values` as a pool reports it: observed into the histogram, spread
     by the agent, read back by percentile (one interval)."""

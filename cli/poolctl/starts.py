@@ -21,6 +21,7 @@ from poolctl import naming
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.home import poolctl_home, write_private
+from poolctl.simulate import percentile
 
 KINDS = ("cold", "warm_stopped", "warm_running")
 MAX_SAMPLES = 200  # a kind's newest
@@ -81,15 +82,6 @@ def record(cfg: Config, pool: Pool, cloud: Cloud, seen: list[tuple[str, str, flo
     write_private(p, json.dumps({"samples": [asdict(s) for s in trimmed]}, indent=1) + "\n")
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    """Linear between ranks, as numpy's default (simulate.percentile's rule)."""
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def measured_starts(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, KindStarts]:
     """Kind -> its figures, for kinds with MIN_SAMPLES or more."""
     samples = _load(path(cfg, pool, cloud))
@@ -97,7 +89,8 @@ def measured_starts(cfg: Config, pool: Pool, cloud: Cloud) -> dict[str, KindStar
     for kind in KINDS:
         xs = [s for s in samples if s.kind == kind]
         if len(xs) >= MIN_SAMPLES:
-            secs = [s.seconds for s in xs]
-            out[kind] = KindStarts(kind, len(xs), round(_quantile(secs, 0.5), 1),
-                                   round(_quantile(secs, 0.9), 1), max(s.at for s in xs))
+            secs = sorted(s.seconds for s in xs)
+            out[kind] = KindStarts(kind, len(xs), round(percentile(secs, 0.5) or 0.0, 1),
+                                   round(percentile(secs, 0.9) or 0.0, 1),
+                                   max(s.at for s in xs))
     return out

@@ -12,7 +12,7 @@ from typing import Any
 from poolctl import starts
 from poolctl.bootlog import BootRecord
 from poolctl.cloud import Cloud
-from poolctl.clouds.base import CloudOps, NodeState, ReportsBootPhases
+from poolctl.clouds.base import CloudOps, Group, NodeState, ReportsBootPhases
 from poolctl.config import Config, Pool
 from poolctl.starts import KindStarts
 
@@ -46,15 +46,18 @@ class PoolLedger:
 
 
 def pool_ledger(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
-                nodes: list[NodeState] | None = None) -> PoolLedger | None:
+                found: tuple[Group, list[NodeState]] | None = None) -> PoolLedger | None:
     """The ledger of the pool's nodes now (None: the cloud's consoles are not read); every
-    boot that served is kept as a sample."""
+    boot that served is kept as a sample. `found`: the group and its nodes, when the caller
+    has read them already."""
     if not isinstance(ops, ReportsBootPhases):
         return None
-    group = ops.find_group(cfg, pool)
-    found = ops.nodes(group) if nodes is None else nodes
-    boots = ops.boot_ledger(group, found)
-    rows = [NodeBoots(n, boots.get(n.id, [])) for n in found]
+    if found is None:
+        group = ops.find_group(cfg, pool)
+        found = (group, ops.nodes(group))
+    group, nodes = found
+    boots = ops.boot_ledger(group, nodes)
+    rows = [NodeBoots(n, boots.get(n.id, [])) for n in nodes]
     starts.record(cfg, pool, cloud, [
         (f"{r.node.id}#{i}", b.kind, b.uptime_s) for r in rows
         for i, b in enumerate(r.boots) if b.served and b.uptime_s is not None])

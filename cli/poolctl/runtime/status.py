@@ -30,6 +30,7 @@ from poolctl.runtime.ledger import pool_ledger
 from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
 from poolctl.runtime.rollout import return_surge
+from poolctl.simulate import latencies
 from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
 from poolctl.traces import MAX_REQUESTS, MAX_TOKENS, synthetic
 
@@ -59,10 +60,8 @@ def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
     output = min(max(w.output_tokens / w.requests, 1.0), float(MAX_TOKENS))
     span = max(w.window_s, PREDICT_MIN_S)
     rate = min(w.requests_per_s, MAX_REQUESTS / span)
-    q = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas).req
-    done = [i for i, f in enumerate(q.finish) if f == f]  # not NaN: served
-    ttft = [q.first[i] - q.arrival[i] for i in done]
-    tpot = [(q.finish[i] - q.first[i]) / (q.outputs[i] - 1) for i in done if q.outputs[i] > 1]
+    res = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas)
+    ttft, tpot = latencies(res.req)
     return ServingPrediction(replicas, read_back(ttft, TTFT_BUCKETS, 0.9),
                              read_back(tpot, TPOT_BUCKETS, 0.9))
 
@@ -79,7 +78,7 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     serving = (ops.serving_window(group, window_s, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
                if isinstance(ops, ReportsServing) else None)
     in_service = sum(1 for n in nodes if n.phase == "in_service")
-    ledger = pool_ledger(cfg, pool, cloud, ops, nodes)
+    ledger = pool_ledger(cfg, pool, cloud, ops, (group, nodes))
     predicted = (predict(pool, cloud, serving, in_service * plan.replicas_per_node)
                  if serving is not None else None)
     if rollout is not None:

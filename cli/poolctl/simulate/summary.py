@@ -196,13 +196,20 @@ def _tpot(q: Requests, i: int) -> float:
     return (q.finish[i] - q.first[i]) / (q.outputs[i] - 1) if q.outputs[i] > 1 else 0.0
 
 
+def latencies(q: Requests) -> tuple[list[float], list[float]]:
+    """The served requests' TTFTs (from arrival) and TPOTs (those with more than one output
+    token), sorted."""
+    done = [i for i, f in enumerate(q.finish) if f == f]  # not NaN: served
+    return (sorted(q.first[i] - q.arrival[i] for i in done),
+            sorted(_tpot(q, i) for i in done if q.outputs[i] > 1))
+
+
 def summary(r: SimResult, ttft_slo_s: float, tpot_slo_s: float | None = None) -> SimSummary:
     """A run's figures, judged by the TTFT p90 target and (when given) the TPOT p90 one."""
     q = r.req
     done = [i for i, f in enumerate(q.finish) if f == f]
-    ttft = sorted(q.first[i] - q.arrival[i] for i in done)
+    ttft, tpot = latencies(q)
     e2e = [q.finish[i] - q.arrival[i] for i in done]
-    tpot = sorted(_tpot(q, i) for i in done if q.outputs[i] > 1)
     wait = [q.admitted[i] - q.arrival[i] for i in done]
     out_tokens = sum(q.outputs[i] for i in done)
     in_tokens = sum(q.inputs[i] for i in done)

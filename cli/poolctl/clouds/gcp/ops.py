@@ -49,7 +49,7 @@ from poolctl.clouds.gcp.windows import ScalingSchedules
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import UsageError
-from poolctl.histograms import spread, weighted_percentile
+from poolctl.histograms import percent_rank, spread, weighted_percentile
 
 QUEUE_WINDOW_S = 600  # how far back `status` looks for the queue metric, as on AWS
 
@@ -316,8 +316,8 @@ class _Dist:
         return weighted_percentile(self.points, q)
 
     def within(self, slo: float) -> float | None:
-        total = sum(c for _, c in self.points)
-        return sum(c for v, c in self.points if v <= slo) / total if total > 0 else None
+        share = percent_rank(self.points, None, slo)  # PR(:SLO), as read on AWS
+        return None if share is None else share / 100
 
 
 def _distribution(d: dict[str, Any] | None) -> _Dist:

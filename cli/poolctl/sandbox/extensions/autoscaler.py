@@ -36,7 +36,7 @@ from typing import Any
 
 from poolctl.histograms import weighted_percentile
 from poolctl.sandbox.extensions.common import LOCK, all_backends
-from poolctl.sandbox.extensions.percentiles import PCT_STAT
+from poolctl.sandbox.extensions.percentiles import PCT_STAT, datum_point
 
 NAMES = ("cloudwatch.alarms-act",)
 TT_PERIOD_S = 60.0
@@ -100,8 +100,7 @@ def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic
              period: float, count: int, now: float) -> list[float | None]:
     """The statistic of each of the last `count` whole periods, newest first (None: no
     datapoint in it)."""
-    # (value, count) of each period: a datum's own value counts once; a value/count array's
-    # values (percentiles.py keeps them as aggregated datums, min = max) count their count.
+    # (value, count) of each period (percentiles.datum_point)
     buckets: list[list[tuple[float, float]]] = [[] for _ in range(count)]
     end = math.floor(now / period) * period  # periods end on multiples of the period
     for d in cw.metric_data:
@@ -109,12 +108,8 @@ def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic
             continue
         if {x.name: x.value for x in d.dimensions} != dims:
             continue
-        value = getattr(d, "value", None)
-        if value is None and getattr(d, "min", None) is not None and d.min == d.max:
-            point = (float(d.min), float(d.sample_count))
-        elif value is not None:
-            point = (float(value), 1.0)
-        else:
+        point = datum_point(d)
+        if point is None:
             continue
         k = math.floor((end - _pool_time(d.timestamp)) / period)
         if 0 <= k < count:

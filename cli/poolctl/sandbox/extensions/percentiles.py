@@ -28,34 +28,27 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from poolctl.histograms import weighted_percentile
+from poolctl.histograms import percent_rank, weighted_percentile
 
 NAMES = ("cloudwatch.percentiles",)
 PCT_STAT = re.compile(r"p(\d{1,2}(?:\.\d+)?)$")
 _RANK = re.compile(r"PR\(([0-9.eE+-]*):([0-9.eE+-]*)\)$")
 
 
-def percent_rank(points: list[tuple[float, float]], lo: float | None,
-                 hi: float | None) -> float | None:
-    """The percentage of the total count with lo < value <= hi (a bound None: open)."""
-    total = sum(c for _, c in points if c > 0)
-    if total <= 0:
-        return None
-    inside = sum(c for v, c in points if c > 0 and (lo is None or v > lo)
-                 and (hi is None or v <= hi))
-    return 100.0 * inside / total
+def datum_point(d: Any) -> tuple[float, float] | None:
+    """A stored datum as a (value, count) point: one published Value counts once; a value of
+    a value/count array (an aggregated datum with min = max, as put_metric_data below keeps
+    it) counts its count; a StatisticValues set (min < max) is no point."""
+    value = getattr(d, "value", None)
+    if value is not None:
+        return (float(value), 1.0)
+    if getattr(d, "min", None) is not None and d.min == d.max:
+        return (float(d.min), float(d.sample_count))
+    return None
 
 
 def _points(data: list[Any]) -> list[tuple[float, float]]:
-    from moto.cloudwatch.models import MetricAggregatedDatum, MetricDatum
-
-    out = []
-    for m in data:
-        if isinstance(m, MetricDatum):
-            out.append((float(m.value), 1.0))
-        elif isinstance(m, MetricAggregatedDatum) and m.min == m.max:
-            out.append((float(m.min), float(m.sample_count)))
-    return out
+    return [p for p in map(datum_point, data) if p is not None]
 
 
 def install() -> None:
