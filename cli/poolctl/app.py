@@ -213,7 +213,14 @@ def _fail(message: str, code: int) -> None:
     # a direction override from a value the message quotes) is shown escaped, never obeyed.
     for line in message.split("\n") if message else ["failed"]:
         sys.stderr.write(f"poolctl: {printable(line)}\n")
-    sys.exit(code)
+    sys.exit(1 if code and _detailed_exitcode(sys.argv[1:]) else code)
+
+
+def _detailed_exitcode(argv: list[str]) -> bool:
+    """`deploy/destroy --detailed-exitcode` (Terraform's convention): 2 says "changes
+    present", so every failure, a usage error or an internal one included, exits 1."""
+    args = argv[:argv.index("--")] if "--" in argv else argv
+    return "--detailed-exitcode" in args
 
 
 def _usage_line(e: Exception, message: str) -> str:

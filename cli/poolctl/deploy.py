@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from poolctl.progress import log
 from poolctl.sizing import PoolPlan, hourly_cost, plan_pool, reserved_nodes
 from poolctl.terraform import (
     PlanSummary,
+    ResourceChange,
     Terraform,
     cli_config,
     endpoint_override,
@@ -52,6 +53,10 @@ class StackResult:
     sizes: list[dict[str, Any]] = field(default_factory=list)
     cost_per_hour_usd: dict[str, Any] = field(default_factory=dict)  # pool_cost
     log: str = ""  # Terraform's output
+    changes: list[ResourceChange] = field(default_factory=list)  # one per resource the plan changes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary, plan: PoolPlan | None = None
@@ -248,6 +253,7 @@ class StackRun:
         summary = self.tf.plan(destroy=self.destroy)
         res = self.result
         res.summary = summary.to_json()
+        res.changes = list(summary.resources)
         res.sizes = [c.to_json() for c in summary.sizes]
         summary.cost = res.cost_per_hour_usd = pool_cost(self.target.pool, self.target.cloud,
                                                          summary, self.plan_)
@@ -288,6 +294,7 @@ class StackRun:
         log(f"== {self.name}: {self.binary} plan (again, after the state change)")
         self.summary = self.tf.plan()
         self.result.summary = self.summary.to_json()
+        self.result.changes = list(self.summary.resources)
 
     def apply(self) -> None:
         log(f"== {self.name}: {self.binary} apply")

@@ -124,6 +124,24 @@ class SizeChange:
         return dict(self.__dict__)
 
 
+# Terraform's words for a resource change (`terraform show -json`'s `actions` lists), as its
+# own plan output says them: a delete and a create together are a replacement, in either order.
+_ACTIONS = {("create",): "create", ("update",): "update", ("delete",): "destroy",
+            ("delete", "create"): "replace", ("create", "delete"): "replace"}
+
+
+@dataclass(frozen=True)
+class ResourceChange:
+    """One resource the plan changes: `action` create, update, replace, destroy or import
+    (adopted into the state, nothing else changed)."""
+
+    address: str
+    action: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"address": self.address, "action": self.action}
+
+
 @dataclass
 class PlanSummary:
     add: Counter[str] = field(default_factory=Counter)
@@ -134,6 +152,7 @@ class PlanSummary:
     # Every size attribute as the plan leaves it (as it was, for one destroyed), changed or not
     size_values: dict[str, int | str] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)  # the pool's cost per hour (deploy)
+    resources: list[ResourceChange] = field(default_factory=list)  # in the plan's order
 
     @property
     def empty(self) -> bool:
@@ -165,6 +184,11 @@ def summarize(plan_json: dict[str, Any]) -> PlanSummary:
         change = rc.get("change", {})
         actions = change.get("actions", [])
         t = rc.get("type", "?")
+        word = _ACTIONS.get(tuple(actions))
+        if word is None and change.get("importing"):
+            word = "import"
+        if word is not None:
+            s.resources.append(ResourceChange(str(rc.get("address", t)), word))
         if change.get("importing"):
             s.imports[t] += 1
         if "create" in actions:

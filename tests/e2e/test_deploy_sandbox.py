@@ -258,6 +258,12 @@ def test_second_deploy_reports_no_changes_and_applies_nothing(first_deploy, sand
     assert [i["InstanceId"] for i in after["Instances"]] == [
         i["InstanceId"] for i in before["Instances"]]
     assert after["LaunchTemplate"] == before["LaunchTemplate"]
+    # what a CI job runs to find drift: no changes is exit 0, and no resource line
+    ci = run_poolctl(first_deploy["home"], "deploy",
+                     *_deploy_args("--plan-only", "--detailed-exitcode",
+                                   home=first_deploy["home"]))
+    assert ci.returncode == 0, ci.stderr[-3000:]
+    assert not re.search(rf"^{STACK}: (create|update|replace|destroy|import) ", ci.stdout, re.M)
 
 
 @needs_terraform
@@ -266,8 +272,11 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
     changed = tmp_path / "poolctl.yaml"
     changed.write_text(DEPLOYED_EXAMPLE.read_text().replace("queue_target: 4",
                                                             "queue_target: 6"))
-    res = _timed(home, "deploy --plan-only", "deploy",
-                 *_deploy_args("--plan-only", "--json", "--verbose", file=changed, home=home))
+    res = run_poolctl(home, "deploy", *_deploy_args(
+        "--plan-only", "--detailed-exitcode", "--json", "--verbose", file=changed, home=home))
+    # Terraform's -detailed-exitcode: 2 is "changes present", not a usage error
+    assert res.returncode == 2, res.stderr[-4000:]
+    assert not [x for x in res.stderr.splitlines() if x.startswith("poolctl: ")]  # no error
     assert f"== {STACK}: --plan-only, nothing applied" in res.stderr
     # --verbose: Terraform's output on stderr too, and in its log
     assert "Plan: 0 to add, 3 to change, 0 to destroy." in res.stderr
@@ -283,6 +292,14 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
         "aws_cloudwatch_dashboard": {"add": 0, "change": 1, "destroy": 0},
         "aws_cloudwatch_metric_alarm": {"add": 0, "change": 1, "destroy": 0},
     }
+    # and the same, resource by resource: three in-place updates of resources the stack has
+    synthesized = json.loads((home / "cdktf.out" / "stacks" / STACK / "cdk.tf.json").read_text())
+    addresses = {f"{t}.{name}" for t, blocks in synthesized["resource"].items()
+                 for name in blocks}
+    assert sorted((c["action"], c["address"].split(".")[0]) for c in stack["changes"]) == [
+        ("update", "aws_autoscaling_policy"), ("update", "aws_cloudwatch_dashboard"),
+        ("update", "aws_cloudwatch_metric_alarm")]
+    assert {c["address"] for c in stack["changes"]} <= addresses
     assert stack["applied"] is False
     assert "Apply complete" not in res.stderr
     asg, cw = sandbox_client("autoscaling"), sandbox_client("cloudwatch")

@@ -183,3 +183,20 @@ def test_help_loads_no_command_module():
     err = modules_after(["--help"], "sorted(m for m in sys.modules if m.startswith("
                         "('poolctl.commands', 'poolctl.config', 'pydantic')))")
     assert "LOADED []" in err, err[-500:]
+
+
+def test_detailed_exitcode_makes_every_failure_exit_1(tmp_path):
+    """`--detailed-exitcode` keeps 2 for "changes present" (Terraform's meaning), so bad
+    usage, a bad file and a bad flag value exit 1, each with its one line."""
+    r = poolctl("deploy", "--cloud", "aws", "-f", str(EXAMPLE), "--detailed-exitcode")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "poolctl: --detailed-exitcode: only with --plan-only (Terraform's meaning: exit 2 "
+        "when the plan holds changes); add --plan-only"]
+    f = write(tmp_path, pool_yaml().replace("port: 8000", "port: 8000\n      colour: red"))
+    r = poolctl("deploy", "--cloud", "aws", "-f", str(f), "--plan-only", "--detailed-exitcode")
+    assert r.returncode == 1 and "pools[0].serving.colour: unknown key" in r.stderr
+    r = poolctl("destroy", "--cloud", "azure", "--plan-only", "--detailed-exitcode")
+    assert r.returncode == 1 and "--cloud" in r.stderr
+    # without the flag, the same bad flag value is a usage error as ever
+    assert poolctl("destroy", "--cloud", "azure", "--plan-only").returncode == 2

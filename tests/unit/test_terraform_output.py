@@ -13,6 +13,7 @@ from poolctl.terraform import (
     BOOT_HIDDEN,
     LOG_KEEP,
     Redactor,
+    ResourceChange,
     SizeChange,
     error_blocks,
     log_path,
@@ -46,6 +47,10 @@ def test_summary_counts_by_type_and_lists_the_size_changes():
         "aws_launch_template": {"add": 1, "change": 0, "destroy": 1},
     }
     assert s.totals() == (2, 1, 1) and dict(s.imports) == {"aws_iam_role": 1}
+    # one entry per resource that changes, in Terraform's words; the no-op is none
+    assert s.resources == [ResourceChange("aws_autoscaling_group.nodes", "update"),
+                           ResourceChange("aws_launch_template.lt", "replace"),
+                           ResourceChange("aws_iam_role.r", "create")]
     # only what changes; user_data is no size
     assert s.sizes == [
         SizeChange("aws_autoscaling_group.nodes", "warm_pool.min_size", 2, 3),
@@ -64,6 +69,14 @@ def test_summary_of_a_destroy_and_of_a_gcp_autoscaler():
     assert [(c.field, c.before, c.after) for c in gone.sizes] == [
         ("min_size", 1, None), ("max_size", 6, None), ("desired_capacity", 1, None)]
     assert gone.size_values == {"min_size": 1, "max_size": 6, "desired_capacity": 1}  # as it was
+    assert [c.to_json() for c in gone.resources] == [
+        {"address": "aws_autoscaling_group.nodes", "action": "destroy"}]
+    # adopted and otherwise unchanged: an import, and a change the plan holds
+    adopted = summarize({"resource_changes": [{
+        "address": "aws_sqs_queue.q", "type": "aws_sqs_queue",
+        "change": {"actions": ["no-op"], "importing": {"id": "q"}}}]})
+    assert adopted.resources == [ResourceChange("aws_sqs_queue.q", "import")]
+    assert not adopted.empty
     gcp = summarize({"resource_changes": [{
         "address": "google_compute_region_autoscaler.a",
         "type": "google_compute_region_autoscaler",

@@ -134,8 +134,12 @@ def render_plan_summary(name: str, summary: PlanSummary) -> None:
 
 def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None,
          auto_approve: bool, plan_only: bool, sandbox: bool, out: Path, mirror: str | None,
-         json_out: bool, skip_quota_check: bool = False, verbose: bool = False) -> None:
+         json_out: bool, skip_quota_check: bool = False, verbose: bool = False,
+         detailed_exitcode: bool = False) -> None:
     """The deploy workflow's steps in order (`poolctl.workflow.deploy`), rendered."""
+    if detailed_exitcode and not plan_only:
+        raise UsageError("--detailed-exitcode: only with --plan-only (Terraform's meaning: "
+                         "exit 2 when the plan holds changes); add --plan-only")
     check_out(out)
     ctx = resolve_targets(file, pool, cloud, sandbox)
     cfg, tgts = ctx.cfg, list(ctx.targets)
@@ -159,6 +163,9 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         summary = stack.plan()
         if not json_out:  # with --json the summary is in the JSON; stdout carries no more
             render_plan_summary(stack.name, summary)
+            if plan_only:  # what a CI job reads: one line per resource that would change
+                for rc in summary.resources:
+                    sys.stdout.write(f"{stack.name}: {rc.action} {rc.address}\n")
         if stack.needs_answer(plan_only):
             if not confirm(stack.question(), auto_approve):
                 raise stack.refused()
@@ -166,7 +173,7 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         results.append(stack.finish())
     after = run.finish(results)
     if json_out:
-        emit_json({"stacks": [r.__dict__ for r in results],
+        emit_json({"stacks": [r.to_json() for r in results],
                    **({"windows_rebased": list(after.windows_rebased)}
                       if after.windows_rebased else {}),
                    **({"deleted_templates": after.deleted_templates}
@@ -181,6 +188,16 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         for line in after.launches_failing[:-1]:
             sys.stderr.write(f"poolctl: {line}\n")
         raise OperationFailed(after.launches_failing[-1])
+    if detailed_exitcode and any(r.changes for r in results):
+        raise typer.Exit(CHANGES_PRESENT)
+
+
+# `--detailed-exitcode`: Terraform's `plan -detailed-exitcode` codes, which CI pipelines test.
+CHANGES_PRESENT = 2
+DetailedOpt = Annotated[bool, typer.Option(
+    "--detailed-exitcode",
+    help="With --plan-only, exit as `terraform plan -detailed-exitcode` does: 0 no changes, "
+    "2 changes present, 1 any error (bad input included). This changes what exit 2 means.")]
 
 
 def deploy(
@@ -197,13 +214,16 @@ def deploy(
         "--skip-quota-check", help="Apply even when the quota check finds a shortfall (or "
         "cannot read the quotas).")] = False,
     verbose: VerboseOpt = False,
+    detailed_exitcode: DetailedOpt = False,
 ) -> None:
     """Synth, then Terraform/OpenTofu init, plan and apply.
 
     Before anything is applied: the pool's peak needs are checked against the quotas, and
-    the sizes `poolctl warm` set are kept (until `warm --reset`)."""
+    the sizes `poolctl warm` set are kept (until `warm --reset`). In CI,
+    `--plan-only --detailed-exitcode` exits 2 when the deployed pool differs from the file
+    (drift), 0 when it matches, 1 on any error."""
     _act(False, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
-         json_out, skip_quota_check, verbose)
+         json_out, skip_quota_check, verbose, detailed_exitcode)
 
 
 def destroy(
@@ -217,7 +237,8 @@ def destroy(
     provider_mirror: MirrorOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = False,
+    detailed_exitcode: DetailedOpt = False,
 ) -> None:
     """Destroy what deploy created (plan -destroy, confirm, apply)."""
     _act(True, file, pool, cloud, auto_approve, plan_only, sandbox, out, provider_mirror,
-         json_out, verbose=verbose)
+         json_out, verbose=verbose, detailed_exitcode=detailed_exitcode)
