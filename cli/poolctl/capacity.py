@@ -315,6 +315,14 @@ class Recommendation:
     ttft_p90_floor_s: float
     tpot_p90_floor_s: float
 
+    @property
+    def predictive_target(self) -> float | None:
+        """Requests in flight per replica at the smallest fixed count that meets the SLOs:
+        what `scaling.predictive_target` sizes a forecast's nodes for (Little's law: the
+        simulated mean in the system over the replicas)."""
+        n = self.at_min.mean_in_system
+        return None if n is None else max(0.1, round(n / self.min_replicas_needed, 1))
+
     def to_json(self) -> dict[str, Any]:
         a, f = self.autoscaled, self.at_min
         out: dict[str, Any] = json_safe({
@@ -340,6 +348,7 @@ class Recommendation:
             "tpot_p90_floor_s": round(self.tpot_p90_floor_s, 5),
             "goodput": a.slo.goodput,
             "kwh_per_1m_output_tokens": a.energy.kwh_per_1m_output_tokens,
+            "predictive_target": self.predictive_target,
         })
         return out
 

@@ -260,6 +260,21 @@ def _slow_down(c: Ctx) -> Iterator[Finding]:
         )
 
 
+@check("predictive-where-offered", "predictive scaling where the cloud forecasts the load")
+def _predictive_gcp(c: Ctx) -> Iterator[Finding]:
+    if c.cloud == Cloud.gcp and c.pool.scaling.predictive != "off":
+        # GCE autoscaler predictive method: "OPTIMIZE_AVAILABILITY ... predictive autoscaling
+        # ... only for CPU utilization" (docs/cloud-facts.md).
+        yield c.find(
+            "warning", "scaling.predictive",
+            f"{c.pool.scaling.predictive}: GCP's predictive autoscaling forecasts CPU "
+            "utilization only, not a custom metric such as the pool's queue, so the GCP stack "
+            "scales on the queue alone",
+            "schedule capacity ahead of the pool's busy hours with `poolctl warm --suggest "
+            "--cloud gcp` (launch windows from the pool's history)",
+        )
+
+
 @check("utilization-target", "sized near 60 % utilization", "pool")
 def _util(c: Ctx) -> Iterator[Finding]:
     u = c.pool.slo.target_utilization

@@ -1725,3 +1725,52 @@ def test_the_phase_ledger_reads_each_vms_serial_port(fake, ops, cfg, pool, tmp_p
         "weights", "weights: gcloud storage cp failed", False)
     assert {k: (v.n, v.p50_s) for k, v in lg.starts.items()} == {"cold": (1, 308.4)}
     assert len(_calls(fake, "GET", "/serialPort")) == 2
+
+
+def test_warm_suggest_reads_the_running_requests_history_of_the_mig(fake, ops, cfg, pool):
+    """`warm --suggest` on GCP (no forecast of custom metrics there): two days of the nodes'
+    running requests, hourly, from Cloud Monitoring (each VM's hourly mean, summed). By hand:
+    each of 2 VMs runs 48 for the 12 hours from 06:00 UTC (96 in flight: 4 nodes at 6 per
+    replica x 4 replicas of TP 2 per a3-highgpu-8g node), else 12 (24: 1 node, the
+    minimum). One window: 06:00-18:00 UTC, +3 nodes (12 replicas), starting the plan's cold
+    start ahead of 06:00."""
+    import requests
+
+    from poolctl.runtime.suggest import suggest
+
+    deploy(fake, cfg, pool, running=2, stopped=0)
+    vms = [(str(mi["id"]), mi["instance"].split("/zones/")[1].split("/")[0])
+           for mi in fake.instances(PROJECT, REGION, MIG)]
+    this_hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    url = f"{fake.endpoint}/v3/projects/{PROJECT}/timeSeries"
+    for k in range(48, 0, -1):  # in time order, as Cloud Monitoring requires
+        at = this_hour - timedelta(hours=k) + timedelta(minutes=30)
+        value = 48.0 if 6 <= at.hour < 18 else 12.0
+        body = {"timeSeries": [{
+            "metric": {"type": naming.GCP_RUNNING_TYPE,
+                       "labels": {naming.GCP_POOL_LABEL: MIG}},
+            "resource": {"type": "gce_instance", "labels": {
+                "project_id": PROJECT, "instance_id": vm, "zone": zone}},
+            "metricKind": "GAUGE", "valueType": "DOUBLE",
+            "points": [{"interval": {"endTime": at.isoformat().replace("+00:00", "Z")},
+                        "value": {"doubleValue": value}}]} for vm, zone in vms]}
+        r = requests.post(url, json=body, timeout=10)
+        assert r.status_code == 200, r.text
+    target = pool.model_copy(update={"scaling": pool.scaling.model_copy(
+        update={"predictive_target": 6.0})})
+    now = this_hour + timedelta(minutes=1)
+    got = suggest(cfg, target, Cloud.gcp, ops, days=2, now=now)
+    assert (got.hours, got.per_node, got.min_nodes) == (48, 24.0, 1)
+    [s] = got.suggestions
+    assert (s.hours_utc, s.nodes, s.replicas, s.peak_in_flight) == (
+        tuple(range(6, 18)), 3, 12, 96.0)
+    lead = sum(plan_pool(pool, Cloud.gcp).start_phases["cold"].values())
+    assert got.lead_s == pytest.approx(lead, abs=0.5)
+    six = now.replace(hour=6, minute=0)
+    if six - timedelta(seconds=lead) < now:
+        six += timedelta(days=1)
+    assert s.start == six - timedelta(seconds=got.lead_s)
+    assert s.end == six + timedelta(hours=12)
+    [call] = _calls(fake, "GET", "/timeSeries")[-1:]
+    assert call["query"]["aggregation.perSeriesAligner"] == "ALIGN_MEAN"
+    assert call["query"]["aggregation.crossSeriesReducer"] == "REDUCE_SUM"

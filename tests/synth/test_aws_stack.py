@@ -322,7 +322,9 @@ def with_options(tmp_path_factory) -> Path:
         "    aws:\n", f"    aws:\n{OPTIONS}").replace("    serving:\n",
                                                    "    serving:\n      balancer: sticky\n"
         ).replace("  - name: qwen-7b\n", "  - name: qwen-7b\n    slo:\n      tpot_p90_s: 0.05\n"
-                  "      alarm_after_s: 600\n")
+                  "      alarm_after_s: 600\n"
+        ).replace("    scaling:\n", "    scaling:\n      predictive: forecast-and-scale\n"
+                  "      predictive_target: 12.5\n      predictive_buffer_s: 240\n")
     cfg = parse_config(text)
     assert cfg.pools[0].aws and cfg.pools[0].aws.certificate_arn
     (d,) = _synth([(cfg, cfg.targets(None, Cloud.aws))], tmp_path_factory.mktemp("options"))
@@ -341,6 +343,35 @@ def test_options_tls_access_logs_zone_ids(with_options):
         "acme-qwen-7b-private-0": "usw2-az1", "acme-qwen-7b-private-1": "usw2-az3",
         "acme-qwen-7b-private-2": "usw2-az4", "acme-qwen-7b-nat": "usw2-az1"}
     assert not any("availability_zone" in v for v in subnets.values())
+
+
+def test_predictive_scaling_forecasts_requests_in_flight(stacks, with_options):
+    """scaling.predictive: one PredictiveScaling policy, the file's mode, lead time and target
+    (12.5 in flight per replica x 8 replicas of TP 1 per p4d node = 100 per node); the load
+    is the pool's running requests plus the queue per replica x 8 (Sum), the scaling metric
+    the same per node (Average). Without the key (the examples), no such policy."""
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
+    [policy] = [p for p in resources(doc, "aws_autoscaling_policy")
+                if p["policy_type"] == "PredictiveScaling"]
+    cfg = policy["predictive_scaling_configuration"]
+    assert (cfg["mode"], cfg["scheduling_buffer_time"], cfg["max_capacity_breach_behavior"]) == (
+        "ForecastAndScale", "240", "HonorMaxCapacity")
+    spec = cfg["metric_specification"]
+    assert spec["target_value"] == 100
+    for key, stat in (("customized_load_metric_specification", "Sum"),
+                      ("customized_scaling_metric_specification", "Average")):
+        queries = spec[key]["metric_data_queries"]
+        assert [(q["id"], q.get("metric_stat", {}).get("stat"), q["return_data"])
+                for q in queries] == [("running", stat, False), ("waiting", stat, False),
+                                      ("in_flight", None, True)]
+        assert queries[2]["expression"] == "running + waiting * 8"
+        assert [q["metric_stat"]["metric"]["metric_name"] for q in queries[:2]] == [
+            "RunningRequests", "RequestsWaitingPerReplica"]
+    assert policy["name"].endswith("-predictive")
+    for name, stack in stacks.items():
+        if name.endswith("-aws"):
+            assert not [p for p in resources(stack["json"], "aws_autoscaling_policy")
+                        if p["policy_type"] == "PredictiveScaling"], name
 
 
 def test_sticky_balancer_is_target_group_stickiness(stacks, with_options):

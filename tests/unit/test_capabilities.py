@@ -25,8 +25,8 @@ def test_aws_declares_its_capabilities():
     aws = registry.driver(Cloud.aws)
     assert [c.__name__ for c in aws.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsBootFailures", "ReportsBootPhases", "ReportsServing", "KeepsWarmSizes",
-        "BoundsGroupMaximum", "ChecksCapacity",
+        "ReportsBootFailures", "ReportsBootPhases", "ReportsServing", "ForecastsLoad",
+        "ReadsLoadHistory", "KeepsWarmSizes", "BoundsGroupMaximum", "ChecksCapacity",
         "ReportsLaunchFailures", "SchedulesWindows", "SchedulesWarmWindows",
         "BuysCapacityBlocks", "RunsBlockWindows",
         "DeployChecks", "SendsInstanceKeys", "KeepsNodeImages", "PreparesImageBuilds"]
@@ -37,7 +37,8 @@ def test_gcp_declares_its_capabilities():
     gcp = registry.driver(Cloud.gcp)
     assert [c.__name__ for c in gcp.capabilities] == [
         "RequestsQuota", "CancelsRollouts", "RollsBackRollouts", "PublishesQueueMetric",
-        "ReportsBootPhases", "ReportsServing", "StepsRollouts", "ChecksCapacity",
+        "ReportsBootPhases", "ReportsServing", "ReadsLoadHistory", "StepsRollouts",
+        "ChecksCapacity",
         "ReportsLaunchFailures",
         "SchedulesWindows", "ReservesCalendarCapacity", "ImportsLoginKeys", "KeepsNodeImages"]
     assert issubclass(gcp.ops_class, base.CloudOps) and gcp.ops_class.cloud == Cloud.gcp

@@ -170,7 +170,9 @@ def test_every_check_has_a_test_above():
               "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
               "sticky-per-node",
               # tests/unit/test_capacity_fallback.py and test_hostile_configs.py:
-              "fallback-types", "fallback-warm-pool"}
+              "fallback-types", "fallback-warm-pool",
+              # tests/unit/test_predictive.py:
+              "predictive-where-offered"}
     assert {c.id for c in CHECKS} <= tested
 
 

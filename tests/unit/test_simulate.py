@@ -205,6 +205,14 @@ def test_recommendation_is_minimal(pool, azure):
     rpn = plan_pool(pool, "aws").replicas_per_node
     assert rec.min_replicas == -(-need // rpn) * rpn
     assert rec.max_replicas >= rec.min_replicas
+    # scaling.predictive_target: the requests in flight per replica at that size, by Little's
+    # law the throughput times the mean time in the system (both over the run's horizon,
+    # the drain after the last arrival included), over the replicas
+    at = rec.at_min
+    assert at.mean_in_system == pytest.approx(
+        at.completed / at.horizon_s * at.mean_time_in_system_s, rel=0.01)
+    assert rec.predictive_target == pytest.approx(at.mean_in_system / need, abs=0.05)
+    assert rec.to_json()["predictive_target"] == rec.predictive_target
 
 
 def test_warm_nodes_start_faster_than_cold(pool):

@@ -31,13 +31,17 @@ from poolctl.cloud import Cloud
 from poolctl.clouds.records import BlockOffering as BlockOffering
 from poolctl.clouds.records import BlockWindow as BlockWindow
 from poolctl.clouds.records import BoughtBlock as BoughtBlock
+from poolctl.clouds.records import CapacityReport as CapacityReport
+from poolctl.clouds.records import ForecastHour as ForecastHour
 from poolctl.clouds.records import Found as Found
 from poolctl.clouds.records import ImageRow as ImageRow
+from poolctl.clouds.records import LoadForecast as LoadForecast
 from poolctl.clouds.records import Purchase as Purchase
+from poolctl.clouds.records import ReservationRow as ReservationRow
 from poolctl.clouds.records import ServingPrediction as ServingPrediction
 from poolctl.clouds.records import ServingWindow as ServingWindow
+from poolctl.clouds.records import ZoneCapacity as ZoneCapacity
 from poolctl.config import Config, Pool
-from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.inventory import Endpoint, LogEvent, PoolRow
 from poolctl.sizing import HeldCapacity, PoolPlan, QuotaNeed, held_capacity, hourly_cost
@@ -266,6 +270,10 @@ class PoolStatus:
     unused_blocks: list[BoughtBlock] = field(default_factory=list)
     pending_purchases: list[Purchase] = field(default_factory=list)
     price_per_node_hour_usd: float = 0.0  # the catalog's, as `plan` prices the pool
+    # The predictive policy's forecast beside what happened (ForecastsLoad), and the lead
+    # time it launches with (None: the file asks for no predictive scaling).
+    forecast: LoadForecast | None = None
+    forecast_buffer_s: int | None = None
 
     def cost_per_hour_usd(self) -> float:
         """What the pool costs per hour now: its nodes up (stopped warm ones are not
@@ -307,6 +315,9 @@ class PoolStatus:
             "warm_windows_kept_nodes": self.warm_windows_kept,
             "unused_blocks": [b.to_json() for b in self.unused_blocks],
             "pending_purchases": [p.to_json() for p in self.pending_purchases],
+            "predictive": (None if self.forecast_buffer_s is None else {
+                "buffer_s": self.forecast_buffer_s,
+                "forecast": self.forecast.to_json() if self.forecast else None}),
         }
 
     def _window(self, w: Window) -> dict[str, Any]:
@@ -434,6 +445,26 @@ class ReportsServing(ABC):
         """The last `window_s` seconds; None when the nodes published nothing in them."""
 
 
+class ForecastsLoad(ABC):
+    """The cloud forecasts the pool's load from its history (AWS predictive scaling)."""
+
+    @abstractmethod
+    def load_forecast(self, group: Group, policy: str, hours_back: int, hours_ahead: int
+                      ) -> LoadForecast | None:
+        """The policy's hourly forecast from `hours_back` hours ago to `hours_ahead` ahead,
+        beside the load that happened; None when the group has no such policy."""
+
+
+class ReadsLoadHistory(ABC):
+    """The pool's load, hour by hour, from the metrics its nodes publish (`warm --suggest`)."""
+
+    @abstractmethod
+    def load_history(self, group: Group, days: int, replicas_per_node: int
+                     ) -> dict[datetime, float]:
+        """UTC hour start -> the mean requests in flight on the pool's nodes over that hour,
+        for the last `days` days (hours without datapoints left out)."""
+
+
 class ReportsBootPhases(ABC):
     @abstractmethod
     def boot_ledger(self, group: Group, nodes: list[NodeState]) -> dict[str, list[BootRecord]]:
@@ -489,85 +520,6 @@ class StepsRollouts(ABC):
     def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
         """After `destroy`: delete the versions kept outside Terraform's state (rollback
         targets): {"deleted", "failed"}."""
-
-
-@dataclass
-class ReservationRow:
-    """One capacity reservation as the cloud describes it."""
-
-    id: str
-    instance_type: str
-    zone: str
-    total: int
-    available: int
-    state: str  # active | expired | cancelled | scheduled | ...
-    match_criteria: str  # open | targeted
-    end: str | None  # ISO time it ends; None: unlimited
-    kind: str = "default"  # default | capacity-block
-    pool_in_use: int = 0  # the pool's own nodes running in it
-    start: str | None = None  # ISO time it starts (a Capacity Block's, or a future one's)
-
-    @property
-    def in_use(self) -> int:
-        """Instances running in it. Only an active reservation holds any: EC2 reports a
-        scheduled (or expired, cancelled) one with AvailableInstanceCount 0, which is no
-        instance in use."""
-        return self.total - self.available if self.state == "active" else 0
-
-
-@dataclass
-class ZoneCapacity:
-    zone: str
-    offered: bool  # the zone offers the instance type
-    reservations: list[ReservationRow] = field(default_factory=list)
-
-    @property
-    def held(self) -> int:
-        """Nodes the pool can count on here: free slots and the slots it already fills."""
-        return sum(r.available + r.pool_in_use for r in self.reservations
-                   if r.state == "active")
-
-
-@dataclass
-class CapacityReport:
-    """What the placement's zones offer the pool, and its peak beyond its reservations."""
-
-    pool: str
-    cloud: Cloud
-    region: str
-    instance_type: str
-    preference: str
-    needs: dict[str, int]  # nodes at min, warm, surge, max, peak (max + surge + running warm)
-    zones: list[ZoneCapacity]
-
-    @property
-    def held(self) -> int:
-        return sum(z.held for z in self.zones if z.offered)
-
-    @property
-    def beyond(self) -> dict[str, int]:
-        """Per level of need, the nodes no reservation covers (On-Demand, or a failed
-        launch under reservations-only)."""
-        return {k: max(0, v - self.held) for k, v in self.needs.items()
-                if k in ("min", "max", "peak")}
-
-    @property
-    def only_reserved(self) -> bool:
-        """Whether a launch beyond the reservations fails (reservations-only, or a pool on a
-        Capacity Block, whose every launch targets the block)."""
-        return self.preference in ("reservations-only", CAPACITY_BLOCK)
-
-    @property
-    def ok(self) -> bool:
-        return not self.only_reserved or self.beyond["peak"] == 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pool": self.pool, "cloud": self.cloud, "region": self.region,
-                "instance_type": self.instance_type, "preference": self.preference,
-                "needs": self.needs, "held": self.held, "beyond": self.beyond, "ok": self.ok,
-                "zones": [{"zone": z.zone, "offered": z.offered, "held": z.held,
-                           "reservations": [{**asdict(r), "in_use": r.in_use}
-                                            for r in z.reservations]} for z in self.zones]}
 
 
 def failures_line(failures: list[LaunchFailure]) -> str:
@@ -793,7 +745,8 @@ class PreparesImageBuilds(ABC):
 # Every capability above, in the order `poolctl.clouds.registry` lists a cloud's.
 CAPABILITIES: tuple[type[ABC], ...] = (
     RequestsQuota, CancelsRollouts, RollsBackRollouts, PublishesQueueMetric,
-    ReportsBootFailures, ReportsBootPhases, ReportsServing, KeepsWarmSizes,
+    ReportsBootFailures, ReportsBootPhases, ReportsServing, ForecastsLoad, ReadsLoadHistory,
+    KeepsWarmSizes,
     BoundsGroupMaximum, StepsRollouts, ChecksCapacity, ReportsLaunchFailures, SchedulesWindows,
     SchedulesWarmWindows, BuysCapacityBlocks, RunsBlockWindows, ReservesCalendarCapacity,
     DeployChecks, SendsInstanceKeys, ImportsLoginKeys, KeepsNodeImages, PreparesImageBuilds)

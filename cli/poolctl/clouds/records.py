@@ -1,6 +1,7 @@
 """Records of what a cloud sold or holds for a pool, shared by the clouds' code and the
 cloud-neutral runtime: Capacity Block offers and bought blocks, the purchase ledger's
-steps, windows on blocks, node images, resources an interrupted apply left behind.
+steps, windows on blocks, node images, resources an interrupted apply left behind, the
+reservations a placement's zones hold, a predictive policy's forecast.
 `poolctl.clouds.base` names them with the capabilities that return them."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from poolctl.cloud import Cloud
+from poolctl.contract.aws import CAPACITY_BLOCK
 from poolctl.windows import Window
 
 
@@ -190,3 +193,112 @@ class ServingPrediction:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class ReservationRow:
+    """One capacity reservation as the cloud describes it."""
+
+    id: str
+    instance_type: str
+    zone: str
+    total: int
+    available: int
+    state: str  # active | expired | cancelled | scheduled | ...
+    match_criteria: str  # open | targeted
+    end: str | None  # ISO time it ends; None: unlimited
+    kind: str = "default"  # default | capacity-block
+    pool_in_use: int = 0  # the pool's own nodes running in it
+    start: str | None = None  # ISO time it starts (a Capacity Block's, or a future one's)
+
+    @property
+    def in_use(self) -> int:
+        """Instances running in it. Only an active reservation holds any: EC2 reports a
+        scheduled (or expired, cancelled) one with AvailableInstanceCount 0, which is no
+        instance in use."""
+        return self.total - self.available if self.state == "active" else 0
+
+
+@dataclass
+class ZoneCapacity:
+    zone: str
+    offered: bool  # the zone offers the instance type
+    reservations: list[ReservationRow] = field(default_factory=list)
+
+    @property
+    def held(self) -> int:
+        """Nodes the pool can count on here: free slots and the slots it already fills."""
+        return sum(r.available + r.pool_in_use for r in self.reservations
+                   if r.state == "active")
+
+
+@dataclass
+class CapacityReport:
+    """What the placement's zones offer the pool, and its peak beyond its reservations."""
+
+    pool: str
+    cloud: Cloud
+    region: str
+    instance_type: str
+    preference: str
+    needs: dict[str, int]  # nodes at min, warm, surge, max, peak (max + surge + running warm)
+    zones: list[ZoneCapacity]
+
+    @property
+    def held(self) -> int:
+        return sum(z.held for z in self.zones if z.offered)
+
+    @property
+    def beyond(self) -> dict[str, int]:
+        """Per level of need, the nodes no reservation covers (On-Demand, or a failed
+        launch under reservations-only)."""
+        return {k: max(0, v - self.held) for k, v in self.needs.items()
+                if k in ("min", "max", "peak")}
+
+    @property
+    def only_reserved(self) -> bool:
+        """Whether a launch beyond the reservations fails (reservations-only, or a pool on a
+        Capacity Block, whose every launch targets the block)."""
+        return self.preference in ("reservations-only", CAPACITY_BLOCK)
+
+    @property
+    def ok(self) -> bool:
+        return not self.only_reserved or self.beyond["peak"] == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "cloud": self.cloud, "region": self.region,
+                "instance_type": self.instance_type, "preference": self.preference,
+                "needs": self.needs, "held": self.held, "beyond": self.beyond, "ok": self.ok,
+                "zones": [{"zone": z.zone, "offered": z.offered, "held": z.held,
+                           "reservations": [{**asdict(r), "in_use": r.in_use}
+                                            for r in z.reservations]} for z in self.zones]}
+
+
+@dataclass(frozen=True)
+class ForecastHour:
+    """One UTC hour of a predictive policy's forecast, beside what happened in it."""
+
+    start: datetime
+    load: float | None  # forecast load, in the load metric's units (hourly Sum)
+    capacity: float | None  # forecast nodes
+    actual_load: float | None  # the load metric as it was (None: ahead, or no datapoint)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start.isoformat(), "load": self.load, "capacity": self.capacity,
+                "actual_load": self.actual_load}
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    """A predictive scaling policy's forecast (AWS GetPredictiveScalingForecast) and the load
+    metric's hourly values over the same hours (GetMetricData)."""
+
+    policy: str
+    mode: str  # ForecastOnly | ForecastAndScale
+    hours: list[ForecastHour]
+    updated: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy, "mode": self.mode,
+                "updated": self.updated.isoformat() if self.updated else None,
+                "hours": [h.to_json() for h in self.hours]}

@@ -36,6 +36,7 @@ from poolctl.config import Target, json_schema
 from poolctl.errors import UsageError
 from poolctl.files import replace_file
 from poolctl.node_image import NodeImage, recorded_node_image
+from poolctl.predictive import predictive
 from poolctl.rules import TrafficNeed, errors, exit_code, run_checks
 from poolctl.sizing import nodes_for, plan_pool, quota_totals
 
@@ -117,17 +118,22 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
                             {k: v[0] for k, v in starts.items()})
     if json_out:
         entries = [p.to_json() for p in plans]
-        for e, t in zip(entries, tgts, strict=True):
+        for e, t, pl in zip(entries, tgts, plans, strict=True):
             e["start_times"] = starts[(t.pool.name, t.cloud)][1]
+            if t.cloud == Cloud.aws and (ahead := predictive(t.pool, pl)) is not None:
+                e["predictive"] = ahead.to_json()
             if (t.pool.name, t.cloud) in recs:
                 e["recommendation"] = recs[(t.pool.name, t.cloud)].to_json()
         emit_json({"project": cfg.project, "pools": entries, "quota_totals": totals})
         return
     render_plans(plans)
-    for t in tgts:
+    for t, pl in zip(tgts, plans, strict=True):
         console().print(start_words(f"{t.pool.name}/{t.cloud}",
                                     starts[(t.pool.name, t.cloud)][1]), markup=False,
                         soft_wrap=True)
+        if t.cloud == Cloud.aws and (ahead := predictive(t.pool, pl)) is not None:
+            console().print(f"{t.pool.name}/{t.cloud}: {ahead.line()}", markup=False,
+                            soft_wrap=True)
     render_quota_totals(totals)
     if recs:
         render_recommendations(tgts, plans, recs)
@@ -231,6 +237,9 @@ def render_recommendations(tgts: list[Target], plans: list[PoolPlan], recs: Recs
         t.add_row("utilization at min", "", f"{r['utilization']:.2f}")
         usd = r["usd_per_1m_output_tokens"]
         t.add_row("USD per 1M output tokens", "", "-" if usd is None else f"${usd:,.3f}")
+        t.add_row("scaling.predictive_target", str(p.scaling.predictive_target or ""),
+                  "-" if r["predictive_target"] is None
+                  else f"{r['predictive_target']:g} in flight per replica")
         t.add_row("requests over max_model_len", "",
                   f"{r['requests_over_max_model_len']:,} of {r['requests']:,} (refused: "
                   f"prompt + output > {r['max_model_len']:,})")

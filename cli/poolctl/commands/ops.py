@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -34,8 +36,10 @@ from poolctl.commands.common import (
 )
 from poolctl.errors import UsageError
 from poolctl.inventory import API_KEY_VAR
+from poolctl.predictive import MAX_BUFFER_S
 from poolctl.runtime.common import watch_hint
 from poolctl.runtime.purchases import pending_line, pool_lock, unused_line
+from poolctl.runtime.suggest import suggest
 from poolctl.sizing import nodes_for, plan_pool
 from poolctl.starts import KindStarts
 from poolctl.windows import parse_time
@@ -97,11 +101,29 @@ def warm(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="With --reserve: buy it, then schedule the "
                            "window.")] = False,
+    suggest: Annotated[
+        bool, typer.Option("--suggest", help="Launch windows from the pool's own history: the "
+                           "hours of the day whose load needs more than the minimum, as "
+                           "`warm --from/--until` commands; schedules nothing.")] = False,
+    days: Annotated[int, typer.Option(
+        "--days", parser=whole(1, 14, "days"), metavar="N",
+        help="With --suggest: the days of history to read (1 to 14).")] = 7,
     sandbox: SandboxOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Prepare N replicas of spare capacity before a launch, now or for a window."""
 
+    if suggest:
+        given = [f for f, v in (("--replicas", replicas is not None), ("--running", running),
+                                ("--wait", wait), ("--reset", reset), ("--exact", exact),
+                                ("--from", start is not None), ("--until", until is not None),
+                                ("--list", list_), ("--cancel", cancel is not None),
+                                ("--reserve", reserve), ("--yes", yes)) if v]
+        if given:
+            raise UsageError(f"--suggest: reads the pool's history and changes nothing; "
+                             f"drop {', '.join(given)}")
+        _suggest(cloud, file, pool, days, sandbox, json_out)
+        return
     if reserve and (start is None or until is None):
         raise UsageError("--reserve: capacity is bought for a window; give --from and --until")
     if yes and not reserve:
@@ -238,11 +260,74 @@ def serving_line(s: PoolStatus, window: int) -> str:
     return head + "; ".join(parts)
 
 
+def _suggest(cloud: Cloud | None, file: Path | None, pool: str | None, days: int,
+             sandbox: bool, json_out: bool) -> None:
+    ctx = resolve_target(file, pool, cloud, sandbox)
+    got = suggest(ctx.cfg, ctx.pool, ctx.cloud, ctx.ops, days)
+    if json_out:
+        emit_json(got.to_json())
+        return
+    con = console()
+    head = (f"{got.pool}/{got.cloud}: {got.hours} hour(s) of load over {got.days} day(s), "
+            f"{got.per_node:g} requests in flight per node (scaling.predictive_target), "
+            f"minimum {got.min_nodes} node(s)")
+    con.print(head, markup=False, soft_wrap=True)
+    if not got.suggestions:
+        con.print("  no hour of the day needs more than the minimum: no window to schedule",
+                  markup=False, soft_wrap=True)
+        return
+    con.print(f"  windows start {got.lead_s:.0f} s ahead ({got.lead_source}):", markup=False,
+              soft_wrap=True)
+    where = " --sandbox" if sandbox else ""
+    for sg in got.suggestions:
+        hours = f"{sg.hours_utc[0]:02d}:00-{(sg.hours_utc[-1] + 1) % 24:02d}:00 UTC"
+        con.print(f"  {hours}: up to {sg.peak_in_flight:,.0f} in flight, +{sg.nodes} node(s)",
+                  markup=False, soft_wrap=True)
+        con.print(f"    poolctl warm --cloud {got.cloud} --pool {got.pool}{where} --replicas "
+                  f"{sg.replicas} --running --from {sg.start.isoformat(timespec='seconds')} "
+                  f"--until {sg.end.isoformat(timespec='seconds')}".replace("+00:00", "Z"),
+                  markup=False, soft_wrap=True)
+
+
 def starts_line(starts: dict[str, KindStarts]) -> str:
     """The pool's measured start times by kind (the phase ledger; `poolctl nodes` per node)."""
     return "starts (measured, power-on to serving): " + "; ".join(
         f"{k.replace('_', ' ')} p50 {v.p50_s:g} s, p90 {v.p90_s:g} s ({v.n} boot"
         f"{'s' if v.n > 1 else ''})" for k, v in starts.items())
+
+
+def forecast_lines(s: PoolStatus) -> list[str]:
+    """The predictive policy: its forecast for this hour and the next beside the nodes in
+    service, how far its forecast of the last hours was from what happened, and whether
+    the pool's measured starts fit in the lead time it launches with."""
+    if s.forecast_buffer_s is None:
+        return []
+    fc = s.forecast
+    if fc is None:
+        return ["forecast: no predictive policy on the group yet (scaling.predictive is set: "
+                "deploy it)"]
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    cap = {h.start: h.capacity for h in fc.hours}
+    this, nxt = cap.get(now), cap.get(now + timedelta(hours=1))
+    if this is None and nxt is None:
+        head = (f"forecast ({fc.mode}): none yet: AWS forecasts once the load metric has 24 "
+                "hours of history")
+    else:
+        def n(v: float | None) -> str:
+            return "-" if v is None else f"{v:g}"
+        head = (f"forecast ({fc.mode}): {n(this)} node(s) this hour, {n(nxt)} next; "
+                f"{s.counts()['in_service']} in service")
+        err = runtime.forecast_error(fc)
+        if err is not None:
+            head += (f"; its load forecast of the last {err[1]} hour(s) was off by "
+                     f"{err[0]:.0%} of what happened (mean absolute error)")
+    out = [head]
+    slow = {k: v.p90_s for k, v in s.starts.items() if k == "cold"}
+    if slow and slow["cold"] > s.forecast_buffer_s:
+        out.append(f"forecast: nodes launch {s.forecast_buffer_s} s ahead, but a cold start "
+                   f"measured p90 {slow['cold']:g} s: set scaling.predictive_buffer_s: "
+                   f"{min(MAX_BUFFER_S, math.ceil(slow['cold']))} and deploy")
+    return out
 
 
 def model_lines(s: PoolStatus, fit_hint: str = "poolctl perf fit") -> list[str]:
@@ -339,6 +424,8 @@ def status(
             con.print(f"  boot failed: {s.boot_failure}", markup=False, soft_wrap=True)
         if s.starts:
             con.print("  " + starts_line(s.starts), markup=False, soft_wrap=True)
+        for line in forecast_lines(s):
+            con.print("  " + line, markup=False, soft_wrap=True)
         for w in s.windows:
             when = f"from {w.start.isoformat(timespec='seconds')} " if w.start else "begun, "
             con.print(f"  window {w.id}: +{w.nodes} node(s) ({w.nodes * rpn} replicas) {when}"

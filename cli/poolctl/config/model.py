@@ -303,6 +303,26 @@ class Scaling(CoreModel):
         default=900, ge=0, le=MAX_SECONDS,
         description="Seconds a lower recommendation must hold before scaling in."
     )
+    predictive: Literal["off", "forecast", "forecast-and-scale"] = Field(
+        default="off",
+        description="Capacity ahead of demand (AWS predictive scaling on the pool's requests in "
+        "flight): `forecast` only forecasts (status shows it against what happened), "
+        "`forecast-and-scale` also launches nodes `predictive_buffer_s` before the forecast "
+        "load. GCP's predictive autoscaling forecasts CPU only, so the GCP stack has none: "
+        "`poolctl warm --suggest` proposes launch windows from the pool's history instead.",
+    )
+    predictive_target: Num | None = Field(
+        default=None, gt=0, le=65_536,
+        description="Requests in flight (running and waiting) per replica that the forecast "
+        "sizes for; required with `predictive`. `plan --traffic` prints it for a trace: the "
+        "mean in flight per replica at the recommended size.",
+    )
+    predictive_buffer_s: Int | None = Field(
+        default=None, ge=0, le=3599,
+        description="Seconds before the forecast load that nodes launch (AWS's scheduling "
+        "buffer, less than its forecast interval of 3,600); unset: the plan's cold start. "
+        "`status` says when the pool's measured starts take longer.",
+    )
 
 
 class WarmPool(CoreModel):
@@ -433,6 +453,17 @@ class Pool(CoreModel):
     def _has_placement(self) -> Pool:
         if self.aws is None and self.gcp is None:
             raise ValueError("a pool needs an `aws:` or a `gcp:` placement (or both)")
+        return self
+
+    @model_validator(mode="after")
+    def _predictive_target(self) -> Pool:
+        s = self.scaling
+        if s.predictive != "off" and s.predictive_target is None:
+            raise invalid("Pool", ("scaling", "predictive_target"),
+                          f"required with predictive: {s.predictive}: the requests in flight "
+                          "(running and waiting) one replica serves within the SLO; `poolctl "
+                          "plan --traffic TRACE` prints it for your traffic (predictive_target)",
+                          None)
         return self
 
     @model_validator(mode="after")

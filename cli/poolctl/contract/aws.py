@@ -40,6 +40,11 @@ ON_DEMAND_ALLOCATION = "prioritized"
 CAPACITY_BLOCK = "capacity-block"
 
 
+def predictive_policy(group: str) -> str:
+    """The pool's predictive scaling policy (`scaling.predictive`), which `status` reads."""
+    return f"{group}-predictive"
+
+
 def launch_types(pool: Pool) -> list[str]:
     """The types the group launches, in order; more than one: a mixed instances policy."""
     assert pool.aws is not None  # asked for the pool's aws placement

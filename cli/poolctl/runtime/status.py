@@ -12,6 +12,8 @@ from poolctl.capacity import run_pool
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
+    ForecastsLoad,
+    LoadForecast,
     NodeState,
     PoolStatus,
     PublishesQueueMetric,
@@ -25,7 +27,9 @@ from poolctl.clouds.base import (
     ServingWindow,
 )
 from poolctl.config import Config, Pool
+from poolctl.contract import aws as contract_aws
 from poolctl.histograms import TPOT_BUCKETS, TTFT_BUCKETS, read_back
+from poolctl.predictive import predictive
 from poolctl.runtime.ledger import pool_ledger
 from poolctl.runtime.purchases import bought_blocks, unanswered
 from poolctl.runtime.records import annotate_rollout, load_record
@@ -46,6 +50,10 @@ DRIFT_WARN = 0.25
 # queueing on the pool's capacity (and its scaling), not the model; no drift is judged.
 DRIFT_QUEUE_MAX = 0.5
 PREDICT_MIN_S = 600.0  # simulate at least this much of the observed load (steady state)
+# The predictive policy's forecast `status` shows: the last hours (what it forecast for them,
+# beside what happened) and the next.
+FORECAST_BACK_H = 6
+FORECAST_AHEAD_H = 2
 
 
 def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
@@ -99,6 +107,10 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
     used = {bw.block for bw in bws}
     known = ({b.window or "" for b in blocks} | {w.id for w in windows}
              | {w.id for w in warm_windows} | {bw.window.id for bw in bws})
+    ahead = predictive(pool, plan) if cloud == Cloud.aws else None
+    forecast = (ops.load_forecast(group, contract_aws.predictive_policy(group.name),
+                                  FORECAST_BACK_H, FORECAST_AHEAD_H)
+                if ahead is not None and isinstance(ops, ForecastsLoad) else None)
     return PoolStatus(pool=pool.name, cloud=cloud, group=group,
                       replicas_per_node=plan.replicas_per_node, nodes=nodes, rollout=rollout,
                       queue_per_replica=queue, capacity_failures=failures,
@@ -112,7 +124,20 @@ def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
                       unused_blocks=[b for b in blocks if b.id not in used],
                       pending_purchases=unanswered(cfg, pool, cloud, known),
                       price_per_node_hour_usd=plan.price_per_node_hour_usd,
-                      starts=ledger.starts if ledger is not None else {})
+                      starts=ledger.starts if ledger is not None else {},
+                      forecast=forecast,
+                      forecast_buffer_s=ahead.buffer_s if ahead is not None else None)
+
+
+def forecast_error(fc: LoadForecast) -> tuple[float, int] | None:
+    """How far the forecast load was from what happened: mean absolute error over the
+    mean load, and the hours that had both; None when no hour had both."""
+    pairs = [(h.load, h.actual_load) for h in fc.hours
+             if h.load is not None and h.actual_load is not None]
+    total = sum(a for _, a in pairs)
+    if not pairs or total <= 0:
+        return None
+    return sum(abs(f - a) for f, a in pairs) / total, len(pairs)
 
 
 

@@ -9,13 +9,14 @@ from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
+from poolctl.predictive import predictive
 from poolctl.sizing import PoolPlan, instance_row
 from poolctl_stacks._providers import aws
 from poolctl_stacks.aws.iam import LogsKey, NodeRole
 from poolctl_stacks.aws.monitoring import SloMonitoring
 from poolctl_stacks.aws.network import Network
 from poolctl_stacks.aws.pool import LoadBalancer, NodeGroup
-from poolctl_stacks.aws.scaling import QueueScaling
+from poolctl_stacks.aws.scaling import PredictiveScaling, QueueScaling
 from poolctl_stacks.aws.windows import WindowScheduler
 from poolctl_stacks.base import PoolStack
 
@@ -71,6 +72,9 @@ class AwsPoolStack(PoolStack):
                                                              from_image=True),
                           ami_id=raw_placement.ami_id, tags=tags)
         QueueScaling(self, "scaling", pool=pool, plan=plan, asg_name=nodes.asg.name, tags=tags)
+        if (ahead := predictive(pool, plan)) is not None:
+            PredictiveScaling(self, "predictive", figures=ahead, group=nodes.asg.name,
+                              rpn=plan.replicas_per_node)
         SloMonitoring(self, "monitoring", pool=pool, group=name, region=placement.region,
                       topic_arn=placement.alarm_topic_arn, tags=tags)
         if plan.nodes.warm:  # launch windows of warm nodes raise the pool's warm pool

@@ -25,6 +25,7 @@ from poolctl.cloud import Cloud
 from poolctl.clouds.aws.blocks import BlockGroups
 from poolctl.clouds.aws.capacity import Ec2Capacity
 from poolctl.clouds.aws.deploys import AwsDeployChecks
+from poolctl.clouds.aws.forecasts import PredictiveForecasts
 from poolctl.clouds.aws.images import AwsImages
 from poolctl.clouds.aws.inventory import AwsInventory
 from poolctl.clouds.aws.quota import ServiceQuotas
@@ -61,7 +62,7 @@ class AwsOps(ServiceQuotas, InstanceRefreshes, AwsInventory, Ec2Capacity, Schedu
              WarmPoolSchedules, CapacityBlocks, BlockGroups, AwsDeployChecks, AwsImages,
              CloudOps,
              PublishesQueueMetric, ReportsBootFailures, ReportsBootPhases, ReportsServing,
-             KeepsWarmSizes,
+             PredictiveForecasts, KeepsWarmSizes,
              BoundsGroupMaximum):
     """The pool's Auto Scaling group at runtime (quotas, rollouts and inventory from the
     classes it builds on)."""

@@ -31,6 +31,7 @@ from poolctl.clouds.base import (
     ImportsLoginKeys,
     NodeState,
     PublishesQueueMetric,
+    ReadsLoadHistory,
     ReportsBootPhases,
     ReportsServing,
     ServingWindow,
@@ -79,7 +80,8 @@ def running_nodes(pages: Any, region: str) -> list[tuple[str, str, str | None]]:
 
 class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapacity,
              GcpReservations, CalendarReservations, GcpImages, CloudOps,
-             PublishesQueueMetric, ReportsServing, ReportsBootPhases, ImportsLoginKeys):
+             PublishesQueueMetric, ReportsServing, ReportsBootPhases, ReadsLoadHistory,
+             ImportsLoginKeys):
     """The pool's MIG at runtime (quotas, rollouts, inventory and the MIG reads from the
     classes it builds on)."""
 
@@ -303,6 +305,38 @@ class GcpOps(GcpQuotas, CanaryRollouts, GcpInventory, ScalingSchedules, MigCapac
             ttft_within=ttft.within(ttft_slo_s),
             tpot_within=tpot.within(tpot_slo_s) if tpot_slo_s is not None else None,
             kv_usage=means["kv"], running=means["running"], queue_per_replica=queue)
+
+
+    def load_history(self, group: Group, days: int, replicas_per_node: int
+                     ) -> dict[datetime, float]:
+        """The nodes' running requests (labelled pool=<the MIG>), each VM's hourly mean summed
+        over the VMs (ALIGN_MEAN + REDUCE_SUM, one-hour periods). The queue is not in it: its
+        series carry no pool label (the autoscaler reads them per VM), and the VMs of past
+        days are gone, so a saturated hour reads as the load the nodes could run."""
+        project, _, name = mig_ref(group)
+        end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        params = {
+            "filter": f'metric.type = "{naming.GCP_RUNNING_TYPE}" AND resource.type = '
+                      f'"gce_instance" AND metric.labels.{naming.GCP_POOL_LABEL} = "{name}"',
+            "interval.startTime": _stamp(end - timedelta(days=days)),
+            "interval.endTime": _stamp(end),
+            "aggregation.alignmentPeriod": "3600s",
+            "aggregation.perSeriesAligner": "ALIGN_MEAN",
+            "aggregation.crossSeriesReducer": "REDUCE_SUM",
+        }
+        out: dict[datetime, float] = {}
+        while True:
+            page = self.monitoring(f"projects/{project}/timeSeries", params,
+                                   f"read {naming.GCP_RUNNING_TYPE} of {name}")
+            for ts in page.get("timeSeries", []):
+                for pt in ts.get("points", []):
+                    v = pt.get("value", {}).get("doubleValue")
+                    start = pt.get("interval", {}).get("startTime")
+                    if v is not None and start:
+                        out[datetime.fromisoformat(start.replace("Z", "+00:00"))] = float(v)
+            if not page.get("nextPageToken"):
+                return out
+            params["pageToken"] = page["nextPageToken"]
 
 
 class _Dist:

@@ -14,6 +14,8 @@ Features (FEATURES, in the order they are installed):
                     reservation preference
   activities        scaling activities of every launch, launches retried after a failure
   schedules         scheduled actions, run when the sandbox clock (an offset) reaches them
+  forecasts         predictive scaling: GetPredictiveScalingForecast from the load metric's
+                    history, and ForecastAndScale raising capacity ahead of it
   scheduler         EventBridge Scheduler one-time schedules (PutWarmPool), run on that clock
   capacity_blocks   Capacity Block offerings priced from the catalog, and their purchase
   quotas            Service Quotas for ec2 (moto knows only vpc)
@@ -54,6 +56,7 @@ from poolctl.sandbox.extensions import (
     capacity_reservations,
     faults,
     fixes,
+    forecasts,
     instance_connect,
     lifecycle,
     percentiles,
@@ -91,7 +94,7 @@ class Feature(Protocol):
 # capacity after lifecycle: it checks a new group's capacity settings before hooks exist.
 FEATURES: tuple[Feature, ...] = (
     fixes, lifecycle, warm_pool, refresh, capacity, capacity_groups, capacity_reservations,
-    capacity_blocks, activities, schedules,
+    capacity_blocks, activities, schedules, forecasts,
     scheduler, quotas, instance_connect,
     self_boot, serving_nodes, balancers, autoscaler, percentiles, retries, faults, snapshots,
     admin,

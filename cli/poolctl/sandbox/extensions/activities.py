@@ -37,7 +37,14 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from poolctl.sandbox.extensions.common import LOCK, all_backends, now, stored, warm_states
+from poolctl.sandbox.extensions.common import (
+    LOCK,
+    all_backends,
+    before_each_call,
+    now,
+    stored,
+    warm_states,
+)
 
 NAMES = ("autoscaling.scaling-activities", "autoscaling.capacity-retries")
 
@@ -187,14 +194,7 @@ def retry_short_groups(force: bool = False) -> None:
 def install() -> None:
     from moto.autoscaling.responses import AutoScalingResponse
 
-    orig_call_action = AutoScalingResponse.call_action
-
-    def call_action(self: Any) -> Any:
-        with LOCK:
-            _retry(self.autoscaling_backend, force=False)
-            return orig_call_action(self)
-
-    AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: retries first
+    before_each_call(lambda backend: _retry(backend, force=False))  # retries first
     AutoScalingResponse.describe_scaling_activities = (  # type: ignore[method-assign]  # moto extension: real activities
         _describe_scaling_activities)
 

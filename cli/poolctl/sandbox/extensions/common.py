@@ -135,3 +135,20 @@ def on_group_delete(cleanup: Callable[[Any, str], None]) -> None:
             cleanup(self, group_name)
 
     AutoScalingBackend.delete_auto_scaling_group = delete_auto_scaling_group  # type: ignore[method-assign]  # moto extension: the extension's state too
+
+
+def before_each_call(step: Callable[[Any], None]) -> None:
+    """`step(the Auto Scaling backend)` under LOCK before every Auto Scaling request: what
+    the sandbox's clock makes due (lifecycle timeouts, scheduled actions, retries, a
+    forecast's scaling) happens before the request sees the group. Installed later, run
+    earlier."""
+    from moto.autoscaling.responses import AutoScalingResponse
+
+    orig = AutoScalingResponse.call_action
+
+    def call_action(self: Any) -> Any:
+        with LOCK:
+            step(self.autoscaling_backend)
+            return orig(self)
+
+    AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: due work first

@@ -26,6 +26,7 @@ from typing import Any
 from poolctl.sandbox.extensions.common import (
     LOCK,
     all_backends,
+    before_each_call,
     find_group,
     now,
     refresh_load_balancers,
@@ -281,14 +282,7 @@ def install() -> None:
     from moto.autoscaling.responses import AutoScalingResponse
 
     # Every Auto Scaling request runs after lapsed lifecycle timeouts apply.
-    orig_call_action = AutoScalingResponse.call_action
-
-    def call_action(self: Any) -> Any:
-        with LOCK:
-            _expire_actions(self.autoscaling_backend)
-            return orig_call_action(self)
-
-    AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: timeouts first
+    before_each_call(_expire_actions)
     AutoScalingResponse.create_auto_scaling_group = _wrap_create_group(  # type: ignore[method-assign]  # moto extension: wrapped
         AutoScalingResponse.create_auto_scaling_group
     )

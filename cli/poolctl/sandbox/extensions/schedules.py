@@ -41,6 +41,7 @@ from poolctl.sandbox.extensions.common import (
     LOCK,
     all_backends,
     autoscaling_error,
+    before_each_call,
     find_group,
     now,
     on_group_delete,
@@ -273,16 +274,12 @@ def install() -> None:
     }.items():
         setattr(AutoScalingResponse, name, fn)
 
-    orig_call_action = AutoScalingResponse.call_action
+    def due(backend: Any) -> None:
+        run_due(backend)
+        for tick in ON_TICK:
+            tick()
 
-    def call_action(self: Any) -> Any:
-        with LOCK:
-            run_due(self.autoscaling_backend)
-            for tick in ON_TICK:
-                tick()
-            return orig_call_action(self)
-
-    AutoScalingResponse.call_action = call_action  # type: ignore[method-assign]  # moto extension: due actions first
+    before_each_call(due)
 
     def forget(backend: Any, group_name: str) -> None:
         actions = _actions(backend)
