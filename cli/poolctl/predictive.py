@@ -15,11 +15,17 @@ machine. `status` compares it with the measured starts and names the value to se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from poolctl.capacity import run_pool
+from poolctl.cloud import Cloud
 from poolctl.config import Pool
-from poolctl.sizing import PoolPlan
+from poolctl.errors import UsageError
+from poolctl.simulate import SimResult, SimWindow, percentile, summary
+from poolctl.sizing import PoolPlan, plan_pool
+from poolctl.traces import Trace
 
 # AWS's limit on SchedulingBufferTime: less than the forecast interval of 3,600 s
 # (PredictiveScalingConfiguration, Auto Scaling API reference).
@@ -136,3 +142,153 @@ def suggest_windows(history: dict[datetime, float], per_node: float, min_nodes: 
                               first - timedelta(seconds=lead_s),
                               first + timedelta(hours=len(run))))
     return sorted(out, key=lambda s: s.start)
+
+
+# ---------------------------------------------------------------------------------------
+# Several days replayed with and without scaling ahead (`simulate --days N --predictive`).
+
+HOUR_S = 3600
+MINUTE_S = 60
+FORECAST_DAYS = 14  # AWS's forecast reads up to 14 days back
+
+
+@dataclass(frozen=True)
+class ScalingRun:
+    """One way of scaling the pool over the replay, and what it cost and lost."""
+
+    name: str  # reactive | warm pool | predictive
+    slo_minutes_lost: int  # minutes (by arrival) whose p90 TTFT or TPOT missed the SLO
+    minutes: int  # minutes with at least one request
+    lost_after_day_1: int  # of them, after the first day (the forecast's first day)
+    cost_usd: float
+    node_hours: float
+    goodput: float  # share of requests within both SLOs
+    ttft_p90_s: float | None
+    windows: int = 0  # hours the forecast raised the minimum (predictive)
+
+    def to_json(self) -> dict[str, object]:
+        return {"scaling": self.name, "slo_minutes_lost": self.slo_minutes_lost,
+                "slo_minutes_lost_after_day_1": self.lost_after_day_1, "minutes": self.minutes,
+                "cost_usd": round(self.cost_usd, 2),
+                "node_hours": round(self.node_hours, 2), "goodput": self.goodput,
+                "ttft_p90_s": self.ttft_p90_s, "forecast_hours": self.windows}
+
+
+def hourly_in_flight(res: SimResult, hours: int) -> list[float]:
+    """The replay's mean requests in flight (arrived, not finished: running and waiting,
+    what the nodes publish as the load) over each hour."""
+    acc = [0.0] * hours
+    q = res.req
+    for a, f, refused in zip(q.arrival, q.finish, q.refused, strict=True):
+        if refused or f != f:  # refused, or never finished (NaN)
+            continue
+        h = int(a // HOUR_S)
+        while h < hours and a < f:
+            end = min(f, (h + 1) * HOUR_S)
+            acc[h] += end - a
+            a, h = end, h + 1
+    return [x / HOUR_S for x in acc]
+
+
+def forecast_in_flight(in_flight: list[float]) -> list[float | None]:
+    """Each hour's forecast as the sandbox's stand-in makes it (extensions/forecasts.py): the
+    mean of the same hour on up to 14 earlier days; None on the first day (AWS needs 24
+    hours of history)."""
+    out: list[float | None] = []
+    for h in range(len(in_flight)):
+        past = [in_flight[h - 24 * k] for k in range(1, FORECAST_DAYS + 1) if h - 24 * k >= 0]
+        out.append(sum(past) / len(past) if past else None)
+    return out
+
+
+def ahead_windows(in_flight: list[float], per_node: float, min_nodes: int, max_nodes: int,
+                  buffer_s: float) -> tuple[SimWindow, ...]:
+    """Predictive scaling as launch windows: each forecast hour whose capacity is above the
+    minimum raises the minimum to it from `buffer_s` before the hour, for an hour; at the
+    end only the minimum returns (the queue policy scales in)."""
+    out = []
+    for h, fc in enumerate(forecast_in_flight(in_flight)):
+        if fc is None:
+            continue
+        cap = min(max_nodes, max(min_nodes, math.ceil(fc / per_node - 1e-9)))
+        if cap > min_nodes:
+            out.append(SimWindow(h * HOUR_S - buffer_s, (h + 1) * HOUR_S - buffer_s,
+                                 cap - min_nodes, running=True, drains=False))
+    return tuple(out)
+
+
+def slo_minutes_lost(res: SimResult, ttft_slo_s: float, tpot_slo_s: float | None
+                     ) -> list[int]:
+    """The minutes (from the replay's start) that missed: a minute, by its requests'
+    arrival, misses when their p90 TTFT (or TPOT, with a target) is over the SLO, or a
+    request of it was refused or never finished; and, last, how many minutes had requests:
+    [missed minute, ..., count]."""
+    q = res.req
+    ttft: dict[int, list[float]] = {}
+    tpot: dict[int, list[float]] = {}
+    failed: set[int] = set()
+    for i, a in enumerate(q.arrival):
+        m = int(a // MINUTE_S)
+        ttft.setdefault(m, [])
+        first, fin = q.first[i], q.finish[i]
+        if q.refused[i] or first != first or fin != fin:
+            failed.add(m)
+            continue
+        ttft[m].append(first - a)
+        if q.outputs[i] > 1:
+            tpot.setdefault(m, []).append((fin - first) / (q.outputs[i] - 1))
+    lost = []
+    for m, xs in ttft.items():
+        over = m in failed or (bool(xs) and (percentile(sorted(xs), 0.9) or 0) > ttft_slo_s)
+        if tpot_slo_s is not None and m in tpot:
+            over = over or (percentile(sorted(tpot[m]), 0.9) or 0) > tpot_slo_s
+        if over:
+            lost.append(m)
+    return [*lost, len(ttft)]
+
+
+def _run(name: str, res: SimResult, pool: Pool, windows: int = 0) -> ScalingRun:
+    s = summary(res, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
+    *lost, minutes = slo_minutes_lost(res, pool.slo.ttft_p90_s, pool.slo.tpot_p90_s)
+    day = 24 * 60
+    return ScalingRun(name, len(lost), minutes, sum(m >= day for m in lost),
+                      s.cost.usd or 0.0, s.cost.node_hours or 0.0, s.slo.goodput,
+                      s.ttft_s.p90, windows)
+
+
+def compare_scaling(pool: Pool, cloud: Cloud, trace: Trace, warm_replicas: int,
+                    starts: Mapping[str, float] | None = None,
+                    progress: Callable[[str], None] = lambda _: None) -> list[ScalingRun]:
+    """The trace replayed three ways: reactive (the queue policy alone, no warm pool), with
+    `warm_replicas` in the warm pool, and predictive (the queue policy, no warm pool, the
+    minimum raised ahead of each hour's forecast). The forecast reads the reactive replay's
+    load, hour by hour (what a pool that scaled reactively would have published); the lead
+    time and the target are the file's (`scaling.predictive_buffer_s`, the plan's cold start
+    by default; `scaling.predictive_target`, required)."""
+    target = pool.scaling.predictive_target
+    if target is None:
+        raise UsageError(f"pools.{pool.name}.scaling.predictive_target: --predictive sizes the "
+                         "forecast's nodes by it (requests in flight per replica); set it: "
+                         "`poolctl plan --traffic TRACE` prints it for your traffic")
+    plan = plan_pool(pool, cloud)
+    rpn = plan.replicas_per_node
+    buffer_s = (float(pool.scaling.predictive_buffer_s)
+                if pool.scaling.predictive_buffer_s is not None
+                else min(MAX_BUFFER_S, float((starts or {}).get(
+                    "cold", plan.start_seconds["cold"]))))
+    hours = math.ceil(trace.arrivals[-1] / HOUR_S) if trace.arrivals else 0
+    progress("reactive")
+    reactive = run_pool(pool, cloud, trace, autoscale=True, warm_replicas=0, starts=starts)
+    runs = [_run("reactive", reactive, pool)]
+    if warm_replicas:
+        progress("warm pool")
+        runs.append(_run(f"warm pool ({warm_replicas} replicas)", run_pool(
+            pool, cloud, trace, autoscale=True, warm_replicas=warm_replicas, starts=starts),
+            pool))
+    windows = ahead_windows(hourly_in_flight(reactive, hours), float(target) * rpn,
+                            plan.nodes.min, plan.nodes.max, buffer_s)
+    progress("predictive")
+    ahead = run_pool(pool, cloud, trace, autoscale=True, warm_replicas=0, starts=starts,
+                     windows=windows)
+    runs.append(_run("predictive", ahead, pool, len(windows)))
+    return runs

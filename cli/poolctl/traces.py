@@ -303,3 +303,53 @@ def synthetic(rate: float, duration_s: float, seed: int, input_mean: float,
     if not arrivals:
         raise UsageError("--rate/--duration: no request arrives; raise either")
     return Trace(f"poisson {rate:g}/s for {duration_s:g}s (seed {seed})", arrivals, ins, outs)
+
+
+# A day of traffic (`simulate --days`): the template trace's arrivals, hour after hour, thinned
+# along a cosine between `trough` (its share of the peak's rate) and 1, peaking at
+# DAILY_PEAK_HOUR UTC. The shape is an assumption, not a measurement: the shared traces are an
+# hour each (docs/planning.md#several-days-of-traffic); the flags change it.
+DAILY_TROUGH = 0.2
+DAILY_PEAK_HOUR = 14.0
+MAX_DAYS = 14
+
+
+def daily_rate(t_s: float, trough: float = DAILY_TROUGH,
+               peak_hour: float = DAILY_PEAK_HOUR) -> float:
+    """The curve's share of the peak rate at `t_s` seconds from midnight UTC of day 0."""
+    phase = 2 * math.pi * (t_s / 3600 - peak_hour) / 24
+    return trough + (1 - trough) * (1 + math.cos(phase)) / 2
+
+
+def daily(template: Trace, days: int, trough: float = DAILY_TROUGH,
+          peak_hour: float = DAILY_PEAK_HOUR, seed: int = 0) -> Trace:
+    """`days` days of `template`'s traffic: its requests (arrival offsets stretched to an
+    hour, prompt and output lengths) repeated every hour, each kept with the curve's share
+    at its arrival (thinning keeps the template's bursts), from midnight UTC. Prefix-cache
+    block ids are dropped: copies of one prompt an hour apart are not what its users send."""
+    if not 1 <= days <= MAX_DAYS:
+        raise UsageError(f"--days: {days} is not a number of days from 1 to {MAX_DAYS}")
+    if not 0 < trough <= 1:
+        raise UsageError(f"--trough: {trough:g} is not a share of the peak rate in (0, 1]")
+    if not template.arrivals or template.span_s <= 0:
+        raise UsageError(f"{template.source}: one request or none; --days repeats a trace "
+                         "of at least two requests")
+    mean = trough + (1 - trough) / 2
+    expected = len(template) * 3600 / template.span_s * 24 * days * mean
+    if expected > MAX_REQUESTS:
+        raise UsageError(f"--days {days}: ~{expected:,.0f} requests from {template.source}; "
+                         f"poolctl replays at most {MAX_REQUESTS:,}: fewer days, a lower "
+                         "--trough, or a shorter/slower trace (--time-scale below 1)")
+    rng = random.Random(seed)
+    stretch = 3600 / template.span_s
+    offsets = [(t - template.arrivals[0]) * stretch for t in template.arrivals]
+    arrivals, ins, outs = [], [], []
+    for hour in range(24 * days):
+        for off, n_in, n_out in zip(offsets, template.inputs, template.outputs, strict=True):
+            t = hour * 3600 + min(off, 3599.999)
+            if rng.random() < daily_rate(t, trough, peak_hour):
+                arrivals.append(t)
+                ins.append(n_in)
+                outs.append(n_out)
+    return Trace(f"{template.source} over {days} day(s) (trough {trough:g}, peak "
+                 f"{peak_hour:g}:00 UTC)", arrivals, ins, outs)

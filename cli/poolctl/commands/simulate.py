@@ -22,6 +22,7 @@ from poolctl.commands.common import (
     require_valid,
     start_times,
     start_words,
+    whole,
 )
 from poolctl.commands.traffic import (
     DurationOpt,
@@ -37,6 +38,7 @@ from poolctl.commands.traffic import (
     traffic,
 )
 from poolctl.errors import UsageError, shown
+from poolctl.predictive import compare_scaling
 from poolctl.progress import log
 from poolctl.servingmodel import figures, replica_model
 from poolctl.servingmodel import topology as split_topology
@@ -50,6 +52,7 @@ from poolctl.simulate import (
     write_requests_csv,
 )
 from poolctl.sizing import nodes_for, plan_pool
+from poolctl.traces import DAILY_PEAK_HOUR, DAILY_TROUGH, MAX_DAYS, Trace, daily
 from poolctl.windows import parse_warm_window
 
 if TYPE_CHECKING:
@@ -91,6 +94,21 @@ def simulate(
         "the replay is compared with the same one without it.",
         show_default=False)] = None,
     measured: MeasuredOpt = False,
+    days: Annotated[int | None, typer.Option(
+        "--days", parser=whole(1, MAX_DAYS, "days"), metavar="N",
+        help="Replay N days: the traffic's arrivals repeated hour after hour, thinned along a "
+        "daily curve (--trough, --peak-hour), from midnight UTC.", show_default=False)] = None,
+    trough: Annotated[float, typer.Option(
+        "--trough", help="With --days: the quietest hour's share of the peak rate.",
+        )] = DAILY_TROUGH,
+    peak_hour: Annotated[float, typer.Option(
+        "--peak-hour", help="With --days: the busiest hour of the day, UTC.")] = DAILY_PEAK_HOUR,
+    predictive: Annotated[bool, typer.Option(
+        "--predictive", help="Compare the pool's scaling three ways over the replay: "
+        "reactive (the queue policy alone), with its warm pool, and predictive (the minimum "
+        "raised ahead of each hour's forecast, scaling.predictive_target per replica): SLO "
+        "minutes lost and cost of each. Best with --days 2 or more: the forecast needs a "
+        "day of history.")] = False,
 ) -> None:
     """Replay traffic through the pool's serving model and scaling policy."""
 
@@ -117,10 +135,22 @@ def simulate(
     topo = None
     if topology != "aggregated":
         topo = split_topology(p, c, topology, *gpus)
+    if days is None and (trough != DAILY_TROUGH or peak_hour != DAILY_PEAK_HOUR):
+        raise UsageError("--trough/--peak-hour: shape the daily curve of --days N; add --days")
+    if not 0 <= peak_hour < 24:
+        raise UsageError(f"--peak-hour: {peak_hour:g} is not an hour of the day (0 to 24)")
+    if predictive and (replicas is not None or spec is not None or topology != "aggregated"):
+        raise UsageError("--predictive: compares the pool's own autoscaling; drop --replicas, "
+                         "--warm-window and --topology")
     tr = traffic(trace, rate, duration, seed, input_tokens, output_tokens, lengths, time_scale)
+    if days is not None:
+        tr = daily(tr, days, trough, peak_hour, seed)
+    times, start_info = start_times(cfg, p, c, measured)
+    if predictive:
+        _predictive(p, c, tr, warm, times, start_info, json_out)
+        return
     # With a window both replays run to its end at least: the same span, billed alike.
     until = max((w.end_s for w in windows), default=0.0)
-    times, start_info = start_times(cfg, p, c, measured)
     if replicas is None:
         log(start_words(f"{p.name}/{c}", start_info))
     res = run_pool(p, c, tr, replicas=replicas, autoscale=replicas is None,
@@ -180,6 +210,44 @@ def window_comparison(spec: tuple[float, float, int, bool], w: SimWindow, with_w
     return {"from_s": w.start_s, "until_s": w.end_s, "replicas": spec[2], "nodes": w.nodes,
             "state": "running" if w.running else "stopped",
             "with": side(with_w), "without": side(without)}
+
+
+def _predictive(p: Pool, c: Cloud, tr: Trace, warm: int | None, starts: dict[str, float],
+                start_info: dict[str, Any], json_out: bool) -> None:
+    log(start_words(f"{p.name}/{c}", start_info))
+    warm_r = p.warm_pool.replicas if warm is None else warm
+    log(f"{p.name}/{c}: {len(tr):,} requests over {tr.span_s / 3600:,.1f} h, replayed 2-3 "
+        "times (about 40 s per million requests each)")
+    runs = compare_scaling(p, c, tr, warm_r, starts,
+                           progress=lambda name: log(f"  replaying: {name}"))
+    plan = plan_pool(p, c)
+    hours = tr.span_s / 3600
+    warm_nodes = nodes_for(warm_r, plan.replicas_per_node)
+    running_usd = round(warm_nodes * plan.price_per_node_hour_usd * hours, 2)
+    out = {"pool": p.name, "cloud": c, "trace": tr.source, "requests": len(tr),
+           "hours": round(hours, 2), "slo": {"ttft_p90_s": p.slo.ttft_p90_s,
+                                             "tpot_p90_s": p.slo.tpot_p90_s},
+           "scaling": [r.to_json() for r in runs],
+           "warm_pool_running_usd": running_usd, "start_times": start_info}
+    if json_out:
+        emit_json(json_safe(out))
+        return
+    t = Table(title=f"{p.name} on {c}: {tr.source}, {len(tr):,} requests", title_justify="left")
+    for col in ("scaling", "SLO minutes lost", "after day 1", "cost", "node-hours", "goodput",
+                "TTFT p90"):
+        t.add_column(col, justify="left" if col == "scaling" else "right")
+    for r in runs:
+        t.add_row(r.name + (f" ({r.windows} forecast hours)" if r.windows else ""),
+                  f"{r.slo_minutes_lost:,} of {r.minutes:,}", f"{r.lost_after_day_1:,}",
+                  f"${r.cost_usd:,.2f}",
+                  f"{r.node_hours:,.1f}", f"{r.goodput:.1%}",
+                  "-" if r.ttft_p90_s is None else f"{r.ttft_p90_s:.2f} s")
+    con = console()
+    con.print(t)
+    con.print("a minute is lost when its requests' p90 TTFT (or TPOT) misses the SLO, or one "
+              "was refused; the forecast starts after a day of history; keeping the warm "
+              f"pool's {warm_nodes} node(s) running instead of stopped would add "
+              f"${running_usd:,.2f} over the {hours:,.0f} h", markup=False, soft_wrap=True)
 
 
 def render(s: dict[str, Any]) -> None:

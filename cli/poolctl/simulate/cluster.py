@@ -38,6 +38,9 @@ class SimWindow:
     end_s: float
     nodes: int
     running: bool = True
+    # False: at the end only the minimum returns, the nodes stay until the queue policy
+    # scales in (predictive scaling raises the minimum capacity, and only that).
+    drains: bool = True
 
     def open_at(self, t: float) -> bool:
         return self.start_s <= t < self.end_s
@@ -440,8 +443,10 @@ class _Replay:
             short = self.floor_nodes(now) - self.serving_nodes() - len(self.starting)
             if short > 0:
                 self.start_nodes(short, now)
-        elif w.running:  # the minimum and the desired size return (the queue policy
-            self.drain_to(self.floor_nodes(now), now)  # grows the pool again if need be)
+        elif w.running and w.drains:  # the minimum and the desired size return (the
+            self.drain_to(self.floor_nodes(now), now)  # queue policy grows the pool again)
+        elif w.running:  # the minimum alone returns: the queue policy scales in
+            pass
         elif version == 0:  # the warm pool rises: nodes prepared from cold
             for _ in range(w.nodes):
                 heapq.heappush(self.heap, (now + scale.cold_start_s, EV_WARM, 0, 0))
