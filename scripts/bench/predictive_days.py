@@ -12,7 +12,6 @@ About 20 s per replay per 300,000 requests on this machine; three days are 836,8
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,32 +21,7 @@ from poolctl.predictive import compare_scaling
 from poolctl.traces import daily, load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-POOL = """\
-project: acme
-pools:
-  - name: chat-405b
-    model:
-      id: meta-llama/Llama-3.1-405B-Instruct-FP8
-    serving:
-      image: vllm/vllm-openai:v0.11.0
-      tensor_parallel: 8
-      max_model_len: 16384
-      max_num_batched_tokens: 8192
-    scaling:
-      min_replicas: 1
-      max_replicas: 8
-      queue_target: 4
-      scale_down_stabilization_s: 900
-      predictive_target: 17
-    warm_pool:
-      replicas: 2
-    slo:
-      ttft_p90_s: 2.0
-    aws:
-      region: us-east-1
-      instance_type: p5.48xlarge
-      weights_uri: s3://acme-models/llama-3.1-405b-fp8/
-"""
+POOL = ROOT / "scripts" / "bench" / "pools" / "predictive-405b.yaml"
 
 
 def main() -> None:
@@ -55,10 +29,7 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=3)
     ap.add_argument("--trough", type=float, default=0.2)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        f = Path(d) / "poolctl.yaml"
-        f.write_text(POOL)
-        pool = load_config(f).pools[0]
+    pool = load_config(POOL).pools[0]
     trace = daily(load_trace(ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"),
                   args.days, trough=args.trough)
     t0 = time.monotonic()

@@ -24,35 +24,8 @@ from poolctl.traces import Trace, daily, daily_rate, load_trace, synthetic
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "examples" / "traces" / "azure-llm-2023-conv.csv"
 
-# Llama-3.1-405B FP8, one replica of TP 8 per p5 node: at the Azure trace's rate its daily
-# curve needs 1 to 3 nodes (plan --traffic: 3 replicas at the trace's own 5.5 requests/s,
-# predictive_target 17 in flight per replica).
-POOL = """\
-project: acme
-pools:
-  - name: chat-405b
-    model:
-      id: meta-llama/Llama-3.1-405B-Instruct-FP8
-    serving:
-      image: vllm/vllm-openai:v0.11.0
-      tensor_parallel: 8
-      max_model_len: 16384
-      max_num_batched_tokens: 8192
-    scaling:
-      min_replicas: 1
-      max_replicas: 8
-      queue_target: 4
-      scale_down_stabilization_s: 900
-      predictive_target: 17
-    warm_pool:
-      replicas: 2
-    slo:
-      ttft_p90_s: 2.0
-    aws:
-      region: us-east-1
-      instance_type: p5.48xlarge
-      weights_uri: s3://acme-models/llama-3.1-405b-fp8/
-"""
+# Llama-3.1-405B FP8, one replica of TP 8 per p5 node (its comments say why this pool).
+POOL = (ROOT / "scripts" / "bench" / "pools" / "predictive-405b.yaml").read_text()
 
 
 def test_the_daily_curve_thins_the_template_hour_after_hour():
