@@ -276,40 +276,94 @@ def error_blocks(lines: list[str]) -> list[str]:
     return out
 
 
-_EVENT = re.compile(r"^(?P<addr>\S+): (?P<what>Creating\.\.\.|Modifying\.\.\.|"
-                    r"Destroying\.\.\.|Importing\.\.\.|Creation complete|"
-                    r"Modifications complete|Destruction complete|Import complete|"
-                    r"Refreshing state\.\.\.|Reading\.\.\.)")
-_STARTED = {"Creating...": "creating", "Modifying...": "changing", "Destroying...": "destroying",
-            "Importing...": "importing"}
-_FINISHED = {"Creation complete": "created", "Modifications complete": "changed",
-             "Destruction complete": "destroyed", "Import complete": "imported"}
+# Terraform's (and OpenTofu's) machine-readable UI: with -json, plan and apply write one JSON
+# message a line, a stable interface (its "ui" version 1.x), where the human output is not
+# (developer.hashicorp.com/terraform/internals/machine-readable-ui; opentofu.org's is the
+# same). poolctl reads progress, failures and the summary from it.
+JSON_UI_MAJOR = "1"
+JSON_COMMANDS = ("plan", "apply")
+# apply_start / apply_complete hooks' actions, as the progress line says them
+_STARTED = {"create": "creating", "update": "changing", "delete": "destroying",
+            "replace": "replacing", "import": "importing", "read": "reading"}
+_FINISHED = {"create": "created", "update": "changed", "delete": "destroyed",
+             "replace": "replaced", "import": "imported", "read": "read"}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """An error or warning of Terraform's, from its `diagnostic` message."""
+
+    severity: str  # error | warning
+    summary: str
+    detail: str = ""
+    address: str = ""  # the resource it concerns, when it concerns one
+
+    def lines(self) -> list[str]:
+        """As Terraform's human output shows it: `Error: SUMMARY`, the resource, the detail."""
+        out = [f"{self.severity.capitalize()}: {self.summary}"]
+        if self.address:
+            out.append(f"  with {self.address}")
+        if self.detail:
+            out += ["", *self.detail.splitlines()]
+        return out
+
+
+def ui_message(line: str) -> dict[str, Any] | None:
+    """One line of -json output as its message; None when it is not one (a provider's stray
+    text, a crash's dump): such a line is logged as it is."""
+    if not line.startswith("{"):
+        return None
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) and isinstance(msg.get("type"), str) else None
+
+
+def diagnostic_of(msg: dict[str, Any]) -> Diagnostic | None:
+    d = msg.get("diagnostic")
+    if msg.get("type") != "diagnostic" or not isinstance(d, dict):
+        return None
+    return Diagnostic(str(d.get("severity", "error")), str(d.get("summary", "")),
+                      str(d.get("detail") or ""), str(d.get("address") or ""))
+
+
+def log_lines(msg: dict[str, Any]) -> list[str]:
+    """What the log keeps of a message: its one-line `@message`, a diagnostic in full. No
+    attribute values are in any of them (the boot script included)."""
+    diag = diagnostic_of(msg)
+    if diag is not None:
+        return diag.lines()
+    text = str(msg.get("@message", ""))
+    return [text] if text else []
 
 
 class _Watch:
-    """Progress states from Terraform's lines: resources read (quiet: the live line only),
-    started (quiet) and finished (a line of its own off a terminal)."""
+    """Progress states from Terraform's -json messages: resources read (quiet: the live line
+    only), started (quiet) and finished (a line of its own off a terminal)."""
 
     def __init__(self, progress: Progress, label: str, phase: str, total: int) -> None:
         self.progress, self.label, self.phase, self.total = progress, label, phase, total
         self.done = self.read = 0
         progress.update(f"{label}: {phase}", quiet=True)
 
-    def line(self, text: str) -> None:
-        m = _EVENT.match(text)
-        if not m:
-            return
-        addr, what = m.group("addr"), m.group("what")
+    def message(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        raw_hook = msg.get("hook")
+        hook: dict[str, Any] = raw_hook if isinstance(raw_hook, dict) else {}
+        raw_res = hook.get("resource")
+        res: dict[str, Any] = raw_res if isinstance(raw_res, dict) else {}
+        addr, action = str(res.get("addr", "?")), str(hook.get("action", ""))
         count = f"{self.done}/{self.total}" if self.total else str(self.done)
-        if what in _STARTED:
-            self.progress.update(f"{self.label}: {self.phase} {count}, {_STARTED[what]} {addr}",
-                                 quiet=True)
-        elif what in _FINISHED:
+        if kind == "apply_start":
+            self.progress.update(f"{self.label}: {self.phase} {count}, "
+                                 f"{_STARTED.get(action, action)} {addr}", quiet=True)
+        elif kind == "apply_complete":
             self.done += 1
             count = f"{self.done}/{self.total}" if self.total else str(self.done)
             self.progress.update(f"{self.label}: {self.phase} {count}: {addr} "
-                                 f"{_FINISHED[what]}")
-        else:
+                                 f"{_FINISHED.get(action, action)}")
+        elif kind == "refresh_complete":
             self.read += 1
             self.progress.update(f"{self.label}: {self.phase}, {self.read} read", quiet=True)
 
@@ -418,23 +472,37 @@ class Terraform:
         return self._log
 
     def _args(self, *args: str) -> list[str]:
-        # Plain text: it goes to a file, and its Error: blocks are found by their first word.
+        # plan and apply: the -json stream (JSON_COMMANDS); init and the rest: plain text,
+        # which goes to the log, its Error: blocks found by their first word.
         out = [self.bin, *args]
-        if args[0] not in ("show", "output", "version", "state"):
+        if args[0] in JSON_COMMANDS:  # a flag of the subcommand: before a plan file's name
+            out.insert(2, "-json")
+        elif args[0] not in ("show", "output", "version", "state"):
             out.append("-no-color")
         return out
 
     def _pump(self, stream: Iterable[str], sink: Callable[[str], None], redact: Redactor,
-              watch: _Watch | None, keep: list[str] | None) -> None:
+              watch: _Watch | None, keep: list[str] | None,
+              diagnostics: list[Diagnostic] | None = None) -> None:
         for raw in stream:
-            line = redact(raw.rstrip("\n"))
-            if line is None:
-                continue
-            sink(line)
-            if keep is not None:
-                keep.append(line)
-            if watch is not None:
-                watch.line(line)
+            msg = ui_message(raw.strip()) if diagnostics is not None else None
+            if msg is not None and diagnostics is not None:
+                if msg.get("type") == "version" and not str(msg.get("ui", "1")).startswith(
+                        JSON_UI_MAJOR + "."):
+                    sink(f"poolctl: this {Path(self.bin).name}'s machine-readable UI is "
+                         f"version {msg.get('ui')}; poolctl reads {JSON_UI_MAJOR}.x")
+                if (diag := diagnostic_of(msg)) is not None and diag.severity == "error":
+                    diagnostics.append(diag)
+                lines = log_lines(msg)
+                if watch is not None:
+                    watch.message(msg)
+            else:
+                line = redact(raw.rstrip("\n"))
+                lines = [] if line is None else [line]
+            for line in lines:
+                sink(line)
+                if keep is not None:
+                    keep.append(line)
 
     def run(self, phase: str, *args: str, capture: bool = False,
             ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
@@ -443,6 +511,8 @@ class Terraform:
         start = time.monotonic()
         private = is_under_home(self.workdir)
         err_lines: list[str] = []
+        diagnostics: list[Diagnostic] = []  # the -json stream's errors
+        streamed = args[0] in JSON_COMMANDS
         out = err = None
         with contextlib.ExitStack() as stack:
             stop = stack.enter_context(_one_interrupt_for(phase))
@@ -475,8 +545,9 @@ class Terraform:
                     out, err = proc.communicate()
                 else:
                     readers = [threading.Thread(target=self._pump, daemon=True, args=(
-                        s, sink, Redactor(), w, k)) for s, w, k in (
-                        (proc.stdout, watch, None), (proc.stderr, None, err_lines))]
+                        s, sink, Redactor(), w, k, d)) for s, w, k, d in (
+                        (proc.stdout, watch, None, diagnostics if streamed else None),
+                        (proc.stderr, None, err_lines, None))]
                     for t in readers:
                         t.start()
                     proc.wait()
@@ -499,7 +570,9 @@ class Terraform:
                     sys.stderr.write(err)
                 raise OperationFailed(f"`{name}` failed (exit {proc.returncode}) in "
                                       f"{self.workdir}; its error is above")
-            shown = error_blocks(err_lines)
+            # -json: the errors are diagnostics in the stream (stderr holds what went wrong
+            # before it began, e.g. a bad flag); else Terraform's Error: blocks on stderr
+            shown = [line for d in diagnostics for line in d.lines()] + error_blocks(err_lines)
             if not self.verbose:  # with --verbose they are on the screen already
                 sys.stderr.write("".join(f"{line}\n" for line in shown))
             raise OperationFailed(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -70,3 +71,43 @@ def test_a_failure_shows_terraforms_error_block_and_the_log(workdir, capsys):
     assert err.startswith("Error: Invalid function argument\n")
     assert 'no file exists at "nope"' in err
     assert "Error: Invalid function argument" in tf.log.read_text()
+
+
+def _with_provisioner(workdir, command: str) -> None:
+    (workdir / "main.tf.json").write_text(json.dumps({
+        "terraform": {"required_version": ">= 1.6"},
+        "resource": {"terraform_data": {"x": {
+            "input": "v1", "provisioner": [{"local-exec": {"command": command}}]}}}}))
+
+
+def test_progress_and_the_summary_come_from_the_json_stream(workdir, capsys):
+    """-json: each resource finished is a progress line (apply_complete), the summary its
+    change_summary, the log the messages (no attribute values)."""
+    _with_provisioner(workdir, "true")
+    tf = Terraform(workdir, label="stream")
+    tf.init()
+    tf.plan()
+    tf.apply()
+    err = capsys.readouterr().err
+    assert re.search(r"^stream: apply 1/1: terraform_data\.x created \(\d+ s\)$", err, re.M), err
+    log = tf.log.read_text()
+    assert "Apply complete! Resources: 1 added, 0 changed, 0 destroyed." in log
+    assert "terraform_data.x: Creation complete" in log
+    assert '"@message"' not in log  # the messages, not their JSON
+    assert '"v1"' not in log  # no attribute value
+
+
+def test_an_apply_error_is_read_from_the_stream_with_its_resource(workdir, capsys):
+    _with_provisioner(workdir, "echo disk full >&2; exit 3")
+    tf = Terraform(workdir, label="fails")
+    tf.init()
+    tf.plan()
+    with pytest.raises(OperationFailed) as e:
+        tf.apply()
+    assert "`terraform apply` failed" in str(e.value) or "`tofu apply` failed" in str(e.value)
+    err = capsys.readouterr().err
+    # the diagnostic as Terraform shows it: summary, the resource, the detail
+    assert re.search(r"^Error: local-exec provisioner error\n  with terraform_data\.x\n", err,
+                     re.M), err
+    assert "exit status 3" in err
+    assert "Error: local-exec provisioner error" in tf.log.read_text()

@@ -5,6 +5,7 @@ progress lines off a terminal, and the private log files."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 
@@ -15,9 +16,12 @@ from poolctl.terraform import (
     Redactor,
     ResourceChange,
     SizeChange,
+    diagnostic_of,
     error_blocks,
+    log_lines,
     log_path,
     summarize,
+    ui_message,
 )
 
 
@@ -158,3 +162,27 @@ def test_progress_on_a_terminal_is_a_live_line_with_the_elapsed_time():
     assert "chat-70b: i-1 warm after 3 s\n" in text  # above the live line
     # the live line goes; the last state stays, as off a terminal
     assert re.search(r"\x1b\[2Kchat-70b: 2/2 warm \(\d+ s\)\n$", text)
+
+
+def test_json_stream_messages_diagnostics_and_stray_lines():
+    """Terraform's machine-readable UI (one JSON message a line): a diagnostic is logged and
+    shown as the human output shows it; any other message by its one-line @message; a line
+    that is no message (a provider's stray text) stays a line."""
+    diag = ui_message(json.dumps({
+        "@level": "error", "@message": "Error: creating Launch Template", "type": "diagnostic",
+        "diagnostic": {"severity": "error", "summary": "creating Launch Template",
+                       "detail": "AlreadyExists: lt-1\nstatus code: 400",
+                       "address": "aws_launch_template.lt"}}))
+    assert diag is not None
+    d = diagnostic_of(diag)
+    assert d is not None and d.address == "aws_launch_template.lt"
+    assert log_lines(diag) == ["Error: creating Launch Template", "  with aws_launch_template.lt",
+                               "", "AlreadyExists: lt-1", "status code: 400"]
+    done = ui_message('{"@message": "aws_lb.lb: Creation complete after 3s [id=arn]", '
+                      '"type": "apply_complete", "hook": {"resource": {"addr": "aws_lb.lb"}, '
+                      '"action": "create", "elapsed_seconds": 3}}')
+    assert done is not None
+    assert log_lines(done) == ["aws_lb.lb: Creation complete after 3s [id=arn]"]
+    assert diagnostic_of(done) is None
+    for stray in ("panic: runtime error", "{not json", '{"no": "type"}', "[1, 2]"):
+        assert ui_message(stray) is None

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from poolctl.capacity import run_pool
+from poolctl.commands.bounds import bounded
 from poolctl.commands.common import (
     CloudOpt,
     FileOpt,
@@ -99,10 +100,11 @@ def simulate(
         help="Replay N days: the traffic's arrivals repeated hour after hour, thinned along a "
         "daily curve (--trough, --peak-hour), from midnight UTC.", show_default=False)] = None,
     trough: Annotated[float, typer.Option(
-        "--trough", help="With --days: the quietest hour's share of the peak rate.",
-        )] = DAILY_TROUGH,
+        "--trough", parser=bounded("--trough", 0, 1, "a share of the peak rate", above=True),
+        help="With --days: the quietest hour's share of the peak rate.")] = DAILY_TROUGH,
     peak_hour: Annotated[float, typer.Option(
-        "--peak-hour", help="With --days: the busiest hour of the day, UTC.")] = DAILY_PEAK_HOUR,
+        "--peak-hour", parser=bounded("--peak-hour", 0, 23.99, "an hour of the day, UTC"),
+        help="With --days: the busiest hour of the day, UTC.")] = DAILY_PEAK_HOUR,
     predictive: Annotated[bool, typer.Option(
         "--predictive", help="Compare the pool's scaling three ways over the replay: "
         "reactive (the queue policy alone), with its warm pool, and predictive (the minimum "
@@ -137,8 +139,6 @@ def simulate(
         topo = split_topology(p, c, topology, *gpus)
     if days is None and (trough != DAILY_TROUGH or peak_hour != DAILY_PEAK_HOUR):
         raise UsageError("--trough/--peak-hour: shape the daily curve of --days N; add --days")
-    if not 0 <= peak_hour < 24:
-        raise UsageError(f"--peak-hour: {peak_hour:g} is not an hour of the day (0 to 24)")
     if predictive and (replicas is not None or spec is not None or topology != "aggregated"):
         raise UsageError("--predictive: compares the pool's own autoscaling; drop --replicas, "
                          "--warm-window and --topology")
