@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from poolctl.errors import UsageError
+from poolctl.errors import UsageError, shown
 from poolctl.servingmodel import ReplicaModel
 from poolctl.simulate import percentile, simulate
 from poolctl.traces import Trace, synthetic
@@ -56,6 +56,10 @@ class Run:
     inputs: list[int]
     outputs: list[int]
     measured: dict[str, float]  # "ttft_mean" -> seconds
+    # vLLM's --ramp-up-strategy: (linear | exponential, start rps, end rps); None: `rate`
+    ramp: tuple[str, float, float] | None = None
+    failed: int = 0  # requests that failed (vLLM's statistics cover the completed ones)
+    completed: int = 0  # as the result says (`inputs` holds at most MAX_PROMPTS of them)
 
 
 # The bounds of a plausible benchmark (vLLM's benchmark writes nothing outside them): a
@@ -134,6 +138,16 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
         raise UsageError(f"{where}: `request_rate` {rate:g}/s sends the run's requests over "
                          f"more than {MAX_SPAN_S // 86_400} days; give the file the benchmark "
                          "wrote")
+    ramp = None
+    strategy = o.get("ramp_up_strategy")
+    if strategy not in (None, ""):
+        if strategy not in ("linear", "exponential"):
+            raise UsageError(f"{where}: `ramp_up_strategy` is {shown(strategy)}; vLLM writes "
+                             "linear or exponential")
+        ramp = (str(strategy), _num(o, "ramp_up_start_rps", where, MIN_RATE, MAX_RATE),
+                _num(o, "ramp_up_end_rps", where, MIN_RATE, MAX_RATE))
+    failed = (int(_num(o, "failed", where, 0, MAX_REQUESTS, whole=True))
+              if o.get("failed") is not None else 0)
     conc = o.get("max_concurrency")
     concurrency = None if conc is None else int(_num(o, "max_concurrency", where, 1,
                                                       MAX_REQUESTS, whole=True))
@@ -177,7 +191,8 @@ def _run(o: dict[str, object], where: str, default_tp: int | None) -> Run:
     label = str(o.get("label") or o.get("date") or "")
     model_id = o.get("model_id")
     return Run(label, int(tp), model_id if isinstance(model_id, str) else None, concurrency,
-               rate, burst, inputs, outputs, measured)
+               math.inf if ramp else rate, burst, inputs, outputs, measured, ramp, failed,
+               completed)
 
 
 def _int_str(o: dict[str, object], key: str, where: str) -> float:
@@ -225,11 +240,31 @@ def step_ratio(before: ReplicaModel, after: ReplicaModel, prompt: float, output:
 # ---------------------------------------------------------------------- the forward model
 
 
+def ramp_arrivals(ramp: tuple[str, float, float], n: int, burstiness: float, seed: int = 0
+                  ) -> list[float]:
+    """vLLM's sends under --ramp-up-strategy (benchmarks/serve.py, get_request): request i at
+    the rate start + (end - start) x i / (n - 1) (linear) or start x (end / start) ^ (i /
+    (n - 1)) (exponential), its interval gamma of shape `burstiness` and mean 1 / that rate;
+    not rescaled afterwards (vLLM rescales only a run without a ramp)."""
+    strategy, start, end = ramp
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        progress = i / max(n - 1, 1)
+        rate = (start + (end - start) * progress if strategy == "linear"
+                else start * (end / start) ** progress)
+        t += (1 / rate if math.isinf(burstiness)
+              else rng.gammavariate(burstiness, 1 / (rate * burstiness)))
+        out.append(t)
+    return out
+
+
 def replay(rm: ReplicaModel, run: Run, seed: int = 0) -> dict[str, float]:
     """The statistics `run` would measure on replica `rm` (seconds), as vLLM's benchmark
     computes them: TTFT from the request's send, TPOT = (latency - TTFT) / (output - 1)."""
     n = len(run.inputs)
-    if math.isinf(run.rate):
+    if run.ramp is not None:
+        arrivals = ramp_arrivals(run.ramp, n, run.burstiness, seed)
+    elif math.isinf(run.rate):
         arrivals = [0.0] * n
     else:
         # vLLM's arrivals: gamma intervals of shape `burstiness`, mean 1 / rate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,33 @@ def test_fit_recovers_the_factors_the_results_were_made_with(tmp_path, monkeypat
         assert max(abs(e) for e in errs.values()) < 0.01
     # The catalog's defaults (fitted to AIConfigurator) are off for this made-up replica.
     assert max(abs(e) for r in data["errors_before"].values() for e in r.values()) > 0.05
+
+
+def test_fit_recovers_the_factors_from_runs_at_concurrency_1_to_128_kv_bound_ones_too(
+        tmp_path, monkeypatch, capsys):
+    """Concurrency 1 to 128, two runs bound by the KV cache: the example's replica holds
+    38,329 tokens (plan), and 64 x (2,000 + 400) = 153,600 and 128 x (1,000 + 200) =
+    153,600 tokens in flight are four times that: requests wait for KV room, which TTFT
+    counts from the send (TTFT means of 27 s and 48 s here)."""
+    base = replica_model(load_config(EXAMPLE).pools[0], Cloud.aws)
+    assert base.kv_tokens == 38_329
+    m = dataclasses.replace(base, prefill_mfu=0.55, decode_mbu=0.75, overhead_s=1.5e-3,
+                            per_seq_s=20e-6)
+    runs = [_result(m, 1, 1000, 100), _result(m, 8, 1000, 200), _result(m, 4, 4000, 50),
+            _result(m, 32, 500, 300), _result(m, 64, 2000, 400, n=192),
+            _result(m, 128, 1000, 200, n=384)]
+    kv_bound = [o for o in runs if o["max_concurrency"] * (
+        o["total_input_tokens"] + o["total_output_tokens"]) / o["num_prompts"] > 38_329]
+    assert [o["max_concurrency"] for o in kv_bound] == [64, 128]
+    assert min(o["mean_ttft_ms"] for o in kv_bound) > 10_000  # they waited for KV room
+    f = tmp_path / "result.jsonl"
+    f.write_text("".join(json.dumps(o) + "\n" for o in runs))
+    data = fit_json(monkeypatch, capsys, f, EXAMPLE, "--cloud", "aws")
+    assert data["runs"] == 6
+    for k, want in TRUE.items():
+        assert data["perf"][k] == pytest.approx(want, rel=0.02), k
+    for errs in data["errors"].values():
+        assert max(abs(e) for e in errs.values()) < 0.01
 
 
 def test_write_adds_the_perf_block_and_keeps_comments(tmp_path, monkeypatch, capsys, results):
@@ -339,3 +367,64 @@ def test_perf_fit_flags_that_do_not_go_together_are_one_line(tmp_path, monkeypat
     code, _, err = poolctl_main(monkeypatch, capsys, "perf", "fit", *flags, "-f", str(EXAMPLE),
                                 "--cloud", "aws")
     assert says in one_line(code, err)
+
+
+def test_a_ramp_up_run_is_replayed_as_vllm_sends_it_and_fitted(tmp_path, monkeypatch, capsys):
+    """`--ramp-up-strategy linear --ramp-up-start-rps 1 --ramp-up-end-rps 9` sends request i
+    of n at 1 + 8 i / (n - 1) requests/s (vLLM's get_request), unscaled: with burstiness inf
+    (even intervals) the sends are the cumulative 1 / rate; exponential: 1 x 9 ^ (i / (n-1)).
+    A run made so from the model is fitted back."""
+    from poolctl.perffit import ramp_arrivals
+
+    lin = ramp_arrivals(("linear", 1.0, 9.0), 3, math.inf)
+    assert lin == pytest.approx([1.0, 1.0 + 1 / 5, 1.0 + 1 / 5 + 1 / 9])
+    exp = ramp_arrivals(("exponential", 1.0, 9.0), 3, math.inf)
+    assert exp == pytest.approx([1.0, 1.0 + 1 / 3, 1.0 + 1 / 3 + 1 / 9])
+    # Poisson (burstiness 1): the mean interval over many sends is the mean of 1 / rate
+    many = ramp_arrivals(("linear", 2.0, 2.0), 20_000, 1.0, seed=3)
+    assert many[-1] / 20_000 == pytest.approx(0.5, rel=0.02)
+
+    base = replica_model(load_config(EXAMPLE).pools[0], Cloud.aws)
+    m = dataclasses.replace(base, prefill_mfu=0.55, decode_mbu=0.75, overhead_s=1.5e-3,
+                            per_seq_s=20e-6)
+    ramped = Run("ramp", 2, None, None, math.inf, 1.0, [1000] * 200, [200] * 200, {},
+                 ("linear", 0.2, 1.0))
+    got = replay(m, ramped)
+    o = _result(m, 1, 1000, 100)
+    o.update({"label": "ramp", "num_prompts": 202, "completed": 200, "failed": 2,
+              "max_concurrency": None, "request_rate": "inf", "ramp_up_strategy": "linear",
+              "ramp_up_start_rps": 0.2, "ramp_up_end_rps": 1,
+              "total_input_tokens": 200_000, "total_output_tokens": 40_000})
+    for metric in ("ttft", "tpot"):
+        o[f"mean_{metric}_ms"] = got[f"{metric}_mean"] * 1000
+        o[f"median_{metric}_ms"] = got[f"{metric}_median"] * 1000
+        o[f"p90_{metric}_ms"] = got[f"{metric}_p90"] * 1000
+    others = [_result(m, 1, 1000, 100), _result(m, 16, 1000, 200), _result(m, 4, 4000, 50),
+              _result(m, 32, 500, 300)]
+    f = tmp_path / "result.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in [o, *others]))
+    code, out, err = poolctl_main(monkeypatch, capsys, "perf", "fit", str(f), "-f",
+                                  str(EXAMPLE), "--cloud", "aws", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    # the failed requests are said, never dropped silently
+    # (a run is named by its line in the file and its label)
+    assert data["failed"] == [{"run": "1: ramp", "failed": 2, "completed": 200}]
+    assert "poolctl: run 1: ramp: 2 request(s) failed beside 200 completed" in err
+    # As for any open-loop run (test_an_open_loop_run_at_a_rate_is_fitted_too): every run's
+    # statistics reproduced and MFU pinned; step overhead, per-sequence time and MBU trade
+    # against each other where the batch hardly varies, so only their effect is held.
+    assert max(abs(e) for r in data["errors"].values() for e in r.values()) < 0.03, data
+    assert data["perf"]["prefill_mfu"] == pytest.approx(TRUE["prefill_mfu"], rel=0.02)
+
+
+def test_a_ramp_up_strategy_vllm_does_not_write_is_one_line(tmp_path, monkeypatch, capsys):
+    base = replica_model(load_config(EXAMPLE).pools[0], Cloud.aws)
+    o = _result(base, 1, 1000, 100)
+    o.update({"ramp_up_strategy": "sawtooth", "ramp_up_start_rps": 1, "ramp_up_end_rps": 5})
+    f = tmp_path / "result.json"
+    f.write_text(json.dumps(o))
+    code, _, err = poolctl_main(monkeypatch, capsys, "perf", "fit", str(f), "-f",
+                                str(EXAMPLE), "--cloud", "aws")
+    assert code == 2
+    assert "`ramp_up_strategy` is sawtooth; vLLM writes linear or exponential" in err

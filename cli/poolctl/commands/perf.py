@@ -4,6 +4,7 @@ options, renders and writes the `perf:` block."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -90,6 +91,12 @@ def fit(
         pt = p if r.tp == p.serving.tensor_parallel else p.model_copy(
             update={"serving": p.serving.model_copy(update={"tensor_parallel": r.tp})})
         replicas.append(replace(replica_model(pt, c), max_num_seqs=p.serving.max_num_seqs))
+    failed = [{"run": r.label, "failed": r.failed, "completed": r.completed}
+              for r in runs if r.failed]
+    for x in failed:
+        sys.stderr.write(f"poolctl: run {x['run']}: {x['failed']:,} request(s) failed beside "
+                         f"{x['completed']:,} completed; vLLM's statistics, and this fit, "
+                         "cover the completed ones (the server's log says why they failed)\n")
     log(f"perf fit: replaying {len(runs)} run{'s' if len(runs) > 1 else ''} "
         f"({sum(len(r.inputs) for r in runs):,} requests) a few hundred times; seconds to a "
         "minute")
@@ -97,7 +104,8 @@ def fit(
     written = _write(find_config(file), p.name, f.factors) if write else None
     if json_out:
         emit_json({"pool": p.name, "cloud": str(c), "runs": len(runs), "perf": f.factors,
-                   "errors": f.errors, "errors_before": f.before, "written": written})
+                   "errors": f.errors, "errors_before": f.before, "failed": failed,
+                   "written": written})
         return
     print(f"{p.name}/{c}: {len(runs)} run{'s' if len(runs) > 1 else ''} of {result}; "
           "error (model / measured - 1), current factors -> fitted:")
