@@ -15,6 +15,10 @@ How each boot started, for the start-time statistics:
 - `warm_running`: a node that booted into a running warm pool (its whole start happens before
   demand needs it);
 - `warm_prep`: a boot that prepared a node for the warm pool and stopped.
+
+Where the pool shares vLLM's compile cache (`compile_cache_uri`), a boot also logs what it
+found: `compile cache: hit` (fetched), `miss` (it compiles, then saves it for the next node)
+or `on disk` (a warm node's root volume kept its own).
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ _BOOT = re.compile(r"boot: \S+ serving .*, uptime ([0-9.]+)s$")
 _TARGET = re.compile(r"boot: lifecycle target (\S+)$")
 _PHASE = re.compile(r"phase=(\w+) seconds=(\d+)(?: (uptime|in)=(\S+))?$")
 # The order a boot's phases run in (image beside gpus, nvme and weights): how a ledger prints.
-ORDER = ("image", "hydrate", "gpus", "nvme", "weights", "serving", "readiness")
+ORDER = ("image", "hydrate", "gpus", "nvme", "weights", "compile_cache", "serving",
+         "readiness")
+# What the shared compile cache gave the boot (node.sh.j2, compile_cache_fetch).
+_COMPILE = re.compile(r"compile cache: (hit|miss|on disk)\b")
 
 
 @dataclass
@@ -47,6 +54,7 @@ class BootRecord:
     uptime_s: float | None = None  # power-on to serving (boot + script)
     image_on_disk: bool = False
     weights_cached: bool = False
+    compile_cache: str | None = None  # hit | miss | on disk; None: no shared cache
     failed_in: str | None = None  # the phase a failed boot was in
     failure: str | None = None  # its FAILED: line
     target: str | None = None  # AWS: the lifecycle state it was headed for
@@ -59,6 +67,7 @@ class BootRecord:
         return {"kind": self.kind, "boot_s": self.boot_s, "phases": dict(self.phases),
                 "script_s": self.script_s, "start_s": self.uptime_s,
                 "image_on_disk": self.image_on_disk, "weights_cached": self.weights_cached,
+                "compile_cache": self.compile_cache,
                 "failed_in": self.failed_in, "failure": self.failure}
 
 
@@ -90,6 +99,8 @@ def parse_boots(console: str) -> list[BootRecord]:
             cur.image_on_disk = True
         elif text.startswith("weights: ") and text.endswith("is in the cache already"):
             cur.weights_cached = True
+        elif c := _COMPILE.match(text):
+            cur.compile_cache = c.group(1)
         elif text.startswith(_FAILED):
             cur.failure = printable(text[len(_FAILED):].strip())[:FAILED_LINE_MAX]
         elif p := _PHASE.match(text):

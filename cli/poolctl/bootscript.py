@@ -162,6 +162,7 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
             **({"region": formats.aws_secret_arn(secret)} if cloud == Cloud.aws else {}),
         },
         "ready_timeout_s": READY_TIMEOUT_S,
+        "compile_cache": compile_cache(pool, cloud, row.gpu),
         "boot_lib": None,
         **_registry(s.image, cloud),
     }
@@ -181,6 +182,25 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
         lib = boot_library(cloud)
         ctx["boot_lib"] = {k: lib[k] for k in ("dir", "file", "version")}
     return ctx
+
+
+def compile_cache(pool: Pool, cloud: Cloud, gpu: str) -> dict[str, str] | None:
+    """Where the pool's nodes share vLLM's torch.compile cache (the placement's
+    compile_cache_uri): one tar per key of what the cache depends on, so that a pool with a
+    new image, model, TP, GPU type or engine setting builds its own (vLLM checks its own
+    hash of the config and the code inside, too: docs.vllm.ai, torch.compile integration,
+    "Compilation Cache")."""
+    placement = pool.placement(cloud)
+    assert placement is not None  # asked for a placement the pool has
+    prefix = placement.compile_cache
+    if prefix is None:
+        return None
+    s = pool.serving
+    parts = [s.image, pool.model.id, pool.model.version, gpu, s.tensor_parallel,
+             s.max_model_len, s.max_num_batched_tokens, s.max_num_seqs,
+             s.gpu_memory_utilization, s.kv_cache_dtype, s.prefix_caching, *s.extra_args]
+    key = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:16]
+    return {"uri": f"{prefix.uri}{_slug(pool.model.id)}-tp{s.tensor_parallel}-{key}.tar"}
 
 
 def render_boot_script(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False

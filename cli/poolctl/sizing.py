@@ -32,6 +32,12 @@ FETCH_EFFICIENCY = 0.25
 NVME_READ_GBPS_PER_DEVICE = 2.0  # sequential read of one local NVMe device, GB/s
 LOAD_GBPS_PER_GPU = 2.0  # safetensors -> HBM per worker process, GB/s
 ENGINE_INIT_S = 90  # vLLM KV-cache profiling + CUDA graph capture (vllm#44881: up to ~210 s)
+# torch.compile, inside ENGINE_INIT_S on a node without a compile cache: Ray Serve LLM
+# measured 60.8 s for Llama-3-70B (TP 4, 8x H100), vllm#19824 ~70 s (70B FP8, TP 8); and the
+# same step from a shared cache: Baseten's torch.compile cache, "around 5-20 seconds"
+# (docs/cloud-facts.md, Start-up time).
+COMPILE_S = 60
+COMPILE_HIT_S = 15
 REGISTER_S = 30  # load balancer health checks: 2 x 15 s before traffic
 NVME_HEADROOM = 1.2  # the cache holds the weights plus room for the next version's files
 # A pre-pulled image skips the pull but its layers sit on a volume restored from a snapshot:
@@ -302,6 +308,17 @@ def hydrate_seconds(pool: Pool, cloud: Cloud) -> float:
     return layers / GCE_BOOT_DISK_READ_BPS
 
 
+def compile_miss_s(pool: Pool, cloud: Cloud) -> float:
+    """What a start without a compile cache takes beyond the plan's `engine_init`: 0 for a
+    pool that shares none (every node compiles: ENGINE_INIT_S counts it), COMPILE_S -
+    COMPILE_HIT_S for one that does (the plan counts the fetch; the pool's first node, and
+    any that finds no cache, compiles)."""
+    placement = pool.placement(cloud)
+    if placement is None or placement.compile_cache_uri is None:
+        return 0.0
+    return float(COMPILE_S - COMPILE_HIT_S)
+
+
 def start_phases(pool: Pool, row: InstanceType, image: NodeImage | None = None
                  ) -> dict[str, dict[str, float]]:
     """`image`: the node image as the caller knows it (`plan` reads the build records:
@@ -317,12 +334,14 @@ def start_phases(pool: Pool, row: InstanceType, image: NodeImage | None = None
     fetch = w / fetch_bytes_per_s(row)
     nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
     load = max(w / nvme_rate, per_gpu / (LOAD_GBPS_PER_GPU * GB))
+    # A pool sharing its compile cache: every node but the first fetches it (compile_miss_s)
+    engine_init = ENGINE_INIT_S - compile_miss_s(pool, Cloud(row.cloud))
     cold = {
         "boot": BOOT_COLD_S,
         **pull,
         "weights_to_nvme": fetch,
         "load_to_gpu": load,
-        "engine_init": ENGINE_INIT_S,
+        "engine_init": engine_init,
         "register": REGISTER_S,
     }
     # A stopped warm node keeps its EBS/boot disk (image pulled or read already) but its NVMe
@@ -332,7 +351,7 @@ def start_phases(pool: Pool, row: InstanceType, image: NodeImage | None = None
         "image": 0.0,
         "weights_to_nvme": fetch,
         "load_to_gpu": load,
-        "engine_init": ENGINE_INIT_S,
+        "engine_init": engine_init,
         "register": REGISTER_S,
     }
     warm_running = {"register": REGISTER_S}

@@ -85,27 +85,29 @@ def self_signed(home: Path) -> tuple[bytes, bytes]:
 
 @contextmanager
 def serving_pool(home: Path, speed: float, certificate: bool = False, serving_extra: str = "",
-                 engine_slowdown: float = 1.0, **yaml: Any) -> Iterator[dict[str, Any]]:
+                 engine_slowdown: float = 1.0, aws_extra: str = "", **yaml: Any
+                 ) -> Iterator[dict[str, Any]]:
     """`sandbox start --serve` in `home`, the test pool (`pool_yaml(**yaml)`, AWS only, an API
     key in Secrets Manager; `serving_extra`: more lines of its `serving:`) deployed; yields
     home, url (the sandbox), lb (the pool's loopback endpoint, once a node answers through
     it), cfg, secret (the API key's ARN) and with `certificate` cert (a self-signed one for
     127.0.0.1 imported into the sandbox's ACM and named by certificate_arn: HTTPS);
-    `engine_slowdown`: the sandbox's engines step that many times slower than the model. On exit
+    `engine_slowdown`: the sandbox's engines step that many times slower than the model;
+    `aws_extra`: more lines of its `aws:` placement. On exit
     the sandbox stops and no process it started may outlive it."""
     info = manager.start(port=0, home=home, parent_pid=os.getpid(), serve_speed=speed,
                          engine_slowdown=engine_slowdown)
     url = str(info.endpoint)
     arn = boto3_client(url, "secretsmanager").create_secret(
         Name="chat-70b-key", SecretString=KEY)["ARN"]
-    extra_aws, cert_file = "", None
+    extra_aws, cert_file = aws_extra, None
     if certificate:
         pem, key = self_signed(home)
         cert_file = home / "cert.pem"
         cert_file.write_bytes(pem)
         cert_arn = boto3_client(url, "acm").import_certificate(
             Certificate=pem, PrivateKey=key)["CertificateArn"]
-        extra_aws = f"      certificate_arn: {cert_arn}\n"
+        extra_aws += f"      certificate_arn: {cert_arn}\n"
     cfg = home / "poolctl.yaml"
     text = pool_yaml(with_gcp=False, extra_aws=extra_aws, **yaml)
     cfg.write_text(text.replace("      port: 8000\n",

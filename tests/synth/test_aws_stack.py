@@ -203,6 +203,19 @@ def test_role_is_least_privilege(stacks):
     assert by_sid["QueueMetric"]["Condition"]["StringEquals"]["cloudwatch:namespace"] == "poolctl"
     for stmt in node["Statement"]:
         assert "*" not in stmt["Action"] and not any(a.endswith(":*") for a in stmt["Action"])
+    assert "CompileCache" not in by_sid  # no shared compile cache: nothing to write
+
+
+def test_a_shared_compile_cache_is_the_one_prefix_nodes_write(with_options):
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
+    [node] = [json.loads(v["policy"]) for v in resources(doc, "aws_iam_role_policy")
+              if v["name"].endswith("-node")]
+    by_sid = {s["Sid"]: s for s in node["Statement"]}
+    writes = [s for s in node["Statement"] if "s3:PutObject" in s["Action"]]
+    assert writes == [by_sid["CompileCache"]]
+    assert by_sid["CompileCache"]["Action"] == ["s3:GetObject", "s3:PutObject"]
+    [resource] = by_sid["CompileCache"]["Resource"]
+    assert resource.endswith(":s3:::acme-models/compile-cache/*")
 
 
 def test_queue_scaling_up_fast_down_slow(stacks):
@@ -307,6 +320,7 @@ def test_checkov_skips_are_each_needed(stacks):
 CERTIFICATE = "arn:aws:acm:us-west-2:111122223333:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
 TOPIC = "arn:aws:sns:us-west-2:123456789012:pool-alarms"
 OPTIONS = f"""\
+      compile_cache_uri: s3://acme-models/compile-cache/
       certificate_arn: {CERTIFICATE}
       alarm_topic_arn: {TOPIC}
       access_logs_bucket: acme-lb-logs

@@ -82,6 +82,7 @@ pools:
       machine_type: a3-highgpu-8g
       fallback_machine_types: [a3-megagpu-8g, a3-edgegpu-8g]
       weights_uri: gs://beta-weights
+      compile_cache_uri: gs://beta-cache/compile/
       certificate: beta-tls
 """
 
@@ -470,6 +471,19 @@ def test_service_account_least_privilege(stacks):
     # A whole-bucket weights URI has nothing to condition on.
     v = one(doc_of(stacks, "beta-small-gcp"), "google_storage_bucket_iam_member")
     assert v["bucket"] == "beta-weights" and "condition" not in v
+
+
+def test_a_shared_compile_cache_is_read_and_created_on_its_prefix_only(stacks):
+    """compile_cache_uri: objectViewer and objectCreator on its bucket, both conditioned on
+    its prefix (the same condition as the weights'); no other grant writes anything."""
+    members = resources(doc_of(stacks, "beta-flex-gcp"), "google_storage_bucket_iam_member")
+    by_role = {(m["bucket"], m["role"]): m for m in members}
+    assert set(by_role) == {("beta-weights", "roles/storage.objectViewer"),
+                            ("beta-cache", "roles/storage.objectViewer"),
+                            ("beta-cache", "roles/storage.objectCreator")}
+    for role in ("roles/storage.objectViewer", "roles/storage.objectCreator"):
+        expr = by_role[("beta-cache", role)]["condition"]["expression"]
+        assert 'resource.name.startsWith("projects/_/buckets/beta-cache/objects/compile/")' in expr
 
 
 def test_outputs_named_resource_attr(stacks):

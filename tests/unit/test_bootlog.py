@@ -150,3 +150,27 @@ def test_plan_and_simulate_use_measured_starts_and_say_so(home, monkeypatch, cap
     assert code == 0, err
     assert json.loads(out)["start_times"]["seconds"]["cold"] == 450.0
     assert "chat-70b/aws: start times measured: cold 450 s (p50 of 3 boot(s)" in err
+
+
+def test_what_the_shared_compile_cache_gave_each_boot():
+    """`compile cache: hit|miss|on disk` (node.sh.j2's compile_cache_fetch) and its phase;
+    `saved` after the total is no outcome of the boot; no line: no shared cache."""
+    console = """\
+poolctl: boot: acme-chat-70b serving meta-llama/Llama-3.1-70B-Instruct version 1, uptime 120.0s
+poolctl: phase=weights seconds=45
+poolctl: compile cache: miss s3://acme-models/compile-cache/m-tp2-0123456789abcdef.tar
+poolctl: phase=compile_cache seconds=2
+poolctl: phase=serving seconds=90
+poolctl: phase=total seconds=300 uptime=420.0
+poolctl: compile cache: saved s3://acme-models/compile-cache/m-tp2-0123456789abcdef.tar
+poolctl: boot: acme-chat-70b serving meta-llama/Llama-3.1-70B-Instruct version 1, uptime 60.0s
+poolctl: compile cache: on disk
+poolctl: phase=compile_cache seconds=0
+poolctl: phase=total seconds=150 uptime=210.0
+"""
+    first, second = parse_boots(console)
+    assert (first.compile_cache, first.phases["compile_cache"]) == ("miss", 2)
+    assert second.compile_cache == "on disk"
+    assert first.to_json()["compile_cache"] == "miss"
+    [plain] = parse_boots(WARM)[1:]
+    assert plain.compile_cache is None

@@ -137,6 +137,8 @@ def render_ledger(lg: runtime_ledger.PoolLedger) -> None:
                                     for k in COLUMNS[1:])]
         notes = [w for w, on in (("image on disk", b.image_on_disk),
                                  ("weights cached", b.weights_cached)) if on]
+        if b.compile_cache is not None:
+            notes.append(f"compile cache {b.compile_cache}")
         if b.failed_in:
             notes.insert(0, f"failed in {b.failed_in}" + (f": {b.failure}" if b.failure
                                                            else ""))

@@ -41,6 +41,7 @@ from poolctl.config.shapes import (
     SubnetId,
     VpcCidr,
     VpcId,
+    compile_cache_prefix,
     each_once,
     invalid,
 )
@@ -208,6 +209,13 @@ class AwsPlacement(CoreModel):
         description="s3://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
     )
+    compile_cache_uri: S3Uri | None = Field(
+        default=None,
+        description="s3://bucket/prefix/ where nodes share vLLM's torch.compile cache, one "
+        "object per image, model, TP, GPU type and engine settings: the first node to build "
+        "it saves it there, later nodes fetch it instead of compiling (the nodes may write "
+        "this prefix only). Unset: each node compiles."
+    )
     ami_id: AmiId | None = Field(
         default=None,
         description="Node image; omit for the Deep Learning AMI named by `ami_ssm_parameter`.",
@@ -338,6 +346,17 @@ class AwsPlacement(CoreModel):
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)
+
+    @model_validator(mode="after")
+    def _compile_cache_apart(self) -> AwsPlacement:
+        compile_cache_prefix("AwsPlacement", self.compile_cache_uri, self.weights_uri,
+                             self.STORE_SCHEME)
+        return self
+
+    @cached_property
+    def compile_cache(self) -> formats.ObjectPrefix | None:
+        return compile_cache_prefix("AwsPlacement", self.compile_cache_uri, self.weights_uri,
+                                    self.STORE_SCHEME)
 
 
 class AwsBackend(CoreModel):

@@ -34,6 +34,7 @@ from poolctl.config.shapes import (
     Ipv4Cidr,
     Num,
     ReservedNodes,
+    compile_cache_prefix,
     each_once,
     invalid,
 )
@@ -84,6 +85,13 @@ class GcpPlacement(CoreModel):
     weights_uri: GsUri = Field(
         description="gs://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
+    )
+    compile_cache_uri: GsUri | None = Field(
+        default=None,
+        description="gs://bucket/prefix/ where nodes share vLLM's torch.compile cache, one "
+        "object per image, model, TP, GPU type and engine settings: the first node to build "
+        "it saves it there, later nodes fetch it instead of compiling (the nodes may write "
+        "this prefix only). Unset: each node compiles."
     )
     zones: list[GcpZone] = Field(
         default_factory=list, description="Zones of the regional MIG; omit for the catalog's."
@@ -165,6 +173,17 @@ class GcpPlacement(CoreModel):
     @cached_property
     def weights(self) -> formats.ObjectPrefix:
         return formats.parse_object_prefix(self.weights_uri, self.STORE_SCHEME)
+
+    @model_validator(mode="after")
+    def _compile_cache_apart(self) -> GcpPlacement:
+        compile_cache_prefix("GcpPlacement", self.compile_cache_uri, self.weights_uri,
+                             self.STORE_SCHEME)
+        return self
+
+    @cached_property
+    def compile_cache(self) -> formats.ObjectPrefix | None:
+        return compile_cache_prefix("GcpPlacement", self.compile_cache_uri, self.weights_uri,
+                                    self.STORE_SCHEME)
 
     @model_validator(mode="after")
     def _subnetwork_in_region(self) -> GcpPlacement:

@@ -198,3 +198,17 @@ def each_once(title: str, names: list[str]) -> None:
     if len(set(names)) < len(names):
         raise invalid(title, ("reservations",), "names a reservation twice; list each once",
                       names)
+
+
+def compile_cache_prefix(title: str, cc: str | None, weights_uri: str, scheme: str
+                         ) -> formats.ObjectPrefix | None:
+    """A placement's `compile_cache_uri`, parsed; refused where it overlaps `weights_uri`:
+    the nodes write the compile cache and only read the weights."""
+    if cc is None:
+        return None
+    if cc.startswith(weights_uri) or weights_uri.startswith(cc):
+        raise invalid(title, ("compile_cache_uri",),
+                      f"{cc} overlaps weights_uri {weights_uri}: nodes write the compile cache "
+                      "and only read the weights; give it a prefix of its own (e.g. beside "
+                      "the weights' folder)", cc)
+    return formats.parse_object_prefix(cc, scheme)

@@ -37,7 +37,7 @@ from poolctl.node_image import recorded_node_image
 from poolctl.sandbox.admin_api import admin
 from poolctl.sandbox.serving import lb_address, seed_weights
 from poolctl.sandbox.standins import pid_alive
-from poolctl.sizing import instance_row, start_phases
+from poolctl.sizing import compile_miss_s, instance_row, start_phases
 
 HOST = "127.0.0.1"
 # Not 4566: that is LocalStack's port, and pointing Terraform at the wrong emulator by
@@ -463,7 +463,8 @@ def register_start_times(cfg: Any, pool: Any, home: Path | str | None = None) ->
             "pool": tags[naming.TAG_POOL], "start_seconds": totals(phases),
             # for serving nodes (sandbox start --serve): each phase's time, and the model
             # the stand-in engine serves as (what `plan` and `simulate` model)
-            "phases": phases, "model": pool.model.model_dump(mode="json", exclude_none=True)}
+            "phases": phases, "model": pool.model.model_dump(mode="json", exclude_none=True),
+            "compile_miss_s": compile_miss_s(pool, Cloud.aws)}
     url = endpoint(home)
     seed_weights(AwsEndpoint(url, pool.aws.region, dict(TEST_CREDENTIALS)), pool)
     try:

@@ -14,7 +14,8 @@ programs. Each writes a folder (`bin/`) of small executables; `docker` is this m
   sandbox empties it when the instance stops, as EC2 wipes instance store).
 - `sleep N`: N / speed seconds: the script's waits run on the sandbox clock.
 - `aws`: the real AWS CLI (against the sandbox), after the plan's weights transfer time over
-  the speed for `aws s3 cp`: a laptop copies the stand-in weights in milliseconds.
+  the speed for `aws s3 cp --recursive` (the weights' folder): a laptop copies the stand-in
+  weights in milliseconds. Other copies (the compile cache's one file) take what they take.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def write_bin(folder: Path, python: str) -> None:
             "'BEGIN { printf \"%.3f\", s / k }')\"\n"),
         "aws": (
             "#!/bin/bash\n"
-            'if [[ ${1:-} == s3 && ${2:-} == cp && -n ${POOLCTL_SANDBOX_WEIGHTS_S:-} ]]; then\n'
+            'if [[ ${1:-} == s3 && ${2:-} == cp && " $* " == *" --recursive "* &&'
+            ' -n ${POOLCTL_SANDBOX_WEIGHTS_S:-} ]]; then\n'
             '  /bin/sleep "$(awk -v s="$POOLCTL_SANDBOX_WEIGHTS_S" '
             "-v k=\"${POOLCTL_SANDBOX_SPEED:-1}\" 'BEGIN { printf \"%.3f\", s / k }')\"\n"
             "fi\n"
@@ -153,6 +155,9 @@ def docker_run(argv: list[str]) -> int:
         elif flag in ("-e", "--env"):
             k, _, v = value.partition("=")
             env[k] = v
+        elif flag in ("-v", "--volume") and value.split(":")[1:2] == ["/root/.cache"]:
+            # the engine's cache folder (its torch.compile cache): a host folder here
+            env["POOLCTL_VLLM_CACHE_DIR"] = value.split(":")[0]
     if i >= len(argv):
         print("docker (sandbox): run: no image given", file=sys.stderr)
         return 125

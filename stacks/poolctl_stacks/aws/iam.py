@@ -26,7 +26,8 @@ class NodeRole(Construct):
 
     def __init__(self, scope: Construct, id: str, *, name: str, weights: ObjectPrefix,
                  asg_name: str, log_group_arn: str, tags: dict[str, str],
-                 ssm_access: bool = False, api_key_secret: str | None = None) -> None:
+                 ssm_access: bool = False, api_key_secret: str | None = None,
+                 compile_cache: ObjectPrefix | None = None) -> None:
         super().__init__(scope, id)
         bucket, prefix = weights.bucket, weights.prefix
         ident = aws("data_aws_caller_identity").DataAwsCallerIdentity(self, "me")
@@ -86,6 +87,17 @@ class NodeRole(Construct):
                 "Resource": [f"{log_group_arn}:*"],
             },
         ]
+        if compile_cache is not None:
+            # The shared torch.compile cache (compile_cache_uri): the one prefix a node writes;
+            # GetObject answers AccessDenied rather than NoSuchKey without ListBucket, which
+            # the fetch reads as a miss either way.
+            statements.append({
+                "Sid": "CompileCache",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject"],
+                "Resource": [f"arn:{part.partition}:s3:::{compile_cache.bucket}/"
+                             f"{compile_cache.prefix}*"],
+            })
         if api_key_secret:
             statements.append({
                 "Sid": "ApiKeySecret",

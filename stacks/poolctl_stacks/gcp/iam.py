@@ -13,6 +13,7 @@ from poolctl.formats import ObjectPrefix
 from poolctl_stacks._providers import google
 
 OBJECT_VIEWER = "roles/storage.objectViewer"
+OBJECT_CREATOR = "roles/storage.objectCreator"
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 _CEL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -38,7 +39,8 @@ def account_id(name: str) -> str:
     return cand if len(cand) >= 6 else f"{cand}-node"[:30]
 
 
-def weights_condition(weights: ObjectPrefix) -> dict[str, str] | None:
+def weights_condition(weights: ObjectPrefix, title: str = "poolctl-weights-prefix",
+                      verb: str = "read") -> dict[str, str] | None:
     """IAM condition limiting objectViewer to the weights prefix: object reads by resource
     name, listings by the requested list prefix (`objectListPrefix`), the GCS counterpart of
     the AWS role's s3:prefix condition. None when the URI names the whole bucket."""
@@ -47,8 +49,8 @@ def weights_condition(weights: ObjectPrefix) -> dict[str, str] | None:
         return None
     objects = cel_string(f"projects/_/buckets/{bucket}/objects/{prefix}")
     return {
-        "title": "poolctl-weights-prefix",
-        "description": f"read {weights.uri} only",
+        "title": title,
+        "description": f"{verb} {weights.uri} only",
         "expression": (
             f"resource.name.startsWith({objects}) || "
             f'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
@@ -62,7 +64,8 @@ class NodeServiceAccount(Construct):
     accepted on buckets with fine-grained ACLs."""
 
     def __init__(self, scope: Construct, id: str, *, name: str, project: str,
-                 weights: ObjectPrefix, api_key_secret: str | None = None) -> None:
+                 weights: ObjectPrefix, api_key_secret: str | None = None,
+                 compile_cache: ObjectPrefix | None = None) -> None:
         super().__init__(scope, id)
         self.sa = google("service_account").ServiceAccount(
             self, "sa", account_id=account_id(name), project=project,
@@ -76,6 +79,15 @@ class NodeServiceAccount(Construct):
             self, "weights", bucket=weights.bucket, role=OBJECT_VIEWER, member=member,
             condition=iam.StorageBucketIamMemberCondition(**cond) if cond else None,
         )
+        if compile_cache is not None:  # the shared torch.compile cache: read and create there
+            cc = weights_condition(compile_cache, "poolctl-compile-cache-prefix",
+                                   "read and write")
+            for key, role in (("compile-cache-read", OBJECT_VIEWER),
+                              ("compile-cache-write", OBJECT_CREATOR)):
+                iam.StorageBucketIamMember(
+                    self, key, bucket=compile_cache.bucket, role=role, member=member,
+                    condition=iam.StorageBucketIamMemberCondition(**cc) if cc else None,
+                )
         if api_key_secret:  # projects/P/secrets/NAME: read access to that one secret
             _, secret_project, _, secret_name = api_key_secret.split("/")
             google("secret_manager_secret_iam_member").SecretManagerSecretIamMember(

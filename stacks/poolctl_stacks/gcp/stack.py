@@ -48,7 +48,8 @@ class GcpPoolStack(PoolStack):
 
         sa = NodeServiceAccount(self, "iam", name=name, project=placement.project,
                                 weights=placement.weights,
-                                api_key_secret=pool.api_key_secret(Cloud.gcp))
+                                api_key_secret=pool.api_key_secret(Cloud.gcp),
+                                compile_cache=placement.compile_cache)
         net = Network(self, "network", placement=placement, name=name,
                       port=pool.serving.port, node_tag=node_tag)
         nodes = NodeGroup(self, "nodes", pool=pool, row=row, plan=plan, name=name, net=net,

@@ -323,11 +323,13 @@ boot() {
     phase weights fetch_weights
     PHASE=image
     wait "$pull"
+    if declare -F compile_cache_fetch >/dev/null; then phase compile_cache compile_cache_fetch; fi
     phase serving start_serving
     phase readiness wait_ready
   fi
   BOOT_DONE=1
   log "phase=total seconds=$(since "$t0") uptime=$(uptime_s)"
+  if declare -F compile_cache_save >/dev/null; then compile_cache_save; fi
 }
 
 install_node() {

@@ -129,7 +129,8 @@ def admin_middleware(app: Callable[..., Any], info: dict[str, Any]) -> Callable[
                                      dict(body["start_seconds"]))
                 serving_nodes.register_pool(body["region"], body["project"], body["pool"],
                                             dict(body.get("phases") or {}),
-                                            dict(body.get("model") or {}))
+                                            dict(body.get("model") or {}),
+                                            float(body.get("compile_miss_s") or 0.0))
                 return respond(start_response, 200, boot_report())
             if path == "/_poolctl/quotas":
                 with LOCK:

@@ -140,10 +140,13 @@ def speed() -> float:
 
 
 def register_pool(region: str, project: str, pool: str, phases: dict[str, Any],
-                  model: dict[str, Any]) -> None:
+                  model: dict[str, Any], compile_miss_s: float = 0.0) -> None:
+    """`compile_miss_s`: what torch.compile adds to a start without a compile cache (the
+    pool shares one: the plan's phases count its hit)."""
     with LOCK:
-        pools[(str(region), str(project), str(pool))] = {"phases": dict(phases),
-                                                          "model": dict(model)}
+        pools[(str(region), str(project), str(pool))] = {
+            "phases": dict(phases), "model": dict(model),
+            "compile_miss_s": float(compile_miss_s)}
 
 
 def _group_key(backend: Any, group: Any) -> tuple[str, str, str] | None:
@@ -228,6 +231,7 @@ def _start(node: Node, script: bytes, kind: str) -> None:
         "POOLCTL_ENGINE_START_S": repr(float(phases.get("load_to_gpu", 0.0))
                                        + float(phases.get("engine_init", 0.0))),
         "POOLCTL_SANDBOX_MODEL": json.dumps(reg.get("model") or {}),
+        "POOLCTL_ENGINE_COMPILE_MISS_S": repr(float(reg.get("compile_miss_s") or 0.0)),
         "POOLCTL_ENGINE_SLOWDOWN": repr(float(_serve["slowdown"])),
         # the script's own clock (boot/_lib.sh.j2 `since`): pool seconds, as everything else
         "POOLCTL_TIME_SCALE_MILLI": str(round(speed() * 1000)),

@@ -8,7 +8,11 @@ POOLCTL_SANDBOX_SPEED, pool seconds per wall second (1); POOLCTL_SANDBOX_MODEL, 
 many times as long as the serving model times it (1; the sandbox's --engine-slowdown: a GPU
 that does worse than the pool's model believes); POOLCTL_ENGINE_START_S, the engine's
 planned start (loading weights into HBM, CUDA graphs) in pool seconds, waited before the port
-opens as vLLM's does; VLLM_API_KEY, as vLLM reads it.
+opens as vLLM's does; POOLCTL_VLLM_CACHE_DIR, the host folder the container's /root/.cache is
+(the `docker` stand-in reads it from `-v`), and POOLCTL_ENGINE_COMPILE_MISS_S, the pool
+seconds torch.compile adds when that folder holds no compile cache
+(vllm/torch_compile_cache/): the engine then "compiles" and writes one there, as vLLM does;
+VLLM_API_KEY, as vLLM reads it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,27 @@ def _env_float(name: str, default: float) -> float:
     if not (v >= 0 and v != float("inf")):
         sys.exit(f"{PROG}: {name}={raw}: not a number of 0 or more")
     return v
+
+
+def compile_cache(miss_s: float) -> float:
+    """The seconds torch.compile adds to this start: none when the cache folder holds a
+    compile cache (fetched from the pool's shared one, or kept on the node's root volume),
+    else `miss_s`, after which the "compiled" artifacts are written there as vLLM writes
+    its (~/.cache/vllm/torch_compile_cache/<hash>/rank_0_0/)."""
+    root = os.environ.get("POOLCTL_VLLM_CACHE_DIR")
+    if not root or not miss_s:
+        return 0.0
+    cache = os.path.join(root, "vllm", "torch_compile_cache")
+    if os.path.isdir(cache) and os.listdir(cache):
+        print("INFO Using cache directory for vLLM's torch.compile (poolctl stand-in): hit",
+              flush=True)
+        return 0.0
+    rank = os.path.join(cache, "sandbox", "rank_0_0")
+    os.makedirs(rank, exist_ok=True)
+    with open(os.path.join(rank, "artifacts.bin"), "wb") as f:
+        f.write(b"\0" * 1024)
+    print(f"INFO torch.compile (poolctl stand-in): no cache, {miss_s:g} s more", flush=True)
+    return miss_s
 
 
 async def serve(argv: list[str]) -> None:
@@ -74,6 +99,7 @@ async def serve(argv: list[str]) -> None:
           f"TP {args.tensor_parallel_size} x DP {args.data_parallel_size} on {itype}, "
           f"KV cache {m.kv_tokens} tokens per replica, speed x{speed:g}"
           + (f", steps x{slowdown:g} the model's" if slowdown != 1.0 else ""), flush=True)
+    start_s += compile_cache(_env_float("POOLCTL_ENGINE_COMPILE_MISS_S", 0.0))
     await asyncio.sleep(start_s / speed)
     live = Live(m, args.data_parallel_size, speed, args.enable_prefix_caching, args.block_size)
     server = Server(args, live, keys, m.max_model_len)
