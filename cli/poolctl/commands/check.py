@@ -38,7 +38,15 @@ from poolctl.files import replace_file
 from poolctl.node_image import NodeImage, recorded_node_image
 from poolctl.predictive import predictive
 from poolctl.rules import TrafficNeed, errors, exit_code, run_checks
-from poolctl.sizing import nodes_for, plan_pool, quota_totals
+from poolctl.sizing import (
+    COMPILE_HIT_S,
+    COMPILE_S,
+    ENGINE_INIT_S,
+    compile_miss_s,
+    nodes_for,
+    plan_pool,
+    quota_totals,
+)
 
 if TYPE_CHECKING:
     from poolctl.capacity import Recommendation
@@ -134,6 +142,13 @@ def plan(file: FileOpt = None, pool: PoolOpt = None, cloud: CloudAllOpt = None,
         if t.cloud == Cloud.aws and (ahead := predictive(t.pool, pl)) is not None:
             console().print(f"{t.pool.name}/{t.cloud}: {ahead.line()}", markup=False,
                             soft_wrap=True)
+        if miss := compile_miss_s(t.pool, t.cloud):
+            console().print(
+                f"{t.pool.name}/{t.cloud}: compile cache shared (compile_cache_uri): "
+                f"engine_init {ENGINE_INIT_S - miss:g} s instead of {ENGINE_INIT_S:g} "
+                f"(torch.compile {COMPILE_S:g} s, from the cache {COMPILE_HIT_S:g} s: "
+                f"docs/cloud-facts.md); the pool's first node compiles, {miss:g} s more",
+                markup=False, soft_wrap=True)
     render_quota_totals(totals)
     if recs:
         render_recommendations(tgts, plans, recs)
