@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -21,7 +22,16 @@ from typer._click.utils import make_default_short_help  # the click typer vendor
 
 from poolctl import __version__
 from poolctl.envcheck import check_environment
-from poolctl.errors import INTERNAL_ERROR, EscapingStream, PoolctlError, known_error, printable
+from poolctl.errors import (
+    INTERNAL_ERROR,
+    EscapingStream,
+    PoolctlError,
+    UsageError,
+    known_error,
+    printable,
+    profile_flag,
+    shown,
+)
 
 
 @dataclass(frozen=True)
@@ -155,9 +165,16 @@ def _root(
                                  callback=_print_version, is_eager=True),
     debug: bool = typer.Option(False, "--debug", help="On an internal error (a bug: exit "
                                "70), print its traceback for the report. Also POOLCTL_DEBUG=1."),
+    profile: str | None = typer.Option(
+        None, "--profile", metavar="NAME", show_default=False,
+        help="The AWS named profile for every AWS call, Terraform's and Packer's included, "
+        "as `aws --profile` (its credentials, not the environment's); also after the "
+        "command."),
 ) -> None:
 
     _debug[0] = debug
+    if profile is not None:
+        use_profile(profile)
     # Before any command acts: a bad POOLCTL_* value must not surface halfway through one.
     check_environment()
 
@@ -177,11 +194,49 @@ def main() -> None:
         sys.stdout, sys.stderr = saved
 
 
+# AWS profile names: what the AWS CLI writes in ~/.aws/config section names.
+_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+=,-]{0,63}")
+# Credentials the environment may hold, which `--profile` puts aside as the AWS CLI does.
+_ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+             "AWS_DEFAULT_PROFILE")
+
+
+def use_profile(name: str) -> None:
+    """`--profile NAME`: AWS_PROFILE for boto3 and the tools poolctl runs (their environment
+    is this process's), the environment's own keys set aside."""
+    if not _PROFILE.fullmatch(name):
+        raise UsageError(f"--profile: {shown(name)} is not a profile name (letters, digits and "
+                         "_.@+=,- as in ~/.aws/config); give the name of one")
+    os.environ["AWS_PROFILE"] = name
+    for key in _ENV_KEYS:
+        os.environ.pop(key, None)
+    profile_flag[0] = True
+
+
+def lift_profile(argv: list[str]) -> list[str]:
+    """`--profile NAME` wherever it is given (before `--`), as the root option it is: the AWS
+    CLI takes it after the command too."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    head, lifted, i = [], [], 0
+    while i < end:
+        a = argv[i]
+        if a == "--profile" and i + 1 < end:
+            lifted += argv[i:i + 2]
+            i += 2
+            continue
+        if a.startswith("--profile="):
+            lifted.append(a)
+        else:
+            head.append(a)
+        i += 1
+    return [*lifted, *head, *argv[end:]]
+
+
 def _main() -> None:
 
     _debug[0] = False
     try:
-        rv = app(standalone_mode=False, prog_name="poolctl")
+        rv = app(args=lift_profile(sys.argv[1:]), standalone_mode=False, prog_name="poolctl")
     except PoolctlError as e:
         _fail(str(e), e.exit_code)
     except typer.Exit as e:

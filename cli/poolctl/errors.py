@@ -28,6 +28,9 @@ class NotConfirmed(OperationFailed):
     """The user answered no at a confirmation: nothing was applied."""
 
 
+# Whether this run's AWS profile came from `--profile` (app.use_profile), for its one line.
+profile_flag = [False]
+
 # Exit code of an exception no command turned into a line: a bug (sysexits.h EX_SOFTWARE).
 INTERNAL_ERROR = 70
 
@@ -98,11 +101,11 @@ def _first(e: BaseException | str) -> str:
 def _botocore_line(cls: str, kw: dict[str, object], text: str, env: Mapping[str, str]
                    ) -> tuple[str, int] | None:
     if cls == "ProfileNotFound":
-        var = next((v for v in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE") if env.get(v)),
-                   "the AWS profile")
+        var = "--profile" if profile_flag[0] else next(
+            (v for v in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE") if env.get(v)), "the AWS profile")
         return (f"{var}={shown(kw.get('profile'))}: no such profile in the AWS config or "
-                "credentials file (~/.aws/config, ~/.aws/credentials); fix the name, or unset it",
-                2)
+                "credentials file (~/.aws/config, ~/.aws/credentials); fix the name, or "
+                + ("drop --profile" if profile_flag[0] else "unset it"), 2)
     if cls == "ConfigParseError":
         return (f"{shown(kw.get('path'))}: not a valid AWS config file ({_first(text)}); fix "
                 "it, or point AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE at another file", 2)

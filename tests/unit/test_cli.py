@@ -210,3 +210,31 @@ def test_plan_says_what_a_shared_compile_cache_saves(tmp_path):
     assert ("chat-70b/aws: compile cache shared (compile_cache_uri): engine_init 45 s instead "
             "of 90 (torch.compile 60 s, from the cache 15 s: docs/cloud-facts.md); the pool's "
             "first node compiles, 45 s more") in " ".join(r.stdout.split())
+
+
+def test_profile_reaches_the_aws_calls_before_or_after_the_command(tmp_path):
+    """`--profile NAME` as `aws --profile`: a root option, also after the command; a profile
+    the AWS config lacks is botocore's ProfileNotFound, one line naming the flag, exit 2
+    (before any call leaves the machine)."""
+    import os
+
+    from poolctl.app import lift_profile
+
+    assert lift_profile(["status", "--cloud", "aws", "--profile", "prod", "--json"]) == [
+        "--profile", "prod", "status", "--cloud", "aws", "--json"]
+    assert lift_profile(["logs", "--profile=prod", "--", "--profile", "x"]) == [
+        "--profile=prod", "logs", "--", "--profile", "x"]
+    empty = tmp_path / "aws-config"
+    empty.write_text("")
+    env = {**os.environ, "AWS_CONFIG_FILE": str(empty), "AWS_SHARED_CREDENTIALS_FILE": str(empty),
+           "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "x"}
+    env.pop("AWS_PROFILE", None)
+    for args in (["status", "--cloud", "aws", "-f", str(EXAMPLE), "--profile", "nope"],
+                 ["--profile", "nope", "status", "--cloud", "aws", "-f", str(EXAMPLE)]):
+        r = poolctl(*args, env=env)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == (
+            "poolctl: --profile=nope: no such profile in the AWS config or credentials file "
+            "(~/.aws/config, ~/.aws/credentials); fix the name, or drop --profile")
+    r = poolctl("--profile", "two words", "validate", "-f", str(EXAMPLE))
+    assert r.returncode == 2 and "--profile: two words is not a profile name" in r.stderr
