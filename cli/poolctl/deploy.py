@@ -7,7 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,22 +41,34 @@ ADOPT_FILE = "poolctl_adopt.tf.json"
 
 @dataclass
 class StackResult:
+    """One stack's run: its plan (the summary, the size changes and one change a resource, as
+    read from `terraform show -json`), whether it was applied, its outputs and timings."""
+
     stack: str
     workdir: str
-    summary: dict[str, Any] = field(default_factory=dict)
+    plan: PlanSummary | None = None  # None: not planned (yet)
     applied: bool = False
     outputs: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     adopted: list[str] = field(default_factory=list)  # addresses imported by `adopt`
     kept: list[str] = field(default_factory=list)  # runtime sizes the apply keeps, and why
-    # the plan's size changes (SizeChange.to_json)
-    sizes: list[dict[str, Any]] = field(default_factory=list)
     cost_per_hour_usd: dict[str, Any] = field(default_factory=dict)  # pool_cost
     log: str = ""  # Terraform's output
-    changes: list[ResourceChange] = field(default_factory=list)  # one per resource the plan changes
+
+    @property
+    def changes(self) -> list[ResourceChange]:
+        return list(self.plan.resources) if self.plan is not None else []
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """`deploy --json`'s entry of the stack (docs/commands.md)."""
+        plan = self.plan
+        return {"stack": self.stack, "workdir": self.workdir,
+                "summary": plan.to_json() if plan is not None else {},
+                "applied": self.applied, "outputs": self.outputs, "timings": self.timings,
+                "adopted": self.adopted, "kept": self.kept,
+                "sizes": [c.to_json() for c in plan.sizes] if plan is not None else [],
+                "cost_per_hour_usd": self.cost_per_hour_usd, "log": self.log,
+                "changes": [c.to_json() for c in self.changes]}
 
 
 def pool_cost(pool: Pool, cloud: Cloud, summary: PlanSummary, plan: PoolPlan | None = None
@@ -252,9 +264,7 @@ class StackRun:
         log(f"== {self.name}: {self.binary} plan{' -destroy' if self.destroy else ''}")
         summary = self.tf.plan(destroy=self.destroy)
         res = self.result
-        res.summary = summary.to_json()
-        res.changes = list(summary.resources)
-        res.sizes = [c.to_json() for c in summary.sizes]
+        res.plan = summary
         summary.cost = res.cost_per_hour_usd = pool_cost(self.target.pool, self.target.cloud,
                                                          summary, self.plan_)
         self.summary = summary
@@ -293,8 +303,7 @@ class StackRun:
             return
         log(f"== {self.name}: {self.binary} plan (again, after the state change)")
         self.summary = self.tf.plan()
-        self.result.summary = self.summary.to_json()
-        self.result.changes = list(self.summary.resources)
+        self.result.plan = self.summary
 
     def apply(self) -> None:
         log(f"== {self.name}: {self.binary} apply")
