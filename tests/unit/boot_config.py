@@ -66,8 +66,15 @@ pools:
 
 
 def config_yaml(aws_port: int = 8000, gcp_port: int = 8080, image: str | None = None,
-                api_key_secret: str | None = None) -> str:
+                api_key_secret: str | None = None, compile_cache: bool = False) -> str:
     text = CONFIG_YAML.replace("EXTRA_ARGS_JSON", json.dumps(EXTRA_ARGS))
+    if compile_cache:  # both pools share a torch.compile cache beside their weights
+        text = text.replace("      weights_uri: s3://acme-models/llama-3.1-70b\n",
+                            "      weights_uri: s3://acme-models/llama-3.1-70b\n"
+                            "      compile_cache_uri: s3://acme-models/compile-cache/\n")
+        text = text.replace("      weights_uri: gs://acme-models/llama-3.1-405b-fp8/\n",
+                            "      weights_uri: gs://acme-models/llama-3.1-405b-fp8/\n"
+                            "      compile_cache_uri: gs://acme-models/compile-cache/\n")
     if api_key_secret:  # an ARN for the AWS pool (first), a secret name for the GCP one
         ports = list(re.finditer(r"\n      port: \d+\n", text))
         at = ports[0 if api_key_secret.startswith("arn:") else 1].end()

@@ -58,7 +58,10 @@ def gcp_script(cfg):
 def _all_scripts(cfg) -> dict[str, str]:
     ecr = load(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/serving/vllm:v0.11.0")
     aws_key, gcp_key = load(api_key_secret=AWS_SECRET_ARN), load(api_key_secret=GCP_SECRET)
+    cc = load(compile_cache=True)
     return {
+        "aws-chat-70b-compile-cache.sh": render_boot_script(cc, cc.pools[0], Cloud.aws),
+        "gcp-llama-405b-compile-cache.sh": render_boot_script(cc, cc.pools[1], Cloud.gcp),
         "aws-chat-70b.sh": render_boot_script(cfg, cfg.pools[0], Cloud.aws),
         "gcp-llama-405b.sh": render_boot_script(cfg, cfg.pools[1], Cloud.gcp),
         "aws-chat-70b-ecr.sh": render_boot_script(ecr, ecr.pools[0], Cloud.aws),
@@ -320,6 +323,8 @@ def test_usage_errors_name_the_key(cfg):
                                   "nvme-raid-aws.sh", "nvme-raid-gcp.sh",
                                   "aws-chat-70b-image.sh", "gcp-llama-405b-image.sh",
                                   "gcp-llama-405b-api-key-image.sh",
+                                  "aws-chat-70b-compile-cache.sh",
+                                  "gcp-llama-405b-compile-cache.sh",
                                   "boot-lib-aws.sh", "boot-lib-gcp.sh"])
 def test_shellcheck_clean(cfg, name):
     if not shutil.which("shellcheck"):
@@ -394,3 +399,30 @@ def test_systemd_units_are_valid(aws_script, tmp_path):
     # verify exits 0 on unknown keys; they show up as messages naming the file.
     problems = [ln for ln in (out.stdout + out.stderr).splitlines() if str(tmp_path) in ln]
     assert out.returncode == 0 and problems == [], out.stdout + out.stderr
+
+
+def test_the_compile_cache_is_vllms_own_folder_fetched_before_and_saved_after(cfg):
+    """vLLM keeps torch.compile's artifacts in VLLM_CACHE_ROOT/torch_compile_cache
+    (vllm/envs.py: ~/.cache/vllm; docs.vllm.ai, torch.compile integration): the container's
+    /root/.cache is the node's $STATE/vllm-cache, VLLM_CACHE_ROOT is named, and the fetch and
+    the save use $STATE/vllm-cache/vllm/torch_compile_cache. A pool without
+    compile_cache_uri has none of it."""
+    cc = load(compile_cache=True)
+    aws = render_boot_script(cc, cc.pools[0], Cloud.aws)
+    assert '-v "$STATE/vllm-cache:/root/.cache"' in aws
+    assert "-e VLLM_CACHE_ROOT=/root/.cache/vllm" in aws
+    assert 'local dir="$STATE/vllm-cache/vllm"' in aws
+    assert 'compgen -G "$dir/torch_compile_cache/*"' in aws
+    assert 'tar -C "$dir" -cf "$tmp" torch_compile_cache' in aws
+    uri = re.search(r"^CC_URI=(\S+)$", aws, re.M)
+    assert uri and re.fullmatch(
+        r"s3://acme-models/compile-cache/meta-llama_Llama-3\.1-70B-Instruct-tp2-[0-9a-f]{16}"
+        r"\.tar", uri.group(1)), aws
+    gcp = render_boot_script(cc, cc.pools[1], Cloud.gcp)
+    assert 'gcloud storage cp "$CC_URI" "$tmp" --quiet' in gcp and "aws s3" not in gcp
+    # the key follows what the cache depends on: another image is another object
+    other = load(compile_cache=True, image="vllm/vllm-openai:v0.11.1")
+    assert bootscript.compile_cache(other.pools[0], Cloud.aws, "H100") != (
+        bootscript.compile_cache(cc.pools[0], Cloud.aws, "H100"))
+    plain = render_boot_script(cfg, cfg.pools[0], Cloud.aws)
+    assert "CC_URI" not in plain and "VLLM_CACHE_ROOT" not in plain
