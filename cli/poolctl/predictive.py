@@ -190,15 +190,20 @@ def hourly_in_flight(res: SimResult, hours: int) -> list[float]:
     return [x / HOUR_S for x in acc]
 
 
+def same_hour_mean(load: Mapping[int, float], hour: int) -> float | None:
+    """The forecast of `hour` (an hour index) from `load` by hour index: the mean of the same
+    hour on up to FORECAST_DAYS earlier days that have a value; None when none has. The rule
+    the sandbox's stand-in for AWS's forecast (sandbox/extensions/forecasts.py) and
+    `simulate --predictive` share."""
+    past = [load[hour - 24 * k] for k in range(1, FORECAST_DAYS + 1) if hour - 24 * k in load]
+    return sum(past) / len(past) if past else None
+
+
 def forecast_in_flight(in_flight: list[float]) -> list[float | None]:
-    """Each hour's forecast as the sandbox's stand-in makes it (extensions/forecasts.py): the
-    mean of the same hour on up to 14 earlier days; None on the first day (AWS needs 24
-    hours of history)."""
-    out: list[float | None] = []
-    for h in range(len(in_flight)):
-        past = [in_flight[h - 24 * k] for k in range(1, FORECAST_DAYS + 1) if h - 24 * k >= 0]
-        out.append(sum(past) / len(past) if past else None)
-    return out
+    """Each hour's forecast (same_hour_mean); None on the first day (AWS needs 24 hours of
+    history)."""
+    load = dict(enumerate(in_flight))
+    return [same_hour_mean(load, h) for h in range(len(in_flight))]
 
 
 def ahead_windows(in_flight: list[float], per_node: float, min_nodes: int, max_nodes: int,

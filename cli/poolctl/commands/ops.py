@@ -322,11 +322,11 @@ def forecast_lines(s: PoolStatus) -> list[str]:
             head += (f"; its load forecast of the last {err[1]} hour(s) was off by "
                      f"{err[0]:.0%} of what happened (mean absolute error)")
     out = [head]
-    slow = {k: v.p90_s for k, v in s.starts.items() if k == "cold"}
-    if slow and slow["cold"] > s.forecast_buffer_s:
+    cold = s.starts.get("cold")
+    if cold is not None and cold.p90_s > s.forecast_buffer_s:
         out.append(f"forecast: nodes launch {s.forecast_buffer_s} s ahead, but a cold start "
-                   f"measured p90 {slow['cold']:g} s: set scaling.predictive_buffer_s: "
-                   f"{min(MAX_BUFFER_S, math.ceil(slow['cold']))} and deploy")
+                   f"measured p90 {cold.p90_s:g} s: set scaling.predictive_buffer_s: "
+                   f"{min(MAX_BUFFER_S, math.ceil(cold.p90_s))} and deploy")
     return out
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from poolctl.histograms import weighted_percentile
 from poolctl.sandbox.extensions.common import LOCK, all_backends
 from poolctl.sandbox.extensions.percentiles import PCT_STAT, datum_point
+from poolctl.sandbox.extensions.percentiles import statistic as cw_statistic
 
 NAMES = ("cloudwatch.alarms-act",)
 TT_PERIOD_S = 60.0
@@ -82,20 +83,6 @@ def _pool_time(ts: Any) -> float:
     return float(ts.timestamp() - _clock.wall0) * _clock.speed
 
 
-def _stat(points: list[tuple[float, float]], statistic: str) -> float:
-    """A CloudWatch statistic of (value, count) points."""
-    total = sum(c for _, c in points)
-    if statistic == "Sum":
-        return sum(v * c for v, c in points)
-    if statistic == "Maximum":
-        return max(v for v, _ in points)
-    if statistic == "Minimum":
-        return min(v for v, _ in points)
-    if statistic == "SampleCount":
-        return total
-    return sum(v * c for v, c in points) / total if total else 0.0  # Average
-
-
 def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic: str,
              period: float, count: int, now: float) -> list[float | None]:
     """The statistic of each of the last `count` whole periods, newest first (None: no
@@ -118,7 +105,7 @@ def _periods(cw: Any, namespace: str, name: str, dims: dict[str, str], statistic
     if pct is not None:  # an alarm's ExtendedStatistic
         q = float(pct.group(1)) / 100
         return [weighted_percentile(b, q) if b else None for b in buckets]
-    return [_stat(b, statistic) if b else None for b in buckets]
+    return [cw_statistic(b, statistic) if b else None for b in buckets]
 
 
 def _breaches(value: float, op: str, threshold: float) -> bool:

@@ -42,13 +42,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from poolctl.predictive import FORECAST_DAYS, same_hour_mean
 from poolctl.sandbox.extensions.common import before_each_call, find_group, validation_error
-from poolctl.sandbox.extensions.percentiles import datum_point
+from poolctl.sandbox.extensions.percentiles import datum_point, statistic
 
 NAMES = ("autoscaling.predictive-forecast", "cloudwatch.metric-math-arithmetic")
 HOUR_S = 3600
 DAY_S = 86_400
-HISTORY_DAYS = 14
 MIN_HISTORY_S = DAY_S
 MAX_SPAN_S = 30 * DAY_S
 MINUTES_PER_HOUR = 60
@@ -75,19 +75,6 @@ def _ts(d: Any) -> float:
     if isinstance(t, datetime):
         return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
     return datetime.fromisoformat(str(t).replace("Z", "+00:00")).timestamp()
-
-
-def _stat(points: list[tuple[float, float]], stat: str) -> float:
-    total = sum(c for _, c in points)
-    if stat == "Sum":
-        return sum(v * c for v, c in points)
-    if stat == "SampleCount":
-        return total
-    if stat == "Minimum":
-        return min(v for v, _ in points)
-    if stat == "Maximum":
-        return max(v for v, _ in points)
-    return sum(v * c for v, c in points) / total if total else 0.0
 
 
 _OPS: dict[type, Callable[[float, float], float]] = {
@@ -156,7 +143,7 @@ def hourly_load(cw: Any, spec: Mapping[str, Any], start: float, end: float
             if point is None or not start <= t < end:
                 continue
             hours.setdefault(int(t // HOUR_S * HOUR_S), []).append(point)
-    values = {qid: {h: _stat(p, stats[qid]) for h, p in hours.items()}
+    values = {qid: {h: statistic(p, stats[qid]) for h, p in hours.items()}
               for qid, hours in per_id.items()}
     out_q = next((q for q in queries if str(q.get("ReturnData", "true")).lower() == "true"),
                  None)
@@ -173,17 +160,16 @@ def forecast(cw: Any, group: Any, policy: Any, start: float, end: float, now: fl
     spec = _spec(policy)
     if spec is None:
         return [], [], []
-    history = hourly_load(cw, spec, start - HISTORY_DAYS * DAY_S, now)
+    history = hourly_load(cw, spec, start - FORECAST_DAYS * DAY_S, now)
     if not history or now - min(history) < MIN_HISTORY_S:
         return [], [], []
+    by_hour = {t // HOUR_S: v for t, v in history.items()}  # hours since the epoch
     target = float(spec.get("TargetValue") or 0) or 1.0
     hours, loads, caps = [], [], []
     h = int(start // HOUR_S * HOUR_S)
     while h < end:
-        past = [history[h - k * DAY_S] for k in range(1, HISTORY_DAYS + 1)
-                if h - k * DAY_S in history]
-        if past:
-            load = sum(past) / len(past)
+        load = same_hour_mean(by_hour, h // HOUR_S)
+        if load is not None:
             hours.append(h)
             loads.append(round(load, 3))
             caps.append(float(min(group.max_size,

@@ -47,6 +47,21 @@ def datum_point(d: Any) -> tuple[float, float] | None:
     return None
 
 
+def statistic(points: list[tuple[float, float]], stat: str) -> float:
+    """A CloudWatch statistic (Sum, Maximum, Minimum, SampleCount; else Average) of (value,
+    count) points."""
+    total = sum(c for _, c in points)
+    if stat == "Sum":
+        return sum(v * c for v, c in points)
+    if stat == "Maximum":
+        return max(v for v, _ in points)
+    if stat == "Minimum":
+        return min(v for v, _ in points)
+    if stat == "SampleCount":
+        return total
+    return sum(v * c for v, c in points) / total if total else 0.0  # Average
+
+
 def _points(data: list[Any]) -> list[tuple[float, float]]:
     return [p for p in map(datum_point, data) if p is not None]
 
