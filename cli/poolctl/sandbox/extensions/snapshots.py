@@ -23,16 +23,20 @@ NAMES = ("admin-endpoints.snapshots",)
 _snapshots: dict[str, dict[str, Any]] = {}
 
 
-def _live_backends() -> dict[tuple[str, str, str], Any]:
-    """Every moto backend in use: (service, account, region) -> backend object."""
+def _live_backends() -> dict[tuple[str, str, str, str], Any]:
+    """Every moto backend in use: (service, backend class, account, region) -> backend
+    object. The class too: two of moto's BackendDicts call themselves "ec2" (EC2's and EC2
+    Instance Connect's), and keyed by the service name alone one hid the other, at random
+    (the order services were first called): a snapshot then missed EC2's backend and a
+    restore left the groups pointing at a copy of it (launch templates "not found")."""
     from moto.core.base_backend import BackendDict
 
-    return {(bd.service_name, account, region): backend
+    return {(bd.service_name, bd.backend.__name__, account, region): backend
             for bd in list(BackendDict._instances)  # type: ignore[misc]  # moto: a class-level registry not declared ClassVar
             for account, region, backend in bd.iter_backends()}
 
 
-def _backends_kept(live: dict[tuple[str, str, str], Any]) -> dict[int, Any]:
+def _backends_kept(live: dict[tuple[str, str, str, str], Any]) -> dict[int, Any]:
     """A deepcopy memo that copies what the backends hold but never a backend itself:
     moto's objects point at backends (a group at its EC2 backend), and after a restore
     those pointers must reach the live ones."""
