@@ -3,9 +3,10 @@
 - sandbox: a sandbox server per session (`sandbox`, `sandbox_client`, `sandbox_reset`) and
   the real CLI against it (`run_poolctl`, `pool_cli`);
 - deployed_pool: the example pool deployed to that sandbox (`deployed_pool`);
-- groups: one xdist group per module under `--dist loadgroup` (scripts/test), deploying
-  groups first, and the guard against pytest-xdist#1386;
-- cpu_log: per-group CPU, with POOLCTL_TEST_CPU_LOG (scripts/bench/suite_cpu.py).
+- order: the modules that deploy first (xdist gives each worker whole modules:
+  `--dist loadscope` in scripts/test); `POOLCTL_TEST_ORDER=reverse` checks that tests stand
+  alone;
+- cpu_log: per-module CPU, with POOLCTL_TEST_CPU_LOG (scripts/bench/suite_cpu.py).
 """
 
 import os
@@ -42,7 +43,7 @@ for _name in SUITE_UNSET:
 pytest_plugins = [
     # In this order: a plugin imports only those before it (pytest then rewrites its asserts).
     "tests.plugins.sandbox",
-    "tests.plugins.groups",
+    "tests.plugins.order",
     "tests.plugins.deployed_pool",
     "tests.plugins.cpu_log",
 ]

@@ -6,7 +6,6 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -187,7 +186,7 @@ def adopt(tf: Terraform, work: Path, cfg: Config, pool: Pool, cloud: Cloud,
     tags = naming.aws_tags(cfg, pool)
     contract = {k: tags[k] for k in (naming.TAG_PROJECT, naming.TAG_POOL)}
     stack = naming.stack_name(cfg, pool, cloud)
-    assert pool.aws is not None  # run_stacks' targets pair a pool with its own placements
+    assert pool.aws is not None  # targets pair a pool with its own placements
     found = _checks(cloud, endpoints).adoptable(
         pool.aws.region, config, state, contract,
         on_denied=lambda address, code: log(
@@ -341,39 +340,3 @@ def stack_runs(cfg: Config, targets: list[Target], plans: list[PoolPlan], *, out
                      extra_env={**k_env, **(extra_env or {})}, kept=k_lines, verbose=verbose,
                      synth_s=synth_s)
             for t, d, p, (k_env, k_lines) in zip(targets, dirs, plans, kept, strict=True)]
-
-
-def run_stacks(
-    cfg: Config,
-    targets: list[Target],
-    *,
-    outdir: Path,
-    endpoints: CloudEndpoints = REAL_CLOUDS,
-    destroy: bool,
-    plan_only: bool,
-    confirm: Callable[[str], bool],
-    mirror: str | None,
-    render_summary: Callable[[str, PlanSummary], None],
-    extra_env: dict[str, str] | None = None,
-    verbose: bool = False,
-    before_apply: Callable[[Terraform], bool] | None = None,
-) -> list[StackResult]:
-    """Every stack through plan, the answer and apply: the loop a rollout's apply runs
-    (`runtime/rollout.py`); a deploy or destroy runs the steps itself
-    (`poolctl.workflow.deploy`). `before_apply(tf)`: after the answer, before the apply;
-    True means it changed the state, so plan again."""
-    plans = [plan_pool(t.pool, t.cloud) for t in targets]
-    results = []
-    for run in stack_runs(cfg, targets, plans, outdir=outdir, endpoints=endpoints,
-                          destroy=destroy, mirror=mirror, extra_env=extra_env,
-                          verbose=verbose):
-        run.prepare()
-        render_summary(run.name, run.plan())
-        if run.needs_answer(plan_only):
-            if not confirm(run.question()):
-                raise run.refused()
-            if before_apply is not None and before_apply(run.tf):
-                run.replan()
-            run.apply()
-        results.append(run.finish())
-    return results

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Where the test suite's time goes: runs it (as scripts/test does, on its workers) with
-POOLCTL_TEST_CPU_LOG set, then prints one line per group of tests, the most CPU first: wall
+POOLCTL_TEST_CPU_LOG set, then prints one line per test module, the most CPU first: wall
 seconds on its worker, CPU of the pytest worker, of the processes it ran and waited for
 (poolctl, Terraform and its provider, node/jsii, checkov ...), and of its sandbox server.
 
     source scripts/env.sh && python scripts/bench/suite_cpu.py [pytest args, e.g. tests/unit]
 
-Why: on 2 cores the suite is bound by CPU (load ~5 with 4 workers); wall time per group
-says little, CPU per group says what to cut. Numbers, not assertions.
+Why: on 2 cores the suite is bound by CPU (load ~5 with 4 workers); wall time per module
+says little, CPU per module says what to cut. Numbers, not assertions.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ def main(argv: list[str]) -> int:
     for r in rows:
         r["total"] = r["cpu_s"] + r["children_cpu_s"] + r["sandbox_cpu_s"]
     rows.sort(key=lambda r: -r["total"])
-    print(f"{'group':44} {'worker':6} {'tests':>5} {'wall s':>7} {'CPU s':>7} {'self':>6} "
+    print(f"{'module':44} {'worker':6} {'tests':>5} {'wall s':>7} {'CPU s':>7} {'self':>6} "
           f"{'children':>8} {'sandbox':>7}")
     for r in rows:
-        print(f"{r['group'][:44]:44} {r['worker']:6} {r['tests']:5d} {r['wall_s']:7.1f} "
+        print(f"{r['module'][:44]:44} {r['worker']:6} {r['tests']:5d} {r['wall_s']:7.1f} "
               f"{r['total']:7.1f} {r['cpu_s']:6.1f} {r['children_cpu_s']:8.1f} "
               f"{r['sandbox_cpu_s']:7.1f}")
     per_worker: dict[str, float] = {}

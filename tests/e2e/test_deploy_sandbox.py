@@ -1,10 +1,12 @@
 """`poolctl deploy --cloud aws --sandbox` end to end: the real CLI in a subprocess, real
 cdktf synthesis, real Terraform with the AWS provider, against the session's sandbox server.
 
-The deploy tests run in file order on one pool: deploy, inspect, boot, redeploy (no changes),
---plan-only, destroy, then deploys interrupted at three points and the re-run that converges
-(which leaves the pool deployed, as `deployed_pool` users expect to find it). Wall times and
-the synth/init/plan/apply split of every run are printed (`pytest -s` shows them).
+One pool, deployed once from nothing (`first_deploy`); each test starts from the pool as that
+deploy left it (`fresh_deploy` restores the sandbox's snapshot of that moment, with its
+Terraform state and working folder), so the tests stand alone: inspect, boot, redeploy (no
+changes), --plan-only, destroy, in any order. Wall times and the synth/init/plan/apply split
+of every run are printed (`pytest -s` shows them). The interrupted deploys are in
+test_deploy_interrupted.py.
 
 The example pool (examples/llama-70b-p5/poolctl.yaml), worked out by hand: TP 2 on 8 GPUs =
 4 replicas per node; 4..24 replicas = 1..6 nodes, the group's MaxSize 6 (a rollout adds its
@@ -17,101 +19,68 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE, deploy_with_boto3, empty_sandbox
-from tests.plugins.sandbox import poolctl_env, run_poolctl, sandbox_admin, terraform_missing
+from tests.e2e.deploys import (
+    ASG,
+    CONTRACT_TAGS,
+    COST_LINE,
+    MISSING,
+    POOL,
+    STACK,
+    TIMINGS,
+    deploy_args,
+    needs_terraform,
+    pool_group,
+    state_resources,
+    tag_dict,
+    terraform_log,
+    timed,
+)
+from tests.plugins.deployed_pool import DEPLOYED_EXAMPLE, keep_snapshot, restore_snapshot
+from tests.plugins.sandbox import run_poolctl
 
-STACK = "acme-chat-70b-aws"
-ASG = "acme-chat-70b"
-POOL = "chat-70b"
-CONTRACT_TAGS = {"poolctl:project": "acme", "poolctl:pool": POOL, "poolctl:role": "inference"}
-TIMINGS = re.compile(rf"== {STACK}: (synth [\d.]+ s(?:, \w+ [\d.]+ s)*)")
-LOG_LINE = re.compile(rf"== {STACK}: Terraform's output goes to (\S+)")
-# p5.48xlarge at the catalog's $55.04 per node-hour: 1 node at the minimum, 6 at the maximum
-COST_LINE = ("the pool {verb} $55.04/h at its minimum (1 node(s)) to $330.24/h at its maximum "
-             "(6 node(s)): p5.48xlarge at $55.04 per node-hour")
-
-MISSING = terraform_missing()
-needs_terraform = pytest.mark.skipif(MISSING is not None, reason=f"e2e deploy: {MISSING}")
 pytestmark = pytest.mark.e2e
-
-
-def _deploy_args(*extra: str, file: Path = DEPLOYED_EXAMPLE, home: Path) -> list[str]:
-    return ["--cloud", "aws", "--sandbox", "--auto-approve", "-f", str(file),
-            "--out", str(home / "cdktf.out"), *extra]
-
-
-def _timed(home: Path, label: str, *args: str, child: bool = False
-           ) -> subprocess.CompletedProcess:
-    """`poolctl ARGS`, timed; `child`: as the console script in its own process (the first
-    deploy runs so, end to end), else in this worker (tests/inproc.py)."""
-    start = time.monotonic()
-    res = run_poolctl(home, *args, child=child)
-    wall = time.monotonic() - start
-    split = TIMINGS.search(res.stderr)
-    print(f"\n[e2e timing] {label}: wall {wall:.1f} s; {split.group(1) if split else 'no split'}")
-    assert res.returncode == 0, f"{label} failed ({res.returncode}):\n{res.stderr[-4000:]}"
-    return res
-
-
-def _terraform_log(stderr: str) -> Path:
-    """The log of the run's Terraform output, whose path the run printed; private."""
-    [path] = LOG_LINE.findall(stderr)
-    log = Path(path)
-    assert log.stat().st_mode & 0o777 == 0o600
-    return log
-
-
-def _state_resources(home: Path) -> list:
-    path = home / "sandbox" / "state" / f"{STACK}.tfstate"
-    if not path.exists():
-        return []
-    return json.loads(path.read_text() or "{}").get("resources", [])
-
-
-def _tags(items) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in items or []}
-
-
-def _group(asg) -> dict | None:
-    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[ASG])["AutoScalingGroups"]
-    return groups[0] if groups else None
+SNAPSHOT = "first-deploy"
 
 
 @pytest.fixture(scope="module")
 def first_deploy(sandbox, sandbox_home):
-    """The pool deployed from nothing (an earlier deployment of the stack is destroyed)."""
+    """The pool deployed from nothing (an earlier deployment of the stack is destroyed), and
+    the sandbox's snapshot of that moment."""
     if MISSING:
         pytest.skip(f"e2e deploy: {MISSING}")
     home = Path(sandbox_home)
-    if _state_resources(home):
-        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
-    res = _timed(home, "first deploy", "deploy", *_deploy_args(home=home), child=True)
+    if state_resources(home):
+        timed(home, "destroy (clean start)", "destroy", *deploy_args(home=home))
+    res = timed(home, "first deploy", "deploy", *deploy_args(home=home), child=True)
     synthesized = json.loads(
         (home / "cdktf.out" / "stacks" / STACK / "cdk.tf.json").read_text())
     # Every resource block is one resource (none has a count or for_each).
     total = sum(len(blocks) for blocks in synthesized["resource"].values())
-    return {"res": res, "home": home, "total": total}
+    keep_snapshot(sandbox, home, SNAPSHOT)
+    return {"res": res, "home": home, "total": total, "untouched": True}
+
+
+@pytest.fixture
+def fresh_deploy(first_deploy, sandbox):
+    """The pool as the first deploy left it, whatever a test before did to it: the first
+    test that asks gets it as it is, the others from the snapshot (a second or two)."""
+    if not first_deploy.pop("untouched", False):
+        assert restore_snapshot(sandbox, first_deploy["home"], SNAPSHOT), (
+            "the first deploy's snapshot is gone: a test reset the sandbox")
+    return first_deploy
 
 
 @needs_terraform
-def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbox_client):
-    res, total = first_deploy["res"], first_deploy["total"]
+def test_first_deploy_creates_the_pool_as_the_contract_says(fresh_deploy, sandbox_client):
+    res, total = fresh_deploy["res"], fresh_deploy["total"]
     # Terraform's output goes to its log; the screen has poolctl's lines, stdout its results.
-    log = _terraform_log(res.stderr).read_text()
+    log = terraform_log(res.stderr).read_text()
     assert "Initializing provider plugins..." in log
     assert f"Apply complete! Resources: {total} added, 0 changed, 0 destroyed." in log
     assert "Apply complete" not in res.stdout + res.stderr
@@ -135,11 +104,11 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
 
     asg, ec2, elbv2, cw = (sandbox_client(s) for s in
                            ("autoscaling", "ec2", "elbv2", "cloudwatch"))
-    group = _group(asg)
+    group = pool_group(asg)
     assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (1, 6, 1)
     assert group["DefaultInstanceWarmup"] == 440  # plan's cold start, 440.5 s, whole seconds
     assert group["HealthCheckType"] == "ELB"
-    assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
+    assert CONTRACT_TAGS.items() <= tag_dict(group["Tags"]).items()
     assert all(t["PropagateAtLaunch"] for t in group["Tags"])
 
     [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=ASG)["LifecycleHooks"]
@@ -161,7 +130,7 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
                  for i in r["Instances"]]
     assert len(instances) == 3
     for inst in instances:
-        assert CONTRACT_TAGS.items() <= _tags(inst["Tags"]).items()
+        assert CONTRACT_TAGS.items() <= tag_dict(inst["Tags"]).items()
         assert inst["InstanceType"] == "p5.48xlarge"
 
     lt_id = group["LaunchTemplate"]["LaunchTemplateId"]
@@ -183,7 +152,7 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
     [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]
     assert (lb["Scheme"], lb["Type"]) == ("internal", "application")
     lb_tags = elbv2.describe_tags(ResourceArns=[lb["LoadBalancerArn"]])["TagDescriptions"][0]
-    assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
+    assert CONTRACT_TAGS.items() <= tag_dict(lb_tags["Tags"]).items()
     [tg] = elbv2.describe_target_groups(Names=[ASG])["TargetGroups"]
     assert (tg["HealthCheckPath"], tg["Port"], tg["Protocol"]) == ("/health", 8000, "HTTP")
     assert group["TargetGroupARNs"] == [tg["TargetGroupArn"]]
@@ -212,11 +181,11 @@ def test_first_deploy_creates_the_pool_as_the_contract_says(first_deploy, sandbo
 
 
 @needs_terraform
-def test_terraform_files_under_poolctl_home_are_private(first_deploy):
+def test_terraform_files_under_poolctl_home_are_private(fresh_deploy):
     """State, plan, lock file, override, workdir: 0700 folders, 0600 files (point 11)."""
     from tests.unit.test_private_files import not_private
 
-    sandbox_dir = first_deploy["home"] / "sandbox"
+    sandbox_dir = fresh_deploy["home"] / "sandbox"
     written = [sandbox_dir / "deploy" / STACK / name for name in (
         "tfplan", ".terraform.lock.hcl", "cdk.tf.json", "endpoint_override.tf.json")]
     assert all(p.is_file() for p in written)
@@ -225,13 +194,13 @@ def test_terraform_files_under_poolctl_home_are_private(first_deploy):
 
 
 @needs_terraform
-def test_boot_nodes_moves_the_waiting_node_in_service(first_deploy, sandbox_client):
-    res = run_poolctl(first_deploy["home"], "sandbox", "boot-nodes", "--pool", POOL, "--json")
+def test_boot_nodes_moves_the_waiting_node_in_service(fresh_deploy, sandbox_client):
+    res = run_poolctl(fresh_deploy["home"], "sandbox", "boot-nodes", "--pool", POOL, "--json")
     assert res.returncode == 0, res.stderr
     nodes = json.loads(res.stdout)["nodes"]
     assert sorted(n["state"] for n in nodes) == ["InService", "Warmed:Stopped", "Warmed:Stopped"]
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
-    [node] = _group(asg)["Instances"]
+    [node] = pool_group(asg)["Instances"]
     assert node["LifecycleState"] == "InService"
     warm = asg.describe_warm_pool(AutoScalingGroupName=ASG)["Instances"]
     warm_ids = [w["InstanceId"] for w in warm]
@@ -246,35 +215,35 @@ def test_boot_nodes_moves_the_waiting_node_in_service(first_deploy, sandbox_clie
 
 
 @needs_terraform
-def test_second_deploy_reports_no_changes_and_applies_nothing(first_deploy, sandbox_client):
+def test_second_deploy_reports_no_changes_and_applies_nothing(fresh_deploy, sandbox_client):
     asg = sandbox_client("autoscaling")
-    before = _group(asg)
-    res = _timed(first_deploy["home"], "second deploy", "deploy",
-                 *_deploy_args(home=first_deploy["home"]))
+    before = pool_group(asg)
+    res = timed(fresh_deploy["home"], "second deploy", "deploy",
+                 *deploy_args(home=fresh_deploy["home"]))
     assert f"== {STACK}: no changes" in res.stderr
     assert "terraform apply" not in res.stderr and "Apply complete" not in res.stderr
     # the working folder was initialized by the first deploy: init is not run again
     assert f"== {STACK}: terraform init skipped" in res.stderr
-    assert "Initializing" not in _terraform_log(res.stderr).read_text()
-    after = _group(asg)
+    assert "Initializing" not in terraform_log(res.stderr).read_text()
+    after = pool_group(asg)
     assert [i["InstanceId"] for i in after["Instances"]] == [
         i["InstanceId"] for i in before["Instances"]]
     assert after["LaunchTemplate"] == before["LaunchTemplate"]
     # what a CI job runs to find drift: no changes is exit 0, and no resource line
-    ci = run_poolctl(first_deploy["home"], "deploy",
-                     *_deploy_args("--plan-only", "--detailed-exitcode",
-                                   home=first_deploy["home"]))
+    ci = run_poolctl(fresh_deploy["home"], "deploy",
+                     *deploy_args("--plan-only", "--detailed-exitcode",
+                                   home=fresh_deploy["home"]))
     assert ci.returncode == 0, ci.stderr[-3000:]
     assert not re.search(rf"^{STACK}: (create|update|replace|destroy|import) ", ci.stdout, re.M)
 
 
 @needs_terraform
-def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_client, tmp_path):
-    home = first_deploy["home"]
+def test_plan_only_shows_a_change_and_applies_nothing(fresh_deploy, sandbox_client, tmp_path):
+    home = fresh_deploy["home"]
     changed = tmp_path / "poolctl.yaml"
     changed.write_text(DEPLOYED_EXAMPLE.read_text().replace("queue_target: 4",
                                                             "queue_target: 6"))
-    res = run_poolctl(home, "deploy", *_deploy_args(
+    res = run_poolctl(home, "deploy", *deploy_args(
         "--plan-only", "--detailed-exitcode", "--json", "--verbose", file=changed, home=home))
     # Terraform's -detailed-exitcode: 2 is "changes present", not a usage error
     assert res.returncode == 2, res.stderr[-4000:]
@@ -282,7 +251,7 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
     assert f"== {STACK}: --plan-only, nothing applied" in res.stderr
     # --verbose: Terraform's output on stderr too, and in its log
     assert "Plan: 0 to add, 3 to change, 0 to destroy." in res.stderr
-    assert "Plan: 0 to add, 3 to change, 0 to destroy." in _terraform_log(res.stderr).read_text()
+    assert "Plan: 0 to add, 3 to change, 0 to destroy." in terraform_log(res.stderr).read_text()
     [stack] = json.loads(res.stdout)["stacks"]  # stdout is the JSON and nothing else
     assert (stack["cost_per_hour_usd"]["min"], stack["cost_per_hour_usd"]["max"]) == (
         55.04, 330.24)
@@ -313,160 +282,25 @@ def test_plan_only_shows_a_change_and_applies_nothing(first_deploy, sandbox_clie
 
 
 @needs_terraform
-def test_destroy_removes_the_pool(first_deploy, sandbox_client):
-    home, total = first_deploy["home"], first_deploy["total"]
+def test_destroy_removes_the_pool(fresh_deploy, sandbox_client):
+    home, total = fresh_deploy["home"], fresh_deploy["total"]
     asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
-    group = _group(asg)
+    group = pool_group(asg)
     ids = [i["InstanceId"] for i in group["Instances"]] + [
         w["InstanceId"] for w in asg.describe_warm_pool(AutoScalingGroupName=ASG)["Instances"]]
-    res = _timed(home, "destroy", "destroy", *_deploy_args(home=home))
+    res = timed(home, "destroy", "destroy", *deploy_args(home=home))
     assert f"Apply complete! Resources: 0 added, 0 changed, {total} destroyed." in (
-        _terraform_log(res.stderr).read_text())
+        terraform_log(res.stderr).read_text())
     assert COST_LINE.format(verb="stops") in res.stdout
     assert re.search(rf"│ total +│ +0 │ +0 │ +{total} │", res.stdout), res.stdout
-    assert _group(asg) is None
+    assert pool_group(asg) is None
     assert ASG not in {lb["LoadBalancerName"] for lb in
                        elbv2.describe_load_balancers()["LoadBalancers"]}
     states = {i["State"]["Name"] for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]
               for i in r["Instances"]}
     assert states == {"terminated"}
-    assert _state_resources(home) == []
+    assert state_resources(home) == []
     assert not (home / "sandbox" / "deploy" / STACK).exists()
-
-
-class Interrupted(NamedTuple):
-    code: int
-    stderr: str
-
-
-def _deploy_interrupted(home: Path, ready: Callable[[str], bool], timeout: float = 600
-                        ) -> Interrupted:
-    """`poolctl deploy`, with Ctrl-C once `ready(stderr so far)` holds.
-
-    Ctrl-C in a terminal signals the whole foreground process group; a session of its own
-    lets the test signal exactly poolctl's group. poolctl runs Terraform in a group of its
-    own and forwards one interrupt, so Terraform gets exactly one SIGINT either way."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "poolctl", "deploy", *_deploy_args(home=home)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=poolctl_env(home),
-        cwd=str(home), start_new_session=True,
-    )
-    err: list[str] = []
-    stream = proc.stderr
-    assert stream is not None  # stderr=PIPE
-    reader = threading.Thread(target=lambda: err.extend(stream), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while not ready("".join(err)):
-            assert proc.poll() is None, f"ended before the interrupt:\n{''.join(err)[-3000:]}"
-            assert time.monotonic() < deadline, "".join(err)[-3000:]
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        code = proc.wait(300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(10)
-    stderr = "".join(err)
-    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
-    assert "Two interrupts received" not in stderr  # Terraform got exactly one
-    return Interrupted(code, stderr)
-
-
-def _one_line(res: Interrupted, phase: str) -> None:
-    assert res.code == 1, res.stderr[-3000:]
-    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("poolctl:")]
-    assert f"interrupted during `terraform {phase}`" in line, line
-    assert "run the same poolctl command again to resume" in line
-
-
-def _state_types(home: Path) -> set[str]:
-    return {r["type"] for r in _state_resources(home) if r["mode"] == "managed"}
-
-
-# Own xdist groups (own worker, own sandbox): the interrupt chain and the deployed_pool
-# checks each take minutes of Terraform waits and need nothing of the first-deploy chain.
-@needs_terraform
-@pytest.mark.xdist_group("e2e/interrupts")
-def test_interrupted_deploys_converge_on_the_next_run(sandbox, sandbox_home, sandbox_client,
-                                                     pool_keeper):
-    """Ctrl-C during the plan, early in the apply and late in the apply, each on the re-run of
-    the one before, on one stack. The two apply interrupts land while a create call is in
-    flight whose answer the sandbox holds back (a fault): the resource exists in the cloud but
-    not in Terraform's state, as with a connection lost on AWS (without adoption the re-run
-    fails: launch template AlreadyExists, listener DuplicateListener). Each re-run adopts what
-    the one before left unrecorded (the tags prove poolctl made it), the last one completes,
-    and the deploy after it has nothing to do. The other lookups (group, role, VPC ...) are
-    tested without Terraform in tests/ops/test_interrupts.py."""
-    home = Path(sandbox_home)
-    if _state_resources(home):  # run alone (-k): start from nothing, as after the destroy
-        _timed(home, "destroy (clean start)", "destroy", *_deploy_args(home=home))
-    # An empty emulator (groups before on this worker may have left instances, quota in
-    # use): the pool it leaves is then the one `deployed_pool` users expect.
-    empty_sandbox(sandbox, home)
-    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
-    assert _group(asg) is None
-
-    def interrupt_at(action: str, delay_s: float, phase: str, label: str) -> Interrupted:
-        """A deploy, interrupted once the sandbox holds back the answer to `action` (it
-        acted: a create call made the resource)."""
-        sandbox_admin(sandbox, "POST", "/_poolctl/faults",
-                      {"action": action, "delay_s": delay_s, "times": 1})
-        t0 = time.monotonic()
-        res = _deploy_interrupted(home, lambda err: action in sandbox_admin(
-            sandbox, "GET", "/_poolctl/faults")["holding"])
-        print(f"\n[e2e timing] deploy interrupted {label}: wall {time.monotonic() - t0:.1f} s")
-        _one_line(res, phase)
-        return res
-
-    def launch_template() -> list:
-        return ec2.describe_launch_templates(Filters=[
-            {"Name": "launch-template-name", "Values": [ASG]}])["LaunchTemplates"]
-
-    try:
-        # 1. During the plan (the provider's account lookup held back): nothing is created.
-        interrupt_at("GetCallerIdentity", 5, "plan", "in plan")
-        assert _state_types(home) == set() and not launch_template()
-
-        # 2. Early in the apply: the launch template is created, its answer never arrives.
-        res = interrupt_at("CreateLaunchTemplate", 60, "apply", "early in apply")
-        # Terraform stopped gracefully
-        assert "Interrupt received" in _terraform_log(res.stderr).read_text()
-        assert len(launch_template()) == 1
-        recorded = _state_types(home)
-        assert recorded and "aws_launch_template" not in recorded, recorded
-
-        # 3. Late in the apply: the listener, the last resource (after the load balancer's
-        # minute of waiting) is created, its answer never arrives.
-        res = interrupt_at("CreateListener", 60, "apply", "late in apply")
-        assert f"adopting launch_template {ASG} ({launch_template()[0]['LaunchTemplateId']})" \
-            in res.stderr
-        assert {"aws_launch_template", "aws_autoscaling_group", "aws_lb"} <= _state_types(home)
-        assert "aws_lb_listener" not in _state_types(home)
-    finally:
-        sandbox_admin(sandbox, "DELETE", "/_poolctl/faults")
-
-    [lb] = elbv2.describe_load_balancers(Names=[ASG])["LoadBalancers"]
-    [listener] = elbv2.describe_listeners(LoadBalancerArn=lb["LoadBalancerArn"])["Listeners"]
-    # 4. The re-run completes, adopting the listener; the next deploy has nothing to do.
-    res = _timed(home, "deploy after three interrupts", "deploy", *_deploy_args(home=home))
-    assert f"adopting lb_listener {listener['ListenerArn']}" in res.stderr
-    assert "Apply complete!" in _terraform_log(res.stderr).read_text()
-    assert "Error" not in res.stderr
-    again = _timed(home, "deploy after the resume", "deploy", *_deploy_args(home=home))
-    assert f"== {STACK}: no changes" in again.stderr and "adopting" not in again.stderr
-    # One of each, nothing duplicated.
-    assert len(launch_template()) == 1
-    assert _group(asg)["MaxSize"] == 6
-    vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [ASG]}])["Vpcs"]
-    assert len(vpcs) == 1
-    assert [lb["LoadBalancerName"] for lb in elbv2.describe_load_balancers()["LoadBalancers"]
-            ].count(ASG) == 1
-    # Leave the pool as `deployed_pool` promises it (nodes booted), and hand it over.
-    assert run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL).returncode == 0
-    pool_keeper.adopt(sandbox, home)
 
 
 # -------------------------------------------------------------------------------------
@@ -486,7 +320,7 @@ def test_a_failed_rule_refuses_before_terraform(sandbox, sandbox_home, tmp_path)
     bad.write_text(DEPLOYED_EXAMPLE.read_text().replace("tensor_parallel: 2",
                                                         "tensor_parallel: 1").replace(
         "project: acme", "project: refused"))
-    res = run_poolctl(sandbox_home, "deploy", *_deploy_args(file=bad, home=tmp_path),
+    res = run_poolctl(sandbox_home, "deploy", *deploy_args(file=bad, home=tmp_path),
                       timeout=120)
     assert res.returncode == 1
     assert "fits-hbm" in res.stderr
@@ -511,7 +345,7 @@ def test_missing_terraform_binary_is_one_line_exit_2(sandbox, sandbox_home, tmp_
 
 def test_sandbox_flag_without_a_running_sandbox_is_exit_2(tmp_path):
     home = tmp_path / "home"
-    res = run_poolctl(tmp_path, "deploy", *_deploy_args(home=home), timeout=120,
+    res = run_poolctl(tmp_path, "deploy", *deploy_args(home=home), timeout=120,
                       POOLCTL_HOME=str(home))
     assert res.returncode == 2, res.stderr
     assert "poolctl sandbox start" in _one_poolctl_line(res.stderr)
@@ -556,60 +390,3 @@ def test_sandbox_with_cloud_gcp_is_exit_2(sandbox, sandbox_home, tmp_path):
 # The `deployed_pool` fixture (tests/plugins/deployed_pool.py) that runtime-command tests build on
 
 
-def _check_pool_like_the_stack(sandbox_client, name: str) -> None:
-    asg, ec2, elbv2 = (sandbox_client(s) for s in ("autoscaling", "ec2", "elbv2"))
-    group = _group(asg)
-    assert group is not None, name
-    assert group["AutoScalingGroupName"] == name
-    assert (group["MinSize"], group["MaxSize"]) == (1, 6)
-    assert CONTRACT_TAGS.items() <= _tags(group["Tags"]).items()
-    [hook] = asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"]
-    assert (hook["LifecycleHookName"], hook["HeartbeatTimeout"]) == ("poolctl-node-ready", 880)
-    warm = asg.describe_warm_pool(AutoScalingGroupName=name)
-    assert (warm["WarmPoolConfiguration"]["MinSize"],
-            warm["WarmPoolConfiguration"]["PoolState"]) == (2, "Stopped")
-    # Booted, as the fixture promises: the node InService, the warm pool settled.
-    assert [i["LifecycleState"] for i in group["Instances"]] == ["InService"]
-    assert [i["LifecycleState"] for i in warm["Instances"]] == ["Warmed:Stopped"] * 2
-    ids = [i["InstanceId"] for i in group["Instances"] + warm["Instances"]]
-    for r in ec2.describe_instances(InstanceIds=ids)["Reservations"]:
-        for inst in r["Instances"]:
-            assert CONTRACT_TAGS.items() <= _tags(inst["Tags"]).items()
-    data = ec2.describe_launch_template_versions(
-        LaunchTemplateId=group["LaunchTemplate"]["LaunchTemplateId"], Versions=["$Latest"],
-    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
-    assert data["MetadataOptions"]["HttpTokens"] == "required"
-    assert data["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is False
-    [lb] = elbv2.describe_load_balancers(Names=[name])["LoadBalancers"]
-    assert lb["Scheme"] == "internal"
-    lb_tags = elbv2.describe_tags(ResourceArns=[lb["LoadBalancerArn"]])["TagDescriptions"][0]
-    assert CONTRACT_TAGS.items() <= _tags(lb_tags["Tags"]).items()
-
-
-# In the interrupt chain's group: it leaves the pool deployed, so the fixture finds it there
-# (run alone, the fixture deploys it).
-@pytest.mark.xdist_group("e2e/interrupts")
-def test_deployed_pool_fixture_yields_the_example_pool(deployed_pool, sandbox_client):
-    assert deployed_pool == {"file": str(DEPLOYED_EXAMPLE), "asg": ASG, "region": "us-east-1",
-                             "via": "boto3" if MISSING else "terraform"}
-    _check_pool_like_the_stack(sandbox_client, ASG)
-
-
-def test_deployed_pool_boto3_fallback_makes_the_same_pool(tmp_path):
-    """On a sandbox of its own: wiping the session's would cost its next user a deploy."""
-    import boto3
-
-    from poolctl.sandbox import manager
-    from poolctl.sandbox.manager import TEST_CREDENTIALS
-
-    home = tmp_path / "home"
-    endpoint = str(manager.start(port=0, home=home, parent_pid=os.getpid(),
-                                 boot_speedup=0).endpoint)
-    try:
-        deploy_with_boto3(endpoint)
-        sandbox_admin(endpoint, "POST", "/_poolctl/lifecycle-actions",
-                      {"AutoScalingGroupName": ASG})
-        _check_pool_like_the_stack(lambda service: boto3.client(
-            service, endpoint_url=endpoint, region_name="us-east-1", **TEST_CREDENTIALS), ASG)
-    finally:
-        manager.stop(home=home)

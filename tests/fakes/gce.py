@@ -2333,25 +2333,32 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     stood in for (the google provider is not in the offline mirror): the apply's part, a new
     labelled template, is made in the fake; the rest is poolctl's own code (file edit,
     record, quota check, the canary's first step)."""
+    import contextlib
+    import sys
+
     import pytest
 
-    from poolctl import deploy, runtime
     from poolctl.clouds.gcp.ops import make_ops
+    from poolctl.commands.rollout import run_start
+    from poolctl.workflow.rollout import Change, RolloutStart
+    from tests.fakes.stack import StoodInStack, stand_in
 
-    def apply(new_cfg, targets, **kw):
+    def apply() -> None:
         with fake.lock:
             n = sum(1 for (proj, _t) in fake.templates if proj == pool.gcp.project)
         fake.add_template(pool.gcp.project,
                           f"{naming.short(naming.base(cfg, pool), 36)}-202602010900000000000000"
                           f"{n + 1:02d}", labels=naming.gcp_labels(cfg, pool),
                           machine_type=pool.gcp.machine_type)
-        return [deploy.StackResult(stack=naming.stack_name(cfg, pool, "gcp"), workdir=".",
-                                   applied=True)]
 
     # This process only (no undo): the stand-in for Terraform's apply, which takes no outdir.
-    pytest.MonkeyPatch().setattr(deploy, "run_stacks", apply)
-    runtime.rollout_start(cfg, path, pool, Cloud.gcp, make_ops(), image=image,
-                          confirm=lambda q: True, outdir=Path("cdktf.out"))
+    stand_in(pytest.MonkeyPatch(), StoodInStack(naming.stack_name(cfg, pool, Cloud.gcp), ".",
+                                                on_apply=apply))
+    start = RolloutStart(cfg, path, pool, Cloud.gcp, make_ops(),
+                         Change.from_flags(Cloud.gcp, image=image), no_surge=False,
+                         outdir=Path("cdktf.out"), mirror=None)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout: the export line
+        run_start(start, lambda q: True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ against the GCE fake (tests/fakes/gce.py) with the real google-cloud-compute cli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -277,10 +278,13 @@ def test_a_log_line_cannot_drive_the_terminal(monkeypatch, capsys, aws, aws_pool
     group = f"/poolctl/{PROJECT}/chat-70b"
     aws("logs").create_log_stream(logGroupName=group, logStreamName="i-0esc")
     aws("logs").put_log_events(logGroupName=group, logStreamName="i-0esc", logEvents=[
-        {"timestamp": aws_pools["now_ms"] - 50 * 60_000,  # outside --since 10m below
+        {"timestamp": aws_pools["now_ms"] - 50 * 60_000,
          "message": "evil \x1b[2J\x1b]0;owned\x07 done"}])
-    code, out, err = run(monkeypatch, capsys, "logs", "--sandbox", "-f", str(aws_pools["file"]),
-                         "--pool", "chat-70b", "--since", "1h")
+    try:
+        code, out, err = run(monkeypatch, capsys, "logs", "--sandbox", "-f",
+                             str(aws_pools["file"]), "--pool", "chat-70b", "--since", "1h")
+    finally:  # the other tests read this group's two events
+        aws("logs").delete_log_stream(logGroupName=group, logStreamName="i-0esc")
     assert code == 0, err
     [line] = [ln for ln in out.splitlines() if " i-0esc " in ln]
     assert line.endswith(" i-0esc evil \\x1b[2J\\x1b]0;owned\\x07 done")
@@ -310,20 +314,26 @@ def test_logs_follow_prints_new_events_and_stops_on_ctrl_c(aws, aws_pools, sandb
         env=poolctl_env(sandbox_home, POOLCTL_POLL_S="0.05"))
     watchdog = threading.Timer(120, proc.kill)
     watchdog.start()
+    group = f"/poolctl/{PROJECT}/chat-70b"
     try:
         first = [proc.stdout.readline() for _ in range(2)]
         assert [ln.split(" ", 2)[2] for ln in first] == [
             "boot: chat-70b serving\n", "phase=weights seconds=212\n"]
+        # A new node's stream (the other tests read the group's two events: it goes after)
+        aws("logs").create_log_stream(logGroupName=group, logStreamName="i-0new")
         aws("logs").put_log_events(
-            logGroupName=f"/poolctl/{PROJECT}/chat-70b", logStreamName="i-0bbb",
+            logGroupName=group, logStreamName="i-0new",
             logEvents=[{"timestamp": int(time.time() * 1000), "message": "phase=total"}])
-        assert proc.stdout.readline().endswith(" i-0bbb phase=total\n")
+        assert proc.stdout.readline().endswith(" i-0new phase=total\n")
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
     finally:
         watchdog.cancel()
         if proc.poll() is None:
             proc.kill()
+        logs = aws("logs")
+        with contextlib.suppress(logs.exceptions.ResourceNotFoundException):
+            logs.delete_log_stream(logGroupName=group, logStreamName="i-0new")
     # Each event once: the newest timestamp is asked again on every poll.
     assert (proc.returncode, rest) == (0, "")
     assert err.splitlines() == ["poolctl: stopped following the logs (Ctrl-C)"]

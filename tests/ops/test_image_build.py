@@ -31,7 +31,6 @@ PACKER = shutil.which("packer")
 needs_packer = pytest.mark.skipif(PACKER is None, reason="packer not on PATH (scripts/setup "
                                   "installs Debian's packer 1.6.6)")
 # Each test builds its own project's images: none builds on another, any worker may run it.
-pytestmark = pytest.mark.standalone
 
 
 def _config(tmp_path: Path, project: str) -> Path:

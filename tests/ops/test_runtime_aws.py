@@ -2,8 +2,10 @@
 
 `python -m poolctl ... --sandbox --json` runs in a subprocess with POOLCTL_HOME = the session
 sandbox's home, on the example pool that `deployed_pool` deployed (Terraform where present).
-The tests run in file order on that one pool: status, quota, warm, then rollouts (these need
-Terraform: a rollout applies the new launch template version through it).
+Each test starts from that pool as deployed (`fresh`: the sandbox's snapshot, a second or
+two) and from the example's file, and sets up what else it needs (`four_nodes`, `other_p5`):
+status, quota, warm, then rollouts (these need Terraform: a rollout applies the new launch
+template version through it), in any order.
 
 The example (examples/llama-70b-p5/poolctl.yaml), worked out by hand: p5.48xlarge, 8 GPUs,
 TP 2 -> 4 replicas per node, 192 vCPUs per node; min 4 replicas = 1 node, max 24 = 6 nodes,
@@ -13,8 +15,6 @@ Quota L-417A185B needed at peak: (6 + 1) x 192 = 1344 vCPU (stopped warm nodes c
 
 The nodes' boot scripts never run in the sandbox: a background thread completes the launch
 lifecycle actions through the sandbox's admin endpoint, as they would.
-The module leaves the pool at the file's sizes, running image v0.11.1 (rollouts are not
-undone at the end: a later `deploy` of the example would roll it back).
 """
 
 from __future__ import annotations
@@ -123,14 +123,20 @@ def image_line(path: Path) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def known_state(sandbox, cli, aws):
-    """The file's sizes, every node booted, quotas back to start-up values after."""
-    cli("warm", "--reset")
-    sandbox_admin(sandbox, "POST", "/_poolctl/lifecycle-actions",
-                  {"AutoScalingGroupName": ASG, "LifecycleActionResult": "CONTINUE"})
+def leave_as_found(sandbox, pool_keeper, deployed_pool) -> Iterator[None]:
+    """After the module: the pool as deployed, start-up quotas (other modules share the
+    sandbox)."""
     yield
+    pool_keeper.fresh()
     sandbox_admin(sandbox, "DELETE", "/_poolctl/quotas")
-    cli("warm", "--reset", ok=False)
+
+
+@pytest.fixture(autouse=True)
+def fresh(pool_keeper, deployed_pool, pool_file) -> None:
+    """The pool as deployed (its nodes booted, the warm pool stopped, start-up quotas) and
+    the file as the example writes it, whatever a test before did."""
+    pool_keeper.fresh()
+    shutil.copy(DEPLOYED_EXAMPLE, pool_file)
 
 
 def set_quota(endpoint: str, value: float) -> None:
@@ -188,8 +194,8 @@ def test_status_endpoint_is_the_stacks_load_balancer(cli, aws):
 # -- quota --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def other_p5(aws, deployed_pool) -> Iterator[str]:
+@pytest.fixture
+def other_p5(aws, fresh) -> Iterator[str]:
     """A p5 another team runs in the region (not the pool's): it uses quota too."""
     ec2 = aws("ec2")
     ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
@@ -287,7 +293,7 @@ def test_warm_rounds_up_to_nodes_and_repeats_as_a_no_op(sandbox, cli, aws):
 
 
 def test_warm_wait_reports_each_new_node(sandbox, sandbox_home, pool_file):
-    # 16 replicas = 4 warm nodes: the third (from the test above, still booting) and a fourth
+    # 16 replicas = 4 warm nodes: the 2 of the file and 2 new ones
     argv = [sys.executable, "-m", "poolctl", "warm", "--replicas", "16", "--wait",
             "--timeout", "60", "--json", "-f", str(pool_file), "--sandbox"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -325,9 +331,9 @@ def test_ctrl_c_leaves_warming_running_and_says_how_to_watch(sandbox_home, pool_
     # A pool in another state never prints the line below: fail, not wait for ever.
     watchdog = threading.Timer(300, proc.kill)
     watchdog.start()
-    for line in proc.stderr:  # nobody boots the fifth node: the wait goes on
+    for line in proc.stderr:  # nobody boots the 3 new nodes: the wait goes on
         lines.append(line)
-        if "4/5 warm" in line:
+        if "2/5 warm" in line:
             break
     watchdog.cancel()
     proc.send_signal(signal.SIGINT)
@@ -335,11 +341,11 @@ def test_ctrl_c_leaves_warming_running_and_says_how_to_watch(sandbox_home, pool_
     assert proc.returncode == 130, "".join(lines) + err
     assert (f"chat-70b: interrupted; the warm operation keeps running in aws; watch it with "
             f"`poolctl status --cloud aws -f {pool_file} --pool chat-70b --sandbox`") in err
-    # 20 replicas = 5 nodes: the change stands, the fifth node keeps booting in the cloud
+    # 20 replicas = 5 nodes: the change stands, the 3 new nodes keep booting in the cloud
     wp = aws("autoscaling").describe_warm_pool(AutoScalingGroupName=ASG)
     assert wp["WarmPoolConfiguration"]["MinSize"] == 5
     states = sorted(i["LifecycleState"] for i in wp["Instances"])
-    assert states == ["Warmed:Pending:Wait"] + ["Warmed:Stopped"] * 4
+    assert states == ["Warmed:Pending:Wait"] * 3 + ["Warmed:Stopped"] * 2
 
 
 def test_warm_running_puts_nodes_in_service(sandbox, cli, aws):
@@ -348,15 +354,15 @@ def test_warm_running_puts_nodes_in_service(sandbox, cli, aws):
                    "--json"))
     # 12 replicas = 3 nodes above the file's minimum of 1: minimum 4, in service now
     assert w["mode"] == "running" and w["rounded_up"] is False
-    assert w["after"] == {"min_nodes": 4, "warm_nodes": 5, "desired_nodes": 4}
+    assert w["after"] == {"min_nodes": 4, "warm_nodes": 2, "desired_nodes": 4}
     assert (w["wait"]["ready"], w["wait"]["target"]) == (4, 4)
     g = group(aws)
     assert (g["MinSize"], g["DesiredCapacity"]) == (4, 4)
     assert sum(i["LifecycleState"] == "InService" for i in g["Instances"]) == 4
 
 
-def test_warm_refuses_when_quota_is_short_and_changes_nothing(sandbox, cli, aws):
-    # 4 in service now; --running 5 nodes -> minimum 6 (the group's max), all in service:
+def test_warm_refuses_when_quota_is_short_and_changes_nothing(sandbox, cli, aws, four_nodes):
+    # 4 in service (four_nodes); --running 5 nodes -> minimum 6 (the group's max), all in service:
     # 6 x 192 = 1152 vCPU beside the others'; granted 1000 -> short by 152 + others
     set_quota(sandbox, 1000)
     others = foreign_p_vcpus(aws)
@@ -369,10 +375,10 @@ def test_warm_refuses_when_quota_is_short_and_changes_nothing(sandbox, cli, aws)
     set_quota(sandbox, 100_000)
 
 
-def test_warm_reset_returns_to_the_file(cli, aws):
+def test_warm_reset_returns_to_the_file(cli, aws, four_nodes):
     w = js(cli("warm", "--reset", "--json"))
     assert w["mode"] == "reset"
-    assert w["before"] == {"min_nodes": 4, "warm_nodes": 5, "desired_nodes": 4}
+    assert w["before"] == {"min_nodes": 4, "warm_nodes": 2, "desired_nodes": 4}
     # back to min 1 / warm 2; desired gives back the 3 nodes --running added: 4 - 3 = 1
     assert w["after"] == {"min_nodes": 1, "warm_nodes": 2, "desired_nodes": 1}
     g = group(aws)
@@ -387,8 +393,8 @@ def test_warm_reset_returns_to_the_file(cli, aws):
 # -- rollout ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def four_nodes(sandbox, cli) -> None:
+@pytest.fixture
+def four_nodes(sandbox, cli, fresh) -> None:
     """4 nodes in service, so that checkpoints 25 / 50 / 100 % are 1 / 2 / 4 nodes."""
     set_quota(sandbox, 100_000)
     with booting(sandbox):
@@ -435,7 +441,8 @@ def test_rollout_refuses_a_key_the_file_does_not_write(cli, pool_file, four_node
 
 
 @needs_terraform
-def test_rollout_no_surge_reaches_every_checkpoint(sandbox, cli, aws, pool_file, four_nodes):
+def test_rollout_no_surge_reaches_every_checkpoint_and_status_lists_them(sandbox, cli, aws,
+                                                                          pool_file, four_nodes):
     # without surge 4 x 192 = 768 beside the others' use: it fits in 800 + others
     set_quota(sandbox, 800 + foreign_p_vcpus(aws))
     text_before = pool_file.read_text()
@@ -480,19 +487,16 @@ def test_rollout_no_surge_reaches_every_checkpoint(sandbox, cli, aws, pool_file,
     assert ref["DesiredConfiguration"]["LaunchTemplate"]["Version"] == new
     assert lt_versions(aws) == (new, {new})
 
-
-@needs_terraform
-def test_rollout_status_lists_each_checkpoint(cli, aws):
+    # `rollout status` of the finished rollout: each checkpoint reached, both versions named
     s = js(cli("rollout", "status", "--cloud", "aws", "--json"))
     r = s["rollout"]
     assert r["status"] == "successful" and r["done"] is True
     assert s["checkpoints"] == [{"percentage": 25, "reached": True},
                                 {"percentage": 50, "reached": True},
                                 {"percentage": 100, "reached": True}]
-    v, _ = lt_versions(aws)
-    assert s["group_version"] == v
-    assert r["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{int(v) - 1})"
-    assert r["to_version"] == f"serving.image=vllm/vllm-openai:v0.11.1 (v{v})"
+    assert s["group_version"] == new
+    assert r["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{version_before})"
+    assert r["to_version"] == f"serving.image=vllm/vllm-openai:v0.11.1 (v{new})"
     assert s["record"]["status"] == "successful"
 
 
@@ -511,14 +515,14 @@ def test_unhealthy_new_nodes_roll_back_automatically(sandbox, cli, aws, pool_fil
     # the group never left the good version, and every replaced node is back on it
     assert lt_versions(aws) == (good, {good})
     # the file records the version that runs again
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
     assert "(restored)" in res.stderr
 
 
 @needs_terraform
 def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_nodes):
     good, _ = lt_versions(aws)
-    new = str(int(good) + 2)  # the auto-rolled-back attempt used good + 1
+    new = str(int(good) + 1)
     r = js(cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.3",
                "--yes", "--no-wait", "--json"))
     assert r["rollout"]["status"] == "pending" and "final" not in r
@@ -535,10 +539,10 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
     assert (b["how"], b["from"], b["to"]) == ("cloud_rollback", "vllm/vllm-openai:v0.11.3",
-                                              "vllm/vllm-openai:v0.11.1")
+                                              "vllm/vllm-openai:v0.11.0")
     assert b["final"]["status"] == "rolled_back"
     assert lt_versions(aws) == (good, {good})
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
     assert group(aws)["MaxSize"] == 6  # the rollback's end gave the surge room back
 
 
@@ -554,18 +558,18 @@ def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli,
     assert [p["status"] for p in c["progress"]][-1] == "cancelled"
     again = cli("rollout", "cancel", "--cloud", "aws", ok=1)
     assert again.stderr.strip() == "poolctl: chat-70b: no rollout in progress; nothing to cancel"
-    # the file still says v0.11.4; rollback of an ended rollout rolls v0.11.1 out anew
+    # the file still says v0.11.4; rollback of an ended rollout rolls v0.11.0 out anew
     assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.4"
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
-    assert (b["how"], b["to"]) == ("new_rollout", "vllm/vllm-openai:v0.11.1")
+    assert (b["how"], b["to"]) == ("new_rollout", "vllm/vllm-openai:v0.11.0")
     assert b["final"]["status"] == "successful"
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.1"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
     v, running = lt_versions(aws)
     assert running == {v}
     # a second rollback would roll v0.11.4 forward again: refused
     twice = cli("rollout", "rollback", "--cloud", "aws", "--yes", ok=1)
     assert twice.stderr.strip().splitlines()[-1] == (
         "poolctl: chat-70b: the last rollout was already a rollback (to serving.image="
-        "vllm/vllm-openai:v0.11.1); to go to vllm/vllm-openai:v0.11.4 again, use "
+        "vllm/vllm-openai:v0.11.0); to go to vllm/vllm-openai:v0.11.4 again, use "
         "`poolctl rollout start`")

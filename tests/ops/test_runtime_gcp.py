@@ -39,7 +39,7 @@ from google.cloud import compute_v1  # noqa: E402
 
 from poolctl import naming  # noqa: E402
 from poolctl.cloud import Cloud  # noqa: E402
-from poolctl.clouds.base import Group  # noqa: E402
+from poolctl.clouds.base import ForgottenTemplate, Group, TemplatesDeleted  # noqa: E402
 from poolctl.clouds.gcp import rollout as gcp  # noqa: E402
 from poolctl.clouds.gcp.mig import node_phase  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps, make_ops  # noqa: E402
@@ -52,6 +52,7 @@ from poolctl.sizing import plan_pool  # noqa: E402
 from tests import inproc  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
+from tests.fakes.stack import PlanShown, StoodInStack, stand_in  # noqa: E402
 
 PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -775,8 +776,8 @@ def test_replaced_templates_are_only_replacements():
                      "google_compute_region_health_check", ["create", "delete"], "hc"),
     ]}
     assert replaced_templates(plan) == [
-        {"address": f"{tpl}.nodes_template_A", "name": V1},
-        {"address": f"{tpl}.reordered", "name": "z"}]
+        ForgottenTemplate(address=f"{tpl}.nodes_template_A", name=V1),
+        ForgottenTemplate(address=f"{tpl}.reordered", name="z")]
     assert replaced_templates({}) == []  # an empty plan has no resource_changes
 
 
@@ -847,7 +848,7 @@ def test_rollout_before_apply_forgets_the_replaced_template(tf_builtin):
 
     forgotten = GcpOps().rollout_before_apply(tf)
 
-    assert forgotten == [{"address": "terraform_data.tpl", "name": ""}]
+    assert forgotten == [ForgottenTemplate(address="terraform_data.tpl", name="")]
     # Planned again: the new one is created and the MIG moved to it; nothing is destroyed.
     assert tf.plan().totals() == (1, 1, 0)
     tf.apply()
@@ -872,7 +873,7 @@ def test_rollout_cleanup_keeps_current_previous_and_what_vms_run(fake, ops, cfg,
 
     out = ops.rollout_cleanup(g)
 
-    assert out == {"deleted": [V0], "failed": []}
+    assert out == TemplatesDeleted(deleted=[V0], failed=[])
     assert {n for p, n in fake.templates if p == PROJECT} == {V1, V2, "unrelated-template"}
     (delete,) = _calls(fake, "DELETE", "/instanceTemplates/")
     assert delete["path"].endswith(f"/global/instanceTemplates/{V0}")
@@ -883,13 +884,13 @@ def test_rollout_cleanup_keeps_current_previous_and_what_vms_run(fake, ops, cfg,
     # Rolled back mid-rollout: V1 is the target again, V2 (newer) the previous; both stay.
     ops.rollout_rollback(g)
     fake.step_rollout(PROJECT, REGION, MIG, 3)
-    assert ops.rollout_cleanup(g) == {"deleted": [], "failed": []}
+    assert ops.rollout_cleanup(g) == TemplatesDeleted(deleted=[], failed=[])
 
     # A third version: V1 (what the VMs run) and V3 stay, V2 goes.
     v3 = "acme-chat-70b-20260301090000000000000003"
     fake.add_template(PROJECT, v3, labels=labels)
     fake.set_template(PROJECT, REGION, MIG, v3)
-    assert ops.rollout_cleanup(g) == {"deleted": [V2], "failed": []}
+    assert ops.rollout_cleanup(g) == TemplatesDeleted(deleted=[V2], failed=[])
 
 
 def test_rollout_cleanup_reports_a_template_another_group_uses(fake, ops, cfg, pool):
@@ -905,8 +906,8 @@ def test_rollout_cleanup_reports_a_template_another_group_uses(fake, ops, cfg, p
 
     out = ops.rollout_cleanup(g)
 
-    assert out["deleted"] == []
-    (line,) = out["failed"]
+    assert out.deleted == []
+    (line,) = out.failed
     assert line.startswith(f"GCP delete instance template {V0}: 400 ")
     assert "already being used by" in line and line.endswith("delete it by hand once unused")
     assert (PROJECT, V0) in fake.templates
@@ -919,14 +920,23 @@ def _seed_rollout_quotas(fake):
     fake.set_project_quota(PROJECT, "GPUS_ALL_REGIONS", 64, 8)
 
 
+def _start(cfg, cfg_file, pool, ops, tmp_path, image="vllm/vllm-openai:v0.12.0"):
+    """`rollout start --image IMAGE` driven as the command drives it, every answer yes."""
+    from poolctl.commands.rollout import run_start
+    from poolctl.workflow.rollout import Change, RolloutStart
+
+    return run_start(RolloutStart(cfg, cfg_file, pool, Cloud.gcp, ops,
+                                  Change.from_flags(Cloud.gcp, image=image), no_surge=False,
+                                  outdir=tmp_path / "out", mirror=None), lambda q: True)
+
+
 def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg, pool,
                                                                   tmp_path, monkeypatch):
-    """The runtime path with Terraform stood in for: what `rollout start` passes to the
-    apply, the state step before it, the cleanup after it, and a rollback mid-rollout to
-    the template Terraform forgot."""
-    from poolctl import deploy as deploy_mod
-    from poolctl import runtime
-    from poolctl.deploy import StackResult
+    """The workflow with Terraform stood in for: what `rollout start` passes to the apply,
+    the state step before it, the cleanup after it, and a rollback mid-rollout to the
+    template Terraform forgot."""
+    from poolctl.commands.rollout import run_rollback
+    from poolctl.workflow.rollout import RolloutRollback
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     cfg_file = tmp_path / "poolctl.yaml"
@@ -937,40 +947,24 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
     fake.settle()
     labels = naming.gcp_labels(cfg, pool)
     tpl_addr = "google_compute_instance_template.nodes_template_313A6F59"
-    seen: dict = {}
 
-    class PlannedTerraform:
-        """The saved plan replaces V1; state commands are recorded."""
+    # The apply: V2 created; V1 left alone (Terraform forgot it); the MIG's versions
+    # untouched (the stack ignores them).
+    # The saved plan replaces V1.
+    tf = PlanShown({"resource_changes": [_plan_change(tpl_addr, gcp.TEMPLATE_TYPE,
+                                                      ["create", "delete"], V1)]})
+    stack = StoodInStack("acme-chat-70b-gcp", str(tmp_path), tf=tf,
+                         on_apply=lambda: fake.add_template(PROJECT, V2, labels=labels))
+    calls = stand_in(monkeypatch, stack)
 
-        def __init__(self):
-            self.calls = []
+    res = _start(cfg, cfg_file, pool, ops, tmp_path)
 
-        def run(self, phase, *args, capture=False):
-            self.calls.append(args)
-            plan = {"resource_changes": [_plan_change(tpl_addr, gcp.TEMPLATE_TYPE,
-                                                      ["create", "delete"], V1)]}
-            return SimpleNamespace(stdout=json.dumps(plan) if args[0] == "show" else "")
-
-    def fake_run_stacks(new_cfg, targets, **kw):
-        seen["env"] = kw["extra_env"]
-        tf = PlannedTerraform()
-        seen["replan"] = kw["before_apply"](tf)
-        seen["tf_calls"] = tf.calls
-        # The apply: V2 created; V1 left alone (Terraform forgot it); the MIG's versions
-        # untouched (the stack ignores them).
-        fake.add_template(PROJECT, V2, labels=labels)
-        return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
-
-    monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
-
-    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, image="vllm/vllm-openai:v0.12.0",
-                                confirm=lambda q: True, outdir=tmp_path / "out")
-
+    [call] = calls
     # The apply keeps what `warm` set (3 standby VMs) and the file's autoscaler bounds.
-    assert seen["env"] == {"TF_VAR_min_nodes": "1", "TF_VAR_max_nodes": "6",
-                           "TF_VAR_warm_nodes": "3"}
-    assert seen["replan"] is True
-    assert seen["tf_calls"] == [("show", "-json", "tfplan"), ("state", "rm", tpl_addr)]
+    assert call["extra_env"] == {"TF_VAR_min_nodes": "1", "TF_VAR_max_nodes": "6",
+                                 "TF_VAR_warm_nodes": "3"}
+    assert stack.steps == ["prepare", "plan", "replan", "apply", "finish"]
+    assert tf.calls == [("show", "-json", "tfplan"), ("state", "rm", tpl_addr)]
     assert res.applied and res.rollout is not None
     # poolctl started the canary: V2 at the first checkpoint beside V1.
     assert (res.rollout.id, res.rollout.done, res.rollout.step) == (V2, False, 25)
@@ -982,9 +976,13 @@ def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg
 
     # Mid-rollout rollback: the MIG goes back to V1, which still exists.
     fake.step_rollout(PROJECT, REGION, MIG, 1)
-    out = runtime.rollout_rollback(cfg, cfg_file, pool, "gcp", ops, confirm=lambda q: True,
-                                   outdir=tmp_path / "out")
-    assert out["how"] == "cloud_rollback"
+    asked = []
+    out = run_rollback(RolloutRollback(cfg, cfg_file, pool, Cloud.gcp, ops,
+                                       outdir=tmp_path / "out", mirror=None),
+                       lambda q: asked.append(q) or True)
+    assert out.how == "cloud_rollback"
+    assert asked == ["roll back acme-chat-70b-gcp to serving.image=vllm/vllm-openai:v0.11.0 "
+                     "(replaced nodes return to the previous version)?"]
     assert _versions(fake) == [{"name": "rollback", "template": V1}]
     assert "image: vllm/vllm-openai:v0.11.0" in cfg_file.read_text()
 
@@ -993,27 +991,18 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
                                                       monkeypatch):
     """`rollout start` with the version a held (or unwatched) canary rolls to drives it on
     where it stands, without another apply; another version is refused meanwhile."""
-    from poolctl import deploy as deploy_mod
     from poolctl import runtime
-    from poolctl.deploy import StackResult
 
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     cfg_file = tmp_path / "poolctl.yaml"
     cfg_file.write_text(pool_yaml())
     deploy(fake, cfg, pool, running=4, stopped=2)
     _seed_rollout_quotas(fake)
-    applies = []
-
-    def fake_run_stacks(new_cfg, targets, **kw):
-        applies.append(kw["extra_env"])
-        fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))
-        return [StackResult(stack="acme-chat-70b-gcp", workdir=str(tmp_path), applied=True)]
-
-    monkeypatch.setattr(deploy_mod, "run_stacks", fake_run_stacks)
-    start = dict(image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True,
-                 outdir=tmp_path / "out")
-    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, **start)
-    assert (res.rollout.step, len(applies)) == (25, 1)
+    calls = stand_in(monkeypatch, lambda new_cfg, targets: StoodInStack(
+        "acme-chat-70b-gcp", str(tmp_path),
+        on_apply=lambda: fake.add_template(PROJECT, V2, labels=naming.gcp_labels(cfg, pool))))
+    res = _start(cfg, cfg_file, pool, ops, tmp_path)
+    assert (res.rollout.step, len(calls)) == (25, 1)
     fake.step_rollout(PROJECT, REGION, MIG, 6)
     held = runtime.rollout_cancel(cfg, pool, "gcp", ops)
     assert (held.status, held.step) == ("cancelled", 25)
@@ -1022,14 +1011,13 @@ def test_rollout_start_again_drives_a_held_canary_on(fake, ops, cfg, pool, tmp_p
     ops.rollout_begin(ops.find_group(cfg, pool), cfg, pool, plan_pool(pool, "gcp"),
                       no_surge=False, stack_dir=None)
     with pytest.raises(OperationFailed, match="rollout .* is in progress"):
-        runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops,
-                              **{**start, "image": "vllm/vllm-openai:v0.13.0"})
+        _start(cfg, cfg_file, pool, ops, tmp_path, image="vllm/vllm-openai:v0.13.0")
     ops.rollout_cancel(ops.find_group(cfg, pool))
 
     cfg = parse_config(cfg_file.read_text())
-    res = runtime.rollout_start(cfg, cfg_file, pool, "gcp", ops, **start)
+    res = _start(cfg, cfg_file, pool, ops, tmp_path)
 
-    assert len(applies) == 1  # no second apply
+    assert len(calls) == 1  # no second apply
     assert (res.rollout.status, res.rollout.step, res.rollout.checkpoint_reached) == (
         "in_progress", 25, 25)
     assert _versions(fake)[-1] == {"name": "canary", "template": V2,
@@ -1044,8 +1032,6 @@ def test_rollout_start_counts_the_pools_sharing_the_quota(fake, ops, cfg, pool, 
     """Two pools of one file on A3 in one region share NVIDIA_H100_GPUS: the rollout's own
     need (1 serving node + 3 surge = 32 GPUs) fits the 64 granted alone, but beside the
     other pool's peak (9 nodes = 72 GPUs) it does not, and nothing is changed."""
-    from poolctl import runtime
-
     monkeypatch.setenv("POOLCTL_HOME", str(tmp_path / "home"))
     two = pool_yaml() + pool_yaml().split("pools:\n", 1)[1].replace("chat-70b", "chat-b")
     cfg_file = tmp_path / "poolctl.yaml"
@@ -1054,9 +1040,7 @@ def test_rollout_start_counts_the_pools_sharing_the_quota(fake, ops, cfg, pool, 
     deploy(fake, cfg2, cfg2.pools[0])
     _seed_rollout_quotas(fake)
     with pytest.raises(OperationFailed) as e:
-        runtime.rollout_start(cfg2, cfg_file, cfg2.pools[0], "gcp", ops,
-                              image="vllm/vllm-openai:v0.12.0", confirm=lambda q: True,
-                              outdir=tmp_path / "out")
+        _start(cfg2, cfg_file, cfg2.pools[0], ops, tmp_path)
     msg = str(e.value)
     # 32 + 72 = 104 needed beside 0 of others (8 in use are the pool's own): short by 40.
     assert "quota NVIDIA_H100_GPUS in us-central1: short by 40 GPU" in msg
@@ -1552,8 +1536,8 @@ def test_destroy_deletes_the_kept_templates(fake, ops, cfg, pool):
 
     done = ops.delete_pool_templates(cfg, pool)
 
-    assert sorted(done["deleted"]) == ["acme-chat-70b-old1", "acme-chat-70b-old2"]
-    assert done["failed"] == []
+    assert sorted(done.deleted) == ["acme-chat-70b-old1", "acme-chat-70b-old2"]
+    assert done.failed == []
     assert sorted(n for (_, n) in fake.templates) == ["other-team"]
     assert _calls(fake, "DELETE", "/global/instanceTemplates/acme-chat-70b-old1")
 

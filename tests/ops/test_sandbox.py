@@ -22,7 +22,6 @@ from botocore.exceptions import ClientError
 from tests.plugins.sandbox import sandbox_admin
 
 # Each test makes what it checks (or starts a sandbox of its own): any worker may run it.
-pytestmark = pytest.mark.standalone
 
 POOL_TAG = "poolctl:pool"
 
@@ -161,9 +160,9 @@ def test_start_again_at_once_on_the_port_a_busy_sandbox_just_left(tmp_path):
 def test_status_reports_pool_groups_instances_and_load_balancers(sandbox_reset, sandbox_home,
                                                                 sandbox_client):
     ec2, asg, elbv2 = (sandbox_client(s) for s in ("ec2", "autoscaling", "elbv2"))
-    lt_id, _ = _launch_template(ec2)
-    _group(asg, "pool-a", lt_id, desired=2, max_size=4, pool="chat")
-    _group(asg, "not-poolctl", lt_id, desired=1, max_size=1, pool=None)
+    lt_id, _ = launch_template(ec2)
+    make_group(asg, "pool-a", lt_id, desired=2, max_size=4, pool="chat")
+    make_group(asg, "not-poolctl", lt_id, desired=1, max_size=1, pool=None)
     subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
     elbv2.create_load_balancer(Name="chat-lb", Subnets=subnets, Scheme="internal")
 
@@ -227,7 +226,7 @@ def test_endpoint_without_a_running_sandbox_is_a_usage_error(tmp_path):
 # helpers for the extension tests
 
 
-def _launch_template(ec2, versions=("t3.micro", "t3.small")) -> tuple[str, str]:
+def launch_template(ec2, versions=("t3.micro", "t3.small")) -> tuple[str, str]:
     """A launch template whose version N launches versions[N-1]; returns (id, ami)."""
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     lt = ec2.create_launch_template(
@@ -242,7 +241,7 @@ def _launch_template(ec2, versions=("t3.micro", "t3.small")) -> tuple[str, str]:
     return lt["LaunchTemplateId"], ami
 
 
-def _group(asg, name, lt_id, desired, max_size, version="1", pool="chat", min_size=0):
+def make_group(asg, name, lt_id, desired, max_size, version="1", pool="chat", min_size=0):
     tags = [{"Key": POOL_TAG, "Value": pool, "PropagateAtLaunch": True}] if pool else []
     asg.create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=min_size, MaxSize=max_size, DesiredCapacity=desired,
@@ -279,9 +278,9 @@ def _tags(inst) -> dict[str, str]:
 
 def test_instances_carry_the_version_the_group_resolves(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("latest")
-    _group(asg, name, lt_id, desired=2, max_size=2, version="$Latest")
+    make_group(asg, name, lt_id, desired=2, max_size=2, version="$Latest")
     # $Latest is version 2 (t3.small); moto alone tags them with the default version 1.
     assert _versions(asg, name) == ["2", "2"]
     ids = [i["InstanceId"] for i in _instances(asg, name)]
@@ -296,9 +295,9 @@ def test_instances_carry_the_version_the_group_resolves(sandbox_client):
 
 def test_warm_pool_min_size_2_lists_2_stopped_instances_tagged_like_the_group(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("warm")
-    _group(asg, name, lt_id, desired=1, max_size=3)
+    make_group(asg, name, lt_id, desired=1, max_size=3)
     asg.put_warm_pool(AutoScalingGroupName=name, MinSize=2, PoolState="Stopped")
     # Size = max(MinSize 2, MaxSize 3 - desired 1) = 2.
     pool = asg.describe_warm_pool(AutoScalingGroupName=name)
@@ -317,9 +316,9 @@ def test_warm_pool_min_size_2_lists_2_stopped_instances_tagged_like_the_group(sa
 
 def test_warm_pool_size_follows_the_put_warm_pool_formula(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("size")
-    _group(asg, name, lt_id, desired=2, max_size=10)
+    make_group(asg, name, lt_id, desired=2, max_size=10)
 
     def size(**kw) -> list[str]:
         asg.put_warm_pool(AutoScalingGroupName=name, **kw)
@@ -337,9 +336,9 @@ def test_warm_pool_size_follows_the_put_warm_pool_formula(sandbox_client):
 
 def test_scale_out_takes_warm_instances_first_then_refills(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("scale")
-    _group(asg, name, lt_id, desired=1, max_size=6)
+    make_group(asg, name, lt_id, desired=1, max_size=6)
     asg.put_warm_pool(AutoScalingGroupName=name, MaxGroupPreparedCapacity=4)  # 4 - 1 = 3 warm
     warm_before = {i["InstanceId"] for i in
                    asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]}
@@ -366,9 +365,9 @@ def test_scale_out_takes_warm_instances_first_then_refills(sandbox_client):
 
 def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("snap")
-    _group(asg, name, lt_id, desired=1, max_size=6)
+    make_group(asg, name, lt_id, desired=1, max_size=6)
     asg.put_warm_pool(AutoScalingGroupName=name, MaxGroupPreparedCapacity=3)  # 2 warm
     member = [i["InstanceId"] for i in _instances(asg, name)]
     warm = sorted(i["InstanceId"] for i in
@@ -387,7 +386,7 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
     sandbox_admin(sandbox, "POST", "/_poolctl/quotas", {"quotas": {"L-417A185B": 0}})
     ssm.put_parameter(Name=f"/{name}/image", Value="v2", Type="String", Overwrite=True)
     other = _name("snap-later")
-    _group(asg, other, _launch_template(ec2)[0], desired=1, max_size=1)
+    make_group(asg, other, launch_template(ec2)[0], desired=1, max_size=1)
 
     sandbox_admin(sandbox, "POST", "/_poolctl/snapshots/t1/restore")
     assert [i["InstanceId"] for i in _instances(asg, name)] == member
@@ -412,7 +411,7 @@ def test_snapshot_restore_brings_back_resources_ids_and_quotas(sandbox, sandbox_
 
 def test_a_retried_attempt_gets_the_first_answer_and_creates_nothing_more(sandbox_client):
     ec2 = sandbox_client("ec2")
-    lt_id, ami = _launch_template(ec2, versions=("t3.micro",))
+    lt_id, ami = launch_template(ec2, versions=("t3.micro",))
     sent: list[dict] = []
 
     def same_call(request, **kw):  # both sends are attempts of one call, the second a retry
@@ -449,8 +448,8 @@ def test_restore_of_an_unknown_snapshot_is_404_and_a_reset_drops_them(sandbox_re
 
 
 def _hooked_group(ec2, asg, name, timeout=300):
-    lt_id, _ = _launch_template(ec2)
-    _group(asg, name, lt_id, desired=0, max_size=4)
+    lt_id, _ = launch_template(ec2)
+    make_group(asg, name, lt_id, desired=0, max_size=4)
     asg.put_lifecycle_hook(
         LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=name,
         LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=timeout,
@@ -576,9 +575,9 @@ def _run_to_end(asg, name, limit=20) -> list[dict]:
 
 def test_refresh_with_checkpoints_reaches_successful_on_the_new_version(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("refresh")
-    _group(asg, name, lt_id, desired=4, max_size=4)
+    make_group(asg, name, lt_id, desired=4, max_size=4)
     old_ids = {i["InstanceId"] for i in _instances(asg, name)}
     asg.start_instance_refresh(
         AutoScalingGroupName=name,
@@ -618,9 +617,9 @@ def test_refresh_with_checkpoints_reaches_successful_on_the_new_version(sandbox_
 
 def test_refresh_rollback_restores_the_previous_version(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("rollback")
-    _group(asg, name, lt_id, desired=2, max_size=2)
+    make_group(asg, name, lt_id, desired=2, max_size=2)
     asg.start_instance_refresh(
         AutoScalingGroupName=name,
         DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
@@ -649,9 +648,9 @@ def test_refresh_rollback_restores_the_previous_version(sandbox_client):
 
 def test_refresh_without_desired_configuration_cannot_roll_back_but_cancels(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("cancel")
-    _group(asg, name, lt_id, desired=2, max_size=2)
+    make_group(asg, name, lt_id, desired=2, max_size=2)
     asg.start_instance_refresh(AutoScalingGroupName=name)
     with pytest.raises(ClientError) as err:
         asg.rollback_instance_refresh(AutoScalingGroupName=name)
@@ -665,9 +664,9 @@ def test_refresh_without_desired_configuration_cannot_roll_back_but_cancels(sand
 
 def test_refresh_auto_rollback_when_a_replacement_is_unhealthy(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("autorb")
-    _group(asg, name, lt_id, desired=2, max_size=2)
+    make_group(asg, name, lt_id, desired=2, max_size=2)
     asg.start_instance_refresh(
         AutoScalingGroupName=name,
         DesiredConfiguration={"LaunchTemplate": {"LaunchTemplateId": lt_id, "Version": "2"}},
@@ -686,9 +685,9 @@ def test_refresh_auto_rollback_when_a_replacement_is_unhealthy(sandbox_client):
 
 def test_refresh_skip_matching_and_ignoring_protected_instances(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("skip")
-    _group(asg, name, lt_id, desired=3, max_size=3)
+    make_group(asg, name, lt_id, desired=3, max_size=3)
     ids = sorted(i["InstanceId"] for i in _instances(asg, name))
     asg.set_instance_protection(AutoScalingGroupName=name, InstanceIds=[ids[0]],
                                 ProtectedFromScaleIn=True)
@@ -718,9 +717,9 @@ def test_refresh_skip_matching_and_ignoring_protected_instances(sandbox_client):
 
 def test_refresh_replaces_the_warm_pool_after_the_live_pool(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("warmrefresh")
-    _group(asg, name, lt_id, desired=1, max_size=2)
+    make_group(asg, name, lt_id, desired=1, max_size=2)
     asg.put_warm_pool(AutoScalingGroupName=name, MinSize=1)  # max(1, 2 - 1) = 1
     [old_warm] = asg.describe_warm_pool(AutoScalingGroupName=name)["Instances"]
     asg.start_instance_refresh(
@@ -840,9 +839,9 @@ def test_a_replacement_whose_boot_fails_rolls_the_refresh_back_keeping_the_old_n
 
 def test_refresh_rejects_bad_preferences(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("badprefs")
-    _group(asg, name, lt_id, desired=1, max_size=1)
+    make_group(asg, name, lt_id, desired=1, max_size=1)
     for prefs in (
         {"CheckpointPercentages": [50, 20]},
         {"CheckpointDelay": 60},
@@ -912,7 +911,7 @@ def test_ec2_quotas_get_set_and_request_without_duplicates(sandbox_reset, sandbo
 
 def test_create_group_hook_specifications_hold_the_first_instances(sandbox, sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("inithook")
     spec = {"LifecycleHookName": "poolctl-node-ready", "HeartbeatTimeout": 600,
             "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING"}
@@ -949,7 +948,7 @@ def test_create_group_hook_specifications_hold_the_first_instances(sandbox, sand
     # into service.
     asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
     assert asg.describe_lifecycle_hooks(AutoScalingGroupName=name)["LifecycleHooks"] == []
-    _group(asg, name, lt_id, desired=1, max_size=1)
+    make_group(asg, name, lt_id, desired=1, max_size=1)
     assert [i["LifecycleState"] for i in _instances(asg, name)] == ["InService"]
 
 
@@ -963,7 +962,7 @@ def test_create_group_hook_specifications_hold_the_first_instances(sandbox, sand
 ])
 def test_bad_hook_specification_creates_neither_group_nor_hook(sandbox_client, bad, words):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("badhook")
     good = {"LifecycleHookName": "ok", "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING"}
     with pytest.raises(ClientError) as err:
@@ -981,7 +980,7 @@ def test_bad_hook_specification_creates_neither_group_nor_hook(sandbox_client, b
 
 def test_default_instance_warmup_is_stored_updated_and_cleared(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("warmup")
 
     def warmup() -> int | None:
@@ -1004,9 +1003,9 @@ def test_default_instance_warmup_is_stored_updated_and_cleared(sandbox_client):
 
 def test_scaling_policies_report_enabled_and_no_invented_predictive_block(sandbox_client):
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("policy")
-    _group(asg, name, lt_id, desired=0, max_size=2)
+    make_group(asg, name, lt_id, desired=0, max_size=2)
     asg.put_scaling_policy(
         AutoScalingGroupName=name, PolicyName=f"{name}-target",
         PolicyType="TargetTrackingScaling",
@@ -1093,8 +1092,8 @@ def test_boot_nodes_completes_the_launch_hooks_of_one_pool(sandbox, sandbox_home
     pool, other = _name("bootpool"), _name("otherpool")
     name, other_name = _name("boot"), _name("other")
     for group, tag in ((name, pool), (other_name, other)):
-        lt_id, _ = _launch_template(ec2)
-        _group(asg, group, lt_id, desired=0, max_size=4, pool=tag)
+        lt_id, _ = launch_template(ec2)
+        make_group(asg, group, lt_id, desired=0, max_size=4, pool=tag)
         asg.put_lifecycle_hook(
             LifecycleHookName="poolctl-node-ready", AutoScalingGroupName=group,
             LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=600)
@@ -1226,9 +1225,9 @@ def test_scheduled_actions_run_when_the_clock_reaches_them(sandbox_client, sandb
     from datetime import UTC, datetime, timedelta
 
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("sched")
-    _group(asg, name, lt_id, desired=1, max_size=6, min_size=1)
+    make_group(asg, name, lt_id, desired=1, max_size=6, min_size=1)
     start = datetime.now(UTC) + timedelta(minutes=10)
     try:
         asg.put_scheduled_update_group_action(
@@ -1264,9 +1263,9 @@ def test_scheduled_actions_refuse_what_aws_refuses(sandbox_client):
     from datetime import UTC, datetime, timedelta
 
     ec2, asg = sandbox_client("ec2"), sandbox_client("autoscaling")
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     name = _name("schedbad")
-    _group(asg, name, lt_id, desired=0, max_size=2)
+    make_group(asg, name, lt_id, desired=0, max_size=2)
     soon = datetime.now(UTC) + timedelta(hours=1)
 
     def code(**kw) -> tuple[str, str]:

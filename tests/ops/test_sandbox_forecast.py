@@ -19,9 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.ops.test_sandbox import _group, _launch_template
-
-pytestmark = pytest.mark.standalone
+from tests.ops.test_sandbox import launch_template, make_group
 
 NS = "poolctl"
 
@@ -84,9 +82,9 @@ def _history(cw, group: str, hours: int) -> datetime:
 def _setup(sandbox_client, hours: int, mode: str, desired: int = 1):
     ec2, asg, cw = (sandbox_client(s) for s in ("ec2", "autoscaling", "cloudwatch"))
     _busy_from[0] = (datetime.now(UTC) + timedelta(seconds=BUFFER_S)).hour
-    lt_id, _ = _launch_template(ec2)
+    lt_id, _ = launch_template(ec2)
     group = f"forecast-{uuid.uuid4().hex[:8]}"
-    _group(asg, group, lt_id, desired=desired, max_size=3, min_size=1)
+    make_group(asg, group, lt_id, desired=desired, max_size=3, min_size=1)
     policy = _policy(asg, group, mode)
     this_hour = _history(cw, group, hours)
     return asg, group, policy, this_hour

@@ -1,7 +1,7 @@
-"""Where the suite's CPU goes, per group of tests (scripts/bench/suite_cpu.py reads it).
+"""Where the suite's CPU goes, per test module (scripts/bench/suite_cpu.py reads it).
 
 Only with POOLCTL_TEST_CPU_LOG=FILE: each worker (or a serial run) appends one JSON line per
-group it ran: its tests, wall seconds, when it started and ended (epoch seconds), its own
+module it ran: its tests, wall seconds, when it started and ended (epoch seconds), its own
 CPU, the CPU of the processes it ran and waited for (poolctl, Terraform, node ...), and its
 sandbox server's. Without the variable this plugin registers nothing.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.groups import group_of
+from tests.plugins.order import module_of
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,18 +46,18 @@ def _cpu_now() -> tuple[float, float, float]:
 
 
 class CpuLog:
-    """Sums per group while the session runs, written out at its end."""
+    """Sums per module while the session runs, written out at its end."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.groups: dict[str, dict[str, float]] = {}
+        self.modules: dict[str, dict[str, float]] = {}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
         t0, before = time.time(), _cpu_now()
         yield
         after, t1 = _cpu_now(), time.time()
-        acc = self.groups.setdefault(group_of(item), dict.fromkeys(
+        acc = self.modules.setdefault(module_of(item), dict.fromkeys(
             ("tests", "wall_s", "cpu_s", "children_cpu_s", "sandbox_cpu_s"), 0.0))
         acc.setdefault("start", t0)
         acc["end"] = t1
@@ -70,7 +70,7 @@ class CpuLog:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
         with self.path.open("a") as f:
-            for group, acc in self.groups.items():
-                f.write(json.dumps({"worker": worker, "group": group, "tests": int(acc["tests"]),
+            for module, acc in self.modules.items():
+                f.write(json.dumps({"worker": worker, "module": module, "tests": int(acc["tests"]),
                                     **{k: round(v, 2) for k, v in acc.items() if k != "tests"}})
                         + "\n")

@@ -6,9 +6,10 @@ and `pool_keeper` (the `PoolKeeper` that owns it on this worker). Helpers: `depl
 (the same resources without Terraform) and `empty_sandbox`.
 
 A deploy takes minutes (the AWS provider's fixed waits), so a worker deploys the pool once,
-keeps the sandbox's snapshot of it as deployed (with its Terraform state), and gives each
-group of tests that asks for it that pool again: a worker runs several groups in turn, and
-a group's tests change the pool as they go.
+keeps the sandbox's snapshot of it as deployed (with its Terraform state: `keep_snapshot`,
+`restore_snapshot`, which other tests use for their own deployments too), and gives each
+module that asks for it that pool again: a worker runs several modules in turn, and a
+module's tests change the pool (each test sets up what it needs, never from another test).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 from poolctl import naming
 from poolctl.cloud import Cloud
 from poolctl.config import load_config
-from tests.plugins.groups import group_of
+from tests.plugins.order import module_of
 from tests.plugins.sandbox import (
     REPO,
     boto3_client,
@@ -36,8 +37,8 @@ from tests.plugins.sandbox import (
 DEPLOYED_EXAMPLE = REPO / "examples" / "llama-70b-p5" / "poolctl.yaml"
 DEPLOYED_REGION = "us-east-1"
 SNAPSHOT = "deployed-pool"
-# The user of a pool a test deployed and handed over (`PoolKeeper.adopt`): no group is
-# named so, so the next group that asks for the pool starts from the snapshot.
+# The user of a pool a test deployed and handed over (`PoolKeeper.adopt`): no module is
+# named so, so the next module that asks for the pool starts from the snapshot.
 HANDED_OVER = "(handed over)"
 
 
@@ -48,18 +49,18 @@ def _example_pool() -> tuple[Any, Any]:
 
 class PoolKeeper:
     """The example pool of this worker's sandbox: where it is deployed, how (Terraform or
-    boto3), and which group of tests used it last. One per session (`config.stash`): the
+    boto3), and which test module used it last. One per session (`config.stash`): the
     `deployed_pool` fixture and the `pytest_runtest_setup` hook below share it."""
 
     def __init__(self) -> None:
         self.at: tuple[str, Path] | None = None  # (endpoint, POOLCTL_HOME) once in use
         self.via: str | None = None
-        self.user: str | None = None  # the group whose tests used the pool last
+        self.user: str | None = None  # the module whose tests used the pool last
 
     def first_use(self, endpoint: str, home: Path) -> dict[str, Any]:
         if self.at is None:  # else a test deployed the pool and handed it over
             self.at = (endpoint, home)
-            # Groups that ran before on this worker may have left instances (quota in use).
+            # Modules that ran before on this worker may have left instances (quota in use).
             empty_sandbox(endpoint, home)
         return self.ensure()
 
@@ -72,15 +73,23 @@ class PoolKeeper:
         self.ensure()  # finds it; records how it was made
         self._snapshot()
 
-    def before_test(self, group: str) -> None:
-        """A test of `group` asks for the pool: the first of its group gets it as deployed
+    def before_test(self, module: str) -> None:
+        """A test of `module` asks for the pool: the first of its module gets it as deployed
         (restored from the snapshot, a second; a deploy only where a test wiped the
         sandbox)."""
         if self.at is not None:
-            if self.user is not None and self.user != group and not self._restore():
+            if self.user is not None and self.user != module and not self._restore():
                 empty_sandbox(*self.at)
             self.ensure()
-        self.user = group
+        self.user = module
+
+    def fresh(self) -> None:
+        """The pool as deployed again, for a test that changes it (a second or two): the
+        module's tests then stand alone."""
+        assert self.at is not None, "the pool is not in use yet"
+        if not self._restore():
+            empty_sandbox(*self.at)
+        self.ensure()
 
     def ensure(self) -> dict[str, Any]:
         """Make sure the example pool exists in the sandbox; cheap when it does (one call).
@@ -109,51 +118,57 @@ class PoolKeeper:
         return {"file": str(DEPLOYED_EXAMPLE), "asg": name, "region": DEPLOYED_REGION,
                 "via": self.via}
 
-    def _kept_state(self) -> Path:
-        """Where the Terraform state of the snapshot's moment is kept (beside the home, so
-        no test of the home's files sees it)."""
-        assert self.at is not None
-        home = self.at[1]
-        return home.parent / f"{home.name}-{SNAPSHOT}-state"
-
     def _snapshot(self) -> None:
-        """Keep the pool as just deployed: the sandbox's copy of itself, and the Terraform
-        state that matches it."""
         assert self.at is not None
-        endpoint, home = self.at
-        sandbox_admin(endpoint, "POST", "/_poolctl/snapshots", {"name": SNAPSHOT})
-        kept = self._kept_state()
-        shutil.rmtree(kept, ignore_errors=True)
-        state = home / "sandbox" / "state"
-        if state.is_dir():
-            shutil.copytree(state, kept)
-        else:
-            kept.mkdir()
+        keep_snapshot(*self.at, SNAPSHOT)
 
     def _restore(self) -> bool:
-        """Put the sandbox and the Terraform states back as `_snapshot` kept them, in a
-        second or two instead of a deploy's minutes; False if there is no snapshot (a reset
-        dropped it)."""
         assert self.at is not None
-        endpoint, home = self.at
-        try:
-            sandbox_admin(endpoint, "POST", f"/_poolctl/snapshots/{SNAPSHOT}/restore")
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-            return False
-        state = home / "sandbox" / "state"
-        shutil.rmtree(state, ignore_errors=True)
-        shutil.copytree(self._kept_state(), state)
-        # Work directories of stacks deployed after the snapshot: their resources are gone.
-        kept = {p.name.removesuffix(".tfstate") for p in state.glob("*.tfstate")}
-        deploy = home / "sandbox" / "deploy"
-        for workdir in deploy.iterdir() if deploy.is_dir() else ():
-            if workdir.name not in kept:
-                shutil.rmtree(workdir, ignore_errors=True)
-        for records in ("warm", "rollouts"):
-            shutil.rmtree(home / records, ignore_errors=True)
-        return True
+        return restore_snapshot(*self.at, SNAPSHOT)
+
+
+def _kept(home: Path, name: str) -> Path:
+    """Where the Terraform side of a snapshot's moment is kept (beside the home, so no test
+    of the home's files sees it)."""
+    return home.parent / f"{home.name}-{name}"
+
+
+# What of POOLCTL_HOME goes with the sandbox's state: Terraform's states and the stacks'
+# working folders (their init: lock file, provider links; a few hundred KB).
+_TERRAFORM_PARTS = ("state", "deploy")
+
+
+def keep_snapshot(endpoint: str, home: Path, name: str) -> None:
+    """Keep the sandbox as it is now under `name`: its copy of itself, and the Terraform
+    states and working folders that match it."""
+    sandbox_admin(endpoint, "POST", "/_poolctl/snapshots", {"name": name})
+    kept = _kept(home, name)
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
+    for part in _TERRAFORM_PARTS:
+        if (home / "sandbox" / part).is_dir():
+            shutil.copytree(home / "sandbox" / part, kept / part, symlinks=True)
+
+
+def restore_snapshot(endpoint: str, home: Path, name: str) -> bool:
+    """Put the sandbox and its Terraform side back as `keep_snapshot` kept them, in a
+    second or two instead of a deploy's minutes; False if there is no such snapshot (a
+    reset dropped it). What poolctl keeps of the pool's life (warm sizes, rollout records)
+    goes: the pool is as deployed."""
+    try:
+        sandbox_admin(endpoint, "POST", f"/_poolctl/snapshots/{name}/restore")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        return False
+    kept = _kept(home, name)
+    for part in _TERRAFORM_PARTS:
+        shutil.rmtree(home / "sandbox" / part, ignore_errors=True)
+        if (kept / part).is_dir():
+            shutil.copytree(kept / part, home / "sandbox" / part, symlinks=True)
+    for records in ("warm", "rollouts"):
+        shutil.rmtree(home / records, ignore_errors=True)
+    return True
 
 
 _KEEPER = pytest.StashKey[PoolKeeper]()
@@ -176,17 +191,17 @@ def deployed_pool(pool_keeper: PoolKeeper, sandbox: str, sandbox_home: Path
 
     With Terraform and a provider mirror: `poolctl deploy --cloud aws --sandbox`; else the
     same tagged resources made with boto3. Yields {"file", "asg", "region", "via"}; its
-    nodes have booted (1 InService, 2 Warmed:Stopped). Tests may change the pool; each group
-    of tests starts from it as deployed, and a test that wipes the sandbox or destroys the
+    nodes have booted (1 InService, 2 Warmed:Stopped). Tests may change the pool; each
+    module starts from it as deployed, and a test that wipes the sandbox or destroys the
     stack does not break later users: the pool is re-created for the next one.
     """
     yield pool_keeper.first_use(sandbox, Path(sandbox_home))
 
 
-@pytest.hookimpl(tryfirst=True)  # before the group's module fixtures see the pool
+@pytest.hookimpl(tryfirst=True)  # before the module's fixtures see the pool
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if "deployed_pool" in getattr(item, "fixturenames", ()):
-        item.config.stash[_KEEPER].before_test(group_of(item))
+        item.config.stash[_KEEPER].before_test(module_of(item))
 
 
 def empty_sandbox(endpoint: str, home: Path) -> None:

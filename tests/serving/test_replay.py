@@ -9,12 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from poolctl.traces import load_trace
 from tests.plugins.sandbox import run_poolctl
+from tests.serving.pool import wait_for
 
 from .standin import EXAMPLE_ARGS, standin
 
@@ -37,7 +39,6 @@ def _replay(home, *args):
     return json.loads(r.stdout)
 
 
-@pytest.mark.standalone
 def test_prompts_past_max_model_len_are_refused_as_vllm_refuses_them(engine, tmp_path):
     out = _replay(tmp_path, "--trace", str(MOONCAKE), "--url", engine, "--speed", str(SPEED),
                   "--duration", "20s")
@@ -49,7 +50,6 @@ def test_prompts_past_max_model_len_are_refused_as_vllm_refuses_them(engine, tmp
     assert out["completed"] == len(tr.inputs) - too_long
 
 
-@pytest.mark.standalone
 def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path):
     # Two requests 20 s (pool) apart, so the first has finished and every engine is idle when
     # the second arrives: both go to engine 0 (fewest outstanding, then lowest index), and the
@@ -60,6 +60,7 @@ def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path)
         '"hash_ids": [7001, 7002, 7003]}\n'
         '{"timestamp": 20000, "input_length": 2048, "output_length": 4, '
         '"hash_ids": [7001, 7002, 7003, 7004]}\n')
+    wait_for("the engines idle", lambda: _running(engine) == 0, timeout=120, every=0.5)
     before = _hits(engine)
     out = _replay(tmp_path, "--trace", str(trace), "--url", engine, "--speed", str(SPEED))
     assert out["errors"] == {} and out["completed"] == 2
@@ -69,13 +70,21 @@ def test_a_traces_prefix_blocks_reach_the_engines_prefix_cache(engine, tmp_path)
     assert (queries, hits) == (1536 + 2048, 3 * 512)
 
 
-def _hits(url: str) -> tuple[float, float]:
-    import urllib.request
-
+def _metrics(url: str) -> list[str]:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
+        return r.read().decode().splitlines()
+
+
+def _running(url: str) -> float:
+    """Requests running or waiting on every engine (vLLM's gauges): a replay interrupted
+    before leaves its last requests to finish."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in _metrics(url)
+               if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")))
+
+
+def _hits(url: str) -> tuple[float, float]:
     q = h = 0.0
-    for line in text.splitlines():
+    for line in _metrics(url):
         if line.startswith("vllm:prefix_cache_queries_total{"):
             q += float(line.rsplit(" ", 1)[1])
         elif line.startswith("vllm:prefix_cache_hits_total{"):
@@ -83,7 +92,6 @@ def _hits(url: str) -> tuple[float, float]:
     return q, h
 
 
-@pytest.mark.standalone
 @pytest.mark.parametrize(("args", "says"), [
     ([], "--url URL or --sandbox: give one"),
     (["--url", "ftp://127.0.0.1:9"], "--url ftp://127.0.0.1:9: give http://"),
@@ -100,7 +108,6 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, says):
     assert says in err and "\n" not in err, err
 
 
-@pytest.mark.standalone
 def test_ctrl_c_stops_the_replay_and_reports_what_it_measured(engine, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "poolctl", "replay", "--trace", str(AZURE),
                           "--url", engine, "--speed", str(SPEED), "--json"],

@@ -93,14 +93,19 @@ def test_a_rollout_to_a_flag_vllm_lacks_rolls_back_and_status_names_the_failure(
         served, tmp_path):
     url, home, cfg = served["url"], served["home"], served["cfg"]
     [old] = [n["InstanceId"] for n in serving(url)["nodes"] if n["Running"]]
-    cfg.write_text(cfg.read_text().replace(
+    text = cfg.read_text()
+    cfg.write_text(text.replace(
         "      port: 8000\n", "      port: 8000\n      extra_args: [--no-such-flag]\n"))
-    with steady_load(served, tmp_path):
-        r = _rollout(served, "--image", "vllm/vllm-openai:v0.11.3")
-        # The new node's engine refuses the flag as vLLM's parser does; its boot script says
-        # so and ABANDONs its launch hook; the refresh counts a failed launch and rolls back.
-        assert r.returncode == 1, r.stderr[-3000:]
-        assert json.loads(r.stdout)["final"]["status"] == "rolled_back"
+    try:
+        with steady_load(served, tmp_path):
+            r = _rollout(served, "--image", "vllm/vllm-openai:v0.11.3")
+            # The new node's engine refuses the flag as vLLM's parser does; its boot script
+            # says so and ABANDONs its launch hook; the refresh counts a failed launch and
+            # rolls back.
+            assert r.returncode == 1, r.stderr[-3000:]
+            assert json.loads(r.stdout)["final"]["status"] == "rolled_back"
+    finally:  # the rollback restored the image line; the flag goes too (the next test's file)
+        cfg.write_text(text)
     # the old node served throughout (steady_load: no request failed) and still does
     def only_old():
         nodes = serving(url)["nodes"]

@@ -5,8 +5,8 @@ on each node's own loopback address, HAProxy routes through the load balancer's 
 and the autoscaler acts on the queue the nodes publish.
 
 One serving sandbox for the module, with one pool deployed once (one node of four replicas at
-its minimum, two at most, no warm pool, an API key); its tests run in file order: serving,
-then a burst that scales the pool out and back, then boots that fail."""
+its minimum, two at most, no warm pool, an API key); each test leaves it at one serving node,
+so they stand alone: serving, a burst that scales the pool out and back, boots that fail."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from poolctl.clouds.aws.ops import BOOT_LOOKS
 from poolctl.simulate import percentile
 from tests.plugins.sandbox import boto3_client, poolctl_env, run_poolctl, terraform_missing
 from tests.serving.pool import KEY, KEY_VAR, MODEL, azure_trace, serving, serving_pool, wait_for
@@ -73,13 +74,20 @@ def test_status_shows_the_loopback_endpoint_and_the_published_queue(served):
                         "--cloud", "aws", "--json")
         assert r.returncode == 0, r.stderr
         s = json.loads(r.stdout)["pools"][0]
-        return s if s.get("queue_per_replica") is not None else None
+        # Nothing waits on an idle pool: its newest minute (6 wall s at speed 10) says 0,
+        # once the minutes of any traffic before have passed.
+        return s if s.get("queue_per_replica") == 0 else None
 
     # the queue timer: 30 s of pool time after boot (3 s at speed 10), then every 5 wall s
-    s = wait_for("a queue datapoint", status, timeout=60)
-    assert s["queue_per_replica"] == 0  # nothing waits on an idle pool
+    s = wait_for("a queue datapoint of 0", status, timeout=60)
     assert s["endpoint"]["url"] == served["lb"] and s["endpoint"]["api_key"] is True
-    assert s["boot_failure"] is None
+    # A pool whose nodes all booted shows no failure; after a test that broke a boot, the
+    # newest of the last BOOT_LOOKS ended nodes that failed, with its FAILED line (as the
+    # sandbox recorded that node's boot).
+    ended = [n for n in serving(served["url"])["nodes"] if not n["Running"]][-BOOT_LOOKS:]
+    failed = [n for n in ended if n["Failure"]]
+    assert s["boot_failure"] == (f"{failed[-1]['InstanceId']}: {failed[-1]['Failure']}"
+                                 if failed else None)
 
 
 def test_a_burst_scales_the_pool_out_then_back_in_one_node_at_a_time(served, tmp_path):

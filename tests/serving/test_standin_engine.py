@@ -30,7 +30,6 @@ def engine():
         yield url
 
 
-@pytest.mark.standalone
 def test_a_streamed_completion_counts_words_as_tokens_and_runs_to_max_tokens(engine):
     status, raw = call(engine, "/v1/completions", {
         "model": MODEL, "prompt": "one two three four five six seven", "max_tokens": 12,
@@ -48,7 +47,6 @@ def test_a_streamed_completion_counts_words_as_tokens_and_runs_to_max_tokens(eng
     assert all(c["object"] == "text_completion" and c["model"] == MODEL for c in chunks)
 
 
-@pytest.mark.standalone
 def test_chat_and_token_id_prompts(engine):
     status, raw = call(engine, "/v1/chat/completions", {
         "messages": [{"role": "system", "content": "be brief"},
@@ -63,7 +61,6 @@ def test_chat_and_token_id_prompts(engine):
     assert status == 200 and json.loads(raw)["usage"]["prompt_tokens"] == 3
 
 
-@pytest.mark.standalone
 def test_vllms_errors(engine):
     status, raw = call(engine, "/v1/completions", {"prompt": "a b", "max_tokens": 16383})
     body = json.loads(raw)
@@ -78,7 +75,6 @@ def test_vllms_errors(engine):
     assert status == 200
 
 
-@pytest.mark.standalone
 def test_metrics_carry_vllms_names_and_count_what_was_served(engine):
     before = _metrics(engine)
     for n in (3, 5):
@@ -113,7 +109,6 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-@pytest.mark.standalone
 def test_an_api_key_guards_v1_only():
     with standin(EXAMPLE_ARGS, speed=50.0, VLLM_API_KEY="sandbox-key-1") as url:
         assert call(url, "/v1/models")[0] == 401
@@ -124,7 +119,6 @@ def test_an_api_key_guards_v1_only():
         assert call(url, "/health")[0] == 200 and call(url, "/metrics")[0] == 200
 
 
-@pytest.mark.standalone
 @pytest.mark.parametrize(("argv", "env", "says"), [
     (["--model", MODEL, "--enable-turbo-mode"], {},
      "vllm serve: error: unrecognized arguments: --enable-turbo-mode"),
@@ -138,7 +132,6 @@ def test_a_line_or_node_it_cannot_serve_exits_at_once_and_says_why(argv, env, sa
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.standalone
 def test_one_request_takes_the_models_prefill_and_decode_steps(engine, tmp_path):
     """A lone request: TTFT is one prefill step of its prompt, the rest one decode step per
     token (batch 1), as poolctl's model times them; the engine's own histogram (pool time,

@@ -79,13 +79,13 @@ def test_no_failures_no_pause():
 
 def test_rollout_status_says_paused_and_lists_the_failures():
     cfg, pool = llama()
-    data = runtime.rollout_status(cfg, pool, "aws", CapacityOps([ICE]))
+    data = runtime.rollout_status(cfg, pool, "aws", CapacityOps([ICE])).to_json()
     assert data["paused"] == ("a replacement cannot launch: InsufficientInstanceCapacity: no "
                               "p5.48xlarge capacity in us-east-1a")
     assert [f["code"] for f in data["capacity_failures"]] == ["InsufficientInstanceCapacity"]
     done = CapacityOps([ICE])
     done.state = RolloutState("r-1", RolloutStatus.successful, True, 100.0)
-    assert runtime.rollout_status(cfg, pool, "aws", done)["paused"] is None
+    assert runtime.rollout_status(cfg, pool, "aws", done).paused is None
 
 
 # ------------------------------------------------------------------ deploy's one look

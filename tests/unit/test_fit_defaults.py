@@ -60,7 +60,12 @@ def test_catalog_fit_stays_within_10_percent_of_the_database(gpu):
         for rm in cfg.replicas.values():  # the pool's model takes them as its defaults
             # (with the engine's measured time per step on top: test_measured_runs.py)
             mine = fd.with_engine(with_factors(rm, fit.for_tp(cfg.tp)), "bfloat16", fit.engine)
-            assert dataclasses.asdict(mine) == pytest.approx(dataclasses.asdict(rm), rel=1e-12)
+            got, want = dataclasses.asdict(mine), dataclasses.asdict(rm)
+            numbers = {k for k, v in want.items() if isinstance(v, int | float)}
+            assert {k: v for k, v in got.items() if k not in numbers} == {
+                k: v for k, v in want.items() if k not in numbers}
+            assert {k: got[k] for k in numbers} == pytest.approx(
+                {k: want[k] for k in numbers}, rel=1e-12)
         assert len(pe) == len(cfg.replicas) * len(fd.PROMPTS) * len(fd.BATCHES)
         worst.append((cfg.tp, max(map(abs, pe)), max(map(abs, de))))
     assert all(p <= BOUND[gpu] and d <= BOUND[gpu] for _, p, d in worst), worst

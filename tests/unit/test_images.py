@@ -25,6 +25,7 @@ from poolctl.node_image import NodeImage, recorded_node_image
 from poolctl.runtime import set_scalar
 from poolctl.sizing import PoolPlan, plan_pool
 from tests import inproc
+from tests.fakes.stack import StoodInStack, failing_apply, rollback, stand_in, start_rollout
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(REPO.glob("examples/*/poolctl.yaml"))
@@ -550,35 +551,29 @@ class RollOps(RollsBackRollouts):
 def rolled(tmp_path, monkeypatch):
     """`rollout start --node-image AMI` on the example, whose file names no aws.ami_id: the
     line added, the apply stubbed (what it was given is kept), the refresh begun."""
-    from poolctl import runtime
-    from poolctl.deploy import StackResult
-
     applied = []
 
-    def run_stacks(cfg, targets, **kw):
+    def planned(cfg, targets):
         applied.append(targets[0].pool.aws.ami_id)
-        return [StackResult(stack="acme-chat-70b-aws", workdir=str(tmp_path), applied=True)]
+        return StoodInStack("acme-chat-70b-aws", str(tmp_path))
 
-    monkeypatch.setattr("poolctl.deploy.run_stacks", run_stacks)
+    stand_in(monkeypatch, planned)
     f = tmp_path / "poolctl.yaml"
     f.write_text(EXAMPLES[0].read_text())
     original = f.read_text()
     assert "ami_id" not in original
     cfg = load_config(f)
     ops = RollOps()
-    res = runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
-                                confirm=lambda q: True, outdir=tmp_path / "out")
+    res = start_rollout(cfg, f, cfg.pools[0], Cloud.aws, ops, node_image=AMI,
+                        outdir=tmp_path / "out")
     assert (res.key, res.from_value, res.to_value) == ("aws.ami_id", None, AMI)
     assert f.read_text() != original and f"      ami_id: {AMI}\n" in f.read_text()
     return f, original, ops, applied
 
 
 def _rollback(f, ops, tmp_path):
-    from poolctl import runtime
-
     cfg = load_config(f)
-    return runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", ops, confirm=lambda q: True,
-                                    outdir=tmp_path / "out")
+    return rollback(cfg, f, cfg.pools[0], Cloud.aws, ops, outdir=tmp_path / "out")
 
 
 def test_rollback_after_the_rollout_ended_removes_the_added_line(rolled, tmp_path):
@@ -609,20 +604,16 @@ def test_rollback_in_progress_removes_the_added_line(rolled, tmp_path, capsys):
 
 def test_rollback_before_the_rollout_began_removes_the_added_line(tmp_path, monkeypatch):
     """The apply failed: only the file needs restoring."""
-    from poolctl import runtime
     from poolctl.errors import OperationFailed
 
-    def apply_fails(*a, **kw):
-        raise OperationFailed("terraform apply failed")
-
-    monkeypatch.setattr("poolctl.deploy.run_stacks", apply_fails)
+    failing_apply(monkeypatch)
     f = tmp_path / "poolctl.yaml"
     f.write_text(EXAMPLES[0].read_text())
     original = f.read_text()
     cfg = load_config(f)
     with pytest.raises(OperationFailed, match="the apply did not finish"):
-        runtime.rollout_start(cfg, f, cfg.pools[0], "aws", RollOps(), node_image=AMI,
-                              confirm=lambda q: True, outdir=tmp_path / "out")
+        start_rollout(cfg, f, cfg.pools[0], Cloud.aws, RollOps(), node_image=AMI,
+                      outdir=tmp_path / "out")
     assert f.read_text() != original
     out = _rollback(f, RollOps(), tmp_path)
     assert out["how"] == "file" and f.read_text() == original
@@ -656,33 +647,34 @@ def test_unset_scalar_removes_only_a_line_of_its_own():
 
 def test_a_no_after_the_plan_summary_puts_the_file_and_record_back(tmp_path, monkeypatch):
     """`rollout start` asks after Terraform planned the recorded file and showed its summary
-    (run_stacks asks, as deploy does); a no leaves the file byte for byte and no record."""
+    (as deploy does); a no leaves the file byte for byte and no record."""
     from poolctl import runtime
-    from poolctl.errors import NotConfirmed, OperationFailed
+    from poolctl.errors import OperationFailed
 
     f = tmp_path / "poolctl.yaml"
     f.write_text(EXAMPLES[0].read_text())
     original = f.read_text()
     planned, asked = [], []
 
-    def run_stacks(cfg, targets, **kw):
-        # What Terraform plans: the file as recorded, then the question.
+    def planned_stack(new_cfg, targets):
+        # What Terraform plans: the file as recorded.
         planned.append((targets[0].pool.aws.ami_id, f"ami_id: {AMI}" in f.read_text()))
-        if not kw["confirm"]("apply acme-chat-70b-aws: 0 to add, 1 to change, 0 to destroy?"):
-            raise NotConfirmed("acme-chat-70b-aws: not confirmed; nothing was applied")
+        return StoodInStack("acme-chat-70b-aws", str(tmp_path), on_apply=applied)
+
+    def applied():
         raise AssertionError("applied after a no")
 
     def confirm(question):
         asked.append(question)
         return False
 
-    monkeypatch.setattr("poolctl.deploy.run_stacks", run_stacks)
+    stand_in(monkeypatch, planned_stack)
     cfg = load_config(f)
     ops = RollOps()
     with pytest.raises(OperationFailed, match="^acme-chat-70b-aws: not confirmed; nothing was "
                                               "changed$"):
-        runtime.rollout_start(cfg, f, cfg.pools[0], "aws", ops, node_image=AMI,
-                              confirm=confirm, outdir=tmp_path / "out")
+        start_rollout(cfg, f, cfg.pools[0], Cloud.aws, ops, node_image=AMI,
+                      outdir=tmp_path / "out", confirm=confirm)
     assert planned == [(AMI, True)]
     [question] = asked
     assert question.startswith(f"start rollout of acme-chat-70b-aws: aws.ami_id None -> {AMI} "

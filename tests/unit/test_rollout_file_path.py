@@ -15,6 +15,7 @@ from poolctl.config import parse_config
 from poolctl.endpoints import REAL_CLOUDS
 from poolctl.errors import OperationFailed
 from tests.configs import pool_yaml
+from tests.fakes.stack import failing_apply, rollback, start_rollout
 
 FILE = pool_yaml(with_gcp=False)
 NEW = "vllm/vllm-openai:v0.12.0"
@@ -53,24 +54,19 @@ def test_rollback_from_another_directory_restores_the_recorded_file(tmp_path, mo
         d.mkdir()
         (d / "poolctl.yaml").write_text(FILE)  # the same pool in a second checkout
 
-    def apply_fails(*args, **kwargs):
-        raise OperationFailed("terraform apply failed")
-
-    monkeypatch.setattr("poolctl.deploy.run_stacks", apply_fails)
+    failing_apply(monkeypatch)
     cfg = parse_config(FILE)
     monkeypatch.chdir(team)
     with pytest.raises(OperationFailed, match="the apply did not finish"):
-        runtime.rollout_start(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
-                              ApplyOps(), image=NEW, confirm=lambda q: True,
-                                       outdir=Path("cdktf.out"))
+        start_rollout(cfg, Path("poolctl.yaml"), cfg.pools[0], Cloud.aws, ApplyOps(),
+                      image=NEW, outdir=Path("cdktf.out"))
     assert NEW in (team / "poolctl.yaml").read_text()
     record = runtime.load_record(cfg, cfg.pools[0], "aws")
     assert record.file == str((team / "poolctl.yaml").resolve())
 
     monkeypatch.chdir(other)
-    out = runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws",
-                                   ApplyOps(), confirm=_no,
-                                   outdir=Path("cdktf.out"))
+    out = rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], Cloud.aws, ApplyOps(),
+                   confirm=_no, outdir=Path("cdktf.out"))
     assert out["how"] == "file"
     assert (team / "poolctl.yaml").read_text() == FILE  # restored
     assert (other / "poolctl.yaml").read_text() == FILE  # never touched
@@ -87,7 +83,7 @@ def test_a_record_with_a_relative_path_is_not_guessed(tmp_path, monkeypatch, cap
         stack="acme-chat-70b-aws", pool=cfg.pools[0].name, cloud=Cloud.aws,
         file="poolctl.yaml", key="serving.image", from_value="vllm/vllm-openai:v0.11.0",
         to_value=NEW, status="applied"), new=True)
-    runtime.rollout_rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], "aws", ApplyOps(),
-                             confirm=_no, outdir=Path("cdktf.out"))
+    rollback(cfg, Path("poolctl.yaml"), cfg.pools[0], Cloud.aws, ApplyOps(), confirm=_no,
+             outdir=Path("cdktf.out"))
     assert NEW in (tmp_path / "poolctl.yaml").read_text()
     assert "set serving.image=vllm/vllm-openai:v0.11.0 in it by hand" in capsys.readouterr().err

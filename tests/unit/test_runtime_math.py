@@ -22,6 +22,7 @@ from poolctl.errors import OperationFailed, UsageError
 from poolctl.runtime.warm import GroupSizes
 from poolctl.sizing import plan_pool
 from tests.configs import pool_yaml
+from tests.fakes import stack
 
 P5_VCPUS = 192
 
@@ -430,10 +431,15 @@ def _no(q):
     raise AssertionError(f"asked {q!r}")
 
 
+def rollback(cfg, f, ops) -> dict:
+    """`rollout rollback` driven as the command drives it, with no question expected."""
+    return stack.rollback(cfg, f, cfg.pools[0], Cloud.aws, ops, outdir=f.parent / "out",
+                          confirm=_no)
+
+
 def test_rollback_before_the_rollout_started_only_restores_the_file(tmp_path, monkeypatch):
     f, cfg = _recorded(tmp_path, monkeypatch, "applied", None)
-    out = runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(None), confirm=_no,
-                                   outdir=tmp_path / "out")
+    out = rollback(cfg, f, RolloutOps(None))
     assert (out["how"], out["to"]) == ("file", "vllm/vllm-openai:v0.11.0")
     assert changed_lines(FILE, f.read_text()) == []  # back to the original, comment kept
     assert runtime.load_record(cfg, cfg.pools[0], "aws").status == "rolled_back"
@@ -444,8 +450,7 @@ def test_rollback_after_an_automatic_rollback_only_restores_the_file(tmp_path, m
 
     f, cfg = _recorded(tmp_path, monkeypatch, "started", "r-1")
     done = RolloutState("r-1", "rolled_back", True, 0.0)
-    out = runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
-                                   outdir=tmp_path / "out")
+    out = rollback(cfg, f, RolloutOps(done))
     assert out["how"] == "already_rolled_back"
     assert changed_lines(FILE, f.read_text()) == []
 
@@ -456,8 +461,7 @@ def test_rollback_refuses_a_file_edited_since(tmp_path, monkeypatch, capsys):
     f, cfg = _recorded(tmp_path, monkeypatch, "started", "r-1")
     f.write_text(FILE.replace("v0.11.0", "v0.13.0"))  # someone moved on by hand
     done = RolloutState("r-1", "rolled_back", True, 0.0)
-    runtime.rollout_rollback(cfg, f, cfg.pools[0], "aws", RolloutOps(done), confirm=_no,
-                             outdir=tmp_path / "out")
+    rollback(cfg, f, RolloutOps(done))
     assert "v0.13.0" in f.read_text()
     assert "neither vllm/vllm-openai:v0.12.0 nor vllm/vllm-openai:v0.11.0; left as is" in (
         capsys.readouterr().err)

@@ -33,6 +33,7 @@ from poolctl.clouds.records import BlockWindow as BlockWindow
 from poolctl.clouds.records import BoughtBlock as BoughtBlock
 from poolctl.clouds.records import CapacityReport as CapacityReport
 from poolctl.clouds.records import ForecastHour as ForecastHour
+from poolctl.clouds.records import ForgottenTemplate as ForgottenTemplate
 from poolctl.clouds.records import Found as Found
 from poolctl.clouds.records import ImageRow as ImageRow
 from poolctl.clouds.records import LoadForecast as LoadForecast
@@ -40,6 +41,7 @@ from poolctl.clouds.records import Purchase as Purchase
 from poolctl.clouds.records import ReservationRow as ReservationRow
 from poolctl.clouds.records import ServingPrediction as ServingPrediction
 from poolctl.clouds.records import ServingWindow as ServingWindow
+from poolctl.clouds.records import TemplatesDeleted as TemplatesDeleted
 from poolctl.clouds.records import ZoneCapacity as ZoneCapacity
 from poolctl.config import Config, Pool
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
@@ -504,7 +506,7 @@ class StepsRollouts(ABC):
     its split (a rollback reverses it), and the versions are poolctl's to keep and delete."""
 
     @abstractmethod
-    def rollout_before_apply(self, tf: Terraform) -> list[dict[str, str]]:
+    def rollout_before_apply(self, tf: Terraform) -> list[ForgottenTemplate]:
         """Before the apply that writes a new version: keep the running one (Terraform
         forgets it rather than deleting it); returns what it forgot."""
 
@@ -513,13 +515,13 @@ class StepsRollouts(ABC):
         """Move a rollout on to its next step when due; a line saying so, or None."""
 
     @abstractmethod
-    def rollout_cleanup(self, group: Group) -> dict[str, list[str]]:
-        """Delete versions that are neither current nor previous: {"deleted", "failed"}."""
+    def rollout_cleanup(self, group: Group) -> TemplatesDeleted:
+        """Delete versions that are neither current nor previous."""
 
     @abstractmethod
-    def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
+    def delete_pool_templates(self, cfg: Config, pool: Pool) -> TemplatesDeleted:
         """After `destroy`: delete the versions kept outside Terraform's state (rollback
-        targets): {"deleted", "failed"}."""
+        targets)."""
 
 
 def failures_line(failures: list[LaunchFailure]) -> str:

@@ -302,3 +302,23 @@ class LoadForecast:
         return {"policy": self.policy, "mode": self.mode,
                 "updated": self.updated.isoformat() if self.updated else None,
                 "hours": [h.to_json() for h in self.hours]}
+
+
+@dataclass(frozen=True)
+class ForgottenTemplate:
+    """An instance template a rollout's apply replaces, removed from Terraform's state so
+    that it stays (the rollback target) instead of being deleted."""
+
+    address: str  # in Terraform's state
+    name: str  # "" when the plan did not say
+
+
+@dataclass
+class TemplatesDeleted:
+    """Instance templates a cleanup deleted, and one line per refused delete."""
+
+    deleted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"deleted": list(self.deleted), "failed": list(self.failed)}

@@ -176,7 +176,8 @@ def _act(destroy: bool, file: Path | None, pool: str | None, cloud: Cloud | None
         emit_json({"stacks": [r.to_json() for r in results],
                    **({"windows_rebased": list(after.windows_rebased)}
                       if after.windows_rebased else {}),
-                   **({"deleted_templates": after.deleted_templates}
+                   **({"deleted_templates": {k: v.to_json()
+                                             for k, v in after.deleted_templates.items()}}
                       if after.deleted_templates else {}),
                    **({"launches_failing": list(after.launches_failing)}
                       if after.launches_failing else {})})

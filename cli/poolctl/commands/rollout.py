@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -34,6 +34,13 @@ from poolctl.commands.common import (
 )
 from poolctl.errors import OperationFailed, UsageError
 from poolctl.formats import image_reference
+from poolctl.workflow.rollout import (
+    Change,
+    RollbackResult,
+    RolloutResult,
+    RolloutRollback,
+    RolloutStart,
+)
 
 if TYPE_CHECKING:
     from poolctl.clouds.base import RolloutState
@@ -75,6 +82,32 @@ def _finish(state: RolloutState | None, what: str) -> None:
                               "the pool and the file are on the previous version again")
     raise OperationFailed(f"rollout {state.id} ended {state.status.words}"
                           + (f": {state.reason}" if state.reason else ""))
+
+
+def run_start(start: RolloutStart, ask: Callable[[str], bool]) -> RolloutResult:
+    """Drive a rollout's start: the checks and the record, Terraform's plan and its summary,
+    the answer (`ask`), the apply, the rollout started."""
+    run = start.begin()
+    if run is not None:
+        render_plan_summary(run.name, start.plan(run))
+        if run.needs_answer(False):
+            if not ask(start.question(run)):
+                raise start.refused()
+            start.apply(run)
+    return start.finish(run)
+
+
+def run_rollback(back: RolloutRollback, ask: Callable[[str], bool]) -> RollbackResult:
+    """Drive a rollback: the file only, the cloud reversing a rollout in progress (after
+    the answer), or a new rollout back to the previous version."""
+    how = back.decide()
+    if how == "cloud_rollback":
+        if not ask(back.question()):
+            raise back.refused()
+        return back.cloud_rollback()
+    if how == "new_rollout":
+        return back.started(run_start(back.new_rollout(), ask))
+    return back.result
 
 
 @app.command("start")
@@ -130,12 +163,12 @@ def start(
                              "apply launches nodes from it\n")
             cfg = load(path)
             p = cfg.select(p.name)[0]
-        res = runtime.rollout_start(
-            cfg, path, p, c, ops, image=image, model_version=model_version,
-            node_image=node_image, no_surge=no_surge,
-            confirm=lambda q: confirm(q, auto_approve), outdir=make_out(out),
-            mirror=provider_mirror, render_summary=render_plan_summary, verbose=verbose,
-        )
+        change = Change.from_flags(c, image=image, model_version=model_version,
+                                   node_image=node_image)
+        res = run_start(RolloutStart(cfg, path, p, c, ops, change, no_surge=no_surge,
+                                     outdir=make_out(out), mirror=provider_mirror,
+                                     verbose=verbose),
+                        lambda q: confirm(q, auto_approve))
     data = res.to_json()
     final = None
     try:
@@ -164,28 +197,28 @@ def status(
 
     ctx = resolve_target(file, pool, cloud, sandbox)
     p, c = ctx.pool, ctx.cloud
-    data = runtime.rollout_status(ctx.cfg, p, c, ctx.ops)
+    view = runtime.rollout_status(ctx.cfg, p, c, ctx.ops)
     if json_out:
-        emit_json(data)
+        emit_json(view.to_json())
         return
-    r = data["rollout"]
+    r = view.rollout
     con = console()
     if r is None:
-        con.print(f"{p.name}/{c}: no rollout yet (group version {data['group_version']})")
+        con.print(f"{p.name}/{c}: no rollout yet (group version {view.group_version})")
         return
 
-    con.print(f"{p.name}/{c}: rollout {r['id']}: {runtime.rollout_words(RolloutState(**r))}")
-    if r["from_version"] or r["to_version"]:
-        con.print(f"  {r['from_version'] or '?'} -> {r['to_version'] or '?'}")
+    con.print(f"{p.name}/{c}: rollout {r.id}: {runtime.rollout_words(r)}")
+    if r.from_version or r.to_version:
+        con.print(f"  {r.from_version or '?'} -> {r.to_version or '?'}")
     con.print("  checkpoints: " + ", ".join(
-        f"{cp['percentage']}% {'reached' if cp['reached'] else 'pending'}"
-        for cp in data["checkpoints"]))
-    if r.get("step") is not None:
-        con.print(f"  step: {r['step']}%")
-    if data["paused"]:
-        con.print(f"  paused: {data['paused']}; the nodes not replaced yet keep serving",
+        f"{cp.percentage}% {'reached' if cp.reached else 'pending'}"
+        for cp in view.checkpoints))
+    if r.step is not None:
+        con.print(f"  step: {r.step}%")
+    if view.paused:
+        con.print(f"  paused: {view.paused}; the nodes not replaced yet keep serving",
                   markup=False, soft_wrap=True)
-    for v in r.get("versions") or []:  # rollouts poolctl steps itself (GCP canaries)
+    for v in r.versions:  # rollouts poolctl steps itself (GCP canaries)
         target = "" if v["target"] is None else f" of {v['target']} wanted"
         con.print(f"  {v['name']} {v['template']}: {v['nodes']} node(s){target}, "
                   f"{v['healthy']} healthy, {v['unhealthy']} unhealthy, "
@@ -212,10 +245,9 @@ def rollback(
     ctx = resolve_target(file, pool, cloud, sandbox)
     path, p, c, ops = ctx.path, ctx.pool, ctx.cloud, ctx.ops
     with _stdout_to_stderr(json_out):
-        data = runtime.rollout_rollback(
-            ctx.cfg, path, p, c, ops, confirm=lambda q: confirm(q, auto_approve),
-            outdir=make_out(out), mirror=provider_mirror, render_summary=render_plan_summary,
-            verbose=verbose)
+        data = run_rollback(RolloutRollback(ctx.cfg, path, p, c, ops, outdir=make_out(out),
+                                            mirror=provider_mirror, verbose=verbose),
+                            lambda q: confirm(q, auto_approve)).to_json()
     sys.stderr.write(f"{p.name}/{c}: rollback to {data['key']}={data['to']} ({data['how']})\n")
     final = None
     try:

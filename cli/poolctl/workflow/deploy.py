@@ -23,7 +23,7 @@ from pathlib import Path
 
 from poolctl import runtime
 from poolctl.cloud import Cloud
-from poolctl.clouds.base import DeployChecks, StepsRollouts
+from poolctl.clouds.base import DeployChecks, StepsRollouts, TemplatesDeleted
 from poolctl.config import Config, Target
 from poolctl.deploy import StackResult, StackRun, stack_runs
 from poolctl.endpoints import CloudEndpoints
@@ -57,7 +57,7 @@ class Preflight:
 class AfterApply:
     launches_failing: tuple[str, ...] = ()
     windows_rebased: tuple[str, ...] = ()
-    deleted_templates: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    deleted_templates: dict[str, TemplatesDeleted] = field(default_factory=dict)
 
 
 class Deploy:
@@ -163,19 +163,19 @@ class Deploy:
                 rebased.append(line)
         return AfterApply(launches_failing=tuple(failing), windows_rebased=tuple(rebased))
 
-    def _kept_versions(self, results: list[StackResult]) -> dict[str, dict[str, list[str]]]:
+    def _kept_versions(self, results: list[StackResult]) -> dict[str, TemplatesDeleted]:
         """A cloud whose rollouts poolctl steps (GCP) keeps each rollout's previous version
         outside Terraform's state (the rollback target); once the pool is destroyed, delete
         those too."""
-        out: dict[str, dict[str, list[str]]] = {}
+        out: dict[str, TemplatesDeleted] = {}
         for t, r in zip(self.targets, results, strict=True):
             ops = runtime.get_ops(t.cloud, self.endpoints)
             if not r.applied or not isinstance(ops, StepsRollouts):
                 continue
             done = ops.delete_pool_templates(self.cfg, t.pool)
-            for line in done["failed"]:
+            for line in done.failed:
                 log(f"poolctl: {r.stack}: {line}")
-            if done["deleted"]:
-                log(f"{r.stack}: deleted kept instance templates: {', '.join(done['deleted'])}")
+            if done.deleted:
+                log(f"{r.stack}: deleted kept instance templates: {', '.join(done.deleted)}")
             out[r.stack] = done
         return out

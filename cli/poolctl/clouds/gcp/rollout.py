@@ -58,6 +58,7 @@ from poolctl.clouds.gcp.mig import (
     stable_version,
     target_version,
 )
+from poolctl.clouds.records import ForgottenTemplate, TemplatesDeleted
 from poolctl.config import Config, Pool
 from poolctl.contract import gcp as contract
 from poolctl.errors import OperationFailed
@@ -67,16 +68,16 @@ from poolctl.terraform import Terraform
 TEMPLATE_TYPE = "google_compute_instance_template"
 
 
-def replaced_templates(plan: dict[str, Any]) -> list[dict[str, str]]:
-    """Instance templates a Terraform plan (`terraform show -json`) replaces:
-    [{address, name}]. A replacement plans both a create and a delete of the same address
-    (["create", "delete"] with create_before_destroy); a plain create or delete is not one."""
+def replaced_templates(plan: dict[str, Any]) -> list[ForgottenTemplate]:
+    """Instance templates a Terraform plan (`terraform show -json`) replaces. A replacement
+    plans both a create and a delete of the same address (["create", "delete"] with
+    create_before_destroy); a plain create or delete is not one."""
     out = []
     for rc in plan.get("resource_changes", []):
         actions = set((rc.get("change") or {}).get("actions") or [])
         if rc.get("type") == TEMPLATE_TYPE and {"create", "delete"} <= actions:
             before = (rc.get("change") or {}).get("before") or {}
-            out.append({"address": rc["address"], "name": before.get("name") or ""})
+            out.append(ForgottenTemplate(rc["address"], before.get("name") or ""))
     return out
 
 
@@ -195,22 +196,22 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
             state.from_version = group.version
         return state
 
-    def rollout_before_apply(self, tf: Terraform) -> list[dict[str, str]]:
+    def rollout_before_apply(self, tf: Terraform) -> list[ForgottenTemplate]:
         """Before the apply of `rollout start` (`tf`: poolctl.terraform.Terraform, its plan
         saved as `tfplan`): remove every instance template the plan replaces from the
         state, so that Terraform forgets it rather than deletes it (see the module doc).
-        Returns [{address, name}] of what was forgotten; the caller plans again when any."""
+        Returns what was forgotten; the caller plans again when any."""
         shown = tf.run("plan", "show", "-json", "tfplan", capture=True)
         forgotten = replaced_templates(json.loads(shown.stdout or "{}"))
         for t in forgotten:
-            tf.run("state", "state", "rm", t["address"])
+            tf.run("state", "state", "rm", t.address)
         return forgotten
 
-    def rollout_cleanup(self, group: Group) -> dict[str, list[str]]:
+    def rollout_cleanup(self, group: Group) -> TemplatesDeleted:
         """Delete the pool's instance templates that are neither the MIG's target nor the
-        previous one (the rollback target) nor run by any VM of the group: {"deleted":
-        names, "failed": one line each}. A refused delete (a template some other group
-        uses) is reported, not raised: a template left behind does not affect the rollout."""
+        previous one (the rollback target) nor run by any VM of the group. A refused delete
+        (a template some other group uses) is reported, not raised: a template left behind
+        does not affect the rollout."""
         v = self._rollout_view(group)
         project, mig, target, previous, live = v.project, v.mig, v.target, v.previous, v.live
         links = v.links
@@ -219,20 +220,20 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
         keep |= {link_name(mi.version.instance_template) for mi in live}
         return self._delete_templates(project, sorted(set(links) - keep - {""}))
 
-    def delete_pool_templates(self, cfg: Config, pool: Pool) -> dict[str, list[str]]:
+    def delete_pool_templates(self, cfg: Config, pool: Pool) -> TemplatesDeleted:
         """After `destroy`: delete the pool's labelled instance templates that Terraform no
         longer tracks (the rollback targets `rollout_before_apply` made it forget).
-        {"deleted": names, "failed": one line each}; a template still in use stays."""
+        A template still in use stays."""
         assert pool.gcp is not None  # after destroying the pool's gcp placement
         project = pool.gcp.project
         templates = self.labelled_templates(project, naming.gcp_labels(cfg, pool))
         return self._delete_templates(project, [t.name for t in templates])
 
-    def _delete_templates(self, project: str, names: list[str]) -> dict[str, list[str]]:
-        """{"deleted": names, "failed": one line each}: a template already gone is neither;
+    def _delete_templates(self, project: str, names: list[str]) -> TemplatesDeleted:
+        """A template already gone is neither deleted nor failed;
         a refused delete (in use) is reported, not raised."""
         client = self.client("InstanceTemplatesClient")
-        out: dict[str, list[str]] = {"deleted": [], "failed": []}
+        out = TemplatesDeleted()
         for name in names:
             what = f"delete instance template {name}"
             try:
@@ -244,9 +245,9 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
             except api_exceptions.NotFound:
                 continue  # already gone
             except OperationFailed as e:
-                out["failed"].append(f"{e}; delete it by hand once unused")
+                out.failed.append(f"{e}; delete it by hand once unused")
                 continue
-            out["deleted"].append(name)
+            out.deleted.append(name)
         return out
 
     # The rollout's state lives in the MIG (its versions: contract.VERSION_*) so that any
