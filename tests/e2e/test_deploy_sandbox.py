@@ -49,9 +49,11 @@ SNAPSHOT = "first-deploy"
 
 
 @pytest.fixture(scope="module")
-def first_deploy(sandbox, sandbox_home):
+def first_deploy(sandbox, sandbox_home, pool_keeper):
     """The pool deployed from nothing (an earlier deployment of the stack is destroyed), and
-    the sandbox's snapshot of that moment."""
+    the sandbox's snapshot of that moment. After the module, the pool as deployed, its nodes
+    booted, is handed to `deployed_pool` (the same example): a later module on this worker
+    needs no deploy of its own."""
     if MISSING:
         pytest.skip(f"e2e deploy: {MISSING}")
     home = Path(sandbox_home)
@@ -63,7 +65,11 @@ def first_deploy(sandbox, sandbox_home):
     # Every resource block is one resource (none has a count or for_each).
     total = sum(len(blocks) for blocks in synthesized["resource"].values())
     keep_snapshot(sandbox, home, SNAPSHOT)
-    return {"res": res, "home": home, "total": total, "untouched": True}
+    yield {"res": res, "home": home, "total": total, "untouched": True}
+    if restore_snapshot(sandbox, home, SNAPSHOT):
+        booted = run_poolctl(home, "sandbox", "boot-nodes", "--pool", POOL)
+        assert booted.returncode == 0, booted.stderr
+        pool_keeper.adopt(sandbox, home)
 
 
 @pytest.fixture

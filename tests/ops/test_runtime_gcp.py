@@ -1080,7 +1080,7 @@ def test_wait_rollout_drives_the_checkpoints_then_cleans_up(fake, ops, cfg0, tmp
     assert runtime.load_record(cfg0, pool, "gcp").status == "successful"
     # Each poll: the step's VMs replaced (3 at a time, the surge), the step reached, the
     # next one patched. 6 VMs: 1 at 25 %, 2 at 50 %, then the other 4 (3, then 1).
-    assert [(p["percentage_complete"], p["checkpoint_reached"]) for p in progress] == [
+    assert [(p.percentage_complete, p.checkpoint_reached) for p in progress] == [
         (0.0, None), (16.7, 25), (33.3, 50), (83.3, 50), (100.0, 100)]
     assert [v["name"] for v in fake.migs[(PROJECT, REGION, MIG)]["versions"]] == ["primary"]
     # Deleted once it ended: V0; V2 runs, V1 is the rollback target.

@@ -258,7 +258,7 @@ def test_wait_warm_reports_each_node_once_and_times_out(capsys):
                              GroupSizes(0, 0, 0), GroupSizes(1, 1, 1), True, "")
     out = runtime.wait_warm(cfg, pool, "aws", ops, res, timeout=60, hint="poolctl status",
                             sleep=lambda s: None)
-    assert out["ready"] == 1 and [n["id"] for n in out["nodes"]] == ["i-1"]
+    assert out.ready == 1 and [n.id for n in out.nodes] == ["i-1"]
     assert capsys.readouterr().err.count("i-1 warm after") == 1
 
     class Never(FakeOps):

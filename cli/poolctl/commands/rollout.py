@@ -252,8 +252,9 @@ def rollback(
     final = None
     try:
         if wait and data["how"] in ("cloud_rollback", "new_rollout"):
-            final, data["progress"] = runtime.wait_rollout(load(path), p, c, ops, timeout,
-                                                           ctx.hint("rollout status"))
+            final, steps = runtime.wait_rollout(load(path), p, c, ops, timeout,
+                                                ctx.hint("rollout status"))
+            data["progress"] = [asdict(step) for step in steps]
             data["final"] = asdict(final) if final else None
     finally:
         if json_out:
@@ -283,8 +284,9 @@ def cancel(
     final = None
     try:
         if wait and not state.done:
-            final, data["progress"] = runtime.wait_rollout(cfg, p, c, ops, timeout,
-                                                           ctx.hint("rollout status"))
+            final, steps = runtime.wait_rollout(cfg, p, c, ops, timeout,
+                                                ctx.hint("rollout status"))
+            data["progress"] = [asdict(step) for step in steps]
             data["final"] = asdict(final) if final else None
     finally:
         if json_out:

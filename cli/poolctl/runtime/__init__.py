@@ -55,6 +55,7 @@ from poolctl.runtime.records import (
 )
 from poolctl.runtime.rollout import (
     Checkpoint,
+    RolloutStep,
     RolloutView,
     cleanup_versions,
     deploy_before_apply,
@@ -111,6 +112,7 @@ __all__ = [
     "ROLLOUT_LABELS",
     "Checkpoint",
     "RolloutRecord",
+    "RolloutStep",
     "RolloutView",
     "WarmResult",
     "WindowsResult",

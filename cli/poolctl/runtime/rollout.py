@@ -159,9 +159,21 @@ def return_surge(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, group: Gr
         group.max_nodes = top
 
 
+@dataclass(frozen=True)
+class RolloutStep:
+    """One change of a watched rollout: status, percentage, checkpoint, nodes to update,
+    seconds since the watch began."""
+
+    status: RolloutStatus
+    percentage_complete: float
+    checkpoint_reached: int | None
+    instances_to_update: int | None
+    seconds: float
+
+
 def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: float,
                  hint: str, sleep: Callable[[float], None] = time.sleep
-                 ) -> tuple[RolloutState | None, list[dict[str, Any]]]:
+                 ) -> tuple[RolloutState | None, list[RolloutStep]]:
     """Poll the newest rollout until it ends; one line per change of status, percentage or
     checkpoint. Returns the final state and the progress seen."""
     group = ops.find_group(cfg, pool)
@@ -169,7 +181,7 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
     t0 = time.monotonic()
     # The rollout's apply launched just before the wait: its failures count from earlier.
     wall0 = time.time() - 30
-    seen: list[dict[str, Any]] = []
+    seen: list[RolloutStep] = []
     last = None
     interval = poll_interval(ops.endpoints)
     # Clouds whose rollout cannot pause by itself (GCP canaries) are stepped from here; such
@@ -187,10 +199,9 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
             key = (s.status, s.percentage_complete, s.checkpoint_reached)
             if key != last:
                 progress.update(rollout_progress_line(pool, s))
-                seen.append({"status": s.status, "percentage_complete": s.percentage_complete,
-                             "checkpoint_reached": s.checkpoint_reached,
-                             "instances_to_update": s.instances_to_update,
-                             "seconds": round(time.monotonic() - t0, 1)})
+                seen.append(RolloutStep(s.status, s.percentage_complete, s.checkpoint_reached,
+                                        s.instances_to_update,
+                                        round(time.monotonic() - t0, 1)))
                 last = key
             if s.done:
                 progress.stop()

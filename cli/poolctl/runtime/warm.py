@@ -18,6 +18,7 @@ from poolctl.clouds.base import (
     CloudOps,
     Group,
     KeepsWarmSizes,
+    QuotaLine,
     SchedulesWindows,
     failures_line,
 )
@@ -81,6 +82,23 @@ class WarmRecord:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class NodeWait:
+    id: str
+    seconds: float  # from the node's first sight to ready
+
+
+@dataclass(frozen=True)
+class WarmWait:
+    """What `warm --wait` saw: nodes ready of the target, the wait's seconds, and each node
+    that became ready while it watched."""
+
+    ready: int
+    target: int
+    seconds: float
+    nodes: tuple[NodeWait, ...]
+
+
 @dataclass
 class WarmResult:
     pool: str
@@ -96,8 +114,8 @@ class WarmResult:
     changed: bool
     message: str
     rounding: str = ""  # how replicas became whole nodes, when they did not divide evenly
-    quota: list[dict[str, Any]] = field(default_factory=list)
-    wait: dict[str, Any] | None = None
+    quota: list[QuotaLine] = field(default_factory=list)
+    wait: WarmWait | None = None
     # The spare capacity `warm` manages (warm nodes; with --running, nodes above the file's
     # minimum): {"before"|"after": {"nodes": N, "replicas": R}}.
     spare: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -106,7 +124,9 @@ class WarmResult:
     capacity_line: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["quota"] = [ln.to_json() for ln in self.quota]
+        return d
 
 
 def _sizes(g: Group) -> GroupSizes:
@@ -216,7 +236,7 @@ def warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, replicas: int | N
     if then_running > now_running:
         lines = quota_for_nodes(cfg, pool, cloud, ops, plan, then_running, "running at once",
                                 "nothing was changed")
-        result.quota = [ln.to_json() for ln in lines]
+        result.quota = list(lines)
 
     label = {"warm": f"warm pool minimum {new_warm} node(s)",
              "running": f"group minimum {new_min} node(s) ({plan.nodes.min} + "
@@ -381,7 +401,7 @@ def deploy_quota(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps) -> list[s
 
 def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: WarmResult,
               timeout: float, hint: str, sleep: Callable[[float], None] = time.sleep
-              ) -> dict[str, Any]:
+              ) -> WarmWait:
     """Poll until the nodes `warm` asked for are ready: warm mode, that many settled warm
     nodes (AWS: Warmed:Stopped / Warmed:Running, launch hook completed); running mode, the
     group's minimum in service. One progress line per change, seconds per node."""
@@ -420,9 +440,9 @@ def wait_warm(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, result: Warm
                                 f"{phase.replace('_', ' ')}, {pending} pending")
                 last = line
             if len(done_ids) >= target:
-                return {"ready": len(done_ids), "target": target,
-                        "seconds": round(now - t0, 1),
-                        "nodes": [{"id": i, "seconds": s} for i, s in ready.items()]}
+                return WarmWait(ready=len(done_ids), target=target,
+                                seconds=round(now - t0, 1),
+                                nodes=tuple(NodeWait(i, s) for i, s in ready.items()))
             # Launches that failed since the wait began, none working after them, nothing
             # still in flight: the group will not grow by waiting (AWS retries, but only
             # when capacity returns); say why now rather than at the timeout.

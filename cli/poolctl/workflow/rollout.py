@@ -30,6 +30,7 @@ from poolctl import deploy, naming
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import (
     CloudOps,
+    QuotaLine,
     RolloutState,
     RolloutStatus,
     RollsBackRollouts,
@@ -45,6 +46,7 @@ from poolctl.runtime import (
     ROLLOUT_KEYS,
     ROLLOUT_LABELS,
     RolloutRecord,
+    RolloutStep,
     annotate_rollout,
     cleanup_versions,
     load_record,
@@ -105,12 +107,13 @@ class RolloutResult:
     rollout: RolloutState | None
     message: str = ""
     no_surge: bool = False
-    progress: list[dict[str, Any]] = field(default_factory=list)
-    quota: list[dict[str, Any]] = field(default_factory=list)
+    progress: list[RolloutStep] = field(default_factory=list)
+    quota: list[QuotaLine] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["from"], d["to"] = d.pop("from_value"), d.pop("to_value")
+        d["quota"] = [ln.to_json() for ln in self.quota]
         return d
 
 
@@ -213,7 +216,7 @@ class RolloutStart:
             pool=pool.name, cloud=cloud, stack=self.stack, key=self.label,
             from_value=rec.from_value, to_value=value, file=str(self.file_path),
             file_changed=changed, applied=False, rollout=None, no_surge=self.no_surge,
-            quota=[ln.to_json() for ln in lines],
+            quota=list(lines),
         )
         if resume and not changed:
             assert active is not None  # resume: the rollout found active above
