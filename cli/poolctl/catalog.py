@@ -159,6 +159,9 @@ class GpuSpec(_Row):
     fp8_tflops: float | None = Field(
         default=None, gt=0, description="Peak dense FP8 TFLOPS; null without FP8 tensor cores."
     )
+    fp4_tflops: float | None = Field(
+        default=None, gt=0, description="Peak dense FP4 TFLOPS (MXFP4, NVFP4); null without "
+        "FP4 tensor cores.")
     nvlink_gbytes_s: float | None = Field(
         default=None, gt=0, description="NVLink bandwidth per GPU (bidirectional GB/s)."
     )

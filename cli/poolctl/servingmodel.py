@@ -36,9 +36,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from poolctl.catalog import EngineFit, ServingFactors, load_catalog
+from poolctl.catalog import EngineFit, GpuSpec, ServingFactors, load_catalog
 from poolctl.cloud import Cloud
-from poolctl.config import Pool
+from poolctl.config import FP4_DTYPES, Pool
 from poolctl.errors import UsageError
 from poolctl.sizing import instance_row, plan_pool
 
@@ -245,11 +245,41 @@ def hidden_size(pool: Pool) -> float:
     return math.sqrt(m.params_b * 1e9 / (PARAMS_PER_LAYER_D2 * m.layers))
 
 
+def compute_dtype(pool: Pool, spec: GpuSpec) -> str:
+    """What the replica's matrix products run in on this GPU: FP8 or FP4 weights on tensor
+    cores of that precision; anything else (and those without such cores: weight-only
+    kernels) at the BF16 rate."""
+    dtype = pool.model.dtype or "bfloat16"
+    if dtype == "fp8" and spec.fp8_tflops:
+        return "fp8"
+    if dtype in FP4_DTYPES and spec.fp4_tflops:
+        return "fp4"
+    return "bfloat16"
+
+
+def peak_tflops(pool: Pool, spec: GpuSpec) -> float:
+    return {"fp8": spec.fp8_tflops, "fp4": spec.fp4_tflops}.get(
+        compute_dtype(pool, spec)) or spec.bf16_tflops
+
+
 def fitted(pool: Pool, cloud: Cloud) -> bool:
-    """The pool's GPU has factors fitted to measurements (kernel database and measured
-    serving runs) in the catalog; otherwise the model runs on the literature's figures."""
-    fit = load_catalog().gpu_spec(instance_row(pool, cloud)).serving_fit
-    return fit is not None and fit.engine is not None
+    """The pool's GPU has factors fitted to measurements in the catalog (kernel database
+    and measured serving runs) for the dtype its weights compute in: the engine fit has
+    runs of that dtype (its prefill scale). Otherwise the model runs on the literature's
+    figures, or on factors no run of that dtype checked (FP4 on B200, BF16 on B200: only
+    FP8 runs were measured there)."""
+    row = instance_row(pool, cloud)
+    spec = load_catalog().gpu_spec(row)
+    fit = spec.serving_fit
+    if fit is None or fit.engine is None:
+        return False
+    return weight_dtype(pool) in fit.engine.mfu_scale
+
+
+def weight_dtype(pool: Pool) -> str:
+    """The weights' dtype as the engine fit keys it: FP16 runs BF16's kernels."""
+    dtype = pool.model.dtype or "bfloat16"
+    return "bfloat16" if dtype == "float16" else dtype
 
 
 def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
@@ -257,9 +287,7 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     row = instance_row(pool, cloud)
     spec = load_catalog().gpu_spec(row)
     plan = plan_pool(pool, cloud)
-    # FP8 peak for an fp8 model on a GPU with FP8 tensor cores, else the BF16 one
-    peak_tflops = (spec.fp8_tflops if pool.model.dtype == "fp8" and spec.fp8_tflops
-                   else spec.bf16_tflops)
+    peak = peak_tflops(pool, spec)
     link = spec.nvlink_gbytes_s if row.nvlink and spec.nvlink_gbytes_s else spec.pcie_gbytes_s
     s, perf = pool.serving, pool.perf
     # validation fills these (config.Model) or refuses the file
@@ -272,7 +300,7 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
     # serving_fit), else the literature's figures above; `perf:` overrides each.
     fit = spec.serving_fit.for_tp(s.tensor_parallel) if spec.serving_fit else LITERATURE
     if spec.serving_fit and spec.serving_fit.engine:
-        fit = with_engine(fit, spec.serving_fit.engine, pool.model.dtype or "")
+        fit = with_engine(fit, spec.serving_fit.engine, weight_dtype(pool))
     m = pool.model
     moe: dict[str, Any] = {}
     if m.experts and m.experts_per_token and m.active_params_b and m.params_b:
@@ -293,7 +321,7 @@ def replica_model(pool: Pool, cloud: Cloud) -> ReplicaModel:
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_model_len=s.max_model_len,
-        peak_flops_per_gpu=peak_tflops * 1e12,
+        peak_flops_per_gpu=peak * 1e12,
         hbm_bytes_per_s=row.hbm_tbps_per_gpu * 1e12,
         link_bytes_per_s=link * 1e9 / 2,  # the catalog's figure is bidirectional
         prefill_mfu=pick(perf.prefill_mfu, fit.prefill_mfu),

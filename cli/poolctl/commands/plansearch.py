@@ -110,10 +110,10 @@ def render_search(pool: Pool, r: SearchResult) -> None:
     if ch.fitted and cheaper:
         u = min(cheaper, key=Candidate.key)
         out.print(f"not chosen: {u.nodes} node(s) of {u.config.label()} at "
-                  f"${u.cost_per_hour_usd:,.2f}/h meets the SLOs by the literature's factors, "
-                  f"which no measurement of its GPU checked; --allow-unfitted ranks it")
+                  f"${u.cost_per_hour_usd:,.2f}/h meets the SLOs by factors no measured run "
+                  f"of its GPU with these weights checked; --allow-unfitted ranks it")
     elif not ch.fitted:
-        out.print("chosen on the literature's factors: no measurement of its GPU fitted them "
+        out.print("chosen on factors no measured run of its GPU with these weights checked "
                   "(`poolctl perf fit` with a benchmark of it does)")
     d = r.deployable
     if ch.config.topology != AGGREGATED:

@@ -10,7 +10,7 @@ from poolctl.config.gcp import GcpCapacity, GcpPlacement
 from poolctl.config.loading import find_config, json_schema, load_config, parse_config
 from poolctl.config.model import Config, Model, Pool, Slo, Target
 from poolctl.config.reader import MAX_FILE_BYTES, LineLoader, format_loc
-from poolctl.config.shapes import DTYPE_BYTES, Loc
+from poolctl.config.shapes import DTYPE_BYTES, FP4_DTYPES, Loc
 
 __all__ = [
     "AwsCapacity",
@@ -18,6 +18,7 @@ __all__ = [
     "AwsPlacement",
     "Config",
     "DTYPE_BYTES",
+    "FP4_DTYPES",
     "GcpCapacity",
     "GcpPlacement",
     "LineLoader",

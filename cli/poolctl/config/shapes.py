@@ -169,7 +169,7 @@ def invalid(title: str, loc: Loc, message: str, value: object) -> ValidationErro
     return ValidationError.from_exception_data(
         title, [InitErrorDetails(type=err, loc=loc, input=value)]
     )
-Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4", "mxfp4"]
+Dtype = Literal["float32", "bfloat16", "float16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
 # Bytes per element: weights use the model dtype, the KV cache its own (see kv_cache_dtype).
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
@@ -179,7 +179,10 @@ DTYPE_BYTES: dict[str, float] = {
     "int8": 1,
     "int4": 0.5,
     "mxfp4": 4.25 / 8,  # 4-bit values plus one 8-bit scale per 32 (OCP microscaling)
+    "nvfp4": 4.5 / 8,  # 4-bit values plus one FP8 (E4M3) scale per 16 (NVIDIA's NVFP4)
 }
+# Weight dtypes whose matrix products run on FP4 tensor cores where the GPU has them.
+FP4_DTYPES = ("mxfp4", "nvfp4")
 
 
 class CoreModel(BaseModel):
