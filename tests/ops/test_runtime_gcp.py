@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import threading
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +40,12 @@ from google.cloud import compute_v1  # noqa: E402
 
 from poolctl import naming  # noqa: E402
 from poolctl.cloud import Cloud  # noqa: E402
-from poolctl.clouds.base import ForgottenTemplate, Group, TemplatesDeleted  # noqa: E402
+from poolctl.clouds.base import (  # noqa: E402
+    ForgottenTemplate,
+    Group,
+    TemplatesDeleted,
+    VersionRow,
+)
 from poolctl.clouds.gcp import rollout as gcp  # noqa: E402
 from poolctl.clouds.gcp.mig import node_phase  # noqa: E402
 from poolctl.clouds.gcp.ops import GcpOps, make_ops  # noqa: E402
@@ -530,9 +536,9 @@ def _last_name(link: str) -> str:
     return link.split("?", 1)[0].rsplit("/", 1)[1]
 
 
-def _row(name, template, target, nodes, healthy, unhealthy=0, pending=0) -> dict:
-    return {"name": name, "template": template, "target": target, "nodes": nodes,
-            "healthy": healthy, "unhealthy": unhealthy, "pending": pending}
+def _row(name, template, target, nodes, healthy, unhealthy=0, pending=0) -> VersionRow:
+    return VersionRow(name=name, template=template, target=target, nodes=nodes,
+                      healthy=healthy, unhealthy=unhealthy, pending=pending)
 
 
 def _to_step(fake, ops, g, cfg, step: int):
@@ -702,7 +708,7 @@ def test_unhealthy_canary_rolls_back(fake, ops, cfg0):
                  if _last_name(mi["version"]["instanceTemplate"]) == V2]
     fake.set_health(canary, "UNHEALTHY")
     s = ops.rollout_state(g)
-    assert (s.checkpoint_reached, s.versions[1]["unhealthy"]) == (None, 1)
+    assert (s.checkpoint_reached, s.versions[1].unhealthy) == (None, 1)
     assert s.reason == "canary 25%: 0 of 1 node(s) healthy, 1 unhealthy"
 
     assert ops.rollout_advance(g, s) == (
@@ -1458,7 +1464,8 @@ def test_cli_rollout_status_cancel_rollback(fake, home, cfg_file, cfg, pool, mon
     assert ro["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 ({V1})"
     assert ro["to_version"] == f"serving.image=vllm/vllm-openai:v0.12.0 ({V2})"
     # Per version: the 3 serving VMs left on V1 healthy, its 2 standby VMs stopped.
-    assert ro["versions"] == [_row("stable", V1, None, 5, 3), _row("canary", V2, 1, 1, 1)]
+    assert ro["versions"] == [asdict(_row("stable", V1, None, 5, 3)),
+                              asdict(_row("canary", V2, 1, 1, 1))]
     assert d["checkpoints"] == [{"percentage": 25, "reached": True},
                                 {"percentage": 50, "reached": False},
                                 {"percentage": 100, "reached": False}]

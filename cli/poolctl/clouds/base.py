@@ -161,6 +161,19 @@ _TURNED_BACK = frozenset({RolloutStatus.cancelling, RolloutStatus.cancelled,
                           RolloutStatus.rollback_failed})
 
 
+@dataclass(frozen=True)
+class VersionRow:
+    """One version of a group a rollout steps (GCP: a MIG version) and its nodes."""
+
+    name: str
+    template: str
+    target: int | None  # the nodes the version is to have; None for "the rest"
+    nodes: int
+    healthy: int
+    unhealthy: int
+    pending: int
+
+
 @dataclass
 class RolloutState:
     id: str
@@ -174,10 +187,9 @@ class RolloutState:
     to_version: str = ""
     reason: str = ""
     # Rollouts poolctl steps itself (GCP canaries): the checkpoint percentage the current step
-    # heads for, and per version of the group {name, template, target, nodes, healthy,
-    # unhealthy} (target: the VMs the version is to have, None for "the rest").
+    # heads for, and the group's nodes per version.
     step: int | None = None
-    versions: list[dict[str, Any]] = field(default_factory=list)
+    versions: list[VersionRow] = field(default_factory=list)
     cloud_status: str = ""  # the cloud's own word (AWS: the instance refresh's Status)
 
     def __post_init__(self) -> None:

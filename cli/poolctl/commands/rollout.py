@@ -219,10 +219,9 @@ def status(
         con.print(f"  paused: {view.paused}; the nodes not replaced yet keep serving",
                   markup=False, soft_wrap=True)
     for v in r.versions:  # rollouts poolctl steps itself (GCP canaries)
-        target = "" if v["target"] is None else f" of {v['target']} wanted"
-        con.print(f"  {v['name']} {v['template']}: {v['nodes']} node(s){target}, "
-                  f"{v['healthy']} healthy, {v['unhealthy']} unhealthy, "
-                  f"{v['pending']} pending", markup=False)
+        target = "" if v.target is None else f" of {v.target} wanted"
+        con.print(f"  {v.name} {v.template}: {v.nodes} node(s){target}, {v.healthy} healthy, "
+                  f"{v.unhealthy} unhealthy, {v.pending} pending", markup=False)
 
 
 @app.command("rollback")

@@ -47,6 +47,7 @@ from poolctl.clouds.base import (
     RolloutStatus,
     RollsBackRollouts,
     StepsRollouts,
+    VersionRow,
 )
 from poolctl.clouds.gcp.api import link_name
 from poolctl.clouds.gcp.mig import (
@@ -293,16 +294,16 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
 
     @staticmethod
     def _counts(live: list[Any], template: str, target: int | None, name: str
-                ) -> dict[str, Any]:
+                ) -> VersionRow:
         """One version's VMs: all, healthy (serving), unhealthy; warm (standby) VMs count
         in `nodes` only."""
         mine = [mi for mi in live if link_name(mi.version.instance_template) == template]
         phases = [node_phase(mi.instance_status, mi.current_action, mi.target_status,
                              [h.detailed_health_state for h in mi.instance_health])
                   for mi in mine]
-        return {"name": name, "template": template, "target": target, "nodes": len(mine),
-                "healthy": phases.count("in_service"), "unhealthy": phases.count("unhealthy"),
-                "pending": phases.count("pending")}
+        return VersionRow(name=name, template=template, target=target, nodes=len(mine),
+                          healthy=phases.count("in_service"),
+                          unhealthy=phases.count("unhealthy"), pending=phases.count("pending"))
 
     def rollout_state(self, group: Group) -> RolloutState | None:
         """The MIG's versions and VMs as a rollout: a canary step (two versions), the last
@@ -325,20 +326,20 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
             step = size.percent or 100
             new = self._counts(live, target, k, canary.name)
             old = self._counts(live, stable, None, contract.VERSION_STABLE)
-            reached = new["healthy"] >= k and not new["pending"]
+            reached = new.healthy >= k and not new.pending
             earlier = [c for c in steps if c < step]
             held = canary.name == contract.VERSION_HELD
-            why = [f"canary {step}%: {new['healthy']} of {k} node(s) healthy"]
-            if new["unhealthy"]:
-                why.append(f"{new['unhealthy']} unhealthy")
+            why = [f"canary {step}%: {new.healthy} of {k} node(s) healthy"]
+            if new.unhealthy:
+                why.append(f"{new.unhealthy} unhealthy")
             why += ["held by `rollout cancel`"] if held else busy
             return RolloutState(
                 id=target, status=RolloutStatus.cancelled if held else RolloutStatus.in_progress,
                 done=held,
-                percentage_complete=round(100.0 * new["nodes"] / len(live), 1) if live else 0.0,
+                percentage_complete=round(100.0 * new.nodes / len(live), 1) if live else 0.0,
                 checkpoints=steps,
                 checkpoint_reached=step if reached else (max(earlier) if earlier else None),
-                instances_to_update=max(0, k - new["nodes"]) + sum(
+                instances_to_update=max(0, k - new.nodes) + sum(
                     n for t, n in on_old.items() if t != stable),
                 from_version=stable, to_version=target, reason=", ".join(why), step=step,
                 versions=[old, new],
@@ -384,10 +385,10 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
             return None
         steps, delay = self._steps(group)
         new = state.versions[-1]
-        if new["unhealthy"]:
+        if new.unhealthy:
             self.rollout_rollback(group)
-            return (f"canary {state.step}%: {new['unhealthy']} node(s) of {new['template']} "
-                    f"unhealthy; rolling back to {state.versions[0]['template']}")
+            return (f"canary {state.step}%: {new.unhealthy} node(s) of {new.template} "
+                    f"unhealthy; rolling back to {state.versions[0].template}")
         # The id is the new template (from/to may carry the file's words: `annotate_rollout`).
         key = (group.raw_id, state.id, state.step)
         if state.checkpoint_reached != state.step:
@@ -407,7 +408,7 @@ class CanaryRollouts(MigReader, CancelsRollouts, RollsBackRollouts, StepsRollout
         else:
             self._set_versions(group, stable_version(mig).instance_template,
                                canary.instance_template, self._percent(nxt))
-        return (f"checkpoint {state.step}% reached ({new['healthy']} healthy node(s) on "
+        return (f"checkpoint {state.step}% reached ({new.healthy} healthy node(s) on "
                 f"{state.id}); next step {nxt}%")
 
     def rollout_cancel(self, group: Group) -> RolloutState:
