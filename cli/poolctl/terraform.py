@@ -14,7 +14,6 @@ an interrupted apply created but could not record (`poolctl.deploy.adopt`).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
@@ -368,26 +367,6 @@ class _Watch:
             self.progress.update(f"{self.label}: {self.phase}, {self.read} read", quiet=True)
 
 
-def forget_dead_synth_kernel(wait_s: float = 0.0) -> None:
-    """Ctrl-C signals the whole foreground process group: Terraform, and also the Node
-    process cdktf's jsii runtime keeps after the synth. Node dies of it, and jsii's exit hook
-    would then print a BrokenPipeError traceback writing to it. Drop that hook when (and
-    only when) the kernel is dead, after up to `wait_s` for it to die: there is nothing left
-    to shut down."""
-
-    runtime = sys.modules.get("jsii._runtime")
-    if runtime is None:
-        return
-    try:
-        node = runtime.kernel.provider._process  # started on the first cdktf import
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node._process.wait(wait_s)
-        if node._process.poll() is not None:
-            atexit.unregister(node.stop)
-    except Exception:  # private jsii API: a newer jsii only brings the traceback back
-        pass
-
-
 class _Stop:
     """What the interrupt handler knows: the Terraform process, and whether to stop."""
 
@@ -559,7 +538,6 @@ class Terraform:
                     tighten(self.workdir)
         name = f"{Path(self.bin).name} {args[0]}"
         if stop.requested:
-            forget_dead_synth_kernel()
             raise OperationFailed(
                 f"interrupted during `{Path(self.bin).name} {phase}`; Terraform saved its "
                 f"state in {self.workdir}; run the same poolctl command again to resume"

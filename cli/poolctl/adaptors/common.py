@@ -20,6 +20,10 @@ class LazyModule:
         self._missing = missing
         self._module: ModuleType | None = None
 
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
     def load(self) -> ModuleType:
         if self._module is None:
             try:

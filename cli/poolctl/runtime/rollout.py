@@ -45,7 +45,7 @@ from poolctl.runtime.records import (
 )
 from poolctl.runtime.warm import running_nodes
 from poolctl.sizing import PoolPlan, plan_pool
-from poolctl.terraform import Terraform, forget_dead_synth_kernel
+from poolctl.terraform import Terraform
 
 # ---------------------------------------------------------------------------------------
 # Rollout
@@ -224,9 +224,6 @@ def wait_rollout(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps, timeout: 
             sleep(interval)
     except KeyboardInterrupt:
         progress.stop()
-        # Ctrl-C reached the synth's Node process too (rollout start synthesized): no
-        # traceback of jsii's exit hook writing to it.
-        forget_dead_synth_kernel(1.0)
         log(f"{pool.name}: interrupted; the rollout {keeps}; watch it with "
             f"`{hint}`, stop it with `{hint.replace(' status ', ' cancel ', 1)}`")
         raise
