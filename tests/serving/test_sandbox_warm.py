@@ -130,12 +130,10 @@ def test_a_warm_pool_node_serves_sooner_than_a_new_one_by_the_planned_phases(ser
     assert cold["kind"] == "cold" and len(rows[new]["boots"]) == 1
     assert warmed["kind"] == "warm_stopped" and rows[warm]["boots"][0]["kind"] == "warm_prep"
     assert warmed["image_on_disk"] and not cold["image_on_disk"]
-    # Both fetched the compile cache the pool's first node built and saved (its boot logged
-    # a miss), and served 45 s sooner for it (the bounds below).
+    # Both fetched the compile cache an earlier node built and saved (a node saves only after
+    # its own fetch missed: the one object below), and served 45 s sooner for it (the bounds
+    # below). That node may be gone: another test of the module replaces nodes.
     assert cold["compile_cache"] == warmed["compile_cache"] == "hit", (cold, warmed)
-    first = [n["boots"][-1] for i, n in rows.items()
-             if i not in (new, warm) and n["boots"] and n["boots"][-1]["kind"] == "cold"]
-    assert "miss" in {b["compile_cache"] for b in first}, rows
     saved = boto3_client(url, "s3").list_objects_v2(
         Bucket="acme-models", Prefix="compile-cache/")["Contents"]
     assert len(saved) == 1 and re.fullmatch(
