@@ -2339,9 +2339,7 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     import pytest
 
     from poolctl.clouds.gcp.ops import make_ops
-    from poolctl.commands.rollout import run_start
-    from poolctl.workflow.rollout import Change, RolloutStart
-    from tests.fakes.stack import StoodInStack, stand_in
+    from tests.fakes.stack import StoodInStack, stand_in, start_rollout
 
     def apply() -> None:
         with fake.lock:
@@ -2354,11 +2352,9 @@ def stand_in_rollout(fake: FakeGce, cfg, path, pool, image: str) -> None:
     # This process only (no undo): the stand-in for Terraform's apply, which takes no outdir.
     stand_in(pytest.MonkeyPatch(), StoodInStack(naming.stack_name(cfg, pool, Cloud.gcp), ".",
                                                 on_apply=apply))
-    start = RolloutStart(cfg, path, pool, Cloud.gcp, make_ops(),
-                         Change.from_flags(Cloud.gcp, image=image), no_surge=False,
-                         outdir=Path("cdktf.out"), mirror=None)
     with contextlib.redirect_stdout(sys.stderr):  # stdout: the export line
-        run_start(start, lambda q: True)
+        start_rollout(cfg, path, pool, Cloud.gcp, make_ops(), image=image,
+                      outdir=Path("cdktf.out"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,7 +58,7 @@ from poolctl.sizing import plan_pool  # noqa: E402
 from tests import inproc  # noqa: E402
 from tests.configs import pool_yaml  # noqa: E402
 from tests.fakes.gce import FakeGce  # noqa: E402
-from tests.fakes.stack import PlanShown, StoodInStack, stand_in  # noqa: E402
+from tests.fakes.stack import PlanShown, StoodInStack, stand_in, start_rollout  # noqa: E402
 
 PROJECT, REGION, MIG = "acme-prod", "us-central1", "acme-chat-70b"
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c"]
@@ -927,13 +927,9 @@ def _seed_rollout_quotas(fake):
 
 
 def _start(cfg, cfg_file, pool, ops, tmp_path, image="vllm/vllm-openai:v0.12.0"):
-    """`rollout start --image IMAGE` driven as the command drives it, every answer yes."""
-    from poolctl.commands.rollout import run_start
-    from poolctl.workflow.rollout import Change, RolloutStart
-
-    return run_start(RolloutStart(cfg, cfg_file, pool, Cloud.gcp, ops,
-                                  Change.from_flags(Cloud.gcp, image=image), no_surge=False,
-                                  outdir=tmp_path / "out", mirror=None), lambda q: True)
+    """`rollout start --image IMAGE`, every answer yes."""
+    return start_rollout(cfg, cfg_file, pool, Cloud.gcp, ops, image=image,
+                         outdir=tmp_path / "out")
 
 
 def test_rollout_start_keeps_the_previous_template_for_a_rollback(fake, ops, cfg, pool,

@@ -75,19 +75,17 @@ class Change:
 
     @classmethod
     def from_flags(cls, cloud: Cloud, *, image: str | None = None,
-                   model_version: str | None = None, node_image: str | None = None,
-                   unset_node_image: bool = False) -> Change:
-        """Exactly one of the flags (or the unset of the node image, a rollback's)."""
+                   model_version: str | None = None, node_image: str | None = None
+                   ) -> Change:
+        """Exactly one of the flags."""
         given = {"image": image, "model_version": model_version,
                  NODE_IMAGE_KEYS[cloud]: node_image}
         given = {k: v for k, v in given.items() if v is not None}
-        if unset_node_image:
-            given = given or {NODE_IMAGE_KEYS[cloud]: None}
-        if len(given) != 1 or (unset_node_image and None not in given.values()):
+        if len(given) != 1:
             raise UsageError("rollout start: give exactly one of --image IMAGE, "
                              "--model-version VERSION or --node-image IMAGE")
         [(key, value)] = given.items()
-        value = None if value is None else str(value).strip()
+        value = str(value).strip()
         if value == "":
             raise UsageError(f"--{key.replace('_', '-')}: empty; give the new value")
         return cls(key, value)
