@@ -1,6 +1,6 @@
 """The `poolctl` command: a thin shell over the library.
 
-Each command parses its options, calls the library and renders. Heavy imports (cdktf, boto3,
+Each command parses its options, calls the library and renders. Heavy imports (cdktn, boto3,
 google-cloud) happen inside the commands that need them, so `--help`, `validate` and `plan`
 stay fast.
 """
@@ -55,7 +55,7 @@ COMMANDS = (
     Entry("schema", "check", "schema", "The JSON Schema of poolctl.yaml, for editors."),
     Entry("catalog", "catalog", "catalog", "Instance types (GPUs, HBM, NVLink, NVMe, vCPU, "
           "price, quota) and model presets."),
-    Entry("init", "init", "init", "Write a commented poolctl.yaml, a cdktf.json (`cdktf "
+    Entry("init", "init", "init", "Write a commented poolctl.yaml, a cdktf.json (`cdktn "
           "synth` runs poolctl's synthesis) and a CI workflow (.github/workflows/poolctl.yml)."),
     Entry("simulate", "simulate", "simulate",
           "Replay traffic through the pool's serving model and scaling policy."),

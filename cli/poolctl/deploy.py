@@ -109,7 +109,7 @@ def synth_key(cfg: Config, targets: list[Target]) -> str:
             for f in sorted(Path(root).rglob("*")):
                 if f.suffix in {".py", ".j2", ".yaml", ".json"} and f.is_file():
                     h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes())
-    for dist in ("cdktf", "cdktf-cdktf-provider-aws", "cdktf-cdktf-provider-google"):
+    for dist in ("cdktn", "cdktn-provider-aws", "cdktn-provider-google"):
         try:
             h.update(f"{dist}={metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:
@@ -130,7 +130,7 @@ def synth_targets(cfg: Config, targets: list[Target], outdir: Path,
         log(f"stacks unchanged since the last synth in {outdir}/stacks: reusing them")
         return dirs
     log(f"synthesizing {len(targets)} stack(s) into {outdir}/stacks ...")
-    # the only road to cdktf; each stack built from its plan (the file's view: `plan_pool`
+    # the only road to cdktn; each stack built from its plan (the file's view: `plan_pool`
     # without a node image, so the JSON is the same on every machine)
     made: list[Path] = stacks_app.synth([(cfg, targets, plans)], outdir)
     for d in made:

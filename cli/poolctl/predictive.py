@@ -8,7 +8,7 @@ from the metrics every serving node publishes, docs/metrics.md); a node is sized
 (poolctl_stacks/aws/scaling.py); `plan` prints them with their source; `simulate` replays them.
 
 The buffer is a figure of the file (or the plan's cold start), not the pool's measured starts:
-`cdktf synth` in CI has no measurements, and the synthesized JSON must be the same on every
+`cdktn synth` in CI has no measurements, and the synthesized JSON must be the same on every
 machine. `status` compares it with the measured starts and names the value to set.
 """
 

@@ -712,7 +712,7 @@ def refusal(findings: list[Finding], message: str) -> PoolctlError:
 
 
 def refuse_invalid(cfg: Config, targets: list[Target]) -> None:
-    """What synthesis runs first, whatever the road to it (commands, `cdktf synth`, a
+    """What synthesis runs first, whatever the road to it (commands, `cdktn synth`, a
     rollout's apply): the rules `validate` runs. The stacks and the boot script check
     nothing, so what the rules accept synthesizes and what they refuse never gets there."""
 

@@ -1,8 +1,9 @@
 """Import prebuilt provider submodules without running the provider package's root.
 
-The root `__init__` of cdktf-cdktf-provider-aws imports all ~2,200 submodules (~25 s, 1.2 GB;
-terraform-cdk#3753). Each submodule only needs the package's `_jsii` assembly, so we register
-the package as a bare namespace and import just the submodules a stack uses (~5 s, 0.7 GB).
+The root `__init__` of a prebuilt provider package (cdktn-provider-aws) imports all ~2,200
+submodules (~25 s, 1.2 GB; terraform-cdk#3753). Each submodule only needs the package's
+`_jsii` assembly, so we register the package as a bare namespace and import just the
+submodules a stack uses (~5 s, 0.7 GB).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import types
 
 from poolctl.errors import UsageError
 
-AWS = "cdktf_cdktf_provider_aws"
-GOOGLE = "cdktf_cdktf_provider_google"
+AWS = "cdktn_provider_aws"
+GOOGLE = "cdktn_provider_google"
 
 
 def submodule(package: str, name: str) -> types.ModuleType:

@@ -1,6 +1,6 @@
-"""Synthesis: one stack per (pool, cloud). Entry point of `cdktf synth` (see cdktf.json).
+"""Synthesis: one stack per (pool, cloud). Entry point of `cdktn synth` (see cdktf.json).
 
-This module and `poolctl_stacks.*` are the only places that import cdktf, so the generator
+This module and `poolctl_stacks.*` are the only places that import cdktn, so the generator
 can be replaced without touching the rest of poolctl.
 """
 
@@ -20,8 +20,8 @@ from poolctl.errors import PoolctlError
 from poolctl.rules import refuse_invalid
 from poolctl.sizing import PoolPlan
 
-if TYPE_CHECKING:  # cdktf loads its Node kernel on import: only where a stack is built
-    from cdktf import App
+if TYPE_CHECKING:  # cdktn loads its Node kernel on import: only where a stack is built
+    from cdktn import App
 
     from poolctl_stacks.base import PoolStack
 
@@ -57,7 +57,7 @@ Synthesis = tuple[Config, list[Target]] | tuple[Config, list[Target], list[PoolP
 
 def synth(configs: Sequence[Synthesis], outdir: str | Path) -> list[Path]:
     """Write `<outdir>/stacks/<stack>/cdk.tf.json` for every target; return the stack dirs."""
-    from cdktf import App  # noqa: PLC0415 (cdktf starts its jsii kernel on import)
+    from cdktn import App  # noqa: PLC0415 (cdktn starts its jsii kernel on import)
 
     # Absolute: the jsii kernel resolves a relative outdir against its own folder, which is
     # the one it started in (another, in a process that synthesizes more than once).
@@ -93,9 +93,9 @@ def user_config() -> tuple[Config, list[Target]] | None:
 
 
 def main() -> None:
-    """`cdktf synth`: the user's poolctl.yaml (see user_config), else, at this repository's
+    """`cdktn synth`: the user's poolctl.yaml (see user_config), else, at this repository's
     root, every example, every placement."""
-    from cdktf import App  # noqa: PLC0415 (cdktf starts its jsii kernel on import)
+    from cdktn import App  # noqa: PLC0415 (cdktn starts its jsii kernel on import)
 
     try:
         mine = user_config()
@@ -104,7 +104,7 @@ def main() -> None:
     except PoolctlError as e:  # one line per problem, as the poolctl command prints them
         sys.stderr.write("".join(f"poolctl: {line}\n" for line in str(e).splitlines()))
         sys.exit(e.exit_code)
-    app = App()  # after the checks: it creates the out dir (CDKTF_OUTDIR, from the cdktf CLI)
+    app = App()  # after the checks: it creates the out dir (CDKTF_OUTDIR, from the CLI)
     for cfg, targets in configs:
         add_stacks(app, cfg, targets)
     app.synth()

@@ -458,7 +458,7 @@ def loaded_sdks(runs: list[list[str]], env: dict) -> list[str]:
         "    try:\n        main()\n    except SystemExit as e:\n"
         "        assert e.code == 0, (argv, e.code)\n"
         "print('LOADED', sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
-        "('cdktf', 'jsii', 'cdktf_cdktf_provider_aws', 'cdktf_cdktf_provider_google', "
+        "('cdktn', 'jsii', 'cdktn_provider_aws', 'cdktn_provider_google', "
         "'boto3', 'botocore')} | {'google.cloud' for m in sys.modules "
         "if m.startswith('google.cloud')}), file=sys.stderr)\n"
     )

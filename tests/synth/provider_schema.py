@@ -20,12 +20,9 @@ from pathlib import Path
 # Terraform's own keys of a resource / data block, not the provider's.
 META_ARGUMENTS = {"//", "count", "depends_on", "for_each", "lifecycle", "provider",
                   "connection", "provisioner"}
-# Backend arguments newer than cdktf 0.21's S3BackendConfig (the bindings' last release):
-# S3 native locking came with Terraform 1.10.
-NEWER_BACKEND_ARGUMENTS = {"s3": {"use_lockfile"}}
 PROVIDERS = {  # Terraform provider name -> (Python package, jsii assembly, class prefix)
-    "aws": ("cdktf_cdktf_provider_aws", "@cdktf/provider-aws", "Aws"),
-    "google": ("cdktf_cdktf_provider_google", "@cdktf/provider-google", "Google"),
+    "aws": ("cdktn_provider_aws", "@cdktn/provider-aws", "Aws"),
+    "google": ("cdktn_provider_google", "@cdktn/provider-google", "Google"),
 }
 
 
@@ -95,7 +92,7 @@ def _struct(asm: Assembly, ref: dict) -> tuple[str | None, bool]:
         fqn, _ = _struct(asm, ref["collection"]["elementtype"])
         return fqn, True
     fqn = ref.get("fqn")
-    t = asm.type(fqn) if fqn and not fqn.startswith("cdktf.") else None
+    t = asm.type(fqn) if fqn and not fqn.startswith("cdktn.") else None
     return (fqn, False) if t and t.get("datatype") else (None, False)
 
 
@@ -221,9 +218,9 @@ def check_stack(doc: dict, schemas: dict[str, ProviderSchema], backend: Assembly
         if name not in schemas or req.get("source") != f"hashicorp/{name}":
             problems.append(f"terraform.required_providers.{name}: not hashicorp/{name}")
     for kind, settings in tf.get("backend", {}).items():
-        cfg = backend.type(f"cdktf.{kind[:1].upper()}{kind[1:]}BackendConfig")
+        cfg = backend.type(f"cdktn.{kind[:1].upper()}{kind[1:]}BackendConfig")
         known = {snake(p["name"]) for p in (cfg or {}).get("properties", [])}
-        for key in set(settings) - known - NEWER_BACKEND_ARGUMENTS.get(kind, set()):
+        for key in set(settings) - known:
             problems.append(f"terraform.backend.{kind}.{key}: not a {kind} backend argument")
     for name, blocks in doc.get("provider", {}).items():
         schema = schemas.get(name)

@@ -275,7 +275,7 @@ def test_boot_script_variant_is_chosen_from_the_image_not_from_build_records(
 
 
 def test_cdktf_testing_assertions():
-    from cdktf import Testing
+    from cdktn import Testing
 
     from poolctl.bootscript import render_boot_script
     from poolctl_stacks.aws.stack import AwsPoolStack
@@ -452,8 +452,8 @@ def test_terraform_validate_accepts_the_json(stacks, tmp_path):
 
 def test_aws_synth_never_loads_google(tmp_path):
     mods = provider_modules_after_synth(AWS_EXAMPLES['acme-qwen-7b-aws'], "aws", tmp_path, ROOT)
-    assert any(m.startswith("cdktf_cdktf_provider_aws.") for m in mods)
-    assert not any(m.startswith("cdktf_cdktf_provider_google") for m in mods)
+    assert any(m.startswith("cdktn_provider_aws.") for m in mods)
+    assert not any(m.startswith("cdktn_provider_google") for m in mods)
     # Only the submodules the stack uses, not the ~2,200 the package root would import.
     assert len([m for m in mods if not m.endswith("._private")]) < 40
 

@@ -289,7 +289,7 @@ def test_a_rename_on_one_side_only_fails(synthesized, monkeypatch):
 
 @pytest.fixture(scope="module")
 def schemas():
-    return {"aws": ProviderSchema("aws"), "google": ProviderSchema("google")}, Assembly("cdktf")
+    return {"aws": ProviderSchema("aws"), "google": ProviderSchema("google")}, Assembly("cdktn")
 
 
 def test_escape_hatches_match_the_provider_schema(synthesized, schemas):
@@ -305,7 +305,6 @@ def test_escape_hatches_match_the_provider_schema(synthesized, schemas):
 OVERRIDE_TYPOS = {  # what each escape hatch of the stacks becomes, misspelled
     "count": "cuont",  # poolctl_stacks/aws/pool.py: the SSM lookup only without an AMI
     "default_labels": "default_lables",  # poolctl_stacks/gcp/stack.py: labels on every resource
-    "terraform.backend.s3.use_lockfile": "terraform.backend.s3.use_lock_file",  # aws/stack.py
     "terraform.required_providers.aws": "terraform.required_providers.amazon",  # base.py
 }
 
@@ -313,12 +312,12 @@ OVERRIDE_TYPOS = {  # what each escape hatch of the stacks becomes, misspelled
 def test_a_misspelled_override_fails_in_either_stack(schemas, tmp_path, monkeypatch):
     """Synthesize with every `add_override` path of the stacks misspelled: the check names
     each one. (The bindings themselves accept any override path.)"""
-    import cdktf
+    import cdktn
 
     from poolctl_stacks.app import synth
 
     providers, backend = schemas
-    for cls in (cdktf.TerraformElement, cdktf.TerraformStack):
+    for cls in (cdktn.TerraformElement, cdktn.TerraformStack):
         original = cls.add_override
 
         def misspelled(self, path, value, _original=original):
@@ -333,7 +332,6 @@ def test_a_misspelled_override_fails_in_either_stack(schemas, tmp_path, monkeypa
     aws_found, gcp_found = found["typo-chat-70b-aws"], found["typo-chat-70b-gcp"]
     assert any(p.startswith("data.aws_ssm_parameter.") and p.endswith(".cuont: not an "
                "argument or block of DataAwsSsmParameterConfig") for p in aws_found), aws_found
-    assert "terraform.backend.s3.use_lock_file: not a s3 backend argument" in aws_found
     assert "terraform.required_providers.amazon: not hashicorp/amazon" in aws_found
     assert ("provider.google[0].default_lables: not an argument or block of "
             "GoogleProviderConfig") in gcp_found

@@ -118,7 +118,7 @@ def _targets():
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory):
     """label -> (cfg, cloud, field, value, stack JSON or the UsageError that refused it)."""
-    from cdktf import App
+    from cdktn import App
 
     from poolctl_stacks.app import add_stacks
 

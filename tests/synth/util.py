@@ -121,7 +121,7 @@ def provider_modules_after_synth(config: Path, cloud: Cloud, out: Path, cwd: Pat
         "from poolctl_stacks.app import synth\n"
         f"cfg = load_config({str(config)!r})\n"
         f"synth([(cfg, cfg.targets(None, {cloud!r}))], {str(out)!r})\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktf_cdktf'))))\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cdktn_provider'))))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, cwd=cwd)

@@ -119,8 +119,8 @@ def modules_after(argv: list[str], expression: str) -> str:
                                   ["weights", "verify", "/nonexistent/weights"]])
 def test_no_heavy_imports(argv):
     err = modules_after(argv, "[m for m in sys.modules if m.split('.')[0] in "
-                        "('cdktf', 'jsii', 'boto3', 'botocore', 'google', "
-                        "'cdktf_cdktf_provider_aws', 'cdktf_cdktf_provider_google', 'paramiko')]")
+                        "('cdktn', 'jsii', 'boto3', 'botocore', 'google', "
+                        "'cdktn_provider_aws', 'cdktn_provider_google', 'paramiko')]")
     assert "LOADED []" in err, err[-500:]
 
 

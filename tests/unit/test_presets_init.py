@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from poolctl.models import estimate_params, load_presets
 from tests import inproc
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def poolctl(*args, cwd=None, env=None):
@@ -100,13 +103,28 @@ def test_init_then_validate_then_synth(tmp_path):
         ".github/workflows/poolctl.yml", "cdktf.json", "poolctl.yaml"]
     assert json.loads((tmp_path / "cdktf.json").read_text())["app"] == (
         "python -m poolctl_stacks.app")
-    assert "poolctl plan --cloud gcp" in (tmp_path / ".github/workflows/poolctl.yml").read_text()
-    r = poolctl("validate", cwd=tmp_path)  # ./poolctl.yaml
-    assert r.returncode == 0, r.stderr
-    r = poolctl("synth", "--out", "out", "--json", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    (stack,) = json.loads(r.stdout)["stacks"]
-    tf = json.loads((tmp_path / stack["file"]).read_text())
+    # The workflow's steps as written, after its install step: that step installs the CLI
+    # this repository's package.json installs (node_modules/.bin), at the same version.
+    steps = yaml.safe_load((tmp_path / ".github/workflows/poolctl.yml").read_text())
+    runs = [s["run"] for s in steps["jobs"]["check"]["steps"] if "run" in s]
+    install, *rest = runs
+    cli, version = install.rsplit("npm install -g ", 1)[1].split("@")
+    assert json.loads((ROOT / "package.json").read_text())["devDependencies"][cli] == version
+    assert rest == ["poolctl validate", "poolctl plan --cloud gcp --json > plan.json",
+                    "cdktn synth"]
+    bin_dir = ROOT / "node_modules" / ".bin"
+    if not (bin_dir / "cdktn").exists():
+        pytest.skip("the cdktn CLI is not installed (scripts/setup runs `npm ci`)")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "CHECKPOINT_DISABLE": "1"}
+    env.pop("POOLCTL_EXAMPLES_ROOT", None)
+    for step in rest:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (step, (r.stdout + r.stderr)[-3000:])
+    assert json.loads((tmp_path / "plan.json").read_text())["pools"][0]["cloud"] == "gcp"
+    (stack,) = (tmp_path / "cdktf.out" / "stacks").glob("*/cdk.tf.json")
+    tf = json.loads(stack.read_text())
     assert "google_compute_region_instance_group_manager" in tf["resource"]
 
 
@@ -182,7 +200,7 @@ def test_catalog_and_init_load_no_cloud_sdk(tmp_path):
         "    sys.argv = ['poolctl', *argv]\n"
         "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, e\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('cdktf', 'jsii', 'boto3', 'botocore', 'google', 'paramiko')]\n"
+        "('cdktn', 'jsii', 'boto3', 'botocore', 'google', 'paramiko')]\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,

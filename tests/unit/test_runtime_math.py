@@ -394,7 +394,7 @@ def test_runtime_help_imports_no_cloud_sdk(argv):
         f"sys.argv = ['poolctl', *{argv!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    print('EXIT', e.code, file=sys.stderr)\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('boto3', 'botocore', 'google', 'cdktf', 'jsii')]\n"
+        "('boto3', 'botocore', 'google', 'cdktn', 'jsii')]\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

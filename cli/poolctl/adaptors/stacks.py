@@ -1,4 +1,4 @@
-"""The CDKTF stacks (`poolctl_stacks`), imported on first use: they load cdktf and the
+"""The CDK Terrain stacks (`poolctl_stacks`), imported on first use: they load cdktn and the
 providers' jsii assemblies (seconds of start-up), which only synthesis needs.
 
 Before that first import, jsii's Node kernel is told to start in a session of its own
@@ -50,7 +50,7 @@ def own_session_node() -> str:
 
 
 class _Generator(LazyModule):
-    """A module that loads cdktf: the kernel's session is set before it starts."""
+    """A module that loads cdktn: the kernel's session is set before it starts."""
 
     def load(self) -> ModuleType:
         if not self.loaded:

@@ -1,7 +1,7 @@
 """The runtime interface every cloud implements, and the records it returns.
 
 Runtime commands (quota, warm, rollout, status) talk to the cloud APIs directly, find
-resources by the contract's tags/labels, and never import cdktf. Cloud-neutral logic
+resources by the contract's tags/labels, and never import cdktn. Cloud-neutral logic
 (rounding replicas to nodes, quota arithmetic, recording versions) lives in
 `poolctl.runtime`; what differs per cloud sits behind `CloudOps`, one implementation per
 cloud. What only some clouds do is a capability class below (dstack's `Compute` mixins are

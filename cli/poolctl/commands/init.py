@@ -43,6 +43,10 @@ CDKTF_JSON = {
     "context": {},
 }
 
+# CDK Terrain's CLI, the maintained fork of the archived cdktf CLI (whose `cdktf synth` runs
+# the same app); the version package.json installs here (tests/unit/test_presets_init.py).
+SYNTH_CLI = "cdktn-cli@0.24.0"
+
 WORKFLOW = """\
 # poolctl checks on every change to poolctl.yaml: the schema and every rule, the sizing
 # and cost, and the synthesized Terraform (no cloud credentials needed for any of these).
@@ -64,10 +68,10 @@ jobs:
         with: {{python-version: "3.11"}}
       - uses: actions/setup-node@v4
         with: {{node-version: "22"}}
-      - run: pip install "$POOLCTL_PIP_SPEC" && npm install -g cdktf-cli@0.21.0
+      - run: pip install "$POOLCTL_PIP_SPEC" && npm install -g {cli}
       - run: poolctl validate
       - run: poolctl plan --cloud {cloud} --json > plan.json
-      - run: cdktf synth
+      - run: cdktn synth
 """
 
 
@@ -159,7 +163,7 @@ def init(
     dir: Annotated[Path, typer.Option("--dir", help="Folder to write into.")] = Path("."),
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
 ) -> None:
-    """Write a commented poolctl.yaml, a cdktf.json (`cdktf synth` runs poolctl's synthesis)
+    """Write a commented poolctl.yaml, a cdktf.json (`cdktn synth` runs poolctl's synthesis)
     and a CI workflow (.github/workflows/poolctl.yml)."""
 
     row = preset(model)
@@ -169,7 +173,8 @@ def init(
     files = {
         dir / "poolctl.yaml": _fit(row, cloud),
         dir / "cdktf.json": json.dumps(CDKTF_JSON, indent=2) + "\n",
-        dir / ".github" / "workflows" / "poolctl.yml": WORKFLOW.format(cloud=cloud.value),
+        dir / ".github" / "workflows" / "poolctl.yml": WORKFLOW.format(cloud=cloud.value,
+                                                                       cli=SYNTH_CLI),
     }
     # Check every file before writing any: nothing half-written.
     # lexists: a dangling symlink is taken too (writing through it would land outside --dir)
@@ -208,4 +213,4 @@ def init(
         f"next: set weights_uri (and project) in {dir / 'poolctl.yaml'} (the nodes check the "
         "weights against a manifest.json: `poolctl weights manifest DIR` writes it before "
         f"the upload), then `poolctl validate`, `poolctl plan --cloud {cloud.value}`, "
-        "`cdktf synth`\n")
+        "`cdktn synth`\n")

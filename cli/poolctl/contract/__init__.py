@@ -3,7 +3,7 @@
 The stacks declare Terraform variables and rolling-update settings; the runtime passes
 `TF_VAR_<name>` values and starts or steers updates with the same settings. Terraform
 silently ignores a `TF_VAR_` no stack declares, so a name or a formula that lived on both
-sides could drift apart unnoticed: each lives here once. These modules import neither cdktf
+sides could drift apart unnoticed: each lives here once. These modules import neither cdktn
 nor a cloud SDK (both sides load them).
 """
 

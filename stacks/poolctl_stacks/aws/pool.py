@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from cdktf import Op, TerraformVariable
+from cdktn import Op, TerraformVariable
 from constructs import Construct
 
 from poolctl import naming

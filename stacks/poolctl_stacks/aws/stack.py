@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdktf import S3Backend
+from cdktn import S3Backend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
@@ -37,11 +37,11 @@ class AwsPoolStack(PoolStack):
             default_tags=[aws("provider").AwsProviderDefaultTags(tags=tags)],
         )
         if b := self.raw_cfg.backend.aws:  # backend settings are literal-only: raw values
+            # Without a DynamoDB table, S3's own lock file (Terraform 1.10+).
             S3Backend(self, bucket=b.bucket, region=b.region, encrypt=True,
                       key=f"{b.key_prefix}/{self.node.id}/terraform.tfstate",
-                      dynamodb_table=b.dynamodb_table)
-            if not b.dynamodb_table:
-                self.add_override("terraform.backend.s3.use_lockfile", True)
+                      dynamodb_table=b.dynamodb_table,
+                      use_lockfile=None if b.dynamodb_table else True)
         else:
             self.local_backend()
 

@@ -12,7 +12,7 @@ message naming the gcloud command that creates it.
 
 from __future__ import annotations
 
-from cdktf import Precondition, TerraformResourceLifecycle, Token
+from cdktn import Precondition, TerraformResourceLifecycle, Token
 from constructs import Construct
 
 from poolctl import naming

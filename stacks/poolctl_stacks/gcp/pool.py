@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cdktf import (
+from cdktn import (
     Op,
     TerraformResourceLifecycle,
     TerraformVariable,

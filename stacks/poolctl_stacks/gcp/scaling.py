@@ -3,7 +3,7 @@ node at a time after the scale-down stabilization window."""
 
 from __future__ import annotations
 
-from cdktf import TerraformResourceLifecycle
+from cdktn import TerraformResourceLifecycle
 from constructs import Construct
 
 from poolctl import naming

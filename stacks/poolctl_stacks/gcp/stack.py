@@ -8,7 +8,7 @@ uniform bucket-level access on the weights bucket.
 
 from __future__ import annotations
 
-from cdktf import GcsBackend
+from cdktn import GcsBackend
 
 from poolctl import naming
 from poolctl.bootscript import render_boot_script
