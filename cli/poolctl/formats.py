@@ -107,7 +107,7 @@ def image_reference(ref: str) -> str:
     m = _REFERENCE.fullmatch(ref)
     if not m:
         raise ValueError("not an image reference; write [registry/]name[:tag][@sha256:digest] "
-                         "in lowercase, e.g. vllm/vllm-openai:v0.11.0")
+                         "in lowercase, e.g. vllm/vllm-openai:v0.34.0")
     if len(m["name"]) > NAME_TOTAL_LENGTH_MAX:
         raise ValueError(f"the image name is over {NAME_TOTAL_LENGTH_MAX} characters")
     return ref

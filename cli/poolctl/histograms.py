@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-# vLLM's buckets (vllm/v1/metrics/loggers.py, v0.11): time to first token, time per output
-# token (the per-request mean: vllm:request_time_per_output_token_seconds), end to end.
+# vLLM's default buckets, the same from v0.11 (vllm/v1/metrics/loggers.py) to v0.34
+# (vllm/v1/metrics/buckets.py): time to first token, time per output token (the per-request
+# mean: vllm:request_time_per_output_token_seconds, the inter_token_latency family), end to end.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,

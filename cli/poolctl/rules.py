@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from poolctl import bootscript, sizing
+from poolctl import bootscript, sizing, vllm_releases
 from poolctl.catalog import InstanceType, load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import AwsPlacement, Config, GcpPlacement, Model, Pool, Target
@@ -406,6 +406,26 @@ def _secret_args(c: Ctx) -> Iterator[Finding]:
                 "store the API key in Secrets Manager / Secret Manager and set "
                 "serving.api_key_secret (weights come from weights_uri, no hub token needed)",
             )
+
+
+@check("vllm-release", "the serving image's vLLM has what the boot script and agent use",
+       "pool")
+def _vllm_release(c: Ctx) -> Iterator[Finding]:
+    s = c.pool.serving
+    missing = vllm_releases.lacking(s.image, prefix_caching=s.prefix_caching)
+    if not missing:
+        return
+    have = ".".join(map(str, vllm_releases.image_release(s.image) or ()))
+    newest = missing[-1]
+    what = {"flag": "the boot script passes", "metric": "the node agent reads"}
+    lacks = "; ".join(f"{n.name} (vLLM {n.since}+, {what[n.kind]})" for n in missing)
+    yield c.find(
+        "warning", "serving.image",
+        f"{s.image} is vLLM {have}, which lacks {lacks}: its nodes "
+        + ("fail to start the server" if any(n.kind == "flag" for n in missing)
+           else "serve, but their agent reports nothing for it"),
+        f"use vLLM {newest.since} or newer, e.g. {vllm_releases.releases().default_image}",
+    )
 
 
 @check("boot-script-size", "the boot script fits the cloud's user-data/metadata limit")

@@ -100,7 +100,7 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
     tags = {t["Key"]: t["Value"] for t in image["Tags"]}
     assert tags["poolctl:project"] == "imgok" and tags["poolctl:pool"] == "chat-70b"
     assert tags["poolctl:role"] == "inference"
-    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.11.0"
+    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.34.0"
     # The boot library version the image carries: the stack's plan reads it (issue 10).
     assert tags["poolctl:boot-library"] == bootscript.boot_library("aws")["version"]
     # One line of the file changed: the AMI recorded at the top of the `aws:` block.
@@ -109,7 +109,7 @@ def test_build_in_sandbox_records_ami_and_deploy_uses_it(sandbox, sandbox_home,
         f"      ami_id: {ami}"]
     assert len(after.splitlines()) == len(before.splitlines()) + 1
     [rec] = _records(Path(sandbox_home), "imgok")
-    assert rec["image_id"] == ami and rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
+    assert rec["image_id"] == ami and rec["serving_image"] == "vllm/vllm-openai:v0.34.0"
     assert rec["packer_version"] == "1.6.6" and rec["endpoint"] == sandbox
     lib_version = bootscript.boot_library("aws")["version"]
     assert rec["boot_lib_version"] == lib_version
@@ -348,9 +348,9 @@ def test_provision_script_pulls_records_and_cleans(tmp_path, image_root):
     prep = subprocess.run(["bash", str(script), "prepare"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert prep.returncode == 0, prep.stderr
-    assert "pull vllm/vllm-openai:v0.11.0" in log.read_text()
+    assert "pull vllm/vllm-openai:v0.34.0" in log.read_text()
     rec = json.loads((root / "etc/poolctl/node-image.json").read_text())
-    assert rec["serving_image"] == "vllm/vllm-openai:v0.11.0"
+    assert rec["serving_image"] == "vllm/vllm-openai:v0.34.0"
     assert rec["digest"] == DIGEST
     assert "poolctl: phase=pull seconds=" in prep.stderr
     # The boot library, byte for byte what the start-up script of this pool's nodes checks
@@ -473,19 +473,19 @@ def test_rollout_to_the_latest_node_image(deployed_pool, sandbox, sandbox_home,
     # of serving.image; the new launch template version launches from the new AMI.
     with booting(sandbox):
         res = run_poolctl(sandbox_home, "rollout", "start", "--cloud", "aws", "--image",
-                          "vllm/vllm-openai:v0.11.1", "--build-image", "--no-surge", "--yes",
+                          "vllm/vllm-openai:v0.34.1", "--build-image", "--no-surge", "--yes",
                           "--json", "-f", str(pool_file), "--sandbox", "--out",
                           str(tmp_path / "cdktf.out"), timeout=900, POOLCTL_POLL_S="0.05")
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(res.stdout)
-    assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.11.0",
-                                              "vllm/vllm-openai:v0.11.1")
+    assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.34.0",
+                                              "vllm/vllm-openai:v0.34.1")
     assert r["final"]["status"] == "successful"
     ami2 = next(ln.split(": ")[1] for ln in pool_file.read_text().splitlines()
                 if ln.strip().startswith("ami_id:"))
     assert ami2 != ami
     tags = {t["Key"]: t["Value"] for t in ec2.describe_images(ImageIds=[ami2])["Images"][0]["Tags"]}
-    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.11.1"
+    assert tags["poolctl:serving-image"] == "vllm/vllm-openai:v0.34.1"
     g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["acme-chat-70b"]
                                          )["AutoScalingGroups"][0]
     data = ec2.describe_launch_template_versions(

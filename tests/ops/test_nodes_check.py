@@ -2,7 +2,7 @@
 whose session finds stub GPU / disk / docker / curl tools printing a p5.48xlarge's output.
 
 Expectations come from examples/llama-70b-p5 on AWS: p5.48xlarge = 8x H100 (catalog), image
-vllm/vllm-openai:v0.11.0, health on 127.0.0.1:8000/health, cache at /mnt/poolctl-cache holding
+vllm/vllm-openai:v0.34.0, health on 127.0.0.1:8000/health, cache at /mnt/poolctl-cache holding
 70.6e9 params x 2 B x 1.2 headroom = 169.44e9 B (169.4 GB).
 """
 
@@ -91,11 +91,11 @@ def test_healthy_node_passes_every_check(node):
     assert c["cache-size"]["observed"] == (
         "30.4 TB (30,397,335,011,328 B), 30.2 TB free; "
         "the weights need 169.4 GB with 20% headroom")
-    assert c["image"]["observed"].startswith("vllm/vllm-openai:v0.11.0 present (sha256:4f1c9ee2")
+    assert c["image"]["observed"].startswith("vllm/vllm-openai:v0.34.0 present (sha256:4f1c9ee2")
     assert c["health"]["observed"] == "200 from http://127.0.0.1:8000/health"
     # Each stub ran with the config's values (and the session really used the stubs).
     calls = node.calls()
-    assert "docker image inspect --format {{.Id}} vllm/vllm-openai:v0.11.0" in calls
+    assert "docker image inspect --format {{.Id}} vllm/vllm-openai:v0.34.0" in calls
     assert ("curl -fsS -o /dev/null -w %{http_code} --max-time 5 "
             "http://127.0.0.1:8000/health") in calls
     assert "findmnt -n -o SOURCE,FSTYPE --mountpoint /mnt/poolctl-cache" in calls
@@ -155,9 +155,9 @@ def test_image_and_health_failures(node):
     checks = by_name(json.loads(r.stdout)["nodes"][0])
     assert {n for n, c in checks.items() if not c["ok"]} == {"image", "health"}
     assert checks["image"]["observed"] == (
-        "vllm/vllm-openai:v0.11.0 not on the node "
-        "(exit 1: Error: No such image: vllm/vllm-openai:v0.11.0)")
-    assert "docker pull vllm/vllm-openai:v0.11.0" in checks["image"]["hint"]
+        "vllm/vllm-openai:v0.34.0 not on the node "
+        "(exit 1: Error: No such image: vllm/vllm-openai:v0.34.0)")
+    assert "docker pull vllm/vllm-openai:v0.34.0" in checks["image"]["hint"]
     assert checks["health"]["observed"] == "HTTP 503 from http://127.0.0.1:8000/health"
 
 

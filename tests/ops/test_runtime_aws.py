@@ -420,7 +420,7 @@ def test_rollout_refuses_a_surge_without_quota(sandbox, cli, aws, pool_file, fou
     # 4 nodes in service + 1 surge node = 5 x 192 = 960 vCPU beside the others' use;
     # granted 800 + others -> short by 160
     set_quota(sandbox, 800 + foreign_p_vcpus(aws))
-    res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.1",
+    res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.34.1",
               "--yes", ok=1)
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("poolctl: chat-70b: not enough quota for the rollout with its surge "
@@ -448,11 +448,11 @@ def test_rollout_no_surge_reaches_every_checkpoint_and_status_lists_them(sandbox
     text_before = pool_file.read_text()
     version_before, _ = lt_versions(aws)
     with booting(sandbox):
-        res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.1",
+        res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.34.1",
                   "--no-surge", "--yes", "--json")
     r = js(res)  # stdout is only the JSON (the plan summary went to stderr)
-    assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.11.0",
-                                              "vllm/vllm-openai:v0.11.1")
+    assert (r["key"], r["from"], r["to"]) == ("serving.image", "vllm/vllm-openai:v0.34.0",
+                                              "vllm/vllm-openai:v0.34.1")
     # the plan summary: the launch template changes in place (a new version); the cost
     assert re.search(r"│ aws_launch_template +│ +│ +1 │ +│", res.stderr), res.stderr[-3000:]
     # warm --running keeps 4 nodes in service (4 x $55.04), no surge: at most 6 (6 x $55.04)
@@ -473,8 +473,8 @@ def test_rollout_no_surge_reaches_every_checkpoint_and_status_lists_them(sandbox
     # the file: only the image line changed, its comment-free layout kept
     diff = [(a, b) for a, b in zip(text_before.splitlines(), pool_file.read_text().splitlines(),
                                    strict=True) if a != b]
-    assert diff == [("      image: vllm/vllm-openai:v0.11.0",
-                     "      image: vllm/vllm-openai:v0.11.1")]
+    assert diff == [("      image: vllm/vllm-openai:v0.34.0",
+                     "      image: vllm/vllm-openai:v0.34.1")]
     assert pool_file.read_text().startswith("# Llama-3.1-70B on p5.48xlarge")
     # AWS: the refresh ran with the pool's checkpoints, no surge (min 75 %, max 100 % of 4),
     # auto rollback, toward the next launch template version; the group now runs it
@@ -495,8 +495,8 @@ def test_rollout_no_surge_reaches_every_checkpoint_and_status_lists_them(sandbox
                                 {"percentage": 50, "reached": True},
                                 {"percentage": 100, "reached": True}]
     assert s["group_version"] == new
-    assert r["from_version"] == f"serving.image=vllm/vllm-openai:v0.11.0 (v{version_before})"
-    assert r["to_version"] == f"serving.image=vllm/vllm-openai:v0.11.1 (v{new})"
+    assert r["from_version"] == f"serving.image=vllm/vllm-openai:v0.34.0 (v{version_before})"
+    assert r["to_version"] == f"serving.image=vllm/vllm-openai:v0.34.1 (v{new})"
     assert s["record"]["status"] == "successful"
 
 
@@ -506,7 +506,7 @@ def test_unhealthy_new_nodes_roll_back_automatically(sandbox, cli, aws, pool_fil
     good, _ = lt_versions(aws)
     bad = str(int(good) + 1)
     with booting(sandbox, sick_version=bad, asg=aws("autoscaling")):
-        res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.2",
+        res = cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.34.2",
                   "--yes", "--json", ok=1)
     r = js(res)
     assert r["final"]["status"] == "rolled_back"
@@ -515,7 +515,7 @@ def test_unhealthy_new_nodes_roll_back_automatically(sandbox, cli, aws, pool_fil
     # the group never left the good version, and every replaced node is back on it
     assert lt_versions(aws) == (good, {good})
     # the file records the version that runs again
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.34.0"
     assert "(restored)" in res.stderr
 
 
@@ -523,10 +523,10 @@ def test_unhealthy_new_nodes_roll_back_automatically(sandbox, cli, aws, pool_fil
 def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_nodes):
     good, _ = lt_versions(aws)
     new = str(int(good) + 1)
-    r = js(cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.3",
+    r = js(cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.34.3",
                "--yes", "--no-wait", "--json"))
     assert r["rollout"]["status"] == "pending" and "final" not in r
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.3"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.34.3"
     # let it replace the first node (checkpoint 25 %), as it would in an hour of real time
     with booting(sandbox):
         for _ in range(100):
@@ -538,18 +538,18 @@ def test_rollback_of_a_rollout_in_progress(sandbox, cli, aws, pool_file, four_no
     assert group(aws)["MaxSize"] == 6 + 1  # the surge's room, only while it rolls
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
-    assert (b["how"], b["from"], b["to"]) == ("cloud_rollback", "vllm/vllm-openai:v0.11.3",
-                                              "vllm/vllm-openai:v0.11.0")
+    assert (b["how"], b["from"], b["to"]) == ("cloud_rollback", "vllm/vllm-openai:v0.34.3",
+                                              "vllm/vllm-openai:v0.34.0")
     assert b["final"]["status"] == "rolled_back"
     assert lt_versions(aws) == (good, {good})
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.34.0"
     assert group(aws)["MaxSize"] == 6  # the rollback's end gave the surge room back
 
 
 @needs_terraform
 def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli, aws,
                                                                     pool_file, four_nodes):
-    cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.11.4", "--yes",
+    cli("rollout", "start", "--cloud", "aws", "--image", "vllm/vllm-openai:v0.34.4", "--yes",
         "--no-wait")
     assert group(aws)["MaxSize"] == 6 + 1
     c = js(cli("rollout", "cancel", "--cloud", "aws", "--json"))
@@ -558,18 +558,18 @@ def test_cancel_then_rollback_rolls_the_previous_version_out_again(sandbox, cli,
     assert [p["status"] for p in c["progress"]][-1] == "cancelled"
     again = cli("rollout", "cancel", "--cloud", "aws", ok=1)
     assert again.stderr.strip() == "poolctl: chat-70b: no rollout in progress; nothing to cancel"
-    # the file still says v0.11.4; rollback of an ended rollout rolls v0.11.0 out anew
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.4"
+    # the file still says v0.34.4; rollback of an ended rollout rolls v0.34.0 out anew
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.34.4"
     with booting(sandbox):
         b = js(cli("rollout", "rollback", "--cloud", "aws", "--yes", "--json"))
-    assert (b["how"], b["to"]) == ("new_rollout", "vllm/vllm-openai:v0.11.0")
+    assert (b["how"], b["to"]) == ("new_rollout", "vllm/vllm-openai:v0.34.0")
     assert b["final"]["status"] == "successful"
-    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.11.0"
+    assert image_line(pool_file) == "      image: vllm/vllm-openai:v0.34.0"
     v, running = lt_versions(aws)
     assert running == {v}
-    # a second rollback would roll v0.11.4 forward again: refused
+    # a second rollback would roll v0.34.4 forward again: refused
     twice = cli("rollout", "rollback", "--cloud", "aws", "--yes", ok=1)
     assert twice.stderr.strip().splitlines()[-1] == (
         "poolctl: chat-70b: the last rollout was already a rollback (to serving.image="
-        "vllm/vllm-openai:v0.11.0); to go to vllm/vllm-openai:v0.11.4 again, use "
+        "vllm/vllm-openai:v0.34.0); to go to vllm/vllm-openai:v0.34.4 again, use "
         "`poolctl rollout start`")

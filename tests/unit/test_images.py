@@ -109,7 +109,7 @@ def test_production_template_reaches_builder_privately():
     assert "associate_public_ip_address = false" in aws
     assert "encrypt_boot                = true" in aws
     assert '"tag:poolctl:tier" = "private"' in aws
-    assert '"poolctl:serving-image" = "vllm/vllm-openai:v0.11.0"' in aws
+    assert '"poolctl:serving-image" = "vllm/vllm-openai:v0.34.0"' in aws
     # The tag the stack's plan reads to choose the boot script variant (poolctl_stacks/aws/pool.py).
     from poolctl.bootscript import boot_library
 
@@ -117,7 +117,7 @@ def test_production_template_reaches_builder_privately():
     assert 'communicator  = "ssh"' in aws and "custom_endpoint_ec2" not in aws
     gcp = _render(EXAMPLES[0], "chat-70b", "gcp", OLD).files["gcp.pkr.hcl"]
     for line in ("omit_external_ip = true", "use_iap          = true",
-                 "use_os_login     = true", '"poolctl-serving-image" = "vllm-vllm-openai-v0-11-0"',
+                 "use_os_login     = true", '"poolctl-serving-image" = "vllm-vllm-openai-v0-34-0"',
                  'source_image_family     = "common-cu124-ubuntu-2204-nvidia-550"',
                  'source_image_project_id = ["deeplearning-platform-release"]',
                  f'"poolctl-boot-library" = "{boot_library("gcp")["version"]}"'):
@@ -410,12 +410,12 @@ def test_plan_phases_prepulled_vs_pull():
     # 135 MB/s = 177.78 s.
     with_ami = text.replace("      instance_type: p5.48xlarge\n", "      instance_type: "
                             "p5.48xlarge\n      ami_id: ami-0123456789abcdef0\n")
-    _record("ami-0123456789abcdef0", "vllm/vllm-openai:v0.11.0")
+    _record("ami-0123456789abcdef0", "vllm/vllm-openai:v0.34.0")
     p = recorded_plan(parse_config(with_ami).pools[0], Cloud.aws)
     assert "image" not in p.start_phases["cold"] and p.start_phases["cold"]["hydrate"] == 177.8
     assert p.start_seconds["cold"] == 120 + 177.8 + 45.2 + 35.3 + 90 + 30  # 498.3
     assert p.node_image == NodeImage(id="ami-0123456789abcdef0", prepulled=True,
-                                     source="build record", carries="vllm/vllm-openai:v0.11.0",
+                                     source="build record", carries="vllm/vllm-openai:v0.34.0",
                                      digest="sha256:" + "a" * 64)
     # The stacks' view (no image given): the file alone, whatever the records say.
     assert plan_pool(parse_config(with_ami).pools[0], Cloud.aws).node_image == NodeImage(
@@ -430,7 +430,7 @@ def test_plan_phases_prepulled_vs_pull():
     assert p.start_phases["warm_stopped"]["image"] == 0.0
     assert "hydrate" not in p.start_phases["warm_stopped"]
     # A rollout to another serving image: the AMI no longer carries it; the node pulls.
-    other = with_ami.replace("vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.11.1")
+    other = with_ami.replace("vllm/vllm-openai:v0.34.0", "vllm/vllm-openai:v0.34.1")
     p = recorded_plan(parse_config(other).pools[0], Cloud.aws)
     assert p.start_phases["cold"]["image"] == 120.0 and p.node_image.prepulled is False
 
@@ -441,7 +441,7 @@ def test_plan_phases_gcp_prepulled():
         "      machine_type: a3-highgpu-8g\n",
         "      machine_type: a3-highgpu-8g\n"
         "      image: projects/acme-prod/global/images/acme-chat-70b-1\n")
-    _record("projects/acme-prod/global/images/acme-chat-70b-1", "vllm/vllm-openai:v0.11.0", "gcp")
+    _record("projects/acme-prod/global/images/acme-chat-70b-1", "vllm/vllm-openai:v0.34.0", "gcp")
     p = recorded_plan(parse_config(text).pools[0], Cloud.gcp)
     assert p.start_phases["cold"]["hydrate"] == 95.4 and "image" not in p.start_phases["cold"]
 

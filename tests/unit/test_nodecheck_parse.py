@@ -3,7 +3,7 @@ recorded from the tools' formats, without SSH; and what needs no connection of t
 orchestration). The SSH half runs against a real sshd in tests/ops/test_nodes_check.py.
 
 The spec is the contract example on AWS: p5.48xlarge (8x H100, 81920 MiB in the catalog),
-vllm/vllm-openai:v0.11.0 on port 8000, cache need 70.6e9 x 2 B x 1.2 = 169,440,000,000 B.
+vllm/vllm-openai:v0.34.0 on port 8000, cache need 70.6e9 x 2 B x 1.2 = 169,440,000,000 B.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_spec_from_the_example(spec):
     assert (spec.instance_type, spec.gpu, spec.gpus, spec.hbm_mib_per_gpu) == (
         "p5.48xlarge", "H100", 8, 81920)
     assert spec.nvlink is True
-    assert spec.image == "vllm/vllm-openai:v0.11.0"
+    assert spec.image == "vllm/vllm-openai:v0.34.0"
     assert spec.health_url == "http://127.0.0.1:8000/health"
     assert spec.cache_mount == "/mnt/poolctl-cache"
     # 70.6e9 parameters x 2 bytes (bfloat16) x 1.2 headroom
@@ -281,8 +281,8 @@ def test_cache_size_unmounted(spec):
 def test_image(spec):
     c = checks.check_image(ok("sha256:" + "ab" * 32 + "\n"), spec)
     assert c.ok and c.short == "abababababab"
-    c = checks.check_image(ok("\n", 1, "Error: No such image: vllm/vllm-openai:v0.11.0\n"), spec)
-    assert not c.ok and "docker pull vllm/vllm-openai:v0.11.0" in c.hint
+    c = checks.check_image(ok("\n", 1, "Error: No such image: vllm/vllm-openai:v0.34.0\n"), spec)
+    assert not c.ok and "docker pull vllm/vllm-openai:v0.34.0" in c.hint
     denied = ("permission denied while trying to connect to the Docker daemon socket at "
               "unix:///var/run/docker.sock\n")
     c = checks.check_image(ok("", 1, denied), spec)

@@ -169,6 +169,8 @@ def test_every_check_has_a_test_above():
               "utilization-target", "kv-concurrency", "no-secrets-in-args",
               "boot-script-size", "tls", "traffic-peak", "warm-within-max", "batch-budget",
               "sticky-per-node",
+              # tests/unit/test_vllm_releases.py:
+              "vllm-release",
               # tests/unit/test_capacity_fallback.py and test_hostile_configs.py:
               "fallback-types", "fallback-warm-pool",
               # tests/unit/test_predictive.py:

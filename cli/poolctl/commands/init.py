@@ -18,6 +18,7 @@ from poolctl.errors import UsageError, shown
 from poolctl.files import create_new, replace_file
 from poolctl.models import preset, suggest_model
 from poolctl.rules import errors, run_checks
+from poolctl.vllm_releases import releases
 
 if TYPE_CHECKING:
     from poolctl.catalog import InstanceType
@@ -28,7 +29,7 @@ DEFAULT_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 # the model does not fit it at any tensor_parallel.
 DEFAULT_TYPE = {"aws": "p5.48xlarge", "gcp": "a3-highgpu-8g"}
 DEFAULT_REGION = {"aws": "us-east-1", "gcp": "us-central1"}
-SERVING_IMAGE = "vllm/vllm-openai:v0.11.0"
+SERVING_IMAGE = releases().default_image  # data/vllm_releases.yaml
 MAX_MODEL_LEN = 16384  # a common serving length; the preset's max context caps it
 
 CDKTF_JSON = {

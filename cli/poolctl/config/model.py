@@ -193,7 +193,7 @@ def _secret_form(v: object) -> str | None:
 
 class Serving(CoreModel):
     image: ImageRef = Field(
-        description="Serving container image, e.g. vllm/vllm-openai:v0.11.0."
+        description="Serving container image, e.g. vllm/vllm-openai:v0.34.0."
     )
     image_size_gb: Num = Field(
         default=12.0, gt=0, le=10_000,

@@ -13,7 +13,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import parse_config
 from poolctl.errors import UsageError
 from poolctl.models import read_hf_config
-from poolctl.sandbox.vllm.flags import ServeArgs
+from poolctl.sandbox.vllm.flags import ServeArgs, known_flags
 from poolctl.servingmodel import ReplicaModel, replica_model
 
 # vLLM's defaults where the line is silent (v0.11, V1 engine on a GPU of the catalog's class).
@@ -53,7 +53,7 @@ def serving_model(args: ServeArgs, instance_type: str,
     elif args.dtype in _DTYPES:
         model["dtype"] = _DTYPES[args.dtype]
     serving: dict[str, Any] = {
-        "image": "vllm/vllm-openai:v0.11.0",
+        "image": f"vllm/vllm-openai:v{known_flags()[0]}",
         "tensor_parallel": args.tensor_parallel_size,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "max_num_batched_tokens": args.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,

@@ -1,7 +1,8 @@
 """The stand-in's HTTP front end: the parts of vLLM's OpenAI-compatible server a pool uses
 (`/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/metrics`), with vLLM's
 status codes, error bodies, streaming format and metric names (vllm/entrypoints/openai/ and
-vllm/v1/metrics/loggers.py, v0.11).
+vllm/v1/metrics/loggers.py; v0.11 to v0.34, the release
+of data/vllm_serve_flags.yaml).
 
 Tokens are words: a prompt of N whitespace-separated words is N prompt tokens (a chat prompt:
 the words of every message plus CHAT_TOKENS_PER_MESSAGE per message, for the template's role
@@ -26,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from poolctl.histograms import LATENCY_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
-from poolctl.sandbox.vllm.flags import ServeArgs
+from poolctl.sandbox.vllm.flags import ServeArgs, known_flags
 from poolctl.sandbox.vllm.live import Live
 
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -187,7 +188,7 @@ class Server:
         return web.Response(status=200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": "0.11.0"})
+        return web.json_response({"version": known_flags()[0]})
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),

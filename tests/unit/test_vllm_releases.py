@@ -1,0 +1,97 @@
+"""data/vllm_releases.yaml against the boot script it describes, and the `vllm-release` rule."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from poolctl import vllm_releases
+from poolctl.bootscript import render_boot_script
+from poolctl.cloud import Cloud
+from poolctl.commands.init import SERVING_IMAGE
+from poolctl.config import parse_config
+from poolctl.rules import run_checks
+from tests.configs import pool_yaml
+
+
+def _config(image: str = "vllm/vllm-openai:v0.11.0", prefix_caching: bool = True):
+    text = pool_yaml().replace("image: vllm/vllm-openai:v0.11.0", f"image: {image}")
+    if not prefix_caching:
+        text = text.replace("port: 8000", "port: 8000\n      prefix_caching: false")
+    return parse_config(text)
+
+
+def _serve_flags(script: str) -> set[str]:
+    # The server's arguments: what follows the image in the `docker run` line.
+    (serve,) = re.findall(r'"\$IMAGE" (--model .*?)>/dev/null', script, re.DOTALL)
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", serve))
+
+
+@pytest.mark.parametrize("cloud", [Cloud.aws, Cloud.gcp])
+def test_every_flag_and_metric_the_nodes_use_has_its_release(cloud):
+    cfg = _config(prefix_caching=False)  # the script with every conditional flag
+    script = render_boot_script(cfg, cfg.pools[0], cloud)
+    used = _serve_flags(script) | set(re.findall(r"vllm:[a-z0-9_]+", script))
+    data = vllm_releases.releases()
+    assert used - data.names() == set()  # a new flag or metric: find its first release
+    assert data.names() - used == set()  # one no longer used: drop it
+
+
+def test_the_release_data_is_ordered_and_current():
+    data = vllm_releases.releases()
+    for need in data.needs:
+        assert vllm_releases.parse_release(need.absent_in) < need.release
+        assert need.release > vllm_releases.parse_release(data.checked_from)
+    default = vllm_releases.image_release(data.default_image)
+    assert default is not None and all(n.release <= default for n in data.needs)
+    assert SERVING_IMAGE == data.default_image  # `init` writes the default image
+
+
+@pytest.mark.parametrize(("image", "release"), [
+    ("vllm/vllm-openai:v0.34.0", (0, 34, 0)),
+    ("vllm/vllm-openai:v0.8.5.post1", (0, 8, 5)),
+    ("123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm-openai:0.10.2-cu128", (0, 10, 2)),
+    ("ghcr.io/acme/vllm:v0.11.0@sha256:" + "a" * 64, (0, 11, 0)),
+    ("vllm/vllm-openai:latest", None),  # a tag that names no release
+    ("vllm/vllm-openai@sha256:" + "b" * 64, None),  # a digest alone
+    ("acme/llm-server:v0.8.0", None),  # not a vLLM image: its version says nothing of vLLM
+    ("localhost:5000/vllm-openai", None),  # a port, no tag
+])
+def test_image_release(image, release):
+    assert vllm_releases.image_release(image) == release
+
+
+def _rule(image: str, prefix_caching: bool = True):
+    cfg = _config(image, prefix_caching)
+    return [f for f in run_checks(cfg, cfg.targets(None, None)) if f.check == "vllm-release"]
+
+
+def test_an_image_older_than_a_flag_is_warned_naming_the_flag():
+    # v0.8.2: before --data-parallel-size (0.8.3), the two metrics (0.10.0, 0.11.0).
+    (f,) = _rule("vllm/vllm-openai:v0.8.2")
+    assert (f.severity, f.key) == ("warning", "pools[0].serving.image")
+    assert "vLLM 0.8.2, which lacks --data-parallel-size (vLLM 0.8.3+" in f.message
+    assert "vllm:request_time_per_output_token_seconds (vLLM 0.11.0+" in f.message
+    assert "fail to start the server" in f.message
+    assert f.hint.startswith("use vLLM 0.11.0 or newer")
+
+
+def test_a_release_missing_only_a_metric_serves_without_it():
+    (f,) = _rule("vllm/vllm-openai:v0.10.2")
+    assert "lacks vllm:request_time_per_output_token_seconds" in f.message
+    assert "--" not in f.message.split("lacks", 1)[1]
+    assert "their agent reports nothing for it" in f.message
+
+
+def test_the_prefix_caching_flag_counts_only_when_the_script_passes_it():
+    # 0.6.4 has no --no-enable-prefix-caching (0.6.5): it matters with prefix caching off.
+    on, off = _rule("vllm/vllm-openai:v0.6.4"), _rule("vllm/vllm-openai:v0.6.4", False)
+    assert "--no-enable-prefix-caching" not in on[0].message
+    assert "--no-enable-prefix-caching (vLLM 0.6.5+" in off[0].message
+
+
+@pytest.mark.parametrize("image", ["vllm/vllm-openai:v0.11.0", "vllm/vllm-openai:v0.34.0",
+                                   "vllm/vllm-openai:latest", "acme/server:v0.1.0"])
+def test_current_or_unknown_releases_are_not_warned(image):
+    assert _rule(image) == []
