@@ -42,11 +42,13 @@ class Releases(_Row):
     default_image: str = Field(description="The image `init` and the examples use.")
     checked_from: str = Field(description="The oldest release read: `older` is in it.")
     needs: list[Need]
+    offered: list[Need] = Field(description="Passed only to a release that has it.")
     older: Older
 
     def names(self) -> set[str]:
         """Every flag and metric the data accounts for."""
-        return {n.name for n in self.needs} | set(self.older.flags) | set(self.older.metrics)
+        return ({n.name for n in [*self.needs, *self.offered]} | set(self.older.flags)
+                | set(self.older.metrics))
 
 
 def parse_release(text: str) -> Release:
@@ -75,6 +77,21 @@ def image_release(image: str) -> Release | None:
         return None
     m = _TAG.match(tag)
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def offers(image: str, name: str) -> bool:
+    """Whether the image's vLLM release has `name`, one of the data's `offered`."""
+    [need] = [n for n in releases().offered if n.name == name]
+    have = image_release(image)
+    return have is not None and have >= need.release
+
+
+CUSTOM_BUCKETS_FLAG = "--custom-histogram-buckets"
+
+
+def fine_tpot(image: str) -> bool:
+    """Whether the image's engines take poolctl's TPOT bucket edges (histograms.py)."""
+    return offers(image, CUSTOM_BUCKETS_FLAG)
 
 
 def lacking(image: str, prefix_caching: bool) -> list[Need]:

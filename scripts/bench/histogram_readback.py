@@ -8,6 +8,10 @@ histogram_quantile interpolation) and the largest bucket always narrowed around 
 agent's rule before this bench).
 
     source scripts/env.sh && python scripts/bench/histogram_readback.py [--requests 3000]
+        [--tpot-edges fine]
+
+`--tpot-edges fine`: the TPOT shapes through poolctl's edges (histograms.TPOT_FINE_BUCKETS,
+which the boot script gives vLLM 0.32 and later) instead of vLLM's default ones.
 
 Pure computation, seconds; prints one row a shape and the worst error of each rule. The
 first 15 shapes are the ones the agent's rule (narrow only a bucket holding half the
@@ -21,7 +25,14 @@ import math
 import random
 from collections.abc import Sequence
 
-from poolctl.histograms import TPOT_BUCKETS, TTFT_BUCKETS, counts, spread, weighted_percentile
+from poolctl.histograms import (
+    TPOT_BUCKETS,
+    TPOT_FINE_BUCKETS,
+    TTFT_BUCKETS,
+    counts,
+    spread,
+    weighted_percentile,
+)
 from poolctl.simulate import percentile
 
 
@@ -48,9 +59,12 @@ def even(bc: Sequence[float], edges: Sequence[float], total: float, narrow: bool
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
-    n = ap.parse_args().requests
+    ap.add_argument("--tpot-edges", choices=("vllm", "fine"), default="vllm")
+    args = ap.parse_args()
+    n = args.requests
+    tpot = TPOT_FINE_BUCKETS if args.tpot_edges == "fine" else TPOT_BUCKETS
     rng = random.Random(1)
-    shapes = [(f"TPOT normal {mu * 1000:.0f} ms sd {sd * 1000:.0f}", TPOT_BUCKETS,
+    shapes = [(f"TPOT normal {mu * 1000:.0f} ms sd {sd * 1000:.0f}", tpot,
                [max(0.001, rng.gauss(mu, sd)) for _ in range(n)])
               for mu, sd in ((0.033, 0.002), (0.036, 0.004), (0.030, 0.006), (0.045, 0.005),
                              (0.052, 0.004), (0.040, 0.015), (0.020, 0.003), (0.070, 0.010))]
@@ -61,10 +75,10 @@ def main() -> None:
     # Held out: shapes drawn after the agent's rule was chosen on the ones above (gamma
     # TPOTs, two-mode TPOTs, TTFTs with a queueing tail), its errors as they came.
     rng = random.Random(20261207)
-    shapes += [(f"held out: TPOT gamma k {k} theta {th * 1000:g} ms", TPOT_BUCKETS,
+    shapes += [(f"held out: TPOT gamma k {k} theta {th * 1000:g} ms", tpot,
                 [rng.gammavariate(k, th) for _ in range(n)])
                for k, th in ((20, 0.002), (8, 0.006), (50, 0.001), (4, 0.012))]
-    shapes += [(f"held out: TPOT two modes {a * 1000:g}/{b * 1000:g} ms", TPOT_BUCKETS,
+    shapes += [(f"held out: TPOT two modes {a * 1000:g}/{b * 1000:g} ms", tpot,
                 [rng.gauss(a if rng.random() < w else b, 0.002) for _ in range(n)])
                for a, b, w in ((0.03, 0.06, 0.7), (0.028, 0.045, 0.5))]
     shapes += [(f"held out: TTFT {base:g} s + queue exp {tail:g} s", TTFT_BUCKETS,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from poolctl.sandbox import manager
+from poolctl.vllm_releases import releases
 from tests.configs import pool_yaml
 from tests.plugins.sandbox import boto3_client, run_poolctl, sandbox_admin
 from tests.serving.standin import call
@@ -109,7 +110,9 @@ def serving_pool(home: Path, speed: float, certificate: bool = False, serving_ex
             Certificate=pem, PrivateKey=key)["CertificateArn"]
         extra_aws += f"      certificate_arn: {cert_arn}\n"
     cfg = home / "poolctl.yaml"
-    text = pool_yaml(with_gcp=False, extra_aws=extra_aws, **yaml)
+    # the default image's vLLM: its engines take poolctl's TPOT edges (--custom-histogram-buckets)
+    text = pool_yaml(with_gcp=False, extra_aws=extra_aws, **yaml).replace(
+        "image: vllm/vllm-openai:v0.11.0", f"image: {releases().default_image}")
     cfg.write_text(text.replace("      port: 8000\n",
                                 f"      port: 8000\n      api_key_secret: {arn}\n"
                                 f"{serving_extra}"))

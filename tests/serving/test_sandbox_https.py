@@ -195,10 +195,11 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     # its rate is pool time: ~2,880 requests over 15 minutes
     assert served["requests_per_s"] == pytest.approx(served["requests"] / 900)
     assert served["requests"] == pytest.approx(out["requests"], abs=20)  # + the sticky test's
-    # TTFT within 10 % (measured: +1.4 %). TPOT within 15 %: this slice's TPOTs all fall in
-    # vLLM's one bucket (25, 50] ms, which the agent narrows around its mean but cannot see
-    # inside (measured: 39.1 ms read back, 35.6 ms seen by the client, +9.6 %).
-    for metric, rel in (("ttft", 0.10), ("tpot", 0.15)):
+    # TTFT and TPOT within 10 % (measured: TTFT 462.5 ms read back, 460.8 ms seen by the
+    # client, +0.4 %; TPOT 35.85 ms, 35.95 ms, -0.3 %). This slice's TPOTs all fall in vLLM's
+    # default bucket (25, 50] ms, which read back 39.1 ms against 35.6 ms (+9.6 %); the engines
+    # take poolctl's edges instead (--custom-histogram-buckets, at most 10 % apart).
+    for metric, rel in (("ttft", 0.10), ("tpot", 0.10)):
         assert served[f"{metric}_p90_s"] == pytest.approx(out[f"{metric}_s"]["p90"], rel=rel), (
             metric, served, out[f"{metric}_s"])
     # The engine is the serving model itself: status's prediction for the load it read back

@@ -20,7 +20,7 @@ from tests.serving.pool import KEY, KEY_VAR, azure_trace, serving, serving_pool,
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(terraform_missing() is not None,
                                                   reason=str(terraform_missing()))]
 SPEED = 10.0
-NEW_IMAGE = "vllm/vllm-openai:v0.11.2"
+NEW_IMAGE = "vllm/vllm-openai:v0.34.2"
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_rollout_to_a_flag_vllm_lacks_rolls_back_and_status_names_the_failure(
         "      port: 8000\n", "      port: 8000\n      extra_args: [--no-such-flag]\n"))
     try:
         with steady_load(served, tmp_path):
-            r = _rollout(served, "--image", "vllm/vllm-openai:v0.11.3")
+            r = _rollout(served, "--image", "vllm/vllm-openai:v0.34.3")
             # The new node's engine refuses the flag as vLLM's parser does; its boot script
             # says so and ABANDONs its launch hook; the refresh counts a failed launch and
             # rolls back.

@@ -58,3 +58,27 @@ def test_the_flag_list_names_its_vllm_version_and_holds_what_poolctl_passes():
     passed = {a[2:] for a in BOOT_LINE if a.startswith("--")} - {"no-enable-prefix-caching"}
     assert passed <= set(kinds)
     assert set(kinds.values()) <= {"value", "bool", "switch", "list"}
+
+
+def test_custom_histogram_buckets_are_read_as_vllm_validates_them():
+    a = parse(["--model", "m", "--custom-histogram-buckets",
+               '{"inter_token_latency": [0.01, 0.02, 0.5], "request_latency": [1, 2]}'])
+    assert a.histogram_buckets == {"inter_token_latency": (0.01, 0.02, 0.5),
+                                   "request_latency": (1.0, 2.0)}
+    assert parse(["--model", "m"]).histogram_buckets == {}  # vLLM's defaults
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('{"tpot": [0.1]}', "unknown bucket family 'tpot'"),
+    ('{"inter_token_latency": []}', "bucket list must not be empty"),
+    ('{"inter_token_latency": [0.2, 0.1]}', "strictly increasing"),
+    ('{"inter_token_latency": [0.1, 0.1]}', "strictly increasing"),
+    ('{"inter_token_latency": [0, 0.1]}', "positive finite"),
+    ('{"inter_token_latency": [true]}', "positive finite"),
+    ('[0.1, 0.2]', "JSON mapping"),
+    ("{inter_token_latency: [0.1]}", "invalid loads value"),
+])
+def test_custom_histogram_buckets_vllm_would_refuse_are_refused(value, message):
+    with pytest.raises(FlagError) as e:
+        parse(["--model", "m", "--custom-histogram-buckets", value])
+    assert message in str(e.value)

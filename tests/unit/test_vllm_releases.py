@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -11,6 +12,7 @@ from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.commands.init import SERVING_IMAGE
 from poolctl.config import parse_config
+from poolctl.histograms import TPOT_BUCKETS, TPOT_FINE_BUCKETS, read_back
 from poolctl.rules import run_checks
 from tests.configs import pool_yaml
 
@@ -30,7 +32,9 @@ def _serve_flags(script: str) -> set[str]:
 
 @pytest.mark.parametrize("cloud", [Cloud.aws, Cloud.gcp])
 def test_every_flag_and_metric_the_nodes_use_has_its_release(cloud):
-    cfg = _config(prefix_caching=False)  # the script with every conditional flag
+    # the script with every conditional flag: prefix caching off, a release with the
+    # custom histogram buckets
+    cfg = _config(vllm_releases.releases().default_image, prefix_caching=False)
     script = render_boot_script(cfg, cfg.pools[0], cloud)
     used = _serve_flags(script) | set(re.findall(r"vllm:[a-z0-9_]+", script))
     data = vllm_releases.releases()
@@ -95,3 +99,48 @@ def test_the_prefix_caching_flag_counts_only_when_the_script_passes_it():
                                    "vllm/vllm-openai:latest", "acme/server:v0.1.0"])
 def test_current_or_unknown_releases_are_not_warned(image):
     assert _rule(image) == []
+
+
+@pytest.mark.parametrize(("image", "fine"), [
+    ("vllm/vllm-openai:v0.34.0", True), ("vllm/vllm-openai:v0.32.0", True),
+    ("vllm/vllm-openai:v0.31.0", False),  # before --custom-histogram-buckets
+    ("vllm/vllm-openai:latest", False),  # a release unknown: a flag it may refuse stays out
+])
+def test_the_boot_script_gives_poolctls_tpot_edges_to_a_vllm_that_takes_them(image, fine):
+    cfg = _config(image)
+    flags = re.findall(r"--custom-histogram-buckets '([^']*)'",
+                       render_boot_script(cfg, cfg.pools[0], Cloud.aws))
+    assert vllm_releases.fine_tpot(image) is fine
+    if fine:
+        (value,) = flags
+        assert json.loads(value) == {"inter_token_latency": list(TPOT_FINE_BUCKETS)}
+    else:
+        assert flags == []
+
+
+def test_poolctls_tpot_edges_are_at_most_10_percent_apart_where_tpots_are():
+    edges = TPOT_FINE_BUCKETS
+    assert all(b > a for a, b in zip(edges, edges[1:], strict=False))
+    dense = [e for e in edges if e <= 0.25]
+    assert dense[0] == 0.005 and dense[-1] == 0.25
+    assert max(b / a for a, b in zip(dense, dense[1:], strict=False)) <= 1.1 + 1e-9
+    assert set(TPOT_BUCKETS) & {e for e in edges if e > 0.25} == {
+        e for e in TPOT_BUCKETS if e > 0.25}  # vLLM's own edges above
+
+
+def test_a_tpot_p90_read_back_from_poolctls_edges_is_within_10_percent():
+    # 180 requests' TPOTs evenly over 27..29 ms, 20 over 44..46 ms (a few slow ones): p90
+    # (nearest rank, the 180th) = 29 ms. vLLM's edges hold all 200 in (25, 50] ms; the agent
+    # narrows that bucket around the mean (29.7 ms) to (25, 34.4] and spreads it over 10
+    # points 0.94 ms apart: the 180th request is the 9th point, 25 + 8.5 x 0.94 = 32.99 ms,
+    # +13.8 %. poolctl's edges split 27..29 ms at 28 ms: the 180th is the last point of
+    # (28, 30] ms, 28 + 9.5 x 0.2 = 29.9 ms, +3.1 %.
+    tpots = ([0.027 + i * 0.002 / 179 for i in range(180)]
+             + [0.044 + i * 0.002 / 19 for i in range(20)])
+    true = sorted(tpots)[179]
+    assert true == pytest.approx(0.029)
+    coarse = read_back(tpots, TPOT_BUCKETS, 0.9)
+    fine = read_back(tpots, TPOT_FINE_BUCKETS, 0.9)
+    assert coarse == pytest.approx(0.03299, abs=1e-5)
+    assert fine == pytest.approx(0.0299, abs=1e-5)
+    assert coarse / true - 1 > 0.10 and abs(fine / true - 1) <= 0.10

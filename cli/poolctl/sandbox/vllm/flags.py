@@ -4,6 +4,7 @@ as vLLM's parser refuses it (usage error, exit 2)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from functools import cache
@@ -38,6 +39,8 @@ class ServeArgs:
     quantization: str | None = None
     api_keys: tuple[str, ...] = ()
     block_size: int = 16
+    # --custom-histogram-buckets (vLLM >= 0.32): a family's edges replacing vLLM's
+    histogram_buckets: dict[str, tuple[float, ...]] = field(default_factory=dict)
     others: dict[str, str | bool] = field(default_factory=dict)
 
     @property
@@ -71,6 +74,40 @@ def _float(flag: str, v: str) -> float:
     if not math.isfinite(x) or not 0 < x <= 1:
         raise FlagError(f"argument --{flag}: must be in (0, 1], got {v}")
     return x
+
+
+# vLLM's histogram families (vllm/v1/metrics/buckets.py BucketFamilyKey, v0.32 on).
+BUCKET_FAMILIES = ("request_latency", "time_to_first_token", "inter_token_latency",
+                   "iteration_tokens", "request_params_n", "request_num_preemptions",
+                   "request_tokens", "kv_cache_residency")
+
+
+def _histogram_buckets(v: str) -> dict[str, tuple[float, ...]]:
+    """--custom-histogram-buckets as vLLM's ObservabilityConfig validates it
+    (vllm/config/observability.py): a JSON mapping of a known family to strictly increasing,
+    positive, finite edges."""
+    what = "custom_histogram_buckets"
+    try:
+        raw = json.loads(v)
+    except ValueError:
+        raise FlagError(f"argument --custom-histogram-buckets: invalid loads value: '{v}'"
+                        ) from None
+    if not isinstance(raw, dict):
+        raise FlagError(f"{what}: expected a JSON mapping of family to bucket list")
+    out: dict[str, tuple[float, ...]] = {}
+    for family, edges in raw.items():
+        if family not in BUCKET_FAMILIES:
+            raise FlagError(f"{what}: unknown bucket family {family!r}; known families: "
+                            f"{sorted(BUCKET_FAMILIES)}")
+        if not isinstance(edges, list) or not edges:
+            raise FlagError(f"{what}[{family!r}]: bucket list must not be empty")
+        if not all(isinstance(e, int | float) and not isinstance(e, bool)
+                   and math.isfinite(e) and e > 0 for e in edges):
+            raise FlagError(f"{what}[{family!r}]: bounds must be positive finite numbers")
+        if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+            raise FlagError(f"{what}[{family!r}]: bounds must be strictly increasing")
+        out[family] = tuple(float(e) for e in edges)
+    return out
 
 
 def parse(argv: list[str]) -> ServeArgs:
@@ -145,6 +182,8 @@ def parse(argv: list[str]) -> ServeArgs:
         quantization=(None if (q := values.pop("quantization", None)) is None else str(q)),
         api_keys=tuple(lists.pop("api-key", [])),
         block_size=num("block-size") or 16,
+        histogram_buckets=(_histogram_buckets(str(b)) if (b := values.pop(
+            "custom-histogram-buckets", None)) is not None else {}),
         others=values,
     )
     return args

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -73,7 +73,8 @@ class Metrics(Collector):
     """Gauges and counters read from the engines at scrape time; histograms observed when a
     request finishes (times in pool seconds)."""
 
-    def __init__(self, live: Live, name: str, max_model_len: int) -> None:
+    def __init__(self, live: Live, name: str, max_model_len: int,
+                 buckets: Mapping[str, tuple[float, ...]] | None = None) -> None:
         self.live, self.name = live, name
         self.registry = CollectorRegistry()
         self.registry.register(self)
@@ -82,20 +83,24 @@ class Metrics(Collector):
             return Histogram(metric, doc, LABELS, buckets=tuple(buckets),
                              registry=self.registry)
 
-        tokens = _buckets_1_2_5(max_model_len)
+        # vLLM's default edges per family, or --custom-histogram-buckets' (v0.32 on)
+        family = dict(buckets or {}).get
+        tokens = family("request_tokens", _buckets_1_2_5(max_model_len))
         # prometheus_client appends _seconds nowhere: the names are vLLM's as written
         self.ttft = hist("vllm:time_to_first_token_seconds",
-                         "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+                         "Histogram of time to first token in seconds.",
+                         family("time_to_first_token", TTFT_BUCKETS))
         # per request (its mean time per output token), as vLLM V1 observes this one; its
         # per-token histograms (vllm:inter_token_latency_seconds) are not served
         self.tpot = hist("vllm:request_time_per_output_token_seconds",
                          "Histogram of time_per_output_token_seconds per request.",
-                         TPOT_BUCKETS)
+                         family("inter_token_latency", TPOT_BUCKETS))
         self.e2e = hist("vllm:e2e_request_latency_seconds",
-                        "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
+                        "Histogram of e2e request latency in seconds.",
+                        family("request_latency", LATENCY_BUCKETS))
         self.queue = hist("vllm:request_queue_time_seconds",
                           "Histogram of time spent in WAITING phase for request.",
-                          LATENCY_BUCKETS)
+                          family("request_latency", LATENCY_BUCKETS))
         self.prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                            tokens)
         self.generation = hist("vllm:request_generation_tokens",
@@ -160,7 +165,7 @@ class Server:
                  max_model_len: int) -> None:
         self.args, self.live, self.api_keys = args, live, api_keys
         self.max_model_len = max_model_len
-        self.metrics = Metrics(live, args.model_name, max_model_len)
+        self.metrics = Metrics(live, args.model_name, max_model_len, args.histogram_buckets)
         live.on_done = self.metrics.observe
         self.created = int(time.time())
 
