@@ -33,7 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from poolctl.simulate import Quantiles, percentile
 from poolctl.traces import Trace
@@ -57,6 +57,9 @@ class Outcome:
     output_tokens: int = 0
     headers_s: float | None = None  # send -> the response's headers (one round trip)
     error: str | None = None  # its kind, e.g. "http 503", "connect", "timeout"
+    # When the client sent it, pool s from the replay's start: its arrival, or later when
+    # the client's loop was busy (a machine short of CPU sends in bursts).
+    sent_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -102,6 +105,8 @@ class ReplayReport:
     # the median round trip to the response headers (pool s), and its share of TTFT p90
     overhead_s: float | None = None
     overhead_share: float | None = None
+    # how late the client sent its requests (p90 of sent - arrival, pool s): a busy client
+    send_lag_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         def q(x: Quantiles) -> dict[str, float | None]:
@@ -113,7 +118,7 @@ class ReplayReport:
                 "tpot_s": q(self.tpot_s), "e2e_s": q(self.e2e_s), "goodput": self.goodput,
                 "output_tokens_per_s": self.output_tokens_per_s, "speed": self.speed,
                 "wall_s": self.wall_s, "overhead_s": self.overhead_s,
-                "overhead_share": self.overhead_share}
+                "overhead_share": self.overhead_share, "send_lag_s": self.send_lag_s}
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:
@@ -135,6 +140,17 @@ def prompt_ids(trace: Trace, i: int) -> list[int]:
 def quantiles(xs: list[float]) -> Quantiles:
     s = sorted(xs)
     return Quantiles(percentile(s, 0.5), percentile(s, 0.9), percentile(s, 0.99))
+
+
+def as_sent(trace: Trace, run: ReplayRun) -> Trace:
+    """The requests the client sent, arriving when it sent them: what `--compare` runs the
+    serving model on, so that a client late by bursts is compared with a model given the
+    same bursts, not with the trace's even arrivals."""
+    sent = [o for o in run.outcomes if o.sent_s is not None]
+    return replace(trace, arrivals=[o.sent_s or 0.0 for o in sent],
+                   inputs=[trace.inputs[o.index] for o in sent],
+                   outputs=[trace.outputs[o.index] for o in sent],
+                   blocks=None if trace.blocks is None else [trace.blocks[o.index] for o in sent])
 
 
 def report(run: ReplayRun, ttft_slo_s: float | None = None,
@@ -159,7 +175,9 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
         tpot_s=quantiles([t for o in done if (t := o.tpot_s) is not None]),
         e2e_s=quantiles([o.e2e_s for o in done if o.e2e_s is not None]),
         goodput=goodput, output_tokens_per_s=tokens / span if span > 0 else 0.0,
-        speed=run.speed, wall_s=run.wall_s, overhead_s=overhead, overhead_share=share)
+        speed=run.speed, wall_s=run.wall_s, overhead_s=overhead, overhead_share=share,
+        send_lag_s=percentile(sorted(o.sent_s - o.arrival_s for o in run.outcomes
+                                     if o.sent_s is not None), 0.9))
 
 
 async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,
@@ -278,7 +296,8 @@ async def run_replay(trace: Trace, base_url: str, model: str, *, api_key: str | 
                 run.interrupted = True
                 run.not_sent = len(trace) - i
                 break
-            o = Outcome(i, at, trace.inputs[i], trace.outputs[i])
+            o = Outcome(i, at, trace.inputs[i], trace.outputs[i],
+                        sent_s=(time.monotonic() - t0) * speed)
             body = json.dumps({"model": model, "prompt": prompt_ids(trace, i),
                                "max_tokens": trace.outputs[i], "ignore_eos": True,
                                "stream": True,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from poolctl.inventory import Endpoint
-from poolctl.replay import Outcome, ReplayRun, report
+from poolctl.replay import Outcome, ReplayRun, as_sent, report
+from poolctl.traces import Trace
 
 
 def _run() -> ReplayRun:
@@ -50,3 +51,18 @@ def test_the_curl_line_trusts_the_sandboxs_certificate():
                          "https://127.0.0.1:40443/v1/models")
     plain = Endpoint("http", "lb.example", 80)
     assert plain.curl() == "curl -sS http://lb.example/v1/models"
+
+
+def test_compare_runs_the_model_on_the_requests_as_the_client_sent_them():
+    # A trace of four requests 1 s apart; the client sent the second and third late (a busy
+    # loop), together at 2.5 s, and was interrupted before the fourth.
+    trace = Trace("t", [0.0, 1.0, 2.0, 3.0], [10, 20, 30, 40], [1, 2, 3, 4])
+    run = ReplayRun("http://127.0.0.1:1", "m", speed=5.0, trace_s=4.0)
+    for i, sent in enumerate([0.0, 2.5, 2.5]):
+        run.outcomes.append(Outcome(i, trace.arrivals[i], trace.inputs[i], trace.outputs[i],
+                                    sent_s=sent))
+    got = as_sent(trace, run)
+    assert (got.arrivals, got.inputs, got.outputs) == ([0.0, 2.5, 2.5], [10, 20, 30], [1, 2, 3])
+    # late by 0, 1.5 and 0.5 s: p90 by linear interpolation at rank 1.8 = 0.5 + 0.8 x 1.0
+    assert report(run).send_lag_s == pytest.approx(1.3)
+    assert report(run).to_json()["send_lag_s"] == pytest.approx(1.3)

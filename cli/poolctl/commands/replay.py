@@ -38,6 +38,7 @@ from poolctl.commands.traffic import (
 from poolctl.errors import UsageError, shown
 from poolctl.replay import (
     ReplayReport,
+    as_sent,
     report,
     run_replay,
     served_model,
@@ -91,8 +92,8 @@ def replay(
         "--timeout", parser=bounded("--timeout", 1, MAX_TIMEOUT_S, "seconds"),
         help="Give up on a request after this many wall seconds.")] = 600.0,
     compare: Annotated[bool, typer.Option(
-        "--compare", help="Also run `simulate` on the same slice and file, and print "
-        "measured beside predicted.")] = False,
+        "--compare", help="Also run `simulate` on the same slice and file (the requests as "
+        "the client sent them), and print measured beside predicted.")] = False,
     replicas: Annotated[int | None, typer.Option(
         "--replicas", parser=bounded("--replicas", 1, MAX_REPLICAS, "a count of replicas",
                                      integer=True),
@@ -169,7 +170,8 @@ def replay(
     if compare:
         assert tgt is not None
         n = replicas or tgt.pool.scaling.min_replicas
-        res = run_pool(tgt.pool, tgt.cloud, tr, replicas=n)
+        # the requests as the client sent them (a busy client sends late, in bursts)
+        res = run_pool(tgt.pool, tgt.cloud, as_sent(tr, run), replicas=n)
         predicted = summary(res, tgt.pool.slo.ttft_p90_s, tgt.pool.slo.tpot_p90_s).to_json()
         out["predicted"] = {"replicas": n, "ttft_s": predicted["ttft_s"],
                             "tpot_s": predicted["tpot_s"], "e2e_s": predicted["e2e_s"]}
@@ -217,6 +219,10 @@ def render(rep: ReplayReport, out: dict[str, Any]) -> None:
             console().print(f"  over {OVERHEAD_WARN:.0%}: this TTFT is this machine's more than "
                             "the pool's; rehearse at a lower speed (`poolctl sandbox start "
                             "--serve --speed S`) or with fewer nodes", soft_wrap=True)
+    if rep.send_lag_s:
+        console().print(f"sent late: p90 {rep.send_lag_s:.2f} s after the trace's arrival (a "
+                        "busy client; --compare gives the model the same send times)",
+                        soft_wrap=True)
     nodes = out.get("nodes_in_service")
     if nodes:
         console().print("nodes in service: " + " -> ".join(
