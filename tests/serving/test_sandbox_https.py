@@ -169,19 +169,22 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     out = json.loads(r.stdout)
     assert out["errors"] == {} and out["completed"] == out["requests"] > 2000
     assert out["predicted"]["replicas"] == 8
-    # TPOT within 15 %; TTFT within 30 %: the replay's client is one Python process, and on a
-    # machine busy with other work it sends in bursts that queue at the engines as prefill
-    # (CI's four workers on two cores measured TTFT p90 +25 % once, TPOT within 6 %).
-    for metric, rel in (("ttft_s", 0.30), ("tpot_s", 0.15)):
-        measured, predicted = out[metric]["p90"], out["predicted"][metric]["p90"]
-        assert measured == pytest.approx(predicted, rel=rel), (metric, measured, predicted)
+    # The client against the model (run on the requests as the client sent them): TPOT within
+    # 15 % (a mean over each stream's tokens). The client's TTFT is printed below, not bounded
+    # here: its first token carries this machine's delivery lag (the engine's write, HAProxy's
+    # TLS, the client's loop) times the speed. On two cores beside six busy processes the
+    # client saw 0.560 s at p90 where the engines recorded 0.4625 s (status, below) and the
+    # model said 0.468 s; CI's five workers, 0.69 s. The engines' own TTFT is held to the model.
+    measured, predicted = out["tpot_s"]["p90"], out["predicted"]["tpot_s"]["p90"]
+    assert measured == pytest.approx(predicted, rel=0.15), (measured, predicted)
     # The overhead (a round trip to the response headers, x5) is reported and small.
     assert 0 < out["overhead_s"] and out["overhead_share"] < 0.15
     # min = max: both nodes served the whole slice
     assert [p["nodes"] for p in out["nodes_in_service"]] == [2]
     # What the engines published (their vLLM histograms, through the node agent into the
-    # sandbox's CloudWatch) says the same as the client: status over the last 15 minutes of
-    # pool time (3 wall minutes: the replay's 10, the sticky test's 16 requests before).
+    # sandbox's CloudWatch) says what the client (TPOT) and the model (TTFT) say: status over
+    # the last 15 minutes of pool time (3 wall minutes: the replay's 10, the sticky test's 16
+    # requests before).
     time.sleep(7)  # the nodes' last interval published (every 5 wall seconds)
     r = run_poolctl(tls["home"], "status", "--sandbox", "-f", str(tls["cfg"]), "--cloud",
                     "aws", "--window", "15", "--json")
@@ -195,13 +198,17 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     # its rate is pool time: ~2,880 requests over 15 minutes
     assert served["requests_per_s"] == pytest.approx(served["requests"] / 900)
     assert served["requests"] == pytest.approx(out["requests"], abs=20)  # + the sticky test's
-    # TTFT and TPOT within 10 % (measured: TTFT 462.5 ms read back, 460.8 ms seen by the
-    # client, +0.4 %; TPOT 35.85 ms, 35.95 ms, -0.3 %). This slice's TPOTs all fall in vLLM's
-    # default bucket (25, 50] ms, which read back 39.1 ms against 35.6 ms (+9.6 %); the engines
-    # take poolctl's edges instead (--custom-histogram-buckets, at most 10 % apart).
-    for metric, rel in (("ttft", 0.10), ("tpot", 0.10)):
-        assert served[f"{metric}_p90_s"] == pytest.approx(out[f"{metric}_s"]["p90"], rel=rel), (
-            metric, served, out[f"{metric}_s"])
+    # TPOT within 10 % of what the client saw (measured: 35.85 ms read back, 35.95 ms seen by
+    # the client, -0.3 %; the same beside six busy processes). This slice's TPOTs all fall in
+    # vLLM's default bucket (25, 50] ms, which read back 39.1 ms against 35.6 ms (+9.6 %); the
+    # engines take poolctl's edges instead (--custom-histogram-buckets, at most 10 % apart).
+    assert served["tpot_p90_s"] == pytest.approx(out["tpot_s"]["p90"], rel=0.10), (
+        served, out["tpot_s"])
+    # TTFT within 10 % of the engines' own times, which the model is (measured: 462.5 ms read
+    # back, 468 ms predicted for the requests as sent; on a quiet machine the client saw
+    # 460.8 ms, +0.4 %, but see above for a busy one).
+    assert served["ttft_p90_s"] == pytest.approx(out["predicted"]["ttft_s"]["p90"], rel=0.10), (
+        served, out["predicted"])
     # The engine is the serving model itself: status's prediction for the load it read back
     # (Poisson arrivals, exponential lengths around the observed means, on the 8 replicas in
     # service) raises no drift line.
