@@ -219,7 +219,8 @@ def render(rep: ReplayReport, out: dict[str, Any]) -> None:
             console().print(f"  over {OVERHEAD_WARN:.0%}: this TTFT is this machine's more than "
                             "the pool's; rehearse at a lower speed (`poolctl sandbox start "
                             "--serve --speed S`) or with fewer nodes", soft_wrap=True)
-    if rep.send_lag_s:
+    # Said only when it matters: over OVERHEAD_WARN of the TTFT p90, as the overhead.
+    if rep.send_lag_s and rep.ttft_s.p90 and rep.send_lag_s > OVERHEAD_WARN * rep.ttft_s.p90:
         console().print(f"sent late: p90 {rep.send_lag_s:.2f} s after the trace's arrival (a "
                         "busy client; --compare gives the model the same send times)",
                         soft_wrap=True)
