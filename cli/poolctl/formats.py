@@ -97,7 +97,7 @@ _DOMAIN = rf"{_HOST}(?::[0-9]+)?"
 _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-_REFERENCE = re.compile(rf"^(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?$", re.ASCII)
+_REFERENCE = re.compile(rf"^(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@{_DIGEST})?$", re.ASCII)
 NAME_TOTAL_LENGTH_MAX = 255
 
 
@@ -111,6 +111,12 @@ def image_reference(ref: str) -> str:
     if len(m["name"]) > NAME_TOTAL_LENGTH_MAX:
         raise ValueError(f"the image name is over {NAME_TOTAL_LENGTH_MAX} characters")
     return ref
+
+
+def image_name_tag(ref: str) -> tuple[str, str | None] | None:
+    """(name, tag or None) of an image reference, by the same grammar; None if it is not one."""
+    m = _REFERENCE.fullmatch(ref)
+    return (m["name"], m["tag"]) if m else None
 
 
 # ---------------------------------------------------------------------------- small shapes

@@ -12,6 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from poolctl import formats
+
 Release = tuple[int, int, int]
 
 
@@ -71,11 +73,10 @@ _TAG = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?(?:[-+_][\w.-]*)?$", re.
 
 def image_release(image: str) -> Release | None:
     """The vLLM release an image's tag names, if its repository is a vLLM one."""
-    ref = image.split("@", 1)[0]
-    name, _, tag = ref.rpartition(":")
-    if not name or "/" in tag or "vllm" not in name.rsplit("/", 1)[-1]:
+    parts = formats.image_name_tag(image)
+    if parts is None or parts[1] is None or "vllm" not in parts[0].rsplit("/", 1)[-1]:
         return None
-    m = _TAG.match(tag)
+    m = _TAG.match(parts[1])
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 
