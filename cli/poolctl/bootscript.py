@@ -43,7 +43,7 @@ from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Config, GcpPlacement, Pool
 from poolctl.errors import printable
-from poolctl.histograms import FINE_FAMILY, TPOT_FINE_BUCKETS
+from poolctl.histograms import FINE_BUCKETS
 
 # EC2 caps user data at 16 KB before base64 (EC2 user guide, "Run commands at launch");
 # Compute Engine caps one metadata value, the startup-script, at 256 KB (GCE docs, "About VM
@@ -120,10 +120,11 @@ def boot_library(cloud: Cloud) -> dict[str, str]:
 
 def histogram_buckets(image: str) -> str:
     """`--custom-histogram-buckets`'s JSON for the image's vLLM ("" when it lacks the flag):
-    poolctl's TPOT edges, so that the pool's TPOT percentiles read back within 10 %."""
-    if not vllm_releases.fine_tpot(image):
+    poolctl's TTFT and TPOT edges, so that the pool's percentiles read back within 10 %."""
+    if not vllm_releases.fine_edges(image):
         return ""
-    return json.dumps({FINE_FAMILY: list(TPOT_FINE_BUCKETS)}, separators=(",", ":"))
+    return json.dumps({family: list(edges) for family, edges in FINE_BUCKETS.items()},
+                      separators=(",", ":"))
 
 
 def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False

@@ -26,19 +26,37 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-# poolctl's buckets for the inter_token_latency family (both TPOT histograms), which vLLM
-# 0.32.0 and later take from `--custom-histogram-buckets` and the boot script passes: each
-# edge at most 10 % above the one before it from 5 ms to 250 ms (TPOTs of interactive
-# serving), then vLLM's own edges. The default (25, 50] ms bucket is 100 % wide: a TPOT p90
-# read back from it can miss by 30 % and more; from these, by under 10 %. 63 edges: 44 more
-# series per histogram and engine than vLLM's 19.
-TPOT_FINE_BUCKETS = (
-    0.005, 0.0055, 0.006, 0.0066, 0.0072, 0.0079, 0.0086, 0.0094, 0.01, 0.011, 0.012, 0.013,
-    0.014, 0.015, 0.016, 0.017, 0.018, 0.019, 0.02, 0.022, 0.024, 0.026, 0.028, 0.03, 0.033,
-    0.036, 0.039, 0.042, 0.046, 0.05, 0.055, 0.06, 0.066, 0.072, 0.079, 0.086, 0.094, 0.1,
-    0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.17, 0.18, 0.19, 0.2, 0.22, 0.24, 0.25,
-    *TPOT_BUCKETS[TPOT_BUCKETS.index(0.3):])
-FINE_FAMILY = "inter_token_latency"  # vLLM's name of the family (vllm/v1/metrics/buckets.py)
+# poolctl's edges, which vLLM 0.32.0 and later take from `--custom-histogram-buckets` and the
+# boot script passes: over the range where a family's percentiles matter (interactive
+# serving), each edge at most 10 % above the one before it; vLLM's own edges outside it. A
+# default bucket there is 50-100 % wide ((25, 50] ms of TPOT, (0.5, 0.75] s of TTFT): a p90
+# read back from it can miss by 10-30 %; from these, by under 10 %.
+# Mantissas of one decade, each at most 10 % above the one before (9.4 -> 10: 6.4 %).
+_MANTISSAS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0,
+              3.3, 3.6, 3.9, 4.2, 4.6, 5.0, 5.5, 6.0, 6.6, 7.2, 7.9, 8.6, 9.4)
+
+
+def _fine(lo: float, hi: float, vllm: tuple[float, ...]) -> tuple[float, ...]:
+    """vLLM's edges below `lo` and above `hi`, poolctl's 10 % steps from `lo` to `hi` (an
+    edge itself, whatever its mantissa)."""
+    steps = sorted({hi, *(round(m * 10.0 ** k, 6) for k in range(-4, 4) for m in _MANTISSAS)})
+    return (*(e for e in vllm if e < lo), *(e for e in steps if lo <= e <= hi),
+            *(e for e in vllm if e > hi))
+
+
+# The time_to_first_token family: 50 ms to 5 s (72 edges, vLLM's 22). TTFTs below 50 ms are
+# below any SLO worth a pool; above 5 s a pool is failing whatever the edge says.
+TTFT_FINE_BUCKETS = _fine(0.05, 5.0, TTFT_BUCKETS)
+# The inter_token_latency family (both TPOT histograms): 5 ms to 250 ms (63 edges, vLLM's 19).
+TPOT_FINE_BUCKETS = _fine(0.005, 0.25, TPOT_BUCKETS)
+# vLLM's family names (vllm/v1/metrics/buckets.py) -> poolctl's edges.
+FINE_BUCKETS = {"time_to_first_token": TTFT_FINE_BUCKETS,
+                "inter_token_latency": TPOT_FINE_BUCKETS}
+
+
+def ttft_buckets(fine: bool) -> tuple[float, ...]:
+    """The TTFT edges of a pool's engines: poolctl's when its vLLM takes them."""
+    return TTFT_FINE_BUCKETS if fine else TTFT_BUCKETS
 
 
 def tpot_buckets(fine: bool) -> tuple[float, ...]:

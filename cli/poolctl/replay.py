@@ -19,7 +19,9 @@ when it admits the request, before any token, so the time from the send to the h
 one round trip through the client, the network and the load balancer with no engine time in
 it; the first token pays that round trip once more. Its median, x `speed`, is the share of
 the reported TTFT that is not the pool's: real overhead, magnified by the speed (at speed 10,
-2 ms of HTTP reads as 20 ms of pool time).
+2 ms of HTTP reads as 20 ms of pool time). Each request's TTFT less its own round trip
+(`server_ttft_s`) is the pool's part as the client timed it: what the engines' histograms,
+and `status` from them, measure.
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ class Outcome:
         return self.error is None and self.e2e_s is not None
 
     @property
+    def server_ttft_s(self) -> float | None:
+        """TTFT less this request's own round trip to the response headers: the pool's part
+        of it as the client timed it (what the engines' TTFT histograms measure, from their
+        receipt of the request), with the path counted out instead of magnified by speed."""
+        if not self.ok or self.ttft_s is None or self.headers_s is None:
+            return None
+        return max(0.0, self.ttft_s - self.headers_s)
+
+    @property
     def tpot_s(self) -> float | None:
         if not self.ok or self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
             return None
@@ -107,6 +118,8 @@ class ReplayReport:
     overhead_share: float | None = None
     # how late the client sent its requests (p90 of sent - arrival, pool s): a busy client
     send_lag_s: float | None = None
+    # TTFT less each request's round trip to its headers (Outcome.server_ttft_s)
+    server_ttft_s: Quantiles | None = None
 
     def to_json(self) -> dict[str, object]:
         def q(x: Quantiles) -> dict[str, float | None]:
@@ -118,7 +131,8 @@ class ReplayReport:
                 "tpot_s": q(self.tpot_s), "e2e_s": q(self.e2e_s), "goodput": self.goodput,
                 "output_tokens_per_s": self.output_tokens_per_s, "speed": self.speed,
                 "wall_s": self.wall_s, "overhead_s": self.overhead_s,
-                "overhead_share": self.overhead_share, "send_lag_s": self.send_lag_s}
+                "overhead_share": self.overhead_share, "send_lag_s": self.send_lag_s,
+                "server_ttft_s": None if self.server_ttft_s is None else q(self.server_ttft_s)}
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:
@@ -166,6 +180,7 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
     ttft = quantiles([o.ttft_s for o in done if o.ttft_s is not None])
     overhead = percentile(sorted(o.headers_s for o in done if o.headers_s is not None), 0.5)
     share = (overhead / ttft.p90 if overhead is not None and ttft.p90 else None)
+    server = [t for o in done if (t := o.server_ttft_s) is not None]
     span = max(run.trace_s, max((o.arrival_s + (o.e2e_s or 0.0) for o in done), default=0.0))
     tokens = sum(o.output_tokens for o in done)
     return ReplayReport(
@@ -177,7 +192,8 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
         goodput=goodput, output_tokens_per_s=tokens / span if span > 0 else 0.0,
         speed=run.speed, wall_s=run.wall_s, overhead_s=overhead, overhead_share=share,
         send_lag_s=percentile(sorted(o.sent_s - o.arrival_s for o in run.outcomes
-                                     if o.sent_s is not None), 0.9))
+                                     if o.sent_s is not None), 0.9),
+        server_ttft_s=quantiles(server) if server else None)
 
 
 async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,

@@ -90,8 +90,8 @@ def offers(image: str, name: str) -> bool:
 CUSTOM_BUCKETS_FLAG = "--custom-histogram-buckets"
 
 
-def fine_tpot(image: str) -> bool:
-    """Whether the image's engines take poolctl's TPOT bucket edges (histograms.py)."""
+def fine_edges(image: str) -> bool:
+    """Whether the image's engines take poolctl's TTFT and TPOT bucket edges (histograms.py)."""
     return offers(image, CUSTOM_BUCKETS_FLAG)
 
 

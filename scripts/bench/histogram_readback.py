@@ -8,10 +8,11 @@ histogram_quantile interpolation) and the largest bucket always narrowed around 
 agent's rule before this bench).
 
     source scripts/env.sh && python scripts/bench/histogram_readback.py [--requests 3000]
-        [--tpot-edges fine]
+        [--edges fine]
 
-`--tpot-edges fine`: the TPOT shapes through poolctl's edges (histograms.TPOT_FINE_BUCKETS,
-which the boot script gives vLLM 0.32 and later) instead of vLLM's default ones.
+`--edges fine`: every shape through poolctl's edges (histograms.TTFT_FINE_BUCKETS and
+TPOT_FINE_BUCKETS, which the boot script gives vLLM 0.32 and later) instead of vLLM's
+default ones.
 
 Pure computation, seconds; prints one row a shape and the worst error of each rule. The
 first 15 shapes are the ones the agent's rule (narrow only a bucket holding half the
@@ -26,11 +27,10 @@ import random
 from collections.abc import Sequence
 
 from poolctl.histograms import (
-    TPOT_BUCKETS,
-    TPOT_FINE_BUCKETS,
-    TTFT_BUCKETS,
     counts,
     spread,
+    tpot_buckets,
+    ttft_buckets,
     weighted_percentile,
 )
 from poolctl.simulate import percentile
@@ -59,16 +59,17 @@ def even(bc: Sequence[float], edges: Sequence[float], total: float, narrow: bool
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--tpot-edges", choices=("vllm", "fine"), default="vllm")
+    ap.add_argument("--edges", choices=("vllm", "fine"), default="vllm")
     args = ap.parse_args()
     n = args.requests
-    tpot = TPOT_FINE_BUCKETS if args.tpot_edges == "fine" else TPOT_BUCKETS
+    fine = args.edges == "fine"
+    tpot, ttft = tpot_buckets(fine), ttft_buckets(fine)
     rng = random.Random(1)
     shapes = [(f"TPOT normal {mu * 1000:.0f} ms sd {sd * 1000:.0f}", tpot,
                [max(0.001, rng.gauss(mu, sd)) for _ in range(n)])
               for mu, sd in ((0.033, 0.002), (0.036, 0.004), (0.030, 0.006), (0.045, 0.005),
                              (0.052, 0.004), (0.040, 0.015), (0.020, 0.003), (0.070, 0.010))]
-    shapes += [(f"TTFT lognormal median {med:g} s sigma {s:g}", TTFT_BUCKETS,
+    shapes += [(f"TTFT lognormal median {med:g} s sigma {s:g}", ttft,
                 [rng.lognormvariate(math.log(med), s) for _ in range(n)])
                for med, s in ((0.3, 0.4), (0.45, 0.6), (0.2, 1.0), (1.2, 0.5), (0.15, 0.2),
                               (0.6, 0.15), (3.0, 0.8))]
@@ -81,7 +82,7 @@ def main() -> None:
     shapes += [(f"held out: TPOT two modes {a * 1000:g}/{b * 1000:g} ms", tpot,
                 [rng.gauss(a if rng.random() < w else b, 0.002) for _ in range(n)])
                for a, b, w in ((0.03, 0.06, 0.7), (0.028, 0.045, 0.5))]
-    shapes += [(f"held out: TTFT {base:g} s + queue exp {tail:g} s", TTFT_BUCKETS,
+    shapes += [(f"held out: TTFT {base:g} s + queue exp {tail:g} s", ttft,
                 [rng.lognormvariate(math.log(base), 0.3)
                  + (rng.expovariate(1 / tail) if rng.random() < 0.4 else 0) for _ in range(n)])
                for base, tail in ((0.2, 0.5), (0.4, 2.0), (0.08, 0.3), (1.5, 4.0))]

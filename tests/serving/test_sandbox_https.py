@@ -170,11 +170,12 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     assert out["errors"] == {} and out["completed"] == out["requests"] > 2000
     assert out["predicted"]["replicas"] == 8
     # The client against the model (run on the requests as the client sent them): TPOT within
-    # 15 % (a mean over each stream's tokens). The client's TTFT is printed below, not bounded
-    # here: its first token carries this machine's delivery lag (the engine's write, HAProxy's
-    # TLS, the client's loop) times the speed. On two cores beside six busy processes the
-    # client saw 0.560 s at p90 where the engines recorded 0.4625 s (status, below) and the
-    # model said 0.468 s; CI's five workers, 0.69 s. The engines' own TTFT is held to the model.
+    # 15 % (a mean over each stream's tokens). The client's raw TTFT is printed below, not
+    # bounded: its first token carries this machine's delivery lag (the engine's write,
+    # HAProxy's TLS, the client's loop) times the speed. On two cores beside six busy processes
+    # the client saw 0.560 s at p90 where the engines recorded 0.4625 s (status, below) and the
+    # model said 0.468 s; CI's five workers, 0.69 s. Less each request's own round trip to its
+    # response headers (`server_ttft_s`), the lag is counted out instead of magnified.
     measured, predicted = out["tpot_s"]["p90"], out["predicted"]["tpot_s"]["p90"]
     assert measured == pytest.approx(predicted, rel=0.15), (measured, predicted)
     # The overhead (a round trip to the response headers, x5) is reported and small.
@@ -193,7 +194,8 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     served = pool["serving"]
     print("replay vs simulate vs status (p90, pool s):", json.dumps({
         m: [out[f"{m}_s"]["p90"], out["predicted"][f"{m}_s"]["p90"], served[f"{m}_p90_s"]]
-        for m in ("ttft", "tpot")}), "overhead", out["overhead_s"], out["overhead_share"],
+        for m in ("ttft", "tpot")}), "client TTFT less its round trip",
+        out["server_ttft_s"]["p90"], "overhead", out["overhead_s"], out["overhead_share"],
         "predicted", pool["predicted"], "drift", pool["drift"])
     # its rate is pool time: ~2,880 requests over 15 minutes
     assert served["requests_per_s"] == pytest.approx(served["requests"] / 900)
@@ -204,9 +206,13 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     # engines take poolctl's edges instead (--custom-histogram-buckets, at most 10 % apart).
     assert served["tpot_p90_s"] == pytest.approx(out["tpot_s"]["p90"], rel=0.10), (
         served, out["tpot_s"])
-    # TTFT within 10 % of the engines' own times, which the model is (measured: 462.5 ms read
-    # back, 468 ms predicted for the requests as sent; on a quiet machine the client saw
-    # 460.8 ms, +0.4 %, but see above for a busy one).
+    # TTFT within 10 % of what the client timed less each request's round trip to its headers
+    # (the engines' histograms start at the request's receipt: what status reads), and of the
+    # model. Measured beside five busy processes: 450 ms read back, 440.5 ms timed by the
+    # client less its round trip (+2.2 %; its raw TTFT 560 ms), 457 ms predicted for the
+    # requests as sent.
+    assert served["ttft_p90_s"] == pytest.approx(out["server_ttft_s"]["p90"], rel=0.10), (
+        served, out["server_ttft_s"], out["ttft_s"])
     assert served["ttft_p90_s"] == pytest.approx(out["predicted"]["ttft_s"]["p90"], rel=0.10), (
         served, out["predicted"])
     # The engine is the serving model itself: status's prediction for the load it read back

@@ -36,11 +36,25 @@ def test_overhead_is_the_median_round_trip_to_the_headers_over_ttft_p90():
     assert j["overhead_s"] == rep.overhead_s and j["overhead_share"] == rep.overhead_share
 
 
+def test_ttft_less_each_requests_own_round_trip():
+    rep = report(_run())
+    # TTFT - headers: 0.2 - 0.02 = 0.18, 0.4 - 0.01 = 0.39, 1.0 - 0.03 = 0.97,
+    # 0.6 - 0.05 = 0.55; sorted 0.18, 0.39, 0.55, 0.97: p50 at rank 1.5 = 0.47, p90 at rank
+    # 2.7 = 0.55 + 0.7 x 0.42 = 0.844 (not 0.88 - 0.025: each request less its own).
+    assert rep.server_ttft_s is not None
+    assert rep.server_ttft_s.p50 == pytest.approx(0.47)
+    assert rep.server_ttft_s.p90 == pytest.approx(0.844)
+    assert rep.to_json()["server_ttft_s"]["p90"] == pytest.approx(0.844)
+    # a request with no headers time (or failed) has none
+    assert Outcome(0, 0.0, 1, 1, ttft_s=0.1, e2e_s=0.2, output_tokens=1).server_ttft_s is None
+
+
 def test_no_completed_request_has_no_overhead():
     run = ReplayRun("http://127.0.0.1:1", "m", speed=1.0, trace_s=1.0)
     run.outcomes.append(Outcome(0, 0.0, 10, 10, error="connect"))
     rep = report(run)
     assert rep.overhead_s is None and rep.overhead_share is None
+    assert rep.server_ttft_s is None and rep.to_json()["server_ttft_s"] is None
 
 
 def test_the_curl_line_trusts_the_sandboxs_certificate():

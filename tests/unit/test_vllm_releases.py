@@ -12,7 +12,13 @@ from poolctl.bootscript import render_boot_script
 from poolctl.cloud import Cloud
 from poolctl.commands.init import SERVING_IMAGE
 from poolctl.config import parse_config
-from poolctl.histograms import TPOT_BUCKETS, TPOT_FINE_BUCKETS, read_back
+from poolctl.histograms import (
+    TPOT_BUCKETS,
+    TPOT_FINE_BUCKETS,
+    TTFT_BUCKETS,
+    TTFT_FINE_BUCKETS,
+    read_back,
+)
 from poolctl.rules import run_checks
 from tests.configs import pool_yaml
 
@@ -106,26 +112,51 @@ def test_current_or_unknown_releases_are_not_warned(image):
     ("vllm/vllm-openai:v0.31.0", False),  # before --custom-histogram-buckets
     ("vllm/vllm-openai:latest", False),  # a release unknown: a flag it may refuse stays out
 ])
-def test_the_boot_script_gives_poolctls_tpot_edges_to_a_vllm_that_takes_them(image, fine):
+def test_the_boot_script_gives_poolctls_edges_to_a_vllm_that_takes_them(image, fine):
     cfg = _config(image)
     flags = re.findall(r"--custom-histogram-buckets '([^']*)'",
                        render_boot_script(cfg, cfg.pools[0], Cloud.aws))
-    assert vllm_releases.fine_tpot(image) is fine
+    assert vllm_releases.fine_edges(image) is fine
     if fine:
         (value,) = flags
-        assert json.loads(value) == {"inter_token_latency": list(TPOT_FINE_BUCKETS)}
+        assert json.loads(value) == {"time_to_first_token": list(TTFT_FINE_BUCKETS),
+                                     "inter_token_latency": list(TPOT_FINE_BUCKETS)}
     else:
         assert flags == []
 
 
-def test_poolctls_tpot_edges_are_at_most_10_percent_apart_where_tpots_are():
-    edges = TPOT_FINE_BUCKETS
+@pytest.mark.parametrize(("edges", "vllm", "lo", "hi"), [
+    (TPOT_FINE_BUCKETS, TPOT_BUCKETS, 0.005, 0.25),  # TPOTs of interactive serving
+    (TTFT_FINE_BUCKETS, TTFT_BUCKETS, 0.05, 5.0),  # TTFTs an SLO is set on
+])
+def test_poolctls_edges_are_at_most_10_percent_apart_where_slos_are(edges, vllm, lo, hi):
     assert all(b > a for a, b in zip(edges, edges[1:], strict=False))
-    dense = [e for e in edges if e <= 0.25]
-    assert dense[0] == 0.005 and dense[-1] == 0.25
+    dense = [e for e in edges if lo <= e <= hi]
+    assert dense[0] == lo and dense[-1] == hi
     assert max(b / a for a, b in zip(dense, dense[1:], strict=False)) <= 1.1 + 1e-9
-    assert set(TPOT_BUCKETS) & {e for e in edges if e > 0.25} == {
-        e for e in TPOT_BUCKETS if e > 0.25}  # vLLM's own edges above
+    # vLLM's own edges outside, and no other
+    assert [e for e in edges if not lo <= e <= hi] == [e for e in vllm if not lo <= e <= hi]
+
+
+def test_a_ttft_p90_read_back_from_poolctls_edges_is_within_10_percent():
+    # 40 TTFTs evenly over 0.20..0.24 s, 60 over 0.52..0.56 s: p90 (nearest rank, the 90th)
+    # is the 50th of the 60, 0.52 + 49 x 0.04 / 59 = 0.55322 s.
+    # vLLM's edges: 40 in (0.1, 0.25], 60 in (0.5, 0.75], which holds over half, so the agent
+    # narrows it around its mean: (41.2 s total - 40 x 0.175) / 60 = 0.57 s, to (0.5, 0.64],
+    # 10 points 0.014 apart; the 90th request is the 9th point, 0.5 + 8.5 x 0.014 = 0.619 s,
+    # +11.9 %. poolctl's edges: 1 + 19 + 20 in (0.19, 0.2], (0.2, 0.22], (0.22, 0.24]; 45 in
+    # (0.5, 0.55], 15 in (0.55, 0.6]; none holds half: 10 points each; 40 + 45 = 85 before
+    # (0.55, 0.6], whose points weigh 1.5: the 4th reaches 91, 0.55 + 3.5 x 0.005 = 0.5675 s,
+    # +2.6 %.
+    ttfts = ([0.20 + i * 0.04 / 39 for i in range(40)]
+             + [0.52 + i * 0.04 / 59 for i in range(60)])
+    true = sorted(ttfts)[89]
+    assert true == pytest.approx(0.55322, abs=1e-5)
+    coarse = read_back(ttfts, TTFT_BUCKETS, 0.9)
+    fine = read_back(ttfts, TTFT_FINE_BUCKETS, 0.9)
+    assert coarse == pytest.approx(0.619, abs=1e-5)
+    assert fine == pytest.approx(0.5675, abs=1e-5)
+    assert coarse / true - 1 > 0.10 and abs(fine / true - 1) <= 0.10
 
 
 def test_a_tpot_p90_read_back_from_poolctls_edges_is_within_10_percent():

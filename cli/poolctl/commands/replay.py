@@ -198,6 +198,9 @@ def render(rep: ReplayReport, out: dict[str, Any]) -> None:
     pred = out.get("predicted")
     for name, q in (("TTFT", rep.ttft_s), ("TPOT", rep.tpot_s), ("end-to-end", rep.e2e_s)):
         t.add_row(name, _s(q.p50), _s(q.p90), _s(q.p99))
+        if name == "TTFT" and rep.server_ttft_s is not None:
+            n = rep.server_ttft_s  # the pool's part: what status reads from the engines
+            t.add_row("  less its round trip", _s(n.p50), _s(n.p90), _s(n.p99))
         if pred is not None:
             key = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end-to-end": "e2e_s"}[name]
             p = pred[key]

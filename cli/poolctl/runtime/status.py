@@ -28,7 +28,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
-from poolctl.histograms import TTFT_BUCKETS, read_back, tpot_buckets
+from poolctl.histograms import read_back, tpot_buckets, ttft_buckets
 from poolctl.predictive import predictive
 from poolctl.runtime.ledger import pool_ledger
 from poolctl.runtime.purchases import bought_blocks, unanswered
@@ -37,7 +37,7 @@ from poolctl.runtime.rollout import return_surge
 from poolctl.simulate import latencies
 from poolctl.sizing import capacity_block, plan_pool, reserved_nodes
 from poolctl.traces import MAX_REQUESTS, MAX_TOKENS, synthetic
-from poolctl.vllm_releases import fine_tpot
+from poolctl.vllm_releases import fine_edges
 
 # ---------------------------------------------------------------------------------------
 # Status
@@ -71,8 +71,9 @@ def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
     rate = min(w.requests_per_s, MAX_REQUESTS / span)
     res = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas)
     ttft, tpot = latencies(res.req)
-    return ServingPrediction(replicas, read_back(ttft, TTFT_BUCKETS, 0.9),
-                             read_back(tpot, tpot_buckets(fine_tpot(pool.serving.image)), 0.9))
+    fine = fine_edges(pool.serving.image)
+    return ServingPrediction(replicas, read_back(ttft, ttft_buckets(fine), 0.9),
+                             read_back(tpot, tpot_buckets(fine), 0.9))
 
 
 def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
