@@ -109,16 +109,26 @@ def test_a_warm_pool_node_serves_sooner_than_a_new_one_by_the_planned_phases(ser
           cold_s, warm_s)
 
     # The phase ledger: what `poolctl nodes` shows for each node is what its boot script
-    # logged (its console, read here with a pattern of this test's own).
+    # logged (its console, read here with a pattern of this test's own), once each script has
+    # logged its last line: a node serves, and its load balancer target turns healthy, a moment
+    # before its script writes `phase=total` (seconds of wall time on a busy machine).
+    ec2 = boto3_client(url, "ec2")
+
+    def newest_boot(inst: str) -> str | None:
+        log = ec2.get_console_output(InstanceId=inst, Latest=True)["Output"]
+        last = log[log.rindex("poolctl: boot: "):]
+        return last if re.search(r"^poolctl: phase=total ", last, re.M) else None
+
+    for inst in (new, warm):
+        wait_for(f"{inst}'s boot script's last line", lambda i=inst: newest_boot(i), timeout=60)
     r = run_poolctl(served["home"], "nodes", "--sandbox", "-f", str(served["cfg"]), "--cloud",
                     "aws", "--json")
     assert r.returncode == 0, r.stderr
     [ledger] = json.loads(r.stdout)["pools"]
     rows = {n["id"]: n for n in ledger["nodes"]}
-    ec2 = boto3_client(url, "ec2")
     for inst in (new, warm):
-        log = ec2.get_console_output(InstanceId=inst, Latest=True)["Output"]
-        last = log[log.rindex("poolctl: boot: "):]  # the newest boot
+        last = newest_boot(inst)
+        assert last is not None, inst
         logged = {m[0]: float(m[1]) for m in re.findall(
             r"^poolctl: phase=(image|hydrate|gpus|nvme|weights|compile_cache|serving|readiness) "
             r"seconds=(\d+)$", last, re.M)}
