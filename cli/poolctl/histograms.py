@@ -49,19 +49,16 @@ def _fine(lo: float, hi: float, vllm: tuple[float, ...]) -> tuple[float, ...]:
 TTFT_FINE_BUCKETS = _fine(0.05, 5.0, TTFT_BUCKETS)
 # The inter_token_latency family (both TPOT histograms): 5 ms to 250 ms (63 edges, vLLM's 19).
 TPOT_FINE_BUCKETS = _fine(0.005, 0.25, TPOT_BUCKETS)
-# vLLM's family names (vllm/v1/metrics/buckets.py) -> poolctl's edges.
-FINE_BUCKETS = {"time_to_first_token": TTFT_FINE_BUCKETS,
-                "inter_token_latency": TPOT_FINE_BUCKETS}
+# vLLM's names of the two families (vllm/v1/metrics/buckets.py), and their edges: vLLM's own
+# and poolctl's.
+TTFT_FAMILY, TPOT_FAMILY = "time_to_first_token", "inter_token_latency"
+VLLM_BUCKETS = {TTFT_FAMILY: TTFT_BUCKETS, TPOT_FAMILY: TPOT_BUCKETS}
+FINE_BUCKETS = {TTFT_FAMILY: TTFT_FINE_BUCKETS, TPOT_FAMILY: TPOT_FINE_BUCKETS}
 
 
-def ttft_buckets(fine: bool) -> tuple[float, ...]:
-    """The TTFT edges of a pool's engines: poolctl's when its vLLM takes them."""
-    return TTFT_FINE_BUCKETS if fine else TTFT_BUCKETS
-
-
-def tpot_buckets(fine: bool) -> tuple[float, ...]:
-    """The TPOT edges of a pool's engines: poolctl's when its vLLM takes them."""
-    return TPOT_FINE_BUCKETS if fine else TPOT_BUCKETS
+def engine_buckets(fine: bool) -> dict[str, tuple[float, ...]]:
+    """A pool's engines' TTFT and TPOT edges by family: poolctl's when its vLLM takes them."""
+    return FINE_BUCKETS if fine else VLLM_BUCKETS
 MAX_VALUES = 150  # CloudWatch's limit on one datum's Values
 MAX_PER_BUCKET = 10
 

@@ -27,10 +27,11 @@ import random
 from collections.abc import Sequence
 
 from poolctl.histograms import (
+    TPOT_FAMILY,
+    TTFT_FAMILY,
     counts,
+    engine_buckets,
     spread,
-    tpot_buckets,
-    ttft_buckets,
     weighted_percentile,
 )
 from poolctl.simulate import percentile
@@ -62,8 +63,8 @@ def main() -> None:
     ap.add_argument("--edges", choices=("vllm", "fine"), default="vllm")
     args = ap.parse_args()
     n = args.requests
-    fine = args.edges == "fine"
-    tpot, ttft = tpot_buckets(fine), ttft_buckets(fine)
+    edges = engine_buckets(args.edges == "fine")
+    tpot, ttft = edges[TPOT_FAMILY], edges[TTFT_FAMILY]
     rng = random.Random(1)
     shapes = [(f"TPOT normal {mu * 1000:.0f} ms sd {sd * 1000:.0f}", tpot,
                [max(0.001, rng.gauss(mu, sd)) for _ in range(n)])

@@ -28,7 +28,7 @@ from poolctl.clouds.base import (
 )
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract_aws
-from poolctl.histograms import read_back, tpot_buckets, ttft_buckets
+from poolctl.histograms import TPOT_FAMILY, TTFT_FAMILY, engine_buckets, read_back
 from poolctl.predictive import predictive
 from poolctl.runtime.ledger import pool_ledger
 from poolctl.runtime.purchases import bought_blocks, unanswered
@@ -71,9 +71,9 @@ def predict(pool: Pool, cloud: Cloud, w: ServingWindow, replicas: int
     rate = min(w.requests_per_s, MAX_REQUESTS / span)
     res = run_pool(pool, cloud, synthetic(rate, span, 0, prompt, output), replicas=replicas)
     ttft, tpot = latencies(res.req)
-    fine = fine_edges(pool.serving.image)
-    return ServingPrediction(replicas, read_back(ttft, ttft_buckets(fine), 0.9),
-                             read_back(tpot, tpot_buckets(fine), 0.9))
+    edges = engine_buckets(fine_edges(pool.serving.image))
+    return ServingPrediction(replicas, read_back(ttft, edges[TTFT_FAMILY], 0.9),
+                             read_back(tpot, edges[TPOT_FAMILY], 0.9))
 
 
 def status(cfg: Config, pool: Pool, cloud: Cloud, ops: CloudOps,
