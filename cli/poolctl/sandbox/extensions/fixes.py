@@ -16,6 +16,13 @@
   message, "You can't perform this operation on the secret because it was marked for
   deletion." (moto's message repeated the CLI's own "An error occurred ..." prefix and a run
   of spaces, which a node's boot failure line would carry).
+- AWS's managed policies (MOTO_IAM_LOAD_MANAGED_POLICIES, server.py) exist in the `aws`
+  partition only, the one the sandbox serves. moto built all 1,595 of them for each of its six
+  partitions' IAM backends, on every reset and at the first request after it (its access-key
+  lookup visits every partition): ~0.7 s each time, plus as much again per snapshot taken or
+  restored (snapshots.py copies every backend). In a suite module that resets between tests
+  that was ~80 % of the sandbox's CPU (py-spy, ops/test_sandbox_capacity). Now the `aws`
+  partition's are built once per account and copied at each reset.
 
 The ones below make a second `terraform plan` after `poolctl deploy --sandbox` empty (the AWS
 provider reads back every attribute it wrote; a missing one is a perpetual diff):
@@ -50,6 +57,7 @@ NAMES = (
     "moto-fixes.group-create-delete",
     "moto-fixes.update-keeps-mixed-instances-policy",
     "moto-fixes.secret-marked-for-deletion",
+    "moto-fixes.iam-managed-policies-aws-partition",
 )
 MARKED_FOR_DELETION = ("You can't perform this operation on the secret because it was marked "
                        "for deletion.")
@@ -168,6 +176,15 @@ def _delete_group_children(backend: Any, group_name: str) -> None:
             del backend.policies[key]
 
 
+def _fresh_policy(policy: Any) -> Any:
+    """A copy of an AWS managed policy as moto built it, with state of its own (attachment
+    count, tags, versions): what a reset gives, without building it again."""
+    fresh = copy.copy(policy)
+    fresh.tags = dict(policy.tags)
+    fresh.versions = [copy.copy(v) for v in policy.versions]
+    return fresh
+
+
 def install() -> None:
     from moto.autoscaling.models import AutoScalingBackend, InstanceState
     from moto.autoscaling.responses import AutoScalingResponse
@@ -243,6 +260,21 @@ def install() -> None:
         return orig_get_value(self, secret_id, *args, **kw)
 
     SecretsManagerBackend.get_secret_value = get_secret_value  # type: ignore[method-assign]  # moto extension: AWS's message
+
+    from moto.iam.models import IAMBackend
+
+    orig_aws_policies = IAMBackend._init_aws_policies
+    built: dict[str, list[Any]] = {}  # account -> its policies as moto first built them
+
+    def init_aws_policies(self: Any) -> list[Any]:
+        # IAM's backends are keyed by partition: region_name is "aws", "aws-cn", ...
+        if self.region_name != "aws":
+            return []
+        if self.account_id not in built:
+            built[self.account_id] = orig_aws_policies(self)
+        return [_fresh_policy(p) for p in built[self.account_id]]
+
+    IAMBackend._init_aws_policies = init_aws_policies  # type: ignore[method-assign]  # moto extension: one partition's policies
 
 
 def reset() -> None:
