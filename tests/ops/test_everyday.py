@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.configs import pool_yaml, with_second_pool
-from tests.plugins.sandbox import poolctl_env
+from tests.plugins.sandbox import poolctl_env, stand_in_ami
 
 REGION = "us-west-2"
 PROJECT = "everyday"
@@ -143,7 +143,7 @@ def aws_pools(aws, tmp_path_factory) -> dict[str, Any]:
     subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.50.{i}.0/24",
                                  AvailabilityZone=f"{REGION}{z}")["Subnet"]["SubnetId"]
                for i, z in enumerate("ab")]
-    ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
+    ami = stand_in_ami(ec2)
     lt = ec2.create_launch_template(LaunchTemplateName="everyday", LaunchTemplateData={
         "ImageId": ami, "InstanceType": "p5.48xlarge"})["LaunchTemplate"]["LaunchTemplateId"]
     aws("secretsmanager").create_secret(Name="everyday-key", SecretString=SECRET_VALUE)

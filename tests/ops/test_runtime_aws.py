@@ -39,6 +39,7 @@ from tests.plugins.sandbox import (
     poolctl_env,
     run_poolctl,
     sandbox_admin,
+    stand_in_ami,
     terraform_missing,
 )
 
@@ -198,7 +199,7 @@ def test_status_endpoint_is_the_stacks_load_balancer(cli, aws):
 def other_p5(aws, fresh) -> Iterator[str]:
     """A p5 another team runs in the region (not the pool's): it uses quota too."""
     ec2 = aws("ec2")
-    ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
+    ami = stand_in_ami(ec2)
     iid = ec2.run_instances(ImageId=ami, InstanceType="p5.48xlarge", MinCount=1, MaxCount=1
                             )["Instances"][0]["InstanceId"]
     yield iid

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.plugins.sandbox import sandbox_admin
+from tests.plugins.sandbox import sandbox_admin, stand_in_ami
 
 # Each test makes what it checks (or starts a sandbox of its own): any worker may run it.
 
@@ -228,7 +228,7 @@ def test_endpoint_without_a_running_sandbox_is_a_usage_error(tmp_path):
 
 def launch_template(ec2, versions=("t3.micro", "t3.small")) -> tuple[str, str]:
     """A launch template whose version N launches versions[N-1]; returns (id, ami)."""
-    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ami = stand_in_ami(ec2)
     lt = ec2.create_launch_template(
         LaunchTemplateName=_name("lt"),
         LaunchTemplateData={"ImageId": ami, "InstanceType": versions[0]},
@@ -1029,7 +1029,7 @@ def test_scaling_policies_report_enabled_and_no_invented_predictive_block(sandbo
 
 def test_launch_template_tags_stay_on_the_template(sandbox_client):
     ec2 = sandbox_client("ec2")
-    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ami = stand_in_ami(ec2)
     pool_tags = [{"Key": POOL_TAG, "Value": "chat"}]
     launched = [{"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "node"}]}]
     tagged = ec2.create_launch_template(

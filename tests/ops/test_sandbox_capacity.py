@@ -21,6 +21,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from tests.plugins.sandbox import stand_in_ami
+
 P5, P4D = "p5.48xlarge", "p4d.24xlarge"
 A, B, C = "us-east-1a", "us-east-1b", "us-east-1c"
 EXCEEDED = ("The requested reservation does not have sufficient compatible and available "
@@ -79,21 +81,10 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-_AMI: dict[str, str] = {}
-
-
-def _ami(ec2) -> str:
-    """An AMI moto ships (its ids survive a reset); listing them all is slow, so once."""
-    url = ec2.meta.endpoint_url
-    if url not in _AMI:
-        _AMI[url] = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    return _AMI[url]
-
-
 def _template(ec2, itype: str = P5, **data) -> str:
     return ec2.create_launch_template(
         LaunchTemplateName=_name("lt"),
-        LaunchTemplateData={"ImageId": _ami(ec2), "InstanceType": itype, **data},
+        LaunchTemplateData={"ImageId": stand_in_ami(ec2), "InstanceType": itype, **data},
     )["LaunchTemplate"]["LaunchTemplateId"]
 
 
@@ -119,7 +110,7 @@ def _activities(asg, name: str, status: str | None = None) -> list[dict]:
 def _run(ec2, n: int = 1, zone: str | None = A, itype: str = P5, **kw) -> list[dict]:
     if zone is not None:
         kw["Placement"] = {"AvailabilityZone": zone}
-    return ec2.run_instances(ImageId=_ami(ec2), MinCount=n, MaxCount=n, InstanceType=itype,
+    return ec2.run_instances(ImageId=stand_in_ami(ec2), MinCount=n, MaxCount=n, InstanceType=itype,
                              **kw)["Instances"]
 
 
@@ -266,7 +257,7 @@ def test_launch_held_by_a_hook_is_mid_lifecycle_action(sandbox, sandbox_capacity
 
 def test_refresh_waits_for_capacity_to_launch_a_replacement(sandbox_capacity, clients):
     ec2, asg = clients
-    ami = _ami(ec2)
+    ami = stand_in_ami(ec2)
     lt = ec2.create_launch_template(LaunchTemplateName=_name("lt"), LaunchTemplateData={
         "ImageId": ami, "InstanceType": "t3.micro"})["LaunchTemplate"]["LaunchTemplateId"]
     ec2.create_launch_template_version(LaunchTemplateId=lt, LaunchTemplateData={

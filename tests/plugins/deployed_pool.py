@@ -31,6 +31,7 @@ from tests.plugins.sandbox import (
     boto3_client,
     run_poolctl,
     sandbox_admin,
+    stand_in_ami,
     terraform_missing,
 )
 
@@ -280,7 +281,7 @@ def deploy_with_boto3(endpoint: str) -> None:
     elbv2.create_listener(LoadBalancerArn=lb["LoadBalancerArn"], Protocol="HTTP", Port=80,
                           DefaultActions=[{"Type": "forward",
                                            "TargetGroupArn": tg["TargetGroupArn"]}])
-    ami = sorted(i["ImageId"] for i in ec2.describe_images(Owners=["amazon"])["Images"])[0]
+    ami = stand_in_ami(ec2)
     lt = ec2.create_launch_template(
         LaunchTemplateName=name,
         LaunchTemplateData={

@@ -706,7 +706,7 @@ class DeployChecks(ABC):
 
     @abstractmethod
     def stand_in_image(self, region: str) -> str:
-        """The image a local endpoint offers in place of the node image (its first)."""
+        """The image a local endpoint offers in place of the node image."""
 
 
 class SendsInstanceKeys(ABC):

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from poolctl import runtime
+from poolctl import deploy, runtime
 from poolctl.cloud import Cloud
 from poolctl.clouds.base import DeployChecks, StepsRollouts, TemplatesDeleted
 from poolctl.config import Config, Target
-from poolctl.deploy import StackResult, StackRun, stack_runs
+from poolctl.deploy import StackResult, StackRun
 from poolctl.endpoints import CloudEndpoints
 from poolctl.errors import OperationFailed, PoolctlError
 from poolctl.progress import log
@@ -133,11 +133,13 @@ class Deploy:
         self._before_apply = (
             runtime.destroy_before_apply(self.cfg, self.targets, self.endpoints)
             if self.destroy else runtime.deploy_before_apply(self.targets))
-        return stack_runs(self.cfg, self.targets, [p.plan for p in checked],
-                          outdir=self.outdir, endpoints=self.endpoints, destroy=self.destroy,
-                          mirror=self.mirror,
-                          kept=[(dict(p.kept.env), list(p.kept.reasons)) for p in checked],
-                          verbose=self.verbose)
+        # looked up at each call, not bound at import: a test's stand-in (tests/fakes/stack.py)
+        # replaces deploy.stack_runs for one test and must not stay bound here after it
+        return deploy.stack_runs(
+            self.cfg, self.targets, [p.plan for p in checked], outdir=self.outdir,
+            endpoints=self.endpoints, destroy=self.destroy, mirror=self.mirror,
+            kept=[(dict(p.kept.env), list(p.kept.reasons)) for p in checked],
+            verbose=self.verbose)
 
     def apply(self, run: StackRun) -> None:
         """After the answer: the step before the apply (a state change plans again), then

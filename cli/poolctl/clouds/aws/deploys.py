@@ -27,14 +27,13 @@ class AwsDeployChecks(AwsApi, DeployChecks, SendsInstanceKeys):
                           on_denied=on_denied)
 
     def stand_in_image(self, region: str) -> str:
-        ec2 = self.client("ec2", region)
-        images = ec2.describe_images(Owners=["amazon"]).get("Images", [])
-        if not images:
+        image = self.stand_in_ami(region)
+        if image is None:
             raise OperationFailed(f"{self.endpoints.aws.url if self.endpoints.aws else region}"
                                   ": the endpoint offers no AMI to stand in for the node image; "
                                   "restart the sandbox with `poolctl sandbox stop && poolctl "
                                   "sandbox start`")
-        return str(sorted(i["ImageId"] for i in images)[0])
+        return image
 
     def send_instance_key(self, region: str, instance_id: str, user: str,
                           public_key: str) -> None:

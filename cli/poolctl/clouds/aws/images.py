@@ -49,8 +49,8 @@ class AwsImages(AwsApi, KeepsNodeImages, PreparesImageBuilds):
 
     def image_build_base(self, pool: Pool, key: str) -> str:
         """Packer 1.6.6 cannot read SSM, so the parameter is resolved here. An endpoint
-        with stand-in images (the sandbox) has no such parameter: its first Amazon image is
-        used, as `deploy --sandbox` does."""
+        with stand-in images (the sandbox) has no such parameter: its stand-in AMI is used, as
+        `deploy --sandbox` does."""
         p = pool.aws
         assert p is not None  # build asks it only for the pool's aws placement, checked there
         ssm = self.client("ssm", p.region)
@@ -63,12 +63,8 @@ class AwsImages(AwsApi, KeepsNodeImages, PreparesImageBuilds):
                 raise OperationFailed(f"{key}.ami_ssm_parameter: {e}") from None
         except botocore_exceptions.BotoCoreError as e:
             raise OperationFailed(f"{key}.ami_ssm_parameter: {e}") from None
-        if self.endpoints.stand_in_images:
-            images = self.client("ec2", p.region).describe_images(
-                Owners=["amazon"]).get("Images", [])
-            if images:
-                first: str = sorted(i["ImageId"] for i in images)[0]
-                return first
+        if self.endpoints.stand_in_images and (image := self.stand_in_ami(p.region)):
+            return image
         raise UsageError(
             f"{key}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no image in {p.region}, "
             "so the image build has no base; set it to the Deep Learning Base AMI's parameter")
