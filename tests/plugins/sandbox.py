@@ -96,13 +96,13 @@ def boto3_client(endpoint: str, service: str, region: str = "us-east-1") -> Any:
 
 
 def stand_in_ami(ec2: Any) -> str:
-    """An AMI the sandbox ships (moto's; its ids survive a reset): the one `deploy --sandbox`
-    stands in with. Asked by name: listing all of Amazon's took 2.7 s of CPU."""
-    from poolctl.clouds.aws.api import STAND_IN_AMI_NAME
+    """The AMI `deploy --sandbox` stands in with, through a sandbox EC2 client (moto's; its
+    ids survive a reset)."""
+    from poolctl.clouds.aws.api import stand_in_ami as first
 
-    images = ec2.describe_images(Owners=["amazon"], Filters=[
-        {"Name": "name", "Values": [STAND_IN_AMI_NAME]}])["Images"]
-    return min(i["ImageId"] for i in images)
+    ami = first(ec2)
+    assert ami is not None, "the sandbox offers no stand-in AMI"
+    return ami
 
 
 def sandbox_admin(endpoint: str, method: str, path: str, body: dict | None = None) -> dict:

@@ -10,7 +10,7 @@ from typing import Any
 
 from poolctl.adaptors.aws import botocore_exceptions
 from poolctl.clouds.aws import adopt
-from poolctl.clouds.aws.api import AwsApi
+from poolctl.clouds.aws.api import AwsApi, stand_in_ami
 from poolctl.clouds.aws.preflight import check_certificate
 from poolctl.clouds.base import DeployChecks, Found, SendsInstanceKeys
 from poolctl.errors import OperationFailed, UsageError
@@ -27,7 +27,7 @@ class AwsDeployChecks(AwsApi, DeployChecks, SendsInstanceKeys):
                           on_denied=on_denied)
 
     def stand_in_image(self, region: str) -> str:
-        image = self.stand_in_ami(region)
+        image = stand_in_ami(self.client("ec2", region))
         if image is None:
             raise OperationFailed(f"{self.endpoints.aws.url if self.endpoints.aws else region}"
                                   ": the endpoint offers no AMI to stand in for the node image; "

@@ -8,7 +8,7 @@ from typing import Any
 
 from poolctl import naming
 from poolctl.adaptors.aws import botocore_exceptions
-from poolctl.clouds.aws.api import AwsApi
+from poolctl.clouds.aws.api import AwsApi, stand_in_ami
 from poolctl.clouds.aws.preflight import check_builder_subnet
 from poolctl.clouds.base import ImageRow, KeepsNodeImages, PreparesImageBuilds
 from poolctl.config import Config, Pool
@@ -63,7 +63,7 @@ class AwsImages(AwsApi, KeepsNodeImages, PreparesImageBuilds):
                 raise OperationFailed(f"{key}.ami_ssm_parameter: {e}") from None
         except botocore_exceptions.BotoCoreError as e:
             raise OperationFailed(f"{key}.ami_ssm_parameter: {e}") from None
-        if self.endpoints.stand_in_images and (image := self.stand_in_ami(p.region)):
+        if self.endpoints.stand_in_images and (image := stand_in_ami(self.client("ec2", p.region))):
             return image
         raise UsageError(
             f"{key}.ami_ssm_parameter: {p.ami_ssm_parameter!r} names no image in {p.region}, "

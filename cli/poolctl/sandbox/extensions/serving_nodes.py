@@ -20,10 +20,10 @@ boot time over the speed. The node is a process group of its own with:
   complete-lifecycle-action) are real calls to the sandbox.
 
 Beside the boot unit runs the queue timer: `bash user-data publish-queue` 30 s of pool time
-after boot, then every 15 s, as the script's poolctl-queue.timer does, but no more often than
-every 5 wall seconds (`queue_period_wall`): each run starts the real aws CLI, about 0.4 s of
-CPU, and 8 nodes at speed 10 publishing every 1.5 s would take 2.2 cores for it alone, more
-than this project's machine has (measured: TTFT inflated 4x). Every CloudWatch period of
+after boot, then every 15 s start to start, as the script's poolctl-queue.timer does, but no
+more often than every 5 wall seconds (`queue_period_wall`): each run starts the real aws CLI,
+about 0.4 s of CPU, and 8 nodes at speed 10 publishing every 1.5 s would take 2.2 cores for it
+alone, more than this project's machine has (measured: TTFT inflated 4x). Every CloudWatch period of
 60 s still gets a datapoint (at most 54 s of pool time apart). When the instance is
 terminated the node's processes get SIGTERM once its load balancer targets have drained (the target
 groups' deregistration delay over the speed), SIGKILL 5 s later; when it stops (warm pool),
@@ -70,11 +70,20 @@ METRIC_PERIOD_S = 60.0  # the stacks' alarms and target tracking: one datapoint 
 # The node's init, as systemd would run the script's units: after the node boot phase
 # ($1 s), the boot unit (`user-data boot`, its exit code kept in boot.rc) and, beside it, the
 # queue timer (first after $2 s, then every $3 s). $0: the user data; $4: the node's folder.
+# $1 boot delay (s), $2 first queue run (s), $3 queue period (microseconds), $4 the folder.
+# The queue runs start $3 apart, start to start, as systemd's OnUnitActiveSec counts: a run
+# (curl and an aws CLI start, seconds of wall time on a busy machine) no longer pushes the
+# next one out, which left one-minute periods at speed 10 without a datum.
 INIT = """/bin/sleep "$1"
 bash "$0" boot >>"$4/boot.log" 2>&1 &
 boot=$!
 (/bin/sleep "$2"
-  while :; do bash "$0" publish-queue >>"$4/queue.log" 2>&1; /bin/sleep "$3"; done) &
+  while :; do
+    t0=${EPOCHREALTIME/./}
+    bash "$0" publish-queue >>"$4/queue.log" 2>&1
+    left=$(($3 - ${EPOCHREALTIME/./} + t0))
+    if ((left > 0)); then /bin/sleep "$((left / 1000000)).$(printf %06d $((left % 1000000)))"; fi
+  done) &
 wait "$boot"
 echo "$?" >"$4/boot.rc"
 wait
@@ -244,7 +253,8 @@ def _start(node: Node, script: bytes, kind: str) -> None:
         node.proc = subprocess.Popen(
             ["bash", "-c", INIT, str(f / "user-data"),
              f"{float(phases.get('boot', 0.0)) / speed():.3f}",
-             f"{QUEUE_FIRST_S / speed():.3f}", f"{queue_period_wall(speed()):.3f}", str(f)],
+             f"{QUEUE_FIRST_S / speed():.3f}", str(round(queue_period_wall(speed()) * 1e6)),
+             str(f)],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=str(f / "root"), start_new_session=True)
     finally:
