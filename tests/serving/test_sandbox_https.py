@@ -208,13 +208,13 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
         served, out["tpot_s"])
     # TTFT against what the client timed less each request's round trip to its headers (the
     # engines' histograms start at the request's receipt: what status reads), and against the
-    # model. Measured beside five busy processes: 450 ms read back, 440.5 ms timed by the
-    # client less its round trip (+2.2 %; its raw TTFT 560 ms), 457 ms predicted for the
-    # requests as sent. In a fresh-clone CI run on six workers: 470 ms read back, 531 ms
-    # (-11.5 %; raw 730 ms): at speed 5, 10 % of this TTFT is 9 ms of wall time, and the
-    # stand-in's engines, busy beside six workers on two cores, hand out first tokens later
-    # than the times they record by about that much. Hence 15 % here; 10 % holds off CI.
-    assert served["ttft_p90_s"] == pytest.approx(out["server_ttft_s"]["p90"], rel=0.15), (
+    # model. The engines observe TTFT as vLLM does, when the front end hands the first token
+    # out (lag included), not at the step's end. Measured alone: 442 ms read back, 440 ms timed
+    # by the client less its round trip (+0.4 %), 451 ms predicted. On two cores beside another
+    # serving module and three busy loops: 491 ms read back, 543 ms timed by the client less
+    # its round trip (-9.5 %; raw 795 ms), 536 ms predicted for the requests as sent. (With
+    # TTFT taken at the step's end, CI's six workers read back -11.5 %.)
+    assert served["ttft_p90_s"] == pytest.approx(out["server_ttft_s"]["p90"], rel=0.10), (
         served, out["server_ttft_s"], out["ttft_s"])
     assert served["ttft_p90_s"] == pytest.approx(out["predicted"]["ttft_s"]["p90"], rel=0.10), (
         served, out["predicted"])
