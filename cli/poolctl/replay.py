@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from poolctl.simulate import Quantiles, percentile
+from poolctl.simulate import Quantiles, SloResult, percentile
 from poolctl.traces import Trace
 
 # Token ids the prompts are made of: well inside every vocabulary, clear of special tokens.
@@ -120,19 +120,33 @@ class ReplayReport:
     send_lag_s: float | None = None
     # TTFT less each request's round trip to its headers (Outcome.server_ttft_s)
     server_ttft_s: Quantiles | None = None
+    # the pool's SLOs judged on what the client saw, as simulate judges its own (None: none)
+    slo: SloResult | None = None
 
     def to_json(self) -> dict[str, object]:
         def q(x: Quantiles) -> dict[str, float | None]:
             return {"p50": x.p50, "p90": x.p90, "p99": x.p99}
 
+        slo = self.slo
         return {"requests": self.requests, "completed": self.completed,
-                "errors": self.errors, "not_sent": self.not_sent,
+                "failed": self.failed, "errors": self.errors, "not_sent": self.not_sent,
                 "interrupted": self.interrupted, "ttft_s": q(self.ttft_s),
                 "tpot_s": q(self.tpot_s), "e2e_s": q(self.e2e_s), "goodput": self.goodput,
                 "output_tokens_per_s": self.output_tokens_per_s, "speed": self.speed,
                 "wall_s": self.wall_s, "overhead_s": self.overhead_s,
                 "overhead_share": self.overhead_share, "send_lag_s": self.send_lag_s,
-                "server_ttft_s": None if self.server_ttft_s is None else q(self.server_ttft_s)}
+                "server_ttft_s": None if self.server_ttft_s is None else q(self.server_ttft_s),
+                "slo": {"ttft_p90_s": slo.ttft_p90_s if slo else None,
+                        "tpot_p90_s": slo.tpot_p90_s if slo else None,
+                        "met": slo.met if slo else None,
+                        "goodput": slo.goodput if slo else None,
+                        "ttft_met": slo.ttft_met if slo else None,
+                        "tpot_met": slo.tpot_met if slo else None}}
+
+    @property
+    def failed(self) -> int:
+        """Requests sent that did not complete (each counted once in `errors`, by kind)."""
+        return sum(self.errors.values())
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:
@@ -178,6 +192,13 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
                    and (tpot_slo_s is None or (o.tpot_s or 0.0) <= tpot_slo_s))
         goodput = good / len(run.outcomes)
     ttft = quantiles([o.ttft_s for o in done if o.ttft_s is not None])
+    tpot = quantiles([t for o in done if (t := o.tpot_s) is not None])
+    slo = None
+    if ttft_slo_s is not None and goodput is not None:
+        ttft_met = ttft.p90 is not None and ttft.p90 <= ttft_slo_s
+        tpot_met = tpot_slo_s is None or tpot.p90 is None or tpot.p90 <= tpot_slo_s
+        slo = SloResult(ttft_p90_s=ttft_slo_s, tpot_p90_s=tpot_slo_s, met=ttft_met and tpot_met,
+                        goodput=round(goodput, 4), ttft_met=ttft_met, tpot_met=tpot_met)
     overhead = percentile(sorted(o.headers_s for o in done if o.headers_s is not None), 0.5)
     share = (overhead / ttft.p90 if overhead is not None and ttft.p90 else None)
     server = [t for o in done if (t := o.server_ttft_s) is not None]
@@ -187,13 +208,13 @@ def report(run: ReplayRun, ttft_slo_s: float | None = None,
         requests=len(run.outcomes), completed=len(done), errors=dict(sorted(errors.items())),
         not_sent=run.not_sent, interrupted=run.interrupted,
         ttft_s=ttft,
-        tpot_s=quantiles([t for o in done if (t := o.tpot_s) is not None]),
+        tpot_s=tpot,
         e2e_s=quantiles([o.e2e_s for o in done if o.e2e_s is not None]),
         goodput=goodput, output_tokens_per_s=tokens / span if span > 0 else 0.0,
         speed=run.speed, wall_s=run.wall_s, overhead_s=overhead, overhead_share=share,
         send_lag_s=percentile(sorted(o.sent_s - o.arrival_s for o in run.outcomes
                                      if o.sent_s is not None), 0.9),
-        server_ttft_s=quantiles(server) if server else None)
+        server_ttft_s=quantiles(server) if server else None, slo=slo)
 
 
 async def _send(session: object, url: str, headers: dict[str, str], o: Outcome,

@@ -168,6 +168,8 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["errors"] == {} and out["completed"] == out["requests"] > 2000
+    # the contract's keys: nothing failed, and the pool's SLO (TTFT p90 2 s) was met
+    assert out["failed"] == 0 and out["slo"]["met"] is True and out["slo"]["goodput"] > 0.9
     assert out["predicted"]["replicas"] == 8
     # The client against the model (run on the requests as the client sent them): TPOT within
     # 15 % (a mean over each stream's tokens). The client's raw TTFT is printed below, not
@@ -192,6 +194,9 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
     assert r.returncode == 0, r.stderr
     pool = json.loads(r.stdout)["pools"][0]
     served = pool["serving"]
+    live = pool["live"]  # the contract's block: the same numbers
+    assert live["ttft_s"]["p90"] == served["ttft_p90_s"]
+    assert live["tpot_s"]["p90"] == served["tpot_p90_s"] and live["drift"] == pool["drift"]
     print("replay vs simulate vs status (p90, pool s):", json.dumps({
         m: [out[f"{m}_s"]["p90"], out["predicted"][f"{m}_s"]["p90"], served[f"{m}_p90_s"]]
         for m in ("ttft", "tpot")}), "client TTFT less its round trip",

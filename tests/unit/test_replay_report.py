@@ -36,6 +36,21 @@ def test_overhead_is_the_median_round_trip_to_the_headers_over_ttft_p90():
     assert j["overhead_s"] == rep.overhead_s and j["overhead_share"] == rep.overhead_share
 
 
+def test_the_contracts_failed_and_slo():
+    # TTFT p90 0.88 (above); TPOT 0.2, 0.2, 0.5, 0.5: p90 at rank 2.7 = 0.5.
+    j = report(_run(), ttft_slo_s=1.0, tpot_slo_s=0.3).to_json()
+    assert j["requests"] == 5 and j["failed"] == 1
+    # TTFT 0.88 <= 1.0 is met, TPOT 0.5 > 0.3 is not: the SLO is missed. Goodput: TTFT <= 1.0
+    # and TPOT <= 0.3, the first two of five.
+    assert j["slo"] == {"ttft_p90_s": 1.0, "tpot_p90_s": 0.3, "met": False, "goodput": 0.4,
+                        "ttft_met": True, "tpot_met": False}
+    assert report(_run(), ttft_slo_s=0.9).to_json()["slo"]["met"] is True  # no TPOT target
+    assert report(_run(), ttft_slo_s=0.8).to_json()["slo"]["met"] is False
+    # no SLO given: the keys are there, with nothing judged
+    none = report(_run()).to_json()["slo"]
+    assert none["met"] is None and none["goodput"] is None
+
+
 def test_ttft_less_each_requests_own_round_trip():
     rep = report(_run())
     # TTFT - headers: 0.2 - 0.02 = 0.18, 0.4 - 0.01 = 0.39, 1.0 - 0.03 = 0.97,

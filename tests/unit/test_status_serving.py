@@ -62,6 +62,19 @@ def test_the_model_line_and_the_drift_line():
         "--cloud aws --pool chat-70b` (docs/metrics.md#fitting-the-model-to-the-pool)")
     assert model_lines(replace(s, predicted=None)) == []
     assert slow.to_json()["drift"]["ttft"] == pytest.approx(0.55)
+    # the contract's `live` block carries the same, in its names
+    live = slow.to_json()["live"]
+    assert set(live) >= {"window_s", "ttft_s", "tpot_s", "requests_per_s",
+                         "output_tokens_per_s", "usd_per_1m_output_tokens", "predicted",
+                         "drift"}
+    assert live["window_s"] == 600 and live["ttft_s"]["p90"] == 0.62
+    assert live["tpot_s"]["p90"] == 0.044 and live["requests_per_s"] == pytest.approx(4.8)
+    assert live["output_tokens_per_s"] == pytest.approx(1200)
+    # two nodes up at $55.04/h for 10 min over 0.72 M output tokens (as above)
+    assert live["usd_per_1m_output_tokens"] == pytest.approx(25.48, abs=0.005)
+    assert live["predicted"] == {"replicas": 8, "ttft_s": {"p90": 0.4}, "tpot_s": {"p90": 0.04}}
+    assert live["drift"]["ttft"] == pytest.approx(0.55)
+    assert _status(None).to_json()["live"] is None  # no node publishes
 
 
 def test_no_drift_is_judged_while_requests_wait():

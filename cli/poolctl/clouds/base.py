@@ -265,6 +265,27 @@ class PoolStatus:
         pairs = {"ttft": (w.ttft_p90_s, p.ttft_p90_s), "tpot": (w.tpot_p90_s, p.tpot_p90_s)}
         return {k: m / q - 1 for k, (m, q) in pairs.items() if m is not None and q}
 
+    def live(self) -> dict[str, Any] | None:
+        """The contract's `live` block (`status --json`): what the engines served over the
+        window, what the model predicts for that load, and the drift; None while no node
+        publishes."""
+        w, p = self.serving, self.predicted
+        if w is None:
+            return None
+        return {
+            "window_s": w.window_s,
+            "ttft_s": {"p50": w.ttft_p50_s, "p90": w.ttft_p90_s, "mean": w.ttft_mean_s},
+            "tpot_s": {"p50": w.tpot_p50_s, "p90": w.tpot_p90_s, "mean": w.tpot_mean_s},
+            "requests_per_s": w.requests_per_s,
+            "output_tokens_per_s": w.output_tokens_per_s,
+            "usd_per_1m_output_tokens": w.usd_per_million_output_tokens(
+                self.cost_per_hour_usd()),
+            "predicted": None if p is None else {
+                "replicas": p.replicas, "ttft_s": {"p90": p.ttft_p90_s},
+                "tpot_s": {"p90": p.tpot_p90_s}},
+            "drift": self.drift(),
+        }
+
     def held(self) -> HeldCapacity:
         """Capacity held (every node up, and stopped ones in reserved room) vs hoped for
         (stopped warm nodes beyond it: their start is a new launch)."""
@@ -316,6 +337,7 @@ class PoolStatus:
                         if self.serving else None),
             "predicted": self.predicted.to_json() if self.predicted else None,
             "drift": self.drift(),
+            "live": self.live(),
             "starts": {k: asdict(v) for k, v in self.starts.items()},
             "boot_failure": self.boot_failure,
             "instances": [asdict(n) for n in self.nodes],

@@ -209,8 +209,15 @@ def render(rep: ReplayReport, out: dict[str, Any]) -> None:
     console().print(t)
     errs = ", ".join(f"{k}: {v}" for k, v in rep.errors.items()) or "none"
     console().print(f"errors: {errs}")
-    if rep.goodput is not None:
-        console().print(f"goodput: {rep.goodput:.1%} of requests met the pool's SLOs")
+    if rep.slo is not None:
+        slo = rep.slo
+        judged = [f"TTFT p90 {_s(rep.ttft_s.p90)} s {'<=' if slo.ttft_met else '>'} "
+                  f"{slo.ttft_p90_s:g} s"]
+        if slo.tpot_p90_s is not None:
+            judged.append(f"TPOT p90 {_s(rep.tpot_s.p90)} s {'<=' if slo.tpot_met else '>'} "
+                          f"{slo.tpot_p90_s:g} s")
+        console().print(f"SLO {'met' if slo.met else 'missed'} ({'; '.join(judged)}); goodput: "
+                        f"{slo.goodput:.1%} of requests met the pool's SLOs")
     console().print(f"output: {rep.output_tokens_per_s:.0f} tokens/s; wall time "
                   f"{rep.wall_s:.1f} s at speed x{rep.speed:g} (times are pool time: measured "
                   "x speed)")
