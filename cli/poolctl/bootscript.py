@@ -177,11 +177,15 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
         "ready_timeout_s": READY_TIMEOUT_S,
         "compile_cache": compile_cache(pool, cloud, row.gpu),
         "boot_lib": None,
+        "weights_role": None,  # AWS sets it when the placement streams the weights
         **_registry(s.image, cloud),
     }
     if cloud == Cloud.aws:
         ctx |= {
             "region": placement.region,
+            # aws.weights_load: stream: the role the container's credentials come from
+            "weights_role": (naming.base(cfg, pool) + naming.WEIGHTS_ROLE_SUFFIX
+                             if placement.weights_load == "stream" else None),
             "lifecycle_hook": naming.LIFECYCLE_HOOK,
             "metric_namespace": naming.METRIC_NAMESPACE,
             "metric_name": naming.METRIC_NAME,

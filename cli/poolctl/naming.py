@@ -100,10 +100,13 @@ AWS_IAM_ROLE_LIMIT = 64
 # EventBridge Scheduler: "Name: 1-64 characters" for schedule groups (CreateScheduleGroup).
 AWS_SCHEDULE_GROUP_LIMIT = 64
 WINDOWS_ROLE_SUFFIX = "-windows"
+# aws.weights_load: stream: the role whose short-lived credentials the serving container gets
+WEIGHTS_ROLE_SUFFIX = "-weights"
 AWS_VERBATIM_NAMES = (  # (what, suffix, limit)
     ("the nodes' IAM role", "", AWS_IAM_ROLE_LIMIT),
     ("the VPC flow-log IAM role", "-vpc-flow", AWS_IAM_ROLE_LIMIT),
     ("the launch windows' IAM role", WINDOWS_ROLE_SUFFIX, AWS_IAM_ROLE_LIMIT),
+    ("the streamed weights' IAM role", WEIGHTS_ROLE_SUFFIX, AWS_IAM_ROLE_LIMIT),
     ("the launch windows' schedule group", "", AWS_SCHEDULE_GROUP_LIMIT),
 )
 MAX_BASE_AWS = min(limit - len(suffix) for _, suffix, limit in AWS_VERBATIM_NAMES)

@@ -505,6 +505,33 @@ def _nvme(c: Ctx) -> Iterator[Finding]:
         yield c.find("error", _type_key(c.cloud), problem, "pick a type with more local NVMe")
 
 
+@check("weights-load", "weights reach the GPUs the faster way the cloud offers")
+def _weights_load(c: Ctx) -> Iterator[Finding]:
+    if c.row is None or c.cloud != Cloud.aws:
+        return  # streaming is AWS-only (gcp.weights_load takes fetch alone)
+    placement = c.pool.placement(c.cloud)
+    assert placement is not None  # a placement check: run_checks gives it the cloud
+    fetch = sum(sizing.weights_seconds(c.pool, c.row, "fetch"))
+    stream = sum(sizing.weights_seconds(c.pool, c.row, "stream"))
+    rpn = sizing.replicas_per_node(c.pool, c.row)
+    if placement.weights_load == "stream" and stream > fetch:
+        yield c.find(
+            "warning", "aws.weights_load",
+            f"each of the node's {rpn} replicas streams its own copy of the weights: "
+            f"~{stream:.0f} s to GPU memory, where fetch takes ~{fetch:.0f} s (one copy to "
+            "NVMe, then read locally)",
+            "use weights_load: fetch, or fewer replicas per node (a larger tensor_parallel)",
+        )
+    elif placement.weights_load == "fetch" and stream < fetch - 5:
+        yield c.find(
+            "info", "aws.weights_load",
+            f"streaming the weights would reach GPU memory in ~{stream:.0f} s, fetch takes "
+            f"~{fetch:.0f} s, on every start",
+            "set weights_load: stream if you trust the bucket (nothing is checked against "
+            "manifest.json before the engine loads)",
+        )
+
+
 def _fallback_key(cloud: Cloud) -> str:
     return "aws.fallback_instance_types" if cloud == Cloud.aws else "gcp.fallback_machine_types"
 

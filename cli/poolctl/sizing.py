@@ -319,21 +319,37 @@ def compile_miss_s(pool: Pool, cloud: Cloud) -> float:
     return float(COMPILE_S - COMPILE_HIT_S)
 
 
+def weights_seconds(pool: Pool, row: InstanceType, load: str | None = None
+                    ) -> tuple[float, float]:
+    """(to NVMe, into GPU memory) in seconds, by the placement's `weights_load` (or `load`).
+
+    fetch: the node copies the weights once at the object store's per-node rate, then every
+    replica reads them from NVMe (the devices' read rate shared) at LOAD_GBPS_PER_GPU per GPU.
+    stream: nothing waits for NVMe; each replica streams its own copy (its TP ranks share the
+    reading: the streamer's `distributed` mode), all of them through the node's one
+    object-store rate, the copy to HBM overlapping the download."""
+    placement = pool.placement(Cloud(row.cloud))
+    how = load or (placement.weights_load if placement is not None else "fetch")
+    w = weights_bytes(pool)
+    per_gpu = w / pool.serving.tensor_parallel
+    to_gpu = per_gpu / (LOAD_GBPS_PER_GPU * GB)
+    if how == "stream":
+        return 0.0, max(replicas_per_node(pool, row) * w / fetch_bytes_per_s(row), to_gpu)
+    nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
+    return w / fetch_bytes_per_s(row), max(w / nvme_rate, to_gpu)
+
+
 def start_phases(pool: Pool, row: InstanceType, image: NodeImage | None = None
                  ) -> dict[str, dict[str, float]]:
     """`image`: the node image as the caller knows it (`plan` reads the build records:
     `node_image.recorded_node_image`); None: the file's view, what the stacks use."""
     if image is None:
         image = file_node_image(pool, Cloud(row.cloud))
-    w = weights_bytes(pool)
-    per_gpu = w / pool.serving.tensor_parallel
     # Cold from a pre-pulled image: no pull, one read of the layers instead.
     pull = ({"hydrate": hydrate_seconds(pool, Cloud(row.cloud))}
             if image.prepulled
             else {"image": pool.serving.image_size_gb / IMAGE_PULL_GBPS})
-    fetch = w / fetch_bytes_per_s(row)
-    nvme_rate = max(1, row.local_nvme.count) * NVME_READ_GBPS_PER_DEVICE * GB
-    load = max(w / nvme_rate, per_gpu / (LOAD_GBPS_PER_GPU * GB))
+    fetch, load = weights_seconds(pool, row)
     # A pool sharing its compile cache: every node but the first fetches it (compile_miss_s)
     engine_init = ENGINE_INIT_S - compile_miss_s(pool, Cloud(row.cloud))
     cold = {

@@ -204,6 +204,31 @@ def test_role_is_least_privilege(stacks):
     for stmt in node["Statement"]:
         assert "*" not in stmt["Action"] and not any(a.endswith(":*") for a in stmt["Action"])
     assert "CompileCache" not in by_sid  # no shared compile cache: nothing to write
+    assert "StreamWeights" not in by_sid  # fetched weights: no role to assume
+    assert "acme-chat-70b-weights" not in policies
+
+
+def test_streamed_weights_get_a_role_that_only_reads_them_assumed_by_the_node(with_options):
+    doc = json.loads((with_options / "cdk.tf.json").read_text())
+    roles = {v["name"]: v for v in resources(doc, "aws_iam_role")}
+    weights = roles["acme-qwen-7b-weights"]
+    assert weights["max_session_duration"] == 3600  # an hour: long enough to load, no more
+    trust = json.loads(weights["assume_role_policy"])["Statement"]
+    [node_role_key] = [k for k, v in doc["resource"]["aws_iam_role"].items()
+                       if v["name"] == "acme-qwen-7b"]
+    assert trust == [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                      "Principal": {"AWS": f"${{aws_iam_role.{node_role_key}.arn}}"}}]
+    policies = {v["name"]: json.loads(v["policy"])
+                for v in resources(doc, "aws_iam_role_policy")}
+    read = policies["acme-qwen-7b-weights"]["Statement"]
+    assert [s["Sid"] for s in read] == ["ReadWeights", "ListWeights"]
+    assert [a for s in read for a in s["Action"]] == ["s3:GetObject", "s3:ListBucket"]
+    node = {s["Sid"]: s for s in policies["acme-qwen-7b-node"]["Statement"]}
+    [weights_key] = [k for k, v in doc["resource"]["aws_iam_role"].items()
+                     if v["name"] == "acme-qwen-7b-weights"]
+    assert node["StreamWeights"] == {"Sid": "StreamWeights", "Effect": "Allow",
+                                     "Action": ["sts:AssumeRole"],
+                                     "Resource": [f"${{aws_iam_role.{weights_key}.arn}}"]}
 
 
 def test_a_shared_compile_cache_is_the_one_prefix_nodes_write(with_options):
@@ -321,6 +346,7 @@ CERTIFICATE = "arn:aws:acm:us-west-2:111122223333:certificate/0a1b2c3d-4e5f-6789
 TOPIC = "arn:aws:sns:us-west-2:123456789012:pool-alarms"
 OPTIONS = f"""\
       compile_cache_uri: s3://acme-models/compile-cache/
+      weights_load: stream
       certificate_arn: {CERTIFICATE}
       alarm_topic_arn: {TOPIC}
       access_logs_bucket: acme-lb-logs

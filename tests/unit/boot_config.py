@@ -66,8 +66,13 @@ pools:
 
 
 def config_yaml(aws_port: int = 8000, gcp_port: int = 8080, image: str | None = None,
-                api_key_secret: str | None = None, compile_cache: bool = False) -> str:
+                api_key_secret: str | None = None, compile_cache: bool = False,
+                stream: bool = False) -> str:
     text = CONFIG_YAML.replace("EXTRA_ARGS_JSON", json.dumps(EXTRA_ARGS))
+    if stream:  # the AWS pool's engine streams its weights (aws.weights_load)
+        text = text.replace("      weights_uri: s3://acme-models/llama-3.1-70b\n",
+                            "      weights_uri: s3://acme-models/llama-3.1-70b\n"
+                            "      weights_load: stream\n")
     if compile_cache:  # both pools share a torch.compile cache beside their weights
         text = text.replace("      weights_uri: s3://acme-models/llama-3.1-70b\n",
                             "      weights_uri: s3://acme-models/llama-3.1-70b\n"

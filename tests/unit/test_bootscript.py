@@ -59,7 +59,11 @@ def _all_scripts(cfg) -> dict[str, str]:
     ecr = load(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/serving/vllm:v0.11.0")
     aws_key, gcp_key = load(api_key_secret=AWS_SECRET_ARN), load(api_key_secret=GCP_SECRET)
     cc = load(compile_cache=True)
+    stream = load(stream=True)
     return {
+        "aws-chat-70b-stream.sh": render_boot_script(stream, stream.pools[0], Cloud.aws),
+        "aws-chat-70b-stream-image.sh": render_boot_script(stream, stream.pools[0], Cloud.aws,
+                                                           from_image=True),
         "aws-chat-70b-compile-cache.sh": render_boot_script(cc, cc.pools[0], Cloud.aws),
         "gcp-llama-405b-compile-cache.sh": render_boot_script(cc, cc.pools[1], Cloud.gcp),
         "aws-chat-70b.sh": render_boot_script(cfg, cfg.pools[0], Cloud.aws),
@@ -215,7 +219,13 @@ def test_no_secrets_in_user_data(cfg, monkeypatch, tmp_path):
         r"ya29\.|canary|private_key|--password[ =](?!-stdin)",
         re.IGNORECASE,
     )
+    # The one place names of credentials are written: the format of the streamed weights'
+    # env-file (aws.weights_load: stream), placeholders only; the values come from STS at boot.
+    env_file = ("printf 'AWS_ACCESS_KEY_ID=%s\\nAWS_SECRET_ACCESS_KEY=%s\\nAWS_SESSION_TOKEN=%s"
+                "\\nAWS_REGION=%s\\nAWS_EC2_METADATA_DISABLED=true\\n'")
+    assert env_file in scripts["aws-chat-70b-stream.sh"]
     for name, text in scripts.items():
+        text = text.replace(env_file, "")
         assert not pattern.search(text), (name, pattern.search(text))
     # A second opinion from a real scanner: Yelp's detect-secrets, a checkov dependency, so
     # it sits beside the checkov scripts/setup installs.
@@ -325,6 +335,7 @@ def test_usage_errors_name_the_key(cfg):
                                   "gcp-llama-405b-api-key-image.sh",
                                   "aws-chat-70b-compile-cache.sh",
                                   "gcp-llama-405b-compile-cache.sh",
+                                  "aws-chat-70b-stream.sh", "aws-chat-70b-stream-image.sh",
                                   "boot-lib-aws.sh", "boot-lib-gcp.sh"])
 def test_shellcheck_clean(cfg, name):
     if not shutil.which("shellcheck"):
@@ -399,6 +410,35 @@ def test_systemd_units_are_valid(aws_script, tmp_path):
     # verify exits 0 on unknown keys; they show up as messages naming the file.
     problems = [ln for ln in (out.stdout + out.stderr).splitlines() if str(tmp_path) in ln]
     assert out.returncode == 0 and problems == [], out.stdout + out.stderr
+
+
+def test_streamed_weights_use_vllms_streamer_with_the_weights_roles_credentials(cfg):
+    """aws.weights_load: stream. The flags are vLLM v0.34.0's: `--load-format runai_streamer`
+    (vllm/config/load.py), `--model` an s3:// folder (transformers_utils/runai_utils.py
+    SUPPORTED_SCHEMES), `--model-loader-extra-config` with `distributed`, one of the three keys
+    RunaiModelStreamerLoader accepts (model_loader/runai_streamer_loader.py). The container's
+    credentials are the weights role's, assumed by the node, in the root-only env-file; the
+    node's cache, when whole, is read instead; a fetch pool has none of it."""
+    st = load(stream=True)
+    aws = render_boot_script(st, st.pools[0], Cloud.aws)
+    assert "WEIGHTS_ROLE=acme-chat-70b-weights\n" in aws
+    assert ('MODEL_ARGS=(--model "$WEIGHTS_URI" --load-format runai_streamer\n'
+            "    --model-loader-extra-config '{\"distributed\": true}')") in aws  # TP 2
+    assert '"$IMAGE" "${MODEL_ARGS[@]}" --served-model-name' in aws
+    assert 'aws sts assume-role --role-arn "arn:$partition:iam::$account:role/$WEIGHTS_ROLE"' in aws
+    assert "--duration-seconds 3600" in aws
+    # into the env-file docker reads (created 0600 first), never argv or the journal
+    assert 'if [[ -n $STREAM ]]; then write_weights_credentials "$env_file"; fi' in aws
+    assert '"$id" "$secret" "$token" "$AWS_DEFAULT_REGION" >>"$1"' in aws
+    assert "AWS_EC2_METADATA_DISABLED=true" in aws
+    # the write-through never fails the boot: `fail` is a log line in its subshell
+    assert 'fail() { log "weights: not written through: $*"; exit 1; }' in aws
+    lib = bootscript.boot_library("aws")["text"]
+    assert "if ! declare -F weights_stream >/dev/null || ! weights_stream; then" in lib
+    assert "if declare -F weights_write_through >/dev/null; then weights_write_through; fi" in lib
+    plain = render_boot_script(cfg, cfg.pools[0], Cloud.aws)
+    assert "runai" not in plain and "WEIGHTS_ROLE" not in plain
+    assert '"$IMAGE" --model "$WEIGHTS_DIR" --served-model-name' in plain
 
 
 def test_the_compile_cache_is_vllms_own_folder_fetched_before_and_saved_after(cfg):

@@ -463,3 +463,11 @@ def test_the_merge_key_once_still_merges():
                                "port: 9000}\n")
     serving = parse_config(text).pools[0].serving
     assert (serving.max_num_seqs, serving.port) == (64, 8000)
+
+
+def test_weights_load_streams_on_aws_only():
+    text = pool_yaml(extra_aws="      weights_load: stream\n")
+    assert parse_config(text).pools[0].aws.weights_load == "stream"
+    assert parse_config(pool_yaml()).pools[0].aws.weights_load == "fetch"  # the default
+    msg = error_of(pool_yaml(extra_gcp="      weights_load: stream\n"))
+    assert "pools[0].gcp.weights_load: must be one of 'fetch'; got 'stream'" in msg, msg

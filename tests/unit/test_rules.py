@@ -174,7 +174,9 @@ def test_every_check_has_a_test_above():
               # tests/unit/test_capacity_fallback.py and test_hostile_configs.py:
               "fallback-types", "fallback-warm-pool",
               # tests/unit/test_predictive.py:
-              "predictive-where-offered"}
+              "predictive-where-offered",
+              # tests/unit/test_sizing.py (streamed weights):
+              "weights-load"}
     assert {c.id for c in CHECKS} <= tested
 
 

@@ -104,6 +104,42 @@ def test_start_phases_cold_vs_stopped_warm():
     assert ph["warm_running"] == {"register": 30}
 
 
+def test_streamed_weights_skip_the_nvme_but_each_replica_reads_its_own_copy():
+    """aws.weights_load: stream. Nothing waits for NVMe; each replica streams the whole
+    checkpoint through the node's one object-store rate (3.125e9 B/s, above), the copy to HBM
+    overlapping it; the rule weights-load compares the two ways."""
+    from poolctl.cloud import Cloud
+    from poolctl.rules import run_checks
+    from poolctl.sizing import weights_seconds
+
+    row = load_catalog().get("aws", "p5.48xlarge")
+    stream = "      weights_load: stream\n"
+    tp2 = parse_config(pool_yaml(with_gcp=False, extra_aws=stream)).pools[0]
+    tp8 = parse_config(pool_yaml(tp=8, with_gcp=False, extra_aws=stream)).pools[0]
+    # TP 2, 4 replicas: 4 x 141.2e9 / 3.125e9 = 180.7 s; fetch 45.2 + 35.3 (above)
+    assert weights_seconds(tp2, row) == pytest.approx((0.0, 4 * 141.2e9 / 3.125e9))
+    assert weights_seconds(tp2, row, "fetch") == pytest.approx((45.184, 35.3))
+    # TP 8, 1 replica: 141.2e9 / 3.125e9 = 45.2 s against HBM's 17.65e9 / 2e9 = 8.8 s;
+    # fetch: 45.2 + max(141.2e9 / 16e9, 8.8) = 45.2 + 8.8
+    assert weights_seconds(tp8, row) == pytest.approx((0.0, 45.184))
+    assert sum(weights_seconds(tp8, row, "fetch")) == pytest.approx(45.184 + 8.825)
+    ph = start_phases(tp8, row)
+    assert ph["cold"]["weights_to_nvme"] == 0 and ph["cold"]["load_to_gpu"] == 45.2
+    assert ph["warm_stopped"]["load_to_gpu"] == 45.2
+
+    def said(text: str) -> list[tuple[str, str]]:
+        cfg = parse_config(text)
+        return [(f.severity, f.message) for f in run_checks(cfg, cfg.targets(None, Cloud.aws))
+                if f.check == "weights-load"]
+
+    [(sev, msg)] = said(pool_yaml(with_gcp=False, extra_aws=stream))
+    assert sev == "warning" and "~181 s to GPU memory, where fetch takes ~80 s" in msg
+    assert said(pool_yaml(tp=8, with_gcp=False, extra_aws=stream)) == []
+    [(sev, msg)] = said(pool_yaml(tp=8, with_gcp=False))  # fetch, where streaming saves 9 s
+    assert sev == "info" and "~45 s, fetch takes ~54 s" in msg
+    assert said(pool_yaml(with_gcp=False)) == []  # fetch, the faster way for TP 2
+
+
 def test_node_counts_times_and_json_order():
     n = NodeCounts(min=1, max=6, warm=2, surge=3)
     # 3 replicas per node: 1x3, 6x3, 2x3, 3x3

@@ -86,6 +86,13 @@ class GcpPlacement(CoreModel):
         description="gs://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
     )
+    weights_load: Literal["fetch"] = Field(
+        default="fetch",
+        description="How a node's engine gets the weights: `fetch` (copy to the Local SSD "
+        "cache, checked against manifest.json). `stream` is AWS-only for now: on GCE the "
+        "serving container has no route to the metadata server's token, and poolctl does not "
+        "yet hand it a downscoped one (docs/weights.md).",
+    )
     compile_cache_uri: GsUri | None = Field(
         default=None,
         description="gs://bucket/prefix/ where nodes share vLLM's torch.compile cache, one "

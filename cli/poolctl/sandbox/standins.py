@@ -5,7 +5,8 @@ programs. Each writes a folder (`bin/`) of small executables; `docker` is this m
     python -m poolctl.sandbox.standins docker ARGS...
 
 - `docker`: `run -d` starts the stand-in engine (`python -m poolctl.sandbox.vllm`) with the
-  container's arguments, its `--env-file` and `-e` variables, on the node's loopback address;
+  container's arguments, its `--env-file` and `-e` variables (not the node's credentials), on
+  the node's loopback address;
   `rm -f`, `inspect -f {{.RestartCount}}`, `logs --tail N`, `image inspect`, `pull` (the
   plan's image pull time over the sandbox's speed, once: the image stays on the node's root
   volume), `login`. Containers are files under the node's folder.
@@ -134,6 +135,17 @@ _RUN_VALUE = {"--name", "--restart", "--gpus", "--network", "-p", "--publish", "
 _RUN_SWITCH = {"-d", "--detach", "--rm", "-i", "-t", "--init", "--privileged"}
 
 
+# The node's own AWS credentials: a container does not inherit the host's environment, and has
+# no route to the metadata endpoint; what it gets is its env-file's and -e's. (The sandbox's
+# endpoint, AWS_ENDPOINT_URL, stays: it is the sandbox's network, not a credential.)
+HOST_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                    "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+
+
+def _container_base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in HOST_CREDENTIALS}
+
+
 def docker_run(argv: list[str]) -> int:
     env: dict[str, str] = {}
     name = None
@@ -172,7 +184,7 @@ def docker_run(argv: list[str]) -> int:
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "poolctl.sandbox.vllm", *args],
-            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+            env={**_container_base_env(), **env}, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
     record.write_text(json.dumps({"pid": proc.pid, "image": argv[i], "args": args}))
     print(f"{name}-{proc.pid:012d}")

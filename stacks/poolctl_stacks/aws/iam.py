@@ -27,7 +27,8 @@ class NodeRole(Construct):
     def __init__(self, scope: Construct, id: str, *, name: str, weights: ObjectPrefix,
                  asg_name: str, log_group_arn: str, tags: dict[str, str],
                  ssm_access: bool = False, api_key_secret: str | None = None,
-                 compile_cache: ObjectPrefix | None = None) -> None:
+                 compile_cache: ObjectPrefix | None = None,
+                 stream_weights: bool = False) -> None:
         super().__init__(scope, id)
         bucket, prefix = weights.bucket, weights.prefix
         ident = aws("data_aws_caller_identity").DataAwsCallerIdentity(self, "me")
@@ -48,7 +49,7 @@ class NodeRole(Construct):
         # region.name is deprecated in aws 6.x but still set; `id` holds the same value in both.
         asg_arn = (f"arn:{part.partition}:autoscaling:{region.id}:"
                    f"{ident.account_id}:autoScalingGroup:*:autoScalingGroupName/{asg_name}")
-        statements = [
+        read_weights = [
             {
                 "Sid": "ReadWeights",
                 "Effect": "Allow",
@@ -62,6 +63,9 @@ class NodeRole(Construct):
                 "Resource": [f"arn:{part.partition}:s3:::{bucket}"],
                 "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
             },
+        ]
+        statements = [
+            *read_weights,
             {
                 "Sid": "OwnLifecycleHook",
                 "Effect": "Allow",
@@ -97,6 +101,32 @@ class NodeRole(Construct):
                 "Action": ["s3:GetObject", "s3:PutObject"],
                 "Resource": [f"arn:{part.partition}:s3:::{compile_cache.bucket}/"
                              f"{compile_cache.prefix}*"],
+            })
+        if stream_weights:
+            # aws.weights_load: stream: the serving container's own credentials, an hour of
+            # this role, which may read the weights and nothing else (the node's role stays
+            # out of the container: it has no route to the metadata endpoint).
+            self.weights_role = aws("iam_role").IamRole(
+                self, "weights_role", name=f"{name}{naming.WEIGHTS_ROLE_SUFFIX}", tags=tags,
+                max_session_duration=3600,
+                assume_role_policy=json.dumps({
+                    "Version": "2012-10-17",
+                    "Statement": [{
+                        "Effect": "Allow",
+                        "Principal": {"AWS": self.role.arn},
+                        "Action": "sts:AssumeRole",
+                    }],
+                }),
+            )
+            aws("iam_role_policy").IamRolePolicy(
+                self, "weights_policy", name=f"{name}-weights", role=self.weights_role.id,
+                policy=json.dumps({"Version": "2012-10-17", "Statement": read_weights}),
+            )
+            statements.append({
+                "Sid": "StreamWeights",
+                "Effect": "Allow",
+                "Action": ["sts:AssumeRole"],
+                "Resource": [self.weights_role.arn],
             })
         if api_key_secret:
             statements.append({

@@ -58,7 +58,8 @@ class AwsPoolStack(PoolStack):
                         asg_name=name, log_group_arn=logs.arn, tags=tags,
                         ssm_access=placement.ssm_access,
                         api_key_secret=pool.api_key_secret(Cloud.aws),
-                        compile_cache=placement.compile_cache)
+                        compile_cache=placement.compile_cache,
+                        stream_weights=placement.weights_load == "stream")
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,

@@ -11,7 +11,7 @@ export PATH="$PATH:/usr/local/bin:/snap/bin"
 umask 022
 
 POOLCTL_LIB=${POOLCTL_LIB_DIR:-/opt/poolctl/lib}/boot.sh
-POOLCTL_LIB_VERSION=aws-cdfd8c729a2f
+POOLCTL_LIB_VERSION=aws-f9a7a6dbfaca
 lib_failed() {
   printf 'poolctl: FAILED: boot library %s %s\n' "$POOLCTL_LIB" "$*" >&2
   printf 'poolctl: phase=failed seconds=%s\n' "$SECONDS" >&2

@@ -376,7 +376,9 @@ boot() {
     log "boot: warm pool ($target), image ready; the cache fills on start"
   else
     phase nvme nvme_cache
-    phase weights fetch_weights
+    if ! declare -F weights_stream >/dev/null || ! weights_stream; then
+      phase weights fetch_weights
+    fi
     PHASE=image
     wait "$pull"
     if declare -F compile_cache_fetch >/dev/null; then phase compile_cache compile_cache_fetch; fi
@@ -388,6 +390,7 @@ boot() {
   echo "$target" >"$STATE/lifecycle-done"
   log "phase=total seconds=$(since "$t0") uptime=$(uptime_s)"
   if declare -F compile_cache_save >/dev/null; then compile_cache_save; fi
+  if declare -F weights_write_through >/dev/null; then weights_write_through; fi
 }
 
 install_node() {

@@ -25,6 +25,7 @@ import signal
 import sys
 
 from poolctl.errors import UsageError
+from poolctl.sandbox.vllm import streamer
 from poolctl.sandbox.vllm.flags import PROG, FlagError, known_flags, parse
 from poolctl.sandbox.vllm.live import Live
 from poolctl.sandbox.vllm.model import serving_model
@@ -93,6 +94,21 @@ async def serve(argv: list[str]) -> None:
         sys.exit(f"{PROG}: {e}")
     if slowdown != 1.0:
         m = slowed(m, slowdown)
+    load_format = str(args.others.get("load-format") or "auto")
+    if load_format == streamer.LOAD_FORMAT or args.model.startswith(streamer.SCHEMES):
+        try:
+            if load_format != streamer.LOAD_FORMAT:
+                raise streamer.StreamError(f"--model {args.model}: an object store's folder "
+                                           "loads with --load-format runai_streamer")
+            streamer.check_extra_config(
+                str(args.others["model-loader-extra-config"])
+                if "model-loader-extra-config" in args.others else None)
+            if args.model.startswith(streamer.SCHEMES):
+                got = streamer.stream(args.model, os.environ)
+                print(f"INFO Loading weights with the Run:ai Model Streamer from {args.model} "
+                      f"as {got.identity}: {got.objects} objects, {got.bytes} bytes", flush=True)
+        except streamer.StreamError as e:
+            sys.exit(f"{PROG}: ValueError: {e}")
     keys = args.api_keys or tuple(k for k in [os.environ.get("VLLM_API_KEY")] if k)
     version, _ = known_flags()
     print(f"INFO vLLM API server version {version} (poolctl stand-in): {args.model_name}, "
