@@ -54,6 +54,7 @@ class BootRecord:
     uptime_s: float | None = None  # power-on to serving (boot + script)
     image_on_disk: bool = False
     weights_cached: bool = False
+    weights_streamed: bool = False  # the engine read them from the object store (stream)
     compile_cache: str | None = None  # hit | miss | on disk; None: no shared cache
     failed_in: str | None = None  # the phase a failed boot was in
     failure: str | None = None  # its FAILED: line
@@ -67,6 +68,7 @@ class BootRecord:
         return {"kind": self.kind, "boot_s": self.boot_s, "phases": dict(self.phases),
                 "script_s": self.script_s, "start_s": self.uptime_s,
                 "image_on_disk": self.image_on_disk, "weights_cached": self.weights_cached,
+                "weights_streamed": self.weights_streamed,
                 "compile_cache": self.compile_cache,
                 "failed_in": self.failed_in, "failure": self.failure}
 
@@ -99,6 +101,8 @@ def parse_boots(console: str) -> list[BootRecord]:
             cur.image_on_disk = True
         elif text.startswith("weights: ") and text.endswith("is in the cache already"):
             cur.weights_cached = True
+        elif text.startswith("weights: streamed by the engine from "):
+            cur.weights_streamed = True
         elif c := _COMPILE.match(text):
             cur.compile_cache = c.group(1)
         elif text.startswith(_FAILED):

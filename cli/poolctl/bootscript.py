@@ -38,7 +38,7 @@ from typing import Any
 
 import jinja2
 
-from poolctl import formats, naming, vllm_releases
+from poolctl import formats, naming, sizing, vllm_releases
 from poolctl.catalog import load_catalog
 from poolctl.cloud import Cloud
 from poolctl.config import Config, GcpPlacement, Pool
@@ -185,7 +185,7 @@ def context(cfg: Config, pool: Pool, cloud: Cloud, from_image: bool = False
             "region": placement.region,
             # aws.weights_load: stream: the role the container's credentials come from
             "weights_role": (naming.base(cfg, pool) + naming.WEIGHTS_ROLE_SUFFIX
-                             if placement.weights_load == "stream" else None),
+                             if sizing.weights_path(pool, row) == "stream" else None),
             "lifecycle_hook": naming.LIFECYCLE_HOOK,
             "metric_namespace": naming.METRIC_NAMESPACE,
             "metric_name": naming.METRIC_NAME,

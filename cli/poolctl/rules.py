@@ -514,7 +514,15 @@ def _weights_load(c: Ctx) -> Iterator[Finding]:
     fetch = sum(sizing.weights_seconds(c.pool, c.row, "fetch"))
     stream = sum(sizing.weights_seconds(c.pool, c.row, "stream"))
     rpn = sizing.replicas_per_node(c.pool, c.row)
-    if placement.weights_load == "stream" and stream > fetch:
+    if placement.weights_load == "auto":
+        path = sizing.weights_path(c.pool, c.row)
+        yield c.find(
+            "info", "aws.weights_load",
+            f"auto: the nodes {path} the weights (~{min(stream, fetch):.0f} s to GPU memory; "
+            f"{'fetch' if path == 'stream' else 'stream'} ~{max(stream, fetch):.0f} s)",
+            "set fetch or stream to choose yourself",
+        )
+    elif placement.weights_load == "stream" and stream > fetch:
         yield c.find(
             "warning", "aws.weights_load",
             f"each of the node's {rpn} replicas streams its own copy of the weights: "

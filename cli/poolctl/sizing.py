@@ -319,17 +319,27 @@ def compile_miss_s(pool: Pool, cloud: Cloud) -> float:
     return float(COMPILE_S - COMPILE_HIT_S)
 
 
+def weights_path(pool: Pool, row: InstanceType) -> str:
+    """`fetch` or `stream`: the placement's `weights_load`, `auto` resolved to the faster by
+    weights_seconds (a tie fetches: it checks the weights first)."""
+    placement = pool.placement(Cloud(row.cloud))
+    how = placement.weights_load if placement is not None else "fetch"
+    if how != "auto":
+        return how
+    fetch, stream = (sum(weights_seconds(pool, row, h)) for h in ("fetch", "stream"))
+    return "stream" if stream < fetch else "fetch"
+
+
 def weights_seconds(pool: Pool, row: InstanceType, load: str | None = None
                     ) -> tuple[float, float]:
-    """(to NVMe, into GPU memory) in seconds, by the placement's `weights_load` (or `load`).
+    """(to NVMe, into GPU memory) in seconds, by weights_path (or `load`).
 
     fetch: the node copies the weights once at the object store's per-node rate, then every
     replica reads them from NVMe (the devices' read rate shared) at LOAD_GBPS_PER_GPU per GPU.
     stream: nothing waits for NVMe; each replica streams its own copy (its TP ranks share the
     reading: the streamer's `distributed` mode), all of them through the node's one
     object-store rate, the copy to HBM overlapping the download."""
-    placement = pool.placement(Cloud(row.cloud))
-    how = load or (placement.weights_load if placement is not None else "fetch")
+    how = load or weights_path(pool, row)
     w = weights_bytes(pool)
     per_gpu = w / pool.serving.tensor_parallel
     to_gpu = per_gpu / (LOAD_GBPS_PER_GPU * GB)

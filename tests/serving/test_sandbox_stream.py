@@ -85,5 +85,7 @@ def test_the_node_writes_the_weights_through_to_its_cache_after_it_serves(served
     assert r.returncode == 0, r.stderr
     [pool] = json.loads(r.stdout)["pools"]
     [row] = [n for n in pool["nodes"] if n["id"] == node]
-    phases = row["boots"][-1]["phases"]
+    boot = row["boots"][-1]
+    assert boot["weights_streamed"] and not boot["weights_cached"], boot
+    phases = boot["phases"]
     assert "weights" not in phases and {"serving", "readiness"} <= set(phases), phases

@@ -61,6 +61,16 @@ def test_a_cold_boot_a_running_warm_node_and_a_failure():
         "poolctl: phase=weights seconds=0\n"
         "poolctl: phase=total seconds=9 uptime=129\n")
     assert [(b.kind, b.weights_cached, b.uptime_s) for b in cold] == [("cold", True, 129)]
+    assert not cold[0].weights_streamed
+    streamed = parse_boots(  # aws.weights_load: stream: no weights phase, the engine reads them
+        "poolctl: boot: p serving m version 1, uptime 120s\n"
+        "poolctl: phase=nvme seconds=2\n"
+        "poolctl: weights: streamed by the engine from s3://b/m/\n"
+        "poolctl: phase=serving seconds=1\npoolctl: phase=readiness seconds=60\n"
+        "poolctl: phase=total seconds=70 uptime=190\n")
+    assert [(b.weights_streamed, b.weights_cached, "weights" in b.phases) for b in streamed] == [
+        (True, False, False)]
+    assert streamed[0].to_json()["weights_streamed"] is True
     running = parse_boots("poolctl: boot: p serving m version 1, uptime 60s\n"
                           "poolctl: boot: lifecycle target Warmed:Running\n"
                           "poolctl: phase=total seconds=200 uptime=260\n")

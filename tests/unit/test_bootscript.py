@@ -436,6 +436,11 @@ def test_streamed_weights_use_vllms_streamer_with_the_weights_roles_credentials(
     lib = bootscript.boot_library("aws")["text"]
     assert "if ! declare -F weights_stream >/dev/null || ! weights_stream; then" in lib
     assert "if declare -F weights_write_through >/dev/null; then weights_write_through; fi" in lib
+    # auto resolves by the plan: TP 2 on p5 fetches (sizing.weights_path)
+    auto = parse_config(config_yaml().replace(
+        "      weights_uri: s3://acme-models/llama-3.1-70b\n",
+        "      weights_uri: s3://acme-models/llama-3.1-70b\n      weights_load: auto\n"))
+    assert "runai" not in render_boot_script(auto, auto.pools[0], Cloud.aws)
     plain = render_boot_script(cfg, cfg.pools[0], Cloud.aws)
     assert "runai" not in plain and "WEIGHTS_ROLE" not in plain
     assert '"$IMAGE" --model "$WEIGHTS_DIR" --served-model-name' in plain

@@ -138,6 +138,17 @@ def test_streamed_weights_skip_the_nvme_but_each_replica_reads_its_own_copy():
     [(sev, msg)] = said(pool_yaml(tp=8, with_gcp=False))  # fetch, where streaming saves 9 s
     assert sev == "info" and "~45 s, fetch takes ~54 s" in msg
     assert said(pool_yaml(with_gcp=False)) == []  # fetch, the faster way for TP 2
+    # auto: the faster by these sums, said in one line; what the stack and the boot script use
+    from poolctl.sizing import weights_path
+
+    auto = "      weights_load: auto\n"
+    tp2_auto = parse_config(pool_yaml(with_gcp=False, extra_aws=auto)).pools[0]
+    tp8_auto = parse_config(pool_yaml(tp=8, with_gcp=False, extra_aws=auto)).pools[0]
+    assert (weights_path(tp2_auto, row), weights_path(tp8_auto, row)) == ("fetch", "stream")
+    assert start_phases(tp8_auto, row)["cold"]["weights_to_nvme"] == 0
+    [(sev, msg)] = said(pool_yaml(tp=8, with_gcp=False, extra_aws=auto))
+    assert sev == "info" and msg == ("auto: the nodes stream the weights (~45 s to GPU memory; "
+                                     "fetch ~54 s)")
 
 
 def test_node_counts_times_and_json_order():

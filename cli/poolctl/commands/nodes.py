@@ -136,7 +136,8 @@ def render_ledger(lg: runtime_ledger.PoolLedger) -> None:
                                     if k == "image" else _secs(b.phases.get(k))
                                     for k in COLUMNS[1:])]
         notes = [w for w, on in (("image on disk", b.image_on_disk),
-                                 ("weights cached", b.weights_cached)) if on]
+                                 ("weights cached", b.weights_cached),
+                                 ("weights streamed", b.weights_streamed)) if on]
         if b.compile_cache is not None:
             notes.append(f"compile cache {b.compile_cache}")
         if b.failed_in:

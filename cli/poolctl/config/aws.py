@@ -209,14 +209,15 @@ class AwsPlacement(CoreModel):
         description="s3://bucket/prefix/ holding the weights and manifest.json (a plain prefix: "
         "no wildcards or quotes)."
     )
-    weights_load: Literal["fetch", "stream"] = Field(
+    weights_load: Literal["fetch", "stream", "auto"] = Field(
         default="fetch",
         description="How a node's engine gets the weights: `fetch` copies weights_uri to the "
         "NVMe cache, checks every file against manifest.json, then loads from NVMe; `stream` "
         "has vLLM read weights_uri straight into GPU memory (`--load-format runai_streamer`, "
         "the copy to HBM overlapping the download) with short-lived credentials of a role "
         "that may only read weights_uri, while the node copies them to NVMe behind it for its "
-        "next start. `stream` trusts the bucket: nothing is checked before the engine loads.",
+        "next start; `auto`: whichever the plan's start model says is faster for this type "
+        "and layout. `stream` trusts the bucket: nothing is checked before the engine loads.",
     )
     compile_cache_uri: S3Uri | None = Field(
         default=None,

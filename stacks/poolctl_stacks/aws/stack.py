@@ -10,7 +10,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool
 from poolctl.contract import aws as contract
 from poolctl.predictive import predictive
-from poolctl.sizing import PoolPlan, instance_row
+from poolctl.sizing import PoolPlan, instance_row, weights_path
 from poolctl_stacks._providers import aws
 from poolctl_stacks.aws.iam import LogsKey, NodeRole
 from poolctl_stacks.aws.monitoring import SloMonitoring
@@ -59,7 +59,7 @@ class AwsPoolStack(PoolStack):
                         ssm_access=placement.ssm_access,
                         api_key_secret=pool.api_key_secret(Cloud.aws),
                         compile_cache=placement.compile_cache,
-                        stream_weights=placement.weights_load == "stream")
+                        stream_weights=weights_path(pool, row) == "stream")
         lb = LoadBalancer(self, "lb", name=name, vpc_id=net.vpc_id, subnet_ids=net.subnet_ids,
                           client_cidrs=placement.network.client_cidrs,
                           port=pool.serving.port, health_path=pool.serving.health_path,
