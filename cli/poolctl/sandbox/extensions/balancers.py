@@ -235,11 +235,17 @@ def _start(b: Balancer, tgs: dict[str, Any], listeners: list[Any]) -> None:
                                   start_new_session=True)
     finally:
         log.close()
+    # Until its runtime API answers: the socket's file appears before HAProxy listens on it
+    # (and a restarted HAProxy finds its predecessor's file there).
     deadline = time.monotonic() + 10
-    while not (b.folder / "admin.sock").exists() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         if b.proc.poll() is not None:
             return
-        time.sleep(0.02)
+        try:
+            _runtime(b, "show info")
+            return
+        except OSError:
+            time.sleep(0.02)
 
 
 def _in_service() -> set[str]:
@@ -313,7 +319,12 @@ def sync(address_of: Any) -> None:
             _start(b, tgs, listeners)
         if b.proc is None or b.proc.poll() is not None:
             continue
+        # The slots change only once HAProxy has taken the commands: a refused one (HAProxy
+        # not listening yet) is tried again at the next sync instead of being lost.
         cmds: list[str] = []
+        ready: list[tuple[Backend, str, str]] = []  # (backend, instance, slot)
+        drain: list[tuple[Backend, str, str]] = []
+        maint: list[tuple[Backend, str]] = []
         for arn, be in b.backends.items():
             want = {i for i in targets.get(arn, set()) if address_of(i)}
             used = set(be.slots.values()) | set(be.draining)
@@ -323,22 +334,30 @@ def sync(address_of: Any) -> None:
                 if free is None:
                     break
                 used.add(free)
-                be.slots[inst] = free
+                ready.append((be, inst, free))
                 cmds += [f"set server {be.name}/{free} addr {address_of(inst)} port {be.port}",
                          f"set server {be.name}/{free} state ready"]
             for inst in sorted(set(be.slots) - want):
-                slot = be.slots.pop(inst)
-                be.draining[slot] = (now + be.delay_s / speed, inst)
-                cmds.append(f"set server {be.name}/{slot} state drain")
+                drain.append((be, inst, be.slots[inst]))
+                cmds.append(f"set server {be.name}/{be.slots[inst]} state drain")
             for slot, (until, _) in list(be.draining.items()):
                 if now >= until:
-                    del be.draining[slot]
+                    maint.append((be, slot))
                     cmds.append(f"set server {be.name}/{slot} state maint")
         if cmds:
             try:
                 _runtime(b, *cmds)
             except OSError as exc:
-                print(f"balancers: {b.name}: runtime API: {exc}", flush=True)
+                print(f"balancers: {b.name}: runtime API: {exc} (tried again at the next sync)",
+                      flush=True)
+                continue
+        for be, inst, slot in ready:
+            be.slots[inst] = slot
+        for be, inst, slot in drain:
+            del be.slots[inst]
+            be.draining[slot] = (now + be.delay_s / speed, inst)
+        for be, slot in maint:
+            del be.draining[slot]
     for arn in [a for a in balancers if a not in seen]:
         _stop(balancers.pop(arn))
 
