@@ -213,15 +213,16 @@ def test_replay_compare_agrees_with_simulate_on_ten_minutes_of_the_azure_trace(t
         served, out["tpot_s"])
     # TTFT against what the client timed less each request's round trip to its headers (the
     # engines' histograms start at the request's receipt: what status reads), and against the
-    # model. The engines observe TTFT as vLLM does, when the front end hands the first token
-    # out (lag included), not at the step's end. Measured alone: 442 ms read back, 440 ms timed
-    # by the client less its round trip (+0.4 %), 451 ms predicted. On two cores beside another
-    # serving module and three busy loops: 491 ms read back, 543 ms (-9.5 %; raw 795 ms), 536
-    # ms predicted for the requests as sent. Beside four other serving modules: 480 ms read
-    # back, 539 ms (-11 %; raw 732 ms), 492.5 ms predicted. The engines agree with the model
-    # within 2.5 % there; what the client adds is its own wait for a CPU (and HAProxy's) on an
-    # oversubscribed machine, about 10 ms of wall time, x5. Hence 15 % here, 10 % on a machine
-    # that is not.
+    # model. Measured beside five busy processes: 450 ms read back, 440.5 ms timed by the
+    # client less its round trip (+2.2 %; its raw TTFT 560 ms), 457 ms predicted for the
+    # requests as sent. In a fresh-clone CI run on six workers: 470 ms read back, 531 ms
+    # (-11.5 %; raw 730 ms): at speed 5, 10 % of this TTFT is 9 ms of wall time, and the
+    # stand-in's engines, busy beside six workers on two cores, hand out first tokens later
+    # than the times they record by about that much. Observing TTFT where vLLM's front end
+    # does (when it hands the output out) moved status up by that lag but left the client's
+    # own wait for a CPU: -11 % beside four other serving modules, and the drift test's fit
+    # then put the lag on prefill (x1.88 against its 1.8 bound), so the engines record step
+    # times still. Hence 15 % here; 10 % holds off CI.
     assert served["ttft_p90_s"] == pytest.approx(out["server_ttft_s"]["p90"], rel=0.15), (
         served, out["server_ttft_s"], out["ttft_s"])
     # Against the model run on the requests as the client sent them: the engines are that model,

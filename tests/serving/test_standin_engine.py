@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -135,20 +134,15 @@ def test_a_line_or_node_it_cannot_serve_exits_at_once_and_says_why(argv, env, sa
 
 def test_one_request_takes_the_models_prefill_and_decode_steps(engine, tmp_path):
     """A lone request: TTFT is one prefill step of its prompt, the rest one decode step per
-    token (batch 1), as poolctl's model times them. TPOT comes from the engine core's own
-    times (vLLM's `first_token_ts`/`last_token_ts`), so its histogram holds the model to the
-    microsecond; TTFT and end-to-end latency are taken when the front end hands the output
-    out (vLLM's `iteration_timestamp`), so they hold the model plus the driver's lag: never
-    less, and never more than the client saw."""
+    token (batch 1), as poolctl's model times them; the engine's own histogram (pool time,
+    no HTTP) holds that to the microsecond, the client within its overhead x speed."""
     m = replica_model(load_config(EXAMPLE).pools[0], Cloud.aws)
     prompt, out = 2000, 50
     want_ttft = m.step_s(prompt, prompt + 1, m.attn_flops(prompt, 0), 0)
     # decode: steps with context prompt+1 ... prompt+out-1 (+1 slot each), batch 1
     want_decode = sum(m.step_s(1, prompt + 1 + k, 0.0, 1) for k in range(out - 1))
     before = _metrics(engine)
-    sent = time.monotonic()
     status, _ = call(engine, "/v1/completions", {"prompt": "x " * prompt, "max_tokens": out})
-    client = (time.monotonic() - sent) * 10.0  # pool seconds at the fixture's speed
     assert status == 200
     after = _metrics(engine)
 
@@ -156,9 +150,6 @@ def test_one_request_takes_the_models_prefill_and_decode_steps(engine, tmp_path)
         return sum(v for k, v in after.items() if k.startswith(name + "{")) - sum(
             v for k, v in before.items() if k.startswith(name + "{"))
 
-    assert delta("vllm:request_time_per_output_token_seconds_sum") == pytest.approx(
-        want_decode / (out - 1), rel=1e-6)
-    ttft, e2e = (delta("vllm:time_to_first_token_seconds_sum"),
-                 delta("vllm:e2e_request_latency_seconds_sum"))
-    assert want_ttft * (1 - 1e-6) <= ttft < e2e
-    assert want_ttft + want_decode <= e2e * (1 + 1e-6) and e2e <= client
+    assert delta("vllm:time_to_first_token_seconds_sum") == pytest.approx(want_ttft, rel=1e-6)
+    assert delta("vllm:e2e_request_latency_seconds_sum") == pytest.approx(
+        want_ttft + want_decode, rel=1e-6)

@@ -6,12 +6,7 @@ Pool time is wall time x `speed`: a step the model times at 20 ms ends 20 / spee
 time after it began. The driver sleeps until the next engine's step ends (or a request
 arrives), then lets every engine whose step is due finish it at its own end time, so times
 recorded in the engine are exact pool times and only the driver's wake-up lag (about a
-millisecond of wall time on a quiet machine) reaches the client, magnified by `speed`.
-
-The histograms take each time where vLLM takes it (v0.34, `vllm/v1/metrics/stats.py`): TTFT
-and end-to-end latency when the front end handles the engine's output (`handled_first`,
-`handled_finish`: the driver's clock as it hands the step out, lag included), TPOT and queue
-time from the engine core's own timestamps (exact pool times here).
+millisecond of wall time) reaches the client, magnified by `speed`.
 
 One node serves its data-parallel replicas as vLLM does: one engine per replica behind one
 front end that sends each request to the engine with the fewest requests waiting and running.
@@ -56,11 +51,6 @@ class Live:
         self.first_seen: dict[int, asyncio.Event] = {}
         self.done: dict[int, asyncio.Event] = {}
         self.on_done = on_done
-        # pool time at which the driver handed a request's first token and its last one out,
-        # for `on_done` to read (dropped once it has)
-        self.handled_first: dict[int, float] = {}
-        self.handled_finish: dict[int, float] = {}
-        self.handling = 0.0  # the driver's clock for the steps it is handing out
 
     def now(self) -> float:
         """Pool time, seconds since the engine started."""
@@ -109,16 +99,11 @@ class Live:
         c = self.counters[req.replica[rid] or 0]
         c.finished += 1
         c.generation_tokens += req.outputs[rid]
-        # a one-token request's first token goes out with its last
-        self.handled_first.setdefault(rid, self.handling)
-        self.handled_finish[rid] = self.handling
         ev = self.done.get(rid)
         if ev is not None:
             ev.set()
         if self.on_done is not None:
             self.on_done(rid, req.replica[rid] or 0)
-        self.handled_first.pop(rid, None)
-        self.handled_finish.pop(rid, None)
 
     async def run(self) -> None:
         """Drive the engines until cancelled."""
@@ -135,14 +120,12 @@ class Live:
                     except TimeoutError:
                         pass
             self.wake.clear()
-            now = self.handling = self.now()
+            now = self.now()
             for e in self.engines:
                 while e.end <= now:
                     prefilling = [rid for rid, _ in e.chunks]
                     e.handle(e.end, self._finished)
                     for rid in prefilling:  # a prompt's last chunk emits its first token
-                        if req.first[rid] == req.first[rid]:
-                            self.handled_first.setdefault(rid, now)
-                            ev = self.first_seen.get(rid)
-                            if ev is not None:
-                                ev.set()
+                        ev = self.first_seen.get(rid)
+                        if ev is not None and req.first[rid] == req.first[rid]:
+                            ev.set()

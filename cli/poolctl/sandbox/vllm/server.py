@@ -114,12 +114,10 @@ class Metrics(Collector):
         r = self.live.req
         labels = (self.name, str(engine))
         out = r.outputs[rid]
-        first = self.live.handled_first.get(rid, r.first[rid])
-        finish = self.live.handled_finish.get(rid, r.finish[rid])
-        self.ttft.labels(*labels).observe(first - r.arrival[rid])
+        self.ttft.labels(*labels).observe(r.first[rid] - r.arrival[rid])
         if out > 1:
             self.tpot.labels(*labels).observe((r.finish[rid] - r.first[rid]) / (out - 1))
-        self.e2e.labels(*labels).observe(finish - r.arrival[rid])
+        self.e2e.labels(*labels).observe(r.finish[rid] - r.arrival[rid])
         self.queue.labels(*labels).observe(r.admitted[rid] - r.arrival[rid])
         self.prompt.labels(*labels).observe(r.inputs[rid])
         self.generation.labels(*labels).observe(out)
