@@ -263,3 +263,14 @@ def gcp_secret_name(text: str, project: str) -> str:
         raise ValueError("not a Secret Manager secret; give NAME or projects/PROJECT/secrets/NAME"
                          " (letters, digits, '-' and '_')")
     return f"projects/{m['project'] or project}/secrets/{m['name']}"
+
+
+def is_loopback(host: str) -> bool:
+    """An address of this machine by its literal form (names other than localhost are not
+    resolved: what they resolve to may change)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -5,7 +5,6 @@ progress line per node.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -15,6 +14,7 @@ from poolctl.cloud import Cloud
 from poolctl.config import Config, Pool, Target
 from poolctl.endpoints import REAL_CLOUDS, CloudEndpoints
 from poolctl.errors import OperationFailed, UsageError
+from poolctl.formats import is_loopback
 from poolctl.nodecheck.checks import Check, NodeResult, NodeSpec, run_checks, spec_for
 from poolctl.nodecheck.ssh import (
     DEFAULT_PORT,
@@ -164,15 +164,6 @@ def plan_work(
     return work
 
 
-def is_loopback(host: str) -> bool:
-    """An address of this machine by its literal form (names other than localhost are not
-    resolved: what they resolve to may change)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def discover_nodes(cfg: Config, pool: Pool, cloud: Cloud, endpoints: CloudEndpoints

@@ -10,7 +10,6 @@ listens (the manager and the test fixture use it, so nobody races for a port).
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import math
 import os
 import signal
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from poolctl.formats import is_loopback
 from poolctl.sandbox import extensions
 from poolctl.sandbox.extensions import capacity, serving_nodes
 from poolctl.sandbox.manager import SERVICE, parse_capacity
@@ -35,13 +35,6 @@ def _configure_moto() -> None:
     os.environ.update(MOTO_SETTINGS)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _watch_parent(pid: int, server: Any) -> None:
@@ -113,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--engine-slowdown {args.engine_slowdown:g}: give 0.1 to 100 (1: the model's "
               "own speed)", file=sys.stderr)
         return 2
-    if not _loopback(args.host):
+    if not is_loopback(args.host):
         print(
             f"--host {args.host}: the sandbox listens on loopback only (127.0.0.1 or ::1)",
             file=sys.stderr,

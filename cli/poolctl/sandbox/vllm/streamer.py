@@ -9,13 +9,13 @@ plan's (POOLCTL_ENGINE_START_S); the sandbox's few bytes arrive at once."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from poolctl.adaptors.aws import botocore_exceptions, client
+from poolctl.formats import is_loopback
 
 LOAD_FORMAT = "runai_streamer"
 SCHEMES = ("s3://", "gs://", "az://")  # vllm/transformers_utils/runai_utils.py
@@ -59,12 +59,7 @@ def check_extra_config(raw: str | None) -> dict[str, object]:
 
 def _endpoint(env: Mapping[str, str]) -> str:
     url = env.get("RUNAI_STREAMER_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL") or ""
-    host = urlsplit(url).hostname or ""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
+    if not is_loopback(urlsplit(url).hostname or ""):
         raise StreamError(f"the sandbox streams from its own endpoint on 127.0.0.0/8 only, "
                           f"not {url or 'AWS'!r} (RUNAI_STREAMER_S3_ENDPOINT or "
                           "AWS_ENDPOINT_URL)")
