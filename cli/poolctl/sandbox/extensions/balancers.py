@@ -375,8 +375,8 @@ def _stop(b: Balancer) -> None:
 def drain_until(instance_id: str) -> float | None:
     """When the last target of `instance_id` finishes draining (time.monotonic), or None when
     no load balancer routes to it."""
-    ends = [until for b in balancers.values() for be in b.backends.values()
-            for until, inst in be.draining.values() if inst == instance_id]
+    ends = [until for b in list(balancers.values()) for be in b.backends.values()
+            for until, inst in dict(be.draining).values() if inst == instance_id]
     return max(ends, default=None)
 
 
@@ -407,22 +407,24 @@ def _health(b: Balancer) -> dict[str, dict[str, str]]:
               if len(r) > col["status"]}
     out: dict[str, dict[str, str]] = {}
     for be in b.backends.values():
-        slots = {**{slot: inst for slot, (_, inst) in be.draining.items()},
-                 **{slot: inst for inst, slot in be.slots.items()}}
+        slots = {**{slot: inst for slot, (_, inst) in dict(be.draining).items()},
+                 **{slot: inst for inst, slot in dict(be.slots).items()}}
         out[be.name] = {inst: status.get((be.name, slot), "?") for slot, inst in slots.items()}
     return out
 
 
 def report() -> list[dict[str, Any]]:
+    # Copies: `sync` changes the balancers and their slots outside LOCK while this asks each
+    # HAProxy for its stats.
     return [{"LoadBalancerName": b.name, "DNSName": b.dns,
              "Endpoint": (f"{b.scheme}://127.0.0.1:{b.ports[b.front]}"
                           if b.front in b.ports else None),
              "Listeners": {str(k): f"127.0.0.1:{v}" for k, v in b.ports.items()},
              "CaFile": None if b.ca_file is None else str(b.ca_file),
              "Running": b.proc is not None and b.proc.poll() is None,
-             "Targets": {be.name: sorted(be.slots) for be in b.backends.values()},
+             "Targets": {be.name: sorted(dict(be.slots)) for be in b.backends.values()},
              "Health": _health(b)}
-            for b in balancers.values()]
+            for b in list(balancers.values())]
 
 
 def install() -> None:

@@ -493,11 +493,13 @@ def _target_state(node: Node) -> str:
 
 
 def report() -> dict[str, Any]:
+    # A copy: the serving loop adds nodes while this reads boot logs (the GIL is let go).
+    listed = list(nodes.values())
     return {"serving": serving(), "speed": speed(),
             "engine_slowdown": float(_serve["slowdown"]), "nodes": [
         {"InstanceId": n.instance_id, "AutoScalingGroupName": n.group, "Address": n.address,
          "Running": n.pgid is not None, "BootExitCode": n.exit_code,
-         "Failure": failure_line(n.instance_id)} for n in nodes.values()],
+         "Failure": failure_line(n.instance_id)} for n in listed],
         **autoscaler.report()}
 
 
