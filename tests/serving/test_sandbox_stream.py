@@ -1,12 +1,14 @@
 """The serving sandbox with a pool that streams its weights (`aws.weights_load: stream`): the
 real boot script assumes the pool's weights role and hands the container those credentials
-alone; the stand-in engine reads the weights from the sandbox's S3 with them (vLLM's
-`--load-format runai_streamer` flags, checked as vLLM v0.34.0 checks them); the node serves,
-then writes the weights through to its NVMe cache, checked against manifest.json."""
+alone, in a file its agent renews; the stand-in engine reads the weights from the sandbox's S3
+with them (vLLM's `--load-format runai_streamer` flags, checked as vLLM v0.34.0 checks them);
+the node serves, then writes the weights through to its NVMe cache, checked against
+manifest.json."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -89,3 +91,34 @@ def test_the_node_writes_the_weights_through_to_its_cache_after_it_serves(served
     assert boot["weights_streamed"] and not boot["weights_cached"], boot
     phases = boot["phases"]
     assert "weights" not in phases and {"serving", "readiness"} <= set(phases), phases
+
+
+def test_the_node_agent_renews_the_containers_credentials_before_their_hour_is_up(served):
+    """The role's session lasts an hour; docker restarts a crashed engine with the container's
+    first environment. So the environment names a file (mounted read-only), never a key, and
+    the node agent's periodic run assumes the role again once the file is 45 minutes old: an
+    engine restarted later still streams."""
+    folder = served["home"] / "sandbox" / "nodes" / _node(served)
+    [creds_dir] = folder.rglob("weights-aws")
+    creds = creds_dir / "credentials"
+    assert creds_dir.stat().st_mode & 0o777 == 0o700 and creds.stat().st_mode & 0o777 == 0o600
+    first = creds.read_text()
+    assert first.startswith("[default]\naws_access_key_id = ") and "aws_session_token" in first
+    # the file as it stands 50 minutes into its session (CREDENTIALS_RENEW_S is 2,700 s)
+    old = creds.stat().st_mtime - 3000
+    os.utime(creds, (old, old))
+    queue_log = folder / "queue.log"
+
+    def renewed() -> bool:
+        log = queue_log.read_text() if queue_log.exists() else ""
+        return ("poolctl: weights: credentials renewed for acme-chat-70b-weights" in log
+                and creds.stat().st_mtime > old + 2000)
+
+    wait_for("the node agent's renewal", renewed, timeout=90)
+    again = creds.read_text()
+    assert again != first and again.startswith("[default]\naws_access_key_id = ")
+    assert creds.stat().st_mode & 0o777 == 0o600
+    assert not [p for p in creds_dir.iterdir() if p.name != "credentials"]  # no temp left
+    # the engine the renewal happened beside serves on
+    status, body = call(served["lb"], "/v1/models", key=KEY)
+    assert status == 200, body

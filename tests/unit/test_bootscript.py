@@ -220,9 +220,10 @@ def test_no_secrets_in_user_data(cfg, monkeypatch, tmp_path):
         re.IGNORECASE,
     )
     # The one place names of credentials are written: the format of the streamed weights'
-    # env-file (aws.weights_load: stream), placeholders only; the values come from STS at boot.
-    env_file = ("printf 'AWS_ACCESS_KEY_ID=%s\\nAWS_SECRET_ACCESS_KEY=%s\\nAWS_SESSION_TOKEN=%s"
-                "\\nAWS_REGION=%s\\nAWS_EC2_METADATA_DISABLED=true\\n'")
+    # credentials file (aws.weights_load: stream), placeholders only; the values come from
+    # STS at boot.
+    env_file = ("printf '[default]\\naws_access_key_id = %s\\naws_secret_access_key = %s"
+                "\\naws_session_token = %s\\n'")
     assert env_file in scripts["aws-chat-70b-stream.sh"]
     for name, text in scripts.items():
         text = text.replace(env_file, "")
@@ -417,8 +418,8 @@ def test_streamed_weights_use_vllms_streamer_with_the_weights_roles_credentials(
     (vllm/config/load.py), `--model` an s3:// folder (transformers_utils/runai_utils.py
     SUPPORTED_SCHEMES), `--model-loader-extra-config` with `distributed`, one of the three keys
     RunaiModelStreamerLoader accepts (model_loader/runai_streamer_loader.py). The container's
-    credentials are the weights role's, assumed by the node, in the root-only env-file; the
-    node's cache, when whole, is read instead; a fetch pool has none of it."""
+    credentials are the weights role's, assumed by the node, in a root-only credentials file it
+    renews; the node's cache, when whole, is read instead; a fetch pool has none of it."""
     st = load(stream=True)
     aws = render_boot_script(st, st.pools[0], Cloud.aws)
     assert "WEIGHTS_ROLE=acme-chat-70b-weights\n" in aws
@@ -427,10 +428,19 @@ def test_streamed_weights_use_vllms_streamer_with_the_weights_roles_credentials(
     assert '"$IMAGE" "${MODEL_ARGS[@]}" --served-model-name' in aws
     assert 'aws sts assume-role --role-arn "arn:$partition:iam::$account:role/$WEIGHTS_ROLE"' in aws
     assert "--duration-seconds 3600" in aws
-    # into the env-file docker reads (created 0600 first), never argv or the journal
-    assert 'if [[ -n $STREAM ]]; then write_weights_credentials "$env_file"; fi' in aws
-    assert '"$id" "$secret" "$token" "$AWS_DEFAULT_REGION" >>"$1"' in aws
-    assert "AWS_EC2_METADATA_DISABLED=true" in aws
+    # into a root-only credentials file (0600 in a 0700 folder, renamed over the last one) the
+    # container mounts read-only; its env-file names the file, never a key
+    assert ('if [[ -n $STREAM ]]; then write_weights_credentials "$env_file"; '
+            'else rm -rf "$WEIGHTS_CREDENTIALS_DIR"; fi') in aws
+    assert '"$id" "$secret" "$token" >"$tmp"' in aws
+    assert 'mv -f "$tmp" "$WEIGHTS_CREDENTIALS_DIR/credentials"' in aws
+    assert ("printf 'AWS_SHARED_CREDENTIALS_FILE=%s\\nAWS_REGION=%s\\n"
+            "AWS_EC2_METADATA_DISABLED=true\\n'") in aws
+    assert 'STREAM_MOUNT=(-v "$WEIGHTS_CREDENTIALS_DIR:$CONTAINER_CREDENTIALS_DIR:ro")' in aws
+    assert '"${STREAM_MOUNT[@]}"' in aws
+    # renewed by the node agent's periodic run before the session's hour is up
+    assert "CREDENTIALS_RENEW_S=2700" in aws
+    assert "publish-queue) renew_weights_credentials && publish_queue ;;" in aws
     # the write-through never fails the boot: `fail` is a log line in its subshell
     assert 'fail() { log "weights: not written through: $*"; exit 1; }' in aws
     lib = bootscript.boot_library("aws")["text"]

@@ -146,8 +146,18 @@ def _container_base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in HOST_CREDENTIALS}
 
 
+def host_path(value: str, mounts: dict[str, str]) -> str:
+    """An environment value that names a path inside a mounted folder, as the host sees it:
+    the stand-in engine runs on the host, not in the container's file system."""
+    for inside, host in mounts.items():
+        if value == inside or value.startswith(inside + "/"):
+            return host + value[len(inside):]
+    return value
+
+
 def docker_run(argv: list[str]) -> int:
     env: dict[str, str] = {}
+    mounts: dict[str, str] = {}  # a path in the container -> the host folder mounted there
     name = None
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -167,13 +177,18 @@ def docker_run(argv: list[str]) -> int:
         elif flag in ("-e", "--env"):
             k, _, v = value.partition("=")
             env[k] = v
-        elif flag in ("-v", "--volume") and value.split(":")[1:2] == ["/root/.cache"]:
-            # the engine's cache folder (its torch.compile cache): a host folder here
-            env["POOLCTL_VLLM_CACHE_DIR"] = value.split(":")[0]
+        elif flag in ("-v", "--volume"):
+            host, _, inside = value.partition(":")
+            inside = inside.split(":")[0]
+            mounts[inside.rstrip("/")] = host.rstrip("/")
+            if inside == "/root/.cache":
+                # the engine's cache folder (its torch.compile cache): a host folder here
+                env["POOLCTL_VLLM_CACHE_DIR"] = host
     if i >= len(argv):
         print("docker (sandbox): run: no image given", file=sys.stderr)
         return 125
     args = argv[i + 1:]
+    env = {k: host_path(v, mounts) for k, v in env.items()}
     name = name or f"c{int(time.time() * 1000)}"
     record = _container(name)
     if record.exists():
