@@ -430,8 +430,8 @@ def test_streamed_weights_use_vllms_streamer_with_the_weights_roles_credentials(
     assert "--duration-seconds 3600" in aws
     # into a root-only credentials file (0600 in a 0700 folder, renamed over the last one) the
     # container mounts read-only; its env-file names the file, never a key
-    assert ('if [[ -n $STREAM ]]; then write_weights_credentials "$env_file"; '
-            'else rm -rf "$WEIGHTS_CREDENTIALS_DIR"; fi') in aws
+    assert ('  if [[ -n $STREAM ]]; then\n    write_weights_credentials "$env_file"\n  else\n'
+            '    rm -rf "$WEIGHTS_CREDENTIALS_DIR"\n  fi\n') in aws
     assert '"$id" "$secret" "$token" >"$tmp"' in aws
     assert 'mv -f "$tmp" "$WEIGHTS_CREDENTIALS_DIR/credentials"' in aws
     assert ("printf 'AWS_SHARED_CREDENTIALS_FILE=%s\\nAWS_REGION=%s\\n"
